@@ -1,0 +1,93 @@
+"""Every key a run can set, with the paper's values where the paper gives one.
+
+Other config files start from `get_config()` here and change what they need, so a key has
+one name and one meaning everywhere; `mtn_jax.config_lib.validate` checks values before
+any work starts.
+"""
+
+import ml_collections
+
+
+def get_config() -> ml_collections.ConfigDict:
+  c = ml_collections.ConfigDict()
+  c.seed = 0  # data order, initialisation and dropout all derive from it
+
+  c.data = ml_collections.ConfigDict()
+  # 'aol': read `raw_files`; 'demo': first write the embedded demo log into the workdir.
+  c.data.source = 'aol'
+  c.data.raw_files = ''  # a glob, or comma-separated paths/globs; plain or .gz
+  c.data.demo_users = 1500  # size of the generated demo log
+  c.data.demo_seed = 0
+  c.data.session_gap_minutes = 30.0  # a gap of >= this starts a new session (paper Sec. 5.1)
+  c.data.max_query_words = 10
+  # What a query longer than max_query_words does to its session:
+  #   'drop_session': the whole session is discarded (counted in stats);
+  #   'split_session': the session is cut at the long query, which is dropped;
+  #   'truncate': the query is cut to its first max_query_words words.
+  c.data.long_query = 'drop_session'
+  c.data.min_session_queries = 3
+  c.data.max_session_queries = 5
+  c.data.split_fractions = (0.95, 0.025, 0.025)  # train / valid / test, by session
+  c.data.split_seed = 0
+  c.data.min_word_count = 8  # vocabulary: training words seen at least this often
+  c.data.strict = False  # True: stop at the first malformed line instead of skipping it
+
+  c.input = ml_collections.ConfigDict()
+  # Sessions per batch are chosen per bucket (number of queries) to fill this many query
+  # slots (sessions x queries), rounded down to a multiple of the device count.
+  c.input.train_queries_per_batch = 256
+  c.input.eval_queries_per_batch = 512
+  c.input.worker_count = 0  # grain worker processes (0: in the main process)
+  c.input.prefetch_batches = 2  # batches put on the devices ahead of the step
+
+  c.model = ml_collections.ConfigDict()
+  c.model.name = 'mtn'  # see mtn_jax.models.MODELS
+  c.model.emb_dim = 512  # word embedding size; projected to d_model when it differs
+  c.model.d_model = 512
+  c.model.num_heads = 8
+  c.model.ff_dim = 1024
+  c.model.query_layers = 3  # MTN query encoder / Transformer encoder depth
+  c.model.session_layers = 2  # layers of each masked session encoder
+  c.model.num_levels = 2  # K: a K-level MTN stacks K-1 masked session encoders
+  c.model.decoder_layers = 3
+  c.model.dropout = 0.1
+  c.model.tie_embeddings = False
+  c.model.pre_norm = False  # the paper is post-norm
+  c.model.learned_positions = False  # sinusoidal position encodings, as in Vaswani et al.
+  c.model.scan_layers = True  # nn.scan over layer stacks: flat compile time with depth
+  c.model.remat = 'none'  # 'none' | 'full' | 'dots': nn.remat policy inside the scan
+  c.model.compute_dtype = 'float32'  # 'bfloat16': bf16 compute, fp32 params and loss
+  c.model.lstm_units = 256  # recurrent baselines: units per direction
+  c.model.max_session_queries = 16  # query-position table size (>= data.max_session_queries)
+
+  c.train = ml_collections.ConfigDict()
+  c.train.num_epochs = 5  # model selection = best validation loss within these epochs
+  c.train.max_steps = 0  # > 0: stop after this many steps even mid-epoch
+  c.train.optimizer = 'adam'
+  c.train.schedule = 'transformer'  # 'transformer' (Vaswani warm-up) | 'constant'
+  c.train.learning_rate = 1.0  # 'transformer': factor on d_model^-0.5 * min(...); else the rate
+  c.train.warmup_steps = 4000
+  c.train.adam_b1 = 0.9
+  c.train.adam_b2 = 0.98
+  c.train.adam_eps = 1e-9
+  c.train.label_smoothing = 0.05
+  c.train.grad_clip_norm = 0.0  # 0: no clipping
+  c.train.entropy_weight = 0.0  # M-NSRF's entropy regulariser on the output distribution
+  c.train.log_every_steps = 100
+  c.train.checkpoint_every_steps = 1000
+  c.train.keep_checkpoints = 2  # the last N are kept, plus the best by validation loss
+
+  c.decode = ml_collections.ConfigDict()
+  c.decode.beam_size = 5
+  c.decode.length_penalty = 0.6  # GNMT alpha: scores are log p / ((5 + len) / 6) ** alpha
+  c.decode.max_len = 11  # words + </s>
+  c.decode.top_k = 5  # suggestions written per session
+  c.decode.batch_sessions = 64
+  c.decode.input = ''
+  c.decode.output = ''
+  c.decode.max_eval_sessions = 0  # > 0: evaluate on a prefix of the test split only
+
+  c.report = ml_collections.ConfigDict()
+  c.report.workdirs = ''  # comma-separated workdirs for --mode=report
+  c.report.output = ''  # default: <workdir>/report
+  return c

@@ -1,0 +1,33 @@
+"""The main job: MTN on the embedded, generated demo log. Trains in minutes on a CPU.
+
+python -m mtn_jax.main --config=configs/demo.py --workdir=/tmp/mtn_demo
+"""
+
+from configs import default
+
+
+def get_config():
+  c = default.get_config()
+  c.data.source = 'demo'
+  c.data.demo_users = 1500
+  c.data.min_word_count = 2
+  c.model.name = 'mtn'
+  c.model.emb_dim = 64
+  c.model.d_model = 64
+  c.model.num_heads = 4
+  c.model.ff_dim = 128
+  c.model.query_layers = 2
+  c.model.session_layers = 1
+  c.model.decoder_layers = 2
+  c.model.lstm_units = 32
+  c.train.num_epochs = 4
+  c.train.warmup_steps = 100
+  c.train.learning_rate = 2.0
+  c.train.label_smoothing = 0.05
+  c.train.log_every_steps = 20
+  c.train.checkpoint_every_steps = 100
+  c.input.train_queries_per_batch = 256
+  c.input.eval_queries_per_batch = 1024
+  c.decode.batch_sessions = 128
+  c.decode.max_eval_sessions = 0
+  return c

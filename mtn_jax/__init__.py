@@ -1,0 +1,1 @@
+"""mtn_jax: Multiresolution Transformer Networks for next-query suggestion, in JAX/Flax."""

@@ -1,0 +1,98 @@
+"""Checks a config before any work starts, so a bad value fails with its key named.
+
+ml_collections already refuses unknown keys and wrong types on `--config.a.b=v`; this adds
+the checks that need more than one value or the project's vocabulary of names.
+"""
+
+from __future__ import annotations
+
+import ml_collections
+
+MODEL_NAMES = ('mtn', 'transformer', 'seq2seq', 'hred', 'mnsrf')
+MODES = ('all', 'preprocess', 'train', 'eval', 'decode', 'suggest', 'report')
+
+
+class ConfigError(ValueError):
+  """A config value that cannot work; the message names the key."""
+
+
+def _positive(config, keys):
+  for key in keys:
+    section, name = key.split('.')
+    value = config[section][name]
+    if not value > 0:
+      raise ConfigError(f'config.{key} must be positive, got {value!r}')
+
+
+def validate(config: ml_collections.ConfigDict, mode: str = 'all') -> None:
+  """Raises ConfigError naming the first key whose value cannot work in `mode`."""
+  d, m, t, i = config.data, config.model, config.train, config.input
+  if d.source not in ('aol', 'demo'):
+    raise ConfigError(f"config.data.source must be 'aol' or 'demo', got {d.source!r}")
+  if d.source == 'aol' and not d.raw_files and mode in ('all', 'preprocess', 'train'):
+    raise ConfigError('config.data.raw_files is empty: pass --config.data.raw_files='
+                      'PATH_OR_GLOB (AOL-format log files), or use configs/demo.py')
+  if d.long_query not in ('drop_session', 'split_session', 'truncate'):
+    raise ConfigError("config.data.long_query must be 'drop_session', 'split_session' or "
+                      f"'truncate', got {d.long_query!r}")
+  _positive(config, ['data.session_gap_minutes', 'data.max_query_words',
+                     'data.min_session_queries', 'data.max_session_queries',
+                     'data.min_word_count', 'data.demo_users'])
+  if d.min_session_queries < 2:
+    raise ConfigError('config.data.min_session_queries must be at least 2: a session '
+                      'needs a previous query and a next one')
+  if d.max_session_queries < d.min_session_queries:
+    raise ConfigError(f'config.data.max_session_queries ({d.max_session_queries}) is below '
+                      f'config.data.min_session_queries ({d.min_session_queries})')
+  fractions = tuple(d.split_fractions)
+  if len(fractions) != 3 or min(fractions) < 0 or abs(sum(fractions) - 1) > 1e-6:
+    raise ConfigError('config.data.split_fractions must be three non-negative numbers '
+                      f'(train, valid, test) summing to 1, got {fractions}')
+
+  if m.name not in MODEL_NAMES:
+    raise ConfigError(f'config.model.name {m.name!r} is not a model; known: '
+                      + ', '.join(MODEL_NAMES))
+  _positive(config, ['model.emb_dim', 'model.d_model', 'model.num_heads', 'model.ff_dim',
+                     'model.query_layers', 'model.decoder_layers', 'model.lstm_units',
+                     'model.max_session_queries'])
+  if m.d_model % m.num_heads:
+    raise ConfigError(f'config.model.num_heads ({m.num_heads}) must divide '
+                      f'config.model.d_model ({m.d_model})')
+  if m.name == 'mtn':
+    _positive(config, ['model.session_layers'])
+    if m.num_levels < 2:
+      raise ConfigError(f'config.model.num_levels must be >= 2 for MTN, got {m.num_levels}')
+  if not 0 <= m.dropout < 1:
+    raise ConfigError(f'config.model.dropout must be in [0, 1), got {m.dropout}')
+  if m.remat not in ('none', 'full', 'dots'):
+    raise ConfigError(f"config.model.remat must be 'none', 'full' or 'dots', got {m.remat!r}")
+  if m.compute_dtype not in ('float32', 'bfloat16'):
+    raise ConfigError("config.model.compute_dtype must be 'float32' or 'bfloat16', "
+                      f'got {m.compute_dtype!r}')
+  if m.max_session_queries < d.max_session_queries:
+    raise ConfigError(f'config.model.max_session_queries ({m.max_session_queries}) must be '
+                      f'>= config.data.max_session_queries ({d.max_session_queries})')
+
+  _positive(config, ['train.num_epochs', 'train.learning_rate', 'train.log_every_steps',
+                     'train.checkpoint_every_steps', 'train.keep_checkpoints',
+                     'input.train_queries_per_batch', 'input.eval_queries_per_batch',
+                     'decode.beam_size', 'decode.max_len', 'decode.top_k',
+                     'decode.batch_sessions'])
+  if t.schedule not in ('transformer', 'constant'):
+    raise ConfigError("config.train.schedule must be 'transformer' or 'constant', "
+                      f'got {t.schedule!r}')
+  if t.schedule == 'transformer' and t.warmup_steps <= 0:
+    raise ConfigError('config.train.warmup_steps must be positive with the transformer '
+                      'schedule')
+  if not 0 <= t.label_smoothing < 1:
+    raise ConfigError(f'config.train.label_smoothing must be in [0, 1), '
+                      f'got {t.label_smoothing}')
+  if i.train_queries_per_batch < d.max_session_queries:
+    raise ConfigError(f'config.input.train_queries_per_batch ({i.train_queries_per_batch}) '
+                      'must hold at least one session of config.data.max_session_queries '
+                      f'({d.max_session_queries}) queries')
+  if config.decode.top_k > config.decode.beam_size:
+    raise ConfigError(f'config.decode.top_k ({config.decode.top_k}) cannot exceed '
+                      f'config.decode.beam_size ({config.decode.beam_size})')
+  if mode == 'report' and not config.report.workdirs:
+    raise ConfigError('config.report.workdirs is empty: pass --config.report.workdirs=A,B')

@@ -1,0 +1,100 @@
+"""The preprocessed corpus on disk, and its in-memory view.
+
+`<workdir>/data/` holds, for each split in `SPLITS`:
+  `{split}.queries.npy`   int32 [num_queries, max_query_words]  word ids, 0-padded on the right
+  `{split}.sessions.npy`  int64 [num_sessions + 1]              row offsets: session i is
+                                                                rows starts[i]:starts[i+1]
+  `{split}.queries.txt`   one line per query row, the query's words joined by single spaces,
+                          exactly as cleaned and cut to max_query_words, NOT mapped through the
+                          vocabulary (metrics compare against these raw references)
+plus `vocab.json`, `stats.json` and `manifest.json` (the cache fingerprint). Every file is
+read without pickle.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import os
+
+import numpy as np
+
+from mtn_jax.data.vocab import Vocab
+
+SPLITS = ('train', 'valid', 'test')
+
+
+def split_paths(data_dir: str, split: str) -> dict[str, str]:
+  return {kind: os.path.join(data_dir, f'{split}.{kind}.{ext}')
+          for kind, ext in (('queries', 'npy'), ('sessions', 'npy'), ('text', 'txt'))}
+
+
+def save_split(data_dir: str, split: str, queries: np.ndarray, starts: np.ndarray,
+               texts: list[str]) -> None:
+  """Writes one split; `texts[i]` is the raw text of `queries[i]`."""
+  if len(texts) != len(queries) or starts[-1] != len(queries):
+    raise ValueError(f'{split}: {len(queries)} query rows, {len(texts)} texts, '
+                     f'sessions end at row {starts[-1]}')
+  paths = split_paths(data_dir, split)
+  np.save(paths['queries'], queries.astype(np.int32), allow_pickle=False)
+  np.save(paths['sessions'], starts.astype(np.int64), allow_pickle=False)
+  with open(paths['text'], 'w', encoding='utf-8') as f:
+    for t in texts:
+      f.write(t + '\n')
+
+
+@dataclasses.dataclass(frozen=True)
+class SessionSplit:
+  """One split of sessions: `queries` int32 [num_queries, max_query_words], `starts` [N + 1]."""
+
+  name: str
+  queries: np.ndarray
+  starts: np.ndarray
+  text_path: str | None = None
+
+  @property
+  def num_sessions(self) -> int:
+    return len(self.starts) - 1
+
+  @functools.cached_property
+  def lengths(self) -> np.ndarray:
+    """int64 [num_sessions]: number of queries of each session."""
+    return np.diff(self.starts)
+
+  @property
+  def num_pairs(self) -> int:
+    """(session prefix -> next query) examples: sum over sessions of (queries - 1)."""
+    return int((self.lengths - 1).sum())
+
+  @property
+  def max_query_words(self) -> int:
+    return self.queries.shape[1]
+
+  def session(self, i: int) -> np.ndarray:
+    """int32 [queries, max_query_words] word ids of session `i`."""
+    return self.queries[self.starts[i]:self.starts[i + 1]]
+
+  @functools.cached_property
+  def texts(self) -> list[str]:
+    """Raw text of every query row (loaded on first use)."""
+    if self.text_path is None:
+      raise ValueError(f'split {self.name!r} has no text file')
+    with open(self.text_path, encoding='utf-8') as f:
+      return f.read().split('\n')[:len(self.queries)]
+
+  def session_texts(self, i: int) -> list[str]:
+    return self.texts[self.starts[i]:self.starts[i + 1]]
+
+
+def load_split(data_dir: str, split: str, mmap: bool = True) -> SessionSplit:
+  paths = split_paths(data_dir, split)
+  for p in paths.values():
+    if not os.path.exists(p):
+      raise FileNotFoundError(f'{p} is missing: run --mode=preprocess first')
+  mode = 'r' if mmap else None
+  return SessionSplit(split, np.load(paths['queries'], mmap_mode=mode, allow_pickle=False),
+                      np.load(paths['sessions'], allow_pickle=False), paths['text'])
+
+
+def load_vocab(data_dir: str) -> Vocab:
+  return Vocab.load(os.path.join(data_dir, 'vocab.json'))

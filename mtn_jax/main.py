@@ -1,0 +1,56 @@
+"""Command line: flags, config, then one mode.
+
+  python -m mtn_jax.main --config=configs/demo.py --workdir=/tmp/mtn_demo
+  python -m mtn_jax.main --config=configs/aol.py:small --config.data.raw_files=LOG \
+      --workdir=W --mode=train --config.model.num_heads=8
+"""
+
+from absl import app
+from absl import flags
+from ml_collections import config_flags
+
+from mtn_jax import config_lib
+
+FLAGS = flags.FLAGS
+config_flags.DEFINE_config_file('config', None, 'Config file (path[:variant]).',
+                                lock_config=True)
+flags.DEFINE_string('workdir', None, 'Run folder: data cache, checkpoints, logs, results.')
+flags.DEFINE_enum('mode', 'all', config_lib.MODES,
+                  'all: preprocess, train, eval, sample suggestions and report.')
+flags.mark_flags_as_required(['config', 'workdir'])
+
+
+def main(argv):
+  if len(argv) > 1:
+    raise app.UsageError(f'unexpected arguments: {argv[1:]}')
+  config, workdir, mode = FLAGS.config, FLAGS.workdir, FLAGS.mode
+  try:
+    config_lib.validate(config, mode)
+  except config_lib.ConfigError as e:
+    raise app.UsageError(str(e)) from None
+  # Imports are per mode so that preprocessing does not pay for JAX start-up.
+  if mode == 'preprocess':
+    from mtn_jax.data import preprocess
+    preprocess.prepare(config, workdir, verbose=True)
+  elif mode == 'train':
+    from mtn_jax import train
+    train.train_and_evaluate(config, workdir)
+  elif mode == 'eval':
+    from mtn_jax import evaluate
+    evaluate.evaluate(config, workdir)
+  elif mode == 'decode':
+    from mtn_jax import suggest
+    suggest.decode_file(config, workdir)
+  elif mode == 'suggest':
+    from mtn_jax import suggest
+    suggest.interactive(config, workdir)
+  elif mode == 'report':
+    from mtn_jax import report
+    report.write_report(config, workdir)
+  else:
+    from mtn_jax import pipeline
+    pipeline.run_all(config, workdir)
+
+
+if __name__ == '__main__':
+  app.run(main)
