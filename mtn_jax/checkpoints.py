@@ -1,0 +1,103 @@
+"""Crash-safe checkpoints with orbax: a checkpoint is the whole run.
+
+`<workdir>/checkpoints/<step>/` holds the items
+  params     model parameters (all a decoder needs)
+  train      optimizer state, step and dropout key
+  data_iter  the input iterator's position (grain state, JSON)
+  meta       model config, vocabulary fingerprint, epoch, validation losses, best step, config
+  vocab      the vocabulary's words
+Orbax writes each checkpoint to a temporary folder and renames it when complete, so a crash
+never leaves a half checkpoint that looks valid. The last `keep` checkpoints are kept, plus
+the one with the lowest validation loss (saved with metrics at the end of each epoch).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from typing import Any
+
+import orbax.checkpoint as ocp
+
+from mtn_jax.data.vocab import Vocab
+from mtn_jax.models.base import ModelConfig
+
+# ModelConfig fields that do not change parameters or their meaning: a checkpoint may be
+# restored under different values of these.
+_NON_ARCHITECTURAL = ('dropout', 'remat', 'compute_dtype')
+
+
+class CheckpointMismatch(ValueError):
+  """A checkpoint that belongs to another model or vocabulary."""
+
+
+def checkpoint_dir(workdir: str) -> str:
+  return os.path.join(os.path.abspath(workdir), 'checkpoints')
+
+
+def open_manager(workdir: str, keep: int = 2, read_only: bool = False) -> ocp.CheckpointManager:
+  policy = ocp.checkpoint_managers
+  preservation = policy.AnyPreservationPolicy([
+      policy.LatestN(n=keep),
+      policy.BestN(get_metric_fn=lambda m: m['valid_loss'], reverse=True, n=1,
+                   keep_checkpoints_without_metrics=False),
+  ])
+  options = ocp.CheckpointManagerOptions(preservation_policy=preservation, create=not read_only,
+                                         read_only=read_only)
+  return ocp.CheckpointManager(checkpoint_dir(workdir), options=options)
+
+
+def architecture(cfg: ModelConfig) -> dict[str, Any]:
+  return {k: v for k, v in dataclasses.asdict(cfg).items() if k not in _NON_ARCHITECTURAL}
+
+
+def save(manager: ocp.CheckpointManager, step: int, *, params, train_state, data_iter: dict,
+         meta: dict, vocab: Vocab, valid_loss: float | None = None) -> None:
+  """Saves asynchronously; `valid_loss` marks an end-of-epoch checkpoint as a best candidate."""
+  manager.save(step, args=ocp.args.Composite(
+      params=ocp.args.StandardSave(params),
+      train=ocp.args.StandardSave(train_state),
+      data_iter=ocp.args.JsonSave(data_iter),
+      meta=ocp.args.JsonSave(meta),
+      vocab=ocp.args.JsonSave({'words': list(vocab.words)})),
+      metrics=None if valid_loss is None else {'valid_loss': float(valid_loss)})
+
+
+def check_compatible(meta: dict, cfg: ModelConfig, vocab: Vocab, where: str) -> None:
+  """Refuses a checkpoint whose model or vocabulary differs from the run's."""
+  if meta['vocab_fingerprint'] != vocab.fingerprint:
+    raise CheckpointMismatch(
+        f'{where} was trained with another vocabulary (fingerprint {meta["vocab_fingerprint"]}, '
+        f'{meta["vocab_size"]} words; this data has {vocab.fingerprint}, {len(vocab)} words): '
+        'use the workdir it was trained in, or a new workdir')
+  saved, current = meta['model'], architecture(cfg)
+  diff = {k: (saved.get(k), current.get(k)) for k in sorted(set(saved) | set(current))
+          if saved.get(k) != current.get(k)}
+  if diff:
+    detail = ', '.join(f'model.{k}: checkpoint {a!r} vs config {b!r}' for k, (a, b) in diff.items())
+    raise CheckpointMismatch(f'{where} holds another model ({detail}): use the config it was '
+                             'trained with, or a new workdir')
+
+
+def restore(manager: ocp.CheckpointManager, step: int, *, abstract_params,
+            abstract_train_state=None) -> dict[str, Any]:
+  """Restores one checkpoint; without `abstract_train_state` only params, meta and vocab
+  are read (offline decoding never loads optimizer state)."""
+  items = dict(params=ocp.args.StandardRestore(abstract_params),
+               meta=ocp.args.JsonRestore(), vocab=ocp.args.JsonRestore())
+  if abstract_train_state is not None:
+    items.update(train=ocp.args.StandardRestore(abstract_train_state),
+                 data_iter=ocp.args.JsonRestore())
+  return dict(manager.restore(step, args=ocp.args.Composite(**items)))
+
+
+def read_meta(manager: ocp.CheckpointManager, step: int) -> dict:
+  return manager.restore(step, args=ocp.args.Composite(meta=ocp.args.JsonRestore()))['meta']
+
+
+def best_step(manager: ocp.CheckpointManager) -> int | None:
+  """The step of the lowest validation loss so far, as recorded by the latest checkpoint."""
+  latest = manager.latest_step()
+  if latest is None:
+    return None
+  return read_meta(manager, latest).get('best_step')
