@@ -19,6 +19,7 @@ from typing import Any
 
 import orbax.checkpoint as ocp
 
+from mtn_jax import errors
 from mtn_jax.data.vocab import Vocab
 from mtn_jax.models.base import ModelConfig
 
@@ -27,7 +28,7 @@ from mtn_jax.models.base import ModelConfig
 _NON_ARCHITECTURAL = ('dropout', 'remat', 'compute_dtype')
 
 
-class CheckpointMismatch(ValueError):
+class CheckpointMismatch(errors.Error, ValueError):
   """A checkpoint that belongs to another model or vocabulary."""
 
 

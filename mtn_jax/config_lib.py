@@ -8,11 +8,13 @@ from __future__ import annotations
 
 import ml_collections
 
+from mtn_jax import errors
+
 MODEL_NAMES = ('mtn', 'transformer', 'seq2seq', 'hred', 'mnsrf')
 MODES = ('all', 'preprocess', 'train', 'eval', 'decode', 'suggest', 'report')
 
 
-class ConfigError(ValueError):
+class ConfigError(errors.Error, ValueError):
   """A config value that cannot work; the message names the key."""
 
 

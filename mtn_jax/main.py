@@ -5,11 +5,14 @@
       --workdir=W --mode=train --config.model.num_heads=8
 """
 
+import sys
+
 from absl import app
 from absl import flags
 from ml_collections import config_flags
 
 from mtn_jax import config_lib
+from mtn_jax import errors
 
 FLAGS = flags.FLAGS
 config_flags.DEFINE_config_file('config', None, 'Config file (path[:variant]).',
@@ -28,6 +31,15 @@ def main(argv):
     config_lib.validate(config, mode)
   except config_lib.ConfigError as e:
     raise app.UsageError(str(e)) from None
+  try:
+    run_mode(config, workdir, mode)
+  except errors.Error as e:
+    # A problem with the input, config or checkpoint: its message is the whole story.
+    print(f'error: {e}', file=sys.stderr)
+    sys.exit(1)
+
+
+def run_mode(config, workdir: str, mode: str) -> None:
   # Imports are per mode so that preprocessing does not pay for JAX start-up.
   if mode == 'preprocess':
     from mtn_jax.data import preprocess

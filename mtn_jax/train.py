@@ -31,6 +31,7 @@ import numpy as np
 import optax
 
 from mtn_jax import checkpoints
+from mtn_jax import errors
 from mtn_jax import input_pipeline
 from mtn_jax import metric_writer
 from mtn_jax import models
@@ -40,7 +41,7 @@ from mtn_jax.data import sessions
 from mtn_jax.models.base import ModelConfig
 
 
-class NonFiniteLoss(RuntimeError):
+class NonFiniteLoss(errors.Error, RuntimeError):
   """Training produced a NaN or Inf loss; the last good checkpoint is left as it was."""
 
 

@@ -1,0 +1,55 @@
+"""Runs the real command line in a subprocess, on tiny configs, for end-to-end tests."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+from tests.conftest import REPO
+
+# A model and a demo log small enough that a run takes seconds on a 2-core CPU.
+TINY = (
+    '--config.data.demo_users=150',
+    '--config.data.min_word_count=2',
+    '--config.model.emb_dim=16',
+    '--config.model.d_model=16',
+    '--config.model.num_heads=2',
+    '--config.model.ff_dim=32',
+    '--config.model.query_layers=1',
+    '--config.model.session_layers=1',
+    '--config.model.decoder_layers=1',
+    '--config.model.lstm_units=8',
+    '--config.train.warmup_steps=10',
+    '--config.input.train_queries_per_batch=240',
+    '--config.input.eval_queries_per_batch=480',
+    '--config.decode.batch_sessions=32',
+)
+
+
+def command(workdir, *overrides, mode: str = 'train', config: str = 'configs/demo.py'):
+  return [sys.executable, '-m', 'mtn_jax.main', f'--config={config}', f'--workdir={workdir}',
+          f'--mode={mode}', *TINY, *overrides]
+
+
+def env(devices: int = 1) -> dict[str, str]:
+  e = dict(os.environ, PYTHONUNBUFFERED='1', JAX_PLATFORMS='cpu')
+  e['XLA_FLAGS'] = f'--xla_force_host_platform_device_count={devices}'
+  return e
+
+
+def run(workdir, *overrides, mode: str = 'train', config: str = 'configs/demo.py',
+        devices: int = 1, timeout: float = 300, check: bool = True,
+        stdin: str | None = None) -> subprocess.CompletedProcess:
+  result = subprocess.run(command(workdir, *overrides, mode=mode, config=config), cwd=REPO,
+                          env=env(devices), capture_output=True, text=True, timeout=timeout,
+                          input=stdin)
+  if check and result.returncode != 0:
+    raise AssertionError(f'exit {result.returncode}\nstdout:\n{result.stdout[-3000:]}\n'
+                         f'stderr:\n{result.stderr[-5000:]}')
+  return result
+
+
+def popen(workdir, *overrides, mode: str = 'train', devices: int = 1) -> subprocess.Popen:
+  return subprocess.Popen(command(workdir, *overrides, mode=mode), cwd=REPO, env=env(devices),
+                          stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)

@@ -1,0 +1,171 @@
+"""Training system: crash-safe resume, SIGTERM, NaN stop, multi-device equivalence, refusals.
+
+Each run is a real subprocess of `python -m mtn_jax.main` on a tiny config.
+"""
+
+import json
+import random
+import signal
+
+import numpy as np
+import orbax.checkpoint as ocp
+import pytest
+
+from mtn_jax import checkpoints
+from mtn_jax import config_lib
+from mtn_jax import metric_writer
+from tests import cli
+
+pytestmark = pytest.mark.slow
+
+# Two short epochs, a checkpoint every 3 steps, a log line every step.
+SHORT = ('--config.train.num_epochs=2', '--config.train.checkpoint_every_steps=3',
+         '--config.train.log_every_steps=1', '--config.train.keep_checkpoints=2')
+
+
+def final_params(workdir):
+  manager = checkpoints.open_manager(str(workdir), read_only=True)
+  step = manager.latest_step()
+  params = manager.restore(step, args=ocp.args.Composite(
+      params=ocp.args.StandardRestore()))['params']
+  manager.close()
+  return step, params
+
+
+def assert_trees_equal(a, b):
+  import jax  # pylint: disable=g-import-not-at-top
+  leaves_a, tree_a = jax.tree.flatten(a)
+  leaves_b, tree_b = jax.tree.flatten(b)
+  assert tree_a == tree_b
+  for x, y in zip(leaves_a, leaves_b):
+    np.testing.assert_array_equal(np.asarray(x), np.asarray(y))
+
+
+@pytest.fixture(scope='module')
+def reference_run(tmp_path_factory):
+  """An uninterrupted run: the yardstick for resume and multi-device runs."""
+  workdir = tmp_path_factory.mktemp('reference')
+  result = cli.run(workdir, *SHORT)
+  return workdir, result
+
+
+def train_losses(workdir):
+  return [(r['step'], r['loss']) for r in metric_writer.read_metrics(str(workdir), 'train')]
+
+
+def test_reference_run_learns_and_logs(reference_run):
+  workdir, result = reference_run
+  assert 'parameters' in result.stdout and 'MB (fp32)' in result.stdout
+  losses = train_losses(workdir)
+  assert [s for s, _ in losses] == list(range(1, len(losses) + 1))
+  assert losses[-1][1] < losses[0][1]
+  valid = metric_writer.read_metrics(str(workdir), 'valid')
+  assert len(valid) == 2 and valid[1]['loss'] < valid[0]['loss']
+  config = json.loads((workdir / 'config.json').read_text())
+  assert config['config']['model']['d_model'] == 16
+  assert list((workdir / 'tensorboard').iterdir())
+  # Re-running the finished command resumes and does no more steps.
+  again = cli.run(workdir, *SHORT)
+  assert 'Resuming from' in again.stdout
+  assert train_losses(workdir) == losses
+
+
+def test_sigkill_at_random_step_then_resume_is_bit_exact(reference_run, tmp_path):
+  ref_dir, _ = reference_run
+  total = len(train_losses(ref_dir))
+  kill_after = random.Random().randint(2, total - 2)
+  proc = cli.popen(tmp_path, *SHORT)
+  for line in proc.stdout:
+    if line.startswith(f'step {kill_after}/'):
+      proc.send_signal(signal.SIGKILL)
+      break
+  proc.wait(timeout=120)
+  assert proc.returncode == -signal.SIGKILL, f'run ended before step {kill_after}'
+  resumed = cli.run(tmp_path, *SHORT)
+  assert 'Resuming from' in resumed.stdout or kill_after < 3
+  ref_step, ref_params = final_params(ref_dir)
+  step, params = final_params(tmp_path)
+  assert step == ref_step == total
+  assert_trees_equal(params, ref_params)
+
+
+def test_sigterm_saves_a_checkpoint_and_exits_cleanly(reference_run, tmp_path):
+  ref_dir, _ = reference_run
+  proc = cli.popen(tmp_path, *SHORT, '--config.train.checkpoint_every_steps=1000')
+  for line in proc.stdout:
+    if line.startswith('step 4/'):
+      proc.send_signal(signal.SIGTERM)
+      break
+  output = proc.communicate(timeout=120)[0]
+  assert proc.returncode == 0, output
+  assert 'SIGTERM: saved a checkpoint at step' in output
+  manager = checkpoints.open_manager(str(tmp_path), read_only=True)
+  saved = manager.latest_step()
+  manager.close()
+  assert saved is not None and saved >= 4
+  cli.run(tmp_path, *SHORT, '--config.train.checkpoint_every_steps=1000')
+  assert_trees_equal(final_params(tmp_path)[1], final_params(ref_dir)[1])
+
+
+def test_four_devices_match_one(reference_run, tmp_path):
+  ref_dir, _ = reference_run
+  cli.run(tmp_path, *SHORT, '--config.train.num_epochs=1', devices=4)
+  four = train_losses(tmp_path)
+  one = dict(train_losses(ref_dir))
+  assert four
+  for step, loss in four:
+    assert loss == pytest.approx(one[step], rel=1e-4), step
+
+
+def test_nonfinite_loss_stops_with_step_named_and_checkpoint_intact(tmp_path):
+  result = cli.run(tmp_path, '--config.train.schedule=constant',
+                   '--config.train.learning_rate=1e30', '--config.train.checkpoint_every_steps=1',
+                   '--config.train.log_every_steps=1000', check=False)
+  assert result.returncode != 0
+  assert 'non-finite training loss' in result.stderr
+  message = next(l for l in result.stderr.splitlines() if 'non-finite training loss' in l)
+  bad_step = int(message.split(' at step ')[1].split(';')[0])
+  manager = checkpoints.open_manager(str(tmp_path), read_only=True)
+  assert manager.latest_step() == bad_step
+  params = manager.restore(bad_step, args=ocp.args.Composite(
+      params=ocp.args.StandardRestore()))['params']
+  manager.close()
+  import jax  # pylint: disable=g-import-not-at-top
+  assert all(np.isfinite(np.asarray(x)).all() for x in jax.tree.leaves(params))
+
+
+def test_checkpoint_of_another_model_is_refused(reference_run, tmp_path):
+  ref_dir, _ = reference_run
+  result = cli.run(ref_dir, *SHORT, '--config.model.ff_dim=64', check=False)
+  assert result.returncode != 0
+  assert 'holds another model' in result.stderr and 'model.ff_dim' in result.stderr
+
+
+@pytest.mark.parametrize('override, message', [
+    ('--config.model.num_heads=3', 'num_heads (3) must divide'),
+    ('--config.model.name=lstm9', "model.name 'lstm9' is not a model"),
+    ('--config.model.d_model=0', 'config.model.d_model must be positive'),
+    ('--config.model.nmu_heads=4', 'nmu_heads'),
+    ('--config.model.num_heads=four', 'num_heads'),
+])
+def test_config_errors_fail_before_any_work(tmp_path, override, message):
+  result = cli.run(tmp_path, override, check=False, timeout=60)
+  assert result.returncode != 0
+  assert message in result.stderr
+  assert not (tmp_path / 'data').exists()
+
+
+def test_missing_data_is_a_clear_error(tmp_path):
+  result = cli.run(tmp_path, '--config.data.source=aol',
+                   f'--config.data.raw_files={tmp_path}/nothing-*.tsv', check=False, timeout=60)
+  assert result.returncode != 0
+  assert 'nothing-*.tsv' in result.stderr
+  assert 'Traceback' not in result.stderr
+
+
+def test_validate_accepts_the_shipped_configs():
+  from configs import aol, default, demo, transformer_aol  # pylint: disable=g-import-not-at-top
+  for config in (default.get_config(), demo.get_config(), aol.get_config('small'),
+                 transformer_aol.get_config('small,enc5dec5')):
+    config.data.raw_files = config.data.raw_files or 'log.tsv'
+    config_lib.validate(config)
