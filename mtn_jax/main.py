@@ -9,6 +9,7 @@ import sys
 
 from absl import app
 from absl import flags
+from absl import logging
 from ml_collections import config_flags
 
 from mtn_jax import config_lib
@@ -20,17 +21,30 @@ config_flags.DEFINE_config_file('config', None, 'Config file (path[:variant]).',
 flags.DEFINE_string('workdir', None, 'Run folder: data cache, checkpoints, logs, results.')
 flags.DEFINE_enum('mode', 'all', config_lib.MODES,
                   'all: preprocess, train, eval, sample suggestions and report.')
+flags.DEFINE_bool('distributed', False,
+                  'Multi-host: call jax.distributed.initialize() before anything else. Without '
+                  'the three flags below it detects the cluster (SLURM, Open MPI, TPU pods).')
+flags.DEFINE_string('coordinator_address', None, 'host:port of process 0 (with --distributed).')
+flags.DEFINE_integer('num_processes', None, 'Number of processes (with --distributed).')
+flags.DEFINE_integer('process_id', None, 'This process, 0..num_processes-1 (with --distributed).')
 flags.mark_flags_as_required(['config', 'workdir'])
 
 
 def main(argv):
   if len(argv) > 1:
     raise app.UsageError(f'unexpected arguments: {argv[1:]}')
+  if not FLAGS['verbosity'].present:
+    # Library INFO logs (orbax writes several per checkpoint) would bury the progress lines.
+    logging.set_verbosity(logging.WARNING)
   config, workdir, mode = FLAGS.config, FLAGS.workdir, FLAGS.mode
   try:
     config_lib.validate(config, mode)
   except config_lib.ConfigError as e:
     raise app.UsageError(str(e)) from None
+  if FLAGS.distributed:
+    import jax  # pylint: disable=g-import-not-at-top
+    jax.distributed.initialize(coordinator_address=FLAGS.coordinator_address,
+                               num_processes=FLAGS.num_processes, process_id=FLAGS.process_id)
   try:
     run_mode(config, workdir, mode)
   except errors.Error as e:

@@ -29,6 +29,7 @@ import jax.numpy as jnp
 import ml_collections
 import numpy as np
 import optax
+from jax.experimental import multihost_utils
 
 from mtn_jax import checkpoints
 from mtn_jax import errors
@@ -189,8 +190,15 @@ class _Prefetcher:
 
 
 def load_data(config: ml_collections.ConfigDict, workdir: str):
-  """Prepares (or reuses) the corpus: (vocab, {split: SessionSplit})."""
-  preprocess.prepare(config, workdir)
+  """Prepares (or reuses) the corpus: (vocab, {split: SessionSplit}).
+
+  With several processes, process 0 builds the corpus and the others then find it cached.
+  """
+  if jax.process_index() == 0:
+    preprocess.prepare(config, workdir)
+  if jax.process_count() > 1:
+    multihost_utils.sync_global_devices('corpus prepared')
+    preprocess.prepare(config, workdir)
   data_dir = preprocess.data_dir(workdir)
   vocab = sessions.load_vocab(data_dir)
   splits = {s: sessions.load_split(data_dir, s) for s in sessions.SPLITS}

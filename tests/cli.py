@@ -6,7 +6,7 @@ import os
 import subprocess
 import sys
 
-from tests.conftest import REPO
+from tests.conftest import REPO  # re-exported for tests
 
 # A model and a demo log small enough that a run takes seconds on a 2-core CPU.
 TINY = (

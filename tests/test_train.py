@@ -169,3 +169,30 @@ def test_validate_accepts_the_shipped_configs():
                  transformer_aol.get_config('small,enc5dec5')):
     config.data.raw_files = config.data.raw_files or 'log.tsv'
     config_lib.validate(config)
+
+
+def test_two_processes_match_one(reference_run, tmp_path):
+  """Two JAX processes (coordinator on localhost), one CPU device each: same losses as one
+  process; only process 0 writes logs; the checkpoint is written collectively."""
+  import socket  # pylint: disable=g-import-not-at-top
+  import subprocess  # pylint: disable=g-import-not-at-top
+  ref_dir, _ = reference_run
+  with socket.socket() as s:
+    s.bind(('localhost', 0))
+    port = s.getsockname()[1]
+  procs = [subprocess.Popen(
+      cli.command(tmp_path, *SHORT, '--config.train.num_epochs=1', '--distributed',
+                  f'--coordinator_address=localhost:{port}', '--num_processes=2',
+                  f'--process_id={i}'),
+      cwd=cli.REPO, env=cli.env(1), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+           for i in range(2)]
+  outputs = [p.communicate(timeout=300)[0] for p in procs]
+  for p, out in zip(procs, outputs):
+    assert p.returncode == 0, out[-3000:]
+  assert 'step 1/' in outputs[0] and 'step 1/' not in outputs[1]
+  one = dict(train_losses(ref_dir))
+  two = train_losses(tmp_path)
+  assert two
+  for step, loss in two:
+    assert loss == pytest.approx(one[step], rel=1e-4), step
+  assert final_params(tmp_path)[0] == len(two)

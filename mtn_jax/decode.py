@@ -1,0 +1,400 @@
+"""Next-query suggestions: batched beam search and greedy decoding for every model.
+
+Flows in: a model of `mtn_jax.models` with its params, and either encoder `memory` (a dict
+whose leaves lead with N, one context per row) or a session batch `queries` int32
+[batch, queries, tokens]. Flows out: hypotheses int32 [N, beam, max_len] (the words after
+`<s>`, ending with `</s>` when the hypothesis finished, 0-padded) and their scores float32
+[N, beam], best first.
+
+Scores are GNMT-normalised log-probabilities (Wu et al. 2016): the sum of the token
+log-probabilities, `</s>` included, divided by ((5 + L) / 6) ** alpha, L = tokens generated.
+A hypothesis that reaches `max_len` tokens without `</s>` is finished there (L = max_len),
+so every returned sequence is a complete suggestion. `<pad>`, `<s>` and `<sep>` are never
+emitted; their probability mass is removed, not redistributed, so a score is exactly what
+`sequence_log_prob` gives the same tokens.
+
+The encoder runs once; beams then decode step by step from the model's 'cache' collection
+(key/value caches, or a recurrent state) inside one `lax.while_loop`. Every entry point is
+`jax.jit`-compiled with the model and the sizes static, so it compiles once per (model,
+shapes) and later calls reuse the executable. The search is written here because no
+maintained library offers one over a Linen cache: flax has it as example code (examples/wmt,
+whose state layout this follows) and t5x only inside its own framework.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Sequence
+from typing import Any
+
+import flax
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from mtn_jax.data.vocab import BOS_ID, EOS_ID, PAD_ID, SEP_ID, Vocab
+
+NEVER_EMITTED = (PAD_ID, BOS_ID, SEP_ID)
+
+Memory = Any  # a pytree of arrays, every leaf [N, ...]
+
+
+def length_normalize(log_prob: jax.Array, length: jax.Array,
+                     alpha: float | jax.Array) -> jax.Array:
+  """GNMT length penalty: log_prob / ((5 + length) / 6) ** alpha, element-wise."""
+  return log_prob / ((5.0 + length) / 6.0) ** alpha
+
+
+def sequence_lengths(sequences: jax.Array) -> jax.Array:
+  """int32 [...] tokens that count in a score, for sequences int [..., L] as decoded here.
+
+  Up to and including the first `</s>`; a sequence without `</s>` (finished at max_len, or
+  given by a caller) counts its non-padding tokens.
+  """
+  is_end = sequences == EOS_ID
+  return jnp.where(is_end.any(-1), jnp.argmax(is_end, axis=-1) + 1,
+                   (sequences != PAD_ID).sum(-1)).astype(jnp.int32)
+
+
+def to_words(vocab: Vocab, sequence: Sequence[int] | np.ndarray | jax.Array) -> list[str]:
+  """The words of one decoded sequence int [L], up to `</s>`."""
+  return vocab.decode(np.asarray(sequence))
+
+
+# ---------------------------------------------------------------------------------------------
+# Model steps
+
+
+def _num_rows(memory: Memory) -> int:
+  leaves = jax.tree.leaves(memory)
+  if not leaves:
+    raise ValueError('memory has no arrays')
+  rows = {x.shape[0] if x.ndim else None for x in leaves}
+  if len(rows) != 1 or None in rows:
+    raise ValueError('every memory leaf must lead with the number of rows N, got shapes '
+                     f'{[x.shape for x in leaves]}')
+  return rows.pop()
+
+
+def _repeat_rows(memory: Memory, times: int) -> Memory:
+  """[N, ...] -> [N * times, ...], row n * times + k = row n: one copy per beam."""
+  return jax.tree.map(lambda x: jnp.repeat(x, times, axis=0), memory)
+
+
+def _apply_decode(model, params, cache, memory: Memory, tokens: jax.Array):
+  """One `decode=True` call: (logits float32 [R, T', V], the updated cache).
+
+  Without a cache this is the creating call (tokens [R, max_len]); with one, a step
+  (tokens [R, 1]).
+  """
+  variables = {'params': params} if cache is None else {'params': params, 'cache': cache}
+  logits, updated = model.apply(variables, memory, tokens, decode=True, mutable=['cache'],
+                                method='decode')
+  return logits, updated['cache']
+
+
+def _create_cache(model, params, memory: Memory, max_len: int):
+  """The model's decoding cache for `memory` rows [R, ...], before the first step."""
+  tokens = jnp.zeros((_num_rows(memory), max_len), jnp.int32)
+  return _apply_decode(model, params, None, memory, tokens)[1]
+
+
+def _cache_row_axes(model, params, memory: Memory, max_len: int, cache):
+  """The axis of each leaf of `cache` (made for `memory` rows [R, ...]) that indexes R.
+
+  Caches differ by model (a scanned layer stack puts its layer axis first, a step counter has
+  no row axis, a recurrent state has only rows), so the row axis is found rather than assumed:
+  it is the one axis whose size changes when the cache is made for one more row. The probe is
+  `jax.eval_shape`, which costs a trace and no computation.
+  Returns:
+    the cache's structure with an int axis, or None, per leaf.
+  """
+  grown = jax.tree.map(
+      lambda x: jax.ShapeDtypeStruct((x.shape[0] + 1, *x.shape[1:]), x.dtype), memory)
+  grown_cache = jax.eval_shape(
+      functools.partial(_create_cache, model, max_len=max_len), params, grown)
+
+  def row_axis(leaf, grown_leaf):
+    changed = [a for a, (s, g) in enumerate(zip(leaf.shape, grown_leaf.shape)) if s != g]
+    if len(changed) > 1:
+      raise ValueError(f'a cache leaf of shape {leaf.shape} grows along several axes with the '
+                       'number of decoded rows; expected one row axis')
+    return changed[0] if changed else None
+
+  return jax.tree.map(row_axis, cache, grown_cache)
+
+
+def _take_rows(cache, axes, rows: jax.Array):
+  """Every cache leaf's rows picked by `rows` int [R'] along its row axis."""
+  return jax.tree.map(lambda axis, x: x if axis is None else jnp.take(x, rows, axis=axis),
+                      axes, cache, is_leaf=lambda a: a is None)
+
+
+def _emittable_log_probs(logits: jax.Array) -> jax.Array:
+  """float32 [..., V] log-softmax over the whole vocabulary, -inf on NEVER_EMITTED ids."""
+  log_probs = jax.nn.log_softmax(logits.astype(jnp.float32), axis=-1)
+  never = jnp.zeros(log_probs.shape[-1], bool).at[jnp.array(NEVER_EMITTED)].set(True)
+  return jnp.where(never, -jnp.inf, log_probs)
+
+
+def _set_column(sequences: jax.Array, column: jax.Array, tokens: jax.Array) -> jax.Array:
+  """sequences int32 [..., L] with `column` (traced int) set to tokens int32 [...]."""
+  return jnp.where(jnp.arange(sequences.shape[-1]) == column, tokens[..., None], sequences)
+
+
+def _check_positive(**sizes: int) -> None:
+  for name, value in sizes.items():
+    if value < 1:
+      raise ValueError(f'{name} must be at least 1, got {value}')
+
+
+# ---------------------------------------------------------------------------------------------
+# Beam search
+
+
+@flax.struct.dataclass
+class _BeamState:
+  """The while-loop carry; N rows, K = beam size, `-inf` marks an empty slot."""
+
+  step: jax.Array  # int32 []: tokens generated so far
+  live_log_probs: jax.Array  # float32 [N, K], hypotheses still growing
+  live_sequences: jax.Array  # int32 [N, K, max_len + 1], column 0 is <s>
+  finished_scores: jax.Array  # float32 [N, K], length-normalised, best first
+  finished_sequences: jax.Array  # int32 [N, K, max_len + 1]
+  cache: Any  # the model's 'cache' collection for the N * K live rows
+
+
+@functools.partial(jax.jit, static_argnames=('model', 'beam_size', 'max_len'))
+def beam_search(model, params, memory: Memory, *, beam_size: int, max_len: int,
+                length_penalty: float) -> tuple[jax.Array, jax.Array]:
+  """The `beam_size` best suggestions of every memory row.
+
+  At each step the live hypotheses' 2K best continuations are ranked; one ending in `</s>`
+  (or reaching `max_len`) is finished when it ranks among the first K, as in fairseq, and the
+  best K that do not end stay live. With K = 1 and no length penalty this is greedy
+  decoding. The loop stops early once no live hypothesis can still beat the K-th finished
+  one, which returns the same result as running to `max_len`.
+
+  Args:
+    model: a module of `mtn_jax.models` (static: one compilation per model and shapes).
+    params: its parameters.
+    memory: its `encode` output, leaves [N, ...].
+    beam_size: K, hypotheses kept (and returned) per row.
+    max_len: most tokens generated, `</s>` included; at most what the model's decoder
+      positions allow (`ModelConfig.target_len` with learned positions).
+    length_penalty: GNMT alpha (0: plain log-probability).
+  Returns:
+    sequences: int32 [N, K, max_len], tokens after `<s>`, `</s>` included, 0-padded.
+    scores: float32 [N, K], `length_normalize(log p, length, length_penalty)`, best first.
+      A slot is empty (score -inf, sequence all padding) only when the search met fewer
+      than K hypotheses, which takes a vocabulary and max_len too small to make K sequences.
+  """
+  _check_positive(beam_size=beam_size, max_len=max_len)
+  num_rows = _num_rows(memory)
+  beam_memory = _repeat_rows(memory, beam_size)
+  cache = _create_cache(model, params, beam_memory, max_len)
+  row_axes = _cache_row_axes(model, params, beam_memory, max_len, cache)
+  group_starts = jnp.arange(num_rows)[:, None] * beam_size
+  ranks = jnp.arange(2 * beam_size)
+
+  def upper_bound(live_log_probs, step):
+    # Future tokens only lower a log-probability (<= 0), and the penalty is monotonic in the
+    # length, so the best score a live hypothesis can still reach is its log-probability
+    # normalised at one end of the lengths that remain.
+    best = live_log_probs.max(axis=1)
+    return jnp.maximum(length_normalize(best, step + 1, length_penalty),
+                       length_normalize(best, max_len, length_penalty))
+
+  def not_done(state: _BeamState) -> jax.Array:
+    best_live = upper_bound(state.live_log_probs, state.step)  # -inf without live ones
+    worst_finished = state.finished_scores.min(axis=1)  # -inf until K have finished
+    return (state.step < max_len) & jnp.any(best_live > worst_finished)
+
+  def advance(state: _BeamState) -> _BeamState:
+    last_tokens = jax.lax.dynamic_index_in_dim(state.live_sequences, state.step, axis=2,
+                                               keepdims=False)  # [N, K]
+    logits, cache = _apply_decode(model, params, state.cache, beam_memory,
+                                  last_tokens.reshape(num_rows * beam_size, 1))
+    log_probs = _emittable_log_probs(logits[:, 0]).reshape(num_rows, beam_size, -1)
+    vocab_size = log_probs.shape[-1]
+    continuations = (state.live_log_probs[..., None] + log_probs).reshape(num_rows, -1)
+    top_log_probs, top_ids = jax.lax.top_k(continuations, 2 * beam_size)  # [N, 2K]
+    origins, tokens = top_ids // vocab_size, top_ids % vocab_size
+    sequences = _set_column(
+        jnp.take_along_axis(state.live_sequences, origins[..., None], axis=1),
+        state.step + 1, tokens)  # [N, 2K, max_len + 1]
+    length = state.step + 1
+    ends = tokens == EOS_ID
+
+    live_log_probs, live_ids = jax.lax.top_k(jnp.where(ends, -jnp.inf, top_log_probs),
+                                             beam_size)
+    live_origins = jnp.take_along_axis(origins, live_ids, axis=1)
+    cache = _take_rows(cache, row_axes, (group_starts + live_origins).reshape(-1))
+
+    finishing = (ends | (length == max_len)) & (ranks < beam_size)
+    new_scores = jnp.where(finishing, length_normalize(top_log_probs, length, length_penalty),
+                           -jnp.inf)
+    finished_scores, finished_ids = jax.lax.top_k(
+        jnp.concatenate([state.finished_scores, new_scores], axis=1), beam_size)
+    finished_sequences = jnp.take_along_axis(
+        jnp.concatenate([state.finished_sequences, sequences], axis=1),
+        finished_ids[..., None], axis=1)
+    return _BeamState(
+        step=length, live_log_probs=live_log_probs,
+        live_sequences=jnp.take_along_axis(sequences, live_ids[..., None], axis=1),
+        finished_scores=finished_scores, finished_sequences=finished_sequences, cache=cache)
+
+  empty_sequences = jnp.zeros((num_rows, beam_size, max_len + 1), jnp.int32)
+  # Only the first slot is live at the start, so the first step expands one hypothesis.
+  first_live = jnp.where(jnp.arange(beam_size) == 0, 0.0, -jnp.inf)
+  state = _BeamState(
+      step=jnp.array(0, jnp.int32),
+      live_log_probs=jnp.broadcast_to(first_live, (num_rows, beam_size)),
+      live_sequences=empty_sequences.at[:, :, 0].set(BOS_ID),
+      finished_scores=jnp.full((num_rows, beam_size), -jnp.inf),
+      finished_sequences=empty_sequences, cache=cache)
+  state = jax.lax.while_loop(not_done, advance, state)
+  filled = jnp.isfinite(state.finished_scores)
+  sequences = jnp.where(filled[..., None], state.finished_sequences[:, :, 1:], PAD_ID)
+  return sequences, state.finished_scores
+
+
+# ---------------------------------------------------------------------------------------------
+# Greedy decoding
+
+
+@flax.struct.dataclass
+class _GreedyState:
+  step: jax.Array  # int32 []: tokens generated so far
+  sequences: jax.Array  # int32 [N, max_len + 1], column 0 is <s>
+  log_probs: jax.Array  # float32 [N]
+  done: jax.Array  # bool [N]: `</s>` emitted
+  cache: Any
+
+
+@functools.partial(jax.jit, static_argnames=('model', 'max_len'))
+def greedy(model, params, memory: Memory, *, max_len: int) -> tuple[jax.Array, jax.Array]:
+  """The most likely next token at every step, until `</s>` or `max_len` tokens.
+
+  Args:
+    model, params, memory, max_len: as for `beam_search`.
+  Returns:
+    sequences: int32 [N, max_len], tokens after `<s>`, `</s>` included, 0-padded.
+    scores: float32 [N], the sum of the tokens' log-probabilities (no length penalty).
+  """
+  _check_positive(max_len=max_len)
+  num_rows = _num_rows(memory)
+  cache = _create_cache(model, params, memory, max_len)
+
+  def not_done(state: _GreedyState) -> jax.Array:
+    return (state.step < max_len) & ~jnp.all(state.done)
+
+  def advance(state: _GreedyState) -> _GreedyState:
+    last_tokens = jax.lax.dynamic_index_in_dim(state.sequences, state.step, axis=1,
+                                               keepdims=False)  # [N]
+    logits, cache = _apply_decode(model, params, state.cache, memory, last_tokens[:, None])
+    log_probs = _emittable_log_probs(logits[:, 0])  # [N, V]
+    tokens = jnp.argmax(log_probs, axis=-1)
+    token_log_probs = jnp.take_along_axis(log_probs, tokens[:, None], axis=-1)[:, 0]
+    tokens = jnp.where(state.done, PAD_ID, tokens).astype(jnp.int32)
+    return _GreedyState(
+        step=state.step + 1,
+        sequences=_set_column(state.sequences, state.step + 1, tokens),
+        log_probs=state.log_probs + jnp.where(state.done, 0.0, token_log_probs),
+        done=state.done | (tokens == EOS_ID), cache=cache)
+
+  sequences = jnp.zeros((num_rows, max_len + 1), jnp.int32).at[:, 0].set(BOS_ID)
+  state = _GreedyState(step=jnp.array(0, jnp.int32), sequences=sequences,
+                       log_probs=jnp.zeros(num_rows, jnp.float32),
+                       done=jnp.zeros(num_rows, bool), cache=cache)
+  state = jax.lax.while_loop(not_done, advance, state)
+  return state.sequences[:, 1:], state.log_probs
+
+
+# ---------------------------------------------------------------------------------------------
+# Scoring given sequences
+
+
+@functools.partial(jax.jit, static_argnames=('model',))
+def sequence_log_prob(model, params, memory: Memory, sequences: jax.Array) -> jax.Array:
+  """Teacher-forced log-probability of given suggestions, to check or re-score a search.
+
+  Args:
+    model, params: as for `beam_search`.
+    memory: leaves [N, ...].
+    sequences: int [N, K, L], tokens after `<s>`; what counts is `sequence_lengths`.
+  Returns:
+    float32 [N, K]: the sum of log p(token | memory, earlier tokens) over the counted tokens,
+    under the full softmax (the search's scores before `length_normalize`).
+  """
+  num_rows, per_row, length = sequences.shape
+  if _num_rows(memory) != num_rows:
+    raise ValueError(f'memory has {_num_rows(memory)} rows but sequences {num_rows}')
+  targets = sequences.reshape(num_rows * per_row, length).astype(jnp.int32)
+  decoder_inputs = jnp.concatenate(
+      [jnp.full((targets.shape[0], 1), BOS_ID, jnp.int32), targets[:, :-1]], axis=1)
+  logits = model.apply({'params': params}, _repeat_rows(memory, per_row), decoder_inputs,
+                       method='decode')
+  log_probs = jax.nn.log_softmax(logits.astype(jnp.float32), axis=-1)
+  token_log_probs = jnp.take_along_axis(log_probs, targets[..., None], axis=-1)[..., 0]
+  counted = jnp.arange(length) < sequence_lengths(targets)[:, None]
+  return jnp.where(counted, token_log_probs, 0.0).sum(-1).reshape(num_rows, per_row)
+
+
+# ---------------------------------------------------------------------------------------------
+# Sessions in, suggestions out
+
+
+@functools.partial(jax.jit, static_argnames=('model',))
+def encode_sessions(model, params, queries: jax.Array,
+                    rows: jax.Array | None = None) -> Memory:
+  """The model's encoder, compiled: queries int32 [B, S, n] -> memory leaves [B*S, ...].
+
+  With `rows` int [R], only those rows of the memory ([R, ...]); row b*S + t is the context
+  after query t of session b.
+  """
+  memory = model.apply({'params': params}, queries, method='encode')
+  if rows is None:
+    return memory
+  return jax.tree.map(lambda x: x[rows], memory)
+
+
+def suggest(model, params, queries: jax.Array | np.ndarray, *, beam_size: int, max_len: int,
+            length_penalty: float, positions: str = 'all',
+            lengths: jax.Array | np.ndarray | None = None) -> tuple[jax.Array, jax.Array]:
+  """Beam-searched next queries for a batch of sessions; the encoder runs once.
+
+  Args:
+    model, params, beam_size, max_len, length_penalty: as for `beam_search`.
+    queries: int32 [B, S, n] word ids, 0-padded; shorter sessions end in all-padding rows.
+    positions: 'all': suggest after every position t = 0..S-1 (P = S; all decoded in
+      parallel, padding positions included); 'last': only after each session's last real
+      query (P = 1).
+    lengths: int [B], real queries per session, 1..S; needed for positions='last'.
+  Returns:
+    sequences: int32 [B, P, beam_size, max_len], as `beam_search` returns them.
+    scores: float32 [B, P, beam_size], best first.
+  """
+  queries = jnp.asarray(queries, jnp.int32)
+  if queries.ndim != 3:
+    raise ValueError(f'queries must be [batch, queries, tokens], got shape {queries.shape}')
+  batch, num_queries, _ = queries.shape
+  if positions == 'all':
+    rows, per_session = None, num_queries
+  elif positions == 'last':
+    if lengths is None:
+      raise ValueError("positions='last' needs lengths: the real queries of each session")
+    lengths = np.asarray(lengths)
+    if lengths.shape != (batch,) or not np.issubdtype(lengths.dtype, np.integer):
+      raise ValueError(f'lengths must be int [{batch}], got {lengths.dtype} {lengths.shape}')
+    if lengths.min() < 1 or lengths.max() > num_queries:
+      raise ValueError(f'lengths must lie in 1..{num_queries} (the queries per session), '
+                       f'got {lengths.min()}..{lengths.max()}')
+    rows, per_session = jnp.asarray(np.arange(batch) * num_queries + lengths - 1), 1
+  else:
+    raise ValueError(f"positions must be 'all' or 'last', got {positions!r}")
+  memory = encode_sessions(model, params, queries, rows)
+  sequences, scores = beam_search(model, params, memory, beam_size=beam_size, max_len=max_len,
+                                  length_penalty=length_penalty)
+  return (sequences.reshape(batch, per_session, beam_size, max_len),
+          scores.reshape(batch, per_session, beam_size))

@@ -1,0 +1,308 @@
+"""Beam search and greedy decoding on tiny random models of every registered kind.
+
+Checked against independent references: teacher-forced log-probabilities, greedy decoding,
+and exhaustive enumeration where a beam cannot miss anything. Models and shapes are shared
+across tests (module-scoped fixtures) and most variations change only parameter values, so
+each search compiles once per model.
+"""
+
+import functools
+import itertools
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from configs import default
+from mtn_jax import decode
+from mtn_jax import models
+from mtn_jax.data.vocab import EOS_ID, PAD_ID, SPECIAL_TOKENS, Vocab
+
+MODEL_NAMES = [n for n in ('mtn', 'transformer', 'seq2seq', 'hred', 'mnsrf')
+               if n in models.MODELS]
+# Odd, so the output layer's bias is the only [VOCAB_SIZE] leaf among the tiny model's params.
+VOCAB_SIZE = 29
+QUERY_WORDS = 5
+BEAM, MAX_LEN, ALPHA = 4, 6, 0.6
+# Two sessions of S = 3 queries: the second has two real queries and a padding row.
+QUERIES = np.array([[[5, 6, 7, 0, 0], [8, 9, 0, 0, 0], [10, 11, 12, 13, 0]],
+                    [[14, 15, 0, 0, 0], [16, 17, 18, 0, 0], [0, 0, 0, 0, 0]]], np.int32)
+
+
+def tiny_model(name, vocab_size):
+  c = default.get_config().model
+  c.update(name=name, emb_dim=16, d_model=16, num_heads=2, ff_dim=32, query_layers=1,
+           session_layers=1, decoder_layers=2, lstm_units=8, max_session_queries=4,
+           dropout=0.0)
+  return models.create_model(models.ModelConfig.from_config(c, vocab_size, QUERY_WORDS))
+
+
+def random_params(model, queries, seed):
+  """N(0, 0.5^2) parameters on the shapes `model.init` gives: drawn by numpy, no compilation.
+
+  The large scale gives peaked, varied next-word distributions.
+  """
+  shapes = jax.eval_shape(functools.partial(model.init, train=False), jax.random.key(0),
+                          queries)['params']
+  rng = np.random.default_rng(seed)
+  return jax.tree.map(lambda s: (0.5 * rng.standard_normal(s.shape)).astype(s.dtype), shapes)
+
+
+def with_output_bias(params, vocab_size, changes):
+  """A copy of `params` with `changes` {word id: amount} added to the output layer's bias."""
+  changed = []
+
+  def bump(path, x):
+    if getattr(path[-1], 'key', None) != 'bias' or x.shape != (vocab_size,):
+      return x
+    changed.append(path)
+    x = x.copy()
+    for word, amount in changes.items():
+      x[word] += amount
+    return x
+
+  params = jax.tree_util.tree_map_with_path(bump, params)
+  assert len(changed) == 1, changed
+  return params
+
+
+def with_end_boost(params, vocab_size, boost):
+  """A copy of `params` whose `</s>` logit is raised by `boost`."""
+  return with_output_bias(params, vocab_size, {EOS_ID: boost})
+
+
+def endings(sequences):
+  """(ends with `</s>` bool [...], scored length int [...]) of sequences [..., MAX_LEN]."""
+  return (sequences == EOS_ID).any(-1), np.asarray(decode.sequence_lengths(sequences))
+
+
+@pytest.fixture(scope='module', params=MODEL_NAMES)
+def searched(request):
+  """(model, params, memory [B*S, ...], (sequences [B, S, BEAM, MAX_LEN], scores [B, S, BEAM])).
+
+  A tiny random model and its suggestions after every position of QUERIES, for parameters
+  whose hypotheses end both with `</s>` (at several lengths) and at MAX_LEN.
+  """
+  model = tiny_model(request.param, VOCAB_SIZE)
+  params = random_params(model, QUERIES, seed=0)
+  # A random model almost never prefers `</s>`, and a raised `</s>` logit tips it from never
+  # ending to ending within a step or two; the first boost on a grid that gives both kinds of
+  # ending exercises every stopping rule. Only the parameters change: nothing recompiles.
+  for boost in np.arange(1.0, 5.0, 0.2):
+    boosted = with_end_boost(params, VOCAB_SIZE, boost)
+    sequences, scores = decode.suggest(model, boosted, QUERIES, beam_size=BEAM,
+                                       max_len=MAX_LEN, length_penalty=ALPHA)
+    ends, lengths = endings(np.asarray(sequences))
+    if ends.any() and not ends.all() and len(set(lengths[ends])) > 1:
+      memory = decode.encode_sessions(model, boosted, QUERIES)
+      return model, boosted, memory, (np.asarray(sequences), np.asarray(scores))
+  raise AssertionError(f'{request.param}: no </s> boost gives both kinds of ending')
+
+
+def test_length_normalize_and_lengths():
+  assert float(decode.length_normalize(-3.0, 7, 0.6)) == pytest.approx(-3.0 / 2.0**0.6)
+  assert float(decode.length_normalize(-3.0, 7, 0.0)) == -3.0
+  sequences = jnp.array([[5, 3, 0, 0], [5, 6, 7, 8], [3, 0, 0, 0], [5, 6, 0, 0]])
+  np.testing.assert_array_equal(decode.sequence_lengths(sequences), [2, 4, 1, 2])
+
+
+def test_to_words_stops_at_end():
+  vocab = Vocab(SPECIAL_TOKENS + ('how', 'to', 'cook'))
+  assert decode.to_words(vocab, np.array([5, 7, EOS_ID, 6, 0])) == ['how', 'cook']
+  assert decode.to_words(vocab, jnp.array([6, 5, 6])) == ['to', 'how', 'to']
+
+
+def test_suggest_matches_beam_search_on_the_memory(searched):
+  model, params, memory, beams = searched
+  sequences, scores = decode.beam_search(model, params, memory, beam_size=BEAM,
+                                         max_len=MAX_LEN, length_penalty=ALPHA)
+  assert sequences.shape == (6, BEAM, MAX_LEN) and sequences.dtype == jnp.int32
+  assert scores.shape == (6, BEAM) and scores.dtype == jnp.float32
+  np.testing.assert_array_equal(beams[0].reshape(6, BEAM, MAX_LEN), sequences)
+  np.testing.assert_array_equal(beams[1].reshape(6, BEAM), scores)
+
+
+def test_hypotheses_are_sorted_and_distinct(searched):
+  beams = searched[3]
+  sequences, scores = beams[0].reshape(-1, BEAM, MAX_LEN), beams[1].reshape(-1, BEAM)
+  assert np.isfinite(scores).all()
+  assert (np.diff(scores, axis=1) <= 0).all()
+  for row in sequences:
+    assert len({tuple(s) for s in row}) == BEAM
+
+
+def test_scores_are_length_normalised_teacher_forced_log_probs(searched):
+  model, params, memory, beams = searched
+  sequences = jnp.asarray(beams[0].reshape(-1, BEAM, MAX_LEN))
+  log_probs = decode.sequence_log_prob(model, params, memory, sequences)
+  expected = decode.length_normalize(log_probs, decode.sequence_lengths(sequences), ALPHA)
+  np.testing.assert_allclose(beams[1].reshape(-1, BEAM), expected, atol=1e-4, rtol=0)
+
+
+def test_stops_at_end_token_or_max_len(searched):
+  sequences = searched[3][0].reshape(-1, MAX_LEN)
+  for sequence, ended, length in zip(sequences, *endings(sequences)):
+    if ended:
+      assert sequence[length - 1] == EOS_ID
+    else:
+      assert length == MAX_LEN
+    assert (sequence[length:] == PAD_ID).all()
+    # Words only before the end: no padding, <s> or <sep> is ever emitted.
+    assert not np.isin(sequence[:length], decode.NEVER_EMITTED).any()
+    assert (sequence[:length - 1] != EOS_ID).all()
+
+
+def test_without_end_every_hypothesis_runs_to_max_len(searched):
+  model, params, memory, _ = searched
+  sequences, scores = decode.beam_search(
+      model, with_end_boost(params, VOCAB_SIZE, -50.0), memory, beam_size=BEAM,
+      max_len=MAX_LEN, length_penalty=ALPHA)
+  assert np.isfinite(scores).all()
+  assert not (np.asarray(sequences) == EOS_ID).any()
+  assert not np.isin(sequences, decode.NEVER_EMITTED).any()
+
+
+def test_a_certain_end_stops_every_hypothesis_at_once(searched):
+  # p(</s>) ~ 1: the best suggestion is the empty one; the other three beams continue with
+  # their next best words, end at the next step and fill the beam, which stops the search.
+  model, params, memory, _ = searched
+  sequences, scores = decode.beam_search(
+      model, with_end_boost(params, VOCAB_SIZE, 50.0), memory, beam_size=BEAM,
+      max_len=MAX_LEN, length_penalty=ALPHA)
+  ended, lengths = endings(np.asarray(sequences))
+  assert ended.all()
+  np.testing.assert_array_equal(lengths, np.broadcast_to([1, 2, 2, 2], lengths.shape))
+  np.testing.assert_allclose(scores[:, 0], 0.0, atol=1e-5)
+
+
+def test_beam_of_one_is_greedy(searched):
+  model, params, memory, _ = searched
+  # Several `</s>` boosts (same shapes: no recompilation), so that `</s>` is at times the
+  # best next token and at times the runner-up, which a beam of one must not finish.
+  for boost in np.linspace(-2.0, 2.0, 9):
+    boosted = with_end_boost(params, VOCAB_SIZE, boost)
+    greedy_sequences, greedy_scores = decode.greedy(model, boosted, memory, max_len=MAX_LEN)
+    sequences, scores = decode.beam_search(model, boosted, memory, beam_size=1,
+                                           max_len=MAX_LEN, length_penalty=0.0)
+    np.testing.assert_array_equal(sequences[:, 0], greedy_sequences)
+    np.testing.assert_allclose(scores[:, 0], greedy_scores, rtol=0, atol=1e-6)
+
+
+def test_last_position_equals_its_row_of_all_positions(searched):
+  model, params, _, beams = searched
+  # Each session of QUERIES three times, with `lengths` naming each of its real queries as
+  # the last in turn: six rows, the shape the fixture's search compiled.
+  sessions, lengths = np.array([0, 0, 0, 1, 1, 1]), np.array([1, 2, 3, 1, 2, 2])
+  sequences, scores = decode.suggest(model, params, QUERIES[sessions], beam_size=BEAM,
+                                     max_len=MAX_LEN, length_penalty=ALPHA, positions='last',
+                                     lengths=lengths)
+  assert sequences.shape == (6, 1, BEAM, MAX_LEN) and scores.shape == (6, 1, BEAM)
+  np.testing.assert_array_equal(sequences[:, 0], beams[0][sessions, lengths - 1])
+  np.testing.assert_allclose(scores[:, 0], beams[1][sessions, lengths - 1], atol=1e-5, rtol=0)
+
+
+@pytest.fixture(scope='module')
+def tiny_vocab_searches():
+  """Beam searches with a vocabulary of 8, the only ones of their shapes, under a counter.
+
+  Returns (model, memory, searches, traces): `searches` [(params, alpha, sequences [6, 20, 3],
+  scores [6, 20])] for two settings, `traces[i]` the decoding steps traced by the end of
+  search i (`_apply_decode` runs only while a search is traced, never when it runs).
+  """
+  model = tiny_model('mtn', 8)
+  queries = np.where(QUERIES > 0, QUERIES % 3 + 5, 0).astype(np.int32)
+  params = random_params(model, queries, seed=1)
+  memory = decode.encode_sessions(model, params, queries)
+  apply_decode = decode._apply_decode  # pylint: disable=protected-access
+  traced = []
+
+  def counting_apply_decode(*args, **kwargs):
+    traced.append(1)
+    return apply_decode(*args, **kwargs)
+
+  searches, traces = [], []
+  with pytest.MonkeyPatch.context() as patch:
+    patch.setattr(decode, '_apply_decode', counting_apply_decode)
+    # The second search changes the value of every traced argument but none of the shapes.
+    for end_boost, alpha in ((0.0, ALPHA), (1.5, 0.0)):
+      boosted = with_end_boost(params, 8, end_boost)
+      sequences, scores = decode.beam_search(model, boosted, memory, beam_size=20, max_len=3,
+                                             length_penalty=alpha)
+      searches.append((boosted, alpha, np.asarray(sequences), np.asarray(scores)))
+      traces.append(len(traced))
+  return model, memory, searches, traces
+
+
+def test_beam_search_is_exact_when_nothing_is_pruned(tiny_vocab_searches):
+  # Five emittable ids (<unk>, </s>, 5, 6, 7). Up to 3 tokens there are 1 + 4 + 4 * 4 * 5 = 85
+  # sequences, and at most 4 * 5 = 20 continuations per step before the last: with a beam of
+  # 20 nothing is pruned, so the beam holds the exact best 20.
+  model, memory, searches, _ = tiny_vocab_searches
+  words = (1, 5, 6, 7)
+  candidates = np.array([(EOS_ID, 0, 0)] + [(a, EOS_ID, 0) for a in words]
+                        + list(itertools.product(words, words, words + (EOS_ID,))), np.int32)
+  lengths = decode.sequence_lengths(jnp.asarray(candidates))
+  num_rows = QUERIES.shape[0] * QUERIES.shape[1]
+  for params, alpha, sequences, scores in searches:
+    log_probs = decode.sequence_log_prob(
+        model, params, memory, jnp.broadcast_to(candidates, (num_rows, *candidates.shape)))
+    all_scores = np.asarray(decode.length_normalize(log_probs, lengths, alpha))
+    for row in range(num_rows):
+      best = np.argsort(-all_scores[row])[:20]
+      np.testing.assert_allclose(scores[row], all_scores[row, best], atol=1e-5, rtol=0)
+      assert {tuple(s) for s in sequences[row]} == {tuple(candidates[i]) for i in best}
+
+
+def test_compiles_once_per_shape(tiny_vocab_searches):
+  traces = tiny_vocab_searches[3]
+  assert traces[0] > 0
+  assert traces[1] == traces[0]
+
+
+def test_long_hypotheses_and_early_stopping_are_exact():
+  # Every word but <unk> made impossible (logit -1e9): the only sequences are <unk>^k </s>
+  # (k < MAX_LEN) and <unk>^MAX_LEN, a single chain that a beam of 4 never prunes, so the
+  # search must return the exact best 4 of these 7, whether they are long (a strong length
+  # penalty, a rare `</s>`) or short (a likely `</s>` fills the beam after 4 steps, and the
+  # search may stop before MAX_LEN). The shapes are the fixture's: nothing recompiles.
+  model = tiny_model('mtn', VOCAB_SIZE)
+  params = random_params(model, QUERIES, seed=0)
+  memory = decode.encode_sessions(model, params, QUERIES)
+  unk = SPECIAL_TOKENS.index('<unk>')
+  chain = np.array([[unk] * k + [EOS_ID] + [PAD_ID] * (MAX_LEN - k - 1) for k in range(MAX_LEN)]
+                   + [[unk] * MAX_LEN], np.int32)
+  lengths = decode.sequence_lengths(jnp.asarray(chain))
+  best_lengths = set()
+  for end_boost, alpha in ((-1.0, 3.0), (0.0, 1.0), (1.0, 0.6), (3.0, 0.0)):
+    changes = {word: -1e9 for word in range(len(SPECIAL_TOKENS), VOCAB_SIZE)}
+    changes[EOS_ID] = end_boost
+    masked = with_output_bias(params, VOCAB_SIZE, changes)
+    log_probs = decode.sequence_log_prob(model, masked, memory,
+                                         jnp.broadcast_to(chain, (6, *chain.shape)))
+    all_scores = np.asarray(decode.length_normalize(log_probs, lengths, alpha))
+    sequences, scores = decode.beam_search(model, masked, memory, beam_size=BEAM,
+                                           max_len=MAX_LEN, length_penalty=alpha)
+    for row in range(6):
+      best = np.argsort(-all_scores[row])[:BEAM]
+      np.testing.assert_allclose(scores[row], all_scores[row, best], atol=1e-4, rtol=0)
+      np.testing.assert_array_equal(sequences[row], chain[best])
+      best_lengths.add(int(lengths[best[0]]))
+  assert min(best_lengths) < 3 and max(best_lengths) == MAX_LEN
+
+
+def test_bad_arguments_are_refused(searched):
+  model, params, memory, _ = searched
+  with pytest.raises(ValueError, match="positions must be 'all' or 'last'"):
+    decode.suggest(model, params, QUERIES, beam_size=2, max_len=3, length_penalty=0.0,
+                   positions='first')
+  with pytest.raises(ValueError, match='needs lengths'):
+    decode.suggest(model, params, QUERIES, beam_size=2, max_len=3, length_penalty=0.0,
+                   positions='last')
+  with pytest.raises(ValueError, match=r'lengths must lie in 1\.\.3'):
+    decode.suggest(model, params, QUERIES, beam_size=2, max_len=3, length_penalty=0.0,
+                   positions='last', lengths=np.array([3, 4]))
+  with pytest.raises(ValueError, match=r'queries must be \[batch, queries, tokens\]'):
+    decode.suggest(model, params, QUERIES[0], beam_size=2, max_len=3, length_penalty=0.0)
+  with pytest.raises(ValueError, match='beam_size must be at least 1'):
+    decode.beam_search(model, params, memory, beam_size=0, max_len=3, length_penalty=0.0)
