@@ -34,6 +34,7 @@ from jax.experimental import multihost_utils
 from mtn_jax import checkpoints
 from mtn_jax import errors
 from mtn_jax import input_pipeline
+from mtn_jax import losses
 from mtn_jax import metric_writer
 from mtn_jax import models
 from mtn_jax import parallel
@@ -87,36 +88,12 @@ def make_optimizer(train: ml_collections.ConfigDict,
 # Losses and steps
 
 
-def token_losses(logits: jax.Array, targets: jax.Array, label_smoothing: float,
-                 entropy_weight: float = 0.0) -> tuple[jax.Array, jax.Array]:
-  """Per-token training loss and negative log-likelihood.
-
-  Args:
-    logits: float32 [..., V].
-    targets: int32 [...].
-  Returns:
-    loss [...]: cross-entropy against the label-smoothed target ((1 - a) one-hot + a / V),
-      minus `entropy_weight` times the entropy of the predicted distribution (M-NSRF's
-      regulariser against over-confident outputs).
-    nll [...]: -log p(target), what validation loss and perplexity are made of.
-  """
-  log_probs = jax.nn.log_softmax(logits.astype(jnp.float32))
-  nll = -jnp.take_along_axis(log_probs, targets[..., None], axis=-1)[..., 0]
-  loss = nll
-  if label_smoothing:
-    loss = (1 - label_smoothing) * nll - label_smoothing * log_probs.mean(-1)
-  if entropy_weight:
-    entropy = -(jnp.exp(log_probs) * log_probs).sum(-1)
-    loss = loss - entropy_weight * entropy
-  return loss, nll
-
-
 def _sums(model, params, queries, *, train: bool, rngs=None, label_smoothing=0.0,
           entropy_weight=0.0):
   """Weighted loss sums over a batch: queries int32 [B, S, n]."""
   logits = model.apply({'params': params}, queries, train=train, rngs=rngs)
   _, targets, weights = models.decoder_io(queries)
-  loss, nll = token_losses(logits, targets, label_smoothing, entropy_weight)
+  loss, nll = losses.token_losses(logits, targets, label_smoothing, entropy_weight)
   correct = (logits.argmax(-1) == targets).astype(jnp.float32)
   return {'loss': (loss * weights).sum(), 'nll': (nll * weights).sum(),
           'correct': (correct * weights).sum(), 'tokens': weights.sum(),

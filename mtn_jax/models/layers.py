@@ -1,0 +1,384 @@
+"""Transformer building blocks shared by MTN and the Transformer baseline.
+
+Shapes: `B` batch rows, `T` query (target) positions, `L` key/value (source) positions,
+`d` = `d_model`, `V` = vocabulary size; masks are boolean and True where attention may look.
+
+- `WordEmbedding`: ids int [..., T] -> [..., T, d] (`emb_dim` vectors projected to `d_model`
+  when the sizes differ), and `attend`: [..., T, d] -> tied vocabulary logits float32 [..., T, V].
+- `PositionEncoding`: int positions [..., T] -> [..., T, d], sinusoidal or learned.
+- `Attention`: multi-head attention [B, T, d] x [B, L, d] -> [B, T, d], with an autoregressive
+  key/value cache in the 'cache' collection.
+- `TransformerLayer`: self-attention, optional cross-attention, feed-forward; `LayerStack`
+  repeats it, as a Python loop or under `nn.scan`, optionally rematerialised.
+- `Decoder`: the standard Transformer decoder both models share:
+  (memory [B, L, d], memory mask [B, L], decoder inputs int [B, T]) -> logits float32 [B, T, V].
+- `SessionEncoderDecoder`: `decode` and the whole-session training pass of a model with a
+  causal `encode`: queries int32 [B, S, n] -> logits float32 [B, S-1, n+1, V].
+- `loop_to_scan_params` / `scan_to_loop_params` convert parameter trees between the two
+  layer-stack layouts, so a checkpoint trained with one runs with the other.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+from collections.abc import Callable
+from typing import Any
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from mtn_jax.models.base import ModelConfig, decoder_io
+
+REMAT_POLICIES = {
+    'full': None,  # save nothing: recompute the whole layer in the backward pass
+    'dots': jax.checkpoint_policies.checkpoint_dots,
+}
+
+
+def causal_mask(length: int) -> jax.Array:
+  """bool [1, 1, T, T]: position i sees positions 0..i."""
+  return jnp.tril(jnp.ones((length, length), dtype=bool))[None, None]
+
+
+def padding_mask(valid: jax.Array) -> jax.Array:
+  """bool [B, 1, 1, L] from `valid` bool [B, L]: attend only to real keys."""
+  return valid[:, None, None, :]
+
+
+def sinusoid(positions: jax.Array, dim: int) -> jax.Array:
+  """float32 [..., dim] encodings of int `positions` [...] (Vaswani et al. 2017, Sec. 3.5).
+
+  Computed from the positions themselves rather than read from a table, so that a decoding
+  step at a traced position needs no table length.
+  """
+  half = (dim + 1) // 2
+  inverse_wavelengths = jnp.exp(-math.log(10000.0) * jnp.arange(half, dtype=jnp.float32) / half)
+  angles = positions[..., None].astype(jnp.float32) * inverse_wavelengths
+  return jnp.concatenate([jnp.sin(angles), jnp.cos(angles)], axis=-1)[..., :dim]
+
+
+def _dense(config: ModelConfig, features, **kwargs) -> nn.DenseGeneral:
+  return nn.DenseGeneral(features, dtype=config.dtype, param_dtype=jnp.float32, **kwargs)
+
+
+def layer_norm(config: ModelConfig, name: str) -> nn.LayerNorm:
+  # Flax reduces the statistics in float32 even for bfloat16 inputs.
+  return nn.LayerNorm(dtype=config.dtype, param_dtype=jnp.float32, name=name)
+
+
+def _logits_dot(lhs: jax.Array, rhs: jax.Array, contract_rhs: int) -> jax.Array:
+  """lhs [..., k] x rhs (contracting axis `contract_rhs`) with float32 accumulation and output.
+
+  The vocabulary projection is the widest matmul of the model; bfloat16 inputs keep it fast
+  while float32 accumulation keeps the log-likelihoods exact to float32 rounding of the result.
+  """
+  return jax.lax.dot_general(lhs, rhs, (((lhs.ndim - 1,), (contract_rhs,)), ((), ())),
+                             preferred_element_type=jnp.float32)
+
+
+class WordEmbedding(nn.Module):
+  """The word table shared by encoder input, decoder input and (when tied) the output layer.
+
+  Hand-written rather than `nn.Embed` + `nn.Dense` because tying must pass through the
+  emb_dim -> d_model projection in both directions with the same weights.
+  """
+
+  config: ModelConfig
+
+  def setup(self):
+    cfg = self.config
+    # Unit-variance rows, as in the flax WMT example: comparable to the sinusoid's scale.
+    self.table = self.param('embedding', nn.initializers.normal(stddev=1.0),
+                            (cfg.vocab_size, cfg.emb_dim), jnp.float32)
+    if cfg.emb_dim != cfg.d_model:
+      self.projection = self.param('projection', nn.initializers.lecun_normal(),
+                                   (cfg.emb_dim, cfg.d_model), jnp.float32)
+
+  def __call__(self, ids: jax.Array) -> jax.Array:
+    """int [...] -> [..., d_model] in the compute dtype."""
+    dtype = self.config.dtype
+    x = jnp.take(self.table, ids, axis=0).astype(dtype)
+    if self.config.emb_dim != self.config.d_model:
+      x = x @ self.projection.astype(dtype)
+    return x
+
+  def attend(self, y: jax.Array) -> jax.Array:
+    """Tied output layer: [..., d_model] -> float32 logits [..., vocab]."""
+    dtype = self.config.dtype
+    y = y.astype(dtype)
+    if self.config.emb_dim != self.config.d_model:
+      y = _logits_dot(y, self.projection.astype(dtype), contract_rhs=1).astype(dtype)
+    # Rows of the table have unit variance: rescale so logits start at unit variance too.
+    return _logits_dot(y, self.table.astype(dtype), contract_rhs=1) / np.sqrt(
+        self.config.d_model)
+
+
+class PositionEncoding(nn.Module):
+  """int positions [...] -> encodings [..., d_model] in the compute dtype.
+
+  Attributes:
+    max_len: rows of the learned table (unused for sinusoids, which have no limit).
+    size_source: what fixes `max_len`, named in the error when positions exceed it.
+  """
+
+  config: ModelConfig
+  max_len: int
+  size_source: str
+
+  @nn.compact
+  def __call__(self, positions: jax.Array) -> jax.Array:
+    cfg = self.config
+    if not cfg.learned_positions:
+      return sinusoid(positions, cfg.d_model).astype(cfg.dtype)
+    if positions.shape[-1] > self.max_len:
+      raise ValueError(f'{positions.shape[-1]} positions exceed the learned position table '
+                       f'of {self.max_len} rows, fixed by {self.size_source}')
+    table = self.param('positions', nn.initializers.normal(stddev=0.02),
+                       (self.max_len, cfg.d_model), jnp.float32)
+    return jnp.take(table, positions, axis=0).astype(cfg.dtype)
+
+
+def _attention_core(query: jax.Array, key: jax.Array, value: jax.Array, mask: jax.Array
+                    ) -> jax.Array:
+  """jax.nn.dot_product_attention: cuDNN's fused kernel on GPUs for 16-bit inputs, else XLA.
+
+  cuDNN refuses some shapes and dtypes at trace time (head size, float32); those cases fall
+  back to the XLA implementation, which computes the same function.
+  """
+  if jax.default_backend() == 'gpu' and query.dtype in (jnp.bfloat16, jnp.float16):
+    # cuDNN takes the mask as a bias spanning every query position: [B, 1, T, L].
+    full_mask = jnp.broadcast_to(mask, (query.shape[0], 1, query.shape[1], key.shape[1]))
+    try:
+      return jax.nn.dot_product_attention(query, key, value, mask=full_mask,
+                                          implementation='cudnn')
+    except (ValueError, NotImplementedError, RuntimeError):
+      pass
+  return jax.nn.dot_product_attention(query, key, value, mask=mask, implementation='xla')
+
+
+class Attention(nn.Module):
+  """Multi-head attention: inputs_q [B, T, d], inputs_kv [B, L, d], mask -> [B, T, d].
+
+  No dropout on the attention probabilities: the fused kernel has none; dropout acts on the
+  sublayer outputs and the embeddings, as in Vaswani et al.
+
+  With `decode`, the layer attends causally over a key/value cache ('cache' collection:
+  cached_key / cached_value [B, max_len, heads, head_dim], cache_index): a first call with the
+  full-length inputs creates the cache (and computes as without it), then each call feeds one
+  position [B, 1, d] and the given mask is replaced by "cached positions so far". Only
+  self-attention decodes this way.
+  """
+
+  config: ModelConfig
+  decode: bool = False
+
+  @nn.compact
+  def __call__(self, inputs_q: jax.Array, inputs_kv: jax.Array, mask: jax.Array
+               ) -> jax.Array:
+    cfg = self.config
+    head_dim = cfg.d_model // cfg.num_heads
+    project = functools.partial(_dense, cfg, (cfg.num_heads, head_dim), axis=-1)
+    query = project(name='query')(inputs_q)  # [B, T, heads, head_dim]
+    key = project(name='key')(inputs_kv)
+    value = project(name='value')(inputs_kv)
+    if self.decode:
+      key, value, mask = self._update_cache(key, value, mask)
+    out = _attention_core(query, key, value, mask)
+    return _dense(cfg, cfg.d_model, axis=(-2, -1), name='out')(out)
+
+  def _update_cache(self, key: jax.Array, value: jax.Array, mask: jax.Array
+                    ) -> tuple[jax.Array, jax.Array, jax.Array]:
+    initialized = self.has_variable('cache', 'cached_key')
+    cached_key = self.variable('cache', 'cached_key', jnp.zeros, key.shape, key.dtype)
+    cached_value = self.variable('cache', 'cached_value', jnp.zeros, value.shape, value.dtype)
+    cache_index = self.variable('cache', 'cache_index', lambda: jnp.array(0, jnp.int32))
+    if not initialized:
+      return key, value, mask
+    batch, max_len, heads, head_dim = cached_key.value.shape
+    if key.shape != (batch, 1, heads, head_dim):
+      raise ValueError(f'a decoding step takes one position per row: expected keys of shape '
+                       f'{(batch, 1, heads, head_dim)}, got {key.shape}')
+    index = cache_index.value
+    cached_key.value = jax.lax.dynamic_update_slice(cached_key.value, key, (0, index, 0, 0))
+    cached_value.value = jax.lax.dynamic_update_slice(cached_value.value, value,
+                                                      (0, index, 0, 0))
+    cache_index.value = index + 1
+    seen = (jnp.arange(max_len) <= index)[None, None, None, :]
+    return cached_key.value, cached_value.value, seen
+
+
+class TransformerLayer(nn.Module):
+  """Self-attention, then cross-attention when `cross_attention`, then a ReLU feed-forward.
+
+  Each sublayer is wrapped in Add & Norm: post-norm LayerNorm(x + Dropout(f(x))) as in the
+  paper, or pre-norm x + Dropout(f(LayerNorm(x))) with `config.pre_norm`. Called as
+  (x [B, T, d], self_mask, memory [B, L, d] | None, memory_mask | None) -> (x, None), the
+  carry signature `nn.scan` needs.
+  """
+
+  config: ModelConfig
+  cross_attention: bool
+  train: bool
+  decode: bool = False
+
+  def _add_norm(self, x: jax.Array, sublayer: Callable[[jax.Array], jax.Array],
+                name: str) -> jax.Array:
+    cfg = self.config
+    dropout = nn.Dropout(cfg.dropout, deterministic=not self.train)
+    if cfg.pre_norm:
+      return x + dropout(sublayer(layer_norm(cfg, f'{name}_norm')(x)))
+    return layer_norm(cfg, f'{name}_norm')(x + dropout(sublayer(x)))
+
+  @nn.compact
+  def __call__(self, x: jax.Array, self_mask: jax.Array, memory: jax.Array | None = None,
+               memory_mask: jax.Array | None = None) -> tuple[jax.Array, None]:
+    cfg = self.config
+    self_attention = Attention(cfg, decode=self.decode, name='self_attention')
+    x = self._add_norm(x, lambda h: self_attention(h, h, self_mask), 'self_attention')
+    if self.cross_attention:
+      cross_attention = Attention(cfg, name='cross_attention')
+      x = self._add_norm(x, lambda h: cross_attention(h, memory, memory_mask),
+                         'cross_attention')
+    hidden = _dense(cfg, cfg.ff_dim, name='ff_hidden')
+    output = _dense(cfg, cfg.d_model, name='ff_output')
+    x = self._add_norm(x, lambda h: output(nn.relu(hidden(h))), 'feed_forward')
+    return x, None
+
+
+class LayerStack(nn.Module):
+  """`num_layers` TransformerLayers: [B, T, d] -> [B, T, d] (+ final LayerNorm when pre-norm).
+
+  With `config.scan_layers` the layers run under `nn.scan` (parameters and cache stacked on a
+  leading layer axis under 'layers'), so compile time stays flat as depth grows; otherwise a
+  Python loop ('layers_0', 'layers_1', ...). `config.remat` rematerialises each layer in
+  training. Both layouts compute the same function; see `loop_to_scan_params`.
+  """
+
+  config: ModelConfig
+  num_layers: int
+  cross_attention: bool = False
+
+  @nn.compact
+  def __call__(self, x: jax.Array, self_mask: jax.Array, memory: jax.Array | None = None,
+               memory_mask: jax.Array | None = None, *, train: bool,
+               decode: bool = False) -> jax.Array:
+    cfg = self.config
+    layer_cls = TransformerLayer
+    if cfg.remat != 'none' and train:
+      # Inside scan, CSE cannot merge the recomputation away, so prevent_cse is not needed.
+      layer_cls = nn.remat(TransformerLayer, policy=REMAT_POLICIES[cfg.remat],
+                           prevent_cse=not cfg.scan_layers)
+    layer_args = (self_mask,) if memory is None else (self_mask, memory, memory_mask)
+    layer_kwargs = dict(config=cfg, cross_attention=self.cross_attention, train=train,
+                        decode=decode)
+    if cfg.scan_layers:
+      scanned = nn.scan(layer_cls, variable_axes={'params': 0, 'cache': 0},
+                        split_rngs={'params': True, 'dropout': True},
+                        in_axes=(nn.broadcast,) * len(layer_args), length=self.num_layers)
+      x, _ = scanned(**layer_kwargs, name='layers')(x, *layer_args)
+    else:
+      for i in range(self.num_layers):
+        x, _ = layer_cls(**layer_kwargs, name=f'layers_{i}')(x, *layer_args)
+    if cfg.pre_norm:
+      x = layer_norm(cfg, 'final_norm')(x)
+    return x
+
+
+def loop_to_scan_params(tree: Any) -> Any:
+  """Stacks every LayerStack's 'layers_0..k' subtrees into one 'layers' subtree (axis 0)."""
+  if not isinstance(tree, dict):
+    return tree
+  if 'layers_0' in tree:
+    count = sum(1 for k in tree if k.startswith('layers_'))
+    rest = {k: loop_to_scan_params(v) for k, v in tree.items() if not k.startswith('layers_')}
+    per_layer = [tree[f'layers_{i}'] for i in range(count)]
+    return {**rest, 'layers': jax.tree.map(lambda *xs: jnp.stack(xs), *per_layer)}
+  return {k: loop_to_scan_params(v) for k, v in tree.items()}
+
+
+def scan_to_loop_params(tree: Any) -> Any:
+  """The inverse of `loop_to_scan_params`: unstacks every 'layers' subtree of a LayerStack."""
+  if not isinstance(tree, dict):
+    return tree
+  if 'layers' in tree and isinstance(tree['layers'], dict):
+    count = jax.tree.leaves(tree['layers'])[0].shape[0]
+    rest = {k: scan_to_loop_params(v) for k, v in tree.items() if k != 'layers'}
+    return {**rest, **{f'layers_{i}': jax.tree.map(lambda x, i=i: x[i], tree['layers'])
+                       for i in range(count)}}
+  return {k: scan_to_loop_params(v) for k, v in tree.items()}
+
+
+class Decoder(nn.Module):
+  """The standard Transformer decoder: it generates the next query from one memory row.
+
+  (memory [B, L, d], memory_mask bool [B, L], decoder_inputs int [B, T]) -> float32 [B, T, V].
+  Self-attention is causal only: with `<s>` first and padding last, later padding never
+  reaches a real position, and the teacher-forced pass is exactly the step-by-step decode.
+  With `decode`, see `Attention`: the first call (inputs [B, max_len]) creates the cache,
+  then each call takes [B, 1]; the next position is kept in the cache too.
+  """
+
+  config: ModelConfig
+  embedding: WordEmbedding
+
+  @nn.compact
+  def __call__(self, memory: jax.Array, memory_mask: jax.Array, decoder_inputs: jax.Array, *,
+               train: bool, decode: bool) -> jax.Array:
+    cfg = self.config
+    length = decoder_inputs.shape[-1]
+    positions = jnp.arange(length)
+    if decode:
+      initialized = self.has_variable('cache', 'next_position')
+      next_position = self.variable('cache', 'next_position', lambda: jnp.array(0, jnp.int32))
+      if initialized:
+        positions = positions + next_position.value
+        next_position.value = next_position.value + length
+    x = self.embedding(decoder_inputs)
+    x = x + PositionEncoding(cfg, cfg.target_len,
+                             'config.data.max_query_words + 1 (the words and </s>)',
+                             name='positions')(positions)
+    x = nn.Dropout(cfg.dropout, deterministic=not train)(x)
+    x = LayerStack(cfg, cfg.decoder_layers, cross_attention=True, name='stack')(
+        x, causal_mask(length), memory, padding_mask(memory_mask), train=train,
+        decode=decode)
+    if cfg.tie_embeddings:
+      return self.embedding.attend(x)
+    logits_layer = nn.Dense(cfg.vocab_size, dtype=cfg.dtype, param_dtype=jnp.float32,
+                            dot_general=functools.partial(
+                                jax.lax.dot_general, preferred_element_type=jnp.float32),
+                            name='logits')
+    return logits_layer(x).astype(jnp.float32)
+
+
+class SessionEncoderDecoder(nn.Module):
+  """What MTN and the Transformer share around their encoders: the decoder and the pairs.
+
+  Subclasses set up `self.decoder` (a `Decoder`) and define a CAUSAL `encode(queries
+  [B, S, n], *, train)` -> {'tokens': [B*S, L, d], 'mask': bool [B*S, L]}: row b*S + t is the
+  context after queries 0..t and depends on nothing later.
+  """
+
+  config: ModelConfig
+
+  def decode(self, memory: dict[str, jax.Array], decoder_inputs: jax.Array, *,
+             train: bool = False, decode: bool = False) -> jax.Array:
+    """memory rows [N, ...], decoder_inputs int32 [N, T'] -> float32 logits [N, T', V]."""
+    return self.decoder(memory['tokens'], memory['mask'], decoder_inputs, train=train,
+                        decode=decode)
+
+  def __call__(self, queries: jax.Array, *, train: bool) -> jax.Array:
+    """queries int32 [B, S, n] -> float32 logits [B, S-1, n+1, V] for pairs 0..S-2."""
+    batch, num_queries, _ = queries.shape
+    if num_queries < 2:
+      raise ValueError(f'a session batch needs at least 2 queries per session to form a '
+                       f'(previous queries -> next query) pair, got {num_queries}')
+    # Position t's context reads queries 0..t only, so the last query, which no pair reads as
+    # context, is left out of the encoder rather than encoded and discarded.
+    memory = self.encode(queries[:, :-1], train=train)
+    decoder_inputs, _, _ = decoder_io(queries)
+    logits = self.decode(memory, decoder_inputs.reshape(batch * (num_queries - 1), -1),
+                         train=train)
+    return logits.reshape(batch, num_queries - 1, *logits.shape[1:])

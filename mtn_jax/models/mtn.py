@@ -1,0 +1,95 @@
+"""The Multiresolution Transformer Network (paper Sec. 4, Fig. 1, Prop. 4).
+
+In: `queries` int32 [B, S, n] word ids of B sessions of S queries, 0-padded (n =
+`max_query_words`). The session encoder is causal, so one pass gives every position's context:
+  `encode`: -> memory {'tokens': [B*S, n, d], 'mask': bool [B*S, n]}, row b*S + t = the encoded
+    tokens of query t (which carry the session context of queries 0..t) and their real-token
+    mask, the context for suggesting query t+1;
+  `decode`: (memory, decoder inputs int32 [N, T']) -> float32 logits [N, T', V];
+  `__call__`: -> float32 logits [B, S-1, n+1, V] for the pairs (queries 0..t -> query t+1).
+
+n is part of the model, not of the batch: the query projection has one weight per token slot,
+so every batch must be padded to exactly `max_query_words` tokens per query.
+"""
+
+from __future__ import annotations
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+
+from mtn_jax.data.vocab import PAD_ID
+from mtn_jax.models import layers
+from mtn_jax.models.base import ModelConfig
+
+
+class SessionLevel(nn.Module):
+  """One level above the query encoder: tokens [B, S, n, d], mask [B, S, n] -> [B, S, n, d].
+
+  Query projection (w_proj in R^n over the zero-padded token rows) -> + query-position
+  encodings -> masked session encoder (query t sees queries 0..t) -> each token of query t
+  gets its session vector added, then LayerNorm.
+  """
+
+  config: ModelConfig
+
+  @nn.compact
+  def __call__(self, tokens: jax.Array, token_mask: jax.Array, *, train: bool) -> jax.Array:
+    cfg = self.config
+    num_queries, num_tokens = tokens.shape[1], tokens.shape[2]
+    # Std 1/sqrt(n) keeps the projected vector at the token vectors' scale, like a fan-in init.
+    w_proj = self.param('query_projection', nn.initializers.normal(stddev=num_tokens**-0.5),
+                        (num_tokens,), jnp.float32)
+    zero_padded = jnp.where(token_mask[..., None], tokens, 0)
+    query_vectors = jnp.einsum('bsnd,n->bsd', zero_padded, w_proj.astype(cfg.dtype))
+    query_vectors += layers.PositionEncoding(
+        cfg, cfg.max_session_queries, 'config.model.max_session_queries',
+        name='query_positions')(jnp.arange(num_queries))
+    dropout = nn.Dropout(cfg.dropout, deterministic=not train)
+    session = layers.LayerStack(cfg, cfg.session_layers, name='session_encoder')(
+        dropout(query_vectors), layers.causal_mask(num_queries), train=train)
+    # Dropout on the added branch, as on every sublayer output before its Add & Norm.
+    return layers.layer_norm(cfg, 'add_norm')(tokens + dropout(session)[:, :, None, :])
+
+
+class MTN(layers.SessionEncoderDecoder):
+  """K-level MTN: a query encoder, K-1 session levels (no shared weights), one decoder.
+
+  K = `num_levels` (2 in the paper). Choices the paper leaves open, and the ones made here:
+  one word embedding serves the query encoder, the decoder input and, with `tie_embeddings`,
+  the output layer; w_proj has no bias and starts at N(0, 1/n); dropout (rate `dropout`)
+  acts on the embeddings, the query vectors entering the session encoder, every sublayer
+  output and the session vector before its Add & Norm; with `pre_norm`, each layer stack
+  ends in a LayerNorm and the level's Add & Norm stays as it is.
+  """
+
+  def setup(self):
+    cfg = self.config
+    self.word_embedding = layers.WordEmbedding(cfg)
+    self.token_positions = layers.PositionEncoding(cfg, cfg.max_query_words,
+                                                   'config.data.max_query_words')
+    self.query_encoder = layers.LayerStack(cfg, cfg.query_layers)
+    self.session_levels = [SessionLevel(cfg) for _ in range(cfg.num_levels - 1)]
+    self.decoder = layers.Decoder(cfg, self.word_embedding)
+    self.embedding_dropout = nn.Dropout(cfg.dropout)
+
+  def encode(self, queries: jax.Array, *, train: bool = False) -> dict[str, jax.Array]:
+    """queries int32 [B, S, n] -> {'tokens': [B*S, n, d], 'mask': bool [B*S, n]}."""
+    cfg = self.config
+    batch, num_queries, num_tokens = queries.shape
+    if num_tokens != cfg.max_query_words:
+      raise ValueError(f'MTN takes queries of exactly max_query_words={cfg.max_query_words} '
+                       f'tokens (its query projection has one weight per token slot), got '
+                       f'{num_tokens}')
+    tokens = queries.reshape(batch * num_queries, num_tokens)
+    token_mask = tokens != PAD_ID
+    x = self.word_embedding(tokens) + self.token_positions(jnp.arange(num_tokens))
+    x = self.embedding_dropout(x, deterministic=not train)
+    # One set of query-encoder weights for every query: sessions fold into the batch.
+    x = self.query_encoder(x, layers.padding_mask(token_mask), train=train)
+    x = x.reshape(batch, num_queries, num_tokens, cfg.d_model)
+    session_token_mask = token_mask.reshape(batch, num_queries, num_tokens)
+    for level in self.session_levels:
+      x = level(x, session_token_mask, train=train)
+    return {'tokens': x.reshape(batch * num_queries, num_tokens, cfg.d_model),
+            'mask': token_mask}

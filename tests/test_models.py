@@ -1,0 +1,321 @@
+"""MTN and Transformer: whole-session passes equal per-pair runs, causality, padding, KV cache.
+
+Tiny models (d_model 16, 2 heads, vocabulary 50); compiled functions are cached per config so
+each shape compiles once for the whole file. Parameters are random draws of the models' shapes:
+every property tested holds for any weights, and drawing them costs no compilation.
+"""
+
+import functools
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from mtn_jax.data.vocab import BOS_ID, EOS_ID, PAD_ID, SEP_ID
+from mtn_jax.models import MODELS, ModelConfig, count_params, create_model, decoder_io
+from mtn_jax.models import layers
+from mtn_jax.models.mtn import MTN
+from mtn_jax.models.transformer import Transformer, session_sources
+
+VOCAB, WORDS, QUERIES, BATCH = 50, 5, 3, 2
+
+BASE = ModelConfig(
+    name='mtn', vocab_size=VOCAB, max_query_words=WORDS, emb_dim=16, d_model=16, num_heads=2,
+    ff_dim=32, query_layers=2, session_layers=2, num_levels=2, decoder_layers=2, dropout=0.1,
+    tie_embeddings=False, pre_norm=False, learned_positions=False, scan_layers=True,
+    remat='none', compute_dtype='float32', lstm_units=8, max_session_queries=8)
+# The three configs the equivalence tests run; between them they cover both layer layouts,
+# both norm placements, both position encodings, tied outputs and emb_dim != d_model.
+MTN2 = BASE
+MTN3 = BASE.replace(num_levels=3, scan_layers=False, pre_norm=True, learned_positions=True,
+                    tie_embeddings=True, emb_dim=12, query_layers=1, session_layers=1,
+                    decoder_layers=1)
+TRANSFORMER = BASE.replace(name='transformer', tie_embeddings=True, emb_dim=12)
+CONFIGS = {'mtn_k2': MTN2, 'mtn_k3': MTN3, 'transformer': TRANSFORMER}
+
+
+def make_queries(seed, batch=BATCH, num_queries=QUERIES, words=WORDS):
+  """int32 [batch, num_queries, words]: 1..words real words per query, then padding."""
+  rng = np.random.default_rng(seed)
+  queries = rng.integers(SEP_ID + 1, VOCAB, size=(batch, num_queries, words))
+  lengths = rng.integers(1, words + 1, size=(batch, num_queries))
+  queries[np.arange(words) >= lengths[..., None]] = PAD_ID
+  return jnp.asarray(queries, jnp.int32)
+
+
+@functools.lru_cache(maxsize=None)
+def compiled(cfg: ModelConfig):
+  """Jitted forward / encode / cache creation / decode step of the model of `cfg`."""
+  model = create_model(cfg)
+  decode = functools.partial(model.apply, method='decode', mutable=['cache'], decode=True)
+  return dict(
+      forward=jax.jit(lambda params, queries: model.apply({'params': params}, queries,
+                                                          train=False)),
+      encode=jax.jit(lambda params, queries: model.apply({'params': params}, queries,
+                                                         method='encode')),
+      init_cache=jax.jit(lambda params, memory, inputs: decode({'params': params}, memory,
+                                                              inputs)[1]['cache']),
+      step=jax.jit(lambda params, cache, memory, token: decode(
+          {'params': params, 'cache': cache}, memory, token)),
+  )
+
+
+def random_like(shapes, seed=0):
+  rng = np.random.default_rng(seed)
+  return jax.tree.map(lambda s: jnp.asarray(rng.normal(0, 0.5, s.shape), s.dtype), shapes)
+
+
+def param_shapes(cfg: ModelConfig):
+  return jax.eval_shape(lambda: create_model(cfg).init(
+      jax.random.key(0), make_queries(0), train=False))['params']
+
+
+@functools.lru_cache(maxsize=None)
+def init_params(cfg: ModelConfig):
+  return random_like(param_shapes(cfg))
+
+
+def pair_logliks(logits, queries):
+  """float [B, S-1]: log-likelihood of each pair's next query (`</s>` included)."""
+  _, targets, weights = decoder_io(queries)
+  log_probs = jax.nn.log_softmax(logits)
+  return (jnp.take_along_axis(log_probs, targets[..., None], -1)[..., 0] * weights).sum(-1)
+
+
+@pytest.mark.parametrize('name', CONFIGS)
+def test_session_pass_equals_each_prefix_alone(name):
+  cfg = CONFIGS[name]
+  fns, params = compiled(cfg), init_params(cfg)
+  queries = make_queries(1)
+  full = pair_logliks(fns['forward'](params, queries), queries)
+  assert full.shape == (BATCH, QUERIES - 1)
+  for t in range(QUERIES - 1):
+    prefix = queries[:, :t + 2]
+    alone = pair_logliks(fns['forward'](params, prefix), prefix)[:, -1]
+    np.testing.assert_allclose(full[:, t], alone, atol=1e-5, rtol=0)
+  assert np.all(np.asarray(full) < 0)
+
+
+@pytest.mark.parametrize('name', CONFIGS)
+def test_later_queries_never_change_earlier_positions(name):
+  cfg = CONFIGS[name]
+  fns, params = compiled(cfg), init_params(cfg)
+  queries = make_queries(2)
+  memory = fns['encode'](params, queries)
+  logits = fns['forward'](params, queries)
+  other = make_queries(3)
+  for t in range(QUERIES - 1):
+    changed = queries.at[:, t + 1:].set(other[:, t + 1:])
+    changed_memory = fns['encode'](params, changed)
+    for key in memory:
+      rows = memory[key].reshape(BATCH, QUERIES, *memory[key].shape[1:])
+      changed_rows = changed_memory[key].reshape(rows.shape)
+      np.testing.assert_allclose(rows[:, :t + 1], changed_rows[:, :t + 1], atol=1e-6)
+      # The check has teeth: the changed positions do move.
+      assert not np.allclose(rows[:, t + 1:], changed_rows[:, t + 1:], atol=1e-3)
+    changed_logits = fns['forward'](params, changed)
+    np.testing.assert_allclose(logits[:, :t], changed_logits[:, :t], atol=1e-6)
+
+
+@pytest.mark.parametrize('name', CONFIGS)
+def test_padding_rows_change_nothing(name):
+  cfg = CONFIGS[name]
+  fns, params = compiled(cfg), init_params(cfg)
+  queries = make_queries(4)
+  # Same batch shape (nothing recompiles): a padding row takes session 1's place and session
+  # 0 moves to the last row.
+  padded = jnp.stack([jnp.zeros_like(queries[0]), queries[0]])
+  logits = fns['forward'](params, queries)
+  padded_logits = fns['forward'](params, padded)
+  np.testing.assert_allclose(logits[0], padded_logits[1], atol=1e-5)
+  assert np.isfinite(padded_logits).all()
+
+
+def test_transformer_longer_token_padding_changes_nothing():
+  params = init_params(TRANSFORMER)
+  queries = make_queries(5)
+  wider = jnp.pad(queries, ((0, 0), (0, 0), (0, 3)))
+  logits = compiled(TRANSFORMER)['forward'](params, queries)
+  wider_logits = compiled(TRANSFORMER.replace(max_query_words=WORDS + 3))['forward'](
+      params, wider)
+  np.testing.assert_allclose(pair_logliks(logits, queries),
+                             pair_logliks(wider_logits, wider), atol=1e-5)
+  np.testing.assert_allclose(logits, wider_logits[:, :, :WORDS + 1], atol=1e-5)
+
+
+def test_mtn_depends_only_on_real_tokens():
+  """The padding id's embedding reaches no real token, no session vector and no target."""
+  fns, params = compiled(MTN2), init_params(MTN2)
+  queries = make_queries(6)
+  table = params['word_embedding']['embedding']
+  moved = {**params, 'word_embedding': {
+      'embedding': table.at[PAD_ID].set(10.0 * jax.random.normal(jax.random.key(1), (16,)))}}
+  memory, moved_memory = fns['encode'](params, queries), fns['encode'](moved, queries)
+  real = np.asarray(memory['mask'])
+  np.testing.assert_allclose(np.asarray(memory['tokens'])[real],
+                             np.asarray(moved_memory['tokens'])[real], atol=1e-5)
+  assert not np.allclose(np.asarray(memory['tokens'])[~real],
+                         np.asarray(moved_memory['tokens'])[~real], atol=1e-3)
+  np.testing.assert_allclose(pair_logliks(fns['forward'](params, queries), queries),
+                             pair_logliks(fns['forward'](moved, queries), queries), atol=1e-5)
+
+
+def test_mtn_refuses_other_query_widths():
+  model = create_model(MTN2)
+  with pytest.raises(ValueError, match='max_query_words=5'):
+    jax.eval_shape(lambda: model.init(jax.random.key(0), make_queries(0, words=WORDS + 1),
+                                      train=False))
+
+
+def decode_stepwise(cfg, params, queries, memory):
+  """float32 [B, S-1, T, V]: the decoder fed one token at a time through its KV cache.
+
+  `memory` is the encoding of `queries` (all S positions).
+  """
+  fns = compiled(cfg)
+  # Keep positions 0..S-2 of every session: the contexts of the teacher-forced pairs.
+  memory = jax.tree.map(
+      lambda m: m.reshape(BATCH, QUERIES, *m.shape[1:])[:, :-1].reshape(-1, *m.shape[1:]),
+      memory)
+  inputs = decoder_io(queries)[0].reshape(BATCH * (QUERIES - 1), -1)
+  cache = fns['init_cache'](params, memory, jnp.zeros_like(inputs))
+  steps = []
+  for i in range(inputs.shape[1]):
+    logits, variables = fns['step'](params, cache, memory, inputs[:, i:i + 1])
+    cache = variables['cache']
+    steps.append(logits)
+  return jnp.concatenate(steps, axis=1).reshape(BATCH, QUERIES - 1, inputs.shape[1], VOCAB)
+
+
+@pytest.mark.parametrize('name', CONFIGS)
+def test_cached_decoding_equals_teacher_forcing(name):
+  cfg = CONFIGS[name]
+  params = init_params(cfg)
+  queries = make_queries(7)
+  teacher_forced = compiled(cfg)['forward'](params, queries)
+  memory = compiled(cfg)['encode'](params, queries)
+  np.testing.assert_allclose(decode_stepwise(cfg, params, queries, memory), teacher_forced,
+                             atol=1e-5)
+
+
+def test_scan_checkpoint_runs_and_decodes_with_layer_loop():
+  """Converted parameters: the loop layout computes what the scan layout does, cache too."""
+  params = init_params(MTN2)
+  loop_cfg = MTN2.replace(scan_layers=False)
+  loop_params = layers.scan_to_loop_params(params)
+  expected = param_shapes(loop_cfg)
+  assert (jax.tree.map(lambda x: x.shape, loop_params)
+          == jax.tree.map(lambda x: x.shape, expected))
+  assert jax.tree.all(jax.tree.map(
+      np.array_equal, layers.loop_to_scan_params(loop_params), params))
+  queries = make_queries(8)
+  scan_logits = compiled(MTN2)['forward'](params, queries)
+  np.testing.assert_allclose(compiled(loop_cfg)['forward'](loop_params, queries), scan_logits,
+                             atol=1e-5)
+  memory = compiled(MTN2)['encode'](params, queries)
+  np.testing.assert_allclose(decode_stepwise(loop_cfg, loop_params, queries, memory),
+                             scan_logits, atol=1e-5)
+
+
+def test_remat_keeps_values_and_gradients():
+  """Rematerialisation trades memory for compute only: same loss and gradients, dropout too."""
+  x = jnp.asarray(np.random.default_rng(9).normal(size=(3, 4, 16)), jnp.float32)
+  mask = layers.padding_mask(jnp.arange(4) < jnp.array([[4], [2], [1]]))
+  stack = layers.LayerStack(BASE, 2)
+  params = random_like(jax.eval_shape(
+      lambda: stack.init(jax.random.key(0), x, mask, train=False))['params'])
+
+  def loss_and_grads(remat):
+    stack = layers.LayerStack(BASE.replace(remat=remat), 2)
+
+    def loss(params):
+      y = stack.apply({'params': params}, x, mask, train=True,
+                      rngs={'dropout': jax.random.key(1)})
+      return jnp.sum(y * y)
+    return jax.jit(jax.value_and_grad(loss))(params)
+
+  base_loss, base_grads = loss_and_grads('none')
+  for remat in ('full', 'dots'):
+    loss, grads = loss_and_grads(remat)
+    np.testing.assert_allclose(loss, base_loss, rtol=1e-6)
+    jax.tree.map(functools.partial(np.testing.assert_allclose, atol=1e-5), grads, base_grads)
+
+
+def test_bfloat16_compute_returns_float32_logits_close_to_float32():
+  cfg = MTN2.replace(compute_dtype='bfloat16')
+  assert all(p.dtype == jnp.float32 for p in jax.tree.leaves(param_shapes(cfg)))
+  params = init_params(MTN2)
+  queries = make_queries(10)
+  low = compiled(cfg)['forward'](params, queries)
+  assert low.dtype == jnp.float32
+  full = compiled(MTN2)['forward'](params, queries)
+  np.testing.assert_allclose(jax.nn.log_softmax(low), jax.nn.log_softmax(full), atol=0.1)
+  assert not np.array_equal(low, full)
+
+
+def test_decoder_io_exact_values():
+  queries = jnp.array([[[5, 6, 0], [7, 0, 0], [8, 9, 10]],
+                       [[5, 0, 0], [0, 0, 0], [0, 0, 0]]], jnp.int32)
+  inputs, targets, weights = decoder_io(queries)
+  np.testing.assert_array_equal(inputs, [[[BOS_ID, 7, 0, 0], [BOS_ID, 8, 9, 10]],
+                                         [[BOS_ID, 0, 0, 0], [BOS_ID, 0, 0, 0]]])
+  np.testing.assert_array_equal(targets, [[[7, EOS_ID, 0, 0], [8, 9, 10, EOS_ID]],
+                                          [[0, 0, 0, 0], [0, 0, 0, 0]]])
+  np.testing.assert_array_equal(weights, [[[1, 1, 0, 0], [1, 1, 1, 1]],
+                                          [[0, 0, 0, 0], [0, 0, 0, 0]]])
+
+
+def test_session_sources_exact_values():
+  queries = jnp.array([[[5, 6, 0], [7, 0, 0], [8, 9, 10]],
+                       [[5, 0, 0], [0, 0, 0], [0, 0, 0]]], jnp.int32)
+  sources, mask = session_sources(queries)
+  s = SEP_ID
+  np.testing.assert_array_equal(sources, [
+      [5, 6, 0, 0, 0, 0, 0, 0, 0, 0, 0],
+      [5, 6, s, 7, 0, 0, 0, 0, 0, 0, 0],
+      [5, 6, s, 7, s, 8, 9, 10, 0, 0, 0],
+      [5, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0],
+      [5, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0],
+      [5, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0]])
+  np.testing.assert_array_equal(mask, sources != PAD_ID)
+
+
+def test_tied_embeddings_drop_the_output_layer():
+  queries = make_queries(0)
+
+  def num_params(cfg):
+    return count_params(jax.eval_shape(lambda: create_model(cfg).init(
+        jax.random.key(0), queries, train=False))['params'])
+
+  for name in ('mtn', 'transformer'):
+    untied = BASE.replace(name=name)
+    assert num_params(untied) - num_params(untied.replace(tie_embeddings=True)) == (
+        BASE.d_model * VOCAB + VOCAB)
+    # emb_dim != d_model adds the emb_dim x d_model projection and shrinks the table.
+    assert num_params(untied.replace(emb_dim=12)) - num_params(untied) == (
+        12 * BASE.d_model - 4 * VOCAB)
+
+
+def test_registry_and_position_limits():
+  with pytest.raises(ValueError, match="'lstm' is not a registered model"):
+    create_model(BASE.replace(name='lstm'))
+  assert isinstance(create_model(BASE), MTN)
+  assert isinstance(create_model(TRANSFORMER), Transformer)
+  assert {'mtn', 'transformer'} <= set(MODELS)
+  cfg = MTN3.replace(max_session_queries=QUERIES - 1)
+  with pytest.raises(ValueError, match='config.model.max_session_queries'):
+    jax.eval_shape(lambda: create_model(cfg).init(jax.random.key(0), make_queries(0),
+                                                  method='encode'))
+  memory = {'tokens': jnp.zeros((2, WORDS, 16)), 'mask': jnp.ones((2, WORDS), bool)}
+  too_long = jnp.zeros((2, MTN3.target_len + 1), jnp.int32)
+  with pytest.raises(ValueError, match='config.data.max_query_words'):
+    jax.eval_shape(lambda: create_model(MTN3).apply(
+        {'params': init_params(MTN3)}, memory, too_long, decode=True, mutable=['cache'],
+        method='decode'))
+
+
+def test_sinusoid_matches_vaswani():
+  encodings = layers.sinusoid(jnp.arange(3), 4)
+  expected = [[np.sin(p), np.sin(p / 100), np.cos(p), np.cos(p / 100)] for p in range(3)]
+  np.testing.assert_allclose(encodings, expected, atol=1e-6)

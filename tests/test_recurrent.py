@@ -1,0 +1,187 @@
+"""The recurrent baselines keep the model contract: one pass over a session equals each pair run
+alone, no pair sees later queries, padding changes nothing, cached decoding equals teacher
+forcing, and training lowers the loss."""
+
+import functools
+import math
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+import pytest
+
+from mtn_jax.data.vocab import SEP_ID
+from mtn_jax.models import recurrent
+from mtn_jax.models.base import ModelConfig, decoder_io
+
+# The models are tiny, so XLA's compile time dominates these tests and its backend
+# optimisations buy nothing.
+jit = functools.partial(jax.jit, compiler_options={'xla_backend_optimization_level': 0})
+
+VOCAB_SIZE = 23
+MODELS = {'seq2seq': recurrent.Seq2SeqAttention, 'hred': recurrent.HRED,
+          'mnsrf': recurrent.MNSRF}
+
+# [batch=2, queries=4, tokens=4]: queries of 1 to 4 words; the second session has 3 queries
+# and a padding row.
+SESSIONS = np.array([
+    [[5, 6, 0, 0], [7, 0, 0, 0], [8, 9, 10, 0], [11, 12, 0, 0]],
+    [[13, 14, 15, 16], [17, 0, 0, 0], [18, 19, 0, 0], [0, 0, 0, 0]],
+], np.int32)
+
+
+def tiny_config(name: str, tie_embeddings: bool = False) -> ModelConfig:
+  return ModelConfig(
+      name=name, vocab_size=VOCAB_SIZE, max_query_words=SESSIONS.shape[-1], emb_dim=8,
+      d_model=8, num_heads=1, ff_dim=8, query_layers=1, session_layers=1, num_levels=2,
+      decoder_layers=1, dropout=0.1, tie_embeddings=tie_embeddings, pre_norm=False,
+      learned_positions=False, scan_layers=False, remat='none', compute_dtype='float32',
+      lstm_units=6, max_session_queries=8)
+
+
+class Harness:
+  """A tiny model with its parameters and jit-compiled per-pair log-likelihoods."""
+
+  def __init__(self, name: str, tie_embeddings: bool = False):
+    self.model = MODELS[name](tiny_config(name, tie_embeddings))
+    self.params = jit(lambda key: self.model.init(key, SESSIONS, train=False))(
+        jax.random.key(0))['params']
+    self.pair_log_likelihoods = jit(self._pair_log_likelihoods)
+
+  def _pair_log_likelihoods(self, queries):
+    """int32 [B, S, n] -> float32 [B, S-1]: log p(query t+1 | queries 0..t) per pair."""
+    logits = self.model.apply({'params': self.params}, queries, train=False)
+    _, targets, weights = decoder_io(queries)
+    log_probs = jax.nn.log_softmax(logits)
+    token_log_probs = jnp.take_along_axis(log_probs, targets[..., None], axis=-1)[..., 0]
+    return (token_log_probs * weights).sum(-1)
+
+
+@pytest.fixture(scope='module', params=list(MODELS))
+def harness(request) -> Harness:
+  return Harness(request.param)
+
+
+def test_full_session_pass_equals_each_prefix_alone(harness):
+  full = harness.pair_log_likelihoods(SESSIONS)
+  assert np.all(np.asarray(full)[SESSIONS[:, 1:].any(-1)] < 0)
+  for t in range(SESSIONS.shape[1] - 1):
+    # The session cut after query t + 1, in a batch of its own shape: pair t is its last.
+    alone = harness.pair_log_likelihoods(SESSIONS[:, :t + 2])
+    np.testing.assert_allclose(alone[:, t], full[:, t], atol=1e-5, rtol=0)
+
+
+def test_later_queries_never_change_earlier_pairs(harness):
+  full = np.asarray(harness.pair_log_likelihoods(SESSIONS))
+  for t in range(SESSIONS.shape[1] - 2):
+    changed = SESSIONS.copy()
+    later = changed[:, t + 2:]
+    later[later > 0] = 22  # same lengths, different words
+    moved = np.asarray(harness.pair_log_likelihoods(changed))
+    np.testing.assert_allclose(moved[:, :t + 1], full[:, :t + 1], atol=1e-5, rtol=0)
+    # The changed query is the target of pair t + 1, so that pair must see it.
+    assert np.all(np.abs(moved[0, t + 1:] - full[0, t + 1:]) > 1e-3)
+
+
+def test_padding_rows_sessions_and_tokens_change_nothing(harness):
+  full = harness.pair_log_likelihoods(SESSIONS)
+  more_rows = np.zeros((3, 6, 4), np.int32)  # two padding rows, one padding session
+  more_rows[:2, :4] = SESSIONS
+  padded = harness.pair_log_likelihoods(more_rows)
+  np.testing.assert_allclose(padded[:2, :3], full, atol=1e-5, rtol=0)
+  np.testing.assert_array_equal(padded[:, 3:], 0)
+  np.testing.assert_array_equal(padded[2], 0)
+  more_tokens = np.pad(SESSIONS, ((0, 0), (0, 0), (0, 3)))
+  np.testing.assert_allclose(harness.pair_log_likelihoods(more_tokens), full, atol=1e-5,
+                             rtol=0)
+
+
+def test_cached_decoding_equals_teacher_forcing(harness):
+  model, params = harness.model, harness.params
+  rows = SESSIONS.shape[0] * SESSIONS.shape[1]
+  # Any token sequence will do, padding included: decoding must follow the inputs it is fed.
+  decoder_inputs = jax.random.randint(jax.random.key(1), (rows, 5), 0, VOCAB_SIZE)
+
+  @jit
+  def teacher_forced_and_stepwise(queries, decoder_inputs):
+    memory = model.apply({'params': params}, queries, method='encode')
+    teacher_forced = model.apply({'params': params}, memory, decoder_inputs, method='decode')
+    _, state = model.apply({'params': params}, memory, decoder_inputs, decode=True,
+                           mutable=['cache'], method='decode')
+    steps = []
+    for i in range(decoder_inputs.shape[1]):
+      logits, state = model.apply({'params': params, **state}, memory,
+                                  decoder_inputs[:, i:i + 1], decode=True,
+                                  mutable=['cache'], method='decode')
+      steps.append(logits)
+    return teacher_forced, jnp.concatenate(steps, axis=1)
+
+  teacher_forced, stepwise = teacher_forced_and_stepwise(SESSIONS, decoder_inputs)
+  assert teacher_forced.shape == (rows, 5, VOCAB_SIZE)
+  np.testing.assert_allclose(stepwise, teacher_forced, atol=1e-5, rtol=0)
+
+
+def test_adam_steps_lower_the_masked_cross_entropy(harness):
+  model = harness.model
+  _, targets, weights = decoder_io(jnp.asarray(SESSIONS))
+
+  def loss_fn(params, dropout_key):
+    logits = model.apply({'params': params}, SESSIONS, train=True,
+                         rngs={'dropout': dropout_key})
+    losses = optax.softmax_cross_entropy_with_integer_labels(logits, targets)
+    return (losses * weights).sum() / weights.sum()
+
+  optimizer = optax.adam(0.02)
+
+  @jit
+  def train(params):
+    def step(carry, key):
+      params, opt_state = carry
+      loss, grads = jax.value_and_grad(loss_fn)(params, key)
+      updates, opt_state = optimizer.update(grads, opt_state, params)
+      return (optax.apply_updates(params, updates), opt_state), loss
+
+    keys = jax.random.split(jax.random.key(2), 30)
+    _, losses = jax.lax.scan(step, (params, optimizer.init(params)), keys)
+    return losses
+
+  losses = train(harness.params)
+  assert losses[0] > math.log(VOCAB_SIZE) * 0.8  # an untrained model is near uniform
+  assert losses[-3:].max() < 0.5 * losses[0]
+
+
+def test_tied_embeddings_reuse_the_word_table():
+  harness = Harness('hred', tie_embeddings=True)
+  assert 'output_projection' not in harness.params
+  # Sessions that repeat their first query read the words 5, 6, 13..16 and <s>, never 7.
+  # Every logit is a word's embedding dotted with the decoder's output vector, so moving
+  # word 7's embedding moves word 7's logits and no other.
+  repeated = SESSIONS[:, :1].repeat(2, axis=1)
+  params = {**harness.params, 'embed': {
+      'embedding': harness.params['embed']['embedding'].at[7].add(1.0)}}
+  apply = jit(lambda params: harness.model.apply({'params': params}, repeated, train=False))
+  moved, base = apply(params), apply(harness.params)
+  changed = np.abs(np.asarray(moved - base)).max(axis=(0, 1, 2)) > 1e-6
+  np.testing.assert_array_equal(np.flatnonzero(changed), [7])
+
+
+def test_session_prefix_sources_join_queries_with_sep():
+  sources, lengths = recurrent.session_prefix_sources(jnp.asarray(SESSIONS))
+  s = SEP_ID
+  expected = [
+      [5, 6], [5, 6, s, 7], [5, 6, s, 7, s, 8, 9, 10], [5, 6, s, 7, s, 8, 9, 10, s, 11, 12],
+      [13, 14, 15, 16], [13, 14, 15, 16, s, 17], [13, 14, 15, 16, s, 17, s, 18, 19],
+      [13, 14, 15, 16, s, 17, s, 18, 19],  # a padding row adds nothing
+  ]
+  assert sources.shape == (8, 4 * 5 - 1)
+  np.testing.assert_array_equal(lengths, [len(e) for e in expected])
+  for row, want in zip(np.asarray(sources), expected):
+    np.testing.assert_array_equal(row, want + [0] * (len(row) - len(want)))
+
+
+@pytest.mark.parametrize('name', list(MODELS))
+def test_queries_of_the_wrong_rank_are_refused(name):
+  model = MODELS[name](tiny_config(name))
+  with pytest.raises(ValueError, match=r'queries must be integer word ids \[batch, queries'):
+    model.init(jax.random.key(0), jnp.asarray(SESSIONS[0]), train=False)
