@@ -293,7 +293,6 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
   step = int(jax.device_get(state.step))
   pending: list[tuple[int, dict]] = []  # per-step device metrics not yet checked on host
   sessions_seen, iter_state = 0, train_iter.get_state()
-  run_start, run_start_step = time.time(), step
   window_start, window_step = time.time(), step
 
   def check_and_log(force_log: bool):
@@ -315,7 +314,8 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
     now = time.time()
     elapsed = max(now - window_start, 1e-9)
     steps_done = step - window_step
-    per_step = (now - run_start) / max(step - run_start_step, 1)
+    # The latest window's pace: the first window also pays for compilation.
+    per_step = elapsed / max(steps_done, 1)
     tokens = max(totals['tokens'], 1.0)
     scalars = {
         'epoch': step / steps_per_epoch, 'loss': totals['loss'] / tokens,

@@ -21,6 +21,7 @@ TINY = (
     '--config.model.decoder_layers=1',
     '--config.model.lstm_units=8',
     '--config.train.warmup_steps=10',
+    '--config.train.learning_rate=0.3',
     '--config.input.train_queries_per_batch=240',
     '--config.input.eval_queries_per_batch=480',
     '--config.decode.batch_sessions=32',
