@@ -1,0 +1,144 @@
+"""Decoding throughput: suggestions per second of beam search, per beam size and batch size.
+
+  python launch/bench_decode.py --config=configs/aol.py:small --vocab_size=2851
+  python launch/bench_decode.py --config=configs/demo.py --workdir=/tmp/mtn_demo
+  python launch/bench_decode.py --config=configs/aol.py --vocab_size=76604 --batch_sessions=64,256
+
+In: a config (its model and decode settings) and either a trained workdir (`--workdir`: the
+best checkpoint, and sessions of its test split as input) or a randomly initialised model
+with `--vocab_size` words and random sessions. Each measurement decodes batches of
+`[batch, --session_queries, max_query_words]` sessions, suggesting after every position, as
+evaluation does (`decode.suggest(positions='all')`). The first call of each shape compiles and
+warms up and is not timed; then `--repeats` timed calls, of which the median counts.
+Out: one table on stdout (beam, sessions per batch, suggestions per batch, median seconds,
+suggestions/s), with the machine, the config and the date.
+
+A random model rarely emits `</s>` early, so its hypotheses run to `decode.max_len`: its
+figures are the slow end; a trained model stops most beams after a few words.
+"""
+
+from __future__ import annotations
+
+import datetime
+import os
+import platform
+import statistics
+import sys
+import time
+
+from absl import app
+from absl import flags
+import jax
+import jax.numpy as jnp
+import numpy as np
+from ml_collections import config_flags
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+# pylint: disable=g-import-not-at-top,wrong-import-position
+from mtn_jax import decode
+from mtn_jax import inference
+from mtn_jax import models
+from mtn_jax.data import preprocess
+from mtn_jax.data import sessions
+from mtn_jax.models.base import ModelConfig
+# pylint: enable=g-import-not-at-top,wrong-import-position
+
+_CONFIG = config_flags.DEFINE_config_file('config', None, 'Config file (path[:variant]).',
+                                          lock_config=True)
+_WORKDIR = flags.DEFINE_string('workdir', '', 'A trained workdir; empty: a random model.')
+_VOCAB_SIZE = flags.DEFINE_integer('vocab_size', 76_604,
+                                   'Vocabulary of the random model (76,604: AOL in the paper).')
+_BEAMS = flags.DEFINE_list('beams', ['1', '5'], 'Beam sizes to measure.')
+_BATCHES = flags.DEFINE_list('batch_sessions', ['16', '64'], 'Sessions per batch to measure.')
+_SESSION_QUERIES = flags.DEFINE_integer('session_queries', 4, 'Queries per session (S).')
+_REPEATS = flags.DEFINE_integer('repeats', 5, 'Timed calls per measurement (median kept).')
+_SEED = flags.DEFINE_integer('seed', 0, 'Seed of the random model and sessions.')
+
+
+def random_model(config, vocab_size: int, seed: int):
+  cfg = ModelConfig.from_config(config.model, vocab_size, config.data.max_query_words)
+  model = models.create_model(cfg)
+  params = jax.jit(lambda rng: model.init(
+      {'params': rng}, jnp.ones((1, 2, cfg.max_query_words), jnp.int32), train=False)['params'])(
+          jax.random.PRNGKey(seed))
+  return model, params, cfg
+
+
+def random_sessions(rng: np.random.Generator, count: int, num_queries: int, max_words: int,
+                    vocab_size: int) -> np.ndarray:
+  """int32 [count, num_queries, max_words]: queries of 1..max_words random ordinary words."""
+  words = rng.integers(5, vocab_size, (count, num_queries, max_words))
+  lengths = rng.integers(1, max_words + 1, (count, num_queries, 1))
+  return np.where(np.arange(max_words) < lengths, words, 0).astype(np.int32)
+
+
+def test_sessions(workdir: str, rng: np.random.Generator, count: int,
+                  num_queries: int) -> np.ndarray:
+  """int32 [count, num_queries, n]: test sessions of exactly `num_queries` queries, drawn
+  with replacement (the bucket's sessions repeat when there are fewer than `count`)."""
+  split = sessions.load_split(preprocess.data_dir(workdir), 'test')
+  candidates = np.flatnonzero(split.lengths == num_queries)
+  if not len(candidates):
+    raise SystemExit(f'{workdir}: no test session has {num_queries} queries; pass '
+                     '--session_queries with a length the data has')
+  chosen = rng.choice(candidates, count)
+  return np.stack([split.session(i) for i in chosen]).astype(np.int32)
+
+
+def main(argv):
+  del argv
+  config = _CONFIG.value
+  rng = np.random.default_rng(_SEED.value)
+  if _WORKDIR.value:
+    trained = inference.load_trained(config, _WORKDIR.value)
+    model, params, cfg = trained.model, trained.params, trained.cfg
+    source = f'trained checkpoint {_WORKDIR.value} (step {trained.step}), test sessions'
+  else:
+    model, params, cfg = random_model(config, _VOCAB_SIZE.value, _SEED.value)
+    source = 'random initialisation, random sessions'
+  dc = config.decode
+  num_queries = _SESSION_QUERIES.value
+  devices = jax.devices()
+  print(f'date: {datetime.datetime.now().isoformat(timespec="seconds")}')
+  print(f'machine: {platform.node()}, {platform.machine()}, {os.cpu_count()} CPU cores, '
+        f'{platform.processor() or platform.platform()}')
+  print(f'devices: {len(devices)} x {devices[0].device_kind} ({jax.default_backend()}), '
+        f'jax {jax.__version__}')
+  overrides = config_flags.get_override_values(flags.FLAGS['config'])
+  print(f'config: {config_flags.get_config_filename(flags.FLAGS["config"])}'
+        + (f', overrides {overrides}' if overrides else ''))
+  print(f'model: {cfg.name}, {models.count_params(params):,} parameters, vocabulary '
+        f'{cfg.vocab_size:,}, d_model {cfg.d_model}, layers {cfg.query_layers}Q/'
+        f'{cfg.session_layers}S/{cfg.decoder_layers}D; {source}')
+  print(f'decode: max_len {dc.max_len}, length penalty {dc.length_penalty}; sessions of '
+        f'{num_queries} queries of {cfg.max_query_words} tokens, a suggestion after every '
+        f'query; median of {_REPEATS.value} timed calls after one warm-up call')
+  print(f'{"beam":>4} {"sessions":>8} {"suggestions":>11} {"median s":>9} {"suggestions/s":>13}')
+  for beam in (int(b) for b in _BEAMS.value):
+    for batch in (int(b) for b in _BATCHES.value):
+      queries = (test_sessions(_WORKDIR.value, rng, batch, num_queries) if _WORKDIR.value
+                 else random_sessions(rng, batch, num_queries, cfg.max_query_words,
+                                      cfg.vocab_size))
+      queries = jax.device_put(queries)
+
+      def run():
+        sequences, scores = decode.suggest(model, params, queries, beam_size=beam,
+                                           max_len=dc.max_len,
+                                           length_penalty=dc.length_penalty)
+        jax.block_until_ready((sequences, scores))
+
+      run()  # compiles and warms up
+      times = []
+      for _ in range(_REPEATS.value):
+        start = time.perf_counter()
+        run()
+        times.append(time.perf_counter() - start)
+      median = statistics.median(times)
+      suggestions = batch * num_queries
+      print(f'{beam:>4} {batch:>8} {suggestions:>11} {median:>9.4f} '
+            f'{suggestions / median:>13.1f}', flush=True)
+
+
+if __name__ == '__main__':
+  flags.mark_flags_as_required(['config'])
+  app.run(main)

@@ -1,0 +1,297 @@
+"""Test-split evaluation of the best checkpoint: n-gram precision and BLEU (`--mode=eval`).
+
+In:  `<workdir>/checkpoints` (the best checkpoint's params only) and `<workdir>/data` (the test
+     split, and the train split for a trivial suggester).
+Out: `<workdir>/eval/results.json` and `<workdir>/eval/samples.jsonl`, and the BLEU lines
+     printed.
+
+Every (session prefix -> next query) pair of the test split is decoded by beam search
+(`config.decode`). Each batch of sessions `queries` int32 [batch, queries, tokens] goes through
+the model once without its last query (the contexts of positions 0..S-2 do not depend on it),
+and all S-1 positions of every session are searched in parallel. Candidates are the best
+hypothesis' words joined by spaces (an emitted `<unk>` stays `<unk>`); references are the raw
+next-query texts of the log (`SessionSplit.texts`), never mapped through the vocabulary
+(METRICS.md). For context the same metrics are given for two suggesters that learn nothing
+from sessions: the previous query repeated, and the most frequent next query in the training
+split after the same previous query (by raw text; the previous query repeated when it never
+occurs there).
+
+results.json: model name and architecture, size (MB at fp32) and parameter count, checkpoint
+step, number of sessions and pairs, decode settings, `scores` ({'model', 'repeat_previous',
+'most_frequent_next'} -> BLEU, precisions, brevity penalty, lengths and the printed `line`),
+wall time and suggestions per second. samples.jsonl: a seeded sample of pairs, one JSON object
+a line with the context queries, the predicted and the actual next query and the top
+suggestions with their scores, for the report's sample tables.
+"""
+
+from __future__ import annotations
+
+import collections
+import datetime
+import json
+import os
+import time
+from collections.abc import Sequence
+
+import jax
+import ml_collections
+import numpy as np
+from jax.experimental import multihost_utils
+
+from mtn_jax import decode
+from mtn_jax import errors
+from mtn_jax import inference
+from mtn_jax import input_pipeline
+from mtn_jax import metrics
+from mtn_jax import models
+from mtn_jax import parallel
+from mtn_jax import suggest
+from mtn_jax.data import preprocess
+from mtn_jax.data import sessions
+
+DISPLAY_NAMES = {'mtn': 'MTN', 'transformer': 'Transformer', 'seq2seq': 'Seq2Seq Attn.',
+                 'hred': 'H-LSTM', 'mnsrf': 'M-NSRF'}
+# The suggesters that learn nothing from sessions, by their key in results.json['scores'].
+TRIVIAL_SUGGESTERS = {'repeat_previous': 'Repeat previous query',
+                      'most_frequent_next': 'Most frequent next query (train)'}
+NUM_SAMPLES = 50
+PROGRESS_SECONDS = 10.0  # at most one progress line per this many seconds
+
+
+def display_name(model: str) -> str:
+  return DISPLAY_NAMES.get(model, model)
+
+
+# ---------------------------------------------------------------------------------------------
+# Pairs and the trivial suggesters
+
+
+def pair_session_positions(split: sessions.SessionSplit) -> tuple[np.ndarray, np.ndarray]:
+  """For every pair, in pair order (session by session, then position): (session int64
+  [pairs], position t int64 [pairs]); pair (i, t) predicts query t+1 of session i after
+  queries 0..t."""
+  pairs_per_session = split.lengths - 1
+  session = np.repeat(np.arange(split.num_sessions), pairs_per_session)
+  first_pair = np.cumsum(pairs_per_session) - pairs_per_session
+  return session, np.arange(len(session)) - first_pair[session]
+
+
+def pair_texts(split: sessions.SessionSplit) -> tuple[list[str], list[str]]:
+  """(previous query [pairs], next query [pairs]) raw texts, in pair order."""
+  session, position = pair_session_positions(split)
+  rows = split.starts[session] + position
+  texts = split.texts
+  return [texts[r] for r in rows], [texts[r + 1] for r in rows]
+
+
+def repeat_previous(previous: Sequence[str]) -> list[str]:
+  """The trivial suggester that suggests the previous query again."""
+  return list(previous)
+
+
+def most_frequent_next(train: sessions.SessionSplit, previous: Sequence[str]) -> list[str]:
+  """For each previous query, the next query that most often follows it in `train`.
+
+  Texts are compared raw, as logged. Ties go to the next query seen first in the training
+  split; a previous query never followed by anything in `train` is suggested again. The
+  training texts are streamed from their file: only pairs whose previous query is asked
+  about are counted, so memory stays small on the full AOL training split.
+  """
+  if train.text_path is None:
+    raise ValueError(f'split {train.name!r} has no text file')
+  wanted = set(previous)
+  follow_counts: dict[str, collections.Counter] = {}
+  session_start = np.zeros(len(train.queries) + 1, bool)
+  session_start[train.starts] = True
+  with open(train.text_path, encoding='utf-8') as f:
+    before = None
+    for row, line in enumerate(f):
+      if row >= len(train.queries):
+        break
+      text = line.rstrip('\n')
+      if not session_start[row] and before in wanted:
+        follow_counts.setdefault(before, collections.Counter())[text] += 1
+      before = text
+  # most_common(1) is max() over insertion order: the first-seen next query wins a tie.
+  best = {p: counts.most_common(1)[0][0] for p, counts in follow_counts.items()}
+  return [best.get(p, p) for p in previous]
+
+
+def score_entry(score: metrics.BleuScore) -> dict:
+  return {**score.to_dict(), 'line': str(score)}
+
+
+# ---------------------------------------------------------------------------------------------
+# Decoding the test split
+
+
+def prefix_split(split: sessions.SessionSplit, num_sessions: int) -> sessions.SessionSplit:
+  """The first `num_sessions` sessions of `split` (its text file is read up to their rows)."""
+  end = int(split.starts[num_sessions])
+  return sessions.SessionSplit(split.name, split.queries[:end],
+                               np.asarray(split.starts[:num_sessions + 1]), split.text_path)
+
+
+def decode_split(trained: inference.Trained, split: sessions.SessionSplit,
+                 decode_config: ml_collections.ConfigDict, *, queries_per_batch: int,
+                 keep_top_for: np.ndarray | None = None, log=print
+                 ) -> tuple[list[str], dict[int, list[dict]]]:
+  """Beam-searches every pair of `split`.
+
+  Args:
+    trained: the model to decode with.
+    split: sessions to decode; each batch is [rows, S, n] of one session length.
+    decode_config: `config.decode` (beam_size, max_len, length_penalty, top_k).
+    queries_per_batch: query slots per batch, as for the input pipeline.
+    keep_top_for: int [k] pair indices whose top_k suggestions are also returned.
+    log: where progress lines go.
+  Returns:
+    (candidates [pairs]: the best suggestion of each pair as words joined by spaces,
+     {pair index: [{'query', 'score'}, ...] top_k, best first} for `keep_top_for`).
+  """
+  vocab, dc = trained.vocab, decode_config
+  mesh = parallel.make_mesh()
+  # Batches are split over every device, so the parameters go to every device too.
+  params = jax.device_put(trained.params, parallel.replicated(mesh))
+  first_pair = np.cumsum(split.lengths - 1) - (split.lengths - 1)
+  candidates: list[str | None] = [None] * split.num_pairs
+  wanted = set(() if keep_top_for is None else np.asarray(keep_top_for).tolist())
+  top: dict[int, list[dict]] = {}
+  done = 0
+  start = last_log = time.time()
+  for batch in input_pipeline.make_eval_iterator(
+      split, queries_per_batch=queries_per_batch, multiple_of=jax.device_count(),
+      process_index=jax.process_index(), process_count=jax.process_count()):
+    # The last query of a session is only ever a reference here.
+    contexts = parallel.shard_batch({'queries': batch['queries'][:, :-1]}, mesh)['queries']
+    sequences, scores = decode.suggest(
+        trained.model, params, contexts, beam_size=dc.beam_size, max_len=dc.max_len,
+        length_penalty=dc.length_penalty, positions='all')
+    # Every process decoded its rows of the global batch: gather them all, in row order.
+    sequences = multihost_utils.process_allgather(sequences, tiled=True)
+    scores = multihost_utils.process_allgather(scores, tiled=True)
+    session_ids = multihost_utils.process_allgather(batch['session_ids'], tiled=True)
+    for row, session in enumerate(session_ids.tolist()):
+      if session < 0:
+        continue
+      for t in range(sequences.shape[1]):
+        pair = int(first_pair[session]) + t
+        candidates[pair] = ' '.join(decode.to_words(vocab, sequences[row, t, 0]))
+        if pair in wanted:
+          top[pair] = suggest.suggestion_list(vocab, sequences[row, t], scores[row, t],
+                                              dc.top_k)
+      done += 1
+    if time.time() - last_log >= PROGRESS_SECONDS or done == split.num_sessions:
+      last_log = time.time()
+      log(f'  decoded {done:,}/{split.num_sessions:,} sessions '
+          f'({done / max(last_log - start, 1e-9):.1f} sessions/s)', flush=True)
+  missing = [i for i, c in enumerate(candidates) if c is None]
+  if missing:
+    raise RuntimeError(f'{len(missing)} test pairs were not decoded (first: pair {missing[0]})')
+  return candidates, top
+
+
+# ---------------------------------------------------------------------------------------------
+# The mode
+
+
+def _load_split(data_dir: str, name: str) -> sessions.SessionSplit:
+  try:
+    return sessions.load_split(data_dir, name)
+  except FileNotFoundError as e:
+    raise errors.Error(str(e)) from None
+
+
+def _device_description() -> str:
+  kinds = collections.Counter(d.device_kind for d in jax.devices())
+  return ', '.join(f'{count} x {kind}' for kind, count in kinds.items())
+
+
+def evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict:
+  """Evaluates the best checkpoint of `workdir` on its test split; returns results.json's dict."""
+  started = time.time()
+  workdir = os.path.abspath(workdir)
+  is_writer = jax.process_index() == 0
+  log = print if is_writer else (lambda *a, **k: None)
+  trained = inference.load_trained(config, workdir, which='best')
+  data_dir = preprocess.data_dir(workdir)
+  test, train = _load_split(data_dir, 'test'), _load_split(data_dir, 'train')
+  total_sessions = test.num_sessions
+  limit = config.decode.max_eval_sessions
+  if 0 < limit < total_sessions:
+    test = prefix_split(test, limit)
+    log(f'Evaluating the first {limit:,} of {total_sessions:,} test sessions only '
+        '(config.decode.max_eval_sessions).')
+  if test.num_pairs == 0:
+    raise errors.Error(f'the test split in {data_dir} has no (prefix -> next query) pairs to '
+                       'evaluate: more data, or a larger config.data.split_fractions[2]')
+  name = display_name(trained.cfg.name)
+  dc = config.decode
+  log(f'Evaluating {name} (checkpoint step {trained.step}) on {test.num_pairs:,} test pairs '
+      f'of {test.num_sessions:,} sessions: beam {dc.beam_size}, length penalty '
+      f'{dc.length_penalty}, at most {dc.max_len} tokens.', flush=True)
+
+  previous, references = pair_texts(test)
+  rng = np.random.default_rng(config.seed)
+  sample_pairs = np.sort(rng.choice(test.num_pairs, min(NUM_SAMPLES, test.num_pairs),
+                                    replace=False))
+  decode_start = time.time()
+  candidates, top = decode_split(
+      trained, test, dc, keep_top_for=sample_pairs, log=log,
+      queries_per_batch=dc.batch_sessions * config.data.max_session_queries)
+  decode_seconds = time.time() - decode_start
+
+  scores = {'model': metrics.bleu(candidates, references),
+            'repeat_previous': metrics.bleu(repeat_previous(previous), references),
+            'most_frequent_next': metrics.bleu(most_frequent_next(train, previous), references)}
+  results = {
+      'model': trained.cfg.name,
+      'model_config': trained.meta['model'],
+      'num_params': models.count_params(trained.params),
+      'size_mb': models.size_mb(trained.params),
+      'step': trained.step,
+      'workdir': workdir,
+      'sessions': test.num_sessions,
+      'test_sessions_total': total_sessions,
+      'pairs': test.num_pairs,
+      'decode': {k: dc[k] for k in ('beam_size', 'max_len', 'length_penalty', 'top_k')},
+      'scores': {k: score_entry(v) for k, v in scores.items()},
+      'decode_seconds': decode_seconds,
+      'suggestions_per_s': test.num_pairs / max(decode_seconds, 1e-9),
+      'wall_seconds': time.time() - started,
+      'devices': _device_description(),
+      'date': datetime.datetime.now(datetime.timezone.utc).isoformat(timespec='seconds'),
+  }
+  log(f'{test.num_pairs:,} suggestions in {decode_seconds:.1f} s '
+      f'({results["suggestions_per_s"]:.1f}/s on {results["devices"]}).')
+  log(f'Model size: {results["size_mb"]:.2f} MB (fp32), {results["num_params"]:,} parameters.')
+  width = max(len(n) for n in (name, *TRIVIAL_SUGGESTERS.values()))
+  log(f'{name:<{width}}  {scores["model"]}')
+  for key, label in TRIVIAL_SUGGESTERS.items():
+    log(f'{label:<{width}}  {scores[key]}')
+
+  if is_writer:
+    eval_dir = os.path.join(workdir, 'eval')
+    os.makedirs(eval_dir, exist_ok=True)
+    session, position = pair_session_positions(test)
+    samples = []
+    for pair in sample_pairs.tolist():
+      i, t = int(session[pair]), int(position[pair])
+      samples.append({'session': i, 'position': t,
+                      'context': test.session_texts(i)[:t + 1],
+                      'predicted': candidates[pair], 'actual': references[pair],
+                      'suggestions': top[pair]})
+    _write_atomically(os.path.join(eval_dir, 'samples.jsonl'),
+                      ''.join(json.dumps(s, ensure_ascii=False) + '\n' for s in samples))
+    results_path = os.path.join(eval_dir, 'results.json')
+    _write_atomically(results_path, json.dumps(results, indent=2, ensure_ascii=False) + '\n')
+    log(f'Results: {results_path}', flush=True)
+  return results
+
+
+def _write_atomically(path: str, text: str) -> None:
+  # A report never reads a half-written results file from an interrupted evaluation.
+  tmp = path + '.tmp'
+  with open(tmp, 'w', encoding='utf-8') as f:
+    f.write(text)
+  os.replace(tmp, path)

@@ -1,0 +1,55 @@
+"""The main job (`--mode=all`): preprocess -> train -> evaluate -> sample suggestions -> report.
+
+In:  a config and a workdir. Out: everything the single modes write into the workdir
+(`data/`, `checkpoints/`, `metrics.jsonl`, `eval/`, `report/`), and the paths printed at the
+end. Running it again reuses the corpus, resumes (or skips) training from the latest
+checkpoint, and redoes evaluation and report.
+"""
+
+from __future__ import annotations
+
+import os
+
+import jax
+import ml_collections
+
+from mtn_jax import checkpoints
+from mtn_jax import evaluate
+from mtn_jax import report
+from mtn_jax import train
+from mtn_jax.data import preprocess
+
+SAMPLES_SHOWN = 5
+
+
+def print_samples(samples: list[dict], limit: int = SAMPLES_SHOWN) -> None:
+  """A few evaluated pairs in the paper's Table-5 form."""
+  print('Sample suggestions (previous session queries -> predicted | actual next query):')
+  for sample in samples[:limit]:
+    print(f'  {", ".join(sample["context"])}\n'
+          f'      -> {sample["predicted"] or "(empty)"} | {sample["actual"]}')
+
+
+def run_all(config: ml_collections.ConfigDict, workdir: str) -> dict:
+  """Runs every stage; returns the evaluation results (empty if training was interrupted)."""
+  workdir = os.path.abspath(workdir)
+  print('== Preprocessing', flush=True)
+  preprocess.prepare(config, workdir, verbose=True)
+  print('== Training', flush=True)
+  summary = train.train_and_evaluate(config, workdir)
+  if summary['interrupted']:
+    print(f'Training was stopped at step {summary["step"]}; run the same command again to '
+          'resume. Evaluation and report skipped.', flush=True)
+    return {}
+  print('== Evaluation', flush=True)
+  results = evaluate.evaluate(config, workdir)
+  if jax.process_index() != 0:
+    return results
+  samples = report.load_run(workdir).samples
+  print_samples(samples)
+  print('== Report', flush=True)
+  report_path = report.write_report(config, workdir, workdirs=[workdir])
+  print(f'\nCheckpoints: {checkpoints.checkpoint_dir(workdir)} (best: step {results["step"]})'
+        f'\nResults:     {os.path.join(workdir, "eval", "results.json")}'
+        f'\nReport:      {report_path}', flush=True)
+  return results

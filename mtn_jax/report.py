@@ -1,0 +1,256 @@
+"""The paper's results section, made from evaluated workdirs (`--mode=report`).
+
+In:  `config.report.workdirs`, comma-separated; each a trained and evaluated workdir holding
+     `eval/results.json` and `eval/samples.jsonl` (written by `mtn_jax.evaluate`).
+Out, in `config.report.output` (default `<workdir>/report/`):
+  `report.md`   a Table-2-style Markdown table (model, size MB, 1/2/3/4-gram precision, BLEU)
+                with the trivial suggesters' lines, the figures, and sample suggestions in the
+                form of the paper's Tables 4-5 (previous queries, predicted, actual)
+  `bleu.png`    BLEU per model, like the paper's Fig. 2
+  `layers.png`  only when the workdirs hold Transformers of different depths: BLEU per layer
+                layout ("Transformer (4Q enc, 4 dec)", "MTN (3Q+2S, 3)"), like Fig. 3
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import html
+import json
+import os
+import re
+from collections.abc import Sequence
+
+import ml_collections
+from matplotlib.backends.backend_agg import FigureCanvasAgg
+from matplotlib.figure import Figure
+
+from mtn_jax import errors
+from mtn_jax.evaluate import TRIVIAL_SUGGESTERS
+from mtn_jax.evaluate import display_name
+
+SAMPLES_PER_MODEL = 10
+_REQUIRED_KEYS = ('model', 'model_config', 'size_mb', 'step', 'pairs', 'scores')
+_SCORE_KEYS = ('bleu', 'precisions', 'line')
+
+
+class ReportError(errors.Error, ValueError):
+  """A workdir that cannot be reported on; the message names it."""
+
+
+@dataclasses.dataclass(frozen=True)
+class EvaluatedRun:
+  """One workdir's eval/results.json, its samples and the names it is shown under."""
+
+  workdir: str
+  results: dict
+  samples: list[dict]
+
+  @property
+  def name(self) -> str:
+    return display_name(self.results['model'])
+
+  @property
+  def layer_label(self) -> str:
+    """The paper's Fig.-3 label: "Transformer (4Q enc, 4 dec)", "MTN (3Q+2S, 3)"."""
+    return layer_label(self.results['model'], self.results['model_config'])
+
+
+def layer_label(model: str, model_config: dict) -> str:
+  """A model's name with its layer counts; recurrent models have no layers to count."""
+  name = display_name(model)
+  queries, decoder = model_config['query_layers'], model_config['decoder_layers']
+  if model == 'transformer':
+    return f'{name} ({queries}Q enc, {decoder} dec)'
+  if model == 'mtn':
+    levels = [f'{queries}Q'] + [f'{model_config["session_layers"]}S'] * (
+        model_config['num_levels'] - 1)
+    return f'{name} ({"+".join(levels)}, {decoder})'
+  return name
+
+
+def load_run(workdir: str) -> EvaluatedRun:
+  """Reads one evaluated workdir; raises ReportError naming it when something is missing."""
+  if not os.path.isdir(workdir):
+    raise ReportError(f'report workdir {workdir} does not exist')
+  eval_dir = os.path.join(workdir, 'eval')
+  results_path = os.path.join(eval_dir, 'results.json')
+  samples_path = os.path.join(eval_dir, 'samples.jsonl')
+  if not os.path.exists(results_path):
+    raise ReportError(f'report workdir {workdir} has not been evaluated ({results_path} is '
+                      'missing): run --mode=eval on it first')
+  try:
+    with open(results_path, encoding='utf-8') as f:
+      results = json.load(f)
+  except (json.JSONDecodeError, UnicodeDecodeError) as e:
+    raise ReportError(f'{results_path} is not valid JSON: {e}') from None
+  missing = [k for k in _REQUIRED_KEYS if k not in results]
+  missing += [f'scores.{name}.{k}' for name in ('model', *TRIVIAL_SUGGESTERS)
+              for k in _SCORE_KEYS if k not in results.get('scores', {}).get(name, {})]
+  if missing:
+    raise ReportError(f'{results_path} lacks {", ".join(missing)}: re-run --mode=eval on '
+                      f'{workdir}')
+  if not os.path.exists(samples_path):
+    raise ReportError(f'report workdir {workdir} has no {samples_path}: re-run --mode=eval')
+  samples = []
+  with open(samples_path, encoding='utf-8') as f:
+    for number, line in enumerate(f, 1):
+      if not line.strip():
+        continue
+      try:
+        sample = json.loads(line)
+        samples.append({k: sample[k] for k in ('context', 'predicted', 'actual')})
+      except (json.JSONDecodeError, KeyError, TypeError) as e:
+        raise ReportError(f'{samples_path}:{number}: not a sample record ({e!r})') from None
+  return EvaluatedRun(workdir, results, samples)
+
+
+def _labels(runs: Sequence[EvaluatedRun]) -> list[str]:
+  """The model name, or its layer layout where two runs share a name, or both plus the
+  workdir's name where even that is shared: every row of the table is told apart."""
+  names = [r.name for r in runs]
+  labels = [r.layer_label if names.count(r.name) > 1 else r.name for r in runs]
+  return [f'{label} [{os.path.basename(os.path.normpath(r.workdir))}]'
+          if labels.count(label) > 1 else label for label, r in zip(labels, runs)]
+
+
+# Markdown would read `<unk>` as an HTML tag (and drop it, as in the paper's own tables) and
+# `*`, `_` or `|` in a query as formatting: queries are escaped before they go into a cell.
+_MARKDOWN_SPECIAL = re.compile(r'([\\`*_\[\]|~])')
+
+
+def markdown_cell(text: str) -> str:
+  return _MARKDOWN_SPECIAL.sub(r'\\\1', html.escape(text, quote=False))
+
+
+def code_cell(text: str) -> str:
+  """A path as inline code; a table cell still ends at a bare `|`, even inside code."""
+  return '`' + text.replace('|', '\\|') + '`'
+
+
+def _precisions(score: dict) -> str:
+  return '/'.join(f'{p:.1f}' for p in score['precisions'])
+
+
+def _pairs(results: dict) -> str:
+  """The number of test pairs, and which part of the test split they come from when
+  `config.decode.max_eval_sessions` limited the evaluation."""
+  sessions, total = results.get('sessions'), results.get('test_sessions_total')
+  if sessions is not None and total is not None and sessions < total:
+    return f'{results["pairs"]:,} (first {sessions:,} of {total:,} sessions)'
+  return f'{results["pairs"]:,}'
+
+
+def results_table(runs: Sequence[EvaluatedRun]) -> str:
+  """The Table-2 Markdown table: one line per model, then the trivial suggesters' lines.
+
+  The trivial suggesters are listed once per distinct test set (their scores depend only on
+  the data), after the models.
+  """
+  lines = ['| Model | Size (MB) | 1/2/3/4-gram | BLEU | Test pairs | Workdir |',
+           '|---|---:|---|---:|---:|---|']
+  for label, run in zip(_labels(runs), runs):
+    score = run.results['scores']['model']
+    lines.append(f'| {markdown_cell(label)} | {run.results["size_mb"]:.1f} | '
+                 f'{_precisions(score)} | {score["bleu"]:.2f} | {_pairs(run.results)} | '
+                 f'{code_cell(run.workdir)} |')
+  seen = set()
+  for run in runs:
+    for key, name in TRIVIAL_SUGGESTERS.items():
+      score = run.results['scores'][key]
+      identity = (key, score['line'], _pairs(run.results))
+      if identity in seen:
+        continue
+      seen.add(identity)
+      lines.append(f'| {markdown_cell(name)} | - | {_precisions(score)} | '
+                   f'{score["bleu"]:.2f} | {_pairs(run.results)} | '
+                   f'{code_cell(run.workdir)} |')
+  return '\n'.join(lines)
+
+
+def samples_table(samples: Sequence[dict], limit: int = SAMPLES_PER_MODEL) -> str:
+  """The paper's Tables 4-5: previous session queries, predicted and actual next query."""
+  lines = ['| Previous session queries | Predicted next query | User next query |',
+           '|---|---|---|']
+  for sample in samples[:limit]:
+    lines.append(f'| {markdown_cell(", ".join(sample["context"]))} | '
+                 f'{markdown_cell(sample["predicted"])} | {markdown_cell(sample["actual"])} |')
+  return '\n'.join(lines)
+
+
+def _bar_chart(path: str, labels: Sequence[str], values: Sequence[float], title: str,
+               baseline: tuple[str, float] | None = None) -> None:
+  """Bars of BLEU per label; `baseline` (label, BLEU) is drawn as a dashed line."""
+  # A bare Figure with the Agg canvas: no pyplot global state, no display needed.
+  fig = Figure(figsize=(max(4.0, 1.3 * len(labels) + 1.5), 3.6), dpi=120)
+  FigureCanvasAgg(fig)
+  ax = fig.add_subplot()
+  bars = ax.bar(range(len(labels)), values, color='#4c72b0')
+  ax.bar_label(bars, labels=[f'{v:.2f}' for v in values], padding=2, fontsize=8)
+  ax.set_xticks(range(len(labels)), labels, rotation=20, ha='right', fontsize=8)
+  ax.set_ylabel('BLEU')
+  ax.set_title(title, fontsize=10)
+  top = max(list(values) + [1.0])
+  if baseline is not None:
+    ax.axhline(baseline[1], color='#c44e52', linestyle='--', linewidth=1,
+               label=f'{baseline[0]} ({baseline[1]:.2f})')
+    ax.legend(fontsize=7, loc='upper right')
+    top = max(top, baseline[1])
+  ax.set_ylim(0, top * 1.25)
+  fig.tight_layout()
+  fig.savefig(path)
+
+
+def has_depth_variants(runs: Sequence[EvaluatedRun]) -> bool:
+  """Whether the runs hold Transformers of more than one (encoder, decoder) depth."""
+  depths = {(r.results['model_config']['query_layers'],
+             r.results['model_config']['decoder_layers'])
+            for r in runs if r.results['model'] == 'transformer'}
+  return len(depths) > 1
+
+
+def write_report(config: ml_collections.ConfigDict, workdir: str,
+                 workdirs: Sequence[str] | None = None) -> str:
+  """Writes the report; returns the path of report.md.
+
+  Args:
+    config: its `report.workdirs` lists the runs unless `workdirs` is given; `report.output`
+      is where the report goes (default `<workdir>/report`).
+    workdir: this run's workdir.
+    workdirs: the evaluated workdirs to report on, overriding `config.report.workdirs`.
+  """
+  if workdirs is None:
+    workdirs = [w.strip() for w in config.report.workdirs.split(',') if w.strip()]
+  if not workdirs:
+    raise ReportError('no workdirs to report on: pass --config.report.workdirs=A,B')
+  runs = [load_run(os.path.abspath(w)) for w in workdirs]
+  out_dir = os.path.abspath(config.report.output or os.path.join(workdir, 'report'))
+  os.makedirs(out_dir, exist_ok=True)
+
+  labels = _labels(runs)
+  _bar_chart(os.path.join(out_dir, 'bleu.png'), labels,
+             [r.results['scores']['model']['bleu'] for r in runs], 'BLEU on the test split',
+             baseline=(TRIVIAL_SUGGESTERS['repeat_previous'],
+                       runs[0].results['scores']['repeat_previous']['bleu']))
+  sections = ['# Next-query suggestion: results', '',
+              'n-gram precision (1/2/3/4-gram, %) and BLEU of the best checkpoint of each run '
+              'on its test split (beam search; references are the raw next queries). Size: '
+              'parameters in MB at fp32.', '', results_table(runs), '',
+              '![BLEU per model](bleu.png)', '']
+  if has_depth_variants(runs):
+    # The paper's Fig. 3 order: the Transformers, then the MTNs.
+    ablation = ([r for r in runs if r.results['model'] == 'transformer']
+                + [r for r in runs if r.results['model'] == 'mtn'])
+    _bar_chart(os.path.join(out_dir, 'layers.png'), [r.layer_label for r in ablation],
+               [r.results['scores']['model']['bleu'] for r in ablation],
+               'Layer layout (Q: query/encoder, S: session layers; decoder)')
+    sections += ['## Layer ablation', '', '![BLEU per layer layout](layers.png)', '']
+  for label, run in zip(labels, runs):
+    step, decode = run.results['step'], run.results.get('decode', {})
+    sections += [f'## Sample suggestions: {markdown_cell(label)}', '',
+                 f'Checkpoint step {step}; beam size {decode.get("beam_size", "?")}.', '',
+                 samples_table(run.samples), '']
+  report_path = os.path.join(out_dir, 'report.md')
+  with open(report_path, 'w', encoding='utf-8') as f:
+    f.write('\n'.join(sections))
+  print(f'Report on {len(runs)} run(s) written to {report_path}', flush=True)
+  return report_path

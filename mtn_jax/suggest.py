@@ -1,0 +1,436 @@
+"""Suggestions from a trained checkpoint: offline over a file (`--mode=decode`), or typed
+(`--mode=suggest`). Only the parameters are loaded, never the optimizer state.
+
+`decode_file` reads `config.decode.input` (plain or gzip, told by its first bytes), in one of
+two forms, told apart by its first non-empty line:
+  sessions  one session a line, its queries separated by tabs; suggestions are made after the
+            LAST query of each line;
+  raw log   an AOL-format log (`AnonID` header line, or 3 or 5 tab-separated fields with a
+            `YYYY-MM-DD HH:MM:SS` time in the third): read and sessionized by
+            `mtn_jax.data.aol_log` with the data config's rules (session gap, successive
+            duplicates removed), over-long queries cut rather than dropped and sessions of any
+            length kept; suggestions are made after every query of every session, with the
+            next query as the reference where there is one.
+and writes `config.decode.output` (default `<workdir>/decode/<input name>.suggestions.jsonl`),
+one JSON object per suggestion point:
+  {"line": 3, "context": ["q1", "q2"], "suggestions": [{"query": "...", "score": -0.42}, ...]}
+  {"user": 4945, "session": 0, "position": 1, "context": [...], "reference": "q3" or null,
+   "suggestions": [...]}
+with the `config.decode.top_k` best beam-search suggestions, best first (scores are
+length-normalised log-probabilities). Queries are words split on whitespace, as the log reader
+splits them. What the model cannot take is adapted and counted, and the counts are printed at
+the end: empty lines and empty queries are skipped, words outside the vocabulary become
+`<unk>`, queries longer than the model's `max_query_words` are cut to their first words, and a
+context longer than the model's query-position table (`model.max_session_queries`) keeps its
+last queries.
+
+Input is decoded in chunks of `CHUNK_BATCHES * config.decode.batch_sessions` sessions, each
+chunk sorted by session length into batches `[batch_sessions, queries, tokens]` and written
+out in input order before the next chunk is read, so memory stays bounded on any session file
+(a raw log is held in memory as the log reader's flat columns, which sessionizing by user and
+time needs).
+"""
+
+from __future__ import annotations
+
+import collections
+import dataclasses
+import gzip
+import json
+import os
+import re
+import sys
+import time
+from collections.abc import Iterable, Iterator, Sequence
+from typing import TextIO
+
+import ml_collections
+import numpy as np
+
+from mtn_jax import decode
+from mtn_jax import errors
+from mtn_jax import inference
+from mtn_jax.data import aol_log
+from mtn_jax.data.vocab import UNK_ID, Vocab
+
+CHUNK_BATCHES = 8
+PROGRESS_SECONDS = 10.0  # at most one progress line per this many seconds
+_TIME = re.compile(r'\d{4}-\d{2}-\d{2} \d{2}:\d{2}:\d{2}')
+_GZIP_MAGIC = b'\x1f\x8b'
+
+
+class DecodeInputError(errors.Error, ValueError):
+  """A decode input file that cannot be read; the message names the file (and line)."""
+
+
+@dataclasses.dataclass(frozen=True)
+class Context:
+  """One model input: a session's queries, and the positions to suggest after.
+
+  Attributes:
+    queries: the query texts the model reads (words joined by one space, each cut to
+      max_query_words), at most the model's max_session_queries of them.
+    first_output: suggestions are made after positions first_output..len(queries)-1.
+    info: copied into every output record (the input line, or the user and session).
+    first_position: the position in its session of queries[0] (> 0 when the context was cut).
+    references: for a raw log, the next query after each position (None after the last).
+  """
+
+  queries: tuple[str, ...]
+  first_output: int
+  info: dict
+  first_position: int = 0
+  references: tuple[str | None, ...] | None = None
+
+
+class QueryReader:
+  """Cleans and cuts query texts the way the model needs them, counting every change."""
+
+  def __init__(self, vocab: Vocab, max_query_words: int, max_session_queries: int):
+    self.vocab = vocab
+    self.max_query_words = max_query_words
+    self.max_session_queries = max_session_queries
+    self.counts: collections.Counter = collections.Counter()
+
+  def query(self, text: str) -> str:
+    """A kept query's text: its first max_query_words words (counted when cut, and its
+    words outside the vocabulary counted)."""
+    words = text.split()
+    if len(words) > self.max_query_words:
+      self.counts['long_queries'] += 1
+      words = words[:self.max_query_words]
+    self.counts['oov_words'] += sum(self.vocab.id(w) == UNK_ID for w in words)
+    return ' '.join(words)
+
+  def session_line(self, line: str, number: int) -> Context | None:
+    """A sessions-file line -> a Context suggesting after its last query (None: empty)."""
+    texts = line.split('\t')
+    kept = [t for t in texts if t.split()]
+    if not kept:
+      self.counts['empty_lines'] += 1
+      return None
+    self.counts['empty_queries'] += len(texts) - len(kept)
+    if len(kept) > self.max_session_queries:
+      self.counts['long_sessions'] += 1
+      kept = kept[-self.max_session_queries:]
+    queries = tuple(self.query(t) for t in kept)
+    return Context(queries, first_output=len(queries) - 1, info={'line': number})
+
+  def raw_session(self, texts: Sequence[str], info: dict) -> list[Context]:
+    """A sessionized raw-log session -> Contexts suggesting after each of its queries.
+
+    The first max_session_queries positions are decoded together from one context; each
+    later position gets its own context of the last max_session_queries queries.
+    """
+    queries = [self.query(t) for t in texts]
+    references = tuple(queries[1:]) + (None,)
+    window = self.max_session_queries
+    contexts = [Context(tuple(queries[:window]), 0, info, 0, references[:window])]
+    if len(queries) > window:
+      self.counts['long_sessions'] += 1
+    for last in range(window, len(queries)):
+      first = last - window + 1
+      contexts.append(Context(tuple(queries[first:last + 1]), window - 1, info, first,
+                              references[first:last + 1]))
+    return contexts
+
+
+# ---------------------------------------------------------------------------------------------
+# Reading decode input
+
+
+def is_raw_log_line(line: str) -> bool:
+  """Whether a line looks like an AOL log line or its header rather than a session."""
+  if line.startswith('AnonID\t'):
+    return True
+  fields = line.rstrip('\r\n').split('\t')
+  return (len(fields) in (3, 5) and fields[0].strip().isdigit()
+          and _TIME.fullmatch(fields[2].strip()) is not None)
+
+
+def _lines(path: str, strict: bool, counts: collections.Counter) -> Iterator[tuple[int, str]]:
+  """(line number, text without its line end) of a text file; a line that is not UTF-8 is
+  skipped and counted, or with `strict` stops everything with its number."""
+  opener = gzip.open if _is_gzip(path) else open
+  with opener(path, 'rb') as f:
+    for number, raw in enumerate(f, 1):
+      try:
+        yield number, raw.decode('utf-8').rstrip('\r\n')
+      except UnicodeDecodeError:
+        if strict:
+          raise DecodeInputError(f'{path}:{number}: not valid UTF-8') from None
+        counts['not_utf8_lines'] += 1
+
+
+def _is_gzip(path: str) -> bool:
+  with open(path, 'rb') as f:
+    return f.read(2) == _GZIP_MAGIC
+
+
+def detect_format(path: str) -> str:
+  """'raw' for an AOL-format log, 'sessions' for a file of tab-separated sessions."""
+  for _, line in _lines(path, strict=False, counts=collections.Counter()):
+    if line.strip():
+      return 'raw' if is_raw_log_line(line) else 'sessions'
+  raise DecodeInputError(f'{path}: no session to decode (the file is empty)')
+
+
+def read_sessions_file(path: str, reader: QueryReader, strict: bool) -> Iterator[Context]:
+  """One Context per non-empty line of a sessions file."""
+  for number, line in _lines(path, strict, reader.counts):
+    context = reader.session_line(line, number)
+    if context is not None:
+      yield context
+
+
+def read_raw_log(path: str, reader: QueryReader, data: ml_collections.ConfigDict,
+                 chunk_sessions: int) -> Iterator[Context]:
+  """Contexts for every query of every session of an AOL-format log.
+
+  The log reader's line-level skips (header, malformed lines, empty queries) and removed
+  successive duplicates are added to `reader.counts`.
+  """
+  try:
+    log = aol_log.read_log(path, strict=data.strict)
+  except aol_log.LogFormatError as e:
+    raise DecodeInputError(str(e)) from None
+  reader.counts['lines_read'] += log.lines_read
+  for reason, count in log.skipped.items():
+    if count:
+      reader.counts[f'skipped_{reason}'] += count
+  # Every query is kept: long ones are cut (by QueryReader, which counts them) and sessions
+  # of any length are suggested after.
+  found = aol_log.sessionize(log.records, gap_minutes=data.session_gap_minutes,
+                             max_query_words=reader.max_query_words, long_query='truncate',
+                             min_queries=1, max_queries=max(len(log.records), 1))
+  reader.counts['duplicate_queries'] += found.skipped['duplicate_query']
+  for first in range(0, found.num_sessions, chunk_sessions):
+    last = min(first + chunk_sessions, found.num_sessions)
+    rows = found.record_index[found.starts[first]:found.starts[last]]
+    texts = log.records.texts(rows)
+    users = log.records.user[rows]
+    for session in range(first, last):
+      begin = int(found.starts[session] - found.starts[first])
+      end = int(found.starts[session + 1] - found.starts[first])
+      yield from reader.raw_session(texts[begin:end],
+                                    {'user': int(users[begin]), 'session': session})
+
+
+# ---------------------------------------------------------------------------------------------
+# Decoding
+
+
+def suggestion_list(vocab: Vocab, sequences: np.ndarray, scores: np.ndarray,
+                    top_k: int) -> list[dict]:
+  """The first `top_k` hypotheses (int [beam, max_len], scores [beam], best first) as
+  [{'query': words joined by spaces, 'score': float}]; empty beam slots are left out."""
+  return [{'query': ' '.join(decode.to_words(vocab, sequences[k])), 'score': float(scores[k])}
+          for k in range(min(top_k, len(scores))) if np.isfinite(scores[k])]
+
+
+def encode_contexts(vocab: Vocab, contexts: Sequence[Context], rows: int, width: int,
+                    max_query_words: int) -> tuple[np.ndarray, np.ndarray]:
+  """(queries int32 [rows, width, max_query_words], lengths int64 [rows]); rows past the
+  contexts are padding sessions of one all-padding query."""
+  queries = np.zeros((rows, width, max_query_words), np.int32)
+  lengths = np.ones(rows, np.int64)
+  for row, context in enumerate(contexts):
+    for t, text in enumerate(context.queries):
+      ids = vocab.encode(text.split())
+      queries[row, t, :len(ids)] = ids
+    lengths[row] = len(context.queries)
+  return queries, lengths
+
+
+def decode_contexts(trained: inference.Trained, contexts: Sequence[Context], *,
+                    positions: str, batch_rows: int,
+                    decode_config: ml_collections.ConfigDict) -> list[list[list[dict]]]:
+  """Suggestions for each context (in order) after each of its output positions.
+
+  Contexts are sorted by length and decoded `batch_rows` at a time, each batch padded to its
+  longest context: the models are causal over queries, so trailing padding queries change no
+  earlier position. `positions` 'last' decodes only each context's last query, 'all' every
+  position (first_output onwards are kept).
+  """
+  dc = decode_config
+  n = trained.cfg.max_query_words
+  order = sorted(range(len(contexts)), key=lambda i: len(contexts[i].queries))
+  out: list[list[list[dict]] | None] = [None] * len(contexts)
+  for start in range(0, len(order), batch_rows):
+    group = order[start:start + batch_rows]
+    width = max(len(contexts[i].queries) for i in group)
+    queries, lengths = encode_contexts(trained.vocab, [contexts[i] for i in group], batch_rows,
+                                       width, n)
+    sequences, scores = decode.suggest(
+        trained.model, trained.params, queries, beam_size=dc.beam_size, max_len=dc.max_len,
+        length_penalty=dc.length_penalty, positions=positions,
+        lengths=lengths if positions == 'last' else None)
+    sequences, scores = np.asarray(sequences), np.asarray(scores)
+    for row, i in enumerate(group):
+      context = contexts[i]
+      kept = ([0] if positions == 'last'
+              else range(context.first_output, len(context.queries)))
+      out[i] = [suggestion_list(trained.vocab, sequences[row, p], scores[row, p], dc.top_k)
+                for p in kept]
+  return out
+
+
+def _records(context: Context, suggestions: list[list[dict]]) -> Iterator[dict]:
+  for t, ranked in zip(range(context.first_output, len(context.queries)), suggestions):
+    record = dict(context.info)
+    if context.references is not None:
+      record['position'] = context.first_position + t
+    record['context'] = list(context.queries[:t + 1])
+    if context.references is not None:
+      record['reference'] = context.references[t]
+    record['suggestions'] = ranked
+    yield record
+
+
+def _chunked(items: Iterable[Context], size: int) -> Iterator[list[Context]]:
+  chunk = []
+  for item in items:
+    chunk.append(item)
+    if len(chunk) == size:
+      yield chunk
+      chunk = []
+  if chunk:
+    yield chunk
+
+
+_COUNT_WORDS = {
+    'not_utf8_lines': 'lines that are not UTF-8 skipped',
+    'empty_lines': 'empty lines skipped',
+    'empty_queries': 'empty queries skipped',
+    'duplicate_queries': 'successive duplicate queries removed',
+    'oov_words': 'words outside the vocabulary became <unk>',
+    'long_queries': 'queries cut to {n} words',
+    'long_sessions': 'contexts cut to their last {s} queries',
+}
+
+
+def describe_counts(counts: dict, max_query_words: int, max_session_queries: int) -> str:
+  """The input changes in words, e.g. '3 empty lines skipped, 2 queries cut to 10 words'."""
+  parts = []
+  for key, words in _COUNT_WORDS.items():
+    parts.append(f'{counts.get(key, 0):,} '
+                 + words.format(n=max_query_words, s=max_session_queries))
+  for key in sorted(k for k in counts if k.startswith('skipped_')):
+    parts.append(f'{counts[key]:,} log lines skipped ({key[len("skipped_"):]})')
+  return ', '.join(parts)
+
+
+def _default_output(workdir: str, input_path: str) -> str:
+  name = os.path.basename(input_path)
+  for suffix in ('.gz', '.txt', '.tsv', '.jsonl'):
+    name = name.removesuffix(suffix)
+  return os.path.join(os.path.abspath(workdir), 'decode', f'{name}.suggestions.jsonl')
+
+
+def decode_file(config: ml_collections.ConfigDict, workdir: str) -> dict:
+  """Writes suggestions for every session of config.decode.input; returns the counts."""
+  dc = config.decode
+  if not dc.input:
+    raise DecodeInputError('config.decode.input is empty: pass --config.decode.input=FILE '
+                           '(one session a line, queries separated by tabs, or an AOL log)')
+  if not os.path.isfile(dc.input):
+    raise DecodeInputError(f'{dc.input}: no such decode input file')
+  input_format = detect_format(dc.input)
+  trained = inference.load_trained(config, workdir, which='best')
+  output = dc.output or _default_output(workdir, dc.input)
+  os.makedirs(os.path.dirname(os.path.abspath(output)), exist_ok=True)
+  reader = QueryReader(trained.vocab, trained.cfg.max_query_words,
+                       trained.cfg.max_session_queries)
+  chunk_size = CHUNK_BATCHES * dc.batch_sessions
+  if input_format == 'raw':
+    contexts = read_raw_log(dc.input, reader, config.data, chunk_sessions=chunk_size)
+    positions = 'all'
+  else:
+    contexts = read_sessions_file(dc.input, reader, strict=config.data.strict)
+    positions = 'last'
+  print(f'Decoding {dc.input} ({"AOL-format log" if input_format == "raw" else "sessions"}) '
+        f'with {trained.cfg.name} (checkpoint step {trained.step}), beam {dc.beam_size}, '
+        f'top {dc.top_k}.', flush=True)
+
+  started = last_log = time.time()
+  num_sessions = num_records = 0
+  with open(output, 'w', encoding='utf-8') as out:
+    for chunk in _chunked(contexts, chunk_size):
+      suggestions = decode_contexts(trained, chunk, positions=positions,
+                                    batch_rows=dc.batch_sessions, decode_config=dc)
+      for context, ranked in zip(chunk, suggestions):
+        for record in _records(context, ranked):
+          out.write(json.dumps(record, ensure_ascii=False) + '\n')
+          num_records += 1
+        num_sessions += context.first_position == 0
+      out.flush()
+      if time.time() - last_log >= PROGRESS_SECONDS:
+        last_log = time.time()
+        print(f'  {num_sessions:,} sessions done '
+              f'({num_sessions / (last_log - started):.1f} sessions/s)', flush=True)
+  elapsed = time.time() - started
+  counts = {'format': input_format, 'sessions': num_sessions, 'suggestion_points': num_records,
+            **{k: reader.counts.get(k, 0) for k in _COUNT_WORDS},
+            **{k: v for k, v in reader.counts.items() if k not in _COUNT_WORDS},
+            'seconds': round(elapsed, 3), 'output': os.path.abspath(output)}
+  print(f'Decoded {num_sessions:,} sessions ({num_records:,} suggestion points) in '
+        f'{elapsed:.1f} s ({num_sessions / max(elapsed, 1e-9):.1f} sessions/s) into {output}.')
+  print('Input changes: ' + describe_counts(counts, trained.cfg.max_query_words,
+                                            trained.cfg.max_session_queries) + '.')
+  print('Summary: ' + json.dumps(counts, sort_keys=True), flush=True)
+  return counts
+
+
+# ---------------------------------------------------------------------------------------------
+# Interactive
+
+
+def interactive(config: ml_collections.ConfigDict, workdir: str, stdin: TextIO = sys.stdin,
+                stdout: TextIO = sys.stdout) -> None:
+  """Suggestions after each query a person types; an empty line starts a new session.
+
+  Every context is padded to the model's query-position table, so there is one compilation
+  for the whole conversation (the models are causal over queries, so the padding changes
+  nothing).
+  """
+  dc = config.decode
+  trained = inference.load_trained(config, workdir, which='best')
+  cfg = trained.cfg
+  reader = QueryReader(trained.vocab, cfg.max_query_words, cfg.max_session_queries)
+  prompt = stdin.isatty()
+
+  def say(text: str = '') -> None:
+    stdout.write(text + '\n')
+    stdout.flush()
+
+  say(f'{cfg.name} (checkpoint step {trained.step}, {len(trained.vocab):,} words). Type a '
+      'query per line; an empty line starts a new session; end with Ctrl-D.')
+  session: list[str] = []
+  while True:
+    if prompt:
+      stdout.write('query> ')
+      stdout.flush()
+    line = stdin.readline()
+    if not line:
+      break
+    if not line.strip():
+      if session:
+        say('-- new session --')
+      session = []
+      continue
+    oov_before = reader.counts['oov_words']
+    session = (session + [reader.query(line)])[-cfg.max_session_queries:]
+    context = Context(tuple(session), first_output=len(session) - 1, info={})
+    queries, lengths = encode_contexts(trained.vocab, [context], 1, cfg.max_session_queries,
+                                       cfg.max_query_words)
+    sequences, scores = decode.suggest(
+        trained.model, trained.params, queries, beam_size=dc.beam_size, max_len=dc.max_len,
+        length_penalty=dc.length_penalty, positions='last', lengths=lengths)
+    ranked = suggestion_list(trained.vocab, np.asarray(sequences)[0, 0],
+                             np.asarray(scores)[0, 0], dc.top_k)
+    unknown = reader.counts['oov_words'] - oov_before
+    note = f' ({unknown} word(s) outside the vocabulary read as <unk>)' if unknown else ''
+    say(f'after {" | ".join(session)}{note}:')
+    for rank, suggestion in enumerate(ranked, 1):
+      say(f'  {rank}. {suggestion["query"]}  ({suggestion["score"]:.3f})')
+  say()

@@ -1,0 +1,247 @@
+"""The whole system through its command line, on tiny configs: train, evaluate, decode files
+(sessions and raw logs), interactive suggestions, the report, and the main job.
+
+Two trained workdirs are shared by every test of the module: MTN made by `--mode=all`, and
+the Transformer made by `--mode=train` then `--mode=eval` on two devices.
+"""
+
+import json
+import re
+
+import pytest
+
+from tests import cli
+
+pytestmark = pytest.mark.slow
+
+RUN = ('--config.train.num_epochs=2', '--config.decode.top_k=3')
+# Few session lengths, few batch shapes, few compilations: MTN sees sessions of 3 and 4
+# queries (two buckets), the Transformer only sessions of 3.
+MTN = ('--config.data.max_session_queries=4',)
+TRANSFORMER = ('--config.model.name=transformer', '--config.data.max_session_queries=3')
+BLEU_LINE = r'BLEU = \d+\.\d\d, \d+\.\d/\d+\.\d/\d+\.\d/\d+\.\d'
+
+
+@pytest.fixture(scope='module')
+def mtn_run(tmp_path_factory):
+  workdir = tmp_path_factory.mktemp('mtn')
+  return workdir, cli.run(workdir, *RUN, *MTN, mode='all')
+
+
+@pytest.fixture(scope='module')
+def transformer_run(tmp_path_factory):
+  workdir = tmp_path_factory.mktemp('transformer')
+  cli.run(workdir, *RUN, *TRANSFORMER, mode='train')
+  # Evaluated on two (simulated) devices; the main job re-evaluates it on one.
+  return workdir, cli.run(workdir, *RUN, *TRANSFORMER, mode='eval', devices=2)
+
+
+def vocabulary_words(workdir, count):
+  """`count` ordinary words of the run's vocabulary (after the special tokens)."""
+  words = json.loads((workdir / 'data' / 'vocab.json').read_text(encoding='utf-8'))['words']
+  return words[5:5 + count]
+
+
+def read_jsonl(path):
+  return [json.loads(line) for line in path.read_text(encoding='utf-8').splitlines()]
+
+
+def summary(stdout):
+  """The machine-readable summary line that decoding prints last."""
+  line = next(l for l in stdout.splitlines() if l.startswith('Summary: '))
+  return json.loads(line[len('Summary: '):])
+
+
+def assert_ranked(suggestions, top_k, vocabulary):
+  assert len(suggestions) == top_k
+  scores = [s['score'] for s in suggestions]
+  assert scores == sorted(scores, reverse=True)
+  assert len({s['query'] for s in suggestions}) == top_k  # beams are distinct
+  for s in suggestions:
+    assert set(s['query'].split()) <= vocabulary
+
+
+def test_main_job_prints_paths_and_writes_the_report(mtn_run):
+  workdir, result = mtn_run
+  out = result.stdout
+  for stage in ('== Preprocessing', '== Training', '== Evaluation', '== Report'):
+    assert stage in out
+  assert f'Checkpoints: {workdir / "checkpoints"}' in out
+  assert f'Results:     {workdir / "eval" / "results.json"}' in out
+  assert f'Report:      {workdir / "report" / "report.md"}' in out
+  assert 'Sample suggestions' in out and ' -> ' in out
+  results = json.loads((workdir / 'eval' / 'results.json').read_text())
+  stats = json.loads((workdir / 'data' / 'stats.json').read_text())
+  assert results['model'] == 'mtn' and results['pairs'] == stats['test']['pairs']
+  for key in ('model', 'repeat_previous', 'most_frequent_next'):
+    assert re.fullmatch(BLEU_LINE, results['scores'][key]['line'])
+    assert results['scores'][key]['line'] in out
+  assert f'{results["size_mb"]:.2f} MB (fp32)' in out
+  report_md = (workdir / 'report' / 'report.md').read_text(encoding='utf-8')
+  assert '| Model | Size (MB) | 1/2/3/4-gram | BLEU |' in report_md
+  assert f'| MTN | {results["size_mb"]:.1f} |' in report_md
+  assert '| Repeat previous query | - |' in report_md
+  assert (workdir / 'report' / 'bleu.png').read_bytes()[:4] == b'\x89PNG'
+
+
+def test_evaluation_samples_match_offline_decoding(mtn_run, tmp_path):
+  # The evaluation decodes every position of a session in one pass; offline decoding of
+  # the same prefixes, one context per line, must suggest the same queries with the same
+  # scores.
+  workdir, _ = mtn_run
+  samples = read_jsonl(workdir / 'eval' / 'samples.jsonl')
+  assert len(samples) == min(50, json.loads((workdir / 'eval' / 'results.json').read_text())[
+      'pairs'])
+  sessions_file = tmp_path / 'prefixes.tsv'
+  sessions_file.write_text(''.join('\t'.join(s['context']) + '\n' for s in samples),
+                           encoding='utf-8')
+  output = tmp_path / 'prefixes.jsonl'
+  cli.run(workdir, *RUN, *MTN, f'--config.decode.input={sessions_file}',
+          f'--config.decode.output={output}', mode='decode')
+  records = read_jsonl(output)
+  assert [r['context'] for r in records] == [s['context'] for s in samples]
+  for record, sample in zip(records, samples):
+    assert [s['query'] for s in record['suggestions']] == [
+        s['query'] for s in sample['suggestions']]
+    assert [s['score'] for s in record['suggestions']] == pytest.approx(
+        [s['score'] for s in sample['suggestions']], abs=1e-4)
+    assert sample['predicted'] == sample['suggestions'][0]['query']
+
+
+@pytest.fixture(params=['mtn', 'transformer'])
+def trained(request, mtn_run, transformer_run):
+  if request.param == 'mtn':
+    return mtn_run[0], MTN
+  return transformer_run[0], TRANSFORMER
+
+
+def test_decode_sessions_file_counts_and_ranks(trained, tmp_path):
+  workdir, overrides = trained
+  w = vocabulary_words(workdir, 5)
+  lines = [
+      f'{w[0]} {w[1]}\t{w[2]}',  # 1
+      '',  # 2: empty
+      f'{w[0]} zzqqunknown\t{w[1]}\t\t{w[3]}',  # 3: an OOV word and an empty query
+      ' '.join([w[0]] * 12),  # 4: 12 words, cut to 10
+      '\t'.join([w[4]] * 20),  # 5: 20 queries, the model's table holds 16
+      ' \t ',  # 6: blanks only
+  ]
+  input_file = tmp_path / 'sessions.tsv'
+  input_file.write_text('\n'.join(lines) + '\n', encoding='utf-8')
+  output = tmp_path / 'out' / 'suggestions.jsonl'
+  result = cli.run(workdir, *RUN, *overrides, f'--config.decode.input={input_file}',
+                   f'--config.decode.output={output}', mode='decode')
+  counts = summary(result.stdout)
+  assert {k: counts[k] for k in ('format', 'sessions', 'suggestion_points', 'empty_lines',
+                                 'empty_queries', 'oov_words', 'long_queries',
+                                 'long_sessions')} == {
+      'format': 'sessions', 'sessions': 4, 'suggestion_points': 4, 'empty_lines': 2,
+      'empty_queries': 1, 'oov_words': 1, 'long_queries': 1, 'long_sessions': 1}
+  assert '2 empty lines skipped' in result.stdout
+  assert '1 words outside the vocabulary became <unk>' in result.stdout
+  records = read_jsonl(output)
+  assert [(r['line'], r['context']) for r in records] == [
+      (1, [f'{w[0]} {w[1]}', w[2]]),
+      (3, [f'{w[0]} zzqqunknown', w[1], w[3]]),
+      (4, [' '.join([w[0]] * 10)]),
+      (5, [w[4]] * 16),
+  ]
+  vocabulary = set(json.loads((workdir / 'data' / 'vocab.json').read_text())['words'])
+  for record in records:
+    assert_ranked(record['suggestions'], 3, vocabulary)
+
+
+def test_decode_raw_log_suggests_after_every_query(mtn_run, tmp_path):
+  workdir, _ = mtn_run
+  w = vocabulary_words(workdir, 4)
+  log = tmp_path / 'log.tsv'
+  log.write_text(
+      'AnonID\tQuery\tQueryTime\tItemRank\tClickURL\n'
+      f'11\t{w[0]}\t2006-03-01 10:00:00\t\t\n'
+      f'11\t{w[0]}\t2006-03-01 10:00:20\t1\thttp://www.example.com\n'  # click repeat
+      f'11\t{w[1]} {w[2]}\t2006-03-01 10:03:00\t\t\n'
+      f'11\t{" ".join([w[3]] * 11)}\t2006-03-01 10:09:00\t\t\n'  # 11 words
+      f'12\t{w[2]}\t2006-03-02 08:00:00\t\t\n'
+      f'11\t{w[1]}\t2006-03-01 10:39:00\t\t\n',  # 30 minutes later: a new session
+      encoding='utf-8')
+  output = tmp_path / 'log.jsonl'
+  result = cli.run(workdir, *RUN, *MTN, f'--config.decode.input={log}',
+                   f'--config.decode.output={output}', mode='decode')
+  counts = summary(result.stdout)
+  assert counts['format'] == 'raw' and counts['sessions'] == 3
+  assert counts['duplicate_queries'] == 1 and counts['long_queries'] == 1
+  assert counts['skipped_header'] == 1 and counts['lines_read'] == 7
+  long_query = ' '.join([w[3]] * 10)
+  records = read_jsonl(output)
+  assert [(r['user'], r['session'], r['position'], r['context'], r['reference'])
+          for r in records] == [
+      (11, 0, 0, [w[0]], f'{w[1]} {w[2]}'),
+      (11, 0, 1, [w[0], f'{w[1]} {w[2]}'], long_query),
+      (11, 0, 2, [w[0], f'{w[1]} {w[2]}', long_query], None),
+      (11, 1, 0, [w[1]], None),
+      (12, 2, 0, [w[2]], None),
+  ]
+
+
+def test_interactive_suggestions_from_piped_stdin(mtn_run):
+  workdir, _ = mtn_run
+  w = vocabulary_words(workdir, 4)
+  typed = f'{w[0]}\n{w[1]} {w[2]}\n\n{w[3]} zzqqunknown\n'
+  result = cli.run(workdir, *RUN, *MTN, mode='suggest', stdin=typed)
+  heads = re.findall(r'^after (.*):$', result.stdout, re.M)
+  # The new session starts afresh and notes the unknown word.
+  assert heads == [w[0], f'{w[0]} | {w[1]} {w[2]}',
+                   f'{w[3]} zzqqunknown (1 word(s) outside the vocabulary read as <unk>)']
+  assert result.stdout.count('-- new session --') == 1
+  for block in re.split(r'^after .*:$', result.stdout, flags=re.M)[1:]:
+    scores = [float(s) for s in re.findall(r'^  \d\. .*  \((-?\d+\.\d+)\)$', block, re.M)]
+    assert len(scores) == 3 and scores == sorted(scores, reverse=True)
+
+
+def test_report_over_both_models(mtn_run, transformer_run, tmp_path):
+  (mtn_dir, _), (transformer_dir, eval_result) = mtn_run, transformer_run
+  assert re.search(r'Transformer\s+' + BLEU_LINE, eval_result.stdout)
+  out_dir = tmp_path / 'report'
+  cli.run(mtn_dir, *RUN, *MTN, f'--config.report.workdirs={mtn_dir},{transformer_dir}',
+          f'--config.report.output={out_dir}', mode='report')
+  text = (out_dir / 'report.md').read_text(encoding='utf-8')
+  transformer = json.loads((transformer_dir / 'eval' / 'results.json').read_text())
+  bleu = transformer['scores']['model']
+  assert (f'| Transformer | {transformer["size_mb"]:.1f} | '
+          + '/'.join(f'{p:.1f}' for p in bleu['precisions']) + f' | {bleu["bleu"]:.2f} |'
+          in text)
+  assert '| MTN |' in text and '## Sample suggestions: Transformer' in text
+  assert (out_dir / 'bleu.png').exists() and not (out_dir / 'layers.png').exists()
+
+
+def test_decode_refuses_a_checkpoint_of_another_model(mtn_run, tmp_path):
+  workdir, _ = mtn_run
+  input_file = tmp_path / 'one.tsv'
+  input_file.write_text('a\tb\n', encoding='utf-8')
+  result = cli.run(workdir, *RUN, *MTN, '--config.model.d_model=32',
+                   f'--config.decode.input={input_file}', mode='decode', check=False)
+  assert result.returncode == 1 and 'Traceback' not in result.stderr
+  assert 'holds another model' in result.stderr
+  assert 'model.d_model: checkpoint 16 vs config 32' in result.stderr
+
+
+def test_main_job_again_resumes_and_redoes_eval_and_report(transformer_run):
+  workdir, _ = transformer_run
+  before = json.loads((workdir / 'eval' / 'results.json').read_text())
+  samples_before = read_jsonl(workdir / 'eval' / 'samples.jsonl')
+  steps = [r['step'] for r in read_jsonl(workdir / 'metrics.jsonl') if r['kind'] == 'train']
+  result = cli.run(workdir, *RUN, *TRANSFORMER, mode='all')
+  assert 'Reusing the corpus' in result.stdout and 'Resuming from' in result.stdout
+  assert [r['step'] for r in read_jsonl(workdir / 'metrics.jsonl')
+          if r['kind'] == 'train'] == steps  # no step trained twice
+  assert (workdir / 'report' / 'report.md').exists()
+  # The evaluation on one device equals the one on two.
+  after = json.loads((workdir / 'eval' / 'results.json').read_text())
+  assert before['devices'] == '2 x cpu' and after['devices'] == '1 x cpu'
+  assert after['scores'] == before['scores'] and after['step'] == before['step']
+  samples_after = read_jsonl(workdir / 'eval' / 'samples.jsonl')
+  assert [(s['context'], s['predicted']) for s in samples_after] == [
+      (s['context'], s['predicted']) for s in samples_before]
+  for a, b in zip(samples_after, samples_before):
+    assert [s['score'] for s in a['suggestions']] == pytest.approx(
+        [s['score'] for s in b['suggestions']], abs=1e-4)

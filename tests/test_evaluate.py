@@ -1,0 +1,335 @@
+"""Evaluation, decode input and report pieces that need no trained model.
+
+Trivial suggesters on a hand-made split, decode-input reading (sessions files and raw AOL
+logs), and the report built from hand-written results files.
+"""
+
+import gzip
+import json
+
+import ml_collections
+import numpy as np
+import pytest
+
+from mtn_jax import evaluate
+from mtn_jax import report
+from mtn_jax import suggest
+from mtn_jax.data.sessions import SessionSplit
+from mtn_jax.data.vocab import SPECIAL_TOKENS, UNK_ID, Vocab
+
+
+def make_split(tmp_path, name, sessions):
+  """A SessionSplit whose raw texts are `sessions` (lists of query texts); ids unused."""
+  texts = [q for s in sessions for q in s]
+  path = tmp_path / f'{name}.queries.txt'
+  path.write_text(''.join(t + '\n' for t in texts), encoding='utf-8')
+  starts = np.cumsum([0] + [len(s) for s in sessions])
+  return SessionSplit(name, np.zeros((len(texts), 4), np.int32), starts, str(path))
+
+
+# ---------------------------------------------------------------------------------------------
+# Pairs and trivial suggesters
+
+
+TRAIN = [
+    ['a', 'b', 'c'],  # a -> b, b -> c
+    ['a', 'c'],  # a -> c
+    ['b', 'a', 'b'],  # b -> a, a -> b
+    ['a', 'c', 'z'],  # a -> c, c -> z; z ends a session...
+    ['w', 'd'],  # ...so z -> w must not be counted
+    ['d', 'e'],
+    ['d', 'e'],
+    ['d', 'f'],
+]
+TEST = [['a', 'x'], ['b', 'z', 'q'], ['d', 'n', 'o', 'p']]
+
+
+def test_pair_texts_and_positions(tmp_path):
+  test = make_split(tmp_path, 'test', TEST)
+  session, position = evaluate.pair_session_positions(test)
+  assert session.tolist() == [0, 1, 1, 2, 2, 2]
+  assert position.tolist() == [0, 0, 1, 0, 1, 2]
+  previous, following = evaluate.pair_texts(test)
+  assert previous == ['a', 'b', 'z', 'd', 'n', 'o']
+  assert following == ['x', 'z', 'q', 'n', 'o', 'p']
+
+
+def test_trivial_suggesters_exact_candidates(tmp_path):
+  train = make_split(tmp_path, 'train', TRAIN)
+  test = make_split(tmp_path, 'test', TEST)
+  previous, _ = evaluate.pair_texts(test)
+  assert evaluate.repeat_previous(previous) == previous
+  # a: b 2x, c 2x -> tie, b seen first. b: c 1x, a 1x -> c seen first. z: only followed by
+  # w across a session boundary -> repeated. d: e 2x beats f. n, o: never seen -> repeated.
+  assert evaluate.most_frequent_next(train, previous) == ['b', 'c', 'z', 'e', 'n', 'o']
+
+
+def test_most_frequent_next_reads_only_the_split_rows(tmp_path):
+  # A prefix split's text file holds more rows than the split: they must not count.
+  full = make_split(tmp_path, 'train', [['a', 'b'], ['a', 'c'], ['a', 'c']])
+  prefix = evaluate.prefix_split(full, 1)
+  assert prefix.num_sessions == 1 and prefix.texts == ['a', 'b']
+  assert evaluate.most_frequent_next(prefix, ['a']) == ['b']
+  assert evaluate.most_frequent_next(full, ['a']) == ['c']
+
+
+def test_score_entry_holds_the_printed_line():
+  from mtn_jax import metrics  # pylint: disable=g-import-not-at-top
+  entry = evaluate.score_entry(metrics.bleu(['a b c d'], ['a b c d']))
+  assert entry['line'] == 'BLEU = 100.00, 100.0/100.0/100.0/100.0'
+  assert entry['precisions'] == [100.0] * 4 and entry['hyp_len'] == entry['ref_len'] == 4
+
+
+# ---------------------------------------------------------------------------------------------
+# Decode input
+
+
+VOCAB = Vocab(SPECIAL_TOKENS + ('cheap', 'flights', 'boston', 'hotels', 'red', 'sox'))
+
+
+def make_reader(max_query_words=3, max_session_queries=3):
+  return suggest.QueryReader(VOCAB, max_query_words, max_session_queries)
+
+
+def test_session_lines_tabs_empty_oov_and_long(tmp_path):
+  path = tmp_path / 'sessions.tsv'
+  path.write_bytes(
+      b'cheap flights\tboston\n'  # line 1
+      b'\n'  # 2: empty
+      b'  \t \r\n'  # 3: only blanks
+      b'red  sox\t\tcheap flights to boston now\r\n'  # 4: an empty query, a long one, 3 OOV
+      b'a\tb\tc\td\te\n'  # 5: longer than the 3-query table, 5 OOV of which 3 kept
+      b'hotels')  # 6: no final newline
+  reader = make_reader()
+  contexts = list(suggest.read_sessions_file(str(path), reader, strict=False))
+  assert [(c.info['line'], c.queries, c.first_output) for c in contexts] == [
+      (1, ('cheap flights', 'boston'), 1),
+      (4, ('red sox', 'cheap flights to'), 1),
+      (5, ('c', 'd', 'e'), 2),
+      (6, ('hotels',), 0),
+  ]
+  assert dict(reader.counts) == {'empty_lines': 2, 'empty_queries': 1, 'long_queries': 1,
+                                 'long_sessions': 1, 'oov_words': 1 + 3}
+
+
+def test_sessions_file_gzip_and_not_utf8(tmp_path):
+  path = tmp_path / 'sessions.tsv.gz'
+  with gzip.open(path, 'wb') as f:
+    f.write(b'boston\thotels\n\xff\xfe broken\nred sox\n')
+  reader = make_reader()
+  contexts = list(suggest.read_sessions_file(str(path), reader, strict=False))
+  assert [c.queries for c in contexts] == [('boston', 'hotels'), ('red sox',)]
+  assert reader.counts['not_utf8_lines'] == 1
+  with pytest.raises(suggest.DecodeInputError, match=r'sessions.tsv.gz:2: not valid UTF-8'):
+    list(suggest.read_sessions_file(str(path), make_reader(), strict=True))
+
+
+RAW_HEADER = 'AnonID\tQuery\tQueryTime\tItemRank\tClickURL\n'
+
+
+@pytest.mark.parametrize('first_line, expected', [
+    (RAW_HEADER, 'raw'),
+    ('142\tcheap flights\t2006-03-01 07:17:12\t1\thttp://x.com\n', 'raw'),
+    ('142\tcheap flights\t2006-03-01 07:17:12\n', 'raw'),
+    ('cheap flights\tboston\thotels\n', 'sessions'),
+    ('142\tcheap flights\tyesterday\n', 'sessions'),
+    ('cheap flights\n', 'sessions'),
+])
+def test_detect_format(tmp_path, first_line, expected):
+  path = tmp_path / 'input.txt'
+  path.write_text('\n\n' + first_line + 'more\n', encoding='utf-8')
+  assert suggest.detect_format(str(path)) == expected
+
+
+def test_detect_format_refuses_an_empty_file(tmp_path):
+  path = tmp_path / 'empty.txt'
+  path.write_text('\n \n', encoding='utf-8')
+  with pytest.raises(suggest.DecodeInputError, match='empty.txt: no session to decode'):
+    suggest.detect_format(str(path))
+
+
+def data_config(gap=30.0):
+  return ml_collections.ConfigDict({'session_gap_minutes': gap, 'strict': False})
+
+
+def test_raw_log_is_sessionized_with_references(tmp_path):
+  path = tmp_path / 'log.txt'
+  path.write_text(
+      RAW_HEADER
+      + '7\tcheap flights\t2006-03-01 10:00:00\t\t\n'
+      + '7\tcheap flights\t2006-03-01 10:00:30\t1\thttp://a.com\n'  # click repeat
+      + '7\tflights  to boston now\t2006-03-01 10:05:00\t\t\n'  # long: cut to 3 words
+      + '9\tred sox\t2006-03-01 09:00:00\n'
+      + '7\thotels boston\t2006-03-01 10:35:00\t\t\n'  # 30:00 after the last: new session
+      + '7\t-\t2006-03-01 10:36:00\t\t\n',  # the log's empty-query placeholder
+      encoding='utf-8')
+  reader = make_reader()
+  contexts = list(suggest.read_raw_log(str(path), reader, data_config(), chunk_sessions=2))
+  assert [(c.info, c.queries, c.references, c.first_output) for c in contexts] == [
+      ({'user': 7, 'session': 0}, ('cheap flights', 'flights to boston'),
+       ('flights to boston', None), 0),
+      ({'user': 7, 'session': 1}, ('hotels boston',), (None,), 0),
+      ({'user': 9, 'session': 2}, ('red sox',), (None,), 0),
+  ]
+  assert reader.counts['duplicate_queries'] == 1
+  assert reader.counts['long_queries'] == 1
+  assert reader.counts['skipped_header'] == 1 and reader.counts['skipped_empty_query'] == 1
+  assert reader.counts['lines_read'] == 7
+
+
+def test_raw_session_longer_than_the_table_keeps_its_last_queries():
+  reader = make_reader(max_session_queries=2)
+  contexts = reader.raw_session(['boston', 'hotels', 'red', 'sox'], {'session': 0})
+  assert [(c.queries, c.first_output, c.first_position, c.references) for c in contexts] == [
+      (('boston', 'hotels'), 0, 0, ('hotels', 'red')),
+      (('hotels', 'red'), 1, 1, ('red', 'sox')),
+      (('red', 'sox'), 1, 2, ('sox', None)),
+  ]
+  assert reader.counts['long_sessions'] == 1
+  # Each suggestion point is written once, with the context the model saw.
+  records = [r for c in contexts
+             for r in suggest._records(c, [[]] * (len(c.queries) - c.first_output))]
+  assert [(r['position'], r['context'], r['reference']) for r in records] == [
+      (0, ['boston'], 'hotels'), (1, ['boston', 'hotels'], 'red'),
+      (2, ['hotels', 'red'], 'sox'), (3, ['red', 'sox'], None)]
+
+
+def test_encode_contexts_pads_queries_and_rows():
+  contexts = [suggest.Context(('cheap flights', 'zzz'), 1, {}),
+              suggest.Context(('boston',), 0, {})]
+  queries, lengths = suggest.encode_contexts(VOCAB, contexts, rows=3, width=2,
+                                             max_query_words=3)
+  ids = {w: VOCAB.id(w) for w in ('cheap', 'flights', 'boston')}
+  np.testing.assert_array_equal(queries, [
+      [[ids['cheap'], ids['flights'], 0], [UNK_ID, 0, 0]],
+      [[ids['boston'], 0, 0], [0, 0, 0]],
+      [[0, 0, 0], [0, 0, 0]]])
+  assert lengths.tolist() == [2, 1, 1]
+
+
+def test_suggestion_list_keeps_top_k_and_drops_empty_slots():
+  sequences = np.array([[VOCAB.id('red'), VOCAB.id('sox'), 3, 0],
+                        [VOCAB.id('boston'), 3, 0, 0],
+                        [3, 0, 0, 0],
+                        [0, 0, 0, 0]])
+  scores = np.array([-0.5, -1.0, -2.0, -np.inf], np.float32)
+  assert suggest.suggestion_list(VOCAB, sequences, scores, top_k=2) == [
+      {'query': 'red sox', 'score': -0.5}, {'query': 'boston', 'score': -1.0}]
+  assert [s['query'] for s in suggest.suggestion_list(VOCAB, sequences, scores, 4)] == [
+      'red sox', 'boston', '']
+
+
+def test_describe_counts():
+  text = suggest.describe_counts({'empty_lines': 2, 'long_queries': 1,
+                                  'skipped_bad_time': 3}, 10, 16)
+  assert '2 empty lines skipped' in text and '1 queries cut to 10 words' in text
+  assert '0 contexts cut to their last 16 queries' in text
+  assert text.endswith('3 log lines skipped (bad_time)')
+
+
+# ---------------------------------------------------------------------------------------------
+# Report
+
+
+def score(bleu, precisions):
+  line = f'BLEU = {bleu:.2f}, ' + '/'.join(f'{p:.1f}' for p in precisions)
+  return {'bleu': bleu, 'precisions': list(precisions), 'bp': 1.0, 'hyp_len': 10,
+          'ref_len': 10, 'line': line}
+
+
+def model_config(query_layers, session_layers, decoder_layers):
+  return {'query_layers': query_layers, 'session_layers': session_layers, 'num_levels': 2,
+          'decoder_layers': decoder_layers}
+
+
+def write_run(tmp_path, name, model, layers, bleu, precisions, size_mb=12.345, sessions=500):
+  workdir = tmp_path / name
+  (workdir / 'eval').mkdir(parents=True)
+  results = {
+      'model': model, 'model_config': model_config(*layers), 'size_mb': size_mb, 'step': 40,
+      'pairs': 1234, 'sessions': sessions, 'test_sessions_total': 500,
+      'decode': {'beam_size': 5},
+      'scores': {'model': score(bleu, precisions),
+                 'repeat_previous': score(11.89, (25.2, 14.8, 9.2, 6.2)),
+                 'most_frequent_next': score(9.5, (20.0, 10.0, 5.0, 2.5))}}
+  (workdir / 'eval' / 'results.json').write_text(json.dumps(results), encoding='utf-8')
+  samples = [{'context': ['www myspace', 'myspace'], 'predicted': 'www myspace com',
+              'actual': 'a|b <unk>', 'suggestions': []}]
+  (workdir / 'eval' / 'samples.jsonl').write_text(
+      ''.join(json.dumps(s) + '\n' for s in samples), encoding='utf-8')
+  return str(workdir)
+
+
+def test_layer_labels():
+  assert report.layer_label('transformer', model_config(4, 0, 4)) == (
+      'Transformer (4Q enc, 4 dec)')
+  assert report.layer_label('mtn', model_config(3, 2, 3)) == 'MTN (3Q+2S, 3)'
+  assert report.layer_label('mtn', {**model_config(3, 2, 3), 'num_levels': 3}) == (
+      'MTN (3Q+2S+2S, 3)')
+  assert report.layer_label('hred', model_config(3, 2, 3)) == 'H-LSTM'
+
+
+def test_results_table_text(tmp_path):
+  runs = [report.load_run(write_run(tmp_path, 'mtn', 'mtn', (3, 2, 3), 14.62,
+                                    (35.7, 21.5, 14.9, 10.2), size_mb=407.0)),
+          report.load_run(write_run(tmp_path, 't', 'transformer', (4, 0, 4), 13.9,
+                                    (34.2, 19.6, 13.1, 8.9), size_mb=419.04, sessions=450))]
+  mtn_dir, t_dir = runs[0].workdir, runs[1].workdir
+  assert report.results_table(runs) == '\n'.join([
+      '| Model | Size (MB) | 1/2/3/4-gram | BLEU | Test pairs | Workdir |',
+      '|---|---:|---|---:|---:|---|',
+      f'| MTN | 407.0 | 35.7/21.5/14.9/10.2 | 14.62 | 1,234 | `{mtn_dir}` |',
+      f'| Transformer | 419.0 | 34.2/19.6/13.1/8.9 | 13.90 | '
+      f'1,234 (first 450 of 500 sessions) | `{t_dir}` |',
+      f'| Repeat previous query | - | 25.2/14.8/9.2/6.2 | 11.89 | 1,234 | `{mtn_dir}` |',
+      f'| Most frequent next query (train) | - | 20.0/10.0/5.0/2.5 | 9.50 | 1,234 | `{mtn_dir}` |',
+      f'| Repeat previous query | - | 25.2/14.8/9.2/6.2 | 11.89 | '
+      f'1,234 (first 450 of 500 sessions) | `{t_dir}` |',
+      f'| Most frequent next query (train) | - | 20.0/10.0/5.0/2.5 | 9.50 | '
+      f'1,234 (first 450 of 500 sessions) | `{t_dir}` |',
+  ])
+
+
+def test_report_with_depth_variants_has_the_ablation_and_samples(tmp_path):
+  workdirs = [write_run(tmp_path, 'mtn', 'mtn', (3, 2, 3), 14.62, (35.7, 21.5, 14.9, 10.2)),
+              write_run(tmp_path, 't4', 'transformer', (4, 0, 4), 13.90, (34.2, 19.6, 13.1, 8.9)),
+              write_run(tmp_path, 't5', 'transformer', (5, 0, 5), 13.89, (34.0, 19.5, 13.0, 8.8))]
+  config = ml_collections.ConfigDict({'report': {'workdirs': ','.join(workdirs),
+                                                 'output': str(tmp_path / 'out')}})
+  path = report.write_report(config, str(tmp_path / 'mtn'))
+  assert path == str(tmp_path / 'out' / 'report.md')
+  text = (tmp_path / 'out' / 'report.md').read_text(encoding='utf-8')
+  # Two Transformers: their rows are told apart by their layers.
+  assert '| Transformer (4Q enc, 4 dec) | 12.3 | 34.2/19.6/13.1/8.9 | 13.90 |' in text
+  assert '| Transformer (5Q enc, 5 dec) | 12.3 | 34.0/19.5/13.0/8.8 | 13.89 |' in text
+  assert '| MTN | 12.3 |' in text
+  assert '## Layer ablation' in text and '![BLEU per layer layout](layers.png)' in text
+  # Table-5 samples, with <unk> and | escaped so that Markdown shows them.
+  assert '| www myspace, myspace | www myspace com | a\\|b &lt;unk&gt; |' in text
+  for png in ('bleu.png', 'layers.png'):
+    assert (tmp_path / 'out' / png).read_bytes()[:8] == b'\x89PNG\r\n\x1a\n'
+
+
+def test_report_without_depth_variants_has_no_ablation(tmp_path):
+  workdirs = [write_run(tmp_path, 'mtn', 'mtn', (3, 2, 3), 14.62, (35.7, 21.5, 14.9, 10.2)),
+              write_run(tmp_path, 't', 'transformer', (4, 0, 4), 13.9, (34.2, 19.6, 13.1, 8.9))]
+  config = ml_collections.ConfigDict({'report': {'workdirs': '', 'output': ''}})
+  report.write_report(config, str(tmp_path / 'mtn'), workdirs=workdirs)
+  out = tmp_path / 'mtn' / 'report'
+  assert (out / 'bleu.png').exists() and not (out / 'layers.png').exists()
+  assert 'Layer ablation' not in (out / 'report.md').read_text(encoding='utf-8')
+
+
+def test_report_refuses_missing_and_unevaluated_workdirs(tmp_path):
+  (tmp_path / 'trained').mkdir()
+  with pytest.raises(report.ReportError, match=r'nowhere does not exist'):
+    report.load_run(str(tmp_path / 'nowhere'))
+  with pytest.raises(report.ReportError, match=r'trained has not been evaluated'):
+    report.load_run(str(tmp_path / 'trained'))
+  broken = write_run(tmp_path, 'broken', 'mtn', (3, 2, 3), 1.0, (1.0, 1.0, 1.0, 1.0))
+  results_path = tmp_path / 'broken' / 'eval' / 'results.json'
+  results = json.loads(results_path.read_text())
+  del results['scores']['repeat_previous']['line']
+  results_path.write_text(json.dumps(results))
+  with pytest.raises(report.ReportError, match=r'lacks scores.repeat_previous.line'):
+    report.load_run(broken)
