@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import tempfile
 
 from tests.conftest import REPO  # re-exported for tests
 
@@ -36,6 +37,11 @@ def command(workdir, *overrides, mode: str = 'train', config: str = 'configs/dem
 def env(devices: int = 1) -> dict[str, str]:
   e = dict(os.environ, PYTHONUNBUFFERED='1', JAX_PLATFORMS='cpu')
   e['XLA_FLAGS'] = f'--xla_force_host_platform_device_count={devices}'
+  # The CLI runs of one test session compile the same tiny programs again and again: a
+  # persistent compilation cache shares them between the subprocesses.
+  e.setdefault('JAX_COMPILATION_CACHE_DIR', os.path.join(tempfile.gettempdir(),
+                                                         'mtn_jax-test-compilation-cache'))
+  e.setdefault('JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS', '0.2')
   return e
 
 
