@@ -44,7 +44,6 @@ import itertools
 import math
 import os
 import re
-from collections.abc import Collection
 
 import numpy as np
 
@@ -81,10 +80,9 @@ class _Family:
   popularity: float = 1.0
 
   @property
-  def generics(self) -> tuple[str, ...]:
-    """Facet words that make sense alone ("reviews" of "{} reviews")."""
-    return tuple(f[3:] for f in self.facets
-                 if f.startswith('{} ') and len(f.split()) <= 3)
+  def generic_facets(self) -> tuple[str, ...]:
+    """Facets whose words make sense alone ("reviews" of "{} reviews")."""
+    return tuple(f for f in self.facets if f.startswith('{} ') and len(f.split()) <= 3)
 
 
 _FAMILIES: dict[str, _Family] = {
@@ -430,22 +428,92 @@ def _generalise(intent: _Intent) -> _Intent | None:
   return None
 
 
-def _next_facet(draws: _Draws, intent: _Intent) -> _Intent:
-  """The family's next facet in its listed order (mostly), so facet tours are learnable."""
+def _facet_index(intent: _Intent) -> int:
+  """The intent's place in its family's facet order; -1 for a facet outside it (bare)."""
   facets = intent.family.facets
-  if intent.facet in facets and draws.chance(0.75):
-    facet = facets[(facets.index(intent.facet) + 1) % len(facets)]
-  else:
-    facet = draws.pick([f for f in facets if f != intent.facet])
-  return dataclasses.replace(intent, facet=facet)
+  return facets.index(intent.facet) if intent.facet in facets else -1
 
 
-def _sibling(draws: _Draws, intent: _Intent, used: Collection[str] = ()) -> _Intent:
-  """The same query about another entity of the family, unused in the session if possible."""
-  options = [e for e in intent.family.entities if e != intent.entity and e not in used]
+def _fits(intent: _Intent) -> bool:
+  """A modifier in front of a clause ("cheap how to ...") reads wrongly; leave room for one
+  more word, which a misspelling-free query may still gain from a long-query wrapping."""
+  if intent.before and intent.facet.split()[0] in _CLAUSE_OPENERS:
+    return False
+  return _word_count(intent.text) <= _MAX_QUERY_WORDS - 1
+
+
+def _with_facet(intent: _Intent, facet: str) -> _Intent:
+  """The intent under another facet, its modifiers kept where they still fit."""
+  moved = dataclasses.replace(intent, facet=facet)
+  return moved if _fits(moved) else dataclasses.replace(moved, before='', after='')
+
+
+def _next_facet(intent: _Intent) -> _Intent:
+  """The family's next facet in its listed order; the bare entity goes to the first one."""
+  facets = intent.family.facets
+  return _with_facet(intent, facets[(_facet_index(intent) + 1) % len(facets)])
+
+
+def _shifted_entity(intent: _Intent, offset: int) -> _Intent:
+  """The same query about the entity `offset` places on in the family's listed order."""
+  entities = intent.family.entities
+  return dataclasses.replace(
+      intent, entity=entities[(entities.index(intent.entity) + offset) % len(entities)])
+
+
+def _canonical_modifier(intent: _Intent) -> _Intent | None:
+  """The intent with its facet's own modifier added: the family's modifiers (front ones,
+  then back ones) taken in facet order, so "honda civic prices" always becomes "used honda
+  civic prices". None when no modifier fits."""
+  words = set(intent.text.split())
+  options = [dataclasses.replace(intent, before=m) for m in intent.family.before]
+  options += [dataclasses.replace(intent, after=m) for m in intent.family.after]
+  options = [o for o in options
+             if _fits(o) and not words & set((o.before or o.after).split())]
   if not options:
-    options = [e for e in intent.family.entities if e != intent.entity]
-  return dataclasses.replace(intent, entity=draws.pick(options))
+    return None
+  return options[max(_facet_index(intent), 0) % len(options)]
+
+
+def _refinement_step(intent: _Intent) -> _Intent:
+  """One step along the family's refinement path, a function of the query alone.
+
+  Facets come in their listed order; at each odd-numbered facet the user adds that facet's
+  modifier, carries it to the next facet and drops it there:
+  "honda civic" -> "honda civic reviews" -> "honda civic prices" -> "used honda civic prices"
+  -> "used honda civic for sale" -> "honda civic for sale" -> "honda civic parts" -> ...
+  """
+  index = _facet_index(intent)
+  modified = bool(intent.before or intent.after)
+  if index < 0 or index % 2 == 0:
+    return dataclasses.replace(intent, before='', after='') if modified else _next_facet(intent)
+  if modified:
+    return _next_facet(intent)
+  return _canonical_modifier(intent) or _next_facet(intent)
+
+
+def _random_sibling(draws: _Draws, intent: _Intent) -> _Intent:
+  return dataclasses.replace(
+      intent, entity=draws.pick([e for e in intent.family.entities if e != intent.entity]))
+
+
+def _random_facet(draws: _Draws, intent: _Intent) -> _Intent:
+  return _with_facet(intent, draws.pick([f for f in intent.family.facets if f != intent.facet]))
+
+
+def _deviation(draws: _Draws, intent: _Intent) -> _Intent:
+  """What a user asks instead of the planned query: another sibling or facet, a modifier of
+  their own, or less; the planned query itself when the drawn move does not apply."""
+  roll = draws.uniform()
+  if roll < 0.3:
+    candidate = _random_sibling(draws, intent)
+  elif roll < 0.6:
+    candidate = _random_facet(draws, intent)
+  elif roll < 0.85:
+    candidate = _specialise(draws, intent)
+  else:
+    candidate = _generalise(intent)
+  return candidate or intent
 
 
 def _misspell(draws: _Draws, query: str) -> str | None:
@@ -478,10 +546,11 @@ def _site(draws: _Draws, intent: _Intent) -> str:
   return intent.entity if family.entity_sites else draws.pick(family.sites)
 
 
-def _navigation_url(draws: _Draws, site: str) -> str:
-  """The address a user types for a site: "www.delta.com" or "delta.com"."""
+def _navigation_url(site: str) -> str:
+  """The address users type for a site: "www.delta.com", or the host as it is where it has
+  a name of its own ("maps.google.com")."""
   domain = _site_domain(site)
-  return 'www.' + domain if draws.chance(0.6) and domain.count('.') == 1 else domain
+  return 'www.' + domain if domain.count('.') == 1 else domain
 
 
 _POPULARITY_CUMULATIVE = _cumulative(f.popularity for f in _FAMILIES.values())
@@ -523,83 +592,84 @@ def _new_user(draws: _Draws, user_id: int) -> _User:
                favourites)
 
 
-_REFINE_MOVES = ('specialise', 'generalise', 'facet', 'sibling')
-_REFINE_CUMULATIVE = _cumulative((0.45, 0.2, 0.25, 0.1))
+# How often a user asks something else than the query their session's plan says next.
+_DEVIATION_CHANCE = 0.25
+
+
+def _asked(draws: _Draws, planned: _Intent) -> _Intent:
+  return _deviation(draws, planned) if draws.chance(_DEVIATION_CHANCE) else planned
 
 
 def _refine(draws: _Draws, intent: _Intent, length: int) -> list[str]:
-  """Mostly Markov reformulation: specialise, generalise, switch facet, or swap entity."""
-  queries = [intent.text]
+  """Along the family's refinement path from the opening query, and on from any deviation."""
+  queries, current = [intent.text], intent
   while len(queries) < length:
-    move = draws.pick_weighted(_REFINE_MOVES, _REFINE_CUMULATIVE)
-    if move == 'specialise':
-      candidate = _specialise(draws, intent)
-    elif move == 'generalise':
-      candidate = _generalise(intent)
-    elif move == 'facet':
-      candidate = _next_facet(draws, intent)
-    else:
-      candidate = _sibling(draws, intent)
-    if candidate is not None and candidate.text != queries[-1]:
-      intent = candidate
-      queries.append(intent.text)
+    current = _asked(draws, _refinement_step(current))
+    queries.append(current.text)
+  return queries
+
+
+def _entity_tour(draws: _Draws, intent: _Intent, length: int,
+                 offsets: tuple[int, ...]) -> list[str]:
+  """The opening query, then the same query about the entities `offsets[1:]` places on in
+  the family's order; back to the first entity under the next facet, and round again."""
+  queries, anchor = [intent.text], intent
+  while len(queries) < length:
+    step = len(queries) % len(offsets)
+    if step == 0:
+      anchor = _next_facet(anchor)
+    queries.append(_asked(draws, _shifted_entity(anchor, offsets[step])).text)
   return queries
 
 
 def _compare(draws: _Draws, intent: _Intent, length: int) -> list[str]:
-  """The 1->2 entity substitution repeats; at the end, often back to the first entity."""
-  returns = int(length >= 3 and draws.chance(0.6))
-  queries, used = [intent.text], {intent.entity}
-  current = intent
-  while len(queries) < length - returns:
-    current = _sibling(draws, current, used)
-    used.add(current.entity)
-    queries.append(current.text)
-  if returns:
-    queries.append(intent.text if draws.chance(0.5) else _next_facet(draws, intent).text)
-  return queries
+  """Compares the first entity with the next two of its family, facet after facet."""
+  return _entity_tour(draws, intent, length, (0, 1, 2))
 
 
 def _detour(draws: _Draws, intent: _Intent, length: int) -> list[str]:
-  """Glances at a sibling, then back to the first entity under the next facet; repeated."""
-  queries, used = [intent.text], {intent.entity}
-  anchor = intent
-  while len(queries) < length:
-    glance = _sibling(draws, anchor, used)
-    used.add(glance.entity)
-    queries.append(glance.text)
-    if len(queries) < length:
-      anchor = _next_facet(draws, anchor)
-      queries.append(anchor.text)
-  return queries
+  """Glances at the entity listed before the first one, then returns to the first entity
+  under the next facet ("honda accord reviews" -> "honda civic reviews" -> "honda accord
+  prices" -> ...)."""
+  return _entity_tour(draws, intent, length, (0, -1))
 
 
 def _generic(draws: _Draws, intent: _Intent, length: int) -> list[str]:
-  """A bare facet word ("reviews") answered by the same facet for the first entity."""
-  generics = [g for g in intent.family.generics if '{} ' + g != intent.facet]
-  if length < 3 or not generics:
-    return _detour(draws, intent, length)
-  first = intent if draws.chance(0.5) else dataclasses.replace(intent, facet='{}')
-  queries, used = [first.text], {first.entity}
-  if (length - 1) % 2:
-    detour = _sibling(draws, first, used)
-    queries.append(detour.text)
+  """A bare facet word ("reviews") answered by that facet for the first query's entity;
+  the words follow the family's facet order from the first query's facet on."""
+  facets = intent.family.generic_facets
+  if not facets:
+    return _refine(draws, intent, length)
+  if intent.facet in facets and draws.chance(0.5):
+    first = intent
+  else:
+    first = dataclasses.replace(intent, facet='{}')
+  queries = [first.text]
+  index = facets.index(first.facet) if first.facet in facets else -1
   while len(queries) < length:
-    generic = draws.pick(generics)
-    generics = [g for g in generics if g != generic] or generics
-    queries += [generic, dataclasses.replace(first, facet='{} ' + generic).text]
-  return queries
+    index = (index + 1) % len(facets)
+    queries.append(facets[index][3:])
+    queries.append(_asked(draws, dataclasses.replace(first, facet=facets[index])).text)
+  return queries[:length]
 
 
 def _navigate(draws: _Draws, intent: _Intent, length: int) -> list[str]:
-  """From a site's name to its address, then on into the family's queries."""
-  site = _site(draws, intent)
-  queries = [site, _navigation_url(draws, site)]
-  follow = intent
-  if follow.text in queries:
-    follow = _next_facet(draws, follow)
-  if length > 2:
-    queries += _refine(draws, follow, length - 2)
+  """From a site's name to its address; then along the refinement path when the site is the
+  entity itself (banks, stores, portals), else on to the family's next site."""
+  family = intent.family
+  if family.entity_sites:
+    queries = [intent.entity, _navigation_url(intent.entity)]
+    current = dataclasses.replace(intent, facet='{}')
+    while len(queries) < length:
+      current = _asked(draws, _refinement_step(current))
+      queries.append(current.text)
+    return queries[:length]
+  index = draws.below(len(family.sites))
+  queries = []
+  while len(queries) < length:
+    site = family.sites[index % len(family.sites)]
+    queries += [site, _navigation_url(site)]
+    index += 1
   return queries[:length]
 
 
@@ -608,7 +678,7 @@ def _single(draws: _Draws, intent: _Intent) -> str:
   roll = draws.uniform()
   if roll < 0.3:
     site = _site(draws, intent)
-    return site if draws.chance(0.5) else _navigation_url(draws, site)
+    return site if draws.chance(0.5) else _navigation_url(site)
   if roll < 0.45:
     return intent.entity
   refined = _specialise(draws, intent) if draws.chance(0.3) else None
@@ -619,7 +689,17 @@ def _single(draws: _Draws, intent: _Intent) -> str:
 _SESSION_LENGTH_CUMULATIVE = _cumulative(
     (0.26, 0.16, 0.16, 0.13, 0.1, 0.06, 0.05, 0.04, 0.02, 0.02))
 _SCRIPTS = (_refine, _compare, _detour, _generic, _navigate)
-_SCRIPT_CUMULATIVE = _cumulative((0.22, 0.2, 0.2, 0.2, 0.1))
+_SCRIPT_CUMULATIVE = _cumulative((0.3, 0.2, 0.2, 0.2, 0.1))
+# The script a family's sessions mostly follow (refine where none is named), so that the
+# opening query already says much of where the session goes.
+_HABITS = {_FAMILIES[name]: script for name, script in (
+    ('weather', _compare), ('places', _detour), ('jobs', _compare), ('cars', _compare),
+    ('sports', _detour), ('health', _generic), ('movies', _generic), ('music', _detour),
+    ('tv', _generic), ('celebrities', _detour), ('electronics', _compare),
+    ('stores', _navigate), ('banks', _navigate), ('portals', _navigate), ('news', _navigate),
+    ('colleges', _compare), ('games', _detour), ('software', _generic),
+    ('insurance', _compare))}
+_HABIT_CHANCE = 0.6
 
 
 def _session_queries(draws: _Draws, user: _User) -> tuple[list[str], tuple[str, ...]]:
@@ -637,7 +717,10 @@ def _session_queries(draws: _Draws, user: _User) -> tuple[list[str], tuple[str, 
     queries = (_refine(draws, intent, split)
                + _refine(draws, user.intent(draws), planned - split))
   else:
-    script = draws.pick_weighted(_SCRIPTS, _SCRIPT_CUMULATIVE)
+    if draws.chance(_HABIT_CHANCE):
+      script = _HABITS.get(intent.family, _refine)
+    else:
+      script = draws.pick_weighted(_SCRIPTS, _SCRIPT_CUMULATIVE)
     queries = script(draws, intent, planned)
   if with_typo:
     position = draws.below(len(queries))

@@ -4,7 +4,7 @@
   `{split}.queries.npy`   int32 [num_queries, max_query_words]  word ids, 0-padded on the right
   `{split}.sessions.npy`  int64 [num_sessions + 1]              row offsets: session i is
                                                                 rows starts[i]:starts[i+1]
-  `{split}.queries.txt`   one line per query row, the query's words joined by single spaces,
+  `{split}.text.txt`      one line per query row, the query's words joined by single spaces,
                           exactly as cleaned and cut to max_query_words, NOT mapped through the
                           vocabulary (metrics compare against these raw references)
 plus `vocab.json`, `stats.json` and `manifest.json` (the cache fingerprint). Every file is
@@ -39,8 +39,7 @@ def save_split(data_dir: str, split: str, queries: np.ndarray, starts: np.ndarra
   np.save(paths['queries'], queries.astype(np.int32), allow_pickle=False)
   np.save(paths['sessions'], starts.astype(np.int64), allow_pickle=False)
   with open(paths['text'], 'w', encoding='utf-8') as f:
-    for t in texts:
-      f.write(t + '\n')
+    f.write(''.join(t + '\n' for t in texts))
 
 
 @dataclasses.dataclass(frozen=True)

@@ -1,0 +1,193 @@
+"""Preprocessing speed: a synthetic AOL-format log of millions of lines through `prepare`.
+
+  python launch/bench_preprocess.py                       # 3.6M lines in 4 gzip files
+  python launch/bench_preprocess.py --lines=36000000 --files=10
+  python launch/bench_preprocess.py --order=shuffled      # unsorted input: the sort path
+  python launch/bench_preprocess.py --logs='/data/aol/user-ct-test-collection-*.txt.gz'
+
+In: flags only. Unless --logs names real ones, the log is written to a temporary folder
+(removed afterwards unless --keep), with AOL's format and habits, synthesised with numpy:
+users in AnonID order split across --files gzip files, sessions of 1-8 distinct queries a
+few seconds to minutes apart, sessions hours to days apart, every click repeating its
+query's line with a rank and a url, some queries of more than 10 words, a few "-".
+
+Out: one report on stdout with the machine, the date, the data config, the log's size, and
+prepare's wall time, lines per second, CPU time and peak resident memory (prepare runs in a
+process of its own, plus its reader processes; CPU time does not depend on what else the
+machine runs, wall time does).
+"""
+
+from __future__ import annotations
+
+import datetime
+import gzip
+import json
+import multiprocessing
+import os
+import platform
+import resource
+import shutil
+import sys
+import tempfile
+import time
+
+from absl import app
+from absl import flags
+import numpy as np
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from configs import default  # pylint: disable=g-import-not-at-top,wrong-import-position
+from mtn_jax.data import aol_log  # pylint: disable=g-import-not-at-top,wrong-import-position
+from mtn_jax.data import preprocess  # pylint: disable=g-import-not-at-top,wrong-import-position
+
+_LINES = flags.DEFINE_integer('lines', 3_600_000, 'Approximate number of log lines.')
+_FILES = flags.DEFINE_integer('files', 4, 'Number of gzip files the users are split over.')
+_ORDER = flags.DEFINE_enum('order', 'sorted', ['sorted', 'shuffled'],
+                           'sorted: by AnonID then time, like AOL; shuffled: random order.')
+_SEED = flags.DEFINE_integer('seed', 0, 'Seed of the synthetic log.')
+_KEEP = flags.DEFINE_string('keep', '', 'Write the log and corpus here and keep them.')
+_LOGS = flags.DEFINE_string('logs', '', 'Benchmark these AOL-format logs (a glob or a comma-'
+                            'separated list, e.g. the real collection) instead of a synthetic one.')
+
+_LINES_PER_USER = 55  # the AOL collection: 36.4M lines of 657k users
+_START = np.datetime64('2006-03-01T00:00:00', 's').astype(np.int64)
+_SPAN_SECONDS = 92 * 86400
+
+
+def _zipf(rng: np.random.Generator, exponent: float, num_values: int, size: int) -> np.ndarray:
+  """`size` draws of 0..num_values-1 with P(k) proportional to 1 / (k + 1)**exponent."""
+  cdf = np.cumsum(1.0 / np.arange(1, num_values + 1)**exponent)
+  return np.minimum(np.searchsorted(cdf, rng.random(size) * cdf[-1]), num_values - 1)
+
+
+def _query_pool(rng: np.random.Generator, size: int) -> np.ndarray:
+  """`size` query strings over a Zipf-distributed vocabulary of made-up words."""
+  letters = np.array(list('abcdefghijklmnopqrstuvwxyz'))
+  word_lengths = rng.integers(2, 10, 100_000)
+  words = np.array([''.join(rng.choice(letters, n)) for n in word_lengths])
+  query_lengths = np.minimum(rng.geometric(0.4, size), 14)  # ~1% have more than 10 words
+  chosen = words[_zipf(rng, 1.0, len(words), int(query_lengths.sum()))]
+  ends = np.cumsum(query_lengths)
+  return np.array([' '.join(chosen[e - n:e]) for e, n in zip(ends, query_lengths)], object)
+
+
+def _user_lines(rng: np.random.Generator, users: np.ndarray, pool: np.ndarray,
+                urls: np.ndarray) -> list[str]:
+  """Log lines of `users` (AnonIDs), sorted by AnonID then time."""
+  sessions = rng.geometric(1 / 16, len(users))
+  session_user = np.repeat(users, sessions)
+  session_start = _START + rng.integers(0, _SPAN_SECONDS, len(session_user))
+  queries = rng.geometric(1 / 2.5, len(session_user))
+  queries = np.minimum(queries, 8)
+  query_session = np.repeat(np.arange(len(session_user)), queries)
+  gaps = rng.exponential(100.0, len(query_session)).astype(np.int64)
+  gaps[np.cumsum(queries) - queries] = 0
+  first_gap = np.repeat(np.cumsum(gaps)[np.cumsum(queries) - queries], queries)
+  query_time = session_start[query_session] + np.cumsum(gaps) - first_gap
+  query_text = pool[_zipf(rng, 0.9, len(pool), len(query_session))]
+  query_text[rng.random(len(query_text)) < 0.002] = '-'
+  clicks = rng.poisson(1.0, len(query_session))
+  line_query = np.repeat(np.arange(len(query_session)), np.maximum(clicks, 1))
+  order = np.lexsort((np.arange(len(line_query)), query_time[line_query],
+                      session_user[query_session][line_query]))
+  line_query = line_query[order]
+  clicked = clicks[line_query] > 0
+  ranks = rng.integers(1, 11, len(line_query)).astype(str)
+  line_url = urls[rng.integers(0, len(urls), len(line_query))]
+  stamps = np.datetime_as_string(query_time[line_query].astype('datetime64[s]'))
+  user_ids = session_user[query_session][line_query].astype(str)
+  texts = query_text[line_query]
+  return [f'{u}\t{q}\t{s[:10]} {s[11:]}\t{r}\t{url}' if c else
+          f'{u}\t{q}\t{s[:10]} {s[11:]}\t\t'
+          for u, q, s, r, url, c in zip(user_ids, texts, stamps, ranks, line_url, clicked)]
+
+
+def write_log(folder: str, num_lines: int, num_files: int, order: str, seed: int) -> None:
+  """Writes a synthetic log of about `num_lines` lines as `folder/log-NN.tsv.gz`."""
+  rng = np.random.default_rng(seed)
+  pool = _query_pool(rng, 1_000_000)
+  urls = np.array([f'http://www.site{i}.com' for i in range(5_000)])
+  user_ids = np.sort(rng.choice(25_000_000, max(num_lines // _LINES_PER_USER, 1),
+                                replace=False))
+  header = 'AnonID\tQuery\tQueryTime\tItemRank\tClickURL'
+  for i, users in enumerate(np.array_split(user_ids, num_files)):
+    lines = _user_lines(rng, users, pool, urls)
+    if order == 'shuffled':
+      lines = [lines[j] for j in rng.permutation(len(lines))]
+    with gzip.open(os.path.join(folder, f'log-{i:02d}.tsv.gz'), 'wt', encoding='utf-8',
+                   compresslevel=6) as f:
+      f.write(header + '\n')
+      f.write('\n'.join(lines) + '\n')
+
+
+def _prepare_and_measure(raw_files: str, workdir: str, connection) -> None:
+  """Runs prepare in a fresh process, so that its peak memory is its own."""
+  config = default.get_config()
+  config.data.raw_files = raw_files
+  started = time.perf_counter()
+  stats = preprocess.prepare(config, workdir)
+  wall = time.perf_counter() - started
+  main, readers = (resource.getrusage(who)
+                   for who in (resource.RUSAGE_SELF, resource.RUSAGE_CHILDREN))
+  connection.send({
+      'stats': stats, 'wall': wall, 'config': config.data.to_dict(),
+      'self_kib': main.ru_maxrss, 'worker_kib': readers.ru_maxrss,
+      'self_cpu': main.ru_utime + main.ru_stime,
+      'worker_cpu': readers.ru_utime + readers.ru_stime})
+
+
+def main(argv):
+  del argv
+  folder = _KEEP.value or tempfile.mkdtemp(prefix='bench_preprocess_')
+  os.makedirs(folder, exist_ok=True)
+  try:
+    if _LOGS.value:
+      raw_files, source = _LOGS.value, f'given ({_LOGS.value})'
+    else:
+      started = time.perf_counter()
+      write_log(folder, _LINES.value, _FILES.value, _ORDER.value, _SEED.value)
+      raw_files = os.path.join(folder, 'log-*.tsv.gz')
+      source = f'synthetic, {_ORDER.value} (written in {time.perf_counter() - started:.0f} s)'
+    paths = aol_log.expand_paths(raw_files)
+    log_bytes = sum(os.path.getsize(p) for p in paths)
+    workers = (min(len(paths), os.cpu_count() or 1)
+               if log_bytes >= aol_log.PARALLEL_MIN_BYTES else 1)
+    shutil.rmtree(os.path.join(folder, 'run'), ignore_errors=True)
+    load_before = os.getloadavg()[0]
+    context = multiprocessing.get_context('spawn')
+    receiver, sender = context.Pipe(duplex=False)
+    child = context.Process(target=_prepare_and_measure,
+                            args=(raw_files, os.path.join(folder, 'run'), sender))
+    child.start()
+    result = receiver.recv()
+    child.join()
+    stats, wall = result['stats'], result['wall']
+    num_lines = stats['lines_read']
+    print(f'date: {datetime.datetime.now().astimezone().isoformat(timespec="seconds")}')
+    print(f'machine: {os.cpu_count()} CPUs, {platform.platform()}, '
+          f'{platform.processor() or platform.machine()}, Python {platform.python_version()}, '
+          f'numpy {np.__version__}; load average {load_before:.1f} before, '
+          f'{os.getloadavg()[0]:.1f} after')
+    print(f'config.data: {json.dumps(result["config"], sort_keys=True)}')
+    print(f'log: {num_lines:,} lines in {len(paths)} files, {log_bytes / 2**20:.0f} MiB, '
+          f'{source}')
+    print(f'kept: {sum(stats[s]["sessions"] for s in ("train", "valid", "test")):,} sessions, '
+          f'{sum(stats[s]["pairs"] for s in ("train", "valid", "test")):,} pairs, '
+          f'vocabulary {stats["vocab_size"]:,}')
+    print(f'prepare: {wall:.1f} s wall, {num_lines / wall:,.0f} lines/s, '
+          f'{workers} reader process(es); CPU {result["self_cpu"]:.1f} s main process, '
+          f'{result["worker_cpu"]:.1f} s readers')
+    if workers > 1:
+      print(f'peak RSS: {result["self_kib"] / 2**20:.2f} GiB main process, '
+            f'{result["worker_kib"] / 2**20:.2f} GiB the largest reader process '
+            f'({workers} at a time); at most '
+            f'{(result["self_kib"] + workers * result["worker_kib"]) / 2**20:.2f} GiB together')
+    else:
+      print(f'peak RSS: {result["self_kib"] / 2**20:.2f} GiB (read in the main process)')
+  finally:
+    if not _KEEP.value:
+      shutil.rmtree(folder, ignore_errors=True)
+
+
+if __name__ == '__main__':
+  app.run(main)

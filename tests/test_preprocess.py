@@ -1,0 +1,527 @@
+"""AOL preprocessing: every rule of paper Sec. 5.1 on hand-written logs, and the real sample."""
+
+from __future__ import annotations
+
+import collections
+import gzip
+import json
+import os
+import sys
+import types
+
+import numpy as np
+import pytest
+
+from configs import default
+from mtn_jax import errors
+from mtn_jax import metrics
+from mtn_jax.data import aol_log
+from mtn_jax.data import preprocess
+from mtn_jax.data import sessions as sessions_lib
+from mtn_jax.data.vocab import SPECIAL_TOKENS, UNK_ID, Vocab
+
+HEADER = 'AnonID\tQuery\tQueryTime\tItemRank\tClickURL'
+
+
+def line(user, query, time, rank='', url=''):
+  """One 5-field log line; `time` is HH:MM:SS on 2006-03-01 or a full timestamp."""
+  stamp = time if len(time) > 8 else f'2006-03-01 {time}'
+  return f'{user}\t{query}\t{stamp}\t{rank}\t{url}'
+
+
+def write(path, lines, header=True, newline='\n') -> str:
+  """Writes `lines` (str, or bytes taken as they are) to `path`, gzip when it ends in .gz."""
+  body = b''.join((x if isinstance(x, bytes) else x.encode()) + newline.encode()
+                  for x in ([HEADER] if header else []) + list(lines))
+  with (gzip.open if str(path).endswith('.gz') else open)(path, 'wb') as f:
+    f.write(body)
+  return str(path)
+
+
+def config(raw_files, **data):
+  c = default.get_config()
+  c.data.raw_files = str(raw_files)
+  for key, value in data.items():
+    c.data[key] = value
+  return c
+
+
+def session_texts(paths, min_queries=1, max_queries=100, max_query_words=10,
+                  long_query='drop_session', gap_minutes=30.0):
+  """Kept sessions as lists of texts, and the session-level skip counts."""
+  log = aol_log.read_logs(paths if isinstance(paths, list) else [paths])
+  s = aol_log.sessionize(log.records, gap_minutes=gap_minutes,
+                         max_query_words=max_query_words, long_query=long_query,
+                         min_queries=min_queries, max_queries=max_queries)
+  texts = log.records.texts(s.record_index)
+  return [texts[a:b] for a, b in zip(s.starts[:-1], s.starts[1:])], s.skipped
+
+
+def corpus(data_dir):
+  """Everything prepare wrote, as plain Python values, for comparisons."""
+  out = {}
+  for split in sessions_lib.SPLITS:
+    s = sessions_lib.load_split(data_dir, split, mmap=False)
+    out[split] = (s.queries.tolist(), s.starts.tolist(), s.texts)
+  out['vocab'] = sessions_lib.load_vocab(data_dir).words
+  with open(os.path.join(data_dir, 'stats.json')) as f:
+    out['stats'] = json.load(f)
+  return out
+
+
+def test_tiny_log_files_exact(tmp_path):
+  log = write(tmp_path / 'log.tsv', [
+      line(7, 'cheap flights', '10:00:00', '1', 'http://a.com'),
+      line(7, 'cheap flights', '10:00:00', '2', 'http://b.com'),  # a second click
+      line(7, 'cheap  flights paris', '10:01:00'),
+      line(7, 'paris hotels', '10:02:00'),
+      line(9, 'weather', '10:00:00'),
+      line(9, 'weather paris', '10:05:00'),
+      line(9, 'paris', '10:06:00'),
+  ])
+  stats = preprocess.prepare(config(log, split_fractions=(1.0, 0.0, 0.0), min_word_count=2),
+                             str(tmp_path / 'w'))
+  data_dir = preprocess.data_dir(str(tmp_path / 'w'))
+  assert data_dir == str(tmp_path / 'w' / 'data')
+  # paris 4 times; cheap, flights and weather twice (ties by word); hotels once.
+  assert sessions_lib.load_vocab(data_dir).words == SPECIAL_TOKENS + ('paris', 'cheap',
+                                                                      'flights', 'weather')
+  train = sessions_lib.load_split(data_dir, 'train', mmap=False)
+  assert train.queries.dtype == np.int32 and train.queries.shape == (6, 10)
+  assert train.starts.tolist() == [0, 3, 6]
+  paris, cheap, flights, weather = 5, 6, 7, 8
+  assert train.queries[:, :3].tolist() == [
+      [cheap, flights, 0], [cheap, flights, paris], [paris, UNK_ID, 0],
+      [weather, 0, 0], [weather, paris, 0], [paris, 0, 0]]
+  assert not train.queries[:, 3:].any()
+  assert train.texts == ['cheap flights', 'cheap flights paris', 'paris hotels', 'weather',
+                         'weather paris', 'paris']
+  for split in ('valid', 'test'):
+    empty = sessions_lib.load_split(data_dir, split, mmap=False)
+    assert (empty.queries.shape, empty.starts.tolist(), empty.texts) == ((0, 10), [0], [])
+  assert stats == {
+      'lines_read': 8,
+      'skipped': {'header': 1, 'bad_field_count': 0, 'bad_user_id': 0, 'bad_time': 0,
+                  'not_utf8': 0, 'empty_query': 0, 'duplicate_query': 1, 'long_query': 0,
+                  'session_too_short': 0, 'session_too_long': 0},
+      'train': {'sessions': 2, 'pairs': 4}, 'valid': {'sessions': 0, 'pairs': 0},
+      'test': {'sessions': 0, 'pairs': 0}, 'vocab_size': 9}
+  with open(os.path.join(data_dir, 'stats.json')) as f:
+    assert json.load(f) == stats
+
+
+def test_thirty_minutes_exactly_starts_a_session(tmp_path):
+  log = write(tmp_path / 'log.tsv', [
+      line(1, 'a', '10:00:00'), line(1, 'b', '10:29:59'),  # 29:59 after a
+      line(1, 'c', '10:59:59'),  # 30:00 after b
+      line(1, 'd', '11:29:58'),  # 29:59 after c
+      line(1, 'e', '23:59:59'), line(1, 'f', '2006-03-02 00:29:58')])  # 29:59 over midnight
+  assert session_texts(log)[0] == [['a', 'b'], ['c', 'd'], ['e', 'f']]
+  assert session_texts(log, gap_minutes=29.98)[0] == [['a'], ['b'], ['c'], ['d'], ['e'],
+                                                       ['f']]
+
+
+def test_successive_duplicates_removed_and_repeats_kept(tmp_path):
+  log = write(tmp_path / 'log.tsv', [
+      line(1, 'a', '10:00:00'), line(1, 'a', '10:00:00', '1', 'u'),
+      line(1, ' a ', '10:01:00'),  # the same words: a duplicate too
+      line(1, 'b', '10:02:00'), line(1, 'b ', '10:02:30'),
+      line(1, 'a', '10:03:00'),  # a again after b: kept
+      line(1, 'a', '10:28:00'),  # a duplicate, but it is activity: c stays in the session
+      line(1, 'c', '10:57:00'),
+      line(1, 'c', '11:40:00'),  # the same query in a new session: kept
+      line(2, 'c', '11:40:01'),  # another user's
+      line(2, 'on no', '11:41:00'), line(2, 'no on', '11:42:00')])  # the same bytes, reordered
+  sessions, skipped = session_texts(log)
+  assert sessions == [['a', 'b', 'a', 'c'], ['c'], ['c', 'on no', 'no on']]
+  assert skipped['duplicate_query'] == 4
+
+
+@pytest.mark.parametrize('policy, expected, long_count', [
+    ('drop_session', [['p', 'q', 'r']], 4),
+    ('split_session', [['x'], ['y', 'z'], ['p', 'q', 'r']], 1),
+    ('truncate', [['x', ' '.join('w%d' % i for i in range(11)), 'y', 'z'], ['p', 'q', 'r']],
+     0),
+])
+def test_long_query_policies(tmp_path, policy, expected, long_count):
+  ten_words = ' '.join('v%d' % i for i in range(10))
+  log = write(tmp_path / 'log.tsv', [
+      line(1, 'x', '10:00:00'), line(1, ' '.join('w%d' % i for i in range(11)), '10:01:00'),
+      line(1, 'y', '10:02:00'), line(1, 'z', '10:03:00'),
+      line(2, 'p', '10:00:00'), line(2, 'q', '10:01:00'), line(2, 'r', '10:02:00'),
+      line(3, ten_words, '10:00:00')])  # exactly max_query_words: never long
+  sessions, skipped = session_texts(log, long_query=policy)
+  assert sessions == expected + [[ten_words]]
+  assert skipped['long_query'] == long_count
+
+
+def test_truncate_cuts_stored_queries(tmp_path):
+  words = ['w%d' % i for i in range(12)]
+  log = write(tmp_path / 'log.tsv', [line(1, 'a', '10:00:00'), line(1, ' '.join(words),
+                                                                    '10:01:00')])
+  workdir = str(tmp_path / 'w')
+  preprocess.prepare(config(log, long_query='truncate', min_session_queries=2,
+                            split_fractions=(1.0, 0.0, 0.0), min_word_count=1), workdir)
+  train = sessions_lib.load_split(preprocess.data_dir(workdir), 'train', mmap=False)
+  vocab = sessions_lib.load_vocab(preprocess.data_dir(workdir))
+  assert train.texts == ['a', ' '.join(words[:10])]
+  assert vocab.decode(train.queries[1]) == words[:10]
+  assert 'w10' not in vocab.words
+
+
+def test_unsorted_interleaved_input_gives_the_same_corpus(tmp_path):
+  lines = [line(u, f'q{u} {i}', f'{10 + i // 3:02d}:{(7 * i) % 60:02d}:00')
+           for u in (3, 12, 40) for i in range(15)]
+  ties = [line(12, f'same time {n}', '2006-03-02 08:00:00') for n in ('one', 'two', 'three')]
+  lines += ties
+  shuffled = [lines[i] for i in np.random.default_rng(0).permutation(len(lines) - 3)]
+  for position, tie in zip((5, 20, 40), reversed(ties)):  # in the file: three, two, one
+    shuffled.insert(position, tie)
+  kwargs = dict(min_session_queries=2, split_fractions=(0.5, 0.25, 0.25), min_word_count=1)
+  preprocess.prepare(config(write(tmp_path / 'a.tsv', lines), **kwargs), str(tmp_path / 'a'))
+  preprocess.prepare(config(write(tmp_path / 'b.tsv', shuffled), **kwargs),
+                     str(tmp_path / 'b'))
+  sorted_corpus = corpus(preprocess.data_dir(str(tmp_path / 'a')))
+  shuffled_corpus = corpus(preprocess.data_dir(str(tmp_path / 'b')))
+  for data, expected in ((sorted_corpus, ['one', 'two', 'three']),
+                         (shuffled_corpus, ['three', 'two', 'one'])):
+    all_texts = sum((data[s][2] for s in sessions_lib.SPLITS), [])
+    position = all_texts.index('same time ' + expected[0])
+    assert all_texts[position:position + 3] == ['same time ' + n for n in expected]
+  # Apart from the order of the ties, the two corpora are identical.
+  swap = {'same time one': 'same time three', 'same time three': 'same time one'}
+  for split in sessions_lib.SPLITS:
+    assert [swap.get(t, t) for t in shuffled_corpus[split][2]] == sorted_corpus[split][2]
+    assert shuffled_corpus[split][1] == sorted_corpus[split][1]
+  assert shuffled_corpus['vocab'] == sorted_corpus['vocab']
+  assert shuffled_corpus['stats'] == sorted_corpus['stats']
+
+
+def test_equal_times_keep_file_order_across_files(tmp_path):
+  first = write(tmp_path / 'part-1.tsv', [line(5, 'y', '10:00:00'), line(6, 'm', '10:00:00')])
+  second = write(tmp_path / 'part-2.tsv', [line(5, 'x', '10:00:00'), line(5, 'z', '09:59:00')])
+  assert session_texts([first, second])[0] == [['z', 'y', 'x'], ['m']]
+  assert session_texts([second, first])[0] == [['z', 'x', 'y'], ['m']]
+
+
+def test_unsorted_huge_user_ids(tmp_path):
+  """AnonIDs too large to share an int64 sort key with the time take the other sort."""
+  big = 999999999999999999
+  log = write(tmp_path / 'log.tsv', [
+      line(big, 'b', '10:01:00'), line(3, 'y', '2006-05-01 10:00:00'), line(big, 'a', '10:00:00'),
+      line(3, 'x', '10:00:00'), line(big, 'c', '10:01:00'), line(big - 1, 'z', '10:00:00')])
+  assert session_texts(log)[0] == [['x'], ['y'], ['z'], ['a', 'b', 'c']]
+
+
+def test_text_cleaning_and_utf8(tmp_path):
+  log = write(tmp_path / 'log.tsv', [
+      line(1, 'www.myspace.com', '10:00:00'),  # punctuation kept as it is
+      line(1, ' caf\u00e9\u00a0au \x0b lait ', '10:01:00'),
+      line(1, 'Caf\u00e9 Au Lait', '10:02:00').encode('latin-1'),
+      line(1, '\u00fcber\u3000alles', '10:03:00'),
+  ], header=False)
+  sessions, _ = session_texts(log)
+  # Latin-1 bytes are not UTF-8; NBSP and the ideographic space separate words.
+  assert sessions == [['www.myspace.com', 'caf\u00e9 au lait', '\u00fcber alles']]
+  log_lines = aol_log.read_log(log)
+  assert log_lines.skipped['not_utf8'] == 1
+  assert log_lines.records.num_words.tolist() == [1, 3, 2]
+
+
+def test_field_counts_header_and_line_ends(tmp_path):
+  rows = [line(1, 'a', '10:00:00'), '1\tb\t2006-03-01 10:01:00',  # 3 fields
+          '1\tc\t2006-03-01 10:02:00\t1',  # 4 fields
+          '1\td', '',  # 2 fields, an empty line
+          line(1, 'e', '10:03:00', '3', 'http://e.com') + '\textra']  # 6 fields
+  with_header = aol_log.read_log(write(tmp_path / 'h.tsv', rows))
+  without = aol_log.read_log(write(tmp_path / 'n.tsv', rows, header=False))
+  crlf = aol_log.read_log(write(tmp_path / 'crlf.tsv', rows, newline='\r\n'))
+  no_final_newline = tmp_path / 'last.tsv'
+  no_final_newline.write_text('\n'.join([HEADER] + rows) + '\n' + line(1, 'f', '10:09:00'))
+  last = aol_log.read_log(str(no_final_newline))
+  for log, header in ((with_header, 1), (without, 0), (crlf, 1), (last, 1)):
+    assert log.skipped['header'] == header
+    assert log.skipped['bad_field_count'] == 4
+    assert log.records.texts(np.arange(len(log.records)))[:2] == ['a', 'b']
+  assert last.lines_read == 8 and last.records.texts(np.array([2])) == ['f']
+  assert np.array_equal(crlf.records.time, with_header.records.time)
+  # A header is only a file's first line: later it is a bad AnonID.
+  late = aol_log.read_log(write(tmp_path / 'late.tsv', [rows[0], HEADER], header=False))
+  assert (late.skipped['header'], late.skipped['bad_user_id']) == (0, 1)
+
+
+def test_user_ids_and_times_parse_exactly(tmp_path):
+  rows = [line('0000042', 'a', '1970-01-01 00:00:00'), line(7, 'b', '2006-03-01 15:58:56'),
+          line(999999999999999999, 'c', '2004-02-29 23:59:59'),  # 18 digits; a leap day
+          line(1234567890123456789, 'd', '10:00:00'),  # 19 digits
+          line('-5', 'e', '10:00:00'), line('1a', 'f', '10:00:00'), line('', 'g', '10:00:00'),
+          line(8, 'h', '2006-02-29 10:00:00'), line(8, 'i', '2006-13-01 10:00:00'),
+          line(8, 'j', '2006-03-01 24:00:00'), line(8, 'k', '2006-03-01 10:60:00'),
+          line(8, 'l', '2006-3-01 10:00:00'), line(8, 'm', '2006-03-01T10:00:00'),
+          line(8, 'n', '2006-03-01 10:00:00.5'), line(8, 'o', '')]
+  log = aol_log.read_log(write(tmp_path / 'log.tsv', rows, header=False))
+  assert log.records.user.tolist() == [42, 7, 999999999999999999]
+  assert log.records.time.tolist() == [0, 1141228736, 1078099199]
+  assert (log.skipped['bad_user_id'], log.skipped['bad_time']) == (4, 8)
+
+
+def test_gzip_and_many_files_read_like_one(tmp_path):
+  rows = [line(u, f'query {u} {i}', f'10:{i:02d}:00') for u in range(1, 9) for i in range(4)]
+  one = write(tmp_path / 'one.tsv', rows)
+  write(tmp_path / 'part-0.tsv.gz', rows[:12])
+  write(tmp_path / 'part-1.tsv', rows[12:22], header=False)
+  write(tmp_path / 'part-2.gz', rows[22:])
+  kwargs = dict(split_fractions=(0.5, 0.25, 0.25), min_word_count=1)
+  preprocess.prepare(config(one, **kwargs), str(tmp_path / 'a'))
+  preprocess.prepare(config(tmp_path / 'part-*', **kwargs), str(tmp_path / 'b'))
+  listed = ','.join(str(tmp_path / f) for f in ('part-0.tsv.gz', 'part-1.tsv', 'part-2.gz'))
+  preprocess.prepare(config(listed, **kwargs), str(tmp_path / 'c'))
+  expected = corpus(preprocess.data_dir(str(tmp_path / 'a')))
+  assert expected['stats']['lines_read'] == 33
+  assert [expected['stats'][s]['sessions'] for s in sessions_lib.SPLITS] == [4, 2, 2]
+  expected['stats']['skipped']['header'] = 2  # two of the three parts have one
+  expected['stats']['lines_read'] = 34
+  assert corpus(preprocess.data_dir(str(tmp_path / 'b'))) == expected
+  assert corpus(preprocess.data_dir(str(tmp_path / 'c'))) == expected
+
+
+def test_chunk_boundaries_and_worker_processes_change_nothing(tmp_path, monkeypatch):
+  rows = [line(u, f'q{i} {"x" * (i % 7)}', f'1{i % 10}:{i:02d}:00', str(i), 'http://x.com')
+          for u in range(5) for i in range(40)]
+  rows[17] = line(2, 'caf\u00e9  cr\u00e8me', '10:00:00')  # a non-ASCII query to clean
+  rows[33] = '3\tbroken'
+  rows[50] = HEADER  # not a file's first line: a bad AnonID
+  paths = [write(tmp_path / 'a.tsv', rows[:90]), write(tmp_path / 'b.tsv.gz', rows[90:])]
+  whole = aol_log.read_logs(paths, workers=1)
+  monkeypatch.setattr(aol_log, 'CHUNK_BYTES', 37)  # most lines cross a chunk boundary
+  chunked = aol_log.read_logs(paths, workers=2)
+  assert (chunked.lines_read, chunked.skipped) == (whole.lines_read, whole.skipped) == (
+      202, {'header': 2, 'bad_field_count': 1, 'bad_user_id': 1, 'bad_time': 0,
+            'not_utf8': 0, 'empty_query': 0})
+  for field in ('user', 'time', 'num_words', 'text_len', 'text_hash', 'text'):
+    assert np.array_equal(getattr(chunked.records, field), getattr(whole.records, field))
+  with pytest.raises(aol_log.LogFormatError, match=r'a\.tsv:35: bad_field_count'):
+    aol_log.read_logs(paths, strict=True, workers=2)
+
+
+def test_strict_mode_names_file_line_and_reason(tmp_path):
+  log = write(tmp_path / 'log.tsv', [line(1, 'a', '10:00:00'), line(1, '-', '10:01:00'),
+                                     line(1, 'b', '2006-03-01 25:00:00'),
+                                     line(1, 'c', '10:02:00')])
+  with pytest.raises(aol_log.LogFormatError) as error:
+    preprocess.prepare(config(log, strict=True), str(tmp_path / 'w'))
+  assert str(error.value) == (f'{log}:4: bad_time: QueryTime is not a valid '
+                              'YYYY-MM-DD HH:MM:SS')
+  assert not os.path.exists(preprocess.data_dir(str(tmp_path / 'w')))
+  utf8 = write(tmp_path / 'u.tsv', [line(1, 'a', '10:00:00'), b'1\tcaf\xe9\t2006-03-01 10:00:00'])
+  with pytest.raises(aol_log.LogFormatError, match=r'u\.tsv:3: not_utf8'):
+    aol_log.read_log(utf8, strict=True)
+
+
+def test_every_line_is_counted_once(tmp_path):
+  rows = [line(1, 'a', '10:00:00'), line(1, 'a', '10:00:00'),  # duplicate
+          line(1, 'b', '10:01:00'), line(1, 'c', '10:02:00'),  # a kept session of 3
+          '1\tb',  # bad_field_count
+          line('x', 'b', '10:03:00'),  # bad_user_id
+          line(1, 'b', '2006-03-32 10:00:00'),  # bad_time
+          b'1\t\xff\xfe\t2006-03-01 10:04:00\t\t',  # not_utf8
+          line(1, '-', '10:05:00'), line(1, '   ', '10:05:00'),  # empty_query
+          line(2, 'l ' * 11, '10:00:00'), line(2, 'm', '10:01:00'),  # long_query
+          line(3, 's', '10:00:00'), line(3, 't', '10:01:00'),  # session_too_short
+          *[line(4, f'u{i}', f'10:0{i}:00') for i in range(6)]]  # session_too_long
+  stats = preprocess.prepare(config(write(tmp_path / 'log.tsv', rows)), str(tmp_path / 'w'))
+  assert stats['skipped'] == {
+      'header': 1, 'bad_field_count': 1, 'bad_user_id': 1, 'bad_time': 1, 'not_utf8': 1,
+      'empty_query': 2, 'duplicate_query': 1, 'long_query': 2, 'session_too_short': 2,
+      'session_too_long': 6}
+  kept = sum(stats[s]['sessions'] + stats[s]['pairs'] for s in sessions_lib.SPLITS)
+  assert kept == 3
+  assert stats['lines_read'] == len(rows) + 1 == kept + sum(stats['skipped'].values())
+
+
+def test_errors_are_one_line_and_name_the_input(tmp_path):
+  workdir = str(tmp_path / 'w')
+  good = write(tmp_path / 'good.tsv', [line(1, 'a', '10:00:00')])
+  cases = [(str(tmp_path / 'missing.tsv'), FileNotFoundError, 'missing.tsv: no such log file'),
+           (str(tmp_path / 'nothing-*.gz'), FileNotFoundError, 'matches no file'),
+           ('', FileNotFoundError, 'config.data.raw_files is empty'),
+           (f'{good},{good}', ValueError, 'good.tsv: log file given twice')]
+  binary = tmp_path / 'model.bin'
+  binary.write_bytes(bytes(range(256)) * 64)
+  cases.append((str(binary), aol_log.LogFormatError, 'model.bin: not an AOL query log'))
+  (tmp_path / 'empty.tsv').write_bytes(b'')
+  cases.append((str(tmp_path / 'empty.tsv'), aol_log.LogFormatError, 'empty.tsv: empty file'))
+  (tmp_path / 'header-only.tsv').write_text(HEADER + '\n')
+  cases.append((str(tmp_path / 'header-only.tsv'), aol_log.LogFormatError,
+                'header-only.tsv: not an AOL query log'))
+  csv = tmp_path / 'table.csv'  # parsable lines after the first 1,000 do not make it a log
+  csv.write_text('a,b,c\n' * 1000 + '\n'.join([HEADER] + [line(1, 'q', '10:00:00')] * 9))
+  cases.append((str(csv), aol_log.LogFormatError,
+                'table.csv: not an AOL query log: none of its first 1,000 lines'))
+  (tmp_path / 'cut.tsv.gz').write_bytes(gzip.compress(b'x' * 10000)[:40])
+  cases.append((str(tmp_path / 'cut.tsv.gz'), aol_log.LogFormatError,
+                'cut.tsv.gz: corrupt or truncated gzip data'))
+  cases.append((good, preprocess.EmptyCorpusError,
+                r'no session kept from 2 lines .*session_too_short 1'))
+  for raw_files, error_type, message in cases:
+    with pytest.raises(error_type, match=message) as error:
+      preprocess.prepare(config(raw_files), workdir)
+    assert '\n' not in str(error.value)
+    assert isinstance(error.value, errors.Error)  # the command line prints it, no traceback
+  assert not os.path.exists(preprocess.data_dir(workdir))
+
+
+def _many_sessions_log(path, num_sessions=100):
+  """One session of 3 queries per user; each session's first query has a word of its own."""
+  return write(path, [line(u, f'topic{u % 7} q{i} w{(u * i) % 11}' + (f' user{u}' if i == 0
+                                                                        else ''), f'10:0{i}:00')
+                      for u in range(num_sessions) for i in range(3)])
+
+
+def test_split_sessions_is_a_seeded_partition():
+  parts = preprocess.split_sessions(1000, (0.95, 0.025, 0.025), seed=3)
+  assert [len(p) for p in parts] == [950, 25, 25]
+  assert np.array_equal(np.sort(np.concatenate(parts)), np.arange(1000))
+  assert all(np.all(np.diff(p) > 0) for p in parts)
+  again = preprocess.split_sessions(1000, (0.95, 0.025, 0.025), seed=3)
+  other = preprocess.split_sessions(1000, (0.95, 0.025, 0.025), seed=4)
+  assert all(np.array_equal(a, b) for a, b in zip(parts, again))
+  assert not np.array_equal(parts[1], other[1])
+  assert [len(p) for p in preprocess.split_sessions(7, (0.5, 0.5, 0.0), 0)] == [4, 3, 0]
+
+
+def test_split_by_seed_and_fractions(tmp_path):
+  log = _many_sessions_log(tmp_path / 'log.tsv')
+
+  def texts(name, **data):
+    workdir = str(tmp_path / name)
+    stats = preprocess.prepare(config(log, min_word_count=1, **data), workdir)
+    return stats, corpus(preprocess.data_dir(workdir))
+
+  stats, first = texts('a', split_fractions=(0.6, 0.3, 0.1), split_seed=5)
+  assert [stats[s]['sessions'] for s in sessions_lib.SPLITS] == [60, 30, 10]
+  _, same = texts('b', split_fractions=(0.6, 0.3, 0.1), split_seed=5)
+  _, reseeded = texts('c', split_fractions=(0.6, 0.3, 0.1), split_seed=6)
+  assert same == first
+  assert reseeded['test'][2] != first['test'][2]
+  all_queries = sorted(sum((first[s][2] for s in sessions_lib.SPLITS), []))
+  assert sorted(sum((reseeded[s][2] for s in sessions_lib.SPLITS), [])) == all_queries
+  assert len(all_queries) == 300
+
+
+def test_vocabulary_from_training_words_only(tmp_path):
+  log = _many_sessions_log(tmp_path / 'log.tsv')
+  workdir = str(tmp_path / 'w')
+  stats = preprocess.prepare(config(log, min_word_count=3, split_fractions=(0.5, 0.3, 0.2)),
+                             workdir)
+  data = corpus(preprocess.data_dir(workdir))
+  counts = collections.Counter(w for t in data['train'][2] for w in t.split())
+  expected = Vocab.from_counts(counts, 3)
+  assert data['vocab'] == expected.words and stats['vocab_size'] == len(expected)
+  assert 0 < len(expected) - len(SPECIAL_TOKENS) < len(counts)
+  eval_only = {w for s in ('valid', 'test') for t in data[s][2] for w in t.split()} - set(counts)
+  assert eval_only  # words the vocabulary must not know
+  for split in sessions_lib.SPLITS:
+    queries, _, split_texts = data[split]
+    for ids, text in zip(queries, split_texts):
+      words = text.split()
+      assert ids[:len(words)] == expected.encode(words) and not any(ids[len(words):])
+      assert all(i == UNK_ID for i, w in zip(ids, words) if w in eval_only)
+
+
+def test_cache_reuse_rebuild_and_atomic_replace(tmp_path, capsys, monkeypatch):
+  log = _many_sessions_log(tmp_path / 'log.tsv', 20)
+  workdir = str(tmp_path / 'w')
+  data_dir = preprocess.data_dir(workdir)
+  c = config(log, min_word_count=1)
+  first = preprocess.prepare(c, workdir)
+  assert 'Reusing' not in capsys.readouterr().out
+  stamp = os.stat(os.path.join(data_dir, 'train.queries.npy')).st_mtime_ns
+
+  c.data.strict = True  # not part of the fingerprint
+  assert preprocess.prepare(c, workdir, verbose=True) == first
+  out = capsys.readouterr().out
+  assert f'Reusing the corpus in {data_dir}' in out
+  assert 'train' in out and f'{first["train"]["sessions"]:>12,}' in out
+  assert os.stat(os.path.join(data_dir, 'train.queries.npy')).st_mtime_ns == stamp
+
+  c.data.min_word_count = 2
+  second = preprocess.prepare(c, workdir)
+  assert 'Reusing' not in capsys.readouterr().out
+  assert second['vocab_size'] < first['vocab_size']
+  os.utime(log, ns=(stamp, stamp + 10**9))  # the input changed
+  preprocess.prepare(c, workdir)
+  assert 'Reusing' not in capsys.readouterr().out
+
+  # A build that dies half way leaves the last complete corpus as it was, and no debris;
+  # the next build clears what a killed one left.
+  before = corpus(data_dir)
+  os.mkdir(os.path.join(workdir, '.data-build-killed'))
+  c.data.split_seed = 9
+
+  def fail_on_valid(data_dir, split, *args):
+    if split == 'valid':
+      raise KeyboardInterrupt
+    save_split(data_dir, split, *args)
+
+  save_split = sessions_lib.save_split
+  monkeypatch.setattr(sessions_lib, 'save_split', fail_on_valid)
+  with pytest.raises(KeyboardInterrupt):
+    preprocess.prepare(c, workdir)
+  assert corpus(data_dir) == before
+  assert sorted(os.listdir(workdir)) == ['data']
+  monkeypatch.undo()
+  preprocess.prepare(c, workdir)
+  assert 'Reusing' not in capsys.readouterr().out
+
+
+def test_demo_source_writes_the_log_once(tmp_path, monkeypatch):
+  calls = []
+
+  def write_demo_log(path, num_users, seed):
+    calls.append((num_users, seed))
+    write(path, [line(u, f'demo {u} {i}', f'10:0{i}:00') for u in range(num_users)
+                 for i in range(3)])
+
+  fake = types.ModuleType('mtn_jax.data.demo_log')
+  fake.write_demo_log = write_demo_log
+  monkeypatch.setitem(sys.modules, 'mtn_jax.data.demo_log', fake)
+  monkeypatch.setattr(sys.modules['mtn_jax.data'], 'demo_log', fake, raising=False)
+  workdir = str(tmp_path / 'w')
+  c = config('', source='demo', demo_users=8, demo_seed=1, min_word_count=1)
+  stats = preprocess.prepare(c, workdir)
+  assert calls == [(8, 1)]
+  assert os.path.exists(os.path.join(workdir, 'data', 'demo-log.tsv.gz'))
+  assert stats['lines_read'] == 25 and sum(stats[s]['sessions']
+                                           for s in sessions_lib.SPLITS) == 8
+  c.data.min_word_count = 2  # a rebuild that keeps the demo log
+  preprocess.prepare(c, workdir)
+  assert calls == [(8, 1)]
+  c.data.demo_users = 9
+  assert preprocess.prepare(c, workdir)['lines_read'] == 28
+  assert calls == [(8, 1), (9, 1)]
+
+
+def test_real_sample(aol_sample, tmp_path):
+  workdir = str(tmp_path / 'w')
+  stats = preprocess.prepare(config(aol_sample), workdir)
+  assert stats == {
+      'lines_read': 157075,
+      'skipped': {'header': 1, 'bad_field_count': 0, 'bad_user_id': 0, 'bad_time': 0,
+                  'not_utf8': 0, 'empty_query': 0, 'duplicate_query': 19984,
+                  'long_query': 1626, 'session_too_short': 77219, 'session_too_long': 18100},
+      'train': {'sessions': 10669, 'pairs': 27455}, 'valid': {'sessions': 281, 'pairs': 725},
+      'test': {'sessions': 281, 'pairs': 734}, 'vocab_size': 2731}
+  # The sample's documented figures: 11,231 sessions, 28,914 pairs, 2,851 words seen at
+  # least 8 times in them, and the previous query as suggestion, over all pairs.
+  candidates, references, counts = [], [], collections.Counter()
+  for split in sessions_lib.SPLITS:
+    s = sessions_lib.load_split(preprocess.data_dir(workdir), split)
+    counts.update(w for t in s.texts for w in t.split())
+    for i in range(s.num_sessions):
+      texts = s.session_texts(i)
+      candidates += texts[:-1]
+      references += texts[1:]
+  assert len(candidates) == 28914
+  assert sum(c >= 8 for c in counts.values()) == 2851
+  assert str(metrics.bleu(candidates, references)) == 'BLEU = 11.89, 25.2/14.8/9.2/6.2'
