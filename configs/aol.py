@@ -17,6 +17,8 @@ def get_config(variant: str = ''):
   c.train.warmup_steps = 4000
   c.input.train_queries_per_batch = 2048
   c.input.eval_queries_per_batch = 4096
+  # Cross-entropy over 76,604 words in chunks: no full fp32 logits tensor (9.2 -> 3.9 GiB).
+  c.train.loss_chunk_tokens = 2048
   if variant == 'small':
     apply_small(c)
   elif variant:
@@ -39,3 +41,4 @@ def apply_small(c):
   c.input.train_queries_per_batch = 256
   c.input.eval_queries_per_batch = 1024
   c.decode.batch_sessions = 128
+  c.train.loss_chunk_tokens = 0  # a ~2.9k-word vocabulary fits

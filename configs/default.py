@@ -51,7 +51,10 @@ def get_config() -> ml_collections.ConfigDict:
   c.model.num_levels = 2  # K: a K-level MTN stacks K-1 masked session encoders
   c.model.decoder_layers = 3
   c.model.dropout = 0.1
-  c.model.tie_embeddings = False
+  # False: the encoder and the decoder each learn a word table, as the paper's model sizes
+  # imply; True: one table serves both.
+  c.model.share_embeddings = False
+  c.model.tie_embeddings = False  # True: the output layer is the decoder's word table
   c.model.pre_norm = False  # the paper is post-norm
   c.model.learned_positions = False  # sinusoidal position encodings, as in Vaswani et al.
   c.model.scan_layers = True  # nn.scan over layer stacks: flat compile time with depth
@@ -73,6 +76,9 @@ def get_config() -> ml_collections.ConfigDict:
   c.train.label_smoothing = 0.05
   c.train.grad_clip_norm = 0.0  # 0: no clipping
   c.train.entropy_weight = 0.0  # M-NSRF's entropy regulariser on the output distribution
+  # > 0: the loss projects decoder states to the vocabulary this many tokens at a time, so the
+  # [tokens, vocabulary] logits never exist whole (large vocabularies); 0: all at once.
+  c.train.loss_chunk_tokens = 0
   c.train.log_every_steps = 100
   c.train.checkpoint_every_steps = 1000
   c.train.keep_checkpoints = 2  # the last N are kept, plus the best by validation loss

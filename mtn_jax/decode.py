@@ -124,10 +124,21 @@ def _cache_row_axes(model, params, memory: Memory, max_len: int, cache):
   return jax.tree.map(row_axis, cache, grown_cache)
 
 
-def _take_rows(cache, axes, rows: jax.Array):
-  """Every cache leaf's rows picked by `rows` int [R'] along its row axis."""
-  return jax.tree.map(lambda axis, x: x if axis is None else jnp.take(x, rows, axis=axis),
-                      axes, cache, is_leaf=lambda a: a is None)
+def _take_rows(cache, axes, rows: jax.Array, *, reorder: bool = False):
+  """Every cache leaf's rows picked by `rows` int [R'] along its row axis.
+
+  With `reorder` (beams re-sorted within their row), the cross-attention keys/values of the
+  memory are left alone: they are the same for every beam of a row, so gathering them would
+  copy them for nothing at every step.
+  """
+  def take(path, axis, x):
+    if axis is None:
+      return x
+    if reorder and any(getattr(k, 'key', None) in ('memory_key', 'memory_value') for k in path):
+      return x
+    return jnp.take(x, rows, axis=axis)
+  return jax.tree_util.tree_map_with_path(lambda p, a, x: take(p, a, x), axes, cache,
+                                          is_leaf=lambda a: a is None)
 
 
 def _emittable_log_probs(logits: jax.Array) -> jax.Array:
@@ -229,7 +240,8 @@ def beam_search(model, params, memory: Memory, *, beam_size: int, max_len: int,
     live_log_probs, live_ids = jax.lax.top_k(jnp.where(ends, -jnp.inf, top_log_probs),
                                              beam_size)
     live_origins = jnp.take_along_axis(origins, live_ids, axis=1)
-    cache = _take_rows(cache, row_axes, (group_starts + live_origins).reshape(-1))
+    cache = _take_rows(cache, row_axes, (group_starts + live_origins).reshape(-1),
+                        reorder=True)
 
     finishing = (ends | (length == max_len)) & (ranks < beam_size)
     new_scores = jnp.where(finishing, length_normalize(top_log_probs, length, length_penalty),

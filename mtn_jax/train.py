@@ -88,26 +88,16 @@ def make_optimizer(train: ml_collections.ConfigDict,
 # Losses and steps
 
 
-def _sums(model, params, queries, *, train: bool, rngs=None, label_smoothing=0.0,
-          entropy_weight=0.0):
-  """Weighted loss sums over a batch: queries int32 [B, S, n]."""
-  logits = model.apply({'params': params}, queries, train=train, rngs=rngs)
-  _, targets, weights = models.decoder_io(queries)
-  loss, nll = losses.token_losses(logits, targets, label_smoothing, entropy_weight)
-  correct = (logits.argmax(-1) == targets).astype(jnp.float32)
-  return {'loss': (loss * weights).sum(), 'nll': (nll * weights).sum(),
-          'correct': (correct * weights).sum(), 'tokens': weights.sum(),
-          'pairs': (weights[..., 0] > 0).sum().astype(jnp.float32)}
-
-
 def train_step(state: TrainState, queries: jax.Array, *, model, optimizer,
-               label_smoothing: float, entropy_weight: float) -> tuple[TrainState, dict]:
+               label_smoothing: float, entropy_weight: float,
+               loss_chunk_tokens: int = 0) -> tuple[TrainState, dict]:
   """One optimizer step on a batch of sessions, queries int32 [B, S, n]."""
   rng = jax.random.fold_in(state.dropout_rng, state.step)
 
   def loss_fn(params):
-    sums = _sums(model, params, queries, train=True, rngs={'dropout': rng},
-                 label_smoothing=label_smoothing, entropy_weight=entropy_weight)
+    sums = losses.session_losses(model, params, queries, train=True, rngs={'dropout': rng},
+                                 label_smoothing=label_smoothing,
+                                 entropy_weight=entropy_weight, chunk_tokens=loss_chunk_tokens)
     return sums['loss'] / jnp.maximum(sums['tokens'], 1.0), sums
 
   grads, sums = jax.grad(loss_fn, has_aux=True)(state.params)
@@ -117,8 +107,9 @@ def train_step(state: TrainState, queries: jax.Array, *, model, optimizer,
   return state.replace(step=state.step + 1, params=params, opt_state=opt_state), sums
 
 
-def eval_step(params, queries: jax.Array, *, model) -> dict:
-  return _sums(model, params, queries, train=False)
+def eval_step(params, queries: jax.Array, *, model, loss_chunk_tokens: int = 0) -> dict:
+  return losses.session_losses(model, params, queries, train=False,
+                               chunk_tokens=loss_chunk_tokens)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -281,10 +272,12 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
   state_sharding = parallel.replicated(mesh)
   step_fn = jax.jit(
       functools.partial(train_step, model=model, optimizer=optimizer,
-                        label_smoothing=tc.label_smoothing, entropy_weight=tc.entropy_weight),
+                        label_smoothing=tc.label_smoothing, entropy_weight=tc.entropy_weight,
+                        loss_chunk_tokens=tc.loss_chunk_tokens),
       in_shardings=(state_sharding, parallel.batch_sharding(mesh)),
       out_shardings=(state_sharding, state_sharding), donate_argnums=0)
-  eval_fn = jax.jit(functools.partial(eval_step, model=model))
+  eval_fn = jax.jit(functools.partial(eval_step, model=model,
+                                      loss_chunk_tokens=tc.loss_chunk_tokens))
   schedule = learning_rate_schedule(tc, cfg.d_model)
 
   stop_requested = threading.Event()

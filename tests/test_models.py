@@ -15,23 +15,30 @@ import pytest
 from mtn_jax.data.vocab import BOS_ID, EOS_ID, PAD_ID, SEP_ID
 from mtn_jax.models import MODELS, ModelConfig, count_params, create_model, decoder_io
 from mtn_jax.models import layers
+from mtn_jax.models.base import session_sources
 from mtn_jax.models.mtn import MTN
-from mtn_jax.models.transformer import Transformer, session_sources
+from mtn_jax.models.transformer import Transformer
 
 VOCAB, WORDS, QUERIES, BATCH = 50, 5, 3, 2
+
+# The models are tiny, so XLA's compile time dominates and its backend optimisations buy
+# nothing.
+jit = functools.partial(jax.jit, compiler_options={'xla_backend_optimization_level': 0})
 
 BASE = ModelConfig(
     name='mtn', vocab_size=VOCAB, max_query_words=WORDS, emb_dim=16, d_model=16, num_heads=2,
     ff_dim=32, query_layers=2, session_layers=2, num_levels=2, decoder_layers=2, dropout=0.1,
-    tie_embeddings=False, pre_norm=False, learned_positions=False, scan_layers=True,
-    remat='none', compute_dtype='float32', lstm_units=8, max_session_queries=8)
+    share_embeddings=False, tie_embeddings=False, pre_norm=False, learned_positions=False,
+    scan_layers=True, remat='none', compute_dtype='float32', lstm_units=8, max_session_queries=8)
 # The three configs the equivalence tests run; between them they cover both layer layouts,
-# both norm placements, both position encodings, tied outputs and emb_dim != d_model.
+# both norm placements, both position encodings, shared and separate word tables, tied outputs
+# and emb_dim != d_model.
 MTN2 = BASE
 MTN3 = BASE.replace(num_levels=3, scan_layers=False, pre_norm=True, learned_positions=True,
                     tie_embeddings=True, emb_dim=12, query_layers=1, session_layers=1,
                     decoder_layers=1)
-TRANSFORMER = BASE.replace(name='transformer', tie_embeddings=True, emb_dim=12)
+TRANSFORMER = BASE.replace(name='transformer', share_embeddings=True, tie_embeddings=True,
+                           emb_dim=12)
 CONFIGS = {'mtn_k2': MTN2, 'mtn_k3': MTN3, 'transformer': TRANSFORMER}
 
 
@@ -50,13 +57,13 @@ def compiled(cfg: ModelConfig):
   model = create_model(cfg)
   decode = functools.partial(model.apply, method='decode', mutable=['cache'], decode=True)
   return dict(
-      forward=jax.jit(lambda params, queries: model.apply({'params': params}, queries,
+      forward=jit(lambda params, queries: model.apply({'params': params}, queries,
                                                           train=False)),
-      encode=jax.jit(lambda params, queries: model.apply({'params': params}, queries,
+      encode=jit(lambda params, queries: model.apply({'params': params}, queries,
                                                          method='encode')),
-      init_cache=jax.jit(lambda params, memory, inputs: decode({'params': params}, memory,
+      init_cache=jit(lambda params, memory, inputs: decode({'params': params}, memory,
                                                               inputs)[1]['cache']),
-      step=jax.jit(lambda params, cache, memory, token: decode(
+      step=jit(lambda params, cache, memory, token: decode(
           {'params': params, 'cache': cache}, memory, token)),
   )
 
@@ -148,9 +155,10 @@ def test_mtn_depends_only_on_real_tokens():
   """The padding id's embedding reaches no real token, no session vector and no target."""
   fns, params = compiled(MTN2), init_params(MTN2)
   queries = make_queries(6)
-  table = params['word_embedding']['embedding']
-  moved = {**params, 'word_embedding': {
-      'embedding': table.at[PAD_ID].set(10.0 * jax.random.normal(jax.random.key(1), (16,)))}}
+  moved = dict(params)
+  for i, table in enumerate(('encoder_embedding', 'decoder_embedding')):
+    moved[table] = {'embedding': params[table]['embedding'].at[PAD_ID].set(
+        10.0 * jax.random.normal(jax.random.key(i), (16,)))}
   memory, moved_memory = fns['encode'](params, queries), fns['encode'](moved, queries)
   real = np.asarray(memory['mask'])
   np.testing.assert_allclose(np.asarray(memory['tokens'])[real],
@@ -171,7 +179,8 @@ def test_mtn_refuses_other_query_widths():
 def decode_stepwise(cfg, params, queries, memory):
   """float32 [B, S-1, T, V]: the decoder fed one token at a time through its KV cache.
 
-  `memory` is the encoding of `queries` (all S positions).
+  `memory` is the encoding of `queries` (all S positions). The steps see its tokens zeroed:
+  cross-attention must read the keys and values the cache made from the real ones.
   """
   fns = compiled(cfg)
   # Keep positions 0..S-2 of every session: the contexts of the teacher-forced pairs.
@@ -180,9 +189,10 @@ def decode_stepwise(cfg, params, queries, memory):
       memory)
   inputs = decoder_io(queries)[0].reshape(BATCH * (QUERIES - 1), -1)
   cache = fns['init_cache'](params, memory, jnp.zeros_like(inputs))
+  step_memory = {**memory, 'tokens': jnp.zeros_like(memory['tokens'])}
   steps = []
   for i in range(inputs.shape[1]):
-    logits, variables = fns['step'](params, cache, memory, inputs[:, i:i + 1])
+    logits, variables = fns['step'](params, cache, step_memory, inputs[:, i:i + 1])
     cache = variables['cache']
     steps.append(logits)
   return jnp.concatenate(steps, axis=1).reshape(BATCH, QUERIES - 1, inputs.shape[1], VOCAB)
@@ -233,7 +243,7 @@ def test_remat_keeps_values_and_gradients():
       y = stack.apply({'params': params}, x, mask, train=True,
                       rngs={'dropout': jax.random.key(1)})
       return jnp.sum(y * y)
-    return jax.jit(jax.value_and_grad(loss))(params)
+    return jit(jax.value_and_grad(loss))(params)
 
   base_loss, base_grads = loss_and_grads('none')
   for remat in ('full', 'dots'):
@@ -269,7 +279,7 @@ def test_decoder_io_exact_values():
 def test_session_sources_exact_values():
   queries = jnp.array([[[5, 6, 0], [7, 0, 0], [8, 9, 10]],
                        [[5, 0, 0], [0, 0, 0], [0, 0, 0]]], jnp.int32)
-  sources, mask = session_sources(queries)
+  sources, lengths = session_sources(queries)
   s = SEP_ID
   np.testing.assert_array_equal(sources, [
       [5, 6, 0, 0, 0, 0, 0, 0, 0, 0, 0],
@@ -278,10 +288,10 @@ def test_session_sources_exact_values():
       [5, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0],
       [5, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0],
       [5, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0]])
-  np.testing.assert_array_equal(mask, sources != PAD_ID)
+  np.testing.assert_array_equal(lengths, (sources != PAD_ID).sum(-1))
 
 
-def test_tied_embeddings_drop_the_output_layer():
+def test_word_table_options_change_exactly_their_parameters():
   queries = make_queries(0)
 
   def num_params(cfg):
@@ -289,12 +299,41 @@ def test_tied_embeddings_drop_the_output_layer():
         jax.random.key(0), queries, train=False))['params'])
 
   for name in ('mtn', 'transformer'):
-    untied = BASE.replace(name=name)
-    assert num_params(untied) - num_params(untied.replace(tie_embeddings=True)) == (
+    separate = BASE.replace(name=name)
+    shared = separate.replace(share_embeddings=True)
+    # A second table: vocabulary x emb_dim, plus its own projection when emb_dim != d_model.
+    assert num_params(separate) - num_params(shared) == VOCAB * BASE.emb_dim
+    assert (num_params(separate.replace(emb_dim=12)) - num_params(shared.replace(emb_dim=12))
+            == VOCAB * 12 + 12 * BASE.d_model)
+    # Tying drops the d_model x V output layer and its bias.
+    assert num_params(separate) - num_params(separate.replace(tie_embeddings=True)) == (
         BASE.d_model * VOCAB + VOCAB)
     # emb_dim != d_model adds the emb_dim x d_model projection and shrinks the table.
-    assert num_params(untied.replace(emb_dim=12)) - num_params(untied) == (
+    assert num_params(shared.replace(emb_dim=12)) - num_params(shared) == (
         12 * BASE.d_model - 4 * VOCAB)
+
+
+@pytest.mark.parametrize('name', ['mtn_k3', 'transformer'])
+def test_tied_output_layer_is_the_decoder_table(name):
+  """Moving word 7's decoder-table row moves word 7's logits and no other.
+
+  Both tied configs: MTN with separate tables, the Transformer with one. The sessions read
+  word 7 in no query and no decoder input, so the row reaches the logits only through the
+  tied output layer.
+  """
+  cfg = CONFIGS[name]
+  share_embeddings = cfg.share_embeddings
+  params = init_params(cfg)
+  queries = make_queries(11)
+  queries = jnp.where(queries == 7, 8, queries)
+  table = 'word_embedding' if share_embeddings else 'decoder_embedding'
+  assert ('encoder_embedding' in params) != share_embeddings
+  moved = {**params, table: {**params[table],
+                             'embedding': params[table]['embedding'].at[7].add(1.0)}}
+  forward = compiled(cfg)['forward']
+  changed = np.abs(np.asarray(forward(moved, queries) - forward(params, queries))).max(
+      axis=(0, 1, 2)) > 1e-6
+  np.testing.assert_array_equal(np.flatnonzero(changed), [7])
 
 
 def test_registry_and_position_limits():

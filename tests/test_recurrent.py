@@ -13,7 +13,7 @@ import pytest
 
 from mtn_jax.data.vocab import SEP_ID
 from mtn_jax.models import recurrent
-from mtn_jax.models.base import ModelConfig, decoder_io
+from mtn_jax.models.base import ModelConfig, decoder_io, session_sources
 
 # The models are tiny, so XLA's compile time dominates these tests and its backend
 # optimisations buy nothing.
@@ -31,11 +31,13 @@ SESSIONS = np.array([
 ], np.int32)
 
 
-def tiny_config(name: str, tie_embeddings: bool = False) -> ModelConfig:
+def tiny_config(name: str, tie_embeddings: bool = False,
+                share_embeddings: bool = False) -> ModelConfig:
   return ModelConfig(
       name=name, vocab_size=VOCAB_SIZE, max_query_words=SESSIONS.shape[-1], emb_dim=8,
       d_model=8, num_heads=1, ff_dim=8, query_layers=1, session_layers=1, num_levels=2,
-      decoder_layers=1, dropout=0.1, tie_embeddings=tie_embeddings, pre_norm=False,
+      decoder_layers=1, dropout=0.1, share_embeddings=share_embeddings,
+      tie_embeddings=tie_embeddings, pre_norm=False,
       learned_positions=False, scan_layers=False, remat='none', compute_dtype='float32',
       lstm_units=6, max_session_queries=8)
 
@@ -43,8 +45,9 @@ def tiny_config(name: str, tie_embeddings: bool = False) -> ModelConfig:
 class Harness:
   """A tiny model with its parameters and jit-compiled per-pair log-likelihoods."""
 
-  def __init__(self, name: str, tie_embeddings: bool = False):
-    self.model = MODELS[name](tiny_config(name, tie_embeddings))
+  def __init__(self, name: str, tie_embeddings: bool = False,
+               share_embeddings: bool = False):
+    self.model = MODELS[name](tiny_config(name, tie_embeddings, share_embeddings))
     self.params = jit(lambda key: self.model.init(key, SESSIONS, train=False))(
         jax.random.key(0))['params']
     self.pair_log_likelihoods = jit(self._pair_log_likelihoods)
@@ -151,23 +154,40 @@ def test_adam_steps_lower_the_masked_cross_entropy(harness):
   assert losses[-3:].max() < 0.5 * losses[0]
 
 
-def test_tied_embeddings_reuse_the_word_table():
-  harness = Harness('hred', tie_embeddings=True)
+@pytest.mark.parametrize('share_embeddings', [False, True])
+def test_tied_embeddings_reuse_the_decoder_table(share_embeddings):
+  harness = Harness('hred', tie_embeddings=True, share_embeddings=share_embeddings)
   assert 'output_projection' not in harness.params
+  table = 'word_embedding' if share_embeddings else 'decoder_embedding'
+  assert ('encoder_embedding' in harness.params) != share_embeddings
   # Sessions that repeat their first query read the words 5, 6, 13..16 and <s>, never 7.
-  # Every logit is a word's embedding dotted with the decoder's output vector, so moving
-  # word 7's embedding moves word 7's logits and no other.
+  # Every logit is a word's decoder-table row dotted with the decoder's output vector, so
+  # moving word 7's row moves word 7's logits and no other.
   repeated = SESSIONS[:, :1].repeat(2, axis=1)
-  params = {**harness.params, 'embed': {
-      'embedding': harness.params['embed']['embedding'].at[7].add(1.0)}}
+  params = {**harness.params, table: {
+      'embedding': harness.params[table]['embedding'].at[7].add(1.0)}}
   apply = jit(lambda params: harness.model.apply({'params': params}, repeated, train=False))
   moved, base = apply(params), apply(harness.params)
   changed = np.abs(np.asarray(moved - base)).max(axis=(0, 1, 2)) > 1e-6
   np.testing.assert_array_equal(np.flatnonzero(changed), [7])
 
 
-def test_session_prefix_sources_join_queries_with_sep():
-  sources, lengths = recurrent.session_prefix_sources(jnp.asarray(SESSIONS))
+@pytest.mark.parametrize('name', list(MODELS))
+def test_separate_word_tables_add_exactly_one_table(name):
+  def num_params(cfg):
+    shapes = jax.eval_shape(lambda: MODELS[name](cfg).init(jax.random.key(0), SESSIONS,
+                                                           train=False))
+    return sum(math.prod(x.shape) for x in jax.tree.leaves(shapes))
+
+  shared = num_params(tiny_config(name, share_embeddings=True))
+  assert num_params(tiny_config(name)) - shared == VOCAB_SIZE * 8
+  # Tying replaces the 2u -> V output layer by a 2u -> emb_dim map, u = lstm_units = 6.
+  tied = num_params(tiny_config(name, tie_embeddings=True, share_embeddings=True))
+  assert shared - tied == (12 + 1) * VOCAB_SIZE - (12 + 1) * 8
+
+
+def test_session_sources_join_queries_with_sep():
+  sources, lengths = session_sources(jnp.asarray(SESSIONS))
   s = SEP_ID
   expected = [
       [5, 6], [5, 6, s, 7], [5, 6, s, 7, s, 8, 9, 10], [5, 6, s, 7, s, 8, 9, 10, s, 11, 12],

@@ -17,16 +17,25 @@ What it holds (the real log's quirks included):
 - Click lines: a clicked query's line carries rank and url, and further clicks repeat the
   query with their own rank and url right after it; some queries are re-submitted for the
   next result page. A few "-" queries and a few queries of more than 10 words.
-- Structure a model can learn: a session pursues an intent (a topic family, an entity, a
-  facet such as "flights to {}" or "{} reviews", optional modifiers) through reformulation
-  moves: specialise (add a modifier), generalise (drop one), substitute (an entity for a
-  sibling, a facet for the family's next one), correct a misspelling, navigate ("delta" ->
-  "www.delta.com"). In about half the sessions of 3 or more queries the next query depends
-  on the FIRST one, not only on the last: the substitution of step 1->2 repeats and the
-  session then returns to the first entity; detours to a sibling alternate with returns to
-  the first entity under the family's next facet; or a generic query ("reviews") is followed
-  by the same facet for the first query's entity ("honda civic reviews").
-- 29 topic families of 12-16 entities each and about 1,200 distinct words: small enough for
+- Structure a model can learn: most of a session follows from its first query. Each
+  family has listed orders of entities and facets, a usual modifier and a habitual session
+  script, which its sessions follow 60% of the time (any script otherwise):
+  - refine: the family's refinement path, a function of the last query ("honda civic" ->
+    "honda civic reviews" -> "used honda civic reviews" -> "used honda civic prices");
+  - compare: the same query for the next two entities in the family's order, then back to
+    the first query's entity under the next facet, and round again;
+  - detour: the family's benchmark entity (its first), then the first query's entity under
+    the next facet, alternating;
+  - generic: a bare facet word ("reviews") answered by that facet for the first query's
+    entity ("honda civic reviews"), facets in the family's order;
+  - navigate: a site's name, then its one address ("delta" -> "www.delta.com"), then the
+    entity's refinement path (banks, stores, portals) or the family's next site.
+  A fifth of the planned queries are replaced by a random variant (another entity or facet,
+  a modifier, or less), after which the session goes on with its plan. Opening queries
+  often carry modifiers ("cheap", "in june") that stay with the session's later queries.
+  A misspelt query is always followed by its correction, and 10% of the longer sessions
+  switch task midway.
+- 29 topic families of 12-16 entities each and about 1,100 distinct words: small enough for
   a small Transformer to learn on a CPU.
 
 Size: 1,500 users (configs/demo.py) give 115,925 lines (1.2 MB gzip, 7 MB plain) in about
@@ -400,21 +409,14 @@ class _Intent:
 
 
 def _specialise(draws: _Draws, intent: _Intent) -> _Intent | None:
-  """Adds a modifier (one in front, one behind at most) within the word limit."""
-  words = set(intent.text.split())
+  """One of the family's modifiers added (one in front, one behind at most) where it fits."""
   options = []
-  if not intent.before and intent.facet.split()[0] not in _CLAUSE_OPENERS:
-    options += [('before', m) for m in intent.family.before if not words & set(m.split())]
+  if not intent.before:
+    options += [_with_modifier(intent, before=m) for m in intent.family.before]
   if not intent.after:
-    options += [('after', m) for m in intent.family.after if not words & set(m.split())]
-  if not options:
-    return None
-  side, modifier = draws.pick(options)
-  if side == 'before':
-    refined = dataclasses.replace(intent, before=modifier)
-  else:
-    refined = dataclasses.replace(intent, after=modifier)
-  return refined if _word_count(refined.text) <= _MAX_QUERY_WORDS - 1 else None
+    options += [_with_modifier(intent, after=m) for m in intent.family.after]
+  options = [o for o in options if o is not intent]
+  return draws.pick(options) if options else None
 
 
 def _generalise(intent: _Intent) -> _Intent | None:
@@ -435,11 +437,20 @@ def _facet_index(intent: _Intent) -> int:
 
 
 def _fits(intent: _Intent) -> bool:
-  """A modifier in front of a clause ("cheap how to ...") reads wrongly; leave room for one
-  more word, which a misspelling-free query may still gain from a long-query wrapping."""
+  """Whether the query reads right ("cheap how to ..." does not) within the word limit."""
   if intent.before and intent.facet.split()[0] in _CLAUSE_OPENERS:
     return False
-  return _word_count(intent.text) <= _MAX_QUERY_WORDS - 1
+  return _word_count(intent.text) <= _MAX_QUERY_WORDS
+
+
+def _with_modifier(intent: _Intent, **modifier: str) -> _Intent:
+  """The intent with a modifier (`before=` or `after=`) added where it fits and repeats no
+  word of the query ("free free bingo games")."""
+  modified = dataclasses.replace(intent, **modifier)
+  new_words = set(' '.join(modifier.values()).split())
+  if _fits(modified) and not new_words & set(intent.text.split()):
+    return modified
+  return intent
 
 
 def _with_facet(intent: _Intent, facet: str) -> _Intent:
@@ -462,34 +473,29 @@ def _shifted_entity(intent: _Intent, offset: int) -> _Intent:
 
 
 def _canonical_modifier(intent: _Intent) -> _Intent | None:
-  """The intent with its facet's own modifier added: the family's modifiers (front ones,
-  then back ones) taken in facet order, so "honda civic prices" always becomes "used honda
-  civic prices". None when no modifier fits."""
-  words = set(intent.text.split())
-  options = [dataclasses.replace(intent, before=m) for m in intent.family.before]
-  options += [dataclasses.replace(intent, after=m) for m in intent.family.after]
-  options = [o for o in options
-             if _fits(o) and not words & set((o.before or o.after).split())]
-  if not options:
-    return None
-  return options[max(_facet_index(intent), 0) % len(options)]
+  """The intent with its family's usual modifier added: the first front one that fits, else
+  the first back one ("honda civic prices" -> "used honda civic prices"); None if none fits."""
+  for side, modifiers in (('before', intent.family.before), ('after', intent.family.after)):
+    for modifier in modifiers:
+      modified = _with_modifier(intent, **{side: modifier})
+      if modified is not intent:
+        return modified
+  return None
 
 
 def _refinement_step(intent: _Intent) -> _Intent:
   """One step along the family's refinement path, a function of the query alone.
 
-  Facets come in their listed order; at each odd-numbered facet the user adds that facet's
-  modifier, carries it to the next facet and drops it there:
-  "honda civic" -> "honda civic reviews" -> "honda civic prices" -> "used honda civic prices"
-  -> "used honda civic for sale" -> "honda civic for sale" -> "honda civic parts" -> ...
+  A bare entity gets the family's first facet, an unmodified facet the family's usual
+  modifier, a modified query the next facet with its modifier kept, and a query modified on
+  both sides loses the back modifier: "honda civic" -> "honda civic reviews" -> "used honda
+  civic reviews" -> "used honda civic prices" -> "used honda civic for sale" -> ...
   """
-  index = _facet_index(intent)
-  modified = bool(intent.before or intent.after)
-  if index < 0 or index % 2 == 0:
-    return dataclasses.replace(intent, before='', after='') if modified else _next_facet(intent)
-  if modified:
-    return _next_facet(intent)
-  return _canonical_modifier(intent) or _next_facet(intent)
+  if intent.before and intent.after:
+    return dataclasses.replace(intent, after='')
+  if _facet_index(intent) >= 0 and not (intent.before or intent.after):
+    return _canonical_modifier(intent) or _next_facet(intent)
+  return _next_facet(intent)
 
 
 def _random_sibling(draws: _Draws, intent: _Intent) -> _Intent:
@@ -554,6 +560,8 @@ def _navigation_url(site: str) -> str:
 
 
 _POPULARITY_CUMULATIVE = _cumulative(f.popularity for f in _FAMILIES.values())
+_OPENING_BEFORE_CHANCE = 0.4
+_OPENING_AFTER_CHANCE = 0.3
 
 
 @dataclasses.dataclass(frozen=True)
@@ -574,7 +582,13 @@ class _User:
     family = _FAMILIES[name]
     favourite = self.favourites.get(name)
     entity = favourite if favourite and draws.chance(0.5) else draws.pick(family.entities)
-    return _Intent(family, entity, draws.pick(family.facets))
+    opening = _Intent(family, entity, draws.pick(family.facets))
+    # Modifiers asked for from the start stay with the session's queries where they fit.
+    if draws.chance(_OPENING_BEFORE_CHANCE):
+      opening = _with_modifier(opening, before=draws.pick(family.before))
+    if draws.chance(_OPENING_AFTER_CHANCE):
+      opening = _with_modifier(opening, after=draws.pick(family.after))
+    return opening
 
 
 def _new_user(draws: _Draws, user_id: int) -> _User:
@@ -593,45 +607,50 @@ def _new_user(draws: _Draws, user_id: int) -> _User:
 
 
 # How often a user asks something else than the query their session's plan says next.
-_DEVIATION_CHANCE = 0.25
+_DEVIATION_CHANCE = 0.2
 
 
 def _asked(draws: _Draws, planned: _Intent) -> _Intent:
+  """The planned query, or now and then a deviation from it."""
   return _deviation(draws, planned) if draws.chance(_DEVIATION_CHANCE) else planned
 
 
 def _refine(draws: _Draws, intent: _Intent, length: int) -> list[str]:
-  """Along the family's refinement path from the opening query, and on from any deviation."""
-  queries, current = [intent.text], intent
+  """Along the family's refinement path from the opening query; after a deviation the user
+  goes on where the path was."""
+  queries, planned = [intent.text], intent
   while len(queries) < length:
-    current = _asked(draws, _refinement_step(current))
-    queries.append(current.text)
-  return queries
-
-
-def _entity_tour(draws: _Draws, intent: _Intent, length: int,
-                 offsets: tuple[int, ...]) -> list[str]:
-  """The opening query, then the same query about the entities `offsets[1:]` places on in
-  the family's order; back to the first entity under the next facet, and round again."""
-  queries, anchor = [intent.text], intent
-  while len(queries) < length:
-    step = len(queries) % len(offsets)
-    if step == 0:
-      anchor = _next_facet(anchor)
-    queries.append(_asked(draws, _shifted_entity(anchor, offsets[step])).text)
+    planned = _refinement_step(planned)
+    queries.append(_asked(draws, planned).text)
   return queries
 
 
 def _compare(draws: _Draws, intent: _Intent, length: int) -> list[str]:
-  """Compares the first entity with the next two of its family, facet after facet."""
-  return _entity_tour(draws, intent, length, (0, 1, 2))
+  """The opening query, then the same about the next two entities in the family's order;
+  back to the first entity under the next facet, and round again."""
+  queries, anchor = [intent.text], intent
+  while len(queries) < length:
+    step = len(queries) % 3
+    if step == 0:
+      anchor = _next_facet(anchor)
+    queries.append(_asked(draws, _shifted_entity(anchor, step)).text)
+  return queries
 
 
 def _detour(draws: _Draws, intent: _Intent, length: int) -> list[str]:
-  """Glances at the entity listed before the first one, then returns to the first entity
-  under the next facet ("honda accord reviews" -> "honda civic reviews" -> "honda accord
-  prices" -> ...)."""
-  return _entity_tour(draws, intent, length, (0, -1))
+  """Glances at the family's benchmark (its first entity, else its second), then returns to
+  the first query's entity under the next facet: "toyota camry reviews" -> "honda civic
+  reviews" -> "toyota camry prices" -> "honda civic prices" -> ..."""
+  entities = intent.family.entities
+  benchmark = entities[0] if intent.entity != entities[0] else entities[1]
+  queries, anchor = [intent.text], intent
+  while len(queries) < length:
+    if len(queries) % 2:
+      queries.append(_asked(draws, dataclasses.replace(anchor, entity=benchmark)).text)
+    else:
+      anchor = _next_facet(anchor)
+      queries.append(_asked(draws, anchor).text)
+  return queries
 
 
 def _generic(draws: _Draws, intent: _Intent, length: int) -> list[str]:
@@ -659,10 +678,10 @@ def _navigate(draws: _Draws, intent: _Intent, length: int) -> list[str]:
   family = intent.family
   if family.entity_sites:
     queries = [intent.entity, _navigation_url(intent.entity)]
-    current = dataclasses.replace(intent, facet='{}')
+    planned = dataclasses.replace(intent, facet='{}', before='', after='')
     while len(queries) < length:
-      current = _asked(draws, _refinement_step(current))
-      queries.append(current.text)
+      planned = _refinement_step(planned)
+      queries.append(_asked(draws, planned).text)
     return queries[:length]
   index = draws.below(len(family.sites))
   queries = []

@@ -6,14 +6,16 @@ Shapes: `B` batch rows, `T` query (target) positions, `L` key/value (source) pos
 - `WordEmbedding`: ids int [..., T] -> [..., T, d] (`emb_dim` vectors projected to `d_model`
   when the sizes differ), and `attend`: [..., T, d] -> tied vocabulary logits float32 [..., T, V].
 - `PositionEncoding`: int positions [..., T] -> [..., T, d], sinusoidal or learned.
-- `Attention`: multi-head attention [B, T, d] x [B, L, d] -> [B, T, d], with an autoregressive
-  key/value cache in the 'cache' collection.
+- `Attention`: multi-head attention [B, T, d] x [B, L, d] -> [B, T, d]; when decoding, an
+  autoregressive key/value cache (self-attention) or the memory's keys/values projected once
+  (cross-attention), in the 'cache' collection.
 - `TransformerLayer`: self-attention, optional cross-attention, feed-forward; `LayerStack`
   repeats it, as a Python loop or under `nn.scan`, optionally rematerialised.
 - `Decoder`: the standard Transformer decoder both models share:
-  (memory [B, L, d], memory mask [B, L], decoder inputs int [B, T]) -> logits float32 [B, T, V].
-- `SessionEncoderDecoder`: `decode` and the whole-session training pass of a model with a
-  causal `encode`: queries int32 [B, S, n] -> logits float32 [B, S-1, n+1, V].
+  (memory [B, L, d], memory mask [B, L], decoder inputs int [B, T]) -> hidden [B, T, d].
+- `SessionEncoderDecoder`: word tables, decoder and output layer around a causal `encode`,
+  with the entry points of `mtn_jax.models.base.SessionModel`: `decode_hidden` -> [N, T', d],
+  `output_logits` -> float32 [..., V], whole-session logits [B, S-1, n+1, V].
 - `loop_to_scan_params` / `scan_to_loop_params` convert parameter trees between the two
   layer-stack layouts, so a checkpoint trained with one runs with the other.
 """
@@ -30,7 +32,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from mtn_jax.models.base import ModelConfig, decoder_io
+from mtn_jax.models.base import ModelConfig, SessionModel, word_embeddings
 
 REMAT_POLICIES = {
     'full': None,  # save nothing: recompute the whole layer in the backward pass
@@ -80,7 +82,7 @@ def _logits_dot(lhs: jax.Array, rhs: jax.Array, contract_rhs: int) -> jax.Array:
 
 
 class WordEmbedding(nn.Module):
-  """The word table shared by encoder input, decoder input and (when tied) the output layer.
+  """A word table: the encoder's input, the decoder's input and (when tied) its output layer.
 
   Hand-written rather than `nn.Embed` + `nn.Dense` because tying must pass through the
   emb_dim -> d_model projection in both directions with the same weights.
@@ -165,15 +167,18 @@ class Attention(nn.Module):
   No dropout on the attention probabilities: the fused kernel has none; dropout acts on the
   sublayer outputs and the embeddings, as in Vaswani et al.
 
-  With `decode`, the layer attends causally over a key/value cache ('cache' collection:
-  cached_key / cached_value [B, max_len, heads, head_dim], cache_index): a first call with the
-  full-length inputs creates the cache (and computes as without it), then each call feeds one
-  position [B, 1, d] and the given mask is replaced by "cached positions so far". Only
-  self-attention decodes this way.
+  With `decode`, a first call with the full-length inputs creates the layer's part of the
+  'cache' collection and computes as without it; each later call feeds one position [B, 1, d].
+  Self-attention then attends causally over a key/value cache (cached_key / cached_value
+  [B, max_len, heads, head_dim], cache_index), the given mask replaced by "cached positions
+  so far". Cross-attention (`cross`) keeps the keys and values of its fixed memory
+  (memory_key / memory_value [B, L, heads, head_dim]), projected once at cache creation
+  instead of at every step; later calls ignore `inputs_kv`.
   """
 
   config: ModelConfig
   decode: bool = False
+  cross: bool = False
 
   @nn.compact
   def __call__(self, inputs_q: jax.Array, inputs_kv: jax.Array, mask: jax.Array
@@ -182,12 +187,25 @@ class Attention(nn.Module):
     head_dim = cfg.d_model // cfg.num_heads
     project = functools.partial(_dense, cfg, (cfg.num_heads, head_dim), axis=-1)
     query = project(name='query')(inputs_q)  # [B, T, heads, head_dim]
-    key = project(name='key')(inputs_kv)
-    value = project(name='value')(inputs_kv)
-    if self.decode:
-      key, value, mask = self._update_cache(key, value, mask)
+    if self.decode and self.cross:
+      key, value = self._memory_keys_values(lambda: (project(name='key')(inputs_kv),
+                                                     project(name='value')(inputs_kv)))
+    else:
+      key = project(name='key')(inputs_kv)
+      value = project(name='value')(inputs_kv)
+      if self.decode:
+        key, value, mask = self._update_cache(key, value, mask)
     out = _attention_core(query, key, value, mask)
     return _dense(cfg, cfg.d_model, axis=(-2, -1), name='out')(out)
+
+  def _memory_keys_values(self, project_memory: Callable[[], tuple[jax.Array, jax.Array]]
+                          ) -> tuple[jax.Array, jax.Array]:
+    if self.has_variable('cache', 'memory_key'):
+      return self.get_variable('cache', 'memory_key'), self.get_variable('cache', 'memory_value')
+    key, value = project_memory()
+    self.put_variable('cache', 'memory_key', key)
+    self.put_variable('cache', 'memory_value', value)
+    return key, value
 
   def _update_cache(self, key: jax.Array, value: jax.Array, mask: jax.Array
                     ) -> tuple[jax.Array, jax.Array, jax.Array]:
@@ -239,7 +257,7 @@ class TransformerLayer(nn.Module):
     self_attention = Attention(cfg, decode=self.decode, name='self_attention')
     x = self._add_norm(x, lambda h: self_attention(h, h, self_mask), 'self_attention')
     if self.cross_attention:
-      cross_attention = Attention(cfg, name='cross_attention')
+      cross_attention = Attention(cfg, decode=self.decode, cross=True, name='cross_attention')
       x = self._add_norm(x, lambda h: cross_attention(h, memory, memory_mask),
                          'cross_attention')
     hidden = _dense(cfg, cfg.ff_dim, name='ff_hidden')
@@ -312,9 +330,10 @@ def scan_to_loop_params(tree: Any) -> Any:
 
 
 class Decoder(nn.Module):
-  """The standard Transformer decoder: it generates the next query from one memory row.
+  """The standard Transformer decoder: it reads one memory row to generate the next query.
 
-  (memory [B, L, d], memory_mask bool [B, L], decoder_inputs int [B, T]) -> float32 [B, T, V].
+  (memory [B, L, d], memory_mask bool [B, L], decoder_inputs int [B, T]) -> hidden [B, T, d],
+  the states the output layer maps to the vocabulary.
   Self-attention is causal only: with `<s>` first and padding last, later padding never
   reaches a real position, and the teacher-forced pass is exactly the step-by-step decode.
   With `decode`, see `Attention`: the first call (inputs [B, max_len]) creates the cache,
@@ -341,44 +360,45 @@ class Decoder(nn.Module):
                              'config.data.max_query_words + 1 (the words and </s>)',
                              name='positions')(positions)
     x = nn.Dropout(cfg.dropout, deterministic=not train)(x)
-    x = LayerStack(cfg, cfg.decoder_layers, cross_attention=True, name='stack')(
+    return LayerStack(cfg, cfg.decoder_layers, cross_attention=True, name='stack')(
         x, causal_mask(length), memory, padding_mask(memory_mask), train=train,
         decode=decode)
-    if cfg.tie_embeddings:
-      return self.embedding.attend(x)
-    logits_layer = nn.Dense(cfg.vocab_size, dtype=cfg.dtype, param_dtype=jnp.float32,
-                            dot_general=functools.partial(
-                                jax.lax.dot_general, preferred_element_type=jnp.float32),
-                            name='logits')
-    return logits_layer(x).astype(jnp.float32)
 
 
-class SessionEncoderDecoder(nn.Module):
-  """What MTN and the Transformer share around their encoders: the decoder and the pairs.
+class SessionEncoderDecoder(SessionModel):
+  """What MTN and the Transformer share around their encoders: word tables, decoder, output.
 
-  Subclasses set up `self.decoder` (a `Decoder`) and define a CAUSAL `encode(queries
+  Subclasses extend `setup` (calling this one) and define a CAUSAL `encode(queries
   [B, S, n], *, train)` -> {'tokens': [B*S, L, d], 'mask': bool [B*S, L]}: row b*S + t is the
-  context after queries 0..t and depends on nothing later.
+  context after queries 0..t and depends on nothing later; it embeds words with
+  `self.encoder_embedding` and may use `self.embedding_dropout`.
+
+  Word tables (`config.share_embeddings`): one, 'word_embedding', for encoder and decoder, or
+  'encoder_embedding' and 'decoder_embedding'. The output layer is 'logits', a dense map to
+  the vocabulary, or with `tie_embeddings` the decoder's table (`WordEmbedding.attend`).
   """
 
-  config: ModelConfig
+  def setup(self):
+    cfg = self.config
+    self.encoder_embedding, self.decoder_embedding = word_embeddings(
+        cfg, functools.partial(WordEmbedding, cfg))
+    self.embedding_dropout = nn.Dropout(cfg.dropout)
+    self.decoder = Decoder(cfg, self.decoder_embedding)
+    if not cfg.tie_embeddings:
+      self.output_projection = nn.Dense(
+          cfg.vocab_size, dtype=cfg.dtype, param_dtype=jnp.float32,
+          dot_general=functools.partial(jax.lax.dot_general,
+                                        preferred_element_type=jnp.float32),
+          name='logits')
 
-  def decode(self, memory: dict[str, jax.Array], decoder_inputs: jax.Array, *,
-             train: bool = False, decode: bool = False) -> jax.Array:
-    """memory rows [N, ...], decoder_inputs int32 [N, T'] -> float32 logits [N, T', V]."""
+  def decode_hidden(self, memory: dict[str, jax.Array], decoder_inputs: jax.Array, *,
+                    train: bool = False, decode: bool = False) -> jax.Array:
+    """memory rows [N, ...], decoder_inputs int32 [N, T'] -> hidden [N, T', d]."""
     return self.decoder(memory['tokens'], memory['mask'], decoder_inputs, train=train,
                         decode=decode)
 
-  def __call__(self, queries: jax.Array, *, train: bool) -> jax.Array:
-    """queries int32 [B, S, n] -> float32 logits [B, S-1, n+1, V] for pairs 0..S-2."""
-    batch, num_queries, _ = queries.shape
-    if num_queries < 2:
-      raise ValueError(f'a session batch needs at least 2 queries per session to form a '
-                       f'(previous queries -> next query) pair, got {num_queries}')
-    # Position t's context reads queries 0..t only, so the last query, which no pair reads as
-    # context, is left out of the encoder rather than encoded and discarded.
-    memory = self.encode(queries[:, :-1], train=train)
-    decoder_inputs, _, _ = decoder_io(queries)
-    logits = self.decode(memory, decoder_inputs.reshape(batch * (num_queries - 1), -1),
-                         train=train)
-    return logits.reshape(batch, num_queries - 1, *logits.shape[1:])
+  def output_logits(self, hidden: jax.Array) -> jax.Array:
+    """hidden [..., d] -> float32 logits [..., V]."""
+    if self.config.tie_embeddings:
+      return self.decoder_embedding.attend(hidden)
+    return self.output_projection(hidden).astype(jnp.float32)

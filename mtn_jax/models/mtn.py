@@ -6,7 +6,9 @@ In: `queries` int32 [B, S, n] word ids of B sessions of S queries, 0-padded (n =
     tokens of query t (which carry the session context of queries 0..t) and their real-token
     mask, the context for suggesting query t+1;
   `decode`: (memory, decoder inputs int32 [N, T']) -> float32 logits [N, T', V];
-  `__call__`: -> float32 logits [B, S-1, n+1, V] for the pairs (queries 0..t -> query t+1).
+  `__call__`: -> float32 logits [B, S-1, n+1, V] for the pairs (queries 0..t -> query t+1);
+  `decode_hidden` / `session_hidden`: the decoder's states [N, T', d] / [B, S-1, n+1, d]
+    before `output_logits` maps them to float32 logits [..., V].
 
 n is part of the model, not of the batch: the query projection has one weight per token slot,
 so every batch must be padded to exactly `max_query_words` tokens per query.
@@ -56,22 +58,21 @@ class MTN(layers.SessionEncoderDecoder):
   """K-level MTN: a query encoder, K-1 session levels (no shared weights), one decoder.
 
   K = `num_levels` (2 in the paper). Choices the paper leaves open, and the ones made here:
-  one word embedding serves the query encoder, the decoder input and, with `tie_embeddings`,
-  the output layer; w_proj has no bias and starts at N(0, 1/n); dropout (rate `dropout`)
-  acts on the embeddings, the query vectors entering the session encoder, every sublayer
-  output and the session vector before its Add & Norm; with `pre_norm`, each layer stack
-  ends in a LayerNorm and the level's Add & Norm stays as it is.
+  the word tables follow `share_embeddings` (separate encoder and decoder tables by default,
+  as in the paper's sizes) and, with `tie_embeddings`, the output layer reuses the decoder's;
+  w_proj has no bias and starts at N(0, 1/n); dropout (rate `dropout`) acts on the
+  embeddings, the query vectors entering the session encoder, every sublayer output and the
+  session vector before its Add & Norm; with `pre_norm`, each layer stack ends in a LayerNorm
+  and the level's Add & Norm stays as it is.
   """
 
   def setup(self):
+    super().setup()
     cfg = self.config
-    self.word_embedding = layers.WordEmbedding(cfg)
     self.token_positions = layers.PositionEncoding(cfg, cfg.max_query_words,
                                                    'config.data.max_query_words')
     self.query_encoder = layers.LayerStack(cfg, cfg.query_layers)
     self.session_levels = [SessionLevel(cfg) for _ in range(cfg.num_levels - 1)]
-    self.decoder = layers.Decoder(cfg, self.word_embedding)
-    self.embedding_dropout = nn.Dropout(cfg.dropout)
 
   def encode(self, queries: jax.Array, *, train: bool = False) -> dict[str, jax.Array]:
     """queries int32 [B, S, n] -> {'tokens': [B*S, n, d], 'mask': bool [B*S, n]}."""
@@ -83,7 +84,7 @@ class MTN(layers.SessionEncoderDecoder):
                        f'{num_tokens}')
     tokens = queries.reshape(batch * num_queries, num_tokens)
     token_mask = tokens != PAD_ID
-    x = self.word_embedding(tokens) + self.token_positions(jnp.arange(num_tokens))
+    x = self.encoder_embedding(tokens) + self.token_positions(jnp.arange(num_tokens))
     x = self.embedding_dropout(x, deterministic=not train)
     # One set of query-encoder weights for every query: sessions fold into the batch.
     x = self.query_encoder(x, layers.padding_mask(token_mask), train=train)

@@ -6,7 +6,9 @@ N decoder rows, T' decoder steps, V words):
     context per session position t (after queries 0..t), row-major over (b, t);
   `decode(memory, decoder_inputs int32 [N, T']) -> logits float32 [N, T', V]`, teacher-forced,
     or with `decode=True` one step at a time from the LSTM state held in the 'cache' collection;
-  `__call__(queries [B, S, n]) -> logits float32 [B, S-1, T, V]` for the pairs t = 0..S-2.
+  `__call__(queries [B, S, n]) -> logits float32 [B, S-1, T, V]` for the pairs t = 0..S-2;
+  `decode_hidden` / `session_hidden`: the decoder's features [N, T', 2u] / [B, S-1, T, 2u]
+    (u = `lstm_units`) before `output_logits` maps them to float32 logits [..., V].
 
 Padding (id 0) never enters a recurrent state: every LSTM runs with `seq_lengths`, so a batch
 padded with more tokens per query, more queries per session or more sessions gives the same
@@ -19,8 +21,8 @@ import jax
 import jax.numpy as jnp
 from flax import linen as nn
 
-from mtn_jax.data.vocab import PAD_ID, SEP_ID
-from mtn_jax.models.base import ModelConfig, decoder_io
+from mtn_jax.data.vocab import PAD_ID
+from mtn_jax.models.base import ModelConfig, SessionModel, session_sources, word_embeddings
 
 Carry = tuple[jax.Array, jax.Array]  # an LSTM state (c, h), each [rows, units]
 
@@ -37,34 +39,6 @@ def _check_rank(array: jax.Array, what: str, layout: str) -> None:
   if array.ndim != rank or not jnp.issubdtype(array.dtype, jnp.integer):
     raise ValueError(f'{what} must be integer word ids {layout}, '
                      f'got shape {array.shape} and dtype {array.dtype}')
-
-
-def session_prefix_sources(queries: jax.Array) -> tuple[jax.Array, jax.Array]:
-  """Seq2Seq's source sequences: for each session position t, queries 0..t joined by `<sep>`.
-
-  Args:
-    queries: int32 [B, S, n] word ids, 0-padded.
-  Returns:
-    sources: int32 [B * S, S * (n + 1) - 1], row b * S + t holds `q_0 <sep> q_1 ... <sep> q_t`
-      with no padding gaps, then padding. A padding query adds nothing, so a padding row's
-      source equals that of the last real query before it.
-    lengths: int32 [B * S], real tokens of each source.
-  """
-  b, s, n = queries.shape
-  query_lengths = (queries != PAD_ID).sum(-1)  # [B, S]
-  slots = jnp.arange(n + 1)
-  with_sep = jnp.concatenate([queries, jnp.zeros((b, s, 1), queries.dtype)], axis=-1)
-  is_sep_slot = (slots == query_lengths[..., None]) & (query_lengths[..., None] > 0)
-  with_sep = jnp.where(is_sep_slot, SEP_ID, with_sep).reshape(b, s * (n + 1))
-  # A stable sort on "is padding" moves the real tokens to the front, in session order.
-  order = jnp.argsort(with_sep == PAD_ID, axis=-1, stable=True)
-  session_tokens = jnp.take_along_axis(with_sep, order, axis=-1)[:, :-1]  # [B, L]
-  # Query t ends where its trailing `<sep>` would start.
-  ends = jnp.cumsum(query_lengths + (query_lengths > 0), axis=-1) - 1  # [B, S]
-  lengths = jnp.maximum(ends, 0).astype(jnp.int32)
-  positions = jnp.arange(session_tokens.shape[-1])
-  sources = jnp.where(positions < lengths[..., None], session_tokens[:, None], PAD_ID)
-  return sources.reshape(b * s, -1).astype(queries.dtype), lengths.reshape(b * s)
 
 
 def _encode_tokens(encoder: nn.Bidirectional, embedded: jax.Array,
@@ -114,59 +88,50 @@ def _run_decoder_lstm(module: nn.Module, lstm: nn.RNN, inputs: jax.Array, decode
   return outputs
 
 
-class _RecurrentModel(nn.Module):
-  """What the three baselines share: embeddings, dropout, output layer, `decode`, `__call__`.
+class _RecurrentModel(SessionModel):
+  """What the three baselines share: word tables, dropout, output layer, `decode_hidden`.
 
   A subclass's setup adds `self.decoder`, a module mapping (memory, embedded decoder inputs
-  [N, T', emb_dim], decode) to features [N, T', 2 * lstm_units], and defines `encode`.
+  [N, T', emb_dim], decode) to features [N, T', 2 * lstm_units], and defines `encode`,
+  embedding its words with `_embed_source`.
 
-  One embedding table serves source and target words (the same vocabulary); the output layer
-  is a dense map to the vocabulary, or with `tie_embeddings` a map to `emb_dim` followed by the
-  transposed embedding table.
+  Word tables (`share_embeddings`): one, 'word_embedding', for source and target words (the
+  same vocabulary), or 'encoder_embedding' and 'decoder_embedding'. The output layer is a
+  dense map to the vocabulary, or with `tie_embeddings` a map to `emb_dim` followed by the
+  transposed decoder table.
   """
-
-  config: ModelConfig
 
   def setup(self):
     c = self.config
-    self.embed = nn.Embed(c.vocab_size, c.emb_dim, dtype=c.dtype, param_dtype=jnp.float32)
+    self.encoder_embedding, self.decoder_embedding = word_embeddings(
+        c, lambda name: nn.Embed(c.vocab_size, c.emb_dim, dtype=c.dtype,
+                                 param_dtype=jnp.float32, name=name))
     self.dropout = nn.Dropout(c.dropout)
     if c.tie_embeddings:
       self.output_to_embedding = nn.Dense(c.emb_dim, dtype=c.dtype)
     else:
       self.output_projection = nn.Dense(c.vocab_size, dtype=c.dtype)
 
-  def _embed_words(self, ids: jax.Array, train: bool) -> jax.Array:
-    return self.dropout(self.embed(ids), deterministic=not train)
+  def _embed_source(self, ids: jax.Array, train: bool) -> jax.Array:
+    return self.dropout(self.encoder_embedding(ids), deterministic=not train)
 
-  def _output_logits(self, features: jax.Array, train: bool) -> jax.Array:
-    """[..., features] decoder outputs -> float32 [..., V] logits."""
-    features = self.dropout(features, deterministic=not train)
-    if self.config.tie_embeddings:
-      return self.embed.attend(self.output_to_embedding(features)).astype(jnp.float32)
-    return self.output_projection(features).astype(jnp.float32)
-
-  def decode(self, memory: dict, decoder_inputs: jax.Array, *, train: bool = False,
-             decode: bool = False) -> jax.Array:
-    """Memory of N rows, int32 [N, T'] decoder inputs -> float32 [N, T', V] logits.
+  def decode_hidden(self, memory: dict, decoder_inputs: jax.Array, *, train: bool = False,
+                    decode: bool = False) -> jax.Array:
+    """Memory of N rows, int32 [N, T'] decoder inputs -> features [N, T', 2 * lstm_units].
 
     With `decode=True` the call that creates the 'cache' collection stores the decoder's
-    initial state and returns teacher-forced logits; later calls continue from the cache.
+    initial state and computes teacher-forced; later calls continue from the cache.
     """
     _check_rank(decoder_inputs, 'decoder_inputs', '[rows, steps]')
-    hidden = self.decoder(memory, self._embed_words(decoder_inputs, train), decode)
-    return self._output_logits(hidden, train)
+    embedded = self.dropout(self.decoder_embedding(decoder_inputs), deterministic=not train)
+    return self.dropout(self.decoder(memory, embedded, decode), deterministic=not train)
 
-  def __call__(self, queries: jax.Array, *, train: bool) -> jax.Array:
-    """int32 [B, S, n] sessions -> float32 [B, S-1, n+1, V] logits of every pair."""
-    _check_rank(queries, 'queries', '[batch, queries, tokens]')
-    decoder_inputs, _, _ = decoder_io(queries)
-    b, pairs, steps = decoder_inputs.shape
-    # Every encoder here is causal over queries, so encoding the first S-1 queries gives
-    # positions 0..S-2 of the full encoding without the work for the last position.
-    memory = self.encode(queries[:, :-1], train=train)
-    logits = self.decode(memory, decoder_inputs.reshape(b * pairs, steps), train=train)
-    return logits.reshape(b, pairs, steps, -1)
+  def output_logits(self, hidden: jax.Array) -> jax.Array:
+    """[..., 2 * lstm_units] decoder features -> float32 [..., V] logits."""
+    if self.config.tie_embeddings:
+      return self.decoder_embedding.attend(self.output_to_embedding(hidden)).astype(
+          jnp.float32)
+    return self.output_projection(hidden).astype(jnp.float32)
 
 
 class _AttentionDecoder(nn.Module):
@@ -198,7 +163,7 @@ class _AttentionDecoder(nn.Module):
 class Seq2SeqAttention(_RecurrentModel):
   """Seq2Seq with global attention (Luong et al. 2015) over the session's queries.
 
-  The source for position t is queries 0..t joined by `<sep>` (`session_prefix_sources`);
+  The source for position t is queries 0..t joined by `<sep>` (`base.session_sources`);
   a one-layer bidirectional LSTM (`lstm_units` per direction) encodes it, and a one-layer LSTM
   of 2 * `lstm_units` decodes the next query, attending over all source states.
 
@@ -206,8 +171,7 @@ class Seq2SeqAttention(_RecurrentModel):
   translation; the MTN paper gives no depth); no input feeding (Luong et al.'s optional
   feeding of the previous attentional state into the next LSTM input), so attention runs over
   all target steps at once; the decoder starts from the encoder's final (c, h), forward and
-  backward concatenated, which matches its size without a bridge layer; one embedding table
-  for source and target.
+  backward concatenated, which matches its size without a bridge layer.
 
   memory: `source_states` [B*S, L, 2u] (zero at padding), `source_lengths` int32 [B*S],
   `final_state` ([B*S, 2u], [B*S, 2u]) with L = S * (n + 1) - 1 and u = `lstm_units`.
@@ -223,8 +187,8 @@ class Seq2SeqAttention(_RecurrentModel):
   def encode(self, queries: jax.Array, *, train: bool = False) -> dict:
     """int32 [B, S, n] sessions -> memory for every position (see the class docstring)."""
     _check_rank(queries, 'queries', '[batch, queries, tokens]')
-    sources, lengths = session_prefix_sources(queries)
-    states, final = _encode_tokens(self.source_encoder, self._embed_words(sources, train),
+    sources, lengths = session_sources(queries)
+    states, final = _encode_tokens(self.source_encoder, self._embed_source(sources, train),
                                    lengths)
     return {'source_states': states, 'source_lengths': lengths, 'final_state': final}
 
@@ -266,8 +230,7 @@ class HRED(_RecurrentModel):
   at the query level as the MTN paper states; the query summary is the final hidden states h of
   both directions (not the cells); the decoder's initial c and h both come from one tanh(W s_t);
   the output layer reads the decoder state only (Sordoni et al.'s output layer also adds the
-  previous word's embedding); one layer per LSTM; one embedding table for queries and
-  suggestions.
+  previous word's embedding); one layer per LSTM.
 
   memory: `session_state` [B*S, 2u], u = `lstm_units`.
   """
@@ -300,7 +263,7 @@ class HRED(_RecurrentModel):
     b, s, n = queries.shape
     tokens = queries.reshape(b * s, n)
     lengths = (tokens != PAD_ID).sum(-1)
-    outputs, final = _encode_tokens(self.query_encoder, self._embed_words(tokens, train),
+    outputs, final = _encode_tokens(self.query_encoder, self._embed_source(tokens, train),
                                     lengths)
     summaries = self._summarize_queries(outputs, final, lengths).reshape(b, s, -1)
     session_states = self.session_encoder(summaries)  # [B, S, 2u], causal over queries
