@@ -35,12 +35,12 @@ What it holds (the real log's quirks included):
   often carry modifiers ("cheap", "in june") that stay with the session's later queries.
   A misspelt query is always followed by its correction, and 10% of the longer sessions
   switch task midway.
-- 29 topic families of 12-16 entities each and about 1,100 distinct words: small enough for
-  a small Transformer to learn on a CPU.
+- 29 topic families of 12-16 entities each and about 1,500 distinct words (misspellings and
+  addresses included): small enough for a small Transformer to learn on a CPU.
 
-Size: 1,500 users (configs/demo.py) give 115,925 lines (1.2 MB gzip, 7 MB plain) in about
-1.2 s of CPU time; the paper's preprocessing keeps 9,883 sessions of 3 to 5 queries and
-28,152 (session prefix -> next query) pairs of them.
+Size: 1,500 users (configs/demo.py) give 115,285 lines (1.2 MB gzip, 7.4 MB plain) in about
+1.4 s of CPU time; the paper's preprocessing keeps 9,958 sessions of 3 to 5 queries and
+28,329 (session prefix -> next query) pairs of them.
 """
 
 from __future__ import annotations
