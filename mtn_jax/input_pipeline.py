@@ -29,6 +29,8 @@ O(num_sessions) numpy work, done once per epoch and process (and worker).
 
 from __future__ import annotations
 
+import collections
+
 import dataclasses
 import mmap
 import sys
@@ -192,20 +194,23 @@ class _Batches:
     self._process_index = process_index
     self._process_count = process_count
     self._shuffle_seed = shuffle_seed
-    self._plans: dict[int, _EpochPlan] = {}
+    self._plans: collections.OrderedDict[int, _EpochPlan] = collections.OrderedDict()
     self._plans_lock = threading.Lock()
 
   def _plan(self, epoch: int) -> _EpochPlan:
     # grain's reader threads ask for neighbouring steps at once; near an epoch boundary they
-    # straddle two epochs, so the two latest plans are kept and each is built once.
+    # straddle epochs, so the most recently used plans are kept (least recently used evicted)
+    # and each is built once while it is in use.
     with self._plans_lock:
-      if epoch not in self._plans:
+      plan = self._plans.get(epoch)
+      if plan is None:
         rng = (None if self._shuffle_seed is None
                else np.random.default_rng([self._shuffle_seed, epoch]))
-        self._plans[epoch] = _plan_epoch(self._buckets, self._sizes, rng)
-        for old in sorted(self._plans)[:-2]:
-          del self._plans[old]
-      return self._plans[epoch]
+        plan = self._plans[epoch] = _plan_epoch(self._buckets, self._sizes, rng)
+      self._plans.move_to_end(epoch)
+      while len(self._plans) > 3:
+        self._plans.popitem(last=False)
+      return plan
 
   def __call__(self, step: int) -> dict[str, np.ndarray]:
     epoch, position = divmod(int(step), self.steps_per_epoch)
@@ -228,7 +233,7 @@ class _Batches:
   def __getstate__(self) -> dict:
     state = self.__dict__.copy()
     del state['_plans_lock']
-    state['_plans'] = {}
+    state['_plans'] = collections.OrderedDict()
     queries = self._queries
     # A split loaded with mmap is sent to worker processes as its place in the file, which
     # they map again, rather than as a pickled copy of the whole array (~230 MB for AOL train).
