@@ -68,6 +68,7 @@ from ml_collections import config_flags
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 # pylint: disable=g-import-not-at-top,wrong-import-position
+from mtn_jax import config_lib
 from mtn_jax import input_pipeline
 from mtn_jax import models
 from mtn_jax import parallel
@@ -377,9 +378,9 @@ def measure_input_pipeline(config: ml_collections.ConfigDict, mesh, vocab_size: 
 
 def measure_train(config: ml_collections.ConfigDict, *, vocab_size: int, batch_queries: int,
                   session_lengths: list[int], steps: int, repeats: int, peer: bool,
-                  peer_modes: list[str] | None, peer_threads: int, check_equivalence: bool, peak_flops_override:
-                  float, epoch_pairs: int, pipeline_sessions: int, pipeline_batches: int,
-                  seed: int) -> dict[str, Any]:
+                  peer_modes: list[str] | None, peer_threads: int, check_equivalence: bool,
+                  peak_flops_override: float, epoch_pairs: int, pipeline_sessions: int,
+                  pipeline_batches: int, seed: int) -> dict[str, Any]:
   """Every figure of `--what=train` (see the module docstring), as a JSON-ready dict."""
   if steps < 1 or repeats < 1:
     raise ValueError(f'--steps and --repeats must be positive, got {steps} and {repeats}')
@@ -600,6 +601,11 @@ def main(argv):
 def run() -> dict[str, Any]:
   """Measures what the flags ask for; prints it and returns it as `--json` writes it."""
   config = CONFIG_FLAG.value
+  try:
+    # Every check but the raw log files', which synthetic batches do not read.
+    config_lib.validate(config, mode='eval')
+  except config_lib.ConfigError as e:
+    raise app.UsageError(str(e)) from None
   what = _WHAT.value
   vocab_size = _VOCAB_SIZE.value or default_vocab_size(config)
   batch_queries = _BATCH_QUERIES.value or config.input.train_queries_per_batch
@@ -625,7 +631,8 @@ def run() -> dict[str, Any]:
     print_train_report(report['train'])
   if what in ('decode', 'all'):
     report['decode'] = _run_script('bench_decode.py', [
-        *config_args(), f'--vocab_size={vocab_size}', f'--repeats={_REPEATS.value}', f'--seed={_SEED.value}'])
+        *config_args(), f'--vocab_size={vocab_size}', f'--repeats={_REPEATS.value}',
+        f'--seed={_SEED.value}'])
   if what in ('preprocess', 'all'):
     report['preprocess'] = _run_script('bench_preprocess.py', [
         f'--lines={_PREPROCESS_LINES.value}', f'--seed={_SEED.value}'])

@@ -21,7 +21,8 @@ In and out (B sessions of S queries of n tokens, T = n + 1 decoder positions, V 
     [B, S, n])` -> tensors on the device, `step(batch)` -> the loss of one Adam step (betas,
     epsilon and the learning-rate schedule of `config.train`, label smoothing);
   `check_equivalence(config, cfg, queries, bind_step)`: the label-smoothed loss of the JAX
-    train step and of the peer from the same weights (dropout off), before and after one optimizer step.
+    train step and of the peer from the same weights (dropout off), before and after one
+    optimizer step.
 """
 
 from __future__ import annotations
