@@ -88,6 +88,9 @@ def get_config() -> ml_collections.ConfigDict:
   c.decode.length_penalty = 0.6  # GNMT alpha: scores are log p / ((5 + len) / 6) ** alpha
   c.decode.max_len = 11  # words + </s>
   c.decode.top_k = 5  # suggestions written per session
+  # False: `<unk>` is never suggested (it tells a user nothing and never matches a logged
+  # query, though on logs with many rare words it is often the likeliest token).
+  c.decode.emit_unk = False
   c.decode.batch_sessions = 64
   c.decode.input = ''
   c.decode.output = ''

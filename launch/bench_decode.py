@@ -124,7 +124,8 @@ def main(argv):
       def run():
         sequences, scores = decode.suggest(model, params, queries, beam_size=beam,
                                            max_len=dc.max_len,
-                                           length_penalty=dc.length_penalty)
+                                           length_penalty=dc.length_penalty,
+                                           emit_unk=dc.emit_unk)
         jax.block_until_ready((sequences, scores))
 
       run()  # compiles and warms up

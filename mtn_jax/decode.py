@@ -10,8 +10,10 @@ Scores are GNMT-normalised log-probabilities (Wu et al. 2016): the sum of the to
 log-probabilities, `</s>` included, divided by ((5 + L) / 6) ** alpha, L = tokens generated.
 A hypothesis that reaches `max_len` tokens without `</s>` is finished there (L = max_len),
 so every returned sequence is a complete suggestion. `<pad>`, `<s>` and `<sep>` are never
-emitted; their probability mass is removed, not redistributed, so a score is exactly what
-`sequence_log_prob` gives the same tokens.
+emitted, nor is `<unk>` unless asked for (`emit_unk`): a suggestion holding `<unk>` tells a
+user nothing and can never match a logged query, yet on a log with many rare words `<unk>` is
+often the single likeliest token. Their probability mass is removed, not redistributed, so a
+score is exactly what `sequence_log_prob` gives the same tokens.
 
 The encoder runs once; beams then decode step by step from the model's 'cache' collection
 (key/value caches, or a recurrent state) inside one `lax.while_loop`. Every entry point is
@@ -32,7 +34,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from mtn_jax.data.vocab import BOS_ID, EOS_ID, PAD_ID, SEP_ID, Vocab
+from mtn_jax.data.vocab import BOS_ID, EOS_ID, PAD_ID, SEP_ID, UNK_ID, Vocab
 
 NEVER_EMITTED = (PAD_ID, BOS_ID, SEP_ID)
 
@@ -141,10 +143,15 @@ def _take_rows(cache, axes, rows: jax.Array, *, reorder: bool = False):
                                           is_leaf=lambda a: a is None)
 
 
-def _emittable_log_probs(logits: jax.Array) -> jax.Array:
-  """float32 [..., V] log-softmax over the whole vocabulary, -inf on NEVER_EMITTED ids."""
+def never_emitted(emit_unk: bool) -> tuple[int, ...]:
+  """The ids a search never emits: NEVER_EMITTED, and `<unk>` unless `emit_unk`."""
+  return NEVER_EMITTED if emit_unk else NEVER_EMITTED + (UNK_ID,)
+
+
+def _emittable_log_probs(logits: jax.Array, emit_unk: bool) -> jax.Array:
+  """float32 [..., V] log-softmax over the whole vocabulary, -inf on `never_emitted` ids."""
   log_probs = jax.nn.log_softmax(logits.astype(jnp.float32), axis=-1)
-  never = jnp.zeros(log_probs.shape[-1], bool).at[jnp.array(NEVER_EMITTED)].set(True)
+  never = jnp.zeros(log_probs.shape[-1], bool).at[jnp.array(never_emitted(emit_unk))].set(True)
   return jnp.where(never, -jnp.inf, log_probs)
 
 
@@ -175,9 +182,9 @@ class _BeamState:
   cache: Any  # the model's 'cache' collection for the N * K live rows
 
 
-@functools.partial(jax.jit, static_argnames=('model', 'beam_size', 'max_len'))
+@functools.partial(jax.jit, static_argnames=('model', 'beam_size', 'max_len', 'emit_unk'))
 def beam_search(model, params, memory: Memory, *, beam_size: int, max_len: int,
-                length_penalty: float) -> tuple[jax.Array, jax.Array]:
+                length_penalty: float, emit_unk: bool = False) -> tuple[jax.Array, jax.Array]:
   """The `beam_size` best suggestions of every memory row.
 
   At each step the live hypotheses' 2K best continuations are ranked; one ending in `</s>`
@@ -194,6 +201,7 @@ def beam_search(model, params, memory: Memory, *, beam_size: int, max_len: int,
     max_len: most tokens generated, `</s>` included; at most what the model's decoder
       positions allow (`ModelConfig.target_len` with learned positions).
     length_penalty: GNMT alpha (0: plain log-probability).
+    emit_unk: whether `<unk>` may be suggested (see the module docstring).
   Returns:
     sequences: int32 [N, K, max_len], tokens after `<s>`, `</s>` included, 0-padded.
     scores: float32 [N, K], `length_normalize(log p, length, length_penalty)`, best first.
@@ -226,7 +234,7 @@ def beam_search(model, params, memory: Memory, *, beam_size: int, max_len: int,
                                                keepdims=False)  # [N, K]
     logits, cache = _apply_decode(model, params, state.cache, beam_memory,
                                   last_tokens.reshape(num_rows * beam_size, 1))
-    log_probs = _emittable_log_probs(logits[:, 0]).reshape(num_rows, beam_size, -1)
+    log_probs = _emittable_log_probs(logits[:, 0], emit_unk).reshape(num_rows, beam_size, -1)
     vocab_size = log_probs.shape[-1]
     continuations = (state.live_log_probs[..., None] + log_probs).reshape(num_rows, -1)
     top_log_probs, top_ids = jax.lax.top_k(continuations, 2 * beam_size)  # [N, 2K]
@@ -284,12 +292,13 @@ class _GreedyState:
   cache: Any
 
 
-@functools.partial(jax.jit, static_argnames=('model', 'max_len'))
-def greedy(model, params, memory: Memory, *, max_len: int) -> tuple[jax.Array, jax.Array]:
+@functools.partial(jax.jit, static_argnames=('model', 'max_len', 'emit_unk'))
+def greedy(model, params, memory: Memory, *, max_len: int,
+           emit_unk: bool = False) -> tuple[jax.Array, jax.Array]:
   """The most likely next token at every step, until `</s>` or `max_len` tokens.
 
   Args:
-    model, params, memory, max_len: as for `beam_search`.
+    model, params, memory, max_len, emit_unk: as for `beam_search`.
   Returns:
     sequences: int32 [N, max_len], tokens after `<s>`, `</s>` included, 0-padded.
     scores: float32 [N], the sum of the tokens' log-probabilities (no length penalty).
@@ -305,7 +314,7 @@ def greedy(model, params, memory: Memory, *, max_len: int) -> tuple[jax.Array, j
     last_tokens = jax.lax.dynamic_index_in_dim(state.sequences, state.step, axis=1,
                                                keepdims=False)  # [N]
     logits, cache = _apply_decode(model, params, state.cache, memory, last_tokens[:, None])
-    log_probs = _emittable_log_probs(logits[:, 0])  # [N, V]
+    log_probs = _emittable_log_probs(logits[:, 0], emit_unk)  # [N, V]
     tokens = jnp.argmax(log_probs, axis=-1)
     token_log_probs = jnp.take_along_axis(log_probs, tokens[:, None], axis=-1)[:, 0]
     tokens = jnp.where(state.done, PAD_ID, tokens).astype(jnp.int32)
@@ -373,11 +382,12 @@ def encode_sessions(model, params, queries: jax.Array,
 
 def suggest(model, params, queries: jax.Array | np.ndarray, *, beam_size: int, max_len: int,
             length_penalty: float, positions: str = 'all',
-            lengths: jax.Array | np.ndarray | None = None) -> tuple[jax.Array, jax.Array]:
+            lengths: jax.Array | np.ndarray | None = None,
+            emit_unk: bool = False) -> tuple[jax.Array, jax.Array]:
   """Beam-searched next queries for a batch of sessions; the encoder runs once.
 
   Args:
-    model, params, beam_size, max_len, length_penalty: as for `beam_search`.
+    model, params, beam_size, max_len, length_penalty, emit_unk: as for `beam_search`.
     queries: int32 [B, S, n] word ids, 0-padded; shorter sessions end in all-padding rows.
     positions: 'all': suggest after every position t = 0..S-1 (P = S; all decoded in
       parallel, padding positions included); 'last': only after each session's last real
@@ -407,6 +417,6 @@ def suggest(model, params, queries: jax.Array | np.ndarray, *, beam_size: int, m
     raise ValueError(f"positions must be 'all' or 'last', got {positions!r}")
   memory = encode_sessions(model, params, queries, rows)
   sequences, scores = beam_search(model, params, memory, beam_size=beam_size, max_len=max_len,
-                                  length_penalty=length_penalty)
+                                  length_penalty=length_penalty, emit_unk=emit_unk)
   return (sequences.reshape(batch, per_session, beam_size, max_len),
           scores.reshape(batch, per_session, beam_size))

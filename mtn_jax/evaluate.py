@@ -166,7 +166,7 @@ def decode_split(trained: inference.Trained, split: sessions.SessionSplit,
     contexts = parallel.shard_batch({'queries': batch['queries'][:, :-1]}, mesh)['queries']
     sequences, scores = decode.suggest(
         trained.model, params, contexts, beam_size=dc.beam_size, max_len=dc.max_len,
-        length_penalty=dc.length_penalty, positions='all')
+        length_penalty=dc.length_penalty, emit_unk=dc.emit_unk, positions='all')
     # Every process decoded its rows of the global batch: gather them all, in row order.
     sequences = multihost_utils.process_allgather(sequences, tiled=True)
     scores = multihost_utils.process_allgather(scores, tiled=True)

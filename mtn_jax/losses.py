@@ -20,6 +20,31 @@ import jax.numpy as jnp
 from mtn_jax.models.base import decoder_io
 
 
+def _token_losses_and_correct(logits: jax.Array, targets: jax.Array, label_smoothing: float,
+                              entropy_weight: float) -> tuple[jax.Array, ...]:
+  """`token_losses`, plus correct [...]: 1.0 where no word's logit beats the target's.
+
+  Written with one logsumexp instead of a full log-softmax: -log p(y) = lse - z_y, and the
+  smoothing term's mean of log p over the vocabulary is mean(z) - lse, so the forward pass
+  reduces the logits [..., V] without writing a log-probability tensor of the same size, and
+  accuracy compares the target's logit with the maximum instead of running an argmax
+  (docs/PERFORMANCE.md, "Where the time goes"). A tie for the maximum counts as correct.
+  """
+  logits = logits.astype(jnp.float32)
+  lse = jax.nn.logsumexp(logits, axis=-1)
+  target_logits = jnp.take_along_axis(logits, targets[..., None], axis=-1)[..., 0]
+  nll = lse - target_logits
+  loss = nll
+  if label_smoothing:
+    loss = (1 - label_smoothing) * nll + label_smoothing * (lse - logits.mean(-1))
+  if entropy_weight:
+    log_probs = logits - lse[..., None]
+    entropy = -(jnp.exp(log_probs) * log_probs).sum(-1)
+    loss = loss - entropy_weight * entropy
+  correct = (target_logits >= logits.max(-1)).astype(jnp.float32)
+  return loss, nll, correct
+
+
 def token_losses(logits: jax.Array, targets: jax.Array, label_smoothing: float = 0.0,
                  entropy_weight: float = 0.0) -> tuple[jax.Array, jax.Array]:
   """Per-token training loss and negative log-likelihood.
@@ -34,22 +59,8 @@ def token_losses(logits: jax.Array, targets: jax.Array, label_smoothing: float =
     loss [...]: the smoothed cross-entropy minus the entropy term.
     nll [...]: -log p(target), what validation loss and perplexity are made of.
   """
-  log_probs = jax.nn.log_softmax(logits.astype(jnp.float32))
-  nll = -jnp.take_along_axis(log_probs, targets[..., None], axis=-1)[..., 0]
-  loss = nll
-  if label_smoothing:
-    loss = (1 - label_smoothing) * nll - label_smoothing * log_probs.mean(-1)
-  if entropy_weight:
-    entropy = -(jnp.exp(log_probs) * log_probs).sum(-1)
-    loss = loss - entropy_weight * entropy
+  loss, nll, _ = _token_losses_and_correct(logits, targets, label_smoothing, entropy_weight)
   return loss, nll
-
-
-def _losses_and_correct(logits: jax.Array, targets: jax.Array, label_smoothing: float,
-                        entropy_weight: float) -> tuple[jax.Array, jax.Array, jax.Array]:
-  """`token_losses` plus correct [...]: 1.0 where the most likely word is the target."""
-  loss, nll = token_losses(logits, targets, label_smoothing, entropy_weight)
-  return loss, nll, (logits.argmax(-1) == targets).astype(jnp.float32)
 
 
 def chunked_token_losses(output_logits: Callable[[jax.Array], jax.Array], hidden: jax.Array,
@@ -74,7 +85,7 @@ def chunked_token_losses(output_logits: Callable[[jax.Array], jax.Array], hidden
       token count to a whole number of chunks adds fewer than one token per chunk.
     label_smoothing, entropy_weight: as for `token_losses`.
   Returns:
-    loss, nll, correct: float32 [...], as `token_losses` and (argmax == target) give them.
+    loss, nll, correct: float32 [...], as `_token_losses_and_correct` gives them.
   """
   if chunk_tokens < 1:
     raise ValueError(f'chunk_tokens must be at least 1, got {chunk_tokens}')
@@ -91,8 +102,8 @@ def chunked_token_losses(output_logits: Callable[[jax.Array], jax.Array], hidden
   @functools.partial(jax.checkpoint, prevent_cse=False)
   def one_chunk(inputs: tuple[jax.Array, jax.Array]):
     hidden_chunk, target_chunk = inputs
-    return _losses_and_correct(output_logits(hidden_chunk), target_chunk, label_smoothing,
-                               entropy_weight)
+    return _token_losses_and_correct(output_logits(hidden_chunk), target_chunk,
+                                     label_smoothing, entropy_weight)
 
   per_chunk = jax.lax.map(one_chunk, (flat_hidden.reshape(num_chunks, chunk, -1),
                                       flat_targets.reshape(num_chunks, chunk)))
@@ -128,7 +139,8 @@ def session_losses(model: nn.Module, params, queries: jax.Array, *, train: bool,
         entropy_weight=entropy_weight)
   else:
     logits = model.apply({'params': params}, queries, train=train, rngs=rngs)
-    loss, nll, correct = _losses_and_correct(logits, targets, label_smoothing, entropy_weight)
+    loss, nll, correct = _token_losses_and_correct(logits, targets, label_smoothing,
+                                                   entropy_weight)
   return {'loss': (loss * weights).sum(), 'nll': (nll * weights).sum(),
           'correct': (correct * weights).sum(), 'tokens': weights.sum(),
           'pairs': (weights[..., 0] > 0).sum().astype(jnp.float32)}

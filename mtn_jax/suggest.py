@@ -263,7 +263,7 @@ def decode_contexts(trained: inference.Trained, contexts: Sequence[Context], *,
                                        width, n)
     sequences, scores = decode.suggest(
         trained.model, trained.params, queries, beam_size=dc.beam_size, max_len=dc.max_len,
-        length_penalty=dc.length_penalty, positions=positions,
+        length_penalty=dc.length_penalty, emit_unk=dc.emit_unk, positions=positions,
         lengths=lengths if positions == 'last' else None)
     sequences, scores = np.asarray(sequences), np.asarray(scores)
     for row, i in enumerate(group):
@@ -425,7 +425,7 @@ def interactive(config: ml_collections.ConfigDict, workdir: str, stdin: TextIO =
                                        cfg.max_query_words)
     sequences, scores = decode.suggest(
         trained.model, trained.params, queries, beam_size=dc.beam_size, max_len=dc.max_len,
-        length_penalty=dc.length_penalty, positions='last', lengths=lengths)
+        length_penalty=dc.length_penalty, emit_unk=dc.emit_unk, positions='last', lengths=lengths)
     ranked = suggestion_list(trained.vocab, np.asarray(sequences)[0, 0],
                              np.asarray(scores)[0, 0], dc.top_k)
     unknown = reader.counts['oov_words'] - oov_before

@@ -17,7 +17,7 @@ import pytest
 from configs import default
 from mtn_jax import decode
 from mtn_jax import models
-from mtn_jax.data.vocab import EOS_ID, PAD_ID, SPECIAL_TOKENS, Vocab
+from mtn_jax.data.vocab import EOS_ID, PAD_ID, SPECIAL_TOKENS, UNK_ID, Vocab
 
 MODEL_NAMES = [n for n in ('mtn', 'transformer', 'seq2seq', 'hred', 'mnsrf')
                if n in models.MODELS]
@@ -148,8 +148,8 @@ def test_stops_at_end_token_or_max_len(searched):
     else:
       assert length == MAX_LEN
     assert (sequence[length:] == PAD_ID).all()
-    # Words only before the end: no padding, <s> or <sep> is ever emitted.
-    assert not np.isin(sequence[:length], decode.NEVER_EMITTED).any()
+    # Words only before the end: no padding, <s>, <sep> or (by default) <unk> is emitted.
+    assert not np.isin(sequence[:length], decode.never_emitted(emit_unk=False)).any()
     assert (sequence[:length - 1] != EOS_ID).all()
 
 
@@ -160,7 +160,27 @@ def test_without_end_every_hypothesis_runs_to_max_len(searched):
       max_len=MAX_LEN, length_penalty=ALPHA)
   assert np.isfinite(scores).all()
   assert not (np.asarray(sequences) == EOS_ID).any()
-  assert not np.isin(sequences, decode.NEVER_EMITTED).any()
+  assert not np.isin(sequences, decode.never_emitted(emit_unk=False)).any()
+
+
+def test_unk_is_suggested_only_when_asked_for(searched):
+  model, params, memory, _ = searched
+  # <unk> made the likeliest word everywhere: by default the search routes around it, and its
+  # scores stay the teacher-forced log-probabilities of what it returns.
+  unk_first = with_output_bias(params, VOCAB_SIZE, {UNK_ID: 8.0})
+  sequences, scores = decode.beam_search(model, unk_first, memory, beam_size=BEAM,
+                                         max_len=MAX_LEN, length_penalty=0.0)
+  assert np.isfinite(scores).all() and not (np.asarray(sequences) == UNK_ID).any()
+  np.testing.assert_allclose(
+      scores, decode.sequence_log_prob(model, unk_first, memory, sequences), atol=1e-4)
+  greedy_sequences, _ = decode.greedy(model, unk_first, memory, max_len=MAX_LEN)
+  assert not (np.asarray(greedy_sequences) == UNK_ID).any()
+  # Asked for, it leads every suggestion.
+  greedy_sequences, _ = decode.greedy(model, unk_first, memory, max_len=MAX_LEN, emit_unk=True)
+  assert (np.asarray(greedy_sequences)[:, 0] == UNK_ID).all()
+  sequences, _ = decode.beam_search(model, unk_first, memory, beam_size=BEAM, max_len=MAX_LEN,
+                                    length_penalty=0.0, emit_unk=True)
+  assert (np.asarray(sequences)[:, 0, 0] == UNK_ID).all()
 
 
 def test_a_certain_end_stops_every_hypothesis_at_once(searched):
@@ -228,14 +248,14 @@ def tiny_vocab_searches():
     for end_boost, alpha in ((0.0, ALPHA), (1.5, 0.0)):
       boosted = with_end_boost(params, 8, end_boost)
       sequences, scores = decode.beam_search(model, boosted, memory, beam_size=20, max_len=3,
-                                             length_penalty=alpha)
+                                             length_penalty=alpha, emit_unk=True)
       searches.append((boosted, alpha, np.asarray(sequences), np.asarray(scores)))
       traces.append(len(traced))
   return model, memory, searches, traces
 
 
 def test_beam_search_is_exact_when_nothing_is_pruned(tiny_vocab_searches):
-  # Five emittable ids (<unk>, </s>, 5, 6, 7). Up to 3 tokens there are 1 + 4 + 4 * 4 * 5 = 85
+  # Five emittable ids (<unk>, allowed here, </s>, 5, 6, 7). Up to 3 tokens there are 1 + 4 + 4 * 4 * 5 = 85
   # sequences, and at most 4 * 5 = 20 continuations per step before the last: with a beam of
   # 20 nothing is pruned, so the beam holds the exact best 20.
   model, memory, searches, _ = tiny_vocab_searches
@@ -261,21 +281,21 @@ def test_compiles_once_per_shape(tiny_vocab_searches):
 
 
 def test_long_hypotheses_and_early_stopping_are_exact():
-  # Every word but <unk> made impossible (logit -1e9): the only sequences are <unk>^k </s>
-  # (k < MAX_LEN) and <unk>^MAX_LEN, a single chain that a beam of 4 never prunes, so the
+  # Every word but one, w, made impossible (logit -1e9; <unk> is never emitted by default):
+  # the only sequences are w^k </s> (k < MAX_LEN) and w^MAX_LEN, a single chain that a beam of 4 never prunes, so the
   # search must return the exact best 4 of these 7, whether they are long (a strong length
   # penalty, a rare `</s>`) or short (a likely `</s>` fills the beam after 4 steps, and the
   # search may stop before MAX_LEN). The shapes are the fixture's: nothing recompiles.
   model = tiny_model('mtn', VOCAB_SIZE)
   params = random_params(model, QUERIES, seed=0)
   memory = decode.encode_sessions(model, params, QUERIES)
-  unk = SPECIAL_TOKENS.index('<unk>')
-  chain = np.array([[unk] * k + [EOS_ID] + [PAD_ID] * (MAX_LEN - k - 1) for k in range(MAX_LEN)]
-                   + [[unk] * MAX_LEN], np.int32)
+  word = len(SPECIAL_TOKENS)
+  chain = np.array([[word] * k + [EOS_ID] + [PAD_ID] * (MAX_LEN - k - 1)
+                    for k in range(MAX_LEN)] + [[word] * MAX_LEN], np.int32)
   lengths = decode.sequence_lengths(jnp.asarray(chain))
   best_lengths = set()
   for end_boost, alpha in ((-1.0, 3.0), (0.0, 1.0), (1.0, 0.6), (3.0, 0.0)):
-    changes = {word: -1e9 for word in range(len(SPECIAL_TOKENS), VOCAB_SIZE)}
+    changes = {other: -1e9 for other in range(word + 1, VOCAB_SIZE)}
     changes[EOS_ID] = end_boost
     masked = with_output_bias(params, VOCAB_SIZE, changes)
     log_probs = decode.sequence_log_prob(model, masked, memory,
