@@ -94,7 +94,10 @@ def get_config() -> ml_collections.ConfigDict:
   c.decode.batch_sessions = 64
   c.decode.input = ''
   c.decode.output = ''
-  c.decode.max_eval_sessions = 0  # > 0: evaluate on a prefix of the test split only
+  c.decode.max_eval_sessions = 0  # > 0: evaluate on a prefix of the split only
+  # 'valid': --mode=eval on the validation split (eval/valid_results.json), to tune decoding
+  # without looking at the test split.
+  c.decode.eval_split = 'test'
 
   c.report = ml_collections.ConfigDict()
   c.report.workdirs = ''  # comma-separated workdirs for --mode=report

@@ -96,6 +96,9 @@ def validate(config: ml_collections.ConfigDict, mode: str = 'all') -> None:
     raise ConfigError(f'config.input.train_queries_per_batch ({i.train_queries_per_batch}) '
                       'must hold at least one session of config.data.max_session_queries '
                       f'({d.max_session_queries}) queries')
+  if config.decode.eval_split not in ('test', 'valid'):
+    raise ConfigError("config.decode.eval_split must be 'test' or 'valid', "
+                      f'got {config.decode.eval_split!r}')
   if config.decode.top_k > config.decode.beam_size:
     raise ConfigError(f'config.decode.top_k ({config.decode.top_k}) cannot exceed '
                       f'config.decode.beam_size ({config.decode.beam_size})')

@@ -3,7 +3,10 @@
 In:  `<workdir>/checkpoints` (the best checkpoint's params only) and `<workdir>/data` (the test
      split, and the train split for a trivial suggester).
 Out: `<workdir>/eval/results.json` and `<workdir>/eval/samples.jsonl`, and the BLEU lines
-     printed.
+     printed; with `config.decode.eval_split='valid'` the validation split is evaluated
+     instead, into `eval/valid_results.json` and `eval/valid_samples.jsonl` (for tuning
+     decoding settings without touching the test split; the report reads only the test
+     results).
 
 Every (session prefix -> next query) pair of the test split is decoded by beam search
 (`config.decode`). Each batch of sessions `queries` int32 [batch, queries, tokens] goes through
@@ -208,28 +211,36 @@ def _device_description() -> str:
 
 
 def evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict:
-  """Evaluates the best checkpoint of `workdir` on its test split; returns results.json's dict."""
+  """Evaluates the best checkpoint of `workdir` on `config.decode.eval_split`.
+
+  Returns the dict written to results.json (valid_results.json for the validation split).
+  """
   started = time.time()
   workdir = os.path.abspath(workdir)
   is_writer = jax.process_index() == 0
   log = print if is_writer else (lambda *a, **k: None)
   trained = inference.load_trained(config, workdir, which='best')
   data_dir = preprocess.data_dir(workdir)
-  test, train = _load_split(data_dir, 'test'), _load_split(data_dir, 'train')
+  split_name = config.decode.eval_split
+  test, train = _load_split(data_dir, split_name), _load_split(data_dir, 'train')
   total_sessions = test.num_sessions
   limit = config.decode.max_eval_sessions
   if 0 < limit < total_sessions:
     test = prefix_split(test, limit)
-    log(f'Evaluating the first {limit:,} of {total_sessions:,} test sessions only '
+    log(f'Evaluating the first {limit:,} of {total_sessions:,} {split_name} sessions only '
         '(config.decode.max_eval_sessions).')
   if test.num_pairs == 0:
-    raise errors.Error(f'the test split in {data_dir} has no (prefix -> next query) pairs to '
-                       'evaluate: more data, or a larger config.data.split_fractions[2]')
+    fraction = {'valid': 1, 'test': 2}[split_name]
+    raise errors.Error(f'the {split_name} split in {data_dir} has no (prefix -> next query) '
+                       'pairs to evaluate: more data, or a larger '
+                       f'config.data.split_fractions[{fraction}]')
   name = display_name(trained.cfg.name)
   dc = config.decode
-  log(f'Evaluating {name} (checkpoint step {trained.step}) on {test.num_pairs:,} test pairs '
+  log(f'Evaluating {name} (checkpoint step {trained.step}) on {test.num_pairs:,} {split_name} '
+      'pairs '
       f'of {test.num_sessions:,} sessions: beam {dc.beam_size}, length penalty '
-      f'{dc.length_penalty}, at most {dc.max_len} tokens.', flush=True)
+      f'{dc.length_penalty}, at most {dc.max_len} tokens'
+      f'{", <unk> allowed" if dc.emit_unk else ""}.', flush=True)
 
   previous, references = pair_texts(test)
   rng = np.random.default_rng(config.seed)
@@ -251,10 +262,12 @@ def evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict:
       'size_mb': models.size_mb(trained.params),
       'step': trained.step,
       'workdir': workdir,
+      'split': split_name,
       'sessions': test.num_sessions,
-      'test_sessions_total': total_sessions,
+      'sessions_total': total_sessions,
       'pairs': test.num_pairs,
-      'decode': {k: dc[k] for k in ('beam_size', 'max_len', 'length_penalty', 'top_k')},
+      'decode': {k: dc[k] for k in ('beam_size', 'max_len', 'length_penalty', 'top_k',
+                                    'emit_unk')},
       'scores': {k: score_entry(v) for k, v in scores.items()},
       'decode_seconds': decode_seconds,
       'suggestions_per_s': test.num_pairs / max(decode_seconds, 1e-9),
@@ -281,9 +294,10 @@ def evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict:
                       'context': test.session_texts(i)[:t + 1],
                       'predicted': candidates[pair], 'actual': references[pair],
                       'suggestions': top[pair]})
-    _write_atomically(os.path.join(eval_dir, 'samples.jsonl'),
+    prefix = '' if split_name == 'test' else f'{split_name}_'
+    _write_atomically(os.path.join(eval_dir, f'{prefix}samples.jsonl'),
                       ''.join(json.dumps(s, ensure_ascii=False) + '\n' for s in samples))
-    results_path = os.path.join(eval_dir, 'results.json')
+    results_path = os.path.join(eval_dir, f'{prefix}results.json')
     _write_atomically(results_path, json.dumps(results, indent=2, ensure_ascii=False) + '\n')
     log(f'Results: {results_path}', flush=True)
   return results

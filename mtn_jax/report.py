@@ -134,7 +134,7 @@ def _precisions(score: dict) -> str:
 def _pairs(results: dict) -> str:
   """The number of test pairs, and which part of the test split they come from when
   `config.decode.max_eval_sessions` limited the evaluation."""
-  sessions, total = results.get('sessions'), results.get('test_sessions_total')
+  sessions, total = results.get('sessions'), results.get('sessions_total')
   if sessions is not None and total is not None and sessions < total:
     return f'{results["pairs"]:,} (first {sessions:,} of {total:,} sessions)'
   return f'{results["pairs"]:,}'

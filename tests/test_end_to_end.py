@@ -10,6 +10,9 @@ import re
 
 import pytest
 
+from mtn_jax import evaluate
+from mtn_jax import metrics
+from mtn_jax.data import sessions
 from tests import cli
 
 pytestmark = pytest.mark.slow
@@ -106,6 +109,25 @@ def test_evaluation_samples_match_offline_decoding(mtn_run, tmp_path):
     assert [s['score'] for s in record['suggestions']] == pytest.approx(
         [s['score'] for s in sample['suggestions']], abs=1e-4)
     assert sample['predicted'] == sample['suggestions'][0]['query']
+
+
+def test_eval_on_the_validation_split_leaves_the_test_results_alone(mtn_run):
+  # Tuning decoding on the validation split must neither read nor overwrite the test results.
+  workdir, _ = mtn_run
+  test_results = (workdir / 'eval' / 'results.json').read_bytes()
+  result = cli.run(workdir, *RUN, *MTN, '--config.decode.eval_split=valid', mode='eval')
+  assert (workdir / 'eval' / 'results.json').read_bytes() == test_results
+  valid = json.loads((workdir / 'eval' / 'valid_results.json').read_text())
+  stats = json.loads((workdir / 'data' / 'stats.json').read_text())
+  assert valid['split'] == 'valid' and valid['pairs'] == stats['valid']['pairs']
+  assert f'on {valid["pairs"]:,} valid pairs' in result.stdout
+  # The trivial suggester's line is that of the validation split's own pairs.
+  previous, references = evaluate.pair_texts(sessions.load_split(workdir / 'data', 'valid'))
+  expected = str(metrics.bleu(evaluate.repeat_previous(previous), references))
+  assert valid['scores']['repeat_previous']['line'] == expected
+  assert expected in result.stdout
+  samples = read_jsonl(workdir / 'eval' / 'valid_samples.jsonl')
+  assert len(samples) == min(50, valid['pairs'])
 
 
 @pytest.fixture(params=['mtn', 'transformer'])

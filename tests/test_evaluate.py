@@ -247,7 +247,7 @@ def write_run(tmp_path, name, model, layers, bleu, precisions, size_mb=12.345, s
   (workdir / 'eval').mkdir(parents=True)
   results = {
       'model': model, 'model_config': model_config(*layers), 'size_mb': size_mb, 'step': 40,
-      'pairs': 1234, 'sessions': sessions, 'test_sessions_total': 500,
+      'pairs': 1234, 'sessions': sessions, 'sessions_total': 500,
       'decode': {'beam_size': 5},
       'scores': {'model': score(bleu, precisions),
                  'repeat_previous': score(11.89, (25.2, 14.8, 9.2, 6.2)),

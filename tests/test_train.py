@@ -147,6 +147,7 @@ def test_checkpoint_of_another_model_is_refused(reference_run, tmp_path):
     ('--config.model.d_model=0', 'config.model.d_model must be positive'),
     ('--config.model.nmu_heads=4', 'nmu_heads'),
     ('--config.model.num_heads=four', 'num_heads'),
+    ('--config.decode.eval_split=train', "eval_split must be 'test' or 'valid'"),
 ])
 def test_config_errors_fail_before_any_work(tmp_path, override, message):
   result = cli.run(tmp_path, override, check=False, timeout=60)
