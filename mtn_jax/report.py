@@ -6,9 +6,10 @@ Out, in `config.report.output` (default `<workdir>/report/`):
   `report.md`   a Table-2-style Markdown table (model, size MB, 1/2/3/4-gram precision, BLEU)
                 with the trivial suggesters' lines, the figures, and sample suggestions in the
                 form of the paper's Tables 4-5 (previous queries, predicted, actual)
-  `bleu.png`    BLEU per model, like the paper's Fig. 2
-  `layers.png`  only when the workdirs hold Transformers of different depths: BLEU per layer
-                layout ("Transformer (4Q enc, 4 dec)", "MTN (3Q+2S, 3)"), like Fig. 3
+  `bleu.png`    BLEU per model, like the paper's Fig. 2, beside each model's 1-4-gram
+                precisions
+  `layers.png`  only when the workdirs hold Transformers of different depths: the same per
+                layer layout ("Transformer (4Q enc, 4 dec)", "MTN (3Q+2S, 3)"), like Fig. 3
 """
 
 from __future__ import annotations
@@ -177,25 +178,40 @@ def samples_table(samples: Sequence[dict], limit: int = SAMPLES_PER_MODEL) -> st
   return '\n'.join(lines)
 
 
-def _bar_chart(path: str, labels: Sequence[str], values: Sequence[float], title: str,
+# The 1- to 4-gram precisions in light to dark grey, BLEU in the paper's blue.
+_SERIES_COLOURS = ('#d9d9d9', '#b3b3b3', '#8c8c8c', '#666666', '#4c72b0')
+
+
+def _bar_chart(path: str, labels: Sequence[str], scores: Sequence[dict], title: str,
                baseline: tuple[str, float] | None = None) -> None:
-  """Bars of BLEU per label; `baseline` (label, BLEU) is drawn as a dashed line."""
+  """Per label a group of bars: the 1/2/3/4-gram precisions and BLEU (all in %).
+
+  BLEU alone is the paper's figure; the precisions beside it keep the chart readable when a
+  4-gram precision of 0 sends every BLEU to 0, as on small corpora. `scores` are the
+  results' score entries; `baseline` (label, BLEU) is drawn as a dashed line.
+  """
   # A bare Figure with the Agg canvas: no pyplot global state, no display needed.
-  fig = Figure(figsize=(max(4.0, 1.3 * len(labels) + 1.5), 3.6), dpi=120)
+  fig = Figure(figsize=(max(4.5, 1.5 * len(labels) + 1.5), 3.8), dpi=120)
   FigureCanvasAgg(fig)
   ax = fig.add_subplot()
-  bars = ax.bar(range(len(labels)), values, color='#4c72b0')
-  ax.bar_label(bars, labels=[f'{v:.2f}' for v in values], padding=2, fontsize=8)
+  series = [(f'{n}-gram', [s['precisions'][n - 1] for s in scores]) for n in range(1, 5)]
+  series.append(('BLEU', [s['bleu'] for s in scores]))
+  width = 0.8 / len(series)
+  for k, ((name, values), colour) in enumerate(zip(series, _SERIES_COLOURS)):
+    offsets = [i + (k - (len(series) - 1) / 2) * width for i in range(len(labels))]
+    bars = ax.bar(offsets, values, width, color=colour, label=name)
+    if name == 'BLEU':
+      ax.bar_label(bars, labels=[f'{v:.2f}' for v in values], padding=2, fontsize=7)
   ax.set_xticks(range(len(labels)), labels, rotation=20, ha='right', fontsize=8)
-  ax.set_ylabel('BLEU')
+  ax.set_ylabel('precision / BLEU (%)')
   ax.set_title(title, fontsize=10)
-  top = max(list(values) + [1.0])
+  top = max([v for _, values in series for v in values] + [1.0])
   if baseline is not None:
     ax.axhline(baseline[1], color='#c44e52', linestyle='--', linewidth=1,
-               label=f'{baseline[0]} ({baseline[1]:.2f})')
-    ax.legend(fontsize=7, loc='upper right')
+               label=f'BLEU, {baseline[0].lower()} ({baseline[1]:.2f})')
     top = max(top, baseline[1])
-  ax.set_ylim(0, top * 1.25)
+  ax.legend(fontsize=6, loc='upper right', ncol=2)
+  ax.set_ylim(0, top * 1.35)
   fig.tight_layout()
   fig.savefig(path)
 
@@ -228,7 +244,8 @@ def write_report(config: ml_collections.ConfigDict, workdir: str,
 
   labels = _labels(runs)
   _bar_chart(os.path.join(out_dir, 'bleu.png'), labels,
-             [r.results['scores']['model']['bleu'] for r in runs], 'BLEU on the test split',
+             [r.results['scores']['model'] for r in runs],
+             'n-gram precision and BLEU on the test split',
              baseline=(TRIVIAL_SUGGESTERS['repeat_previous'],
                        runs[0].results['scores']['repeat_previous']['bleu']))
   sections = ['# Next-query suggestion: results', '',
@@ -241,7 +258,7 @@ def write_report(config: ml_collections.ConfigDict, workdir: str,
     ablation = ([r for r in runs if r.results['model'] == 'transformer']
                 + [r for r in runs if r.results['model'] == 'mtn'])
     _bar_chart(os.path.join(out_dir, 'layers.png'), [r.layer_label for r in ablation],
-               [r.results['scores']['model']['bleu'] for r in ablation],
+               [r.results['scores']['model'] for r in ablation],
                'Layer layout (Q: query/encoder, S: session layers; decoder)')
     sections += ['## Layer ablation', '', '![BLEU per layer layout](layers.png)', '']
   for label, run in zip(labels, runs):
