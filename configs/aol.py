@@ -17,7 +17,8 @@ def get_config(variant: str = ''):
   c.train.warmup_steps = 4000
   c.input.train_queries_per_batch = 2048
   c.input.eval_queries_per_batch = 4096
-  # Cross-entropy over 76,604 words in chunks: no full fp32 logits tensor (9.2 -> 3.9 GiB).
+  # Cross-entropy over 76,604 words in chunks of 2048 target slots: large matmuls for a GPU,
+  # [2048, 76604] fp32 logits (0.6 GB) alive at a time instead of the batch's.
   c.train.loss_chunk_tokens = 2048
   if variant == 'small':
     apply_small(c)
@@ -43,8 +44,8 @@ def apply_small(c):
   c.train.checkpoint_every_steps = 200
   c.input.train_queries_per_batch = 256
   c.input.eval_queries_per_batch = 1024
+  c.train.loss_chunk_tokens = 256  # the CPU's best chunk (docs/PERFORMANCE.md)
   c.decode.batch_sessions = 128
   # Shared by every compared model. Chosen on the sample's validation split over 0.6: mean
   # BLEU of the six models 3.40 -> 3.62, better for four of them (docs/RESULTS.md).
   c.decode.length_penalty = 1.2
-  c.train.loss_chunk_tokens = 0  # a ~2.9k-word vocabulary fits

@@ -76,9 +76,10 @@ def get_config() -> ml_collections.ConfigDict:
   c.train.label_smoothing = 0.05
   c.train.grad_clip_norm = 0.0  # 0: no clipping
   c.train.entropy_weight = 0.0  # M-NSRF's entropy regulariser on the output distribution
-  # > 0: the loss projects decoder states to the vocabulary this many tokens at a time, so the
-  # [tokens, vocabulary] logits never exist whole (large vocabularies); 0: all at once.
-  c.train.loss_chunk_tokens = 0
+  # The loss projects decoder states to the vocabulary this many target slots at a time (per
+  # device), skipping chunks of padding, so the [tokens, vocabulary] logits never exist whole.
+  # 256 suits small models on a CPU (docs/PERFORMANCE.md); the paper-size configs use 2048.
+  c.train.loss_chunk_tokens = 256
   c.train.log_every_steps = 100
   c.train.checkpoint_every_steps = 1000
   c.train.keep_checkpoints = 2  # the last N are kept, plus the best by validation loss

@@ -39,6 +39,7 @@ def recurrent_config(model_name: str, variant: str, config_file: str
   c.train.adam_eps = 1e-8
   c.input.train_queries_per_batch = 2048
   c.input.eval_queries_per_batch = 4096
+  c.train.loss_chunk_tokens = 2048  # as configs/aol.py
   if variant == 'small':
     aol.apply_small(c)
     # Tuned on the sample's validation split: after 2 epochs 0.003 reaches a validation

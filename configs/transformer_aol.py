@@ -20,6 +20,7 @@ def get_config(variant: str = ''):
   c.train.label_smoothing = 0.0  # "little to no smoothing" for the Transformer
   c.input.train_queries_per_batch = 2048
   c.input.eval_queries_per_batch = 4096
+  c.train.loss_chunk_tokens = 2048  # as configs/aol.py
   for v in filter(None, variant.split(',')):
     if v == 'small':
       aol.apply_small(c)

@@ -245,9 +245,8 @@ def command_line(script: str = 'launch/bench_train.py') -> str:
 
 def step_function(config: ml_collections.ConfigDict, model, optimizer):
   """`train.train_step` with the static arguments the trainer binds, ready for `jax.jit`."""
-  return functools.partial(train.train_step, model=model, optimizer=optimizer,
-                           label_smoothing=config.train.label_smoothing,
-                           entropy_weight=config.train.entropy_weight)
+  train_fn, _ = train.make_steps(config.train, model, optimizer, parallel.make_mesh())
+  return train_fn
 
 
 def _unrolled_flops(model_cfg: ModelConfig, config: ml_collections.ConfigDict,

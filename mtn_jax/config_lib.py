@@ -79,10 +79,7 @@ def validate(config: ml_collections.ConfigDict, mode: str = 'all') -> None:
                      'train.checkpoint_every_steps', 'train.keep_checkpoints',
                      'input.train_queries_per_batch', 'input.eval_queries_per_batch',
                      'decode.beam_size', 'decode.max_len', 'decode.top_k',
-                     'decode.batch_sessions'])
-  if t.loss_chunk_tokens < 0:
-    raise ConfigError(f'config.train.loss_chunk_tokens must be >= 0 (0: no chunking), '
-                      f'got {t.loss_chunk_tokens}')
+                     'decode.batch_sessions', 'train.loss_chunk_tokens'])
   if t.schedule not in ('transformer', 'constant'):
     raise ConfigError("config.train.schedule must be 'transformer' or 'constant', "
                       f'got {t.schedule!r}')

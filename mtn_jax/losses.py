@@ -1,17 +1,20 @@
 """Training losses over the output vocabulary: per token, and summed over a session batch.
 
-- `token_losses`: logits float32 [..., V], integer targets [...] -> (loss, nll) [...].
-- `chunked_token_losses`: decoder hidden states [..., H], the output layer and targets [...]
-  -> (loss, nll, correct) [...], projecting a chunk of tokens to the vocabulary at a time.
+- `token_losses`: logits float32 [..., V], integer targets [...] -> (loss, nll) [...]; the
+  definition every other function here computes.
+- `output_layer_losses`: the output layer, its parameters, decoder states [G, M, H], targets
+  and weights [G, M] -> the weighted sums (loss, nll, correct), projecting only the chunks of
+  tokens that hold real targets, with the output layer's gradients made in the same pass.
 - `session_losses`: a model, its params and a session batch queries int32 [B, S, n] -> the
-  batch's weighted sums (loss, nll, correct, tokens, pairs), plain or chunked; callers divide
-  by `tokens` (the real target tokens, `</s>` included).
+  batch's weighted sums (loss, nll, correct, tokens, pairs); callers divide by `tokens` (the
+  real target tokens, `</s>` included).
 """
 
 from __future__ import annotations
 
 import functools
 from collections.abc import Callable
+from typing import Any
 
 import flax.linen as nn
 import jax
@@ -63,56 +66,156 @@ def token_losses(logits: jax.Array, targets: jax.Array, label_smoothing: float =
   return loss, nll
 
 
-def chunked_token_losses(output_logits: Callable[[jax.Array], jax.Array], hidden: jax.Array,
-                         targets: jax.Array, *, chunk_tokens: int,
-                         label_smoothing: float = 0.0, entropy_weight: float = 0.0
-                         ) -> tuple[jax.Array, jax.Array, jax.Array]:
-  """`token_losses` and token accuracy without the whole logits tensor, forward or backward.
+# ---------------------------------------------------------------------------------------------
+# The output layer and loss, fused and restricted to real targets
+#
+# Hand-written because no maintained JAX library offers a cross-entropy fused with an arbitrary
+# output layer. Two facts make it pay:
+#  - most target slots are padding (AOL queries average 2.95 words in 10 slots, so about 36 %
+#    of the n + 1 decoder positions are real), yet a plain loss projects every slot to the
+#    vocabulary, the widest matmul of the model and, with its softmax, most of its memory
+#    traffic;
+#  - the loss is the end of the computation, so the gradient of a chunk's logits is known as
+#    soon as they are: projecting, reducing and back-projecting a chunk in one go leaves no
+#    [tokens, V] tensor alive for a backward pass to read.
+# Real tokens are sorted to the front of each group, and a loop with a data-dependent trip
+# count visits only the chunks that hold any. A group is one data-parallel shard of the batch
+# (`groups` in `session_losses`), so sorting and chunking never move data between devices;
+# the groups run side by side (vmap) and their parameter gradients are summed once, after
+# the loop.
 
-  Hand-written because no maintained JAX library offers a chunked vocabulary cross-entropy
-  over an arbitrary output layer. Tokens are processed in chunks under `jax.lax.map`; each
-  chunk's computation is rematerialised (`jax.checkpoint`), so the backward pass recomputes a
-  chunk's logits from its hidden states instead of keeping them: at most one chunk of logits
-  [chunk, V] (and its softmax) is alive at a time. The values are those of
-  `token_losses(output_logits(hidden), targets, ...)`.
+
+def _chunk_sums(output_logits: Callable, params: Any, hidden: jax.Array, targets: jax.Array,
+                weights: jax.Array, label_smoothing: float, entropy_weight: float):
+  """(weighted loss sum, (nll sum, correct sum)) of one chunk: hidden [C, H], targets [C]."""
+  loss, nll, correct = _token_losses_and_correct(output_logits(params, hidden), targets,
+                                                 label_smoothing, entropy_weight)
+  return (loss * weights).sum(), ((nll * weights).sum(), (correct * weights).sum())
+
+
+def _sorted_chunks(hidden: jax.Array, targets: jax.Array, weights: jax.Array, chunk: int):
+  """Real tokens first within each group, padded to whole chunks.
+
+  Returns (hidden [G, K*C, H], targets [G, K*C], weights [G, K*C], order [G, M] (the sorted
+  position's original index), active chunks (int32 scalar: those holding a real token in
+  some group)).
+  """
+  tokens = targets.shape[1]
+  order = jnp.argsort(weights <= 0, axis=1, stable=True)
+  padding = -tokens % chunk
+  def sort_and_pad(x):
+    index = order.reshape(order.shape + (1,) * (x.ndim - 2))
+    x = jnp.take_along_axis(x, index, axis=1)
+    return jnp.pad(x, ((0, 0), (0, padding)) + ((0, 0),) * (x.ndim - 2))
+  real = (weights > 0).sum(axis=1)
+  active = ((real.max() + chunk - 1) // chunk).astype(jnp.int32)
+  return sort_and_pad(hidden), sort_and_pad(targets), sort_and_pad(weights), order, active
+
+
+def _loop_over_chunks(output_logits, params, hidden, targets, weights, options, *, grads):
+  """The sums over the active chunks, and with `grads` the gradients of the loss sum."""
+  chunk, label_smoothing, entropy_weight = options
+  groups, tokens, _ = hidden.shape
+  hidden_s, targets_s, weights_s, order, active = _sorted_chunks(hidden, targets, weights, chunk)
+  per_chunk = functools.partial(_chunk_sums, output_logits, label_smoothing=label_smoothing,
+                                entropy_weight=entropy_weight)
+  if grads:
+    per_chunk = jax.value_and_grad(per_chunk, argnums=(0, 1), has_aux=True)
+  per_group = jax.vmap(per_chunk, in_axes=(None, 0, 0, 0))
+
+  def body(k, carry):
+    start = k * chunk
+    take = lambda x: jax.lax.dynamic_slice_in_dim(x, start, chunk, axis=1)
+    out = per_group(params, take(hidden_s), take(targets_s), take(weights_s))
+    if not grads:
+      loss, (nll, correct) = out
+      return jax.tree.map(jnp.add, carry, (loss, nll, correct))
+    ((loss, (nll, correct)), (d_params, d_hidden)) = out
+    sums, d_params_sum, d_hidden_s = carry
+    sums = jax.tree.map(jnp.add, sums, (loss, nll, correct))
+    d_params_sum = jax.tree.map(jnp.add, d_params_sum, d_params)
+    d_hidden_s = jax.lax.dynamic_update_slice_in_dim(d_hidden_s, d_hidden, start, axis=1)
+    return sums, d_params_sum, d_hidden_s
+
+  zeros = jnp.zeros((groups,), jnp.float32)
+  sums = (zeros, zeros, zeros)
+  if not grads:
+    return jax.tree.map(jnp.sum, jax.lax.fori_loop(0, active, body, sums))
+  # Per-group parameter gradients [G, ...]: each group's sum stays on its device until the
+  # single reduction after the loop.
+  init = (sums, jax.tree.map(lambda p: jnp.zeros((groups,) + p.shape, jnp.float32), params),
+          jnp.zeros_like(hidden_s))
+  sums, d_params, d_hidden_s = jax.lax.fori_loop(0, active, body, init)
+  inverse = jnp.argsort(order, axis=1)
+  d_hidden = jnp.take_along_axis(d_hidden_s[:, :tokens], inverse[..., None], axis=1)
+  d_params = jax.tree.map(lambda d, p: d.sum(0).astype(p.dtype), d_params, params)
+  return jax.tree.map(jnp.sum, sums), d_params, d_hidden
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(0, 5))
+def _output_layer_sums(output_logits, params, hidden, targets, weights, options):
+  return _loop_over_chunks(output_logits, params, hidden, targets, weights, options,
+                           grads=False)
+
+
+def _output_layer_sums_fwd(output_logits, params, hidden, targets, weights, options):
+  sums, d_params, d_hidden = _loop_over_chunks(output_logits, params, hidden, targets, weights,
+                                               options, grads=True)
+  return sums, (d_params, d_hidden)
+
+
+def _output_layer_sums_bwd(output_logits, options, residuals, cotangents):
+  del output_logits, options
+  d_params, d_hidden = residuals
+  # Only the loss sum carries a gradient: `output_layer_losses` stops the metric sums'.
+  g = cotangents[0]
+  return (jax.tree.map(lambda d: (g * d).astype(d.dtype), d_params),
+          (g * d_hidden).astype(d_hidden.dtype), None, None)
+
+
+_output_layer_sums.defvjp(_output_layer_sums_fwd, _output_layer_sums_bwd)
+
+
+def output_layer_losses(output_logits: Callable[[Any, jax.Array], jax.Array], params: Any,
+                        hidden: jax.Array, targets: jax.Array, weights: jax.Array, *,
+                        chunk_tokens: int, label_smoothing: float = 0.0,
+                        entropy_weight: float = 0.0) -> dict[str, jax.Array]:
+  """Weighted sums of `token_losses` and accuracy over real targets, chunk by chunk.
+
+  The values are those of `token_losses(output_logits(params, hidden), targets, ...)` weighted
+  by `weights` and summed; the cost is that of the chunks holding real targets only (weight
+  > 0), and at most one chunk's logits [G, C, V] exist at a time, in the forward pass and in
+  the backward. Under `jax.grad`, the loop computes each chunk's gradients with its loss (a
+  `jax.custom_vjp`), so the backward pass only scales them.
 
   Args:
-    output_logits: hidden [C, H] -> float32 logits [C, V]; it may close over parameters,
-      whose gradients flow through.
-    hidden: [..., H] decoder states, any float dtype.
-    targets: int [...].
-    chunk_tokens: most tokens per chunk (> 0); chunks are evened out so that padding the
-      token count to a whole number of chunks adds fewer than one token per chunk.
+    output_logits: (params, hidden [C, H]) -> float32 logits [C, V].
+    params: the parameters `output_logits` reads (a pytree); they receive gradients.
+    hidden: [G, M, H] decoder states in G groups of M token slots, any float dtype.
+    targets: int [G, M].
+    weights: float32 [G, M]; 0 marks padding, which costs nothing once a chunk is all padding.
+    chunk_tokens: token slots per chunk and group (>= 1).
     label_smoothing, entropy_weight: as for `token_losses`.
   Returns:
-    loss, nll, correct: float32 [...], as `_token_losses_and_correct` gives them.
+    float32 scalars 'loss', 'nll', 'correct': the weighted sums. Only 'loss' is
+    differentiable; the other two are metrics and stop gradients.
   """
   if chunk_tokens < 1:
     raise ValueError(f'chunk_tokens must be at least 1, got {chunk_tokens}')
-  shape = targets.shape
-  count = max(targets.size, 1)
-  num_chunks = -(-count // chunk_tokens)
-  chunk = -(-count // num_chunks)
-  padding = num_chunks * chunk - targets.size
-  flat_hidden = jnp.pad(hidden.reshape(-1, hidden.shape[-1]), ((0, padding), (0, 0)))
-  flat_targets = jnp.pad(targets.reshape(-1), (0, padding))
-
-  # Inside a loop, common-subexpression elimination cannot merge the recomputation into the
-  # forward pass, so remat's CSE barrier would only cost time.
-  @functools.partial(jax.checkpoint, prevent_cse=False)
-  def one_chunk(inputs: tuple[jax.Array, jax.Array]):
-    hidden_chunk, target_chunk = inputs
-    return _token_losses_and_correct(output_logits(hidden_chunk), target_chunk,
-                                     label_smoothing, entropy_weight)
-
-  per_chunk = jax.lax.map(one_chunk, (flat_hidden.reshape(num_chunks, chunk, -1),
-                                      flat_targets.reshape(num_chunks, chunk)))
-  return tuple(x.reshape(-1)[:targets.size].reshape(shape) for x in per_chunk)
+  if hidden.ndim != 3 or targets.shape != hidden.shape[:2] or weights.shape != targets.shape:
+    raise ValueError(f'expected hidden [G, M, H] with targets and weights [G, M], got '
+                     f'{hidden.shape}, {targets.shape} and {weights.shape}')
+  options = (int(min(chunk_tokens, targets.shape[1])), float(label_smoothing),
+             float(entropy_weight))
+  loss, nll, correct = _output_layer_sums(output_logits, params, hidden, targets,
+                                          weights.astype(jnp.float32), options)
+  return {'loss': loss, 'nll': jax.lax.stop_gradient(nll),
+          'correct': jax.lax.stop_gradient(correct)}
 
 
 def session_losses(model: nn.Module, params, queries: jax.Array, *, train: bool,
                    rngs=None, label_smoothing: float = 0.0, entropy_weight: float = 0.0,
-                   chunk_tokens: int = 0) -> dict[str, jax.Array]:
+                   chunk_tokens: int, groups: int = 1) -> dict[str, jax.Array]:
   """Weighted loss sums over a batch of sessions, every pair of every session at once.
 
   Args:
@@ -122,25 +225,25 @@ def session_losses(model: nn.Module, params, queries: jax.Array, *, train: bool,
     train: dropout on (needs `rngs={'dropout': key}`) or off.
     rngs: the PRNG keys `model.apply` takes.
     label_smoothing, entropy_weight: as for `token_losses`.
-    chunk_tokens: 0: the logits of the whole batch at once; > 0: `chunked_token_losses` over
-      the decoder's hidden states, this many tokens per chunk (same values, far less memory
-      with a large vocabulary).
+    chunk_tokens: target slots projected to the vocabulary at a time, per group
+      (`output_layer_losses`).
+    groups: the data-parallel shards of the batch axis (B must divide into them): real
+      targets are gathered and chunked within each, so that no data crosses devices.
   Returns:
     float32 scalars: 'loss', 'nll' and 'correct' summed over real target tokens, 'tokens'
     (real target tokens, `</s>` included) and 'pairs' (pairs whose next query is real).
   """
+  if queries.shape[0] % groups:
+    raise ValueError(f'a batch of {queries.shape[0]} sessions does not split into {groups} '
+                     f'data-parallel groups')
   _, targets, weights = decoder_io(queries)  # [B, S-1, T]
-  if chunk_tokens:
-    hidden = model.apply({'params': params}, queries, train=train, rngs=rngs,
-                         method='session_hidden')
-    loss, nll, correct = chunked_token_losses(
-        lambda h: model.apply({'params': params}, h, method='output_logits'), hidden, targets,
-        chunk_tokens=chunk_tokens, label_smoothing=label_smoothing,
-        entropy_weight=entropy_weight)
-  else:
-    logits = model.apply({'params': params}, queries, train=train, rngs=rngs)
-    loss, nll, correct = _token_losses_and_correct(logits, targets, label_smoothing,
-                                                   entropy_weight)
-  return {'loss': (loss * weights).sum(), 'nll': (nll * weights).sum(),
-          'correct': (correct * weights).sum(), 'tokens': weights.sum(),
+  hidden = model.apply({'params': params}, queries, train=train, rngs=rngs,
+                       method='session_hidden')  # [B, S-1, T, H]
+  output_params = {name: params[name] for name in model.output_layer_names()}
+  sums = output_layer_losses(
+      lambda p, h: model.apply({'params': p}, h, method='output_logits'), output_params,
+      hidden.reshape(groups, -1, hidden.shape[-1]), targets.reshape(groups, -1),
+      weights.reshape(groups, -1), chunk_tokens=chunk_tokens,
+      label_smoothing=label_smoothing, entropy_weight=entropy_weight)
+  return {**sums, 'tokens': weights.sum(),
           'pairs': (weights[..., 0] > 0).sum().astype(jnp.float32)}

@@ -89,27 +89,44 @@ def make_optimizer(train: ml_collections.ConfigDict,
 
 
 def train_step(state: TrainState, queries: jax.Array, *, model, optimizer,
-               label_smoothing: float, entropy_weight: float,
-               loss_chunk_tokens: int = 0) -> tuple[TrainState, dict]:
-  """One optimizer step on a batch of sessions, queries int32 [B, S, n]."""
+               label_smoothing: float, entropy_weight: float, loss_chunk_tokens: int,
+               data_groups: int) -> tuple[TrainState, dict]:
+  """One optimizer step on a batch of sessions, queries int32 [B, S, n].
+
+  `loss_chunk_tokens` and `data_groups` shape the loss head (`losses.session_losses`); the
+  other keyword arguments are the static parts of the step (`make_steps` binds them all).
+  """
   rng = jax.random.fold_in(state.dropout_rng, state.step)
 
   def loss_fn(params):
     sums = losses.session_losses(model, params, queries, train=True, rngs={'dropout': rng},
                                  label_smoothing=label_smoothing,
-                                 entropy_weight=entropy_weight, chunk_tokens=loss_chunk_tokens)
+                                 entropy_weight=entropy_weight, chunk_tokens=loss_chunk_tokens,
+                                 groups=data_groups)
     return sums['loss'] / jnp.maximum(sums['tokens'], 1.0), sums
 
   grads, sums = jax.grad(loss_fn, has_aux=True)(state.params)
   updates, opt_state = optimizer.update(grads, state.opt_state, state.params)
   params = optax.apply_updates(state.params, updates)
-  sums['grad_norm'] = optax.global_norm(grads)
+  sums['grad_norm'] = optax.tree.norm(grads)
   return state.replace(step=state.step + 1, params=params, opt_state=opt_state), sums
 
 
-def eval_step(params, queries: jax.Array, *, model, loss_chunk_tokens: int = 0) -> dict:
+def eval_step(params, queries: jax.Array, *, model, loss_chunk_tokens: int,
+              data_groups: int) -> dict:
   return losses.session_losses(model, params, queries, train=False,
-                               chunk_tokens=loss_chunk_tokens)
+                               chunk_tokens=loss_chunk_tokens, groups=data_groups)
+
+
+def make_steps(train_config: ml_collections.ConfigDict, model, optimizer, mesh):
+  """(train step, eval step) with their static arguments bound from `config.train`, ready for
+  `jax.jit`: one data-parallel loss group per device of the mesh."""
+  shared = dict(model=model, loss_chunk_tokens=train_config.loss_chunk_tokens,
+                data_groups=mesh.size)
+  return (functools.partial(train_step, optimizer=optimizer,
+                            label_smoothing=train_config.label_smoothing,
+                            entropy_weight=train_config.entropy_weight, **shared),
+          functools.partial(eval_step, **shared))
 
 
 # ---------------------------------------------------------------------------------------------
@@ -177,11 +194,12 @@ def model_config(config: ml_collections.ConfigDict, vocab, split) -> ModelConfig
   return ModelConfig.from_config(config.model, len(vocab), split.max_query_words)
 
 
-def evaluate_loss(params, split: sessions.SessionSplit, *, model, mesh, queries_per_batch: int,
-                  eval_fn=None) -> dict[str, float]:
-  """Validation loss (nll per target token), perplexity and token accuracy over a split."""
-  if eval_fn is None:
-    eval_fn = jax.jit(functools.partial(eval_step, model=model))
+def evaluate_loss(params, split: sessions.SessionSplit, *, mesh, queries_per_batch: int,
+                  eval_fn) -> dict[str, float]:
+  """Validation loss (nll per target token), perplexity and token accuracy over a split.
+
+  `eval_fn`: the jit-compiled eval step, (params, queries) -> sums (`make_steps`).
+  """
   totals = None
   for batch in input_pipeline.make_eval_iterator(
       split, queries_per_batch=queries_per_batch, multiple_of=jax.device_count(),
@@ -270,14 +288,10 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
       f'{total_steps} steps in all.')
 
   state_sharding = parallel.replicated(mesh)
-  step_fn = jax.jit(
-      functools.partial(train_step, model=model, optimizer=optimizer,
-                        label_smoothing=tc.label_smoothing, entropy_weight=tc.entropy_weight,
-                        loss_chunk_tokens=tc.loss_chunk_tokens),
-      in_shardings=(state_sharding, parallel.batch_sharding(mesh)),
-      out_shardings=(state_sharding, state_sharding), donate_argnums=0)
-  eval_fn = jax.jit(functools.partial(eval_step, model=model,
-                                      loss_chunk_tokens=tc.loss_chunk_tokens))
+  train_fn, eval_fn = make_steps(tc, model, optimizer, mesh)
+  step_fn = jax.jit(train_fn, in_shardings=(state_sharding, parallel.batch_sharding(mesh)),
+                    out_shardings=(state_sharding, state_sharding), donate_argnums=0)
+  eval_fn = jax.jit(eval_fn)
   schedule = learning_rate_schedule(tc, cfg.d_model)
 
   stop_requested = threading.Event()
@@ -340,7 +354,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
       check_and_log(force_log=step % tc.log_every_steps == 0 or step == total_steps)
       if end_of_epoch or step == total_steps:
         check_and_log(force_log=True)
-        valid = evaluate_loss(state.params, valid_split, model=model, mesh=mesh,
+        valid = evaluate_loss(state.params, valid_split, mesh=mesh,
                               queries_per_batch=config.input.eval_queries_per_batch,
                               eval_fn=eval_fn)
         writer.write(step, 'valid', valid)

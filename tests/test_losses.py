@@ -1,4 +1,5 @@
-"""Exact values of the training losses on hand cases; the chunked loss equals the plain one."""
+"""Exact values of the training losses on hand cases; the fused, chunked loss head equals the
+definition in values and gradients, and never projects a chunk of padding."""
 
 import functools
 import math
@@ -9,8 +10,8 @@ import numpy as np
 import optax
 import pytest
 
-from mtn_jax.losses import chunked_token_losses, session_losses, token_losses
-from mtn_jax.models import ModelConfig, create_model
+from mtn_jax.losses import output_layer_losses, session_losses, token_losses
+from mtn_jax.models import ModelConfig, create_model, decoder_io
 
 
 def test_plain_cross_entropy():
@@ -39,25 +40,81 @@ def test_entropy_regulariser_rewards_spread():
   np.testing.assert_allclose(nll, [math.log(4 / 3)], rtol=1e-5)
 
 
-def test_chunked_token_losses_equal_token_losses_for_every_chunking():
-  rng = np.random.default_rng(0)
-  hidden = jnp.asarray(rng.normal(size=(2, 3, 5, 4)), jnp.float32)
-  kernel = jnp.asarray(rng.normal(size=(4, 11)), jnp.float32)
-  targets = jnp.asarray(rng.integers(0, 11, size=(2, 3, 5)), jnp.int32)
+def _weighted_reference(kernel, hidden, targets, weights):
+  """The definition: token_losses over the whole logits tensor, weighted and summed."""
   logits = hidden @ kernel
   loss, nll = token_losses(logits, targets, label_smoothing=0.1, entropy_weight=0.1)
   correct = (logits.argmax(-1) == targets).astype(jnp.float32)
-  assert 0 < correct.sum() < correct.size
-  # 30 tokens: one per chunk, uneven chunks (7 -> 5 chunks of 6), exact, one chunk, oversize.
-  for chunk_tokens in (1, 7, 10, 30, 64):
-    chunked = chunked_token_losses(lambda h: h @ kernel, hidden, targets,
-                                   chunk_tokens=chunk_tokens, label_smoothing=0.1,
-                                   entropy_weight=0.1)
-    for got, want in zip(chunked, (loss, nll, correct)):
-      assert got.shape == targets.shape
-      np.testing.assert_allclose(got, want, rtol=1e-6, atol=1e-6)
+  return (loss * weights).sum(), ((nll * weights).sum(), (correct * weights).sum())
+
+
+def _fused(kernel, hidden, targets, weights, chunk_tokens):
+  sums = output_layer_losses(lambda k, h: h @ k, kernel, hidden, targets, weights,
+                             chunk_tokens=chunk_tokens, label_smoothing=0.1,
+                             entropy_weight=0.1)
+  return sums['loss'], (sums['nll'], sums['correct'])
+
+
+def test_output_layer_losses_equal_the_definition_for_every_chunking():
+  """Values and gradients (kernel and hidden states) of the fused loss equal those of
+  token_losses on the full logits, whatever the chunking and wherever the padding lies."""
+  rng = np.random.default_rng(0)
+  groups, tokens, features, vocab = 2, 15, 4, 11
+  hidden = jnp.asarray(rng.normal(size=(groups, tokens, features)), jnp.float32)
+  kernel = jnp.asarray(rng.normal(size=(features, vocab)), jnp.float32)
+  targets = jnp.asarray(rng.integers(0, vocab, size=(groups, tokens)), jnp.int32)
+  # Padding scattered through group 0 (9 real tokens), group 1 real only at its end (4).
+  weights = np.zeros((groups, tokens), np.float32)
+  weights[0, [0, 2, 3, 5, 8, 9, 11, 12, 14]] = 1.0
+  weights[1, -4:] = [1.0, 0.5, 2.0, 1.0]  # weights other than 1 scale their tokens
+  weights = jnp.asarray(weights)
+  reference = jax.value_and_grad(_weighted_reference, argnums=(0, 1), has_aux=True)
+  (want_loss, want_metrics), want_grads = reference(kernel, hidden, targets, weights)
+  assert 0 < float(want_metrics[1]) < float(weights.sum())  # some right, some wrong
+  # One token per chunk, uneven chunks, exactly the real count, a whole group, oversize.
+  for chunk_tokens in (1, 4, 9, 15, 64):
+    fused = jax.jit(jax.value_and_grad(_fused, argnums=(0, 1), has_aux=True),
+                    static_argnums=4)
+    (loss, metrics), grads = fused(kernel, hidden, targets, weights, chunk_tokens)
+    np.testing.assert_allclose(loss, want_loss, rtol=1e-5)
+    np.testing.assert_allclose(metrics, want_metrics, rtol=1e-5)
+    for got, want in zip(grads, want_grads):
+      np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
+    # Without differentiation (evaluation) the same sums come from the loop without gradients.
+    np.testing.assert_allclose(jax.jit(_fused, static_argnums=4)(
+        kernel, hidden, targets, weights, chunk_tokens)[0], want_loss, rtol=1e-5)
+
+
+def test_chunks_of_padding_are_never_projected():
+  """Padding states are NaN: a chunk holding only padding would make the sums NaN if it were
+  projected. 8 real tokens per group in chunks of 4 leave two chunks of padding each."""
+  rng = np.random.default_rng(1)
+  hidden = rng.normal(size=(2, 16, 4)).astype(np.float32)
+  weights = np.zeros((2, 16), np.float32)
+  weights[0, rng.choice(16, 8, replace=False)] = 1.0
+  weights[1, :8] = 1.0
+  hidden[weights == 0] = np.nan
+  kernel = jnp.asarray(rng.normal(size=(4, 7)), jnp.float32)
+  targets = jnp.asarray(rng.integers(0, 7, size=(2, 16)), jnp.int32)
+  fused = jax.jit(jax.value_and_grad(_fused, argnums=(0, 1), has_aux=True), static_argnums=4)
+  (loss, metrics), (d_kernel, d_hidden) = fused(kernel, jnp.asarray(hidden), targets,
+                                                jnp.asarray(weights), 4)
+  assert np.isfinite(float(loss)) and np.all(np.isfinite(metrics))
+  assert np.all(np.isfinite(d_kernel)) and np.all(np.isfinite(d_hidden))
+  assert np.all(np.asarray(d_hidden)[weights == 0] == 0)
+  # The same padding inside a chunk that holds a real token is projected (and poisons it).
+  (loss, _), _ = fused(kernel, jnp.asarray(hidden), targets, jnp.asarray(weights), 3)
+  assert np.isnan(float(loss))
+
+
+def test_output_layer_losses_refuse_bad_shapes_and_chunks():
+  hidden, targets, weights = jnp.zeros((1, 6, 4)), jnp.zeros((1, 6), jnp.int32), jnp.ones((1, 6))
   with pytest.raises(ValueError, match='chunk_tokens must be at least 1'):
-    chunked_token_losses(lambda h: h @ kernel, hidden, targets, chunk_tokens=0)
+    output_layer_losses(lambda k, h: h @ k, jnp.zeros((4, 3)), hidden, targets, weights,
+                        chunk_tokens=0)
+  with pytest.raises(ValueError, match=r'expected hidden \[G, M, H\]'):
+    output_layer_losses(lambda k, h: h @ k, jnp.zeros((4, 3)), hidden[0], targets, weights,
+                        chunk_tokens=2)
 
 
 # Tiny models: XLA's compile time dominates, and its backend optimisations buy nothing.
@@ -83,40 +140,69 @@ def random_params(model):
                       shapes['params'])
 
 
-@pytest.mark.parametrize('cfg', [TINY, TINY.replace(name='hred', tie_embeddings=False)],
-                         ids=['mtn_tied', 'hred_untied'])
-def test_chunked_session_losses_equal_plain_values_and_gradients(cfg):
-  """Same dropout masks, same sums, same gradients: chunking changes only the memory used."""
+def plain_session_sums(model, params, queries, *, train, rngs=None, label_smoothing=0.0,
+                       entropy_weight=0.0):
+  """The definition `session_losses` must equal: token_losses on the model's whole logits."""
+  logits = model.apply({'params': params}, queries, train=train, rngs=rngs)
+  _, targets, weights = decoder_io(queries)
+  loss, nll = token_losses(logits, targets, label_smoothing, entropy_weight)
+  correct = (logits.argmax(-1) == targets).astype(jnp.float32)
+  return {'loss': (loss * weights).sum(), 'nll': (nll * weights).sum(),
+          'correct': (correct * weights).sum(), 'tokens': weights.sum()}
+
+
+@pytest.mark.parametrize('cfg', [TINY, TINY.replace(name='hred', tie_embeddings=False),
+                                 TINY.replace(name='mnsrf', share_embeddings=True)],
+                         ids=['mtn_tied', 'hred_untied', 'mnsrf_tied_shared'])
+def test_session_losses_equal_the_definition_in_values_and_gradients(cfg):
+  """Same dropout masks, same sums, same gradients for every parameter (the output layer's
+  included, which the fused loss differentiates itself), in one group or two."""
   model = create_model(cfg)
+  rngs = {'dropout': jax.random.key(1)}
+
+  def mean_loss(sums_fn):
+    def fn(params):
+      sums = sums_fn(params)
+      return sums['loss'] / sums['tokens'], sums
+    return jax.grad(fn, has_aux=True)
 
   @jit
-  def plain_and_chunked(params):
-    def sums_and_grads(chunk_tokens):
-      def mean_loss(params):
-        sums = session_losses(model, params, SESSIONS, train=True,
-                              rngs={'dropout': jax.random.key(1)}, label_smoothing=0.1,
-                              entropy_weight=0.1, chunk_tokens=chunk_tokens)
-        return sums['loss'] / sums['tokens'], sums
-      return jax.grad(mean_loss, has_aux=True)(params)
-    # 2 sessions x 2 pairs x 5 positions = 20 tokens: 7 per chunk gives 3 uneven chunks.
-    return sums_and_grads(0), sums_and_grads(7)
+  def plain_and_fused(params):
+    plain = mean_loss(lambda p: plain_session_sums(
+        model, p, SESSIONS, train=True, rngs=rngs, label_smoothing=0.1,
+        entropy_weight=0.1))(params)
+    # 2 sessions x 2 pairs x 5 positions = 20 slots, 8 real: chunks of 3 in one group of 20
+    # slots, and of 2 in two groups of 10.
+    fused = [mean_loss(lambda p, c=c, g=g: session_losses(
+        model, p, SESSIONS, train=True, rngs=rngs, label_smoothing=0.1, entropy_weight=0.1,
+        chunk_tokens=c, groups=g))(params) for c, g in ((3, 1), (2, 2))]
+    return plain, fused
 
-  (plain_grads, plain), (chunked_grads, chunked) = plain_and_chunked(
-      random_params(model))
+  (plain_grads, plain), fused = plain_and_fused(random_params(model))
   # Targets: [7 8 9 </s>], [10 </s>], [15 </s>], and a padding pair.
-  assert float(plain['tokens']) == 8 and float(plain['pairs']) == 3
-  for key in plain:
-    np.testing.assert_allclose(chunked[key], plain[key], rtol=1e-5, atol=1e-5)
-  jax.tree.map(functools.partial(np.testing.assert_allclose, rtol=1e-5, atol=1e-5),
-               chunked_grads, plain_grads)
+  assert float(plain['tokens']) == 8
+  for grads, sums in fused:
+    assert float(sums['pairs']) == 3
+    for key in plain:
+      np.testing.assert_allclose(sums[key], plain[key], rtol=1e-5, atol=1e-5)
+    jax.tree.map(functools.partial(np.testing.assert_allclose, rtol=1e-5, atol=1e-5),
+                 grads, plain_grads)
   assert float(optax.tree.norm(plain_grads)) > 0
 
 
-def test_chunked_session_losses_in_bfloat16_match_plain():
+def test_session_losses_in_bfloat16_match_the_definition():
   model = create_model(TINY.replace(compute_dtype='bfloat16'))
-  plain, chunked = jit(lambda params: [session_losses(
-      model, params, SESSIONS, train=False, label_smoothing=0.1, chunk_tokens=chunk_tokens)
-      for chunk_tokens in (0, 6)])(random_params(model))
-  assert all(x.dtype == jnp.float32 for x in chunked.values())
+  plain, fused = jit(lambda params: [
+      plain_session_sums(model, params, SESSIONS, train=False, label_smoothing=0.1),
+      session_losses(model, params, SESSIONS, train=False, label_smoothing=0.1,
+                     chunk_tokens=6)])(random_params(model))
+  assert all(x.dtype == jnp.float32 for x in fused.values())
   for key in plain:
-    np.testing.assert_allclose(chunked[key], plain[key], rtol=1e-3)
+    np.testing.assert_allclose(fused[key], plain[key], rtol=1e-3)
+
+
+def test_session_losses_refuse_a_batch_that_does_not_split_into_groups():
+  model = create_model(TINY)
+  with pytest.raises(ValueError, match='does not split into 3 data-parallel groups'):
+    session_losses(model, random_params(model), SESSIONS, train=False, chunk_tokens=4,
+                   groups=3)

@@ -7,8 +7,9 @@ query t+1 after queries 0..t. The decoder reads `<s>` + next query and predicts 
 - `decoder_io`: queries [B, S, n] -> decoder inputs, targets, weights [B, S-1, T].
 - `session_sources`: queries [B, S, n] -> `q_0 <sep> ... <sep> q_t` sources [B*S, L] and their
   lengths [B*S], L = S*(n+1) - 1: the flat source of the Transformer and Seq2Seq baselines.
-- `SessionModel`: the entry points every model has, given its `encode`, `decode_hidden` and
-  `output_logits` (N decoder rows, T' steps, H hidden features, V words):
+- `SessionModel`: the entry points every model has, given its `encode`, `decode_hidden`,
+  `output_logits` and `output_layer_names` (N decoder rows, T' steps, H hidden features,
+  V words):
     `encode(queries int32 [B, S, n], *, train=False)` -> memory, leaves leading with B*S;
     `decode_hidden(memory, decoder_inputs int32 [N, T'], *, train=False, decode=False)`
       -> hidden [N, T', H], what the output layer reads (dropout included);
@@ -16,8 +17,9 @@ query t+1 after queries 0..t. The decoder reads `<s>` + next query and predicts 
     `decode(memory, decoder_inputs [N, T'], *, train=False, decode=False)` -> [N, T', V];
     `session_hidden(queries [B, S, n], *, train)` -> hidden [B, S-1, T, H] of every pair;
     `__call__(queries [B, S, n], *, train)` -> float32 logits [B, S-1, T, V].
-  Splitting hidden states from the output layer lets a loss project them to the vocabulary
-  a chunk of tokens at a time (`mtn_jax.losses.session_losses`).
+  Splitting hidden states from the output layer lets the loss project them to the vocabulary
+  a chunk of real target tokens at a time (`mtn_jax.losses.session_losses`); it reads the
+  output layer's parameters from the subtrees `output_layer_names()` names.
 """
 
 from __future__ import annotations
@@ -146,17 +148,31 @@ def word_embeddings(config: ModelConfig, make_table: Callable[..., nn.Module]
   if config.share_embeddings:
     table = make_table(name='word_embedding')
     return table, table
-  return make_table(name='encoder_embedding'), make_table(name='decoder_embedding')
+  return make_table(name='encoder_embedding'), make_table(name=decoder_table_name(config))
+
+
+def decoder_table_name(config: ModelConfig) -> str:
+  """The parameter subtree of the decoder's word table (see `word_embeddings`)."""
+  return 'word_embedding' if config.share_embeddings else 'decoder_embedding'
 
 
 class SessionModel(nn.Module):
   """The session-level entry points, shared by every model (see the module docstring).
 
   A subclass defines `encode`, CAUSAL over queries (row b*S + t of its memory depends on
-  queries 0..t of session b only), `decode_hidden` and `output_logits`.
+  queries 0..t of session b only), `decode_hidden`, `output_logits` and
+  `output_layer_names`.
   """
 
   config: ModelConfig
+
+  def output_layer_names(self) -> tuple[str, ...]:
+    """The top-level parameter subtrees `output_logits` reads, and no others.
+
+    The training loss differentiates the output layer inside its own loop over chunks of
+    tokens (`mtn_jax.losses.output_layer_losses`) and hands it these subtrees only.
+    """
+    raise NotImplementedError
 
   def decode(self, memory, decoder_inputs: jax.Array, *, train: bool = False,
              decode: bool = False) -> jax.Array:

@@ -32,7 +32,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from mtn_jax.models.base import ModelConfig, SessionModel, word_embeddings
+from mtn_jax.models.base import ModelConfig, SessionModel, decoder_table_name, word_embeddings
+from mtn_jax.models.dropout import Dropout
 
 REMAT_POLICIES = {
     'full': None,  # save nothing: recompute the whole layer in the backward pass
@@ -245,7 +246,7 @@ class TransformerLayer(nn.Module):
   def _add_norm(self, x: jax.Array, sublayer: Callable[[jax.Array], jax.Array],
                 name: str) -> jax.Array:
     cfg = self.config
-    dropout = nn.Dropout(cfg.dropout, deterministic=not self.train)
+    dropout = Dropout(cfg.dropout, deterministic=not self.train)
     if cfg.pre_norm:
       return x + dropout(sublayer(layer_norm(cfg, f'{name}_norm')(x)))
     return layer_norm(cfg, f'{name}_norm')(x + dropout(sublayer(x)))
@@ -359,7 +360,7 @@ class Decoder(nn.Module):
     x = x + PositionEncoding(cfg, cfg.target_len,
                              'config.data.max_query_words + 1 (the words and </s>)',
                              name='positions')(positions)
-    x = nn.Dropout(cfg.dropout, deterministic=not train)(x)
+    x = Dropout(cfg.dropout, deterministic=not train)(x)
     return LayerStack(cfg, cfg.decoder_layers, cross_attention=True, name='stack')(
         x, causal_mask(length), memory, padding_mask(memory_mask), train=train,
         decode=decode)
@@ -382,7 +383,7 @@ class SessionEncoderDecoder(SessionModel):
     cfg = self.config
     self.encoder_embedding, self.decoder_embedding = word_embeddings(
         cfg, functools.partial(WordEmbedding, cfg))
-    self.embedding_dropout = nn.Dropout(cfg.dropout)
+    self.embedding_dropout = Dropout(cfg.dropout)
     self.decoder = Decoder(cfg, self.decoder_embedding)
     if not cfg.tie_embeddings:
       self.output_projection = nn.Dense(
@@ -396,6 +397,11 @@ class SessionEncoderDecoder(SessionModel):
     """memory rows [N, ...], decoder_inputs int32 [N, T'] -> hidden [N, T', d]."""
     return self.decoder(memory['tokens'], memory['mask'], decoder_inputs, train=train,
                         decode=decode)
+
+  def output_layer_names(self) -> tuple[str, ...]:
+    if self.config.tie_embeddings:
+      return (decoder_table_name(self.config),)
+    return ('logits',)
 
   def output_logits(self, hidden: jax.Array) -> jax.Array:
     """hidden [..., d] -> float32 logits [..., V]."""

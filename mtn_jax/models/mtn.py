@@ -23,6 +23,7 @@ import jax.numpy as jnp
 from mtn_jax.data.vocab import PAD_ID
 from mtn_jax.models import layers
 from mtn_jax.models.base import ModelConfig
+from mtn_jax.models.dropout import Dropout
 
 
 class SessionLevel(nn.Module):
@@ -47,7 +48,7 @@ class SessionLevel(nn.Module):
     query_vectors += layers.PositionEncoding(
         cfg, cfg.max_session_queries, 'config.model.max_session_queries',
         name='query_positions')(jnp.arange(num_queries))
-    dropout = nn.Dropout(cfg.dropout, deterministic=not train)
+    dropout = Dropout(cfg.dropout, deterministic=not train)
     session = layers.LayerStack(cfg, cfg.session_layers, name='session_encoder')(
         dropout(query_vectors), layers.causal_mask(num_queries), train=train)
     # Dropout on the added branch, as on every sublayer output before its Add & Norm.

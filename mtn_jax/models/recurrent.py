@@ -22,7 +22,9 @@ import jax.numpy as jnp
 from flax import linen as nn
 
 from mtn_jax.data.vocab import PAD_ID
-from mtn_jax.models.base import ModelConfig, SessionModel, session_sources, word_embeddings
+from mtn_jax.models.base import (ModelConfig, SessionModel, decoder_table_name, session_sources,
+                                 word_embeddings)
+from mtn_jax.models.dropout import Dropout
 
 Carry = tuple[jax.Array, jax.Array]  # an LSTM state (c, h), each [rows, units]
 
@@ -106,7 +108,7 @@ class _RecurrentModel(SessionModel):
     self.encoder_embedding, self.decoder_embedding = word_embeddings(
         c, lambda name: nn.Embed(c.vocab_size, c.emb_dim, dtype=c.dtype,
                                  param_dtype=jnp.float32, name=name))
-    self.dropout = nn.Dropout(c.dropout)
+    self.dropout = Dropout(c.dropout)
     if c.tie_embeddings:
       self.output_to_embedding = nn.Dense(c.emb_dim, dtype=c.dtype)
     else:
@@ -125,6 +127,11 @@ class _RecurrentModel(SessionModel):
     _check_rank(decoder_inputs, 'decoder_inputs', '[rows, steps]')
     embedded = self.dropout(self.decoder_embedding(decoder_inputs), deterministic=not train)
     return self.dropout(self.decoder(memory, embedded, decode), deterministic=not train)
+
+  def output_layer_names(self) -> tuple[str, ...]:
+    if self.config.tie_embeddings:
+      return ('output_to_embedding', decoder_table_name(self.config))
+    return ('output_projection',)
 
   def output_logits(self, hidden: jax.Array) -> jax.Array:
     """[..., 2 * lstm_units] decoder features -> float32 [..., V] logits."""
