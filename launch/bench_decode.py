@@ -38,6 +38,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from mtn_jax import decode
 from mtn_jax import inference
 from mtn_jax import models
+from mtn_jax import parallel
 from mtn_jax.data import preprocess
 from mtn_jax.data import sessions
 from mtn_jax.models.base import ModelConfig
@@ -53,6 +54,9 @@ _BATCHES = flags.DEFINE_list('batch_sessions', ['16', '64'], 'Sessions per batch
 _SESSION_QUERIES = flags.DEFINE_integer('session_queries', 4, 'Queries per session (S).')
 _REPEATS = flags.DEFINE_integer('repeats', 5, 'Timed calls per measurement (median kept).')
 _SEED = flags.DEFINE_integer('seed', 0, 'Seed of the random model and sessions.')
+_CPU_DEVICES = flags.DEFINE_integer(
+    'cpu_devices', 0, 'JAX devices of a CPU-only host, as the trainer\'s --cpu_devices (0: one '
+    'per core); decoding runs on the first.')
 
 
 def random_model(config, vocab_size: int, seed: int):
@@ -87,6 +91,7 @@ def test_sessions(workdir: str, rng: np.random.Generator, count: int,
 
 def main(argv):
   del argv
+  parallel.set_cpu_devices(_CPU_DEVICES.value)
   config = _CONFIG.value
   rng = np.random.default_rng(_SEED.value)
   if _WORKDIR.value:

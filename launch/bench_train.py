@@ -137,6 +137,9 @@ _PIPELINE_BATCHES = flags.DEFINE_integer('pipeline_batches', 50,
 _PREPROCESS_LINES = flags.DEFINE_integer('preprocess_lines', 3_600_000,
                                          'Log lines of --what=preprocess.')
 _SEED = flags.DEFINE_integer('seed', 0, 'Seed of the synthetic data, weights and dropout.')
+_CPU_DEVICES = flags.DEFINE_integer(
+    'cpu_devices', 0, 'JAX devices of a CPU-only host, as the trainer\'s --cpu_devices: 0 = one '
+    'per core (the default there too), 1 = one device for all cores.')
 _JSON = flags.DEFINE_string('json', '', 'Also write the figures to this JSON file.')
 
 
@@ -594,6 +597,7 @@ def _run_script(script: str, args: list[str]) -> str:
 def main(argv):
   if len(argv) > 1:
     raise app.UsageError(f'unexpected arguments: {argv[1:]}')
+  parallel.set_cpu_devices(_CPU_DEVICES.value)
   run()
 
 
@@ -631,7 +635,7 @@ def run() -> dict[str, Any]:
   if what in ('decode', 'all'):
     report['decode'] = _run_script('bench_decode.py', [
         *config_args(), f'--vocab_size={vocab_size}', f'--repeats={_REPEATS.value}',
-        f'--seed={_SEED.value}'])
+        f'--seed={_SEED.value}', f'--cpu_devices={_CPU_DEVICES.value}'])
   if what in ('preprocess', 'all'):
     report['preprocess'] = _run_script('bench_preprocess.py', [
         f'--lines={_PREPROCESS_LINES.value}', f'--seed={_SEED.value}'])

@@ -39,6 +39,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 # pylint: disable=g-import-not-at-top,wrong-import-position
 from launch import bench_train
 from mtn_jax import input_pipeline
+from mtn_jax import parallel
 from mtn_jax.models.base import ModelConfig
 # pylint: enable=g-import-not-at-top,wrong-import-position
 
@@ -154,6 +155,7 @@ def profile(config, *, vocab_size: int, batch_queries: int, bucket: int, steps: 
 def main(argv):
   if len(argv) > 1:
     raise app.UsageError(f'unexpected arguments: {argv[1:]}')
+  parallel.set_cpu_devices(flags.FLAGS.cpu_devices)
   config = bench_train.CONFIG_FLAG.value
   vocab_size = flags.FLAGS.vocab_size or bench_train.default_vocab_size(config)
   batch_queries = flags.FLAGS.batch_queries or config.input.train_queries_per_batch

@@ -94,29 +94,36 @@ def _chunk_sums(output_logits: Callable, params: Any, hidden: jax.Array, targets
 
 
 def _sorted_chunks(hidden: jax.Array, targets: jax.Array, weights: jax.Array, chunk: int):
-  """Real tokens first within each group, padded to whole chunks.
+  """Real tokens first within each group, in their order, padded to whole chunks of zeros.
 
-  Returns (hidden [G, K*C, H], targets [G, K*C], weights [G, K*C], order [G, M] (the sorted
-  position's original index), active chunks (int32 scalar: those holding a real token in
+  Returns (hidden [G, K*C, H], targets [G, K*C], weights [G, K*C], destination [G, M] (each
+  token's sorted position), active chunks (int32 scalar: those holding a real token in
   some group)).
   """
-  tokens = targets.shape[1]
-  order = jnp.argsort(weights <= 0, axis=1, stable=True)
-  padding = -tokens % chunk
-  def sort_and_pad(x):
+  groups, tokens = targets.shape
+  real = weights > 0
+  num_real = real.sum(axis=1, keepdims=True)
+  # A stable partition by counting, cheaper than a sort: real tokens keep their order at the
+  # front, padding follows.
+  destination = jnp.where(real, jnp.cumsum(real, axis=1) - 1,
+                          num_real + jnp.cumsum(~real, axis=1) - 1)
+  sorted_len = -(-tokens // chunk) * chunk
+  # Positions past the tokens read index `tokens`, out of range: the gathers fill them with 0.
+  order = jnp.full((groups, sorted_len), tokens, jnp.int32).at[
+      jnp.arange(groups)[:, None], destination].set(jnp.arange(tokens, dtype=jnp.int32))
+  def gather(x):
     index = order.reshape(order.shape + (1,) * (x.ndim - 2))
-    x = jnp.take_along_axis(x, index, axis=1)
-    return jnp.pad(x, ((0, 0), (0, padding)) + ((0, 0),) * (x.ndim - 2))
-  real = (weights > 0).sum(axis=1)
-  active = ((real.max() + chunk - 1) // chunk).astype(jnp.int32)
-  return sort_and_pad(hidden), sort_and_pad(targets), sort_and_pad(weights), order, active
+    return jnp.take_along_axis(x, index, axis=1, mode='fill', fill_value=0)
+  active = ((num_real.max() + chunk - 1) // chunk).astype(jnp.int32)
+  return gather(hidden), gather(targets), gather(weights), destination, active
 
 
 def _loop_over_chunks(output_logits, params, hidden, targets, weights, options, *, grads):
   """The sums over the active chunks, and with `grads` the gradients of the loss sum."""
   chunk, label_smoothing, entropy_weight = options
-  groups, tokens, _ = hidden.shape
-  hidden_s, targets_s, weights_s, order, active = _sorted_chunks(hidden, targets, weights, chunk)
+  groups = hidden.shape[0]
+  hidden_s, targets_s, weights_s, destination, active = _sorted_chunks(hidden, targets, weights,
+                                                                      chunk)
   per_chunk = functools.partial(_chunk_sums, output_logits, label_smoothing=label_smoothing,
                                 entropy_weight=entropy_weight)
   if grads:
@@ -146,8 +153,7 @@ def _loop_over_chunks(output_logits, params, hidden, targets, weights, options, 
   init = (sums, jax.tree.map(lambda p: jnp.zeros((groups,) + p.shape, jnp.float32), params),
           jnp.zeros_like(hidden_s))
   sums, d_params, d_hidden_s = jax.lax.fori_loop(0, active, body, init)
-  inverse = jnp.argsort(order, axis=1)
-  d_hidden = jnp.take_along_axis(d_hidden_s[:, :tokens], inverse[..., None], axis=1)
+  d_hidden = jnp.take_along_axis(d_hidden_s, destination[..., None], axis=1)
   d_params = jax.tree.map(lambda d, p: d.sum(0).astype(p.dtype), d_params, params)
   return jax.tree.map(jnp.sum, sums), d_params, d_hidden
 

@@ -27,6 +27,10 @@ flags.DEFINE_bool('distributed', False,
 flags.DEFINE_string('coordinator_address', None, 'host:port of process 0 (with --distributed).')
 flags.DEFINE_integer('num_processes', None, 'Number of processes (with --distributed).')
 flags.DEFINE_integer('process_id', None, 'This process, 0..num_processes-1 (with --distributed).')
+flags.DEFINE_integer('cpu_devices', 0,
+                     'JAX devices of a CPU-only host: 0 = one per core (training and evaluation '
+                     'run data parallel over the cores), N = N devices. XLA_FLAGS\' '
+                     '--xla_force_host_platform_device_count takes precedence.')
 flags.mark_flags_as_required(['config', 'workdir'])
 
 
@@ -41,6 +45,12 @@ def main(argv):
     config_lib.validate(config, mode)
   except config_lib.ConfigError as e:
     raise app.UsageError(str(e)) from None
+  if FLAGS.cpu_devices < 0:
+    raise app.UsageError(f'--cpu_devices must be >= 0 (0: one per core), got '
+                         f'{FLAGS.cpu_devices}')
+  if mode != 'preprocess':  # the one mode that runs without JAX
+    from mtn_jax import parallel  # pylint: disable=g-import-not-at-top
+    parallel.set_cpu_devices(FLAGS.cpu_devices)
   if FLAGS.distributed:
     import jax  # pylint: disable=g-import-not-at-top
     jax.distributed.initialize(coordinator_address=FLAGS.coordinator_address,

@@ -2,15 +2,41 @@
 
 Each process loads its own share of a global batch (the input pipeline shards by process);
 `shard_batch` assembles the shares into global arrays split over the `data` axis. Parameters
-and optimizer state are replicated.
+and optimizer state are replicated. On a CPU-only host, `set_cpu_devices` (called before JAX
+starts) makes every core a device, so the same data parallelism spreads a step over the cores.
 """
 
 from __future__ import annotations
+
+import os
 
 import jax
 import numpy as np
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
+
+
+_XLA_DEVICE_COUNT_FLAG = '--xla_force_host_platform_device_count'
+
+
+def set_cpu_devices(count: int = 0) -> int:
+  """Sets how many JAX devices a CPU host shows: `count`, or with 0 one per usable core.
+
+  Must run before JAX starts (its first computation or device query). Data parallelism over
+  one device per core runs each operation whole on one core, where a single CPU device splits
+  every operation over all cores and waits for them: for small models, whose operations are
+  too small to split well, this is the faster way to use the cores (docs/PERFORMANCE.md). A
+  device count already set through XLA_FLAGS (`--xla_force_host_platform_device_count`) is
+  kept; on a GPU host the setting only shapes the idle CPU backend. Returns the count set,
+  or 0 when XLA_FLAGS decides.
+  """
+  if count < 0:
+    raise ValueError(f'cpu_devices must be >= 0 (0: one per core), got {count}')
+  if _XLA_DEVICE_COUNT_FLAG in os.environ.get('XLA_FLAGS', ''):
+    return 0
+  count = count or len(os.sched_getaffinity(0))
+  jax.config.update('jax_num_cpu_devices', count)
+  return count
 
 
 def make_mesh() -> jax.sharding.Mesh:

@@ -58,3 +58,12 @@ def test_deterministic_zero_rate_dtype_and_reproducibility():
   np.testing.assert_array_equal(y, apply(0.5, 0, False))
   assert not np.array_equal(np.asarray(y), np.asarray(apply(0.5, 1, False)))
   np.testing.assert_array_equal(apply(1.0, 0, False), jnp.zeros_like(x))
+
+
+def test_raw_typed_and_other_keys():
+  """A raw uint32 [2] key and the typed Threefry key with the same data give the same draws;
+  a key of another implementation works too."""
+  typed = random_uint16(jax.random.key(7), (5, 9))
+  np.testing.assert_array_equal(random_uint16(jax.random.PRNGKey(7), (5, 9)), typed)
+  other = random_uint16(jax.random.key(7, impl='rbg'), (5, 9))
+  assert other.shape == (5, 9) and not np.array_equal(np.asarray(other), np.asarray(typed))

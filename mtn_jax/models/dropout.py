@@ -48,6 +48,17 @@ def threefry_2x32(key: tuple[jax.Array, jax.Array], x1: jax.Array, x2: jax.Array
   return x1, x2
 
 
+def _key_words(key: jax.Array) -> tuple[jax.Array, jax.Array]:
+  """Two uint32 key words: a Threefry key's own (raw uint32 [2] or typed), else drawn."""
+  if jnp.issubdtype(key.dtype, jax.dtypes.prng_key):
+    data = jax.random.key_data(key)
+    if data.shape != (2,):  # another implementation's key: derive two words from it
+      data = jax.random.bits(key, (2,), jnp.uint32)
+  else:
+    data = key
+  return data[0], data[1]
+
+
 def random_uint16(key: jax.Array, shape: tuple[int, ...]) -> jax.Array:
   """Independent uniform 16-bit draws, uint32 [*shape] in [0, 2**16), from a PRNG key."""
   if not shape:
@@ -63,8 +74,7 @@ def random_uint16(key: jax.Array, shape: tuple[int, ...]) -> jax.Array:
     stride *= grid[axis]
   if stride > 2**32:
     raise ValueError(f'random_uint16: {shape} needs more than 2**32 counters')
-  key_words = jax.random.bits(key, (2,), jnp.uint32)  # any key type or implementation
-  y1, y2 = threefry_2x32((key_words[0], key_words[1]), counter, jnp.zeros_like(counter))
+  y1, y2 = threefry_2x32(_key_words(key), counter, jnp.zeros_like(counter))
   low16 = np.uint32(0xFFFF)
   draws = jnp.concatenate([y1 & low16, y1 >> 16, y2 & low16, y2 >> 16], axis=-1)
   return draws[..., :last]
