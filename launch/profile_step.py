@@ -49,15 +49,16 @@ _TRACE_DIR = flags.DEFINE_string('trace_dir', '', 'Keep the trace here (default:
                                  'folder, removed).')
 
 # (part, substrings of the op_name), first match wins: dropout masks are drawn inside every
-# module, and the output layer's matmul sits under the decoder's call.
+# module (their keys, derived outside the differentiated function, count with them), and the
+# fused loss head (`losses.output_layer_losses`, scope 'output_layer_loss') makes its gradients
+# in its forward pass, so its backward part is only their scaling.
 PARTS = (
-    ('dropout masks', ('Dropout', '_bernoulli')),
+    ('dropout masks', ('Dropout', 'embedding_dropout', '_bernoulli', '_threefry_fold_in')),
     ('embeddings', ('word_embedding', 'encoder_embedding', 'decoder_embedding',
                     'token_positions')),
     ('query encoder', ('query_encoder',)),
     ('session level', ('session_levels',)),
-    ('output layer + loss', ('output_logits', 'log_softmax', 'jvp()/', 'transpose(jvp())/',
-                             'losses')),
+    ('output layer + loss', ('output_layer_loss', 'output_logits')),
     ('decoder', ('decode_hidden', 'decoder')),
 )
 _INSTRUCTION = re.compile(r'^\s*(?:ROOT )?%?([\w.\-]+) = (\S+) ')
@@ -79,12 +80,14 @@ def part_of(op_name: str) -> str:
   """The part of the step an op_name belongs to, '... backward' for the backward pass."""
   if not op_name:
     return 'no op_name (XLA copies, buffer init)'
-  if 'jvp(' not in op_name and 'transpose(' not in op_name:
-    return 'optimizer update + metrics'
   direction = ' backward' if 'transpose(' in op_name else ' forward'
   for part, needles in PARTS:
     if any(n in op_name for n in needles):
+      if part != PARTS[0][0] and 'jvp(' not in op_name and 'transpose(' not in op_name:
+        break
       return part + direction
+  if 'jvp(' not in op_name and 'transpose(' not in op_name:
+    return 'optimizer update + metrics'
   return 'other' + direction
 
 

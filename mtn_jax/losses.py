@@ -213,8 +213,10 @@ def output_layer_losses(output_logits: Callable[[Any, jax.Array], jax.Array], pa
                      f'{hidden.shape}, {targets.shape} and {weights.shape}')
   options = (int(min(chunk_tokens, targets.shape[1])), float(label_smoothing),
              float(entropy_weight))
-  loss, nll, correct = _output_layer_sums(output_logits, params, hidden, targets,
-                                          weights.astype(jnp.float32), options)
+  # The scope names the loss head's operations in profiles (launch/profile_step.py).
+  with jax.named_scope('output_layer_loss'):
+    loss, nll, correct = _output_layer_sums(output_logits, params, hidden, targets,
+                                            weights.astype(jnp.float32), options)
   return {'loss': loss, 'nll': jax.lax.stop_gradient(nll),
           'correct': jax.lax.stop_gradient(correct)}
 

@@ -74,7 +74,15 @@ def test_op_names_map_to_parts_of_the_model():
       'output layer + loss backward')
   assert part('jit(train_step)/jvp(MTN)/MTN.decode_hidden/decoder/Dropout_0/jit(_bernoulli)'
               ) == 'dropout masks forward'
-  assert part('jit(train_step)/jvp(jit(log_softmax))/exp') == 'output layer + loss forward'
+  assert part('jit(train_step)/jvp(MTN.session_hidden)/MTN.encode/embedding_dropout/'
+              'concatenate') == 'dropout masks forward'
+  assert part('jit(train_step)/jit(_threefry_fold_in)/train_step/while') == (
+      'dropout masks forward')
+  assert part('jit(train_step)/jvp()/output_layer_loss/while/body/vmap(jvp())/reduce_sum') == (
+      'output layer + loss forward')
+  assert part('jit(train_step)/transpose(jvp())/output_layer_loss/mul') == (
+      'output layer + loss backward')
+  assert part('jit(train_step)/jvp()/cumsum') == 'other forward'
   assert part('jit(train_step)/mul') == 'optimizer update + metrics'
   assert part('') == 'no op_name (XLA copies, buffer init)'
 
