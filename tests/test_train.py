@@ -4,8 +4,11 @@ Each run is a real subprocess of `python -m mtn_jax.main` on a tiny config.
 """
 
 import json
+import os
 import random
 import signal
+import subprocess
+import sys
 
 import numpy as np
 import orbax.checkpoint as ocp
@@ -148,12 +151,45 @@ def test_checkpoint_of_another_model_is_refused(reference_run, tmp_path):
     ('--config.model.nmu_heads=4', 'nmu_heads'),
     ('--config.model.num_heads=four', 'num_heads'),
     ('--config.decode.eval_split=train', "eval_split must be 'test' or 'valid'"),
+    ('--config.train.loss_chunk_tokens=0', 'config.train.loss_chunk_tokens must be positive'),
+    ('--cpu_devices=-1', '--cpu_devices must be >= 0'),
 ])
 def test_config_errors_fail_before_any_work(tmp_path, override, message):
   result = cli.run(tmp_path, override, check=False, timeout=60)
   assert result.returncode != 0
   assert message in result.stderr
   assert not (tmp_path / 'data').exists()
+
+
+def _cpu_devices_in_a_fresh_process(cpu_devices: int, xla_flags: str) -> tuple[int, int]:
+  """(what set_cpu_devices returns, jax.device_count()) in a new interpreter."""
+  env = dict(os.environ, JAX_PLATFORMS='cpu')
+  env.pop('XLA_FLAGS', None)
+  if xla_flags:
+    env['XLA_FLAGS'] = xla_flags
+  code = (f'from mtn_jax import parallel; print(parallel.set_cpu_devices({cpu_devices})); '
+          'import jax; print(jax.device_count())')
+  out = subprocess.run([sys.executable, '-c', code], cwd=cli.REPO, env=env, check=True,
+                       capture_output=True, text=True).stdout.split()
+  return int(out[-2]), int(out[-1])
+
+
+def test_cpu_hosts_get_one_device_per_core_unless_told():
+  cores = len(os.sched_getaffinity(0))
+  assert _cpu_devices_in_a_fresh_process(0, '') == (cores, cores)
+  assert _cpu_devices_in_a_fresh_process(3, '') == (3, 3)
+  # A count set through XLA_FLAGS wins (the tests' own multi-device runs rely on it).
+  assert _cpu_devices_in_a_fresh_process(
+      0, '--xla_force_host_platform_device_count=1') == (0, 1)
+
+
+def test_cpu_devices_flag_reaches_the_trainer(tmp_path):
+  env = cli.env()
+  del env['XLA_FLAGS']
+  result = subprocess.run(cli.command(tmp_path, '--config.train.max_steps=2', '--cpu_devices=3'),
+                          cwd=cli.REPO, env=env, capture_output=True, text=True, timeout=300)
+  assert result.returncode == 0, result.stderr[-3000:]
+  assert 'on 3 device(s)' in result.stdout
 
 
 def test_missing_data_is_a_clear_error(tmp_path):
