@@ -25,7 +25,8 @@ stdout (and with `--json=PATH` as JSON too), with the machine, the config, the d
 command:
   - per bucket and for the epoch mix: seconds per step (wall, and the process's CPU seconds,
     steadier on a shared machine), sessions/s, pairs/s, target tokens/s;
-  - model FLOPs per step and MFU against the device's peak (`PEAK_FLOPS`, or `--peak_flops`);
+  - FLOPs per step (`step_flops`: executed, and on the padded batch) and MFU against the
+    device's peak (`PEAK_FLOPS`, or `--peak_flops`), from the executed FLOPs;
   - peak device memory (`peak_bytes_in_use`), or on a CPU the process's peak RSS;
   - the time of one AOL epoch (`--epoch_pairs`, 4,285,507 pairs) at the measured pairs/s;
   - the input pipeline: `input_pipeline.make_train_iterator` over a synthetic AOL-size split
@@ -252,22 +253,45 @@ def step_function(config: ml_collections.ConfigDict, model, optimizer):
   return train_fn
 
 
-def _unrolled_flops(model_cfg: ModelConfig, config: ml_collections.ConfigDict,
-                    queries_shape: tuple[int, ...]) -> float:
-  """Model FLOPs of one train step on a batch of `queries_shape`.
+def step_flops(model_cfg: ModelConfig, config: ml_collections.ConfigDict,
+               queries: np.ndarray) -> dict[str, float]:
+  """FLOPs of one train step on the batch `queries` int32 [B, S, n].
 
-  XLA's cost analysis counts a while loop's body once, so a scanned layer stack would count
-  as one layer: the count comes from the same step with Python-loop layer stacks (the same
-  function, `LayerStack`), lowered but not compiled.
+  XLA's cost analysis counts a loop's body once, so a scanned layer stack would count as one
+  layer and the loss head's loop over chunks as one chunk. The counts come from the same step
+  lowered (not compiled) with Python-loop layer stacks (the same function, `LayerStack`):
+    'padded': the loss head in one chunk spanning every target slot, the model's arithmetic
+      on the padded batch, what a plain implementation computes;
+    'executed': what the trainer's step computes on this batch: the loss head visits only
+      the chunks of `config.train.loss_chunk_tokens` slots that hold a real target (per
+      device group, as `losses.output_layer_losses` does), each costing the per-slot cost
+      (from the two lowerings) times its slots. GFLOP/s and MFU use this count.
   """
   cfg = model_cfg.replace(scan_layers=False)
   model = models.create_model(cfg)
   optimizer = train.make_optimizer(config.train, cfg.d_model)
   mesh = parallel.make_mesh()
   abstract_state = jax.eval_shape(lambda: train.init_state(model, cfg, optimizer, 0, mesh))
-  step = jax.jit(step_function(config, model, optimizer))
-  lowered = step.lower(abstract_state, jax.ShapeDtypeStruct(queries_shape, jnp.int32))
-  return float(lowered.cost_analysis()['flops'])
+
+  def lowered_flops(chunk_tokens: int) -> float:
+    counted = config.copy_and_resolve_references()
+    counted.train.loss_chunk_tokens = chunk_tokens
+    step = jax.jit(step_function(counted, model, optimizer))
+    lowered = step.lower(abstract_state, jax.ShapeDtypeStruct(queries.shape, jnp.int32))
+    return float(lowered.cost_analysis()['flops'])
+
+  groups = mesh.size
+  _, _, weights = models.decoder_io(jnp.asarray(queries))
+  slots = weights.size // groups  # target slots per group
+  chunk = min(config.train.loss_chunk_tokens, slots)
+  padded = lowered_flops(slots)
+  if chunk == slots:
+    return {'padded': padded, 'executed': padded}
+  one_chunk = lowered_flops(chunk)
+  per_slot = (padded - one_chunk) / (slots - chunk)
+  most_real = int(np.asarray(weights > 0).reshape(groups, -1).sum(1).max())
+  chunks = -(-most_real // chunk)
+  return {'padded': padded, 'executed': one_chunk + (chunks - 1) * chunk * per_slot}
 
 
 def per_step_times(run_steps: Callable[[], None], steps: int) -> tuple[float, float]:
@@ -408,7 +432,8 @@ def measure_train(config: ml_collections.ConfigDict, *, vocab_size: int, batch_q
     buckets[k] = {'share': mix[k], 'sessions': rows[k], 'pairs': rows[k] * (k - 1),
                   'target_tokens': float(weights.sum()), 'shape': list(queries.shape),
                   'compile_s': jax_step.compile(on_device[k]),
-                  'flops': _unrolled_flops(cfg, config, queries.shape)}
+                  **{f'{kind}_flops': flops
+                     for kind, flops in step_flops(cfg, config, queries).items()}}
 
   peers = {}
   if peer:
@@ -432,7 +457,7 @@ def measure_train(config: ml_collections.ConfigDict, *, vocab_size: int, batch_q
       b[name] = _throughput(b[f'{name}_step_s'], b['sessions'], b['pairs'],
                             b['target_tokens'])
       b[name]['cpu_step_s'] = b[f'{name}_cpu_step_s']
-    b['jax']['flops_per_s'] = b['flops'] / b['jax_step_s']
+    b['jax']['flops_per_s'] = b['executed_flops'] / b['jax_step_s']
     b['jax']['mfu'] = (b['jax']['flops_per_s'] / (flops_peak * jax.device_count())
                        if flops_peak else None)
   mixed = {}
@@ -443,8 +468,11 @@ def measure_train(config: ml_collections.ConfigDict, *, vocab_size: int, batch_q
     mixed[f'jax_over_{name}'] = mixed['jax']['pairs_per_s'] / mixed[name]['pairs_per_s']
     mixed[f'jax_over_{name}_per_cpu_second'] = (mixed[name]['cpu_step_s']
                                                 / mixed['jax']['cpu_step_s'])
-  mean_flops = sum(share * buckets[k]['flops'] for k, share in step_shares(buckets).items())
+  shares = step_shares(buckets)
+  mean_flops = sum(share * buckets[k]['executed_flops'] for k, share in shares.items())
   mixed['jax']['flops_per_step'] = mean_flops
+  mixed['jax']['padded_flops_per_step'] = sum(share * buckets[k]['padded_flops']
+                                              for k, share in shares.items())
   mixed['jax']['mfu'] = (mean_flops / mixed['jax']['step_s'] / (flops_peak * jax.device_count())
                          if flops_peak else None)
   result.update({
@@ -567,8 +595,9 @@ def print_train_report(result: dict[str, Any]) -> None:
           f'{mixed[f"jax_over_{name}_per_cpu_second"]:.2f}x the pairs per CPU second')
   j = mixed['jax']
   mfu = f'{j["mfu"]:.1%}' if j['mfu'] is not None else 'n/a (no peak known; --peak_flops)'
-  print(f'model FLOPs per step (epoch mix): {j["flops_per_step"]:.3e}, '
-        f'{j["flops_per_step"] / j["step_s"] / 1e9:.1f} GFLOP/s; MFU {mfu}')
+  print(f'FLOPs per step (epoch mix): {j["flops_per_step"]:.3e} executed, '
+        f'{j["flops_per_step"] / j["step_s"] / 1e9:.1f} GFLOP/s; MFU {mfu}; '
+        f'{j["padded_flops_per_step"]:.3e} on the padded batch (every target slot projected)')
   memory = result['memory']
   print(f'memory: {memory["bytes"] / 2**30:.2f} GiB {memory["what"]}')
   epoch = result['epoch']
