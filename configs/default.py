@@ -50,7 +50,7 @@ def get_config() -> ml_collections.ConfigDict:
   c.model.session_layers = 2  # layers of each masked session encoder
   c.model.num_levels = 2  # K: a K-level MTN stacks K-1 masked session encoders
   c.model.decoder_layers = 3
-  c.model.dropout = 0.1
+  c.model.dropout = 0.1  # rounded to a multiple of 2**-16 (mtn_jax/models/dropout.py)
   # False: the encoder and the decoder each learn a word table, as the paper's model sizes
   # imply; True: one table serves both.
   c.model.share_embeddings = False

@@ -78,9 +78,10 @@ def token_losses(logits: jax.Array, targets: jax.Array, label_smoothing: float =
 #  - the loss is the end of the computation, so the gradient of a chunk's logits is known as
 #    soon as they are: projecting, reducing and back-projecting a chunk in one go leaves no
 #    [tokens, V] tensor alive for a backward pass to read.
-# Real tokens are sorted to the front of each group, and a loop with a data-dependent trip
+# Real tokens are moved to the front of each group, and a loop with a data-dependent trip
 # count visits only the chunks that hold any. A group is one data-parallel shard of the batch
-# (`groups` in `session_losses`), so sorting and chunking never move data between devices;
+# (`groups` in `session_losses`), so the partition and the chunks never move data between
+# devices;
 # the groups run side by side (vmap) and their parameter gradients are summed once, after
 # the loop.
 
