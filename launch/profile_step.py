@@ -80,15 +80,13 @@ def part_of(op_name: str) -> str:
   """The part of the step an op_name belongs to, '... backward' for the backward pass."""
   if not op_name:
     return 'no op_name (XLA copies, buffer init)'
+  differentiated = 'jvp(' in op_name or 'transpose(' in op_name
   direction = ' backward' if 'transpose(' in op_name else ' forward'
   for part, needles in PARTS:
-    if any(n in op_name for n in needles):
-      if part != PARTS[0][0] and 'jvp(' not in op_name and 'transpose(' not in op_name:
-        break
+    # Dropout keys are derived outside the differentiated function; every other part is in it.
+    if (differentiated or part == 'dropout masks') and any(n in op_name for n in needles):
       return part + direction
-  if 'jvp(' not in op_name and 'transpose(' not in op_name:
-    return 'optimizer update + metrics'
-  return 'other' + direction
+  return 'other' + direction if differentiated else 'optimizer update + metrics'
 
 
 def self_times(events: list[dict]) -> dict[str, float]:

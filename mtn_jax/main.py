@@ -31,6 +31,8 @@ flags.DEFINE_integer('cpu_devices', 0,
                      'JAX devices of a CPU-only host: 0 = one per core (training and evaluation '
                      'run data parallel over the cores), N = N devices. XLA_FLAGS\' '
                      '--xla_force_host_platform_device_count takes precedence.')
+flags.register_validator('cpu_devices', lambda count: count >= 0,
+                         message='--cpu_devices must be >= 0 (0: one per core)')
 flags.mark_flags_as_required(['config', 'workdir'])
 
 
@@ -45,9 +47,6 @@ def main(argv):
     config_lib.validate(config, mode)
   except config_lib.ConfigError as e:
     raise app.UsageError(str(e)) from None
-  if FLAGS.cpu_devices < 0:
-    raise app.UsageError(f'--cpu_devices must be >= 0 (0: one per core), got '
-                         f'{FLAGS.cpu_devices}')
   if mode != 'preprocess':  # the one mode that runs without JAX
     from mtn_jax import parallel  # pylint: disable=g-import-not-at-top
     parallel.set_cpu_devices(FLAGS.cpu_devices)
