@@ -41,7 +41,7 @@ def get_config() -> ml_collections.ConfigDict:
   c.input.prefetch_batches = 2  # batches put on the devices ahead of the step
 
   c.model = ml_collections.ConfigDict()
-  c.model.name = 'mtn'  # see mtn_jax.models.MODELS
+  c.model.name = 'mtn'  # see mtn_jax.models.REGISTRY
   c.model.emb_dim = 512  # word embedding size; projected to d_model when it differs
   c.model.d_model = 512
   c.model.num_heads = 8

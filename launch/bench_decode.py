@@ -8,7 +8,7 @@ In: a config (its model and decode settings) and either a trained workdir (`--wo
 best checkpoint, and sessions of its test split as input) or a randomly initialised model
 with `--vocab_size` words and random sessions. Each measurement decodes batches of
 `[batch, --session_queries, max_query_words]` sessions, suggesting after every position, as
-evaluation does (`decode.suggest(positions='all')`). The first call of each shape compiles and
+evaluation does (`search.search_sessions(positions='all')`). The first call of each shape compiles and
 warms up and is not timed; then `--repeats` timed calls, of which the median counts.
 Out: one table on stdout (beam, sessions per batch, suggestions per batch, median seconds,
 suggestions/s), with the machine, the config and the date.
@@ -29,19 +29,18 @@ import time
 from absl import app
 from absl import flags
 import jax
-import jax.numpy as jnp
 import numpy as np
 from ml_collections import config_flags
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 # pylint: disable=g-import-not-at-top,wrong-import-position
-from mtn_jax import decode
 from mtn_jax import inference
 from mtn_jax import models
 from mtn_jax import parallel
+from mtn_jax import search
+from mtn_jax import tasks
 from mtn_jax.data import preprocess
 from mtn_jax.data import sessions
-from mtn_jax.models.base import ModelConfig
 # pylint: enable=g-import-not-at-top,wrong-import-position
 
 _CONFIG = config_flags.DEFINE_config_file('config', None, 'Config file (path[:variant]).',
@@ -60,12 +59,11 @@ _CPU_DEVICES = flags.DEFINE_integer(
 
 
 def random_model(config, vocab_size: int, seed: int):
-  cfg = ModelConfig.from_config(config.model, vocab_size, config.data.max_query_words)
-  model = models.create_model(cfg)
-  params = jax.jit(lambda rng: model.init(
-      {'params': rng}, jnp.ones((1, 2, cfg.max_query_words), jnp.int32), train=False)['params'])(
-          jax.random.PRNGKey(seed))
-  return model, params, cfg
+  """(task, params) of a randomly initialised model."""
+  cfg = models.make_config(config.model, vocab_size=vocab_size,
+                           max_query_words=config.data.max_query_words)
+  task = tasks.make_task(cfg, config.train)
+  return task, jax.jit(task.init_params)(jax.random.PRNGKey(seed))
 
 
 def random_sessions(rng: np.random.Generator, count: int, num_queries: int, max_words: int,
@@ -96,11 +94,12 @@ def main(argv):
   rng = np.random.default_rng(_SEED.value)
   if _WORKDIR.value:
     trained = inference.load_trained(config, _WORKDIR.value)
-    model, params, cfg = trained.model, trained.params, trained.cfg
+    task, params = trained.task, trained.params
     source = f'trained checkpoint {_WORKDIR.value} (step {trained.step}), test sessions'
   else:
-    model, params, cfg = random_model(config, _VOCAB_SIZE.value, _SEED.value)
+    task, params = random_model(config, _VOCAB_SIZE.value, _SEED.value)
     source = 'random initialisation, random sessions'
+  cfg = task.cfg
   dc = config.decode
   num_queries = _SESSION_QUERIES.value
   devices = jax.devices()
@@ -124,13 +123,13 @@ def main(argv):
       queries = (test_sessions(_WORKDIR.value, rng, batch, num_queries) if _WORKDIR.value
                  else random_sessions(rng, batch, num_queries, cfg.max_query_words,
                                       cfg.vocab_size))
-      queries = jax.device_put(queries)
+      batch = {'queries': jax.device_put(queries)}
+      settings = search.SearchSettings(beam_size=beam, max_len=dc.max_len,
+                                       length_penalty=dc.length_penalty,
+                                       emit_unk=dc.emit_unk, top_k=beam)
 
       def run():
-        sequences, scores = decode.suggest(model, params, queries, beam_size=beam,
-                                           max_len=dc.max_len,
-                                           length_penalty=dc.length_penalty,
-                                           emit_unk=dc.emit_unk)
+        sequences, scores = task.suggest(params, batch, settings)
         jax.block_until_ready((sequences, scores))
 
       run()  # compiles and warms up

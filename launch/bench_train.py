@@ -44,8 +44,8 @@ intra_op_parallelism_threads=1' with `--peer_threads=1`.
 
 from __future__ import annotations
 
+import dataclasses
 import datetime
-import functools
 import json
 import os
 import platform
@@ -73,6 +73,7 @@ from mtn_jax import config_lib
 from mtn_jax import input_pipeline
 from mtn_jax import models
 from mtn_jax import parallel
+from mtn_jax import tasks
 from mtn_jax import train
 from mtn_jax.data import preprocess
 from mtn_jax.data.sessions import SessionSplit
@@ -247,9 +248,9 @@ def command_line(script: str = 'launch/bench_train.py') -> str:
 # The JAX train step
 
 
-def step_function(config: ml_collections.ConfigDict, model, optimizer):
+def step_function(task: tasks.GenerationTask, optimizer):
   """`train.train_step` with the static arguments the trainer binds, ready for `jax.jit`."""
-  train_fn, _ = train.make_steps(config.train, model, optimizer, parallel.make_mesh())
+  train_fn, _ = train.make_steps(task, optimizer, parallel.make_mesh())
   return train_fn
 
 
@@ -267,17 +268,16 @@ def step_flops(model_cfg: ModelConfig, config: ml_collections.ConfigDict,
       device group, as `losses.output_layer_losses` does), each costing the per-slot cost
       (from the two lowerings) times its slots. GFLOP/s and MFU use this count.
   """
-  cfg = model_cfg.replace(scan_layers=False)
-  model = models.create_model(cfg)
-  optimizer = train.make_optimizer(config.train, cfg.d_model)
+  task = tasks.make_task(model_cfg.replace(scan_layers=False), config.train)
+  optimizer = train.make_optimizer(config.train, config.model.d_model)
   mesh = parallel.make_mesh()
-  abstract_state = jax.eval_shape(lambda: train.init_state(model, cfg, optimizer, 0, mesh))
+  abstract_state = train.abstract_state(task, optimizer, mesh)
 
   def lowered_flops(chunk_tokens: int) -> float:
-    counted = config.copy_and_resolve_references()
-    counted.train.loss_chunk_tokens = chunk_tokens
-    step = jax.jit(step_function(counted, model, optimizer))
-    lowered = step.lower(abstract_state, jax.ShapeDtypeStruct(queries.shape, jnp.int32))
+    step = jax.jit(step_function(dataclasses.replace(task, chunk_tokens=chunk_tokens),
+                                 optimizer))
+    lowered = step.lower(abstract_state,
+                         {'queries': jax.ShapeDtypeStruct(queries.shape, jnp.int32)})
     return float(lowered.cost_analysis()['flops'])
 
   groups = mesh.size
@@ -310,38 +310,40 @@ class JaxStep:
   """`train.train_step` jit-compiled as the trainer compiles it, per batch shape, ahead of time."""
 
   def __init__(self, config: ml_collections.ConfigDict, cfg: ModelConfig, seed: int):
-    self.model = models.create_model(cfg)
+    task = tasks.make_task(cfg, config.train)
+    self.model = task.model
     self.mesh = parallel.make_mesh()
-    optimizer = train.make_optimizer(config.train, cfg.d_model)
-    self.state = train.init_state(self.model, cfg, optimizer, seed, self.mesh)
+    optimizer = train.make_optimizer(config.train, config.model.d_model)
+    self.state = train.create_state(task, optimizer, seed, self.mesh)
     replicated = parallel.replicated(self.mesh)
-    self._step = jax.jit(step_function(config, self.model, optimizer),
+    self._step = jax.jit(step_function(task, optimizer),
                          in_shardings=(replicated, parallel.batch_sharding(self.mesh)),
                          out_shardings=(replicated, replicated), donate_argnums=0)
     self._compiled = {}
 
-  def put(self, queries: np.ndarray) -> jax.Array:
-    return parallel.shard_batch({'queries': queries}, self.mesh)['queries']
+  def put(self, queries: np.ndarray) -> dict[str, jax.Array]:
+    """The batch dict of `queries` int32 [B, S, n], sharded over the devices."""
+    return parallel.shard_batch({'queries': queries}, self.mesh)
 
-  def compile(self, queries: jax.Array) -> float:
+  def compile(self, batch: dict[str, jax.Array]) -> float:
     """Compiles the step for this batch shape and runs it once; returns the compile seconds."""
     start = time.perf_counter()
-    self._compiled[queries.shape] = self._step.lower(self.state, queries).compile()
+    self._compiled[batch['queries'].shape] = self._step.lower(self.state, batch).compile()
     seconds = time.perf_counter() - start
-    self.run(queries, 1)
+    self.run(batch, 1)
     return seconds
 
-  def compiled_text(self, queries: jax.Array) -> str:
+  def compiled_text(self, batch: dict[str, jax.Array]) -> str:
     """The optimised HLO of the step compiled for this batch shape."""
-    return self._compiled[queries.shape].as_text()
+    return self._compiled[batch['queries'].shape].as_text()
 
-  def run(self, queries: jax.Array, steps: int) -> tuple[float, float]:
+  def run(self, batch: dict[str, jax.Array], steps: int) -> tuple[float, float]:
     """(wall, process CPU) seconds per step over `steps` steps on this batch."""
-    step = self._compiled[queries.shape]
+    step = self._compiled[batch['queries'].shape]
 
     def steps_done():
       for _ in range(steps):
-        self.state, sums = step(self.state, queries)
+        self.state, sums = step(self.state, batch)
       jax.block_until_ready((self.state, sums))
     return per_step_times(steps_done, steps)
 
@@ -410,7 +412,8 @@ def measure_train(config: ml_collections.ConfigDict, *, vocab_size: int, batch_q
   """Every figure of `--what=train` (see the module docstring), as a JSON-ready dict."""
   if steps < 1 or repeats < 1:
     raise ValueError(f'--steps and --repeats must be positive, got {steps} and {repeats}')
-  cfg = ModelConfig.from_config(config.model, vocab_size, config.data.max_query_words)
+  cfg = models.make_config(config.model, vocab_size=vocab_size,
+                           max_query_words=config.data.max_query_words)
   mix = length_mix(session_lengths)
   rng = np.random.default_rng(seed)
   rows = input_pipeline.bucket_batch_sizes(np.array(list(mix)), batch_queries,

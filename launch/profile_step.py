@@ -39,8 +39,8 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 # pylint: disable=g-import-not-at-top,wrong-import-position
 from launch import bench_train
 from mtn_jax import input_pipeline
+from mtn_jax import models
 from mtn_jax import parallel
-from mtn_jax.models.base import ModelConfig
 # pylint: enable=g-import-not-at-top,wrong-import-position
 
 _BUCKET = flags.DEFINE_integer('bucket', 4, 'Session length (queries) of the profiled batch.')
@@ -129,7 +129,8 @@ def _trace_events(trace_dir: str) -> list[dict]:
 def profile(config, *, vocab_size: int, batch_queries: int, bucket: int, steps: int,
             seed: int, trace_dir: str) -> dict:
   """Traces `steps` train steps; returns wall time, per-part and per-operation self times."""
-  cfg = ModelConfig.from_config(config.model, vocab_size, config.data.max_query_words)
+  cfg = models.make_config(config.model, vocab_size=vocab_size,
+                           max_query_words=config.data.max_query_words)
   rows = input_pipeline.bucket_batch_sizes(np.array([bucket]), batch_queries,
                                            jax.device_count())[bucket]
   queries = bench_train.synthetic_queries(np.random.default_rng(seed), (rows, bucket),

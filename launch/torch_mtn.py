@@ -8,7 +8,7 @@ compute the same loss from the same weights.
 The peer is the straightforward PyTorch implementation: `nn.TransformerEncoderLayer` stacks
 (post-norm, ReLU, batch_first) for the query encoder and the causally masked session encoder,
 `nn.TransformerDecoderLayer` for the decoder, plus what the paper adds (the query projection
-over n token slots, query positions, Add & Norm). Everything else follows `mtn_jax.models.MTN`
+over n token slots, query positions, Add & Norm). Everything else follows MTN in `mtn_jax.models`
 exactly: separate or shared word tables (emb_dim -> d_model projection when they differ),
 the same position encodings, the same output layer, LayerNorm epsilon 1e-6, dropout on the
 embeddings and sublayer outputs only. It runs in eager mode unless compiled by the caller.
@@ -40,6 +40,7 @@ from torch import nn
 
 from mtn_jax import models
 from mtn_jax import parallel
+from mtn_jax import tasks
 from mtn_jax import train
 from mtn_jax.data.vocab import PAD_ID
 from mtn_jax.models import layers
@@ -367,24 +368,24 @@ def check_equivalence(config: ml_collections.ConfigDict, cfg: ModelConfig,
                       seed: int = 0) -> dict[str, float]:
   """The JAX train step and the peer, from the same weights with dropout off, on one batch.
 
-  `bind_step(config, model, optimizer)` gives `train.train_step` with the trainer's static
-  arguments bound (`bench_train.step_function`). Returns the label-smoothed training loss of
+  `bind_step(task, optimizer)` gives `train.train_step` with the trainer's static arguments
+  bound (`bench_train.step_function`). Returns the label-smoothed training loss of
   both before and after one optimizer step (the second shows that gradients, Adam and the
   schedule agree too) and the largest relative difference. queries: int32 [B, S, n].
   """
   cfg = cfg.replace(dropout=0.0)
-  model = models.create_model(cfg)
+  task = tasks.make_task(cfg, config.train)
   mesh = parallel.make_mesh()
   optimizer = train.make_optimizer(config.train, cfg.d_model)
-  state = train.init_state(model, cfg, optimizer, seed, mesh)
+  state = train.create_state(task, optimizer, seed, mesh)
   peer = TorchMTN(cfg)
   load_flax_params(peer, state.params)
-  step_fn = jax.jit(bind_step(config, model, optimizer))
+  step_fn = jax.jit(bind_step(task, optimizer))
   trainer = PeerTrainer(peer, config.train, cfg, torch.device('cpu'), total_steps=2)
   batch = trainer.batch(queries)
   result = {}
   for name in ('loss_before_step', 'loss_after_step'):
-    state, sums = step_fn(state, jnp.asarray(queries))
+    state, sums = step_fn(state, {'queries': jnp.asarray(queries)})
     result[f'jax_{name}'] = float(sums['loss'] / sums['tokens'])
     result[f'torch_{name}'] = float(trainer.step(batch))
   result['max_relative_difference'] = max(

@@ -4,7 +4,8 @@
   params     model parameters (all a decoder needs)
   train      optimizer state, step and dropout key
   data_iter  the input iterator's position (grain state, JSON)
-  meta       model config, vocabulary fingerprint, epoch, validation losses, best step, config
+  meta       the model's architecture ('model') and whole config ('model_config'), vocabulary
+             fingerprint, validation losses, best step, the run's config
   vocab      the vocabulary's words
 Orbax writes each checkpoint to a temporary folder and renames it when complete, so a crash
 never leaves a half checkpoint that looks valid. The last `keep` checkpoints are kept, plus
@@ -22,11 +23,6 @@ import orbax.checkpoint as ocp
 from mtn_jax import errors
 from mtn_jax.data.vocab import Vocab
 from mtn_jax.models.base import ModelConfig
-
-# ModelConfig fields that do not change parameters or their meaning: a checkpoint may be
-# restored under different values of these.
-_NON_ARCHITECTURAL = ('dropout', 'remat', 'compute_dtype')
-
 
 class CheckpointMismatch(errors.Error, ValueError):
   """A checkpoint that belongs to another model or vocabulary."""
@@ -49,7 +45,10 @@ def open_manager(workdir: str, keep: int = 2, read_only: bool = False) -> ocp.Ch
 
 
 def architecture(cfg: ModelConfig) -> dict[str, Any]:
-  return {k: v for k, v in dataclasses.asdict(cfg).items() if k not in _NON_ARCHITECTURAL}
+  """The fields of the model's config that fix its parameters and their meaning: all but
+  `cfg.RUNTIME_FIELDS` (dropout, compute dtype, remat, layer layout), under which any
+  checkpoint may be restored."""
+  return {k: v for k, v in dataclasses.asdict(cfg).items() if k not in cfg.RUNTIME_FIELDS}
 
 
 def save(manager: ocp.CheckpointManager, step: int, *, params, train_state, data_iter: dict,
@@ -71,13 +70,20 @@ def check_compatible(meta: dict, cfg: ModelConfig, vocab: Vocab, where: str) -> 
         f'{where} was trained with another vocabulary (fingerprint {meta["vocab_fingerprint"]}, '
         f'{meta["vocab_size"]} words; this data has {vocab.fingerprint}, {len(vocab)} words): '
         'use the workdir it was trained in, or a new workdir')
+  # Only the fields this model has are compared: a checkpoint from before configs were per
+  # model also recorded other models' fields, which mean nothing here.
   saved, current = meta['model'], architecture(cfg)
-  diff = {k: (saved.get(k), current.get(k)) for k in sorted(set(saved) | set(current))
-          if saved.get(k) != current.get(k)}
+  diff = {k: (saved.get(k), v) for k, v in sorted(current.items()) if saved.get(k) != v}
   if diff:
     detail = ', '.join(f'model.{k}: checkpoint {a!r} vs config {b!r}' for k, (a, b) in diff.items())
     raise CheckpointMismatch(f'{where} holds another model ({detail}): use the config it was '
                              'trained with, or a new workdir')
+
+
+def saved_scan_layers(meta: dict) -> bool | None:
+  """The layer layout a checkpoint's parameters are in (None: its model has no layer
+  stacks). Older checkpoints recorded it with the architecture, newer with the whole config."""
+  return meta.get('model_config', meta['model']).get('scan_layers')
 
 
 def restore(manager: ocp.CheckpointManager, step: int, *, abstract_params,

@@ -10,7 +10,6 @@ import ml_collections
 
 from mtn_jax import errors
 
-MODEL_NAMES = ('mtn', 'transformer', 'seq2seq', 'hred', 'mnsrf')
 MODES = ('all', 'preprocess', 'train', 'eval', 'decode', 'suggest', 'report')
 
 
@@ -51,9 +50,13 @@ def validate(config: ml_collections.ConfigDict, mode: str = 'all') -> None:
     raise ConfigError('config.data.split_fractions must be three non-negative numbers '
                       f'(train, valid, test) summing to 1, got {fractions}')
 
-  if m.name not in MODEL_NAMES:
+  if mode == 'preprocess':
+    return  # preprocessing reads config.data alone, and runs without JAX
+  # The registry imports the models, and with them JAX.
+  from mtn_jax import models  # pylint: disable=g-import-not-at-top
+  if m.name not in models.REGISTRY:
     raise ConfigError(f'config.model.name {m.name!r} is not a model; known: '
-                      + ', '.join(MODEL_NAMES))
+                      + ', '.join(models.REGISTRY))
   _positive(config, ['model.emb_dim', 'model.d_model', 'model.num_heads', 'model.ff_dim',
                      'model.query_layers', 'model.decoder_layers', 'model.lstm_units',
                      'model.max_session_queries'])

@@ -41,28 +41,22 @@ import ml_collections
 import numpy as np
 from jax.experimental import multihost_utils
 
-from mtn_jax import decode
 from mtn_jax import errors
 from mtn_jax import inference
 from mtn_jax import input_pipeline
 from mtn_jax import metrics
 from mtn_jax import models
 from mtn_jax import parallel
-from mtn_jax import suggest
+from mtn_jax import search
 from mtn_jax.data import preprocess
 from mtn_jax.data import sessions
+from mtn_jax.models.base import context_batch
 
-DISPLAY_NAMES = {'mtn': 'MTN', 'transformer': 'Transformer', 'seq2seq': 'Seq2Seq Attn.',
-                 'hred': 'H-LSTM', 'mnsrf': 'M-NSRF'}
 # The suggesters that learn nothing from sessions, by their key in results.json['scores'].
 TRIVIAL_SUGGESTERS = {'repeat_previous': 'Repeat previous query',
                       'most_frequent_next': 'Most frequent next query (train)'}
 NUM_SAMPLES = 50
 PROGRESS_SECONDS = 10.0  # at most one progress line per this many seconds
-
-
-def display_name(model: str) -> str:
-  return DISPLAY_NAMES.get(model, model)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -136,7 +130,7 @@ def prefix_split(split: sessions.SessionSplit, num_sessions: int) -> sessions.Se
 
 
 def decode_split(trained: inference.Trained, split: sessions.SessionSplit,
-                 decode_config: ml_collections.ConfigDict, *, queries_per_batch: int,
+                 settings: search.SearchSettings, *, queries_per_batch: int,
                  keep_top_for: np.ndarray | None = None, log=print
                  ) -> tuple[list[str], dict[int, list[dict]]]:
   """Beam-searches every pair of `split`.
@@ -144,7 +138,7 @@ def decode_split(trained: inference.Trained, split: sessions.SessionSplit,
   Args:
     trained: the model to decode with.
     split: sessions to decode; each batch is [rows, S, n] of one session length.
-    decode_config: `config.decode` (beam_size, max_len, length_penalty, top_k).
+    settings: the search, and top_k for `keep_top_for`.
     queries_per_batch: query slots per batch, as for the input pipeline.
     keep_top_for: int [k] pair indices whose top_k suggestions are also returned.
     log: where progress lines go.
@@ -152,7 +146,7 @@ def decode_split(trained: inference.Trained, split: sessions.SessionSplit,
     (candidates [pairs]: the best suggestion of each pair as words joined by spaces,
      {pair index: [{'query', 'score'}, ...] top_k, best first} for `keep_top_for`).
   """
-  vocab, dc = trained.vocab, decode_config
+  vocab = trained.vocab
   mesh = parallel.make_mesh()
   # Batches are split over every device, so the parameters go to every device too.
   params = jax.device_put(trained.params, parallel.replicated(mesh))
@@ -166,10 +160,9 @@ def decode_split(trained: inference.Trained, split: sessions.SessionSplit,
       split, queries_per_batch=queries_per_batch, multiple_of=jax.device_count(),
       process_index=jax.process_index(), process_count=jax.process_count()):
     # The last query of a session is only ever a reference here.
-    contexts = parallel.shard_batch({'queries': batch['queries'][:, :-1]}, mesh)['queries']
-    sequences, scores = decode.suggest(
-        trained.model, params, contexts, beam_size=dc.beam_size, max_len=dc.max_len,
-        length_penalty=dc.length_penalty, emit_unk=dc.emit_unk, positions='all')
+    contexts = parallel.shard_batch(
+        context_batch({k: batch[k] for k in trained.task.input_keys}), mesh)
+    sequences, scores = trained.task.suggest(params, contexts, settings, positions='all')
     # Every process decoded its rows of the global batch: gather them all, in row order.
     sequences = multihost_utils.process_allgather(sequences, tiled=True)
     scores = multihost_utils.process_allgather(scores, tiled=True)
@@ -179,10 +172,10 @@ def decode_split(trained: inference.Trained, split: sessions.SessionSplit,
         continue
       for t in range(sequences.shape[1]):
         pair = int(first_pair[session]) + t
-        candidates[pair] = ' '.join(decode.to_words(vocab, sequences[row, t, 0]))
+        candidates[pair] = ' '.join(search.to_words(vocab, sequences[row, t, 0]))
         if pair in wanted:
-          top[pair] = suggest.suggestion_list(vocab, sequences[row, t], scores[row, t],
-                                              dc.top_k)
+          top[pair] = search.suggestion_list(vocab, sequences[row, t], scores[row, t],
+                                             settings.top_k)
       done += 1
     if time.time() - last_log >= PROGRESS_SECONDS or done == split.num_sessions:
       last_log = time.time()
@@ -234,8 +227,9 @@ def evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict:
     raise errors.Error(f'the {split_name} split in {data_dir} has no (prefix -> next query) '
                        'pairs to evaluate: more data, or a larger '
                        f'config.data.split_fractions[{fraction}]')
-  name = display_name(trained.cfg.name)
+  name = models.display_name(trained.cfg.name)
   dc = config.decode
+  settings = search.SearchSettings.from_config(dc)
   log(f'Evaluating {name} (checkpoint step {trained.step}) on {test.num_pairs:,} {split_name} '
       'pairs '
       f'of {test.num_sessions:,} sessions: beam {dc.beam_size}, length penalty '
@@ -248,7 +242,7 @@ def evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict:
                                     replace=False))
   decode_start = time.time()
   candidates, top = decode_split(
-      trained, test, dc, keep_top_for=sample_pairs, log=log,
+      trained, test, settings, keep_top_for=sample_pairs, log=log,
       queries_per_batch=dc.batch_sessions * config.data.max_session_queries)
   decode_seconds = time.time() - decode_start
 
@@ -266,8 +260,7 @@ def evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict:
       'sessions': test.num_sessions,
       'sessions_total': total_sessions,
       'pairs': test.num_pairs,
-      'decode': {k: dc[k] for k in ('beam_size', 'max_len', 'length_penalty', 'top_k',
-                                    'emit_unk')},
+      'decode': settings.to_dict(),
       'scores': {k: score_entry(v) for k, v in scores.items()},
       'decode_seconds': decode_seconds,
       'suggestions_per_s': test.num_pairs / max(decode_seconds, 1e-9),

@@ -1,4 +1,11 @@
-"""Loads a trained model for decoding: parameters only, never optimizer state."""
+"""Loads a trained model for decoding: parameters only, never optimizer state.
+
+The model is rebuilt from the checkpoint's own saved config, so a run's current
+`config.model` cannot make its checkpoint unloadable; only the fields that leave the
+parameters' meaning unchanged (`ModelConfig.RUNTIME_FIELDS`: dropout, compute dtype, remat,
+the layer layout) are taken from the current config, and a checkpoint trained with one layer
+layout (`scan_layers`) is converted to the other.
+"""
 
 from __future__ import annotations
 
@@ -7,35 +14,51 @@ import os
 from typing import Any
 
 import flax.linen as nn
-import jax
-import jax.numpy as jnp
 import ml_collections
 
 from mtn_jax import checkpoints
 from mtn_jax import errors
 from mtn_jax import models
+from mtn_jax import tasks
 from mtn_jax.data import preprocess
 from mtn_jax.data import sessions
 from mtn_jax.data.vocab import Vocab
+from mtn_jax.models import layers
 from mtn_jax.models.base import ModelConfig
 
 
 @dataclasses.dataclass(frozen=True)
 class Trained:
-  model: nn.Module
+  task: tasks.GenerationTask
   params: Any
-  cfg: ModelConfig
   vocab: Vocab
   step: int
   meta: dict
+
+  @property
+  def cfg(self) -> ModelConfig:
+    return self.task.cfg
+
+  @property
+  def model(self) -> nn.Module:
+    return self.task.model
+
+
+def saved_model_config(meta: dict, model: ml_collections.ConfigDict) -> ModelConfig:
+  """The checkpoint's model config (`meta`), with the runtime fields of `model` (the current
+  `config.model`). Checkpoints written before the whole config was saved hold only the
+  architecture; their runtime fields come from `model` alone."""
+  saved = meta.get('model_config', meta['model'])
+  config_class = models.spec(saved['name']).config_class
+  runtime = {k: model[k] for k in config_class.RUNTIME_FIELDS}
+  return config_class.from_fields({**runtime, **saved}, **runtime)
 
 
 def load_trained(config: ml_collections.ConfigDict, workdir: str,
                  which: str = 'best') -> Trained:
   """Restores the best (lowest validation loss) or latest checkpoint of `workdir`.
 
-  The vocabulary comes from the checkpoint itself; the model is built from `config.model` and
-  refused if it differs from the checkpoint's architecture.
+  The vocabulary and the model come from the checkpoint itself (see the module docstring).
   """
   workdir = os.path.abspath(workdir)
   if not os.path.isdir(checkpoints.checkpoint_dir(workdir)):
@@ -57,13 +80,16 @@ def load_trained(config: ml_collections.ConfigDict, workdir: str,
       if data_vocab.fingerprint != vocab.fingerprint:
         raise checkpoints.CheckpointMismatch(
             f'{where} was trained with another vocabulary than {data_dir}/vocab.json')
-    cfg = ModelConfig.from_config(config.model, len(vocab), head['meta']['model']['max_query_words'])
-    checkpoints.check_compatible(head['meta'], cfg, vocab, where)
-    model = models.create_model(cfg)
-    abstract = jax.eval_shape(
-        lambda: model.init({'params': jax.random.PRNGKey(0)},
-                           jnp.ones((1, 2, cfg.max_query_words), jnp.int32), train=False))
-    params = checkpoints.restore(manager, step, abstract_params=abstract['params'])['params']
+    meta = head['meta']
+    if meta['vocab_fingerprint'] != vocab.fingerprint:
+      raise checkpoints.CheckpointMismatch(f'{where}: its vocabulary does not match its meta')
+    cfg = saved_model_config(meta, config.model)
+    task = tasks.make_task(cfg, config.train)
+    saved_task = task.with_layout(checkpoints.saved_scan_layers(meta))
+    params = checkpoints.restore(manager, step,
+                                 abstract_params=saved_task.abstract_params())['params']
+    if saved_task is not task:
+      params = layers.convert_layer_layout(params, scan_layers=cfg.scan_layers)
   finally:
     manager.close()
-  return Trained(model, params, cfg, vocab, step, head['meta'])
+  return Trained(task, params, vocab, step, meta)

@@ -5,15 +5,16 @@
 - `output_layer_losses`: the output layer, its parameters, decoder states [G, M, H], targets
   and weights [G, M] -> the weighted sums (loss, nll, correct), projecting only the chunks of
   tokens that hold real targets, with the output layer's gradients made in the same pass.
-- `session_losses`: a model, its params and a session batch queries int32 [B, S, n] -> the
+- `session_losses`: a model, its params and a session batch (`queries` int32 [B, S, n]) -> the
   batch's weighted sums (loss, nll, correct, tokens, pairs); callers divide by `tokens` (the
-  real target tokens, `</s>` included).
+  real target tokens, `</s>` included). The model hands over its output layer as a pure
+  function with its parameters (`SessionModel.output_head`).
 """
 
 from __future__ import annotations
 
 import functools
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import flax.linen as nn
@@ -222,7 +223,7 @@ def output_layer_losses(output_logits: Callable[[Any, jax.Array], jax.Array], pa
           'correct': jax.lax.stop_gradient(correct)}
 
 
-def session_losses(model: nn.Module, params, queries: jax.Array, *, train: bool,
+def session_losses(model: nn.Module, params, batch: Mapping[str, jax.Array], *, train: bool,
                    rngs=None, label_smoothing: float = 0.0, entropy_weight: float = 0.0,
                    chunk_tokens: int, groups: int = 1) -> dict[str, jax.Array]:
   """Weighted loss sums over a batch of sessions, every pair of every session at once.
@@ -230,7 +231,7 @@ def session_losses(model: nn.Module, params, queries: jax.Array, *, train: bool,
   Args:
     model: a model of `mtn_jax.models` (the `base.SessionModel` entry points).
     params: its parameters.
-    queries: int32 [B, S, n] word ids, 0-padded.
+    batch: the model's inputs; `queries` int32 [B, S, n] word ids, 0-padded.
     train: dropout on (needs `rngs={'dropout': key}`) or off.
     rngs: the PRNG keys `model.apply` takes.
     label_smoothing, entropy_weight: as for `token_losses`.
@@ -242,17 +243,20 @@ def session_losses(model: nn.Module, params, queries: jax.Array, *, train: bool,
     float32 scalars: 'loss', 'nll' and 'correct' summed over real target tokens, 'tokens'
     (real target tokens, `</s>` included) and 'pairs' (pairs whose next query is real).
   """
+  queries = batch['queries']
   if queries.shape[0] % groups:
     raise ValueError(f'a batch of {queries.shape[0]} sessions does not split into {groups} '
                      f'data-parallel groups')
   _, targets, weights = decoder_io(queries)  # [B, S-1, T]
-  hidden = model.apply({'params': params}, queries, train=train, rngs=rngs,
-                       method='session_hidden')  # [B, S-1, T, H]
-  output_params = {name: params[name] for name in model.output_layer_names()}
+
+  def hidden_and_head(module):
+    return module.session_hidden(batch, train=train), module.output_head()
+
+  hidden, (logits_fn, head_params) = model.apply(  # hidden [B, S-1, T, H]
+      {'params': params}, rngs=rngs, method=hidden_and_head)
   sums = output_layer_losses(
-      lambda p, h: model.apply({'params': p}, h, method='output_logits'), output_params,
-      hidden.reshape(groups, -1, hidden.shape[-1]), targets.reshape(groups, -1),
-      weights.reshape(groups, -1), chunk_tokens=chunk_tokens,
+      logits_fn, head_params, hidden.reshape(groups, -1, hidden.shape[-1]),
+      targets.reshape(groups, -1), weights.reshape(groups, -1), chunk_tokens=chunk_tokens,
       label_smoothing=label_smoothing, entropy_weight=entropy_weight)
   return {**sums, 'tokens': weights.sum(),
           'pairs': (weights[..., 0] > 0).sum().astype(jnp.float32)}

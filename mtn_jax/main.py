@@ -83,8 +83,8 @@ def run_mode(config, workdir: str, mode: str) -> None:
     from mtn_jax import report
     report.write_report(config, workdir)
   else:
-    from mtn_jax import pipeline
-    pipeline.run_all(config, workdir)
+    from mtn_jax import main_job
+    main_job.run_all(config, workdir)
 
 
 if __name__ == '__main__':

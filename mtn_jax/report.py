@@ -26,8 +26,8 @@ from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 
 from mtn_jax import errors
+from mtn_jax import models
 from mtn_jax.evaluate import TRIVIAL_SUGGESTERS
-from mtn_jax.evaluate import display_name
 
 SAMPLES_PER_MODEL = 10
 _REQUIRED_KEYS = ('model', 'model_config', 'size_mb', 'step', 'pairs', 'scores')
@@ -48,7 +48,7 @@ class EvaluatedRun:
 
   @property
   def name(self) -> str:
-    return display_name(self.results['model'])
+    return models.display_name(self.results['model'])
 
   @property
   def layer_label(self) -> str:
@@ -57,16 +57,11 @@ class EvaluatedRun:
 
 
 def layer_label(model: str, model_config: dict) -> str:
-  """A model's name with its layer counts; recurrent models have no layers to count."""
-  name = display_name(model)
-  queries, decoder = model_config['query_layers'], model_config['decoder_layers']
-  if model == 'transformer':
-    return f'{name} ({queries}Q enc, {decoder} dec)'
-  if model == 'mtn':
-    levels = [f'{queries}Q'] + [f'{model_config["session_layers"]}S'] * (
-        model_config['num_levels'] - 1)
-    return f'{name} ({"+".join(levels)}, {decoder})'
-  return name
+  """A model's name with its layer counts (its registry entry's label); recurrent models
+  have no layers to count."""
+  if model not in models.REGISTRY:
+    return model
+  return models.spec(model).label(model_config)
 
 
 def load_run(workdir: str) -> EvaluatedRun:

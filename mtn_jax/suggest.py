@@ -47,9 +47,9 @@ from typing import TextIO
 import ml_collections
 import numpy as np
 
-from mtn_jax import decode
 from mtn_jax import errors
 from mtn_jax import inference
+from mtn_jax import search
 from mtn_jax.data import aol_log
 from mtn_jax.data.vocab import UNK_ID, Vocab
 
@@ -220,14 +220,6 @@ def read_raw_log(path: str, reader: QueryReader, data: ml_collections.ConfigDict
 # Decoding
 
 
-def suggestion_list(vocab: Vocab, sequences: np.ndarray, scores: np.ndarray,
-                    top_k: int) -> list[dict]:
-  """The first `top_k` hypotheses (int [beam, max_len], scores [beam], best first) as
-  [{'query': words joined by spaces, 'score': float}]; empty beam slots are left out."""
-  return [{'query': ' '.join(decode.to_words(vocab, sequences[k])), 'score': float(scores[k])}
-          for k in range(min(top_k, len(scores))) if np.isfinite(scores[k])]
-
-
 def encode_contexts(vocab: Vocab, contexts: Sequence[Context], rows: int, width: int,
                     max_query_words: int) -> tuple[np.ndarray, np.ndarray]:
   """(queries int32 [rows, width, max_query_words], lengths int64 [rows]); rows past the
@@ -244,7 +236,7 @@ def encode_contexts(vocab: Vocab, contexts: Sequence[Context], rows: int, width:
 
 def decode_contexts(trained: inference.Trained, contexts: Sequence[Context], *,
                     positions: str, batch_rows: int,
-                    decode_config: ml_collections.ConfigDict) -> list[list[list[dict]]]:
+                    settings: search.SearchSettings) -> list[list[list[dict]]]:
   """Suggestions for each context (in order) after each of its output positions.
 
   Contexts are sorted by length and decoded `batch_rows` at a time, each batch padded to its
@@ -252,7 +244,6 @@ def decode_contexts(trained: inference.Trained, contexts: Sequence[Context], *,
   earlier position. `positions` 'last' decodes only each context's last query, 'all' every
   position (first_output onwards are kept).
   """
-  dc = decode_config
   n = trained.cfg.max_query_words
   order = sorted(range(len(contexts)), key=lambda i: len(contexts[i].queries))
   out: list[list[list[dict]] | None] = [None] * len(contexts)
@@ -261,16 +252,16 @@ def decode_contexts(trained: inference.Trained, contexts: Sequence[Context], *,
     width = max(len(contexts[i].queries) for i in group)
     queries, lengths = encode_contexts(trained.vocab, [contexts[i] for i in group], batch_rows,
                                        width, n)
-    sequences, scores = decode.suggest(
-        trained.model, trained.params, queries, beam_size=dc.beam_size, max_len=dc.max_len,
-        length_penalty=dc.length_penalty, emit_unk=dc.emit_unk, positions=positions,
+    sequences, scores = trained.task.suggest(
+        trained.params, {'queries': queries}, settings, positions=positions,
         lengths=lengths if positions == 'last' else None)
     sequences, scores = np.asarray(sequences), np.asarray(scores)
     for row, i in enumerate(group):
       context = contexts[i]
       kept = ([0] if positions == 'last'
               else range(context.first_output, len(context.queries)))
-      out[i] = [suggestion_list(trained.vocab, sequences[row, p], scores[row, p], dc.top_k)
+      out[i] = [search.suggestion_list(trained.vocab, sequences[row, p], scores[row, p],
+                                       settings.top_k)
                 for p in kept]
   return out
 
@@ -336,6 +327,7 @@ def decode_file(config: ml_collections.ConfigDict, workdir: str) -> dict:
   if not os.path.isfile(dc.input):
     raise DecodeInputError(f'{dc.input}: no such decode input file')
   input_format = detect_format(dc.input)
+  settings = search.SearchSettings.from_config(dc)
   trained = inference.load_trained(config, workdir, which='best')
   output = dc.output or _default_output(workdir, dc.input)
   os.makedirs(os.path.dirname(os.path.abspath(output)), exist_ok=True)
@@ -357,7 +349,7 @@ def decode_file(config: ml_collections.ConfigDict, workdir: str) -> dict:
   with open(output, 'w', encoding='utf-8') as out:
     for chunk in _chunked(contexts, chunk_size):
       suggestions = decode_contexts(trained, chunk, positions=positions,
-                                    batch_rows=dc.batch_sessions, decode_config=dc)
+                                    batch_rows=dc.batch_sessions, settings=settings)
       for context, ranked in zip(chunk, suggestions):
         for record in _records(context, ranked):
           out.write(json.dumps(record, ensure_ascii=False) + '\n')
@@ -393,7 +385,7 @@ def interactive(config: ml_collections.ConfigDict, workdir: str, stdin: TextIO =
   for the whole conversation (the models are causal over queries, so the padding changes
   nothing).
   """
-  dc = config.decode
+  settings = search.SearchSettings.from_config(config.decode)
   trained = inference.load_trained(config, workdir, which='best')
   cfg = trained.cfg
   reader = QueryReader(trained.vocab, cfg.max_query_words, cfg.max_session_queries)
@@ -423,11 +415,10 @@ def interactive(config: ml_collections.ConfigDict, workdir: str, stdin: TextIO =
     context = Context(tuple(session), first_output=len(session) - 1, info={})
     queries, lengths = encode_contexts(trained.vocab, [context], 1, cfg.max_session_queries,
                                        cfg.max_query_words)
-    sequences, scores = decode.suggest(
-        trained.model, trained.params, queries, beam_size=dc.beam_size, max_len=dc.max_len,
-        length_penalty=dc.length_penalty, emit_unk=dc.emit_unk, positions='last', lengths=lengths)
-    ranked = suggestion_list(trained.vocab, np.asarray(sequences)[0, 0],
-                             np.asarray(scores)[0, 0], dc.top_k)
+    sequences, scores = trained.task.suggest(trained.params, {'queries': queries}, settings,
+                                             positions='last', lengths=lengths)
+    ranked = search.suggestion_list(trained.vocab, np.asarray(sequences)[0, 0],
+                                    np.asarray(scores)[0, 0], settings.top_k)
     unknown = reader.counts['oov_words'] - oov_before
     note = f' ({unknown} word(s) outside the vocabulary read as <unk>)' if unknown else ''
     say(f'after {" | ".join(session)}{note}:')

@@ -6,6 +6,13 @@ resumes from the latest checkpoint in `<workdir>/checkpoints` if there is one, a
 of its (prefix -> next query) predictions. After each epoch it measures the validation loss
 and perplexity and keeps the best checkpoint (the paper's model selection).
 
+The loop is a sequence of named pieces: `_StopRequests` (SIGINT and SIGTERM stop after a
+checkpoint), `_TrainMonitor` (per-step metrics, the non-finite-loss guard, log lines and their
+pace), `_record_validation` (the best model by validation loss) and `_checkpoint_due`. The
+task (`mtn_jax.tasks`) owns the loss and the validation figures; `abstract_state` (from
+`jax.eval_shape`) is the one description of the state that initialisation, restoring and the
+benchmarks share.
+
 Determinism: `config.seed` fixes the data order, the initial parameters and every dropout
 mask (the key of step s is `fold_in(dropout_rng, s)`), so a resumed run reproduces an
 uninterrupted one bit for bit on CPU.
@@ -13,6 +20,7 @@ uninterrupted one bit for bit on CPU.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import json
 import math
@@ -34,12 +42,13 @@ from jax.experimental import multihost_utils
 from mtn_jax import checkpoints
 from mtn_jax import errors
 from mtn_jax import input_pipeline
-from mtn_jax import losses
 from mtn_jax import metric_writer
 from mtn_jax import models
 from mtn_jax import parallel
+from mtn_jax import tasks
 from mtn_jax.data import preprocess
 from mtn_jax.data import sessions
+from mtn_jax.models import layers
 from mtn_jax.models.base import ModelConfig
 
 
@@ -85,25 +94,50 @@ def make_optimizer(train: ml_collections.ConfigDict,
 
 
 # ---------------------------------------------------------------------------------------------
-# Losses and steps
+# State and steps
 
 
-def train_step(state: TrainState, queries: jax.Array, *, model, optimizer,
-               label_smoothing: float, entropy_weight: float, loss_chunk_tokens: int,
+def _state_maker(task: tasks.GenerationTask, optimizer: optax.GradientTransformation):
+  """rng -> the initial TrainState: parameters from the model's example batch, fresh
+  optimizer state, a dropout key."""
+  def create(rng):
+    init_rng, dropout_rng = jax.random.split(rng)
+    params = task.init_params(init_rng)
+    return TrainState(step=jnp.zeros((), jnp.int32), params=params,
+                      opt_state=optimizer.init(params), dropout_rng=dropout_rng)
+  return create
+
+
+def abstract_state(task: tasks.GenerationTask, optimizer: optax.GradientTransformation,
+                   mesh) -> TrainState:
+  """The state's shapes, dtypes and (replicated) shardings, computed without any work: the
+  restore target, and what the benchmarks count."""
+  shapes = jax.eval_shape(_state_maker(task, optimizer), jax.random.PRNGKey(0))
+  sharding = parallel.replicated(mesh)
+  return jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=sharding),
+                      shapes)
+
+
+def create_state(task: tasks.GenerationTask, optimizer: optax.GradientTransformation,
+                 seed: int, mesh) -> TrainState:
+  """The initial state for `seed`, created replicated on the mesh by one jit."""
+  return jax.jit(_state_maker(task, optimizer), out_shardings=parallel.replicated(mesh))(
+      jax.random.PRNGKey(seed))
+
+
+def train_step(state: TrainState, batch: dict, *, task: tasks.GenerationTask, optimizer,
                data_groups: int) -> tuple[TrainState, dict]:
-  """One optimizer step on a batch of sessions, queries int32 [B, S, n].
+  """One optimizer step on a batch of sessions (the task's `input_keys` of a batch dict).
 
-  `loss_chunk_tokens` and `data_groups` shape the loss head (`losses.session_losses`); the
-  other keyword arguments are the static parts of the step (`make_steps` binds them all).
+  `data_groups` is the number of data-parallel shards the loss head keeps apart
+  (`losses.session_losses`); `make_steps` binds the keyword arguments.
   """
   rng = jax.random.fold_in(state.dropout_rng, state.step)
 
   def loss_fn(params):
-    sums = losses.session_losses(model, params, queries, train=True, rngs={'dropout': rng},
-                                 label_smoothing=label_smoothing,
-                                 entropy_weight=entropy_weight, chunk_tokens=loss_chunk_tokens,
-                                 groups=data_groups)
-    return sums['loss'] / jnp.maximum(sums['tokens'], 1.0), sums
+    sums = task.loss_sums(params, batch, train=True, rngs={'dropout': rng},
+                          groups=data_groups)
+    return task.training_loss(sums), sums
 
   grads, sums = jax.grad(loss_fn, has_aux=True)(state.params)
   updates, opt_state = optimizer.update(grads, state.opt_state, state.params)
@@ -112,36 +146,31 @@ def train_step(state: TrainState, queries: jax.Array, *, model, optimizer,
   return state.replace(step=state.step + 1, params=params, opt_state=opt_state), sums
 
 
-def eval_step(params, queries: jax.Array, *, model, loss_chunk_tokens: int,
-              data_groups: int) -> dict:
-  return losses.session_losses(model, params, queries, train=False,
-                               chunk_tokens=loss_chunk_tokens, groups=data_groups)
+def eval_step(params, batch: dict, *, task: tasks.GenerationTask, data_groups: int) -> dict:
+  return task.loss_sums(params, batch, train=False, groups=data_groups)
 
 
-def make_steps(train_config: ml_collections.ConfigDict, model, optimizer, mesh):
-  """(train step, eval step) with their static arguments bound from `config.train`, ready for
-  `jax.jit`: one data-parallel loss group per device of the mesh."""
-  shared = dict(model=model, loss_chunk_tokens=train_config.loss_chunk_tokens,
-                data_groups=mesh.size)
-  return (functools.partial(train_step, optimizer=optimizer,
-                            label_smoothing=train_config.label_smoothing,
-                            entropy_weight=train_config.entropy_weight, **shared),
-          functools.partial(eval_step, **shared))
+def make_steps(task: tasks.GenerationTask, optimizer, mesh):
+  """(train step, eval step) with their static arguments bound, ready for `jax.jit`: one
+  data-parallel loss group per device of the mesh."""
+  return (functools.partial(train_step, task=task, optimizer=optimizer, data_groups=mesh.size),
+          functools.partial(eval_step, task=task, data_groups=mesh.size))
 
 
 # ---------------------------------------------------------------------------------------------
-# The run
+# Data
 
 
 class _Prefetcher:
   """Puts batches on the devices ahead of the step, from a background thread.
 
-  Each item also carries the iterator state right after its batch, so a checkpoint records
-  the position of the last batch the step consumed, not of the last one prefetched.
+  Each item is (the batch's `keys` as global sharded arrays, the iterator state right after
+  the batch, its number of real sessions), so a checkpoint records the position of the last
+  batch the step consumed, not of the last one prefetched.
   """
 
-  def __init__(self, iterator, mesh, size: int):
-    self._iterator, self._mesh = iterator, mesh
+  def __init__(self, iterator, mesh, size: int, keys: tuple[str, ...]):
+    self._iterator, self._mesh, self._keys = iterator, mesh, keys
     self._queue: queue.Queue = queue.Queue(maxsize=max(size, 1))
     self._stop = threading.Event()
     self._thread = threading.Thread(target=self._fill, daemon=True)
@@ -151,9 +180,8 @@ class _Prefetcher:
     try:
       while not self._stop.is_set():
         batch = next(self._iterator)
-        item = (parallel.shard_batch({'queries': batch['queries']}, self._mesh)['queries'],
-                self._iterator.get_state(), int((batch['session_ids'] >= 0).sum()),
-                int(batch['epoch']))
+        item = (parallel.shard_batch({k: batch[k] for k in self._keys}, self._mesh),
+                self._iterator.get_state(), int((batch['session_ids'] >= 0).sum()))
         while not self._stop.is_set():
           try:
             self._queue.put(item, timeout=0.1)
@@ -191,38 +219,173 @@ def load_data(config: ml_collections.ConfigDict, workdir: str):
 
 
 def model_config(config: ml_collections.ConfigDict, vocab, split) -> ModelConfig:
-  return ModelConfig.from_config(config.model, len(vocab), split.max_query_words)
+  """The model's config: `config.model`'s fields of the named model, with the data's sizes."""
+  return models.make_config(config.model, vocab_size=len(vocab),
+                            max_query_words=split.max_query_words)
 
 
-def evaluate_loss(params, split: sessions.SessionSplit, *, mesh, queries_per_batch: int,
-                  eval_fn) -> dict[str, float]:
-  """Validation loss (nll per target token), perplexity and token accuracy over a split.
+def evaluate_loss(params, split: sessions.SessionSplit, *, task: tasks.GenerationTask, mesh,
+                  queries_per_batch: int, eval_fn) -> dict[str, float]:
+  """The task's validation figures over a split (`GenerationTask.summarize`).
 
-  `eval_fn`: the jit-compiled eval step, (params, queries) -> sums (`make_steps`).
+  `eval_fn`: the jit-compiled eval step, (params, batch) -> sums (`make_steps`).
   """
   totals = None
   for batch in input_pipeline.make_eval_iterator(
       split, queries_per_batch=queries_per_batch, multiple_of=jax.device_count(),
       process_index=jax.process_index(), process_count=jax.process_count()):
-    queries = parallel.shard_batch({'queries': batch['queries']}, mesh)['queries']
-    sums = eval_fn(params, queries)
+    sums = eval_fn(params, parallel.shard_batch({k: batch[k] for k in task.input_keys}, mesh))
     totals = sums if totals is None else jax.tree.map(jnp.add, totals, sums)
-  totals = jax.device_get(totals)
-  tokens = max(float(totals['tokens']), 1.0)
-  loss = float(totals['nll']) / tokens
-  return {'loss': loss, 'perplexity': math.exp(min(loss, 50.0)),
-          'token_accuracy': float(totals['correct']) / tokens, 'pairs': float(totals['pairs'])}
+  return task.summarize(jax.device_get(totals))
 
 
-def init_state(model, cfg: ModelConfig, optimizer, seed: int, mesh) -> TrainState:
-  """Parameters and optimizer state, created replicated on the mesh by one jit."""
-  def create(rng):
-    init_rng, dropout_rng = jax.random.split(rng)
-    dummy = jnp.ones((1, 2, cfg.max_query_words), jnp.int32)
-    params = model.init({'params': init_rng}, dummy, train=False)['params']
-    return TrainState(step=jnp.zeros((), jnp.int32), params=params,
-                      opt_state=optimizer.init(params), dropout_rng=dropout_rng)
-  return jax.jit(create, out_shardings=parallel.replicated(mesh))(jax.random.PRNGKey(seed))
+# ---------------------------------------------------------------------------------------------
+# Checkpoints of the run
+
+
+def _run_meta(config: ml_collections.ConfigDict, cfg: ModelConfig, vocab) -> dict:
+  """The checkpoint's 'meta' item at the start of a run."""
+  return {'model': checkpoints.architecture(cfg), 'model_config': dataclasses.asdict(cfg),
+          'model_name': cfg.name, 'vocab_fingerprint': vocab.fingerprint,
+          'vocab_size': len(vocab), 'valid': [], 'best_step': None, 'best_valid_loss': None,
+          'config': json.loads(config.to_json_best_effort())}
+
+
+def _restore(manager, step: int, *, task: tasks.GenerationTask, optimizer, mesh,
+             saved_meta: dict) -> tuple[TrainState, dict]:
+  """The TrainState and data-iterator state of checkpoint `step`, in this run's layer
+  layout whichever layout the checkpoint holds (`layers.convert_layer_layout`)."""
+  cfg = task.cfg
+  saved_task = task.with_layout(checkpoints.saved_scan_layers(saved_meta))
+  abstract = abstract_state(saved_task, optimizer, mesh)
+  restored = checkpoints.restore(manager, step, abstract_params=abstract.params,
+                                 abstract_train_state=abstract.optimizer_part())
+  state = TrainState(params=restored['params'], **restored['train'])
+  if saved_task is not task:
+    state = jax.device_put(state.replace(
+        params=layers.convert_layer_layout(state.params, scan_layers=cfg.scan_layers),
+        opt_state=layers.convert_layer_layout(state.opt_state, scan_layers=cfg.scan_layers)),
+        parallel.replicated(mesh))
+  return state, restored['data_iter']
+
+
+def _checkpoint_due(step: int, every: int) -> bool:
+  return step % every == 0
+
+
+def _record_validation(meta: dict, step: int, valid: dict) -> bool:
+  """Adds a validation result to the run's meta; True when it is the best so far (the
+  paper's model selection: the lowest validation loss)."""
+  meta['valid'].append({'step': step, **valid})
+  best = meta['best_valid_loss'] is None or valid['loss'] < meta['best_valid_loss']
+  if best:
+    meta['best_step'], meta['best_valid_loss'] = step, valid['loss']
+  return best
+
+
+# ---------------------------------------------------------------------------------------------
+# The loop's pieces
+
+
+class _StopRequests:
+  """SIGINT (Ctrl-C) and SIGTERM ask the loop to stop after the current step and a checkpoint.
+
+  A second SIGINT while the first is being honoured aborts at once (KeyboardInterrupt), as a
+  user who presses Ctrl-C twice expects. `signal_name` says which signal asked ('SIGINT',
+  'SIGTERM') or is None. Handlers can only be installed from the main thread; elsewhere (a
+  test calling the trainer from a thread) signals keep their default behaviour.
+  """
+
+  _SIGNALS = (signal.SIGINT, signal.SIGTERM)
+
+  def __init__(self):
+    self.signal_name: str | None = None
+    self._previous: dict = {}
+
+  def __enter__(self) -> _StopRequests:
+    if threading.current_thread() is threading.main_thread():
+      self._previous = {s: signal.signal(s, self._handle) for s in self._SIGNALS}
+    return self
+
+  def __exit__(self, *exc) -> None:
+    for s, handler in self._previous.items():
+      signal.signal(s, handler)
+
+  def _handle(self, signum, frame) -> None:
+    del frame
+    if self.signal_name is not None and signum == signal.SIGINT:
+      raise KeyboardInterrupt
+    self.signal_name = self.signal_name or signal.Signals(signum).name
+
+  @property
+  def requested(self) -> bool:
+    return self.signal_name is not None
+
+
+class _TrainMonitor:
+  """The per-step metrics of training: kept on the devices until a log line or a checkpoint
+  needs them, then checked for a non-finite loss and written (stdout, metrics.jsonl,
+  TensorBoard).
+
+  Pace figures (sessions/s, tokens/s, the time left) leave out the time spent compiling the
+  step for each new batch shape: counting it made a two-minute run announce half an hour left.
+  """
+
+  def __init__(self, *, writer, log, schedule, steps_per_epoch: int, total_steps: int,
+               last_good_checkpoint):
+    self._writer, self._log, self._schedule = writer, log, schedule
+    self._steps_per_epoch, self._total_steps = steps_per_epoch, total_steps
+    self._last_good_checkpoint = last_good_checkpoint
+    self._pending: list[tuple[int, dict]] = []
+    self._sessions = 0
+    self._window_start, self._compile_seconds = time.time(), 0.0
+
+  def add(self, step: int, sums: dict, sessions: int, compile_seconds: float) -> None:
+    """The metrics of the step that made `step` (device arrays, not waited for), and the
+    seconds its call spent compiling."""
+    self._pending.append((step, sums))
+    self._sessions += sessions
+    self._compile_seconds += compile_seconds
+
+  def check(self) -> list[dict]:
+    """Fetches the pending metrics; raises NonFiniteLoss at the first non-finite loss."""
+    fetched = jax.device_get([m for _, m in self._pending])
+    for (step, _), m in zip(self._pending, fetched):
+      if not np.isfinite(m['loss']):
+        good = self._last_good_checkpoint()
+        raise NonFiniteLoss(
+            f'non-finite training loss ({m["loss"]}) at step {step}; stopped without saving. '
+            + (good if good else 'No checkpoint was written yet.'))
+    return fetched
+
+  def write(self, step: int) -> None:
+    """Checks the pending metrics and writes one log line over them."""
+    if not self._pending:
+      return
+    fetched = self.check()
+    totals = {k: sum(float(m[k]) for m in fetched) for k in fetched[0]}
+    now = time.time()
+    elapsed = max(now - self._window_start - self._compile_seconds, 1e-9)
+    tokens = max(totals['tokens'], 1.0)
+    scalars = {
+        'epoch': step / self._steps_per_epoch, 'loss': totals['loss'] / tokens,
+        'nll': totals['nll'] / tokens, 'learning_rate': float(self._schedule(step - 1)),
+        'grad_norm': totals['grad_norm'] / len(fetched),
+        'sessions_per_s': self._sessions / elapsed, 'pairs_per_s': totals['pairs'] / elapsed,
+        'tokens_per_s': totals['tokens'] / elapsed, 'steps_per_s': len(fetched) / elapsed,
+        'eta_s': elapsed / len(fetched) * (self._total_steps - step),
+        'compile_s': self._compile_seconds}
+    self._writer.write(step, 'train', scalars)
+    self._log(f'step {step}/{self._total_steps} epoch {scalars["epoch"]:.2f} loss '
+              f'{scalars["loss"]:.4f} lr {scalars["learning_rate"]:.2e} '
+              f'{scalars["sessions_per_s"]:.0f} sessions/s {scalars["tokens_per_s"]:.0f} '
+              f'tokens/s, {_duration(scalars["eta_s"])} left', flush=True)
+    self._pending, self._sessions = [], 0
+    self._window_start, self._compile_seconds = now, 0.0
+
+
+# ---------------------------------------------------------------------------------------------
+# The run
 
 
 def _save_json(path: str, obj) -> None:
@@ -233,50 +396,56 @@ def _save_json(path: str, obj) -> None:
 
 
 def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
-  """Trains (resuming if possible); returns the final summary (steps, best validation loss)."""
+  """Trains (resuming if possible); returns the final summary.
+
+  The summary: 'step', 'total_steps', 'best_step', 'best_valid_loss', 'valid' (every
+  validation result), 'stopped_by' ('SIGINT' or 'SIGTERM' when a signal stopped the run after
+  a checkpoint, else None) and 'interrupted' (whether it did).
+  """
   workdir = os.path.abspath(workdir)
   vocab, splits = load_data(config, workdir)
   train_split, valid_split = splits['train'], splits['valid']
   if valid_split.num_sessions == 0:
-    raise ValueError('the valid split is empty: model selection needs validation sessions '
-                     '(more data, or a larger config.data.split_fractions[1])')
+    raise errors.Error('the valid split is empty: model selection needs validation sessions '
+                       '(more data, or a larger config.data.split_fractions[1])')
   cfg = model_config(config, vocab, train_split)
-  model = models.create_model(cfg)
+  task = tasks.make_task(cfg, config.train)
   mesh = parallel.make_mesh()
   tc = config.train
-  optimizer = make_optimizer(tc, cfg.d_model)
+  optimizer = make_optimizer(tc, config.model.d_model)
   steps_per_epoch = input_pipeline.steps_per_epoch(
       train_split, config.input.train_queries_per_batch, jax.device_count())
   total_steps = steps_per_epoch * tc.num_epochs
   if tc.max_steps > 0:
     total_steps = min(total_steps, tc.max_steps)
 
-  state = init_state(model, cfg, optimizer, config.seed, mesh)
   train_iter = input_pipeline.make_train_iterator(
       train_split, queries_per_batch=config.input.train_queries_per_batch, seed=config.seed,
       multiple_of=jax.device_count(), process_index=jax.process_index(),
       process_count=jax.process_count(), worker_count=config.input.worker_count)
   manager = checkpoints.open_manager(workdir, keep=tc.keep_checkpoints)
-  meta = {'model': checkpoints.architecture(cfg), 'model_name': cfg.name,
-          'vocab_fingerprint': vocab.fingerprint, 'vocab_size': len(vocab),
-          'valid': [], 'best_step': None, 'best_valid_loss': None,
-          'config': json.loads(config.to_json_best_effort())}
-  writer = metric_writer.MetricWriter(workdir)
+  meta = _run_meta(config, cfg, vocab)
   log = print if jax.process_index() == 0 else (lambda *a, **k: None)
 
   latest = manager.latest_step()
-  if latest is not None:
+  if latest is None:
+    state = create_state(task, optimizer, config.seed, mesh)
+  else:
     where = f'checkpoint {checkpoints.checkpoint_dir(workdir)}/{latest}'
     saved_meta = checkpoints.read_meta(manager, latest)
     checkpoints.check_compatible(saved_meta, cfg, vocab, where)
-    abstract = jax.tree.map(
-        lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=x.sharding), state)
-    restored = checkpoints.restore(manager, latest, abstract_params=abstract.params,
-                                   abstract_train_state=abstract.optimizer_part())
-    state = TrainState(params=restored['params'], **restored['train'])
-    train_iter.set_state(restored['data_iter'])
+    state, iter_state = _restore(manager, latest, task=task, optimizer=optimizer, mesh=mesh,
+                                 saved_meta=saved_meta)
+    train_iter.set_state(iter_state)
     meta.update({k: saved_meta[k] for k in ('valid', 'best_step', 'best_valid_loss')})
-    log(f'Resuming from {where} (epoch {latest // steps_per_epoch + 1}).')
+    if latest >= total_steps:
+      manager.close()
+      log(f'Training is already complete: {where} is step {latest} of {total_steps} (best '
+          f'validation loss {meta["best_valid_loss"]:.4f} at step {meta["best_step"]}).',
+          flush=True)
+      return _summary(latest, total_steps, meta, None)
+    log(f'Resuming from {where} (step {latest} of {total_steps}, epoch '
+        f'{latest // steps_per_epoch + 1} of {math.ceil(total_steps / steps_per_epoch)}).')
   if jax.process_index() == 0:
     _save_json(os.path.join(workdir, 'config.json'),
                {'config': meta['config'], 'model': meta['model'], 'vocab_size': len(vocab)})
@@ -288,98 +457,75 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
       f'{total_steps} steps in all.')
 
   state_sharding = parallel.replicated(mesh)
-  train_fn, eval_fn = make_steps(tc, model, optimizer, mesh)
+  train_fn, eval_fn = make_steps(task, optimizer, mesh)
   step_fn = jax.jit(train_fn, in_shardings=(state_sharding, parallel.batch_sharding(mesh)),
                     out_shardings=(state_sharding, state_sharding), donate_argnums=0)
   eval_fn = jax.jit(eval_fn)
-  schedule = learning_rate_schedule(tc, cfg.d_model)
+  writer = metric_writer.MetricWriter(workdir)
 
-  stop_requested = threading.Event()
-  previous_handler = signal.signal(signal.SIGTERM, lambda *_: stop_requested.set())
-  prefetcher = _Prefetcher(train_iter, mesh, config.input.prefetch_batches)
+  def last_good_checkpoint() -> str:
+    good = manager.latest_step()
+    return (f'Last good checkpoint: step {good} in {checkpoints.checkpoint_dir(workdir)}.'
+            if good is not None else '')
+
+  monitor = _TrainMonitor(writer=writer, log=log,
+                          schedule=learning_rate_schedule(tc, config.model.d_model),
+                          steps_per_epoch=steps_per_epoch, total_steps=total_steps,
+                          last_good_checkpoint=last_good_checkpoint)
   step = int(jax.device_get(state.step))
-  pending: list[tuple[int, dict]] = []  # per-step device metrics not yet checked on host
-  sessions_seen, iter_state = 0, train_iter.get_state()
-  window_start, window_step = time.time(), step
-
-  def check_and_log(force_log: bool):
-    """Fetches pending metrics, stops on a non-finite loss, writes the train log line."""
-    nonlocal pending, sessions_seen, window_start, window_step
-    if not pending:
-      return
-    fetched = jax.device_get([m for _, m in pending])
-    for (s, _), m in zip(pending, fetched):
-      if not np.isfinite(m['loss']):
-        good = manager.latest_step()
-        raise NonFiniteLoss(
-            f'non-finite training loss ({m["loss"]}) at step {s}; stopped without saving. '
-            + (f'Last good checkpoint: step {good} in {checkpoints.checkpoint_dir(workdir)}.'
-               if good is not None else 'No checkpoint was written yet.'))
-    if not force_log:
-      return
-    totals = {k: sum(float(m[k]) for m in fetched) for k in fetched[0]}
-    now = time.time()
-    elapsed = max(now - window_start, 1e-9)
-    steps_done = step - window_step
-    # The latest window's pace: the first window also pays for compilation.
-    per_step = elapsed / max(steps_done, 1)
-    tokens = max(totals['tokens'], 1.0)
-    scalars = {
-        'epoch': step / steps_per_epoch, 'loss': totals['loss'] / tokens,
-        'nll': totals['nll'] / tokens, 'learning_rate': float(schedule(step - 1)),
-        'grad_norm': totals['grad_norm'] / len(fetched),
-        'sessions_per_s': sessions_seen / elapsed, 'pairs_per_s': totals['pairs'] / elapsed,
-        'tokens_per_s': totals['tokens'] / elapsed, 'steps_per_s': steps_done / elapsed,
-        'eta_s': per_step * (total_steps - step)}
-    writer.write(step, 'train', scalars)
-    log(f'step {step}/{total_steps} epoch {scalars["epoch"]:.2f} loss {scalars["loss"]:.4f} '
-        f'lr {scalars["learning_rate"]:.2e} {scalars["sessions_per_s"]:.0f} sessions/s '
-        f'{scalars["tokens_per_s"]:.0f} tokens/s, {_duration(scalars["eta_s"])} left',
-        flush=True)
-    pending, sessions_seen = [], 0
-    window_start, window_step = now, step
+  iter_state = train_iter.get_state()
 
   def save(valid_loss=None):
     checkpoints.save(manager, step, params=state.params, train_state=state.optimizer_part(),
                      data_iter=iter_state, meta=meta, vocab=vocab, valid_loss=valid_loss)
 
+  prefetcher = _Prefetcher(train_iter, mesh, config.input.prefetch_batches, task.input_keys)
+  stop = _StopRequests()
+  compiled_shapes = set()
   try:
-    while step < total_steps:
-      queries, iter_state, n_sessions, _ = next(prefetcher)
-      state, sums = step_fn(state, queries)
-      pending.append((step, sums))
-      step += 1
-      sessions_seen += n_sessions
-      end_of_epoch = step % steps_per_epoch == 0
-      check_and_log(force_log=step % tc.log_every_steps == 0 or step == total_steps)
-      if end_of_epoch or step == total_steps:
-        check_and_log(force_log=True)
-        valid = evaluate_loss(state.params, valid_split, mesh=mesh,
-                              queries_per_batch=config.input.eval_queries_per_batch,
-                              eval_fn=eval_fn)
-        writer.write(step, 'valid', valid)
-        meta['valid'].append({'step': step, **valid})
-        if meta['best_valid_loss'] is None or valid['loss'] < meta['best_valid_loss']:
-          meta['best_step'], meta['best_valid_loss'] = step, valid['loss']
-        log(f'epoch {math.ceil(step / steps_per_epoch)}: validation loss {valid["loss"]:.4f}, '
-            f'perplexity {valid["perplexity"]:.2f} (best {meta["best_valid_loss"]:.4f} at '
-            f'step {meta["best_step"]})', flush=True)
-        save(valid_loss=valid['loss'])
-      elif step % tc.checkpoint_every_steps == 0 or stop_requested.is_set():
-        check_and_log(force_log=False)
-        save()
-      if stop_requested.is_set():
-        log(f'SIGTERM: saved a checkpoint at step {step}; exiting.', flush=True)
-        break
+    with stop:
+      while step < total_steps:
+        batch, iter_state, num_sessions = next(prefetcher)
+        shape = batch['queries'].shape
+        called = time.time()
+        state, sums = step_fn(state, batch)
+        # A new batch shape compiles inside the call (running it is asynchronous).
+        compile_seconds = 0.0 if shape in compiled_shapes else time.time() - called
+        compiled_shapes.add(shape)
+        step += 1
+        monitor.add(step, sums, num_sessions, compile_seconds)
+        if step % tc.log_every_steps == 0:
+          monitor.write(step)
+        if step % steps_per_epoch == 0 or step == total_steps:
+          monitor.write(step)
+          valid = evaluate_loss(state.params, valid_split, task=task, mesh=mesh,
+                                queries_per_batch=config.input.eval_queries_per_batch,
+                                eval_fn=eval_fn)
+          writer.write(step, 'valid', valid)
+          _record_validation(meta, step, valid)
+          log(f'epoch {math.ceil(step / steps_per_epoch)}: validation loss '
+              f'{valid["loss"]:.4f}, perplexity {valid["perplexity"]:.2f} (best '
+              f'{meta["best_valid_loss"]:.4f} at step {meta["best_step"]})', flush=True)
+          save(valid_loss=valid['loss'])
+        elif _checkpoint_due(step, tc.checkpoint_every_steps) or stop.requested:
+          monitor.check()
+          save()
+        if stop.requested:
+          log(f'{stop.signal_name}: saved a checkpoint at step {step}; run the same command '
+              'again to resume.', flush=True)
+          break
   finally:
     prefetcher.close()
     manager.wait_until_finished()
     manager.close()
     writer.close()
-    signal.signal(signal.SIGTERM, previous_handler)
+  return _summary(step, total_steps, meta, stop.signal_name)
+
+
+def _summary(step: int, total_steps: int, meta: dict, stopped_by: str | None) -> dict:
   return {'step': step, 'total_steps': total_steps, 'best_step': meta['best_step'],
           'best_valid_loss': meta['best_valid_loss'], 'valid': meta['valid'],
-          'interrupted': stop_requested.is_set()}
+          'stopped_by': stopped_by, 'interrupted': stopped_by is not None}
 
 
 def _duration(seconds: float) -> str:

@@ -21,6 +21,7 @@ import subprocess
 import pytest
 
 from mtn_jax import config_lib
+from mtn_jax import models
 from mtn_jax import metric_writer
 from tests import cli
 
@@ -198,7 +199,7 @@ def test_compared_configs_share_data_and_budget():
       assert config.train[key] == reference.train[key], (spec, key)
     assert config.input.to_dict() == reference.input.to_dict(), spec
     assert config.decode.to_dict() == reference.decode.to_dict(), spec
-  assert sorted({c.model.name for c in configs.values()}) == sorted(config_lib.MODEL_NAMES)
+  assert sorted({c.model.name for c in configs.values()}) == sorted(models.REGISTRY)
 
 
 @pytest.mark.parametrize('name', [f'{b}_aol' for b in BASELINES])

@@ -15,12 +15,12 @@ import numpy as np
 import pytest
 
 from configs import default
-from mtn_jax import decode
+from mtn_jax import search
 from mtn_jax import models
 from mtn_jax.data.vocab import EOS_ID, PAD_ID, SPECIAL_TOKENS, UNK_ID, Vocab
 
 MODEL_NAMES = [n for n in ('mtn', 'transformer', 'seq2seq', 'hred', 'mnsrf')
-               if n in models.MODELS]
+               if n in models.REGISTRY]
 # Odd, so the output layer's bias is the only [VOCAB_SIZE] leaf among the tiny model's params.
 VOCAB_SIZE = 29
 QUERY_WORDS = 5
@@ -35,7 +35,16 @@ def tiny_model(name, vocab_size):
   c.update(name=name, share_embeddings=True, emb_dim=16, d_model=16, num_heads=2, ff_dim=32, query_layers=1,
            session_layers=1, decoder_layers=2, lstm_units=8, max_session_queries=4,
            dropout=0.0)
-  return models.create_model(models.ModelConfig.from_config(c, vocab_size, QUERY_WORDS))
+  return models.create_model(models.make_config(c, vocab_size=vocab_size,
+                                                 max_query_words=QUERY_WORDS))
+
+
+def suggest(model, params, queries, *, beam_size, max_len, length_penalty, **kwargs):
+  """`search.search_sessions` over `queries` with the search given by keywords."""
+  settings = search.SearchSettings(beam_size=beam_size, max_len=max_len,
+                                   length_penalty=length_penalty, emit_unk=False,
+                                   top_k=beam_size)
+  return search.search_sessions(model, params, {'queries': queries}, settings, **kwargs)
 
 
 def random_params(model, queries, seed):
@@ -44,7 +53,7 @@ def random_params(model, queries, seed):
   The large scale gives peaked, varied next-word distributions.
   """
   shapes = jax.eval_shape(functools.partial(model.init, train=False), jax.random.key(0),
-                          queries)['params']
+                          {'queries': queries})['params']
   rng = np.random.default_rng(seed)
   return jax.tree.map(lambda s: (0.5 * rng.standard_normal(s.shape)).astype(s.dtype), shapes)
 
@@ -74,7 +83,7 @@ def with_end_boost(params, vocab_size, boost):
 
 def endings(sequences):
   """(ends with `</s>` bool [...], scored length int [...]) of sequences [..., MAX_LEN]."""
-  return (sequences == EOS_ID).any(-1), np.asarray(decode.sequence_lengths(sequences))
+  return (sequences == EOS_ID).any(-1), np.asarray(search.sequence_lengths(sequences))
 
 
 @pytest.fixture(scope='module', params=MODEL_NAMES)
@@ -91,31 +100,31 @@ def searched(request):
   # ending exercises every stopping rule. Only the parameters change: nothing recompiles.
   for boost in np.arange(1.0, 5.0, 0.2):
     boosted = with_end_boost(params, VOCAB_SIZE, boost)
-    sequences, scores = decode.suggest(model, boosted, QUERIES, beam_size=BEAM,
+    sequences, scores = suggest(model, boosted, QUERIES, beam_size=BEAM,
                                        max_len=MAX_LEN, length_penalty=ALPHA)
     ends, lengths = endings(np.asarray(sequences))
     if ends.any() and not ends.all() and len(set(lengths[ends])) > 1:
-      memory = decode.encode_sessions(model, boosted, QUERIES)
+      memory = search.encode_sessions(model, boosted, {'queries': QUERIES})
       return model, boosted, memory, (np.asarray(sequences), np.asarray(scores))
   raise AssertionError(f'{request.param}: no </s> boost gives both kinds of ending')
 
 
 def test_length_normalize_and_lengths():
-  assert float(decode.length_normalize(-3.0, 7, 0.6)) == pytest.approx(-3.0 / 2.0**0.6)
-  assert float(decode.length_normalize(-3.0, 7, 0.0)) == -3.0
+  assert float(search.length_normalize(-3.0, 7, 0.6)) == pytest.approx(-3.0 / 2.0**0.6)
+  assert float(search.length_normalize(-3.0, 7, 0.0)) == -3.0
   sequences = jnp.array([[5, 3, 0, 0], [5, 6, 7, 8], [3, 0, 0, 0], [5, 6, 0, 0]])
-  np.testing.assert_array_equal(decode.sequence_lengths(sequences), [2, 4, 1, 2])
+  np.testing.assert_array_equal(search.sequence_lengths(sequences), [2, 4, 1, 2])
 
 
 def test_to_words_stops_at_end():
   vocab = Vocab(SPECIAL_TOKENS + ('how', 'to', 'cook'))
-  assert decode.to_words(vocab, np.array([5, 7, EOS_ID, 6, 0])) == ['how', 'cook']
-  assert decode.to_words(vocab, jnp.array([6, 5, 6])) == ['to', 'how', 'to']
+  assert search.to_words(vocab, np.array([5, 7, EOS_ID, 6, 0])) == ['how', 'cook']
+  assert search.to_words(vocab, jnp.array([6, 5, 6])) == ['to', 'how', 'to']
 
 
 def test_suggest_matches_beam_search_on_the_memory(searched):
   model, params, memory, beams = searched
-  sequences, scores = decode.beam_search(model, params, memory, beam_size=BEAM,
+  sequences, scores = search.beam_search(model, params, memory, beam_size=BEAM,
                                          max_len=MAX_LEN, length_penalty=ALPHA)
   assert sequences.shape == (6, BEAM, MAX_LEN) and sequences.dtype == jnp.int32
   assert scores.shape == (6, BEAM) and scores.dtype == jnp.float32
@@ -135,8 +144,8 @@ def test_hypotheses_are_sorted_and_distinct(searched):
 def test_scores_are_length_normalised_teacher_forced_log_probs(searched):
   model, params, memory, beams = searched
   sequences = jnp.asarray(beams[0].reshape(-1, BEAM, MAX_LEN))
-  log_probs = decode.sequence_log_prob(model, params, memory, sequences)
-  expected = decode.length_normalize(log_probs, decode.sequence_lengths(sequences), ALPHA)
+  log_probs = search.sequence_log_prob(model, params, memory, sequences)
+  expected = search.length_normalize(log_probs, search.sequence_lengths(sequences), ALPHA)
   np.testing.assert_allclose(beams[1].reshape(-1, BEAM), expected, atol=1e-4, rtol=0)
 
 
@@ -149,18 +158,18 @@ def test_stops_at_end_token_or_max_len(searched):
       assert length == MAX_LEN
     assert (sequence[length:] == PAD_ID).all()
     # Words only before the end: no padding, <s>, <sep> or (by default) <unk> is emitted.
-    assert not np.isin(sequence[:length], decode.never_emitted(emit_unk=False)).any()
+    assert not np.isin(sequence[:length], search.never_emitted(emit_unk=False)).any()
     assert (sequence[:length - 1] != EOS_ID).all()
 
 
 def test_without_end_every_hypothesis_runs_to_max_len(searched):
   model, params, memory, _ = searched
-  sequences, scores = decode.beam_search(
+  sequences, scores = search.beam_search(
       model, with_end_boost(params, VOCAB_SIZE, -50.0), memory, beam_size=BEAM,
       max_len=MAX_LEN, length_penalty=ALPHA)
   assert np.isfinite(scores).all()
   assert not (np.asarray(sequences) == EOS_ID).any()
-  assert not np.isin(sequences, decode.never_emitted(emit_unk=False)).any()
+  assert not np.isin(sequences, search.never_emitted(emit_unk=False)).any()
 
 
 def test_unk_is_suggested_only_when_asked_for(searched):
@@ -168,17 +177,17 @@ def test_unk_is_suggested_only_when_asked_for(searched):
   # <unk> made the likeliest word everywhere: by default the search routes around it, and its
   # scores stay the teacher-forced log-probabilities of what it returns.
   unk_first = with_output_bias(params, VOCAB_SIZE, {UNK_ID: 8.0})
-  sequences, scores = decode.beam_search(model, unk_first, memory, beam_size=BEAM,
+  sequences, scores = search.beam_search(model, unk_first, memory, beam_size=BEAM,
                                          max_len=MAX_LEN, length_penalty=0.0)
   assert np.isfinite(scores).all() and not (np.asarray(sequences) == UNK_ID).any()
   np.testing.assert_allclose(
-      scores, decode.sequence_log_prob(model, unk_first, memory, sequences), atol=1e-4)
-  greedy_sequences, _ = decode.greedy(model, unk_first, memory, max_len=MAX_LEN)
+      scores, search.sequence_log_prob(model, unk_first, memory, sequences), atol=1e-4)
+  greedy_sequences, _ = search.greedy(model, unk_first, memory, max_len=MAX_LEN)
   assert not (np.asarray(greedy_sequences) == UNK_ID).any()
   # Asked for, it leads every suggestion.
-  greedy_sequences, _ = decode.greedy(model, unk_first, memory, max_len=MAX_LEN, emit_unk=True)
+  greedy_sequences, _ = search.greedy(model, unk_first, memory, max_len=MAX_LEN, emit_unk=True)
   assert (np.asarray(greedy_sequences)[:, 0] == UNK_ID).all()
-  sequences, _ = decode.beam_search(model, unk_first, memory, beam_size=BEAM, max_len=MAX_LEN,
+  sequences, _ = search.beam_search(model, unk_first, memory, beam_size=BEAM, max_len=MAX_LEN,
                                     length_penalty=0.0, emit_unk=True)
   assert (np.asarray(sequences)[:, 0, 0] == UNK_ID).all()
 
@@ -187,7 +196,7 @@ def test_a_certain_end_stops_every_hypothesis_at_once(searched):
   # p(</s>) ~ 1: the best suggestion is the empty one; the other three beams continue with
   # their next best words, end at the next step and fill the beam, which stops the search.
   model, params, memory, _ = searched
-  sequences, scores = decode.beam_search(
+  sequences, scores = search.beam_search(
       model, with_end_boost(params, VOCAB_SIZE, 50.0), memory, beam_size=BEAM,
       max_len=MAX_LEN, length_penalty=ALPHA)
   ended, lengths = endings(np.asarray(sequences))
@@ -202,8 +211,8 @@ def test_beam_of_one_is_greedy(searched):
   # best next token and at times the runner-up, which a beam of one must not finish.
   for boost in np.linspace(-2.0, 2.0, 9):
     boosted = with_end_boost(params, VOCAB_SIZE, boost)
-    greedy_sequences, greedy_scores = decode.greedy(model, boosted, memory, max_len=MAX_LEN)
-    sequences, scores = decode.beam_search(model, boosted, memory, beam_size=1,
+    greedy_sequences, greedy_scores = search.greedy(model, boosted, memory, max_len=MAX_LEN)
+    sequences, scores = search.beam_search(model, boosted, memory, beam_size=1,
                                            max_len=MAX_LEN, length_penalty=0.0)
     np.testing.assert_array_equal(sequences[:, 0], greedy_sequences)
     np.testing.assert_allclose(scores[:, 0], greedy_scores, rtol=0, atol=1e-6)
@@ -214,7 +223,7 @@ def test_last_position_equals_its_row_of_all_positions(searched):
   # Each session of QUERIES three times, with `lengths` naming each of its real queries as
   # the last in turn: six rows, the shape the fixture's search compiled.
   sessions, lengths = np.array([0, 0, 0, 1, 1, 1]), np.array([1, 2, 3, 1, 2, 2])
-  sequences, scores = decode.suggest(model, params, QUERIES[sessions], beam_size=BEAM,
+  sequences, scores = suggest(model, params, QUERIES[sessions], beam_size=BEAM,
                                      max_len=MAX_LEN, length_penalty=ALPHA, positions='last',
                                      lengths=lengths)
   assert sequences.shape == (6, 1, BEAM, MAX_LEN) and scores.shape == (6, 1, BEAM)
@@ -233,8 +242,8 @@ def tiny_vocab_searches():
   model = tiny_model('mtn', 8)
   queries = np.where(QUERIES > 0, QUERIES % 3 + 5, 0).astype(np.int32)
   params = random_params(model, queries, seed=1)
-  memory = decode.encode_sessions(model, params, queries)
-  apply_decode = decode._apply_decode  # pylint: disable=protected-access
+  memory = search.encode_sessions(model, params, {'queries': queries})
+  apply_decode = search._apply_decode  # pylint: disable=protected-access
   traced = []
 
   def counting_apply_decode(*args, **kwargs):
@@ -243,11 +252,11 @@ def tiny_vocab_searches():
 
   searches, traces = [], []
   with pytest.MonkeyPatch.context() as patch:
-    patch.setattr(decode, '_apply_decode', counting_apply_decode)
+    patch.setattr(search, '_apply_decode', counting_apply_decode)
     # The second search changes the value of every traced argument but none of the shapes.
     for end_boost, alpha in ((0.0, ALPHA), (1.5, 0.0)):
       boosted = with_end_boost(params, 8, end_boost)
-      sequences, scores = decode.beam_search(model, boosted, memory, beam_size=20, max_len=3,
+      sequences, scores = search.beam_search(model, boosted, memory, beam_size=20, max_len=3,
                                              length_penalty=alpha, emit_unk=True)
       searches.append((boosted, alpha, np.asarray(sequences), np.asarray(scores)))
       traces.append(len(traced))
@@ -262,12 +271,12 @@ def test_beam_search_is_exact_when_nothing_is_pruned(tiny_vocab_searches):
   words = (1, 5, 6, 7)
   candidates = np.array([(EOS_ID, 0, 0)] + [(a, EOS_ID, 0) for a in words]
                         + list(itertools.product(words, words, words + (EOS_ID,))), np.int32)
-  lengths = decode.sequence_lengths(jnp.asarray(candidates))
+  lengths = search.sequence_lengths(jnp.asarray(candidates))
   num_rows = QUERIES.shape[0] * QUERIES.shape[1]
   for params, alpha, sequences, scores in searches:
-    log_probs = decode.sequence_log_prob(
+    log_probs = search.sequence_log_prob(
         model, params, memory, jnp.broadcast_to(candidates, (num_rows, *candidates.shape)))
-    all_scores = np.asarray(decode.length_normalize(log_probs, lengths, alpha))
+    all_scores = np.asarray(search.length_normalize(log_probs, lengths, alpha))
     for row in range(num_rows):
       best = np.argsort(-all_scores[row])[:20]
       np.testing.assert_allclose(scores[row], all_scores[row, best], atol=1e-5, rtol=0)
@@ -288,20 +297,20 @@ def test_long_hypotheses_and_early_stopping_are_exact():
   # search may stop before MAX_LEN). The shapes are the fixture's: nothing recompiles.
   model = tiny_model('mtn', VOCAB_SIZE)
   params = random_params(model, QUERIES, seed=0)
-  memory = decode.encode_sessions(model, params, QUERIES)
+  memory = search.encode_sessions(model, params, {'queries': QUERIES})
   word = len(SPECIAL_TOKENS)
   chain = np.array([[word] * k + [EOS_ID] + [PAD_ID] * (MAX_LEN - k - 1)
                     for k in range(MAX_LEN)] + [[word] * MAX_LEN], np.int32)
-  lengths = decode.sequence_lengths(jnp.asarray(chain))
+  lengths = search.sequence_lengths(jnp.asarray(chain))
   best_lengths = set()
   for end_boost, alpha in ((-1.0, 3.0), (0.0, 1.0), (1.0, 0.6), (3.0, 0.0)):
     changes = {other: -1e9 for other in range(word + 1, VOCAB_SIZE)}
     changes[EOS_ID] = end_boost
     masked = with_output_bias(params, VOCAB_SIZE, changes)
-    log_probs = decode.sequence_log_prob(model, masked, memory,
+    log_probs = search.sequence_log_prob(model, masked, memory,
                                          jnp.broadcast_to(chain, (6, *chain.shape)))
-    all_scores = np.asarray(decode.length_normalize(log_probs, lengths, alpha))
-    sequences, scores = decode.beam_search(model, masked, memory, beam_size=BEAM,
+    all_scores = np.asarray(search.length_normalize(log_probs, lengths, alpha))
+    sequences, scores = search.beam_search(model, masked, memory, beam_size=BEAM,
                                            max_len=MAX_LEN, length_penalty=alpha)
     for row in range(6):
       best = np.argsort(-all_scores[row])[:BEAM]
@@ -314,15 +323,15 @@ def test_long_hypotheses_and_early_stopping_are_exact():
 def test_bad_arguments_are_refused(searched):
   model, params, memory, _ = searched
   with pytest.raises(ValueError, match="positions must be 'all' or 'last'"):
-    decode.suggest(model, params, QUERIES, beam_size=2, max_len=3, length_penalty=0.0,
+    suggest(model, params, QUERIES, beam_size=2, max_len=3, length_penalty=0.0,
                    positions='first')
   with pytest.raises(ValueError, match='needs lengths'):
-    decode.suggest(model, params, QUERIES, beam_size=2, max_len=3, length_penalty=0.0,
+    suggest(model, params, QUERIES, beam_size=2, max_len=3, length_penalty=0.0,
                    positions='last')
   with pytest.raises(ValueError, match=r'lengths must lie in 1\.\.3'):
-    decode.suggest(model, params, QUERIES, beam_size=2, max_len=3, length_penalty=0.0,
+    suggest(model, params, QUERIES, beam_size=2, max_len=3, length_penalty=0.0,
                    positions='last', lengths=np.array([3, 4]))
   with pytest.raises(ValueError, match=r'queries must be \[batch, queries, tokens\]'):
-    decode.suggest(model, params, QUERIES[0], beam_size=2, max_len=3, length_penalty=0.0)
+    suggest(model, params, QUERIES[0], beam_size=2, max_len=3, length_penalty=0.0)
   with pytest.raises(ValueError, match='beam_size must be at least 1'):
-    decode.beam_search(model, params, memory, beam_size=0, max_len=3, length_penalty=0.0)
+    search.beam_search(model, params, memory, beam_size=0, max_len=3, length_penalty=0.0)

@@ -13,6 +13,7 @@ import pytest
 
 from mtn_jax import evaluate
 from mtn_jax import report
+from mtn_jax import search
 from mtn_jax import suggest
 from mtn_jax.data.sessions import SessionSplit
 from mtn_jax.data.vocab import SPECIAL_TOKENS, UNK_ID, Vocab
@@ -213,9 +214,9 @@ def test_suggestion_list_keeps_top_k_and_drops_empty_slots():
                         [3, 0, 0, 0],
                         [0, 0, 0, 0]])
   scores = np.array([-0.5, -1.0, -2.0, -np.inf], np.float32)
-  assert suggest.suggestion_list(VOCAB, sequences, scores, top_k=2) == [
+  assert search.suggestion_list(VOCAB, sequences, scores, top_k=2) == [
       {'query': 'red sox', 'score': -0.5}, {'query': 'boston', 'score': -1.0}]
-  assert [s['query'] for s in suggest.suggestion_list(VOCAB, sequences, scores, 4)] == [
+  assert [s['query'] for s in search.suggestion_list(VOCAB, sequences, scores, 4)] == [
       'red sox', 'boston', '']
 
 

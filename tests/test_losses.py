@@ -11,7 +11,7 @@ import optax
 import pytest
 
 from mtn_jax.losses import output_layer_losses, session_losses, token_losses
-from mtn_jax.models import ModelConfig, create_model, decoder_io
+from mtn_jax.models import create_model, decoder_io, make_config
 
 
 def test_plain_cross_entropy():
@@ -120,12 +120,13 @@ def test_output_layer_losses_refuse_bad_shapes_and_chunks():
 # Tiny models: XLA's compile time dominates, and its backend optimisations buy nothing.
 jit = functools.partial(jax.jit, compiler_options={'xla_backend_optimization_level': 0})
 
-TINY = ModelConfig(
+TINY_FIELDS = dict(
     name='mtn', vocab_size=37, max_query_words=4, emb_dim=12, d_model=16, num_heads=2,
     ff_dim=16, query_layers=1, session_layers=1, num_levels=2, decoder_layers=1, dropout=0.1,
     share_embeddings=False, tie_embeddings=True, pre_norm=False, learned_positions=False,
     scan_layers=True, remat='none', compute_dtype='float32', lstm_units=4,
     max_session_queries=8)
+TINY = make_config(TINY_FIELDS)
 
 # [batch=2, queries=3, tokens=4]; the second session ends in a padding row.
 SESSIONS = jnp.array([[[5, 6, 0, 0], [7, 8, 9, 0], [10, 0, 0, 0]],
@@ -134,7 +135,8 @@ SESSIONS = jnp.array([[[5, 6, 0, 0], [7, 8, 9, 0], [10, 0, 0, 0]],
 
 def random_params(model):
   """A random draw of the model's parameter shapes: no initialiser to compile."""
-  shapes = jax.eval_shape(lambda: model.init(jax.random.key(0), SESSIONS, train=False))
+  shapes = jax.eval_shape(lambda: model.init(jax.random.key(0), {'queries': SESSIONS},
+                                                      train=False))
   rng = np.random.default_rng(0)
   return jax.tree.map(lambda s: jnp.asarray(rng.normal(0, 0.5, s.shape), s.dtype),
                       shapes['params'])
@@ -143,7 +145,7 @@ def random_params(model):
 def plain_session_sums(model, params, queries, *, train, rngs=None, label_smoothing=0.0,
                        entropy_weight=0.0):
   """The definition `session_losses` must equal: token_losses on the model's whole logits."""
-  logits = model.apply({'params': params}, queries, train=train, rngs=rngs)
+  logits = model.apply({'params': params}, {'queries': queries}, train=train, rngs=rngs)
   _, targets, weights = decoder_io(queries)
   loss, nll = token_losses(logits, targets, label_smoothing, entropy_weight)
   correct = (logits.argmax(-1) == targets).astype(jnp.float32)
@@ -151,8 +153,9 @@ def plain_session_sums(model, params, queries, *, train, rngs=None, label_smooth
           'correct': (correct * weights).sum(), 'tokens': weights.sum()}
 
 
-@pytest.mark.parametrize('cfg', [TINY, TINY.replace(name='hred', tie_embeddings=False),
-                                 TINY.replace(name='mnsrf', share_embeddings=True)],
+@pytest.mark.parametrize('cfg', [
+    TINY, make_config(TINY_FIELDS, name='hred', tie_embeddings=False),
+    make_config(TINY_FIELDS, name='mnsrf', share_embeddings=True)],
                          ids=['mtn_tied', 'hred_untied', 'mnsrf_tied_shared'])
 def test_session_losses_equal_the_definition_in_values_and_gradients(cfg):
   """Same dropout masks, same sums, same gradients for every parameter (the output layer's
@@ -174,7 +177,8 @@ def test_session_losses_equal_the_definition_in_values_and_gradients(cfg):
     # 2 sessions x 2 pairs x 5 positions = 20 slots, 8 real: chunks of 3 in one group of 20
     # slots, and of 2 in two groups of 10.
     fused = [mean_loss(lambda p, c=c, g=g: session_losses(
-        model, p, SESSIONS, train=True, rngs=rngs, label_smoothing=0.1, entropy_weight=0.1,
+        model, p, {'queries': SESSIONS}, train=True, rngs=rngs, label_smoothing=0.1,
+        entropy_weight=0.1,
         chunk_tokens=c, groups=g))(params) for c, g in ((3, 1), (2, 2))]
     return plain, fused
 
@@ -194,7 +198,7 @@ def test_session_losses_in_bfloat16_match_the_definition():
   model = create_model(TINY.replace(compute_dtype='bfloat16'))
   plain, fused = jit(lambda params: [
       plain_session_sums(model, params, SESSIONS, train=False, label_smoothing=0.1),
-      session_losses(model, params, SESSIONS, train=False, label_smoothing=0.1,
+      session_losses(model, params, {'queries': SESSIONS}, train=False, label_smoothing=0.1,
                      chunk_tokens=6)])(random_params(model))
   assert all(x.dtype == jnp.float32 for x in fused.values())
   for key in plain:
@@ -204,5 +208,6 @@ def test_session_losses_in_bfloat16_match_the_definition():
 def test_session_losses_refuse_a_batch_that_does_not_split_into_groups():
   model = create_model(TINY)
   with pytest.raises(ValueError, match='does not split into 3 data-parallel groups'):
-    session_losses(model, random_params(model), SESSIONS, train=False, chunk_tokens=4,
+    session_losses(model, random_params(model), {'queries': SESSIONS}, train=False,
+                   chunk_tokens=4,
                    groups=3)

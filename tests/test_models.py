@@ -5,6 +5,7 @@ each shape compiles once for the whole file. Parameters are random draws of the 
 every property tested holds for any weights, and drawing them costs no compilation.
 """
 
+import dataclasses
 import functools
 
 import jax
@@ -13,11 +14,12 @@ import numpy as np
 import pytest
 
 from mtn_jax.data.vocab import BOS_ID, EOS_ID, PAD_ID, SEP_ID
-from mtn_jax.models import MODELS, ModelConfig, count_params, create_model, decoder_io
+from mtn_jax.models import REGISTRY, ModelConfig, count_params, create_model, decoder_io
+from mtn_jax.models import make_config
 from mtn_jax.models import layers
 from mtn_jax.models.base import session_sources
-from mtn_jax.models.mtn import MTN
-from mtn_jax.models.transformer import Transformer
+from mtn_jax.models.mtn import MTNEncoder
+from mtn_jax.models.transformer import FlatSessionEncoder
 
 VOCAB, WORDS, QUERIES, BATCH = 50, 5, 3, 2
 
@@ -25,11 +27,11 @@ VOCAB, WORDS, QUERIES, BATCH = 50, 5, 3, 2
 # nothing.
 jit = functools.partial(jax.jit, compiler_options={'xla_backend_optimization_level': 0})
 
-BASE = ModelConfig(
+BASE = make_config(dict(
     name='mtn', vocab_size=VOCAB, max_query_words=WORDS, emb_dim=16, d_model=16, num_heads=2,
     ff_dim=32, query_layers=2, session_layers=2, num_levels=2, decoder_layers=2, dropout=0.1,
     share_embeddings=False, tie_embeddings=False, pre_norm=False, learned_positions=False,
-    scan_layers=True, remat='none', compute_dtype='float32', lstm_units=8, max_session_queries=8)
+    scan_layers=True, remat='none', compute_dtype='float32', max_session_queries=8))
 # The three configs the equivalence tests run; between them they cover both layer layouts,
 # both norm placements, both position encodings, shared and separate word tables, tied outputs
 # and emb_dim != d_model.
@@ -37,8 +39,8 @@ MTN2 = BASE
 MTN3 = BASE.replace(num_levels=3, scan_layers=False, pre_norm=True, learned_positions=True,
                     tie_embeddings=True, emb_dim=12, query_layers=1, session_layers=1,
                     decoder_layers=1)
-TRANSFORMER = BASE.replace(name='transformer', share_embeddings=True, tie_embeddings=True,
-                           emb_dim=12)
+TRANSFORMER = make_config(dataclasses.asdict(BASE), name='transformer', share_embeddings=True,
+                          tie_embeddings=True, emb_dim=12)
 CONFIGS = {'mtn_k2': MTN2, 'mtn_k3': MTN3, 'transformer': TRANSFORMER}
 
 
@@ -57,9 +59,9 @@ def compiled(cfg: ModelConfig):
   model = create_model(cfg)
   decode = functools.partial(model.apply, method='decode', mutable=['cache'], decode=True)
   return dict(
-      forward=jit(lambda params, queries: model.apply({'params': params}, queries,
+      forward=jit(lambda params, queries: model.apply({'params': params}, {'queries': queries},
                                                           train=False)),
-      encode=jit(lambda params, queries: model.apply({'params': params}, queries,
+      encode=jit(lambda params, queries: model.apply({'params': params}, {'queries': queries},
                                                          method='encode')),
       init_cache=jit(lambda params, memory, inputs: decode({'params': params}, memory,
                                                               inputs)[1]['cache']),
@@ -75,7 +77,7 @@ def random_like(shapes, seed=0):
 
 def param_shapes(cfg: ModelConfig):
   return jax.eval_shape(lambda: create_model(cfg).init(
-      jax.random.key(0), make_queries(0), train=False))['params']
+      jax.random.key(0), {'queries': make_queries(0)}, train=False))['params']
 
 
 @functools.lru_cache(maxsize=None)
@@ -172,8 +174,8 @@ def test_mtn_depends_only_on_real_tokens():
 def test_mtn_refuses_other_query_widths():
   model = create_model(MTN2)
   with pytest.raises(ValueError, match='max_query_words=5'):
-    jax.eval_shape(lambda: model.init(jax.random.key(0), make_queries(0, words=WORDS + 1),
-                                      train=False))
+    jax.eval_shape(lambda: model.init(
+        jax.random.key(0), {'queries': make_queries(0, words=WORDS + 1)}, train=False))
 
 
 def decode_stepwise(cfg, params, queries, memory):
@@ -296,10 +298,10 @@ def test_word_table_options_change_exactly_their_parameters():
 
   def num_params(cfg):
     return count_params(jax.eval_shape(lambda: create_model(cfg).init(
-        jax.random.key(0), queries, train=False))['params'])
+        jax.random.key(0), {'queries': queries}, train=False))['params'])
 
   for name in ('mtn', 'transformer'):
-    separate = BASE.replace(name=name)
+    separate = make_config(dataclasses.asdict(BASE), name=name)
     shared = separate.replace(share_embeddings=True)
     # A second table: vocabulary x emb_dim, plus its own projection when emb_dim != d_model.
     assert num_params(separate) - num_params(shared) == VOCAB * BASE.emb_dim
@@ -339,12 +341,12 @@ def test_tied_output_layer_is_the_decoder_table(name):
 def test_registry_and_position_limits():
   with pytest.raises(ValueError, match="'lstm' is not a registered model"):
     create_model(BASE.replace(name='lstm'))
-  assert isinstance(create_model(BASE), MTN)
-  assert isinstance(create_model(TRANSFORMER), Transformer)
-  assert {'mtn', 'transformer'} <= set(MODELS)
+  assert create_model(BASE).encoder_class is MTNEncoder
+  assert create_model(TRANSFORMER).encoder_class is FlatSessionEncoder
+  assert {'mtn', 'transformer'} <= set(REGISTRY)
   cfg = MTN3.replace(max_session_queries=QUERIES - 1)
   with pytest.raises(ValueError, match='config.model.max_session_queries'):
-    jax.eval_shape(lambda: create_model(cfg).init(jax.random.key(0), make_queries(0),
+    jax.eval_shape(lambda: create_model(cfg).init(jax.random.key(0), {'queries': make_queries(0)},
                                                   method='encode'))
   memory = {'tokens': jnp.zeros((2, WORDS, 16)), 'mask': jnp.ones((2, WORDS), bool)}
   too_long = jnp.zeros((2, MTN3.target_len + 1), jnp.int32)

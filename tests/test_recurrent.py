@@ -13,7 +13,7 @@ import pytest
 
 from mtn_jax.data.vocab import SEP_ID
 from mtn_jax.models import recurrent
-from mtn_jax.models.base import ModelConfig, decoder_io, session_sources
+from mtn_jax.models.base import decoder_io, session_sources
 
 # The models are tiny, so XLA's compile time dominates these tests and its backend
 # optimisations buy nothing.
@@ -32,14 +32,11 @@ SESSIONS = np.array([
 
 
 def tiny_config(name: str, tie_embeddings: bool = False,
-                share_embeddings: bool = False) -> ModelConfig:
-  return ModelConfig(
+                share_embeddings: bool = False) -> recurrent.RecurrentConfig:
+  return recurrent.RecurrentConfig(
       name=name, vocab_size=VOCAB_SIZE, max_query_words=SESSIONS.shape[-1], emb_dim=8,
-      d_model=8, num_heads=1, ff_dim=8, query_layers=1, session_layers=1, num_levels=2,
-      decoder_layers=1, dropout=0.1, share_embeddings=share_embeddings,
-      tie_embeddings=tie_embeddings, pre_norm=False,
-      learned_positions=False, scan_layers=False, remat='none', compute_dtype='float32',
-      lstm_units=6, max_session_queries=8)
+      dropout=0.1, share_embeddings=share_embeddings, tie_embeddings=tie_embeddings,
+      compute_dtype='float32', lstm_units=6, max_session_queries=8)
 
 
 class Harness:
@@ -48,13 +45,13 @@ class Harness:
   def __init__(self, name: str, tie_embeddings: bool = False,
                share_embeddings: bool = False):
     self.model = MODELS[name](tiny_config(name, tie_embeddings, share_embeddings))
-    self.params = jit(lambda key: self.model.init(key, SESSIONS, train=False))(
+    self.params = jit(lambda key: self.model.init(key, {'queries': SESSIONS}, train=False))(
         jax.random.key(0))['params']
     self.pair_log_likelihoods = jit(self._pair_log_likelihoods)
 
   def _pair_log_likelihoods(self, queries):
     """int32 [B, S, n] -> float32 [B, S-1]: log p(query t+1 | queries 0..t) per pair."""
-    logits = self.model.apply({'params': self.params}, queries, train=False)
+    logits = self.model.apply({'params': self.params}, {'queries': queries}, train=False)
     _, targets, weights = decoder_io(queries)
     log_probs = jax.nn.log_softmax(logits)
     token_log_probs = jnp.take_along_axis(log_probs, targets[..., None], axis=-1)[..., 0]
@@ -108,7 +105,7 @@ def test_cached_decoding_equals_teacher_forcing(harness):
 
   @jit
   def teacher_forced_and_stepwise(queries, decoder_inputs):
-    memory = model.apply({'params': params}, queries, method='encode')
+    memory = model.apply({'params': params}, {'queries': queries}, method='encode')
     teacher_forced = model.apply({'params': params}, memory, decoder_inputs, method='decode')
     _, state = model.apply({'params': params}, memory, decoder_inputs, decode=True,
                            mutable=['cache'], method='decode')
@@ -130,7 +127,7 @@ def test_adam_steps_lower_the_masked_cross_entropy(harness):
   _, targets, weights = decoder_io(jnp.asarray(SESSIONS))
 
   def loss_fn(params, dropout_key):
-    logits = model.apply({'params': params}, SESSIONS, train=True,
+    logits = model.apply({'params': params}, {'queries': SESSIONS}, train=True,
                          rngs={'dropout': dropout_key})
     losses = optax.softmax_cross_entropy_with_integer_labels(logits, targets)
     return (losses * weights).sum() / weights.sum()
@@ -166,7 +163,8 @@ def test_tied_embeddings_reuse_the_decoder_table(share_embeddings):
   repeated = SESSIONS[:, :1].repeat(2, axis=1)
   params = {**harness.params, table: {
       'embedding': harness.params[table]['embedding'].at[7].add(1.0)}}
-  apply = jit(lambda params: harness.model.apply({'params': params}, repeated, train=False))
+  apply = jit(lambda params: harness.model.apply({'params': params}, {'queries': repeated},
+                                                  train=False))
   moved, base = apply(params), apply(harness.params)
   changed = np.abs(np.asarray(moved - base)).max(axis=(0, 1, 2)) > 1e-6
   np.testing.assert_array_equal(np.flatnonzero(changed), [7])
@@ -175,7 +173,7 @@ def test_tied_embeddings_reuse_the_decoder_table(share_embeddings):
 @pytest.mark.parametrize('name', list(MODELS))
 def test_separate_word_tables_add_exactly_one_table(name):
   def num_params(cfg):
-    shapes = jax.eval_shape(lambda: MODELS[name](cfg).init(jax.random.key(0), SESSIONS,
+    shapes = jax.eval_shape(lambda: MODELS[name](cfg).init(jax.random.key(0), {'queries': SESSIONS},
                                                            train=False))
     return sum(math.prod(x.shape) for x in jax.tree.leaves(shapes))
 
@@ -204,4 +202,4 @@ def test_session_sources_join_queries_with_sep():
 def test_queries_of_the_wrong_rank_are_refused(name):
   model = MODELS[name](tiny_config(name))
   with pytest.raises(ValueError, match=r'queries must be integer word ids \[batch, queries'):
-    model.init(jax.random.key(0), jnp.asarray(SESSIONS[0]), train=False)
+    model.init(jax.random.key(0), {'queries': jnp.asarray(SESSIONS[0])}, train=False)

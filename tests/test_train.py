@@ -67,9 +67,9 @@ def test_reference_run_learns_and_logs(reference_run):
   config = json.loads((workdir / 'config.json').read_text())
   assert config['config']['model']['d_model'] == 16
   assert list((workdir / 'tensorboard').iterdir())
-  # Re-running the finished command resumes and does no more steps.
+  # Re-running the finished command says so and does no more steps.
   again = cli.run(workdir, *SHORT)
-  assert 'Resuming from' in again.stdout
+  assert 'Training is already complete' in again.stdout and 'Resuming' not in again.stdout
   assert train_losses(workdir) == losses
 
 

@@ -1,73 +1,77 @@
-"""What every model shares: its frozen config, the pair layout of a session, size counting.
+"""What every model shares: its config, the pair layout of a session, the entry points.
 
-A session batch is `queries` int32 `[batch, S, n]` (0 = padding). Pair t (t = 0..S-2) predicts
-query t+1 after queries 0..t. The decoder reads `<s>` + next query and predicts next query +
-`</s>`, so its length is T = n + 1.
+A session batch is a dict of arrays (`mtn_jax.batches`); the models read `queries` int32
+`[batch, S, n]` (0 = padding). Pair t (t = 0..S-2) predicts query t+1 after queries 0..t. The
+decoder reads `<s>` + next query and predicts next query + `</s>`, so its length is T = n + 1.
 
+- `ModelConfig`: the fields every model has; each model extends it with its own (one config
+  per model, registered with it in `mtn_jax.models`), so a checkpoint records, and is checked
+  against, only the fields its model reads.
 - `decoder_io`: queries [B, S, n] -> decoder inputs, targets, weights [B, S-1, T].
 - `session_sources`: queries [B, S, n] -> `q_0 <sep> ... <sep> q_t` sources [B*S, L] and their
   lengths [B*S], L = S*(n+1) - 1: the flat source of the Transformer and Seq2Seq baselines.
 - `SessionModel`: the entry points every model has, given its `encode`, `decode_hidden`,
-  `output_logits` and `output_layer_names` (N decoder rows, T' steps, H hidden features,
+  `output_logits` and `output_modules` (N decoder rows, T' steps, H hidden features,
   V words):
-    `encode(queries int32 [B, S, n], *, train=False)` -> memory, leaves leading with B*S;
+    `encode(batch, *, train=False)` -> memory, leaves leading with B*S;
     `decode_hidden(memory, decoder_inputs int32 [N, T'], *, train=False, decode=False)`
       -> hidden [N, T', H], what the output layer reads (dropout included);
     `output_logits(hidden [..., H])` -> float32 logits [..., V];
+    `output_head()` -> (logits function of (head params, hidden), head params): the output
+      layer as a pure function, for the fused loss (`mtn_jax.losses.output_layer_losses`);
     `decode(memory, decoder_inputs [N, T'], *, train=False, decode=False)` -> [N, T', V];
-    `session_hidden(queries [B, S, n], *, train)` -> hidden [B, S-1, T, H] of every pair;
-    `__call__(queries [B, S, n], *, train)` -> float32 logits [B, S-1, T, V].
-  Splitting hidden states from the output layer lets the loss project them to the vocabulary
-  a chunk of real target tokens at a time (`mtn_jax.losses.session_losses`); it reads the
-  output layer's parameters from the subtrees `output_layer_names()` names.
+    `session_hidden(batch, *, train)` -> hidden [B, S-1, T, H] of every pair;
+    `__call__(batch, *, train)` -> float32 logits [B, S-1, T, V].
 """
 
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
+from typing import Any
 
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
-import ml_collections
 import numpy as np
 
 from mtn_jax.data.vocab import BOS_ID, EOS_ID, PAD_ID, SEP_ID
 
+Batch = Mapping[str, jax.Array]
+
 
 @dataclasses.dataclass(frozen=True)
 class ModelConfig:
-  """Static model hyper-parameters (hashable, so modules can hold it)."""
+  """Static hyper-parameters every model has (hashable, so modules can hold it).
+
+  Each model's config extends this one (`mtn_jax.models.REGISTRY` pairs them); the data
+  decides `vocab_size` and `max_query_words`, `config.model` the rest.
+  """
 
   name: str
   vocab_size: int
   max_query_words: int  # n: tokens per query; MTN's query projection has n weights
+  max_session_queries: int  # queries a context may hold (query-position tables)
   emb_dim: int
-  d_model: int
-  num_heads: int
-  ff_dim: int
-  query_layers: int
-  session_layers: int
-  num_levels: int
-  decoder_layers: int
   dropout: float
   share_embeddings: bool  # one word table for encoder and decoder (False: one each)
   tie_embeddings: bool  # the output layer reuses the decoder's word table
-  pre_norm: bool
-  learned_positions: bool
-  scan_layers: bool
-  remat: str
   compute_dtype: str
-  lstm_units: int
-  max_session_queries: int
+
+  # Fields that change neither the parameters nor their meaning: a checkpoint is restored
+  # under any values of these (`mtn_jax.checkpoints.architecture`).
+  RUNTIME_FIELDS = ('dropout', 'compute_dtype')
 
   @classmethod
-  def from_config(cls, model: ml_collections.ConfigDict, vocab_size: int,
-                  max_query_words: int) -> ModelConfig:
-    fields = {f.name for f in dataclasses.fields(cls)} - {'vocab_size', 'max_query_words'}
-    return cls(vocab_size=vocab_size, max_query_words=max_query_words,
-               **{k: model[k] for k in fields})
+  def field_names(cls) -> tuple[str, ...]:
+    return tuple(f.name for f in dataclasses.fields(cls))
+
+  @classmethod
+  def from_fields(cls, fields: Mapping[str, Any], **overrides) -> ModelConfig:
+    """This config from a mapping that may hold other models' fields too (`config.model`,
+    a checkpoint's saved model config); `overrides` win. A missing field raises KeyError."""
+    merged = {**{k: fields[k] for k in cls.field_names() if k not in overrides}, **overrides}
+    return cls(**merged)
 
   def replace(self, **changes) -> ModelConfig:
     return dataclasses.replace(self, **changes)
@@ -148,31 +152,38 @@ def word_embeddings(config: ModelConfig, make_table: Callable[..., nn.Module]
   if config.share_embeddings:
     table = make_table(name='word_embedding')
     return table, table
-  return make_table(name='encoder_embedding'), make_table(name=decoder_table_name(config))
-
-
-def decoder_table_name(config: ModelConfig) -> str:
-  """The parameter subtree of the decoder's word table (see `word_embeddings`)."""
-  return 'word_embedding' if config.share_embeddings else 'decoder_embedding'
+  return make_table(name='encoder_embedding'), make_table(name='decoder_embedding')
 
 
 class SessionModel(nn.Module):
   """The session-level entry points, shared by every model (see the module docstring).
 
   A subclass defines `encode`, CAUSAL over queries (row b*S + t of its memory depends on
-  queries 0..t of session b only), `decode_hidden`, `output_logits` and
-  `output_layer_names`.
+  queries 0..t of session b only), `decode_hidden`, `output_logits` and `output_modules`.
   """
 
   config: ModelConfig
 
-  def output_layer_names(self) -> tuple[str, ...]:
-    """The top-level parameter subtrees `output_logits` reads, and no others.
-
-    The training loss differentiates the output layer inside its own loop over chunks of
-    tokens (`mtn_jax.losses.output_layer_losses`) and hands it these subtrees only.
-    """
+  def output_modules(self) -> tuple[nn.Module, ...]:
+    """The submodules `output_logits` reads, and no others."""
     raise NotImplementedError
+
+  def output_head(self) -> tuple[Callable[[Any, jax.Array], jax.Array], dict]:
+    """The output layer as a pure function and its parameters, for the fused loss.
+
+    Returns:
+      logits_fn: (head params, hidden [..., H]) -> float32 logits [..., V], what
+        `output_logits` computes;
+      head params: the parameters of `output_modules()`, by their names. The fused loss
+        differentiates the output layer inside its own loop over chunks of tokens
+        (`mtn_jax.losses.output_layer_losses`), so it takes them as an explicit argument;
+        under `jax.grad` of the whole model they are the model's own parameters, and their
+        gradients reach the model's.
+    """
+    params = {module.name: module.variables['params'] for module in self.output_modules()}
+    unbound = self.clone(parent=None)
+    return (lambda head_params, hidden: unbound.apply({'params': head_params}, hidden,
+                                                      method='output_logits')), params
 
   def decode(self, memory, decoder_inputs: jax.Array, *, train: bool = False,
              decode: bool = False) -> jax.Array:
@@ -184,26 +195,39 @@ class SessionModel(nn.Module):
     return self.output_logits(self.decode_hidden(memory, decoder_inputs, train=train,
                                                  decode=decode))
 
-  def session_hidden(self, queries: jax.Array, *, train: bool) -> jax.Array:
-    """queries int32 [B, S, n] -> hidden [B, S-1, n+1, H] of the pairs t = 0..S-2."""
+  def session_hidden(self, batch: Batch, *, train: bool) -> jax.Array:
+    """batch['queries'] int32 [B, S, n] -> hidden [B, S-1, n+1, H] of the pairs t = 0..S-2."""
+    queries = batch['queries']
     if queries.ndim != 3 or not jnp.issubdtype(queries.dtype, jnp.integer):
       raise ValueError(f'queries must be integer word ids [batch, queries, tokens], '
                        f'got shape {queries.shape} and dtype {queries.dtype}')
-    batch, num_queries, _ = queries.shape
+    num_sessions, num_queries, _ = queries.shape
     if num_queries < 2:
       raise ValueError(f'a session batch needs at least 2 queries per session to form a '
                        f'(previous queries -> next query) pair, got {num_queries}')
     # Position t's context reads queries 0..t only, so the last query, which no pair reads as
     # context, is left out of the encoder rather than encoded and discarded.
-    memory = self.encode(queries[:, :-1], train=train)
+    memory = self.encode(context_batch(batch), train=train)
     decoder_inputs, _, _ = decoder_io(queries)
-    hidden = self.decode_hidden(memory, decoder_inputs.reshape(batch * (num_queries - 1), -1),
-                                train=train)
-    return hidden.reshape(batch, num_queries - 1, *hidden.shape[1:])
+    hidden = self.decode_hidden(
+        memory, decoder_inputs.reshape(num_sessions * (num_queries - 1), -1), train=train)
+    return hidden.reshape(num_sessions, num_queries - 1, *hidden.shape[1:])
 
-  def __call__(self, queries: jax.Array, *, train: bool) -> jax.Array:
-    """queries int32 [B, S, n] -> float32 logits [B, S-1, n+1, V] for pairs 0..S-2."""
-    return self.output_logits(self.session_hidden(queries, train=train))
+  def __call__(self, batch: Batch, *, train: bool) -> jax.Array:
+    """batch['queries'] int32 [B, S, n] -> float32 logits [B, S-1, n+1, V], pairs 0..S-2."""
+    return self.output_logits(self.session_hidden(batch, train=train))
+
+
+def context_batch(batch: Batch) -> dict:
+  """The batch without each session's last query: the contexts of positions 0..S-2.
+
+  Every per-query key ([B, S, ...]) loses its last query; others pass unchanged.
+  """
+  return {k: v[:, :-1] if k in PER_QUERY_KEYS else v for k, v in batch.items()}
+
+
+# Batch keys whose second axis is the session's queries (`context_batch` cuts them).
+PER_QUERY_KEYS = ('queries',)
 
 
 def count_params(params) -> int:

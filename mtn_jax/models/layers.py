@@ -1,5 +1,7 @@
 """Transformer building blocks shared by MTN and the Transformer baseline.
 
+- `TransformerConfig`: the fields these layers read, beside the ones every model has.
+
 Shapes: `B` batch rows, `T` query (target) positions, `L` key/value (source) positions,
 `d` = `d_model`, `V` = vocabulary size; masks are boolean and True where attention may look.
 
@@ -13,15 +15,13 @@ Shapes: `B` batch rows, `T` query (target) positions, `L` key/value (source) pos
   repeats it, as a Python loop or under `nn.scan`, optionally rematerialised.
 - `Decoder`: the standard Transformer decoder both models share:
   (memory [B, L, d], memory mask [B, L], decoder inputs int [B, T]) -> hidden [B, T, d].
-- `SessionEncoderDecoder`: word tables, decoder and output layer around a causal `encode`,
-  with the entry points of `mtn_jax.models.base.SessionModel`: `decode_hidden` -> [N, T', d],
-  `output_logits` -> float32 [..., V], whole-session logits [B, S-1, n+1, V].
 - `loop_to_scan_params` / `scan_to_loop_params` convert parameter trees between the two
   layer-stack layouts, so a checkpoint trained with one runs with the other.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import math
 from collections.abc import Callable
@@ -32,8 +32,25 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from mtn_jax.models.base import ModelConfig, SessionModel, decoder_table_name, word_embeddings
+from mtn_jax.models.base import ModelConfig
 from mtn_jax.models.dropout import Dropout
+
+@dataclasses.dataclass(frozen=True)
+class TransformerConfig(ModelConfig):
+  """A Transformer encoder-decoder's fields (the paper's Sec. 5.2 names)."""
+
+  d_model: int
+  num_heads: int
+  ff_dim: int
+  query_layers: int  # MTN's query encoder / the Transformer baseline's encoder depth
+  decoder_layers: int
+  pre_norm: bool
+  learned_positions: bool
+  scan_layers: bool  # one layout of the parameters or the other: see `loop_to_scan_params`
+  remat: str
+
+  RUNTIME_FIELDS = ModelConfig.RUNTIME_FIELDS + ('remat', 'scan_layers')
+
 
 REMAT_POLICIES = {
     'full': None,  # save nothing: recompute the whole layer in the backward pass
@@ -63,11 +80,11 @@ def sinusoid(positions: jax.Array, dim: int) -> jax.Array:
   return jnp.concatenate([jnp.sin(angles), jnp.cos(angles)], axis=-1)[..., :dim]
 
 
-def _dense(config: ModelConfig, features, **kwargs) -> nn.DenseGeneral:
+def _dense(config: TransformerConfig, features, **kwargs) -> nn.DenseGeneral:
   return nn.DenseGeneral(features, dtype=config.dtype, param_dtype=jnp.float32, **kwargs)
 
 
-def layer_norm(config: ModelConfig, name: str) -> nn.LayerNorm:
+def layer_norm(config: TransformerConfig, name: str) -> nn.LayerNorm:
   # Flax reduces the statistics in float32 even for bfloat16 inputs.
   return nn.LayerNorm(dtype=config.dtype, param_dtype=jnp.float32, name=name)
 
@@ -89,7 +106,7 @@ class WordEmbedding(nn.Module):
   emb_dim -> d_model projection in both directions with the same weights.
   """
 
-  config: ModelConfig
+  config: TransformerConfig
 
   def setup(self):
     cfg = self.config
@@ -127,7 +144,7 @@ class PositionEncoding(nn.Module):
     size_source: what fixes `max_len`, named in the error when positions exceed it.
   """
 
-  config: ModelConfig
+  config: TransformerConfig
   max_len: int
   size_source: str
 
@@ -177,7 +194,7 @@ class Attention(nn.Module):
   instead of at every step; later calls ignore `inputs_kv`.
   """
 
-  config: ModelConfig
+  config: TransformerConfig
   decode: bool = False
   cross: bool = False
 
@@ -238,7 +255,7 @@ class TransformerLayer(nn.Module):
   carry signature `nn.scan` needs.
   """
 
-  config: ModelConfig
+  config: TransformerConfig
   cross_attention: bool
   train: bool
   decode: bool = False
@@ -276,7 +293,7 @@ class LayerStack(nn.Module):
   training. Both layouts compute the same function; see `loop_to_scan_params`.
   """
 
-  config: ModelConfig
+  config: TransformerConfig
   num_layers: int
   cross_attention: bool = False
 
@@ -307,7 +324,13 @@ class LayerStack(nn.Module):
 
 
 def loop_to_scan_params(tree: Any) -> Any:
-  """Stacks every LayerStack's 'layers_0..k' subtrees into one 'layers' subtree (axis 0)."""
+  """Stacks every LayerStack's 'layers_0..k' subtrees into one 'layers' subtree (axis 0).
+
+  Works on any pytree of dicts, tuples and named tuples, such as an optimizer state whose
+  moments mirror the parameters; other leaves pass unchanged.
+  """
+  if isinstance(tree, tuple):
+    return _rebuild_tuple(tree, map(loop_to_scan_params, tree))
   if not isinstance(tree, dict):
     return tree
   if 'layers_0' in tree:
@@ -320,6 +343,8 @@ def loop_to_scan_params(tree: Any) -> Any:
 
 def scan_to_loop_params(tree: Any) -> Any:
   """The inverse of `loop_to_scan_params`: unstacks every 'layers' subtree of a LayerStack."""
+  if isinstance(tree, tuple):
+    return _rebuild_tuple(tree, map(scan_to_loop_params, tree))
   if not isinstance(tree, dict):
     return tree
   if 'layers' in tree and isinstance(tree['layers'], dict):
@@ -328,6 +353,17 @@ def scan_to_loop_params(tree: Any) -> Any:
     return {**rest, **{f'layers_{i}': jax.tree.map(lambda x, i=i: x[i], tree['layers'])
                        for i in range(count)}}
   return {k: scan_to_loop_params(v) for k, v in tree.items()}
+
+
+def _rebuild_tuple(original: tuple, items) -> tuple:
+  items = tuple(items)
+  return type(original)(*items) if hasattr(original, '_fields') else type(original)(items)
+
+
+def convert_layer_layout(tree: Any, *, scan_layers: bool) -> Any:
+  """A parameter (or optimizer-state) tree in the layout `scan_layers` asks for, whichever
+  layout it is in: a checkpoint trained with one layout runs and resumes with the other."""
+  return loop_to_scan_params(tree) if scan_layers else scan_to_loop_params(tree)
 
 
 class Decoder(nn.Module):
@@ -341,7 +377,7 @@ class Decoder(nn.Module):
   then each call takes [B, 1]; the next position is kept in the cache too.
   """
 
-  config: ModelConfig
+  config: TransformerConfig
   embedding: WordEmbedding
 
   @nn.compact
@@ -364,47 +400,3 @@ class Decoder(nn.Module):
     return LayerStack(cfg, cfg.decoder_layers, cross_attention=True, name='stack')(
         x, causal_mask(length), memory, padding_mask(memory_mask), train=train,
         decode=decode)
-
-
-class SessionEncoderDecoder(SessionModel):
-  """What MTN and the Transformer share around their encoders: word tables, decoder, output.
-
-  Subclasses extend `setup` (calling this one) and define a CAUSAL `encode(queries
-  [B, S, n], *, train)` -> {'tokens': [B*S, L, d], 'mask': bool [B*S, L]}: row b*S + t is the
-  context after queries 0..t and depends on nothing later; it embeds words with
-  `self.encoder_embedding` and may use `self.embedding_dropout`.
-
-  Word tables (`config.share_embeddings`): one, 'word_embedding', for encoder and decoder, or
-  'encoder_embedding' and 'decoder_embedding'. The output layer is 'logits', a dense map to
-  the vocabulary, or with `tie_embeddings` the decoder's table (`WordEmbedding.attend`).
-  """
-
-  def setup(self):
-    cfg = self.config
-    self.encoder_embedding, self.decoder_embedding = word_embeddings(
-        cfg, functools.partial(WordEmbedding, cfg))
-    self.embedding_dropout = Dropout(cfg.dropout)
-    self.decoder = Decoder(cfg, self.decoder_embedding)
-    if not cfg.tie_embeddings:
-      self.output_projection = nn.Dense(
-          cfg.vocab_size, dtype=cfg.dtype, param_dtype=jnp.float32,
-          dot_general=functools.partial(jax.lax.dot_general,
-                                        preferred_element_type=jnp.float32),
-          name='logits')
-
-  def decode_hidden(self, memory: dict[str, jax.Array], decoder_inputs: jax.Array, *,
-                    train: bool = False, decode: bool = False) -> jax.Array:
-    """memory rows [N, ...], decoder_inputs int32 [N, T'] -> hidden [N, T', d]."""
-    return self.decoder(memory['tokens'], memory['mask'], decoder_inputs, train=train,
-                        decode=decode)
-
-  def output_layer_names(self) -> tuple[str, ...]:
-    if self.config.tie_embeddings:
-      return (decoder_table_name(self.config),)
-    return ('logits',)
-
-  def output_logits(self, hidden: jax.Array) -> jax.Array:
-    """hidden [..., d] -> float32 logits [..., V]."""
-    if self.config.tie_embeddings:
-      return self.decoder_embedding.attend(hidden)
-    return self.output_projection(hidden).astype(jnp.float32)

@@ -1,14 +1,12 @@
 """The Multiresolution Transformer Network (paper Sec. 4, Fig. 1, Prop. 4).
 
-In: `queries` int32 [B, S, n] word ids of B sessions of S queries, 0-padded (n =
-`max_query_words`). The session encoder is causal, so one pass gives every position's context:
-  `encode`: -> memory {'tokens': [B*S, n, d], 'mask': bool [B*S, n]}, row b*S + t = the encoded
-    tokens of query t (which carry the session context of queries 0..t) and their real-token
-    mask, the context for suggesting query t+1;
-  `decode`: (memory, decoder inputs int32 [N, T']) -> float32 logits [N, T', V];
-  `__call__`: -> float32 logits [B, S-1, n+1, V] for the pairs (queries 0..t -> query t+1);
-  `decode_hidden` / `session_hidden`: the decoder's states [N, T', d] / [B, S-1, n+1, d]
-    before `output_logits` maps them to float32 logits [..., V].
+MTN = `encoder_decoder.EncoderDecoder` with `MTNEncoder`, its config `MTNConfig`.
+
+`MTNEncoder`: `queries` int32 [B, S, n] word ids of B sessions of S queries, 0-padded (n =
+`max_query_words`) -> memory {'tokens': [B*S, n, d], 'mask': bool [B*S, n]}, row b*S + t =
+the encoded tokens of query t (which carry the session context of queries 0..t) and their
+real-token mask, the context for suggesting query t+1. The session encoder is causal, so one
+pass gives every position's context. It is a module of its own, usable without a decoder.
 
 n is part of the model, not of the batch: the query projection has one weight per token slot,
 so every batch must be padded to exactly `max_query_words` tokens per query.
@@ -16,14 +14,31 @@ so every batch must be padded to exactly `max_query_words` tokens per query.
 
 from __future__ import annotations
 
+import dataclasses
+
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
 from mtn_jax.data.vocab import PAD_ID
 from mtn_jax.models import layers
-from mtn_jax.models.base import ModelConfig
 from mtn_jax.models.dropout import Dropout
+
+
+@dataclasses.dataclass(frozen=True)
+class MTNConfig(layers.TransformerConfig):
+  """MTN's fields beside the Transformer's: K levels, each with its masked session encoder."""
+
+  session_layers: int  # layers of each masked session encoder
+  num_levels: int  # K: a K-level MTN stacks K-1 masked session encoders
+
+
+def layer_label(display_name: str, fields: dict) -> str:
+  """The paper's Fig.-3 label, e.g. "MTN (3Q+2S, 3)": query-encoder layers, then each
+  session level's layers, then decoder layers."""
+  levels = [f'{fields["query_layers"]}Q'] + [f'{fields["session_layers"]}S'] * (
+      fields['num_levels'] - 1)
+  return f'{display_name} ({"+".join(levels)}, {fields["decoder_layers"]})'
 
 
 class SessionLevel(nn.Module):
@@ -34,7 +49,7 @@ class SessionLevel(nn.Module):
   gets its session vector added, then LayerNorm.
   """
 
-  config: ModelConfig
+  config: MTNConfig
 
   @nn.compact
   def __call__(self, tokens: jax.Array, token_mask: jax.Array, *, train: bool) -> jax.Array:
@@ -55,27 +70,29 @@ class SessionLevel(nn.Module):
     return layers.layer_norm(cfg, 'add_norm')(tokens + dropout(session)[:, :, None, :])
 
 
-class MTN(layers.SessionEncoderDecoder):
-  """K-level MTN: a query encoder, K-1 session levels (no shared weights), one decoder.
+class MTNEncoder(nn.Module):
+  """MTN's encoder: a query encoder and K-1 session levels (no shared weights).
 
   K = `num_levels` (2 in the paper). Choices the paper leaves open, and the ones made here:
-  the word tables follow `share_embeddings` (separate encoder and decoder tables by default,
-  as in the paper's sizes) and, with `tie_embeddings`, the output layer reuses the decoder's;
   w_proj has no bias and starts at N(0, 1/n); dropout (rate `dropout`) acts on the
   embeddings, the query vectors entering the session encoder, every sublayer output and the
   session vector before its Add & Norm; with `pre_norm`, each layer stack ends in a LayerNorm
-  and the level's Add & Norm stays as it is.
+  and the level's Add & Norm stays as it is. The word table is given (`embedding`), so that
+  the decoder or a ranker's candidate encoder may share it.
   """
 
+  config: MTNConfig
+  embedding: layers.WordEmbedding
+
   def setup(self):
-    super().setup()
     cfg = self.config
+    self.embedding_dropout = Dropout(cfg.dropout)
     self.token_positions = layers.PositionEncoding(cfg, cfg.max_query_words,
                                                    'config.data.max_query_words')
     self.query_encoder = layers.LayerStack(cfg, cfg.query_layers)
     self.session_levels = [SessionLevel(cfg) for _ in range(cfg.num_levels - 1)]
 
-  def encode(self, queries: jax.Array, *, train: bool = False) -> dict[str, jax.Array]:
+  def __call__(self, queries: jax.Array, *, train: bool = False) -> dict[str, jax.Array]:
     """queries int32 [B, S, n] -> {'tokens': [B*S, n, d], 'mask': bool [B*S, n]}."""
     cfg = self.config
     batch, num_queries, num_tokens = queries.shape
@@ -85,7 +102,7 @@ class MTN(layers.SessionEncoderDecoder):
                        f'{num_tokens}')
     tokens = queries.reshape(batch * num_queries, num_tokens)
     token_mask = tokens != PAD_ID
-    x = self.encoder_embedding(tokens) + self.token_positions(jnp.arange(num_tokens))
+    x = self.embedding(tokens) + self.token_positions(jnp.arange(num_tokens))
     x = self.embedding_dropout(x, deterministic=not train)
     # One set of query-encoder weights for every query: sessions fold into the batch.
     x = self.query_encoder(x, layers.padding_mask(token_mask), train=train)

@@ -1,12 +1,13 @@
 """The paper's recurrent baselines: Seq2Seq with attention, HRED (H-LSTM) and M-NSRF.
 
 Every model follows the contract of `mtn_jax.models.base` (B sessions, S queries, n tokens,
-N decoder rows, T' decoder steps, V words):
-  `encode(queries int32 [B, S, n]) -> memory`, a dict whose leaves all lead with B * S: one
-    context per session position t (after queries 0..t), row-major over (b, t);
+N decoder rows, T' decoder steps, V words), with its config `RecurrentConfig`:
+  `encode(batch) -> memory` from batch['queries'] int32 [B, S, n], a dict whose leaves all
+    lead with B * S: one context per session position t (after queries 0..t), row-major over
+    (b, t);
   `decode(memory, decoder_inputs int32 [N, T']) -> logits float32 [N, T', V]`, teacher-forced,
     or with `decode=True` one step at a time from the LSTM state held in the 'cache' collection;
-  `__call__(queries [B, S, n]) -> logits float32 [B, S-1, T, V]` for the pairs t = 0..S-2;
+  `__call__(batch) -> logits float32 [B, S-1, T, V]` for the pairs t = 0..S-2;
   `decode_hidden` / `session_hidden`: the decoder's features [N, T', 2u] / [B, S-1, T, 2u]
     (u = `lstm_units`) before `output_logits` maps them to float32 logits [..., V].
 
@@ -17,14 +18,23 @@ values for its real pairs.
 
 from __future__ import annotations
 
+import dataclasses
+
 import jax
 import jax.numpy as jnp
 from flax import linen as nn
 
 from mtn_jax.data.vocab import PAD_ID
-from mtn_jax.models.base import (ModelConfig, SessionModel, decoder_table_name, session_sources,
+from mtn_jax.models.base import (Batch, ModelConfig, SessionModel, session_sources,
                                  word_embeddings)
 from mtn_jax.models.dropout import Dropout
+
+
+@dataclasses.dataclass(frozen=True)
+class RecurrentConfig(ModelConfig):
+  """The recurrent baselines' fields beside the ones every model has."""
+
+  lstm_units: int  # units per direction of the bidirectional encoders
 
 Carry = tuple[jax.Array, jax.Array]  # an LSTM state (c, h), each [rows, units]
 
@@ -128,10 +138,10 @@ class _RecurrentModel(SessionModel):
     embedded = self.dropout(self.decoder_embedding(decoder_inputs), deterministic=not train)
     return self.dropout(self.decoder(memory, embedded, decode), deterministic=not train)
 
-  def output_layer_names(self) -> tuple[str, ...]:
+  def output_modules(self) -> tuple[nn.Module, ...]:
     if self.config.tie_embeddings:
-      return ('output_to_embedding', decoder_table_name(self.config))
-    return ('output_projection',)
+      return (self.output_to_embedding, self.decoder_embedding)
+    return (self.output_projection,)
 
   def output_logits(self, hidden: jax.Array) -> jax.Array:
     """[..., 2 * lstm_units] decoder features -> float32 [..., V] logits."""
@@ -145,7 +155,7 @@ class _AttentionDecoder(nn.Module):
   """Luong et al.'s decoder: an LSTM, global attention with the general score, then
   the attentional hidden state tanh(W_c [context; h])."""
 
-  config: ModelConfig
+  config: RecurrentConfig
 
   @nn.compact
   def __call__(self, memory: dict, embedded: jax.Array, decode: bool) -> jax.Array:
@@ -191,8 +201,10 @@ class Seq2SeqAttention(_RecurrentModel):
                                            _lstm(c.lstm_units, c.dtype))
     self.decoder = _AttentionDecoder(c)
 
-  def encode(self, queries: jax.Array, *, train: bool = False) -> dict:
-    """int32 [B, S, n] sessions -> memory for every position (see the class docstring)."""
+  def encode(self, batch: Batch, *, train: bool = False) -> dict:
+    """batch['queries'] int32 [B, S, n] -> memory for every position (see the class
+    docstring)."""
+    queries = batch['queries']
     _check_rank(queries, 'queries', '[batch, queries, tokens]')
     sources, lengths = session_sources(queries)
     states, final = _encode_tokens(self.source_encoder, self._embed_source(sources, train),
@@ -203,7 +215,7 @@ class Seq2SeqAttention(_RecurrentModel):
 class _SessionConditionedDecoder(nn.Module):
   """An LSTM that starts from tanh(W s_t) and reads [word embedding; s_t] at every step."""
 
-  config: ModelConfig
+  config: RecurrentConfig
 
   @nn.compact
   def __call__(self, memory: dict, embedded: jax.Array, decode: bool) -> jax.Array:
@@ -264,8 +276,10 @@ class HRED(_RecurrentModel):
     del outputs, lengths  # HRED summarises a query by its final states alone
     return final[1]
 
-  def encode(self, queries: jax.Array, *, train: bool = False) -> dict:
-    """int32 [B, S, n] sessions -> memory for every position (see the class docstring)."""
+  def encode(self, batch: Batch, *, train: bool = False) -> dict:
+    """batch['queries'] int32 [B, S, n] -> memory for every position (see the class
+    docstring)."""
+    queries = batch['queries']
     _check_rank(queries, 'queries', '[batch, queries, tokens]')
     b, s, n = queries.shape
     tokens = queries.reshape(b * s, n)

@@ -1,10 +1,12 @@
-"""Next-query suggestions: batched beam search and greedy decoding for every model.
+"""The search for suggestions: batched beam search and greedy decoding for every model.
 
 Flows in: a model of `mtn_jax.models` with its params, and either encoder `memory` (a dict
-whose leaves lead with N, one context per row) or a session batch `queries` int32
-[batch, queries, tokens]. Flows out: hypotheses int32 [N, beam, max_len] (the words after
-`<s>`, ending with `</s>` when the hypothesis finished, 0-padded) and their scores float32
-[N, beam], best first.
+whose leaves lead with N, one context per row) or a session batch (`queries` int32
+[batch, queries, tokens]) for `search_sessions`. Flows out: hypotheses int32
+[N, beam, max_len] (the words after `<s>`, ending with `</s>` when the hypothesis finished,
+0-padded) and their scores float32 [N, beam], best first; `suggestion_list` turns one row of
+them into the ranked suggestions the modes write. `SearchSettings` is `config.decode`'s search
+part, read in one place.
 
 Scores are GNMT-normalised log-probabilities (Wu et al. 2016): the sum of the token
 log-probabilities, `</s>` included, divided by ((5 + L) / 6) ** alpha, L = tokens generated.
@@ -25,13 +27,15 @@ whose state layout this follows) and t5x only inside its own framework.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import flax
 import jax
 import jax.numpy as jnp
+import ml_collections
 import numpy as np
 
 from mtn_jax.data.vocab import BOS_ID, EOS_ID, PAD_ID, SEP_ID, UNK_ID, Vocab
@@ -39,6 +43,24 @@ from mtn_jax.data.vocab import BOS_ID, EOS_ID, PAD_ID, SEP_ID, UNK_ID, Vocab
 NEVER_EMITTED = (PAD_ID, BOS_ID, SEP_ID)
 
 Memory = Any  # a pytree of arrays, every leaf [N, ...]
+
+
+@dataclasses.dataclass(frozen=True)
+class SearchSettings:
+  """How suggestions are searched and how many are kept: `config.decode`'s search keys."""
+
+  beam_size: int
+  max_len: int  # most tokens generated, `</s>` included
+  length_penalty: float  # GNMT alpha
+  emit_unk: bool
+  top_k: int  # suggestions kept per context, best first (<= beam_size)
+
+  @classmethod
+  def from_config(cls, decode: ml_collections.ConfigDict) -> SearchSettings:
+    return cls(**{f.name: decode[f.name] for f in dataclasses.fields(cls)})
+
+  def to_dict(self) -> dict:
+    return dataclasses.asdict(self)
 
 
 def length_normalize(log_prob: jax.Array, length: jax.Array,
@@ -61,6 +83,14 @@ def sequence_lengths(sequences: jax.Array) -> jax.Array:
 def to_words(vocab: Vocab, sequence: Sequence[int] | np.ndarray | jax.Array) -> list[str]:
   """The words of one decoded sequence int [L], up to `</s>`."""
   return vocab.decode(np.asarray(sequence))
+
+
+def suggestion_list(vocab: Vocab, sequences: np.ndarray, scores: np.ndarray,
+                    top_k: int) -> list[dict]:
+  """The first `top_k` hypotheses (int [beam, max_len], scores [beam], best first) as
+  [{'query': words joined by spaces, 'score': float}]; empty beam slots are left out."""
+  return [{'query': ' '.join(to_words(vocab, sequences[k])), 'score': float(scores[k])}
+          for k in range(min(top_k, len(scores))) if np.isfinite(scores[k])]
 
 
 # ---------------------------------------------------------------------------------------------
@@ -367,28 +397,31 @@ def sequence_log_prob(model, params, memory: Memory, sequences: jax.Array) -> ja
 
 
 @functools.partial(jax.jit, static_argnames=('model',))
-def encode_sessions(model, params, queries: jax.Array,
+def encode_sessions(model, params, batch: Mapping[str, jax.Array],
                     rows: jax.Array | None = None) -> Memory:
-  """The model's encoder, compiled: queries int32 [B, S, n] -> memory leaves [B*S, ...].
+  """The model's encoder, compiled: batch (queries int32 [B, S, n]) -> memory leaves
+  [B*S, ...].
 
   With `rows` int [R], only those rows of the memory ([R, ...]); row b*S + t is the context
   after query t of session b.
   """
-  memory = model.apply({'params': params}, queries, method='encode')
+  memory = model.apply({'params': params}, batch, method='encode')
   if rows is None:
     return memory
   return jax.tree.map(lambda x: x[rows], memory)
 
 
-def suggest(model, params, queries: jax.Array | np.ndarray, *, beam_size: int, max_len: int,
-            length_penalty: float, positions: str = 'all',
-            lengths: jax.Array | np.ndarray | None = None,
-            emit_unk: bool = False) -> tuple[jax.Array, jax.Array]:
+def search_sessions(model, params, batch: Mapping[str, jax.Array | np.ndarray],
+                    settings: SearchSettings, *, positions: str = 'all',
+                    lengths: jax.Array | np.ndarray | None = None
+                    ) -> tuple[jax.Array, jax.Array]:
   """Beam-searched next queries for a batch of sessions; the encoder runs once.
 
   Args:
-    model, params, beam_size, max_len, length_penalty, emit_unk: as for `beam_search`.
-    queries: int32 [B, S, n] word ids, 0-padded; shorter sessions end in all-padding rows.
+    model, params: as for `beam_search`.
+    batch: the model's inputs: `queries` int32 [B, S, n] word ids, 0-padded; shorter
+      sessions end in all-padding rows.
+    settings: beam size, length, length penalty and `<unk>` (`top_k` is the caller's).
     positions: 'all': suggest after every position t = 0..S-1 (P = S; all decoded in
       parallel, padding positions included); 'last': only after each session's last real
       query (P = 1).
@@ -397,26 +430,30 @@ def suggest(model, params, queries: jax.Array | np.ndarray, *, beam_size: int, m
     sequences: int32 [B, P, beam_size, max_len], as `beam_search` returns them.
     scores: float32 [B, P, beam_size], best first.
   """
-  queries = jnp.asarray(queries, jnp.int32)
+  batch = {**batch, 'queries': jnp.asarray(batch['queries'], jnp.int32)}
+  queries = batch['queries']
   if queries.ndim != 3:
     raise ValueError(f'queries must be [batch, queries, tokens], got shape {queries.shape}')
-  batch, num_queries, _ = queries.shape
+  num_sessions, num_queries, _ = queries.shape
   if positions == 'all':
     rows, per_session = None, num_queries
   elif positions == 'last':
     if lengths is None:
       raise ValueError("positions='last' needs lengths: the real queries of each session")
     lengths = np.asarray(lengths)
-    if lengths.shape != (batch,) or not np.issubdtype(lengths.dtype, np.integer):
-      raise ValueError(f'lengths must be int [{batch}], got {lengths.dtype} {lengths.shape}')
+    if lengths.shape != (num_sessions,) or not np.issubdtype(lengths.dtype, np.integer):
+      raise ValueError(f'lengths must be int [{num_sessions}], got {lengths.dtype} '
+                       f'{lengths.shape}')
     if lengths.min() < 1 or lengths.max() > num_queries:
       raise ValueError(f'lengths must lie in 1..{num_queries} (the queries per session), '
                        f'got {lengths.min()}..{lengths.max()}')
-    rows, per_session = jnp.asarray(np.arange(batch) * num_queries + lengths - 1), 1
+    rows, per_session = jnp.asarray(np.arange(num_sessions) * num_queries + lengths - 1), 1
   else:
     raise ValueError(f"positions must be 'all' or 'last', got {positions!r}")
-  memory = encode_sessions(model, params, queries, rows)
+  memory = encode_sessions(model, params, batch, rows)
+  beam_size, max_len = settings.beam_size, settings.max_len
   sequences, scores = beam_search(model, params, memory, beam_size=beam_size, max_len=max_len,
-                                  length_penalty=length_penalty, emit_unk=emit_unk)
-  return (sequences.reshape(batch, per_session, beam_size, max_len),
-          scores.reshape(batch, per_session, beam_size))
+                                  length_penalty=settings.length_penalty,
+                                  emit_unk=settings.emit_unk)
+  return (sequences.reshape(num_sessions, per_session, beam_size, max_len),
+          scores.reshape(num_sessions, per_session, beam_size))

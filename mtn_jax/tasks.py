@@ -1,0 +1,121 @@
+"""Tasks: what a kind of model learns, how it is measured in training, and how it suggests.
+
+A task wraps a model of `mtn_jax.models` and owns the three things that differ between kinds
+of model, so that the trainer, the evaluation and the suggestion modes never ask which model
+they hold:
+  `loss_sums(params, batch, *, train, rngs, groups)` -> float32 sums over the batch (the train
+    and eval steps divide and add them up);
+  `training_loss(sums)` -> the scalar the optimizer minimises;
+  `summarize(totals)` -> the validation figures of summed eval-step outputs;
+  `suggest(params, batch, settings, ...)` -> ranked hypotheses for each context;
+  `input_keys`: the batch keys its steps read, the ones put on the devices;
+  `init_params(rng)` / `abstract_params()`: the parameters, made from the model's example batch.
+
+`GenerationTask` is next-query generation with teacher forcing: every registered model today.
+A ranking task (scoring candidate queries) will sit beside it with its own loss and metrics.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import math
+from collections.abc import Mapping
+from typing import Any
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import ml_collections
+import numpy as np
+
+from mtn_jax import losses
+from mtn_jax import models
+from mtn_jax import search
+from mtn_jax.models.base import ModelConfig
+
+
+@dataclasses.dataclass(frozen=True)
+class GenerationTask:
+  """Generate the next query word by word (see the module docstring).
+
+  Attributes:
+    cfg: the model's config; the model is built from it.
+    label_smoothing, entropy_weight: as for `losses.token_losses`.
+    chunk_tokens: target slots the fused loss head projects at a time, per data-parallel
+      group (`losses.output_layer_losses`).
+  """
+
+  cfg: ModelConfig
+  label_smoothing: float = 0.0
+  entropy_weight: float = 0.0
+  chunk_tokens: int = 256
+
+  input_keys = ('queries',)
+
+  @classmethod
+  def from_config(cls, cfg: ModelConfig, train: ml_collections.ConfigDict) -> GenerationTask:
+    return cls(cfg, label_smoothing=train.label_smoothing,
+               entropy_weight=train.entropy_weight, chunk_tokens=train.loss_chunk_tokens)
+
+  @functools.cached_property
+  def model(self) -> nn.Module:
+    # One module object per task: the search compiles once per model (a static argument).
+    return models.create_model(self.cfg)
+
+  def with_layout(self, scan_layers: bool | None) -> GenerationTask:
+    """This task with the model's layer stacks in the layout `scan_layers` (unchanged for
+    None or a model without layer stacks): the layout a checkpoint was saved in."""
+    if scan_layers is None or getattr(self.cfg, 'scan_layers', scan_layers) == scan_layers:
+      return self
+    return dataclasses.replace(self, cfg=self.cfg.replace(scan_layers=scan_layers))
+
+  @property
+  def spec(self) -> models.ModelSpec:
+    return models.spec(self.cfg.name)
+
+  def init_params(self, rng: jax.Array) -> Any:
+    """The model's initial parameters, made from its example batch."""
+    return self.model.init({'params': rng}, self.spec.example_batch(self.cfg),
+                           train=False)['params']
+
+  def abstract_params(self) -> Any:
+    """The parameters' shapes and dtypes (`jax.ShapeDtypeStruct`s), at no compute cost."""
+    return jax.eval_shape(self.init_params, jax.random.PRNGKey(0))
+
+  def loss_sums(self, params, batch: Mapping[str, jax.Array], *, train: bool, rngs=None,
+                groups: int = 1) -> dict[str, jax.Array]:
+    """`losses.session_losses`: float32 'loss', 'nll', 'correct', 'tokens', 'pairs' sums."""
+    return losses.session_losses(
+        self.model, params, batch, train=train, rngs=rngs,
+        label_smoothing=self.label_smoothing if train else 0.0,
+        entropy_weight=self.entropy_weight if train else 0.0,
+        chunk_tokens=self.chunk_tokens, groups=groups)
+
+  @staticmethod
+  def training_loss(sums: Mapping[str, jax.Array]) -> jax.Array:
+    """The mean training loss per real target token."""
+    return sums['loss'] / jnp.maximum(sums['tokens'], 1.0)
+
+  @staticmethod
+  def summarize(totals: Mapping[str, Any]) -> dict[str, float]:
+    """Validation loss (nll per target token), perplexity, token accuracy and pairs, from
+    eval-step sums added over a split."""
+    tokens = max(float(totals['tokens']), 1.0)
+    loss = float(totals['nll']) / tokens
+    return {'loss': loss, 'perplexity': math.exp(min(loss, 50.0)),
+            'token_accuracy': float(totals['correct']) / tokens,
+            'pairs': float(totals['pairs'])}
+
+  def suggest(self, params, batch: Mapping[str, jax.Array | np.ndarray],
+              settings: search.SearchSettings, *, positions: str = 'all',
+              lengths: np.ndarray | None = None) -> tuple[jax.Array, jax.Array]:
+    """Beam-searched suggestions: `search.search_sessions` (sequences int32
+    [B, P, beam, max_len], scores float32 [B, P, beam], best first)."""
+    return search.search_sessions(self.model, params, batch, settings, positions=positions,
+                                  lengths=lengths)
+
+
+def make_task(cfg: ModelConfig, train: ml_collections.ConfigDict) -> GenerationTask:
+  """The task of the model `cfg` describes (every registered model generates today)."""
+  return GenerationTask.from_config(cfg, train)
