@@ -60,6 +60,9 @@ def get_config() -> ml_collections.ConfigDict:
   c.model.scan_layers = True  # nn.scan over layer stacks: flat compile time with depth
   c.model.remat = 'none'  # 'none' | 'full' | 'dots': nn.remat policy inside the scan
   c.model.compute_dtype = 'float32'  # 'bfloat16': bf16 compute, fp32 params and loss
+  # MTN and Transformer: a copy head mixes the session's words (those outside the vocabulary
+  # too) into the output distribution (mtn_jax/models/copying.py).
+  c.model.copy = False
   c.model.lstm_units = 256  # recurrent baselines: units per direction
   c.model.max_session_queries = 16  # query-position table size (>= data.max_session_queries)
 

@@ -63,6 +63,17 @@ def save(manager: ocp.CheckpointManager, step: int, *, params, train_state, data
       metrics=None if valid_loss is None else {'valid_loss': float(valid_loss)})
 
 
+def architecture_differences(saved: dict, cfg: ModelConfig) -> dict[str, tuple[Any, Any]]:
+  """{field: (saved value, cfg's value)} where a checkpoint's saved architecture and `cfg`
+  differ. Only the fields cfg's model has are compared (a checkpoint from before configs
+  were per model also recorded other models' fields, which mean nothing here), and a field
+  the checkpoint predates counts at its default."""
+  defaults = {f.name: f.default for f in dataclasses.fields(cfg)
+              if f.default is not dataclasses.MISSING}
+  return {k: (saved.get(k, defaults.get(k)), v) for k, v in sorted(architecture(cfg).items())
+          if saved.get(k, defaults.get(k)) != v}
+
+
 def check_compatible(meta: dict, cfg: ModelConfig, vocab: Vocab, where: str) -> None:
   """Refuses a checkpoint whose model or vocabulary differs from the run's."""
   if meta['vocab_fingerprint'] != vocab.fingerprint:
@@ -70,10 +81,7 @@ def check_compatible(meta: dict, cfg: ModelConfig, vocab: Vocab, where: str) -> 
         f'{where} was trained with another vocabulary (fingerprint {meta["vocab_fingerprint"]}, '
         f'{meta["vocab_size"]} words; this data has {vocab.fingerprint}, {len(vocab)} words): '
         'use the workdir it was trained in, or a new workdir')
-  # Only the fields this model has are compared: a checkpoint from before configs were per
-  # model also recorded other models' fields, which mean nothing here.
-  saved, current = meta['model'], architecture(cfg)
-  diff = {k: (saved.get(k), v) for k, v in sorted(current.items()) if saved.get(k) != v}
+  diff = architecture_differences(meta['model'], cfg)
   if diff:
     detail = ', '.join(f'model.{k}: checkpoint {a!r} vs config {b!r}' for k, (a, b) in diff.items())
     raise CheckpointMismatch(f'{where} holds another model ({detail}): use the config it was '

@@ -48,6 +48,7 @@ from mtn_jax import metrics
 from mtn_jax import models
 from mtn_jax import parallel
 from mtn_jax import search
+from mtn_jax.data import extended
 from mtn_jax.data import preprocess
 from mtn_jax.data import sessions
 from mtn_jax.models.base import context_batch
@@ -158,7 +159,8 @@ def decode_split(trained: inference.Trained, split: sessions.SessionSplit,
   start = last_log = time.time()
   for batch in input_pipeline.make_eval_iterator(
       split, queries_per_batch=queries_per_batch, multiple_of=jax.device_count(),
-      process_index=jax.process_index(), process_count=jax.process_count()):
+      process_index=jax.process_index(), process_count=jax.process_count(),
+      per_query=trained.task.per_query_inputs(split, vocab)):
     # The last query of a session is only ever a reference here.
     contexts = parallel.shard_batch(
         context_batch({k: batch[k] for k in trained.task.input_keys}), mesh)
@@ -170,12 +172,15 @@ def decode_split(trained: inference.Trained, split: sessions.SessionSplit,
     for row, session in enumerate(session_ids.tolist()):
       if session < 0:
         continue
+      # The words a copying model may have written by extended id (none for the others).
+      copied = (extended.oov_words([t.split() for t in split.session_texts(session)], vocab)
+                if trained.task.copies else ())
       for t in range(sequences.shape[1]):
         pair = int(first_pair[session]) + t
-        candidates[pair] = ' '.join(search.to_words(vocab, sequences[row, t, 0]))
+        candidates[pair] = ' '.join(search.to_words(vocab, sequences[row, t, 0], copied))
         if pair in wanted:
           top[pair] = search.suggestion_list(vocab, sequences[row, t], scores[row, t],
-                                             settings.top_k)
+                                             settings.top_k, copied)
       done += 1
     if time.time() - last_log >= PROGRESS_SECONDS or done == split.num_sessions:
       last_log = time.time()

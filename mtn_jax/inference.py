@@ -54,6 +54,22 @@ def saved_model_config(meta: dict, model: ml_collections.ConfigDict) -> ModelCon
   return config_class.from_fields({**runtime, **saved}, **runtime)
 
 
+def _note_config_differences(cfg: ModelConfig, model: ml_collections.ConfigDict,
+                             where: str) -> None:
+  """Says which `config.model` values the checkpoint's own config overrides."""
+  if model.name != cfg.name:
+    print(f'Note: {where} holds a {cfg.name!r} model; config.model.name {model.name!r} is '
+          'not used.')
+    return
+  current = models.make_config(model, vocab_size=cfg.vocab_size,
+                               max_query_words=cfg.max_query_words)
+  diff = checkpoints.architecture_differences(checkpoints.architecture(cfg), current)
+  if diff:
+    print(f'Note: decoding with the model of {where}; config.model differs in '
+          + ', '.join(f'{k} ({v!r}; the checkpoint has {c!r})' for k, (c, v) in diff.items())
+          + '.')
+
+
 def load_trained(config: ml_collections.ConfigDict, workdir: str,
                  which: str = 'best') -> Trained:
   """Restores the best (lowest validation loss) or latest checkpoint of `workdir`.
@@ -84,6 +100,7 @@ def load_trained(config: ml_collections.ConfigDict, workdir: str,
     if meta['vocab_fingerprint'] != vocab.fingerprint:
       raise checkpoints.CheckpointMismatch(f'{where}: its vocabulary does not match its meta')
     cfg = saved_model_config(meta, config.model)
+    _note_config_differences(cfg, config.model, where)
     task = tasks.make_task(cfg, config.train)
     saved_task = task.with_layout(checkpoints.saved_scan_layers(meta))
     params = checkpoints.restore(manager, step,

@@ -8,6 +8,9 @@ Out: one dict of numpy arrays per step, holding this process's rows of a global 
                                                  padding row, whose queries are all zero, so it
                                                  holds no valid (prefix -> next query) pair
   `epoch`        int32 []                        training only: the epoch the batch belongs to
+  and one key per array of `per_query` ({key: [num_queries, ...]}, row for row with the
+split's queries), gathered the same way: [batch, queries, ...] (e.g. `oov`, the numbers of the
+words outside the vocabulary, `mtn_jax.data.extended`).
 
 A global batch of sessions with `length` queries has `queries_per_batch // length` rows,
 rounded down to a multiple of `multiple_of` (the global device count), as the paper groups
@@ -71,7 +74,8 @@ def steps_per_epoch(split: SessionSplit, queries_per_batch: int, multiple_of: in
 
 def make_train_iterator(split: SessionSplit, *, queries_per_batch: int, seed: int,
                         multiple_of: int = 1, process_index: int = 0, process_count: int = 1,
-                        worker_count: int = 0) -> grain.DatasetIterator:
+                        worker_count: int = 0, per_query: dict[str, np.ndarray] | None = None
+                        ) -> grain.DatasetIterator:
   """Endless training batches: epoch after epoch, each a fresh shuffle fixed by (seed, epoch).
 
   Each element is this process's share of a global batch (see the module docstring), with
@@ -84,7 +88,7 @@ def make_train_iterator(split: SessionSplit, *, queries_per_batch: int, seed: in
   if worker_count < 0:
     raise ValueError(f'worker_count must be non-negative, got {worker_count}')
   batches = _Batches(split, queries_per_batch, multiple_of, process_index, process_count,
-                     shuffle_seed=seed)
+                     shuffle_seed=seed, per_query=per_query)
   if not batches.steps_per_epoch:
     raise ValueError(f'split {split.name!r} has no sessions to train on')
   dataset = grain.MapDataset.range(sys.maxsize).map(batches).to_iter_dataset(_READ_OPTIONS)
@@ -94,13 +98,14 @@ def make_train_iterator(split: SessionSplit, *, queries_per_batch: int, seed: in
 
 
 def make_eval_iterator(split: SessionSplit, *, queries_per_batch: int, multiple_of: int = 1,
-                       process_index: int = 0, process_count: int = 1) -> grain.IterDataset:
+                       process_index: int = 0, process_count: int = 1,
+                       per_query: dict[str, np.ndarray] | None = None) -> grain.IterDataset:
   """One pass over `split` in a fixed order: bucket by bucket (shortest sessions first),
   sessions in index order, each bucket's last batch padded. Iterating it again starts over;
   it has `steps_per_epoch(split, queries_per_batch, multiple_of)` elements."""
   _check_sharding(multiple_of, process_index, process_count)
   batches = _Batches(split, queries_per_batch, multiple_of, process_index, process_count,
-                     shuffle_seed=None)
+                     shuffle_seed=None, per_query=per_query)
   return grain.MapDataset.range(batches.steps_per_epoch).map(batches).to_iter_dataset(
       _READ_OPTIONS)
 
@@ -184,9 +189,15 @@ class _Batches:
   """
 
   def __init__(self, split: SessionSplit, queries_per_batch: int, multiple_of: int,
-               process_index: int, process_count: int, shuffle_seed: int | None):
+               process_index: int, process_count: int, shuffle_seed: int | None,
+               per_query: dict[str, np.ndarray] | None = None):
     lengths = _checked_lengths(split)
     self._queries = split.queries
+    self._per_query = dict(per_query or {})
+    for key, values in self._per_query.items():
+      if len(values) != len(split.queries):
+        raise ValueError(f'per_query[{key!r}] has {len(values)} rows, the split '
+                         f'{len(split.queries)} queries')
     self._starts = np.asarray(split.starts, np.int64)
     self._sizes = bucket_batch_sizes(lengths, queries_per_batch, multiple_of)
     self._buckets = {length: np.flatnonzero(lengths == length) for length in self._sizes}
@@ -223,9 +234,10 @@ class _Batches:
     session_ids = np.full(rows, -1, np.int32)
     session_ids[:own_count] = plan.session_order[first:first + own_count]
     query_rows = self._starts[session_ids[:own_count], None] + np.arange(length)
-    queries = np.zeros((rows, length, self._queries.shape[1]), np.int32)
-    queries[:own_count] = self._queries[query_rows]
-    batch = {'queries': queries, 'session_ids': session_ids}
+    batch = {'session_ids': session_ids}
+    for key, values in (('queries', self._queries), *self._per_query.items()):
+      batch[key] = np.zeros((rows, length) + values.shape[1:], values.dtype)
+      batch[key][:own_count] = values[query_rows]
     if self._shuffle_seed is not None:
       batch['epoch'] = np.array(epoch, np.int32)
     return batch

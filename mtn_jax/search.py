@@ -80,16 +80,20 @@ def sequence_lengths(sequences: jax.Array) -> jax.Array:
                    (sequences != PAD_ID).sum(-1)).astype(jnp.int32)
 
 
-def to_words(vocab: Vocab, sequence: Sequence[int] | np.ndarray | jax.Array) -> list[str]:
-  """The words of one decoded sequence int [L], up to `</s>`."""
-  return vocab.decode(np.asarray(sequence))
+def to_words(vocab: Vocab, sequence: Sequence[int] | np.ndarray | jax.Array,
+             oov_words: Sequence[str] = ()) -> list[str]:
+  """The words of one decoded sequence int [L], up to `</s>`; an extended id V + k (a copied
+  word outside the vocabulary) is the context's k-th such word, `oov_words[k]`."""
+  return vocab.decode(np.asarray(sequence), oov_words)
 
 
 def suggestion_list(vocab: Vocab, sequences: np.ndarray, scores: np.ndarray,
-                    top_k: int) -> list[dict]:
+                    top_k: int, oov_words: Sequence[str] = ()) -> list[dict]:
   """The first `top_k` hypotheses (int [beam, max_len], scores [beam], best first) as
-  [{'query': words joined by spaces, 'score': float}]; empty beam slots are left out."""
-  return [{'query': ' '.join(to_words(vocab, sequences[k])), 'score': float(scores[k])}
+  [{'query': words joined by spaces, 'score': float}]; empty beam slots are left out.
+  `oov_words`: the context's words outside the vocabulary (`to_words`)."""
+  return [{'query': ' '.join(to_words(vocab, sequences[k], oov_words)),
+           'score': float(scores[k])}
           for k in range(min(top_k, len(scores))) if np.isfinite(scores[k])]
 
 
@@ -156,17 +160,21 @@ def _cache_row_axes(model, params, memory: Memory, max_len: int, cache):
   return jax.tree.map(row_axis, cache, grown_cache)
 
 
+# Cache entries projected from the memory once per search: the same for every beam of a row.
+_MEMORY_PROJECTIONS = ('memory_key', 'memory_value', 'copy_keys')
+
+
 def _take_rows(cache, axes, rows: jax.Array, *, reorder: bool = False):
   """Every cache leaf's rows picked by `rows` int [R'] along its row axis.
 
-  With `reorder` (beams re-sorted within their row), the cross-attention keys/values of the
-  memory are left alone: they are the same for every beam of a row, so gathering them would
-  copy them for nothing at every step.
+  With `reorder` (beams re-sorted within their row), the keys/values projected from the
+  memory (cross-attention's, the copy head's) are left alone: they are the same for every
+  beam of a row, so gathering them would copy them for nothing at every step.
   """
   def take(path, axis, x):
     if axis is None:
       return x
-    if reorder and any(getattr(k, 'key', None) in ('memory_key', 'memory_value') for k in path):
+    if reorder and any(getattr(k, 'key', None) in _MEMORY_PROJECTIONS for k in path):
       return x
     return jnp.take(x, rows, axis=axis)
   return jax.tree_util.tree_map_with_path(lambda p, a, x: take(p, a, x), axes, cache,

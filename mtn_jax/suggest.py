@@ -51,6 +51,7 @@ from mtn_jax import errors
 from mtn_jax import inference
 from mtn_jax import search
 from mtn_jax.data import aol_log
+from mtn_jax.data import extended
 from mtn_jax.data.vocab import UNK_ID, Vocab
 
 CHUNK_BATCHES = 8
@@ -221,17 +222,21 @@ def read_raw_log(path: str, reader: QueryReader, data: ml_collections.ConfigDict
 
 
 def encode_contexts(vocab: Vocab, contexts: Sequence[Context], rows: int, width: int,
-                    max_query_words: int) -> tuple[np.ndarray, np.ndarray]:
-  """(queries int32 [rows, width, max_query_words], lengths int64 [rows]); rows past the
-  contexts are padding sessions of one all-padding query."""
+                    max_query_words: int) -> tuple[dict[str, np.ndarray], np.ndarray]:
+  """(batch, lengths int64 [rows]): the batch's 'queries' and 'oov' (numbers of the words
+  outside the vocabulary, `mtn_jax.data.extended`) are int32 [rows, width, max_query_words];
+  rows past the contexts are padding sessions of one all-padding query."""
   queries = np.zeros((rows, width, max_query_words), np.int32)
+  oov = np.zeros((rows, width, max_query_words), np.int32)
   lengths = np.ones(rows, np.int64)
   for row, context in enumerate(contexts):
-    for t, text in enumerate(context.queries):
-      ids = vocab.encode(text.split())
+    words = [text.split() for text in context.queries]
+    for t, query_words in enumerate(words):
+      ids = vocab.encode(query_words)
       queries[row, t, :len(ids)] = ids
+    oov[row, :len(words)] = extended.oov_numbers(words, vocab, max_query_words)
     lengths[row] = len(context.queries)
-  return queries, lengths
+  return {'queries': queries, 'oov': oov}, lengths
 
 
 def decode_contexts(trained: inference.Trained, contexts: Sequence[Context], *,
@@ -250,18 +255,19 @@ def decode_contexts(trained: inference.Trained, contexts: Sequence[Context], *,
   for start in range(0, len(order), batch_rows):
     group = order[start:start + batch_rows]
     width = max(len(contexts[i].queries) for i in group)
-    queries, lengths = encode_contexts(trained.vocab, [contexts[i] for i in group], batch_rows,
-                                       width, n)
+    batch, lengths = encode_contexts(trained.vocab, [contexts[i] for i in group], batch_rows,
+                                     width, n)
     sequences, scores = trained.task.suggest(
-        trained.params, {'queries': queries}, settings, positions=positions,
-        lengths=lengths if positions == 'last' else None)
+        trained.params, {k: batch[k] for k in trained.task.input_keys}, settings,
+        positions=positions, lengths=lengths if positions == 'last' else None)
     sequences, scores = np.asarray(sequences), np.asarray(scores)
     for row, i in enumerate(group):
       context = contexts[i]
       kept = ([0] if positions == 'last'
               else range(context.first_output, len(context.queries)))
+      copied = extended.oov_words([q.split() for q in context.queries], trained.vocab)
       out[i] = [search.suggestion_list(trained.vocab, sequences[row, p], scores[row, p],
-                                       settings.top_k)
+                                       settings.top_k, copied)
                 for p in kept]
   return out
 
@@ -413,12 +419,14 @@ def interactive(config: ml_collections.ConfigDict, workdir: str, stdin: TextIO =
     oov_before = reader.counts['oov_words']
     session = (session + [reader.query(line)])[-cfg.max_session_queries:]
     context = Context(tuple(session), first_output=len(session) - 1, info={})
-    queries, lengths = encode_contexts(trained.vocab, [context], 1, cfg.max_session_queries,
-                                       cfg.max_query_words)
-    sequences, scores = trained.task.suggest(trained.params, {'queries': queries}, settings,
-                                             positions='last', lengths=lengths)
+    batch, lengths = encode_contexts(trained.vocab, [context], 1, cfg.max_session_queries,
+                                     cfg.max_query_words)
+    sequences, scores = trained.task.suggest(
+        trained.params, {k: batch[k] for k in trained.task.input_keys}, settings,
+        positions='last', lengths=lengths)
+    copied = extended.oov_words([q.split() for q in session], trained.vocab)
     ranked = search.suggestion_list(trained.vocab, np.asarray(sequences)[0, 0],
-                                    np.asarray(scores)[0, 0], settings.top_k)
+                                    np.asarray(scores)[0, 0], settings.top_k, copied)
     unknown = reader.counts['oov_words'] - oov_before
     note = f' ({unknown} word(s) outside the vocabulary read as <unk>)' if unknown else ''
     say(f'after {" | ".join(session)}{note}:')

@@ -32,6 +32,7 @@ import numpy as np
 from mtn_jax import losses
 from mtn_jax import models
 from mtn_jax import search
+from mtn_jax.data import extended
 from mtn_jax.models.base import ModelConfig
 
 
@@ -51,12 +52,28 @@ class GenerationTask:
   entropy_weight: float = 0.0
   chunk_tokens: int = 256
 
-  input_keys = ('queries',)
 
   @classmethod
   def from_config(cls, cfg: ModelConfig, train: ml_collections.ConfigDict) -> GenerationTask:
     return cls(cfg, label_smoothing=train.label_smoothing,
                entropy_weight=train.entropy_weight, chunk_tokens=train.loss_chunk_tokens)
+
+  @property
+  def input_keys(self) -> tuple[str, ...]:
+    """The batch keys the model reads: the queries, and for a copying model the numbers of
+    the words outside the vocabulary (`mtn_jax.data.extended`)."""
+    return ('queries', 'oov') if self.copies else ('queries',)
+
+  @property
+  def copies(self) -> bool:
+    return getattr(self.cfg, 'copy', False)
+
+  def per_query_inputs(self, split, vocab) -> dict[str, np.ndarray]:
+    """The input pipeline's per-query arrays of `split` beyond its queries: 'oov'
+    [num_queries, n] for a copying model (`input_pipeline`'s `per_query`)."""
+    if not self.copies:
+      return {}
+    return {'oov': extended.split_oov_numbers(split, vocab)}
 
   @functools.cached_property
   def model(self) -> nn.Module:

@@ -225,15 +225,17 @@ def model_config(config: ml_collections.ConfigDict, vocab, split) -> ModelConfig
 
 
 def evaluate_loss(params, split: sessions.SessionSplit, *, task: tasks.GenerationTask, mesh,
-                  queries_per_batch: int, eval_fn) -> dict[str, float]:
+                  queries_per_batch: int, eval_fn, per_query=None) -> dict[str, float]:
   """The task's validation figures over a split (`GenerationTask.summarize`).
 
-  `eval_fn`: the jit-compiled eval step, (params, batch) -> sums (`make_steps`).
+  `eval_fn`: the jit-compiled eval step, (params, batch) -> sums (`make_steps`);
+  `per_query`: the split's `GenerationTask.per_query_inputs`.
   """
   totals = None
   for batch in input_pipeline.make_eval_iterator(
       split, queries_per_batch=queries_per_batch, multiple_of=jax.device_count(),
-      process_index=jax.process_index(), process_count=jax.process_count()):
+      process_index=jax.process_index(), process_count=jax.process_count(),
+      per_query=per_query):
     sums = eval_fn(params, parallel.shard_batch({k: batch[k] for k in task.input_keys}, mesh))
     totals = sums if totals is None else jax.tree.map(jnp.add, totals, sums)
   return task.summarize(jax.device_get(totals))
@@ -341,8 +343,9 @@ class _TrainMonitor:
     self._window_start, self._compile_seconds = time.time(), 0.0
 
   def add(self, step: int, sums: dict, sessions: int, compile_seconds: float) -> None:
-    """The metrics of the step that made `step` (device arrays, not waited for), and the
-    seconds its call spent compiling."""
+    """The metrics (device arrays, not waited for) of the step that started from state step
+    `step` (the checkpoint a non-finite loss falls back to), and the seconds its call spent
+    compiling."""
     self._pending.append((step, sums))
     self._sessions += sessions
     self._compile_seconds += compile_seconds
@@ -422,7 +425,9 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
   train_iter = input_pipeline.make_train_iterator(
       train_split, queries_per_batch=config.input.train_queries_per_batch, seed=config.seed,
       multiple_of=jax.device_count(), process_index=jax.process_index(),
-      process_count=jax.process_count(), worker_count=config.input.worker_count)
+      process_count=jax.process_count(), worker_count=config.input.worker_count,
+      per_query=task.per_query_inputs(train_split, vocab))
+  valid_inputs = task.per_query_inputs(valid_split, vocab)
   manager = checkpoints.open_manager(workdir, keep=tc.keep_checkpoints)
   meta = _run_meta(config, cfg, vocab)
   log = print if jax.process_index() == 0 else (lambda *a, **k: None)
@@ -492,15 +497,15 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
         # A new batch shape compiles inside the call (running it is asynchronous).
         compile_seconds = 0.0 if shape in compiled_shapes else time.time() - called
         compiled_shapes.add(shape)
-        step += 1
         monitor.add(step, sums, num_sessions, compile_seconds)
+        step += 1
         if step % tc.log_every_steps == 0:
           monitor.write(step)
         if step % steps_per_epoch == 0 or step == total_steps:
           monitor.write(step)
           valid = evaluate_loss(state.params, valid_split, task=task, mesh=mesh,
                                 queries_per_batch=config.input.eval_queries_per_batch,
-                                eval_fn=eval_fn)
+                                eval_fn=eval_fn, per_query=valid_inputs)
           writer.write(step, 'valid', valid)
           _record_validation(meta, step, valid)
           log(f'epoch {math.ceil(step / steps_per_epoch)}: validation loss '

@@ -198,13 +198,16 @@ def test_raw_session_longer_than_the_table_keeps_its_last_queries():
 def test_encode_contexts_pads_queries_and_rows():
   contexts = [suggest.Context(('cheap flights', 'zzz'), 1, {}),
               suggest.Context(('boston',), 0, {})]
-  queries, lengths = suggest.encode_contexts(VOCAB, contexts, rows=3, width=2,
-                                             max_query_words=3)
+  batch, lengths = suggest.encode_contexts(VOCAB, contexts, rows=3, width=2,
+                                           max_query_words=3)
   ids = {w: VOCAB.id(w) for w in ('cheap', 'flights', 'boston')}
-  np.testing.assert_array_equal(queries, [
+  np.testing.assert_array_equal(batch['queries'], [
       [[ids['cheap'], ids['flights'], 0], [UNK_ID, 0, 0]],
       [[ids['boston'], 0, 0], [0, 0, 0]],
       [[0, 0, 0], [0, 0, 0]]])
+  # 'zzz' is the first (and only) word outside the vocabulary of its context.
+  np.testing.assert_array_equal(batch['oov'], [
+      [[0, 0, 0], [1, 0, 0]], [[0, 0, 0], [0, 0, 0]], [[0, 0, 0], [0, 0, 0]]])
   assert lengths.tolist() == [2, 1, 1]
 
 

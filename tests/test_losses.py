@@ -125,7 +125,7 @@ TINY_FIELDS = dict(
     ff_dim=16, query_layers=1, session_layers=1, num_levels=2, decoder_layers=1, dropout=0.1,
     share_embeddings=False, tie_embeddings=True, pre_norm=False, learned_positions=False,
     scan_layers=True, remat='none', compute_dtype='float32', lstm_units=4,
-    max_session_queries=8)
+    max_session_queries=8, copy=False)
 TINY = make_config(TINY_FIELDS)
 
 # [batch=2, queries=3, tokens=4]; the second session ends in a padding row.

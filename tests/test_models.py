@@ -31,7 +31,7 @@ BASE = make_config(dict(
     name='mtn', vocab_size=VOCAB, max_query_words=WORDS, emb_dim=16, d_model=16, num_heads=2,
     ff_dim=32, query_layers=2, session_layers=2, num_levels=2, decoder_layers=2, dropout=0.1,
     share_embeddings=False, tie_embeddings=False, pre_norm=False, learned_positions=False,
-    scan_layers=True, remat='none', compute_dtype='float32', max_session_queries=8))
+    scan_layers=True, remat='none', compute_dtype='float32', max_session_queries=8, copy=False))
 # The three configs the equivalence tests run; between them they cover both layer layouts,
 # both norm placements, both position encodings, shared and separate word tables, tied outputs
 # and emb_dim != d_model.
@@ -41,7 +41,11 @@ MTN3 = BASE.replace(num_levels=3, scan_layers=False, pre_norm=True, learned_posi
                     decoder_layers=1)
 TRANSFORMER = make_config(dataclasses.asdict(BASE), name='transformer', share_embeddings=True,
                           tie_embeddings=True, emb_dim=12)
-CONFIGS = {'mtn_k2': MTN2, 'mtn_k3': MTN3, 'transformer': TRANSFORMER}
+# With a copy head (`mtn_jax.models.copying`): its attention and gate keep every invariance.
+MTN_COPY = MTN3.replace(copy=True)
+TRANSFORMER_COPY = TRANSFORMER.replace(copy=True, tie_embeddings=False)
+CONFIGS = {'mtn_k2': MTN2, 'mtn_k3': MTN3, 'transformer': TRANSFORMER, 'mtn_copy': MTN_COPY,
+           'transformer_copy': TRANSFORMER_COPY}
 
 
 def make_queries(seed, batch=BATCH, num_queries=QUERIES, words=WORDS):
@@ -138,7 +142,10 @@ def test_padding_rows_change_nothing(name):
   logits = fns['forward'](params, queries)
   padded_logits = fns['forward'](params, padded)
   np.testing.assert_allclose(logits[0], padded_logits[1], atol=1e-5)
-  assert np.isfinite(padded_logits).all()
+  # Every vocabulary word scores a finite number, in the padding row too; a copying model's
+  # extended ids that no query holds have probability 0 (-inf), and nothing is NaN.
+  assert np.isfinite(padded_logits[..., :VOCAB]).all()
+  assert not np.isnan(padded_logits).any()
 
 
 def test_transformer_longer_token_padding_changes_nothing():
@@ -179,7 +186,7 @@ def test_mtn_refuses_other_query_widths():
 
 
 def decode_stepwise(cfg, params, queries, memory):
-  """float32 [B, S-1, T, V]: the decoder fed one token at a time through its KV cache.
+  """float32 [B, S-1, T, V']: the decoder fed one token at a time through its KV cache.
 
   `memory` is the encoding of `queries` (all S positions). The steps see its tokens zeroed:
   cross-attention must read the keys and values the cache made from the real ones.
@@ -197,7 +204,7 @@ def decode_stepwise(cfg, params, queries, memory):
     logits, variables = fns['step'](params, cache, step_memory, inputs[:, i:i + 1])
     cache = variables['cache']
     steps.append(logits)
-  return jnp.concatenate(steps, axis=1).reshape(BATCH, QUERIES - 1, inputs.shape[1], VOCAB)
+  return jnp.concatenate(steps, axis=1).reshape(BATCH, QUERIES - 1, inputs.shape[1], -1)
 
 
 @pytest.mark.parametrize('name', CONFIGS)

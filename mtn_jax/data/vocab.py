@@ -47,14 +47,18 @@ class Vocab:
   def encode(self, words: Iterable[str]) -> list[int]:
     return [self._ids.get(w, UNK_ID) for w in words]
 
-  def decode(self, ids: Sequence[int] | np.ndarray) -> list[str]:
-    """Words of `ids` up to the first `</s>` or `<pad>`; `<s>` is dropped."""
+  def decode(self, ids: Sequence[int] | np.ndarray,
+             extended_words: Sequence[str] = ()) -> list[str]:
+    """Words of `ids` up to the first `</s>` or `<pad>`; `<s>` is dropped. An id past the
+    vocabulary, len(self) + k, is an extended id (a word copied from the context):
+    `extended_words[k]`."""
     out = []
     for i in np.asarray(ids).tolist():
       if i in (EOS_ID, PAD_ID):
         break
       if i != BOS_ID:
-        out.append(self.words[i])
+        out.append(self.words[i] if i < len(self.words)
+                   else extended_words[i - len(self.words)])
     return out
 
   @property

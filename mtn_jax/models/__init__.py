@@ -55,8 +55,11 @@ class ModelSpec:
 
   def example_batch(self, cfg: ModelConfig) -> dict:
     """The smallest batch the model takes, for making (or shaping) its parameters: one
-    session of two queries."""
-    return {'queries': jnp.ones((1, 2, cfg.max_query_words), jnp.int32)}
+    session of two queries (and their out-of-vocabulary numbers, for a copying model)."""
+    queries = jnp.ones((1, 2, cfg.max_query_words), jnp.int32)
+    if getattr(cfg, 'copy', False):
+      return {'queries': queries, 'oov': jnp.zeros_like(queries)}
+    return {'queries': queries}
 
   def label(self, fields: Mapping[str, Any]) -> str:
     """The display name with the layer counts of a saved model config, where it has any."""

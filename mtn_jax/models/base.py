@@ -19,9 +19,11 @@ decoder reads `<s>` + next query and predicts next query + `</s>`, so its length
     `output_logits(hidden [..., H])` -> float32 logits [..., V];
     `output_head()` -> (logits function of (head params, hidden), head params): the output
       layer as a pure function, for the fused loss (`mtn_jax.losses.output_layer_losses`);
-    `decode(memory, decoder_inputs [N, T'], *, train=False, decode=False)` -> [N, T', V];
-    `session_hidden(batch, *, train)` -> hidden [B, S-1, T, H] of every pair;
-    `__call__(batch, *, train)` -> float32 logits [B, S-1, T, V].
+    `decode(memory, decoder_inputs [N, T'], *, train=False, decode=False)` -> next-token
+      scores [N, T', V'] (logits; a copying model's log-probabilities over V' >= V);
+    `session_outputs(batch, *, train)` -> the loss's inputs: hidden [B, S-1, T, H] of every
+      pair, and a copying model's gate and copy attention;
+    `__call__(batch, *, train)` -> float32 scores [B, S-1, T, V'].
 """
 
 from __future__ import annotations
@@ -40,7 +42,7 @@ from mtn_jax.data.vocab import BOS_ID, EOS_ID, PAD_ID, SEP_ID
 Batch = Mapping[str, jax.Array]
 
 
-@dataclasses.dataclass(frozen=True)
+@dataclasses.dataclass(frozen=True, kw_only=True)
 class ModelConfig:
   """Static hyper-parameters every model has (hashable, so modules can hold it).
 
@@ -69,9 +71,13 @@ class ModelConfig:
   @classmethod
   def from_fields(cls, fields: Mapping[str, Any], **overrides) -> ModelConfig:
     """This config from a mapping that may hold other models' fields too (`config.model`,
-    a checkpoint's saved model config); `overrides` win. A missing field raises KeyError."""
-    merged = {**{k: fields[k] for k in cls.field_names() if k not in overrides}, **overrides}
-    return cls(**merged)
+    a checkpoint's saved model config); `overrides` win. A field with a default (one added
+    after older checkpoints were written) may be missing; any other raises KeyError."""
+    defaults = {f.name for f in dataclasses.fields(cls)
+                if f.default is not dataclasses.MISSING}
+    merged = {k: fields[k] for k in cls.field_names()
+              if k not in overrides and (k in fields or k not in defaults)}
+    return cls(**merged, **overrides)
 
   def replace(self, **changes) -> ModelConfig:
     return dataclasses.replace(self, **changes)
@@ -185,18 +191,34 @@ class SessionModel(nn.Module):
     return (lambda head_params, hidden: unbound.apply({'params': head_params}, hidden,
                                                       method='output_logits')), params
 
+  def output_scores(self, hidden: jax.Array, memory, *, decode: bool = False) -> jax.Array:
+    """hidden [N, T', H] of memory rows [N, ...] -> float32 [N, T', V'], the next-token
+    scores whose log-softmax is the next-token distribution: the logits, or for a model that
+    copies, the log-probabilities over its extended vocabulary (`copying`)."""
+    del memory, decode
+    return self.output_logits(hidden)
+
+  def copy_inputs(self, hidden: jax.Array, memory) -> dict[str, jax.Array]:
+    """What the copy mixture adds to the loss's inputs (`losses.copy_token_losses`): 'gate'
+    [N, T'], 'copy_scores' [N, T', L] and 'copy_ids' [N, L]; nothing for a model that does
+    not copy."""
+    del hidden, memory
+    return {}
+
   def decode(self, memory, decoder_inputs: jax.Array, *, train: bool = False,
              decode: bool = False) -> jax.Array:
-    """Memory of N rows, decoder_inputs int32 [N, T'] -> float32 logits [N, T', V].
+    """Memory of N rows, decoder_inputs int32 [N, T'] -> float32 scores [N, T', V']
+    (`output_scores`).
 
     With `decode`, the call that creates the 'cache' collection (inputs [N, max_len])
     computes as without it; later calls take one step [N, 1] each and continue from it.
     """
-    return self.output_logits(self.decode_hidden(memory, decoder_inputs, train=train,
-                                                 decode=decode))
+    hidden = self.decode_hidden(memory, decoder_inputs, train=train, decode=decode)
+    return self.output_scores(hidden, memory, decode=decode)
 
-  def session_hidden(self, batch: Batch, *, train: bool) -> jax.Array:
-    """batch['queries'] int32 [B, S, n] -> hidden [B, S-1, n+1, H] of the pairs t = 0..S-2."""
+  def _pairs(self, batch: Batch, train: bool):
+    """(memory of the contexts [B*(S-1), ...], decoder inputs int32 [B*(S-1), n+1]) of the
+    pairs t = 0..S-2 of batch['queries'] int32 [B, S, n]."""
     queries = batch['queries']
     if queries.ndim != 3 or not jnp.issubdtype(queries.dtype, jnp.integer):
       raise ValueError(f'queries must be integer word ids [batch, queries, tokens], '
@@ -209,13 +231,24 @@ class SessionModel(nn.Module):
     # context, is left out of the encoder rather than encoded and discarded.
     memory = self.encode(context_batch(batch), train=train)
     decoder_inputs, _, _ = decoder_io(queries)
-    hidden = self.decode_hidden(
-        memory, decoder_inputs.reshape(num_sessions * (num_queries - 1), -1), train=train)
-    return hidden.reshape(num_sessions, num_queries - 1, *hidden.shape[1:])
+    return memory, decoder_inputs.reshape(num_sessions * (num_queries - 1), -1)
+
+  def session_outputs(self, batch: Batch, *, train: bool) -> dict[str, jax.Array]:
+    """What the loss reads for every pair t = 0..S-2 of batch['queries'] int32 [B, S, n]:
+    'hidden' [B, S-1, n+1, H], the decoder states the output layer maps to the vocabulary,
+    and a copying model's `copy_inputs`, each with the leading [B, S-1]."""
+    memory, decoder_inputs = self._pairs(batch, train)
+    hidden = self.decode_hidden(memory, decoder_inputs, train=train)
+    outputs = {'hidden': hidden, **self.copy_inputs(hidden, memory)}
+    lead = batch['queries'].shape[:1] + (batch['queries'].shape[1] - 1,)
+    return {k: v.reshape(lead + v.shape[1:]) for k, v in outputs.items()}
 
   def __call__(self, batch: Batch, *, train: bool) -> jax.Array:
-    """batch['queries'] int32 [B, S, n] -> float32 logits [B, S-1, n+1, V], pairs 0..S-2."""
-    return self.output_logits(self.session_hidden(batch, train=train))
+    """batch['queries'] int32 [B, S, n] -> float32 scores [B, S-1, n+1, V'] of pairs
+    0..S-2 (`output_scores`: logits, or a copying model's log-probabilities)."""
+    memory, decoder_inputs = self._pairs(batch, train)
+    scores = self.decode(memory, decoder_inputs, train=train)
+    return scores.reshape(batch['queries'].shape[:1] + (-1,) + scores.shape[1:])
 
 
 def context_batch(batch: Batch) -> dict:
@@ -227,7 +260,7 @@ def context_batch(batch: Batch) -> dict:
 
 
 # Batch keys whose second axis is the session's queries (`context_batch` cuts them).
-PER_QUERY_KEYS = ('queries',)
+PER_QUERY_KEYS = ('queries', 'oov')
 
 
 def count_params(params) -> int:

@@ -19,7 +19,10 @@ Parts:
   checkpoints load unchanged;
 - `layers.Decoder` over the decoder's table;
 - the output layer: 'logits', a dense map to the vocabulary, or with `tie_embeddings` the
-  decoder's table (`WordEmbedding.attend`).
+  decoder's table (`WordEmbedding.attend`);
+- with `config.copy`, a copy head ('copy_head', `copying.CopyHead`) over the source tokens the
+  encoder offers (`copy_source`: for MTN every token of queries 0..t, for the Transformer its
+  flat source), which turns the output into a mixture over the extended vocabulary.
 """
 
 from __future__ import annotations
@@ -30,6 +33,8 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
+from mtn_jax.data.vocab import UNK_ID
+from mtn_jax.models import copying
 from mtn_jax.models import layers
 from mtn_jax.models.base import Batch, SessionModel, word_embeddings
 
@@ -52,14 +57,44 @@ class EncoderDecoder(SessionModel):
           dot_general=functools.partial(jax.lax.dot_general,
                                         preferred_element_type=jnp.float32),
           name='logits')
+    if cfg.copy:
+      self.copy_head = copying.CopyHead(cfg.d_model, cfg.dtype)
 
   def encode(self, batch: Batch, *, train: bool = False) -> dict[str, jax.Array]:
-    """batch['queries'] int32 [B, S, n] -> {'tokens': [B*S, L, d], 'mask': bool [B*S, L]}."""
-    return self.context_encoder(batch['queries'], train=train)
+    """batch['queries'] int32 [B, S, n] -> {'tokens': [B*S, L, d], 'mask': bool [B*S, L]},
+    and with `copy` the source to copy from: 'copy_tokens' [B*S, L', d], 'copy_mask' bool
+    [B*S, L'] and 'copy_ids' int32 [B*S, L'] (extended ids, -1 where masked), from
+    batch['oov']."""
+    memory = self.context_encoder(batch['queries'], train=train)
+    if self.config.copy:
+      source = copying.extended_queries(batch, self.config.vocab_size)
+      memory.update(self.context_encoder.copy_source(memory, source))
+    return memory
+
+  def output_scores(self, hidden: jax.Array, memory, *, decode: bool = False) -> jax.Array:
+    logits = self.output_logits(hidden)
+    if not self.config.copy:
+      return logits
+    gate, scores = self.copy_head(hidden, memory, decode=decode)
+    return copying.mixture_log_probs(logits, gate, scores, memory['copy_ids'],
+                                     self.config.extended_vocab_size)
+
+  def copy_inputs(self, hidden: jax.Array, memory) -> dict[str, jax.Array]:
+    if not self.config.copy:
+      return {}
+    gate, scores = self.copy_head(hidden, memory)
+    return {'gate': gate, 'copy_scores': scores, 'copy_ids': memory['copy_ids']}
 
   def decode_hidden(self, memory: dict[str, jax.Array], decoder_inputs: jax.Array, *,
                     train: bool = False, decode: bool = False) -> jax.Array:
-    """memory rows [N, ...], decoder_inputs int32 [N, T'] -> hidden [N, T', d]."""
+    """memory rows [N, ...], decoder_inputs int32 [N, T'] -> hidden [N, T', d].
+
+    A copied word outside the vocabulary (an extended id, fed back by the search) is read as
+    `<unk>`: the decoder's word table has no row for it.
+    """
+    if self.config.copy:
+      decoder_inputs = jnp.where(decoder_inputs < self.config.vocab_size, decoder_inputs,
+                                 UNK_ID)
     return self.decoder(memory['tokens'], memory['mask'], decoder_inputs, train=train,
                         decode=decode)
 

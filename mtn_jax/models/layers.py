@@ -35,7 +35,7 @@ import numpy as np
 from mtn_jax.models.base import ModelConfig
 from mtn_jax.models.dropout import Dropout
 
-@dataclasses.dataclass(frozen=True)
+@dataclasses.dataclass(frozen=True, kw_only=True)
 class TransformerConfig(ModelConfig):
   """A Transformer encoder-decoder's fields (the paper's Sec. 5.2 names)."""
 
@@ -48,6 +48,16 @@ class TransformerConfig(ModelConfig):
   learned_positions: bool
   scan_layers: bool  # one layout of the parameters or the other: see `loop_to_scan_params`
   remat: str
+  # A copy head mixes session words into the output (`copying`); checkpoints from before it
+  # existed have none.
+  copy: bool = False
+
+  @property
+  def extended_vocab_size(self) -> int:
+    """The output's size: V, plus with `copy` one extended id per token slot a context can
+    hold (`max_session_queries * max_query_words`)."""
+    extra = self.max_session_queries * self.max_query_words if self.copy else 0
+    return self.vocab_size + extra
 
   RUNTIME_FIELDS = ModelConfig.RUNTIME_FIELDS + ('remat', 'scan_layers')
 

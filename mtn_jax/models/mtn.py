@@ -25,7 +25,7 @@ from mtn_jax.models import layers
 from mtn_jax.models.dropout import Dropout
 
 
-@dataclasses.dataclass(frozen=True)
+@dataclasses.dataclass(frozen=True, kw_only=True)
 class MTNConfig(layers.TransformerConfig):
   """MTN's fields beside the Transformer's: K levels, each with its masked session encoder."""
 
@@ -112,3 +112,33 @@ class MTNEncoder(nn.Module):
       x = level(x, session_token_mask, train=train)
     return {'tokens': x.reshape(batch * num_queries, num_tokens, cfg.d_model),
             'mask': token_mask}
+
+  def copy_source(self, memory: dict[str, jax.Array], source_ids: jax.Array
+                  ) -> dict[str, jax.Array]:
+    """What a copy head may copy after query t: every token of queries 0..t.
+
+    The decoder's cross-attention reads query t's tokens alone (the paper's MTN), but a
+    suggestion reuses words of the earlier queries too; each of their tokens already carries
+    the session context up to its own query, and none of a later one, so copying from them
+    keeps row b*S + t causal.
+
+    Args:
+      memory: this encoder's output, 'tokens' [B*S, n, d] and 'mask' [B*S, n].
+      source_ids: int32 [B, S, n] the queries' extended ids.
+    Returns:
+      'copy_tokens' [B*S, S*n, d], 'copy_mask' bool [B*S, S*n], 'copy_ids' int32 [B*S, S*n]
+      (-1 where masked).
+    """
+    batch, num_queries, num_tokens = source_ids.shape
+    width = num_queries * num_tokens
+    tokens = memory['tokens'].reshape(batch, 1, width, -1)  # broadcast over rows t below
+    query_of_slot = jnp.arange(width) // num_tokens
+    seen = query_of_slot[None, :] <= jnp.arange(num_queries)[:, None]  # [S, S*n]
+    mask = memory['mask'].reshape(batch, 1, width) & seen[None]  # [B, S, S*n]
+    ids = jnp.where(mask, source_ids.reshape(batch, 1, width), -1)
+    rows = batch * num_queries
+    # Zeros where masked: a row's memory then holds nothing of later queries at all.
+    tokens = jnp.where(mask[..., None], tokens, 0)
+    return {'copy_tokens': tokens.reshape(rows, width, -1),
+            'copy_mask': mask.reshape(rows, width),
+            'copy_ids': ids.reshape(rows, width).astype(jnp.int32)}

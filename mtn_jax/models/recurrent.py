@@ -8,7 +8,7 @@ N decoder rows, T' decoder steps, V words), with its config `RecurrentConfig`:
   `decode(memory, decoder_inputs int32 [N, T']) -> logits float32 [N, T', V]`, teacher-forced,
     or with `decode=True` one step at a time from the LSTM state held in the 'cache' collection;
   `__call__(batch) -> logits float32 [B, S-1, T, V]` for the pairs t = 0..S-2;
-  `decode_hidden` / `session_hidden`: the decoder's features [N, T', 2u] / [B, S-1, T, 2u]
+  `decode_hidden` / `session_outputs`: the decoder's features [N, T', 2u] / [B, S-1, T, 2u]
     (u = `lstm_units`) before `output_logits` maps them to float32 logits [..., V].
 
 Padding (id 0) never enters a recurrent state: every LSTM runs with `seq_lengths`, so a batch
@@ -30,7 +30,7 @@ from mtn_jax.models.base import (Batch, ModelConfig, SessionModel, session_sourc
 from mtn_jax.models.dropout import Dropout
 
 
-@dataclasses.dataclass(frozen=True)
+@dataclasses.dataclass(frozen=True, kw_only=True)
 class RecurrentConfig(ModelConfig):
   """The recurrent baselines' fields beside the ones every model has."""
 

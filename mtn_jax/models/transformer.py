@@ -17,6 +17,7 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
+from mtn_jax.data.vocab import SEP_ID
 from mtn_jax.models import layers
 from mtn_jax.models.base import session_sources
 from mtn_jax.models.dropout import Dropout
@@ -53,3 +54,13 @@ class FlatSessionEncoder(nn.Module):
     x = self.embedding_dropout(x, deterministic=not train)
     x = self.encoder(x, layers.padding_mask(mask), train=train)
     return {'tokens': x, 'mask': mask}
+
+  def copy_source(self, memory: dict[str, jax.Array], source_ids: jax.Array
+                  ) -> dict[str, jax.Array]:
+    """What a copy head may copy after query t: the encoded words of its flat source (the
+    `<sep>`s left out). source_ids: int32 [B, S, n] the queries' extended ids. Returns
+    'copy_tokens' [B*S, L, d], 'copy_mask' bool [B*S, L], 'copy_ids' int32 [B*S, L]."""
+    ids, _ = session_sources(source_ids)
+    mask = memory['mask'] & (ids != SEP_ID)
+    return {'copy_tokens': memory['tokens'], 'copy_mask': mask,
+            'copy_ids': jnp.where(mask, ids, -1).astype(jnp.int32)}

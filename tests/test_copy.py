@@ -1,0 +1,138 @@
+"""The copy mixture (pointer-generator): a distribution over the extended vocabulary, a loss
+whose fused, chunked form equals its definition, and session words outside the vocabulary
+written out verbatim in suggestions."""
+
+import functools
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from configs import default
+from mtn_jax import inference
+from mtn_jax import losses
+from mtn_jax import models
+from mtn_jax import search
+from mtn_jax import suggest
+from mtn_jax import tasks
+from mtn_jax.data import extended
+from mtn_jax.data.vocab import SPECIAL_TOKENS, UNK_ID, Vocab
+from mtn_jax.models import copying
+from mtn_jax.models.base import decoder_io
+
+jit = functools.partial(jax.jit, compiler_options={'xla_backend_optimization_level': 0})
+
+VOCAB = Vocab(SPECIAL_TOKENS + tuple(f'w{i}' for i in range(32)))
+FIELDS = dict(
+    vocab_size=len(VOCAB), max_query_words=4, emb_dim=12, d_model=16, num_heads=2, ff_dim=16,
+    query_layers=1, session_layers=1, num_levels=2, decoder_layers=1, dropout=0.1,
+    share_embeddings=False, tie_embeddings=True, pre_norm=False, learned_positions=False,
+    scan_layers=True, remat='none', compute_dtype='float32', max_session_queries=8,
+    copy=True)
+# Two sessions of three queries; 'zq', 'xv' and 'kk' are not in VOCAB. In session 0, 'xv'
+# first appears in the last query (its target cannot be copied), 'zq' in the first.
+TEXTS = [['w1 zq', 'w3 xv zq', 'zq w2'], ['kk w4 w5 w6', 'w7 kk', '']]
+
+
+def session_batch():
+  queries = np.zeros((2, 3, 4), np.int32)
+  oov = np.zeros((2, 3, 4), np.int32)
+  for b, session in enumerate(TEXTS):
+    words = [t.split() for t in session]
+    for t, query in enumerate(words):
+      queries[b, t, :len(query)] = VOCAB.encode(query)
+    oov[b] = extended.oov_numbers(words, VOCAB, 4)
+  return {'queries': jnp.asarray(queries), 'oov': jnp.asarray(oov)}
+
+
+def test_oov_numbers_follow_first_appearance():
+  words = [t.split() for t in TEXTS[0]]
+  np.testing.assert_array_equal(extended.oov_numbers(words, VOCAB, 4),
+                                [[0, 1, 0, 0], [0, 2, 1, 0], [1, 0, 0, 0]])
+  assert extended.oov_words(words, VOCAB) == ['zq', 'xv']
+  batch = session_batch()
+  # After query 0 one such word can be copied, after query 1 two.
+  np.testing.assert_array_equal(copying.copyable_words(batch), [[1, 2, 2], [1, 1, 1]])
+
+
+@pytest.fixture(scope='module', params=['mtn', 'transformer'])
+def copy_model(request):
+  cfg = models.make_config(dict(FIELDS, name=request.param))
+  model = models.create_model(cfg)
+  params = jit(lambda key: model.init(key, session_batch(), train=False))(
+      jax.random.key(0))['params']
+  return cfg, model, params
+
+
+def test_the_mixture_is_a_distribution_over_the_extended_vocabulary(copy_model):
+  cfg, model, params = copy_model
+  log_probs = jit(lambda p: model.apply({'params': p}, session_batch(), train=False))(params)
+  assert log_probs.shape[-1] == cfg.extended_vocab_size == len(VOCAB) + 8 * 4
+  np.testing.assert_allclose(np.exp(np.asarray(log_probs)).sum(-1), 1.0, atol=1e-5)
+  # Session 0's words outside the vocabulary have mass after query 0 ('zq' only) and after
+  # query 1 ('zq' and 'xv'); no other extended id ever does.
+  has_mass = np.exp(np.asarray(log_probs))[0, :, 0, len(VOCAB):] > 0
+  np.testing.assert_array_equal(np.flatnonzero(has_mass[0]), [0])
+  np.testing.assert_array_equal(np.flatnonzero(has_mass[1]), [0, 1])
+
+
+def test_fused_copy_loss_equals_its_definition_in_values_and_gradients(copy_model):
+  cfg, model, params = copy_model
+  batch = session_batch()
+  rngs = {'dropout': jax.random.key(1)}
+  vocab_size = cfg.vocab_size
+
+  def plain(p):
+    """Label-smoothed cross-entropy on the model's whole mixture, smoothing over V words."""
+    log_probs = model.apply({'params': p}, batch, train=True, rngs=rngs)
+    _, targets, weights = decoder_io(copying.extended_queries(batch, vocab_size))
+    targets = losses.extended_targets(targets, copying.copyable_words(batch)[:, :-1],
+                                      vocab_size)
+    nll = -jnp.take_along_axis(log_probs, targets[..., None], -1)[..., 0]
+    loss = 0.9 * nll - 0.1 * log_probs[..., :vocab_size].mean(-1)
+    return (loss * weights).sum() / weights.sum(), (nll * weights).sum()
+
+  def fused(p, chunk, groups):
+    sums = losses.session_losses(model, p, batch, train=True, rngs=rngs, label_smoothing=0.1,
+                                 chunk_tokens=chunk, groups=groups)
+    return sums['loss'] / sums['tokens'], sums['nll']
+
+  (loss, nll), grads = jit(jax.value_and_grad(plain, has_aux=True))(params)
+  assert np.isfinite(float(loss))
+  for chunk, groups in ((3, 1), (2, 2)):
+    (f_loss, f_nll), f_grads = jit(jax.value_and_grad(
+        functools.partial(fused, chunk=chunk, groups=groups), has_aux=True))(params)
+    np.testing.assert_allclose(f_loss, loss, rtol=1e-5)
+    np.testing.assert_allclose(f_nll, nll, rtol=1e-5)
+    jax.tree.map(functools.partial(np.testing.assert_allclose, rtol=1e-4, atol=1e-6),
+                 f_grads, grads)
+  # The copy head learns: its parameters receive gradients.
+  assert float(jnp.abs(grads['copy_head']['gate']['kernel']).max()) > 0
+
+
+def test_a_target_outside_the_vocabulary_and_the_context_is_unk():
+  targets = jnp.array([[[40, 41, 7]]])  # V = 37: extended ids 3 and 4, then a word
+  np.testing.assert_array_equal(
+      losses.extended_targets(targets, jnp.array([[4]]), 37), [[[40, UNK_ID, 7]]])
+
+
+def test_a_session_word_outside_the_vocabulary_is_suggested_verbatim(copy_model):
+  """With the gate shut on the vocabulary (its bias very negative), every suggested word is
+  copied; a context made only of unknown words is then written back in those words."""
+  cfg, _, params = copy_model
+  params = jax.tree_util.tree_map_with_path(
+      lambda path, x: x - 50.0 if 'gate' in jax.tree_util.keystr(path) and
+      x.ndim == 1 else x, params)
+  config = default.get_config()
+  task = tasks.make_task(cfg, config.train)
+  trained = inference.Trained(task, params, VOCAB, step=0, meta={})
+  settings = search.SearchSettings(beam_size=3, max_len=3, length_penalty=0.0,
+                                   emit_unk=False, top_k=3)
+  context = suggest.Context(('zzyzx quokka',), 0, {})
+  [[ranked]] = suggest.decode_contexts(trained, [context], positions='last', batch_rows=1,
+                                       settings=settings)
+  assert ranked
+  for suggestion in ranked:
+    words = suggestion['query'].split()
+    assert words and set(words) <= {'zzyzx', 'quokka'}, suggestion
