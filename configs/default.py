@@ -95,6 +95,9 @@ def get_config() -> ml_collections.ConfigDict:
   # False: `<unk>` is never suggested (it tells a user nothing and never matches a logged
   # query, though on logs with many rare words it is often the likeliest token).
   c.decode.emit_unk = False
+  # True: a suggestion never holds a word twice (queries almost never do; a copy mixture
+  # otherwise loops on the word it copies).
+  c.decode.block_repeats = False
   c.decode.batch_sessions = 64
   c.decode.input = ''
   c.decode.output = ''

@@ -15,6 +15,7 @@ the one with the lowest validation loss (saved with metrics at the end of each e
 from __future__ import annotations
 
 import dataclasses
+import logging
 import os
 from typing import Any
 
@@ -40,8 +41,19 @@ def open_manager(workdir: str, keep: int = 2, read_only: bool = False) -> ocp.Ch
                    keep_checkpoints_without_metrics=False),
   ])
   options = ocp.CheckpointManagerOptions(preservation_policy=preservation, create=not read_only,
-                                         read_only=read_only)
-  return ocp.CheckpointManager(checkpoint_dir(workdir), options=options)
+                                         read_only=read_only,
+                                         save_interval_steps=0 if read_only else 1)
+  if not read_only:
+    return ocp.CheckpointManager(checkpoint_dir(workdir), options=options)
+  # Orbax warns that a read-only manager's directory is read only, on every eval, decode and
+  # suggest: what was asked for is no warning to a user.
+  absl_logger = logging.getLogger('absl')
+  level = absl_logger.level
+  absl_logger.setLevel(logging.ERROR)
+  try:
+    return ocp.CheckpointManager(checkpoint_dir(workdir), options=options)
+  finally:
+    absl_logger.setLevel(level)
 
 
 def architecture(cfg: ModelConfig) -> dict[str, Any]:

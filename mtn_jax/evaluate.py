@@ -21,8 +21,12 @@ occurs there).
 
 results.json: model name and architecture, size (MB at fp32) and parameter count, checkpoint
 step, number of sessions and pairs, decode settings, `scores` ({'model', 'repeat_previous',
-'most_frequent_next'} -> BLEU, precisions, brevity penalty, lengths and the printed `line`),
-wall time and suggestions per second. samples.jsonl: a seeded sample of pairs, one JSON object
+'most_frequent_next'} -> BLEU of the top suggestion, precisions, brevity penalty, lengths, the
+printed `line`, and under 'ranking' exact match at 1, Recall@5/@10, MRR@10 over the distinct
+suggestions and the share of top suggestions that repeat a session query: `metrics`), the
+same under `scores_excluding_session` for the user-facing protocol that drops every
+suggestion repeating a query of the session, wall time and suggestions per second. The
+trivial suggesters' lists: the previous query alone; the 10 most frequent next queries. samples.jsonl: a seeded sample of pairs, one JSON object
 a line with the context queries, the predicted and the actual next query and the top
 suggestions with their scores, for the report's sample tables.
 """
@@ -87,8 +91,9 @@ def repeat_previous(previous: Sequence[str]) -> list[str]:
   return list(previous)
 
 
-def most_frequent_next(train: sessions.SessionSplit, previous: Sequence[str]) -> list[str]:
-  """For each previous query, the next query that most often follows it in `train`.
+def most_frequent_next_lists(train: sessions.SessionSplit, previous: Sequence[str],
+                             k: int = metrics.RANKING_CUTOFF) -> list[list[str]]:
+  """For each previous query, the `k` next queries that most often follow it in `train`.
 
   Texts are compared raw, as logged. Ties go to the next query seen first in the training
   split; a previous query never followed by anything in `train` is suggested again. The
@@ -110,13 +115,50 @@ def most_frequent_next(train: sessions.SessionSplit, previous: Sequence[str]) ->
       if not session_start[row] and before in wanted:
         follow_counts.setdefault(before, collections.Counter())[text] += 1
       before = text
-  # most_common(1) is max() over insertion order: the first-seen next query wins a tie.
-  best = {p: counts.most_common(1)[0][0] for p, counts in follow_counts.items()}
-  return [best.get(p, p) for p in previous]
+  # most_common is sorted by count, stably over insertion order: first seen wins a tie.
+  best = {p: [q for q, _ in counts.most_common(k)] for p, counts in follow_counts.items()}
+  return [best.get(p, [p]) for p in previous]
 
 
-def score_entry(score: metrics.BleuScore) -> dict:
-  return {**score.to_dict(), 'line': str(score)}
+def most_frequent_next(train: sessions.SessionSplit, previous: Sequence[str]) -> list[str]:
+  """For each previous query, the next query that most often follows it in `train` (the top
+  of `most_frequent_next_lists`)."""
+  return [ranked[0] for ranked in most_frequent_next_lists(train, previous, k=1)]
+
+
+def score_entry(score: metrics.BleuScore, ranking: metrics.RankingScore | None = None
+                ) -> dict:
+  """A suggester's entry in results.json: BLEU of its top suggestions, the printed `line`,
+  and its ranking metrics under 'ranking'."""
+  entry = {**score.to_dict(), 'line': str(score)}
+  if ranking is not None:
+    entry['ranking'] = ranking.to_dict()
+  return entry
+
+
+def ranking_line(ranking: dict) -> str:
+  """'EM@1 3.1, R@5 9.0, R@10 12.4, MRR@10 5.2, repeats 41.0' (percent)."""
+  return (f'EM@1 {ranking["exact_match"]:.1f}, R@5 {ranking["recall_at_5"]:.1f}, '
+          f'R@10 {ranking["recall_at_10"]:.1f}, MRR@10 {ranking["mrr_at_10"]:.1f}, '
+          f'repeats session {ranking["repeats_session"]:.1f}')
+
+
+def score_suggesters(suggestions: dict[str, list[list[str]]], references: Sequence[str],
+                     contexts: Sequence[Sequence[str]], *, exclude_session: bool
+                     ) -> dict[str, dict]:
+  """{suggester: `score_entry`} of each suggester's ranked lists [pairs][k].
+
+  With `exclude_session`, the user-facing protocol: every suggestion that repeats a query of
+  the session so far is dropped before scoring (the top is then the first that does not).
+  """
+  entries = {}
+  for name, ranked in suggestions.items():
+    if exclude_session:
+      ranked = [metrics.without_session_queries(r, c) for r, c in zip(ranked, contexts)]
+    top = [r[0] if r else '' for r in ranked]
+    entries[name] = score_entry(metrics.bleu(top, references),
+                                metrics.suggestion_ranking(ranked, references, contexts))
+  return entries
 
 
 # ---------------------------------------------------------------------------------------------
@@ -144,7 +186,8 @@ def decode_split(trained: inference.Trained, split: sessions.SessionSplit,
     keep_top_for: int [k] pair indices whose top_k suggestions are also returned.
     log: where progress lines go.
   Returns:
-    (candidates [pairs]: the best suggestion of each pair as words joined by spaces,
+    (suggestions [pairs]: the top_k suggestions of each pair, best first, each as words
+     joined by spaces (an empty beam slot left out),
      {pair index: [{'query', 'score'}, ...] top_k, best first} for `keep_top_for`).
   """
   vocab = trained.vocab
@@ -152,7 +195,7 @@ def decode_split(trained: inference.Trained, split: sessions.SessionSplit,
   # Batches are split over every device, so the parameters go to every device too.
   params = jax.device_put(trained.params, parallel.replicated(mesh))
   first_pair = np.cumsum(split.lengths - 1) - (split.lengths - 1)
-  candidates: list[str | None] = [None] * split.num_pairs
+  suggestions: list[list[str] | None] = [None] * split.num_pairs
   wanted = set(() if keep_top_for is None else np.asarray(keep_top_for).tolist())
   top: dict[int, list[dict]] = {}
   done = 0
@@ -177,19 +220,20 @@ def decode_split(trained: inference.Trained, split: sessions.SessionSplit,
                 if trained.task.copies else ())
       for t in range(sequences.shape[1]):
         pair = int(first_pair[session]) + t
-        candidates[pair] = ' '.join(search.to_words(vocab, sequences[row, t, 0], copied))
+        ranked = search.suggestion_list(vocab, sequences[row, t], scores[row, t],
+                                        settings.top_k, copied)
+        suggestions[pair] = [r['query'] for r in ranked]
         if pair in wanted:
-          top[pair] = search.suggestion_list(vocab, sequences[row, t], scores[row, t],
-                                             settings.top_k, copied)
+          top[pair] = ranked
       done += 1
     if time.time() - last_log >= PROGRESS_SECONDS or done == split.num_sessions:
       last_log = time.time()
       log(f'  decoded {done:,}/{split.num_sessions:,} sessions '
           f'({done / max(last_log - start, 1e-9):.1f} sessions/s)', flush=True)
-  missing = [i for i, c in enumerate(candidates) if c is None]
+  missing = [i for i, c in enumerate(suggestions) if c is None]
   if missing:
     raise RuntimeError(f'{len(missing)} test pairs were not decoded (first: pair {missing[0]})')
-  return candidates, top
+  return suggestions, top
 
 
 # ---------------------------------------------------------------------------------------------
@@ -242,18 +286,25 @@ def evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict:
       f'{", <unk> allowed" if dc.emit_unk else ""}.', flush=True)
 
   previous, references = pair_texts(test)
+  session, position = pair_session_positions(test)
+  contexts = [test.session_texts(i)[:t + 1] for i, t in zip(session.tolist(),
+                                                             position.tolist())]
   rng = np.random.default_rng(config.seed)
   sample_pairs = np.sort(rng.choice(test.num_pairs, min(NUM_SAMPLES, test.num_pairs),
                                     replace=False))
   decode_start = time.time()
-  candidates, top = decode_split(
+  model_suggestions, top = decode_split(
       trained, test, settings, keep_top_for=sample_pairs, log=log,
       queries_per_batch=dc.batch_sessions * config.data.max_session_queries)
   decode_seconds = time.time() - decode_start
 
-  scores = {'model': metrics.bleu(candidates, references),
-            'repeat_previous': metrics.bleu(repeat_previous(previous), references),
-            'most_frequent_next': metrics.bleu(most_frequent_next(train, previous), references)}
+  suggestions = {'model': model_suggestions,
+                 'repeat_previous': [[p] for p in repeat_previous(previous)],
+                 'most_frequent_next': most_frequent_next_lists(train, previous)}
+  protocols = {'scores': score_suggesters(suggestions, references, contexts,
+                                          exclude_session=False),
+               'scores_excluding_session': score_suggesters(
+                   suggestions, references, contexts, exclude_session=True)}
   results = {
       'model': trained.cfg.name,
       'model_config': trained.meta['model'],
@@ -266,7 +317,9 @@ def evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict:
       'sessions_total': total_sessions,
       'pairs': test.num_pairs,
       'decode': settings.to_dict(),
-      'scores': {k: score_entry(v) for k, v in scores.items()},
+      # The paper's protocol; then the user-facing one, which never suggests a query the
+      # session already holds.
+      **protocols,
       'decode_seconds': decode_seconds,
       'suggestions_per_s': test.num_pairs / max(decode_seconds, 1e-9),
       'wall_seconds': time.time() - started,
@@ -276,22 +329,25 @@ def evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict:
   log(f'{test.num_pairs:,} suggestions in {decode_seconds:.1f} s '
       f'({results["suggestions_per_s"]:.1f}/s on {results["devices"]}).')
   log(f'Model size: {results["size_mb"]:.2f} MB (fp32), {results["num_params"]:,} parameters.')
-  width = max(len(n) for n in (name, *TRIVIAL_SUGGESTERS.values()))
-  log(f'{name:<{width}}  {scores["model"]}')
-  for key, label in TRIVIAL_SUGGESTERS.items():
-    log(f'{label:<{width}}  {scores[key]}')
+  labels = {'model': name, **TRIVIAL_SUGGESTERS}
+  width = max(len(n) for n in labels.values())
+  for protocol, heading in (('scores', 'All suggestions'),
+                            ('scores_excluding_session',
+                             'Never suggesting a query of the session')):
+    log(f'{heading}:')
+    for key, label in labels.items():
+      entry = protocols[protocol][key]
+      log(f'  {label:<{width}}  {entry["line"]}; {ranking_line(entry["ranking"])}')
 
   if is_writer:
     eval_dir = os.path.join(workdir, 'eval')
     os.makedirs(eval_dir, exist_ok=True)
-    session, position = pair_session_positions(test)
     samples = []
     for pair in sample_pairs.tolist():
-      i, t = int(session[pair]), int(position[pair])
-      samples.append({'session': i, 'position': t,
-                      'context': test.session_texts(i)[:t + 1],
-                      'predicted': candidates[pair], 'actual': references[pair],
-                      'suggestions': top[pair]})
+      ranked = model_suggestions[pair]
+      samples.append({'session': int(session[pair]), 'position': int(position[pair]),
+                      'context': contexts[pair], 'predicted': ranked[0] if ranked else '',
+                      'actual': references[pair], 'suggestions': top[pair]})
     prefix = '' if split_name == 'test' else f'{split_name}_'
     _write_atomically(os.path.join(eval_dir, f'{prefix}samples.jsonl'),
                       ''.join(json.dumps(s, ensure_ascii=False) + '\n' for s in samples))

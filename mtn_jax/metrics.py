@@ -15,6 +15,13 @@ n-gram order without a match gives BLEU 0.
 Ranking metrics, for models that score a fixed set of candidate queries:
   `ranks_from_scores`: scores [examples, candidates], true_index [examples] -> ranks [examples]
   (rank 1 = best); `recall_at_k` and `mean_reciprocal_rank` reduce ranks to one number.
+
+Ranked suggestions, for every suggester (a list of queries per pair, best first):
+  `suggestion_ranking`: suggestions [pairs][k], references [pairs], the session's earlier
+  queries [pairs][t+1] -> `RankingScore`: exact match of the logged next query at rank 1,
+  Recall@5 and @10 and MRR@10 over the DISTINCT suggestions in order, and the share of top-1
+  suggestions that repeat a query already in the session; strings compare exactly, as logged.
+  `without_session_queries` gives the user-facing list that never repeats the session.
 """
 
 from __future__ import annotations
@@ -149,3 +156,65 @@ def recall_at_k(ranks: Sequence[int] | np.ndarray, k: int) -> float:
 def mean_reciprocal_rank(ranks: Sequence[int] | np.ndarray) -> float:
   """MRR: the mean over examples of 1 / rank of the true candidate (rank 1 = best)."""
   return float(np.mean(1.0 / _checked_ranks(ranks)))
+
+
+def distinct(suggestions: Sequence[str]) -> list[str]:
+  """The suggestions in order with repeats removed (a beam can end two hypotheses alike)."""
+  return list(dict.fromkeys(suggestions))
+
+
+def without_session_queries(suggestions: Sequence[str], session: Sequence[str]) -> list[str]:
+  """The suggestions that repeat no query of the session (a user-facing suggester never
+  offers what the user has already typed)."""
+  seen = set(session)
+  return [s for s in suggestions if s not in seen]
+
+
+@dataclasses.dataclass(frozen=True)
+class RankingScore:
+  """Ranked-suggestion metrics in percent over `pairs` (see `suggestion_ranking`)."""
+
+  exact_match: float  # the top suggestion is the logged next query
+  recall_at_5: float
+  recall_at_10: float
+  mrr_at_10: float  # mean of 1 / rank within the first 10 distinct suggestions, else 0
+  repeats_session: float  # the top suggestion is a query the session already holds
+  pairs: int
+
+  def to_dict(self) -> dict:
+    return dataclasses.asdict(self)
+
+
+RANKING_CUTOFF = 10  # the deepest rank any ranking metric reads
+
+
+def suggestion_ranking(suggestions: Sequence[Sequence[str]], references: Sequence[str],
+                       sessions: Sequence[Sequence[str]]) -> RankingScore:
+  """Where the logged next query ranks among each pair's distinct suggestions.
+
+  Args:
+    suggestions: [pairs] lists of suggested queries, best first (duplicates allowed: only
+      the first of equal suggestions counts); a pair may have none.
+    references: [pairs] the logged next queries.
+    sessions: [pairs] the queries the session held so far (0..t).
+  Returns:
+    RankingScore; a pair whose reference is not among the first 10 distinct suggestions
+    adds 0 to every recall and to MRR@10.
+  """
+  if not len(suggestions) == len(references) == len(sessions):
+    raise ValueError(f'{len(suggestions)} suggestion lists, {len(references)} references and '
+                     f'{len(sessions)} sessions: one each per pair')
+  if not references:
+    raise ValueError('no pairs to score')
+  ranks, repeats = [], []
+  for ranked, reference, session in zip(suggestions, references, sessions):
+    ranked = distinct(ranked)[:RANKING_CUTOFF]
+    ranks.append(ranked.index(reference) + 1 if reference in ranked else 0)
+    repeats.append(bool(ranked) and ranked[0] in set(session))
+  ranks = np.asarray(ranks)
+  found = ranks > 0
+  percent = lambda x: 100.0 * float(np.mean(x))
+  return RankingScore(
+      exact_match=percent(ranks == 1), recall_at_5=percent(found & (ranks <= 5)),
+      recall_at_10=percent(found), mrr_at_10=percent(np.where(found, 1.0 / np.maximum(
+          ranks, 1), 0.0)), repeats_session=percent(repeats), pairs=len(references))

@@ -163,6 +163,37 @@ def results_table(runs: Sequence[EvaluatedRun]) -> str:
   return '\n'.join(lines)
 
 
+def ranking_table(runs: Sequence[EvaluatedRun]) -> str:
+  """Ranked-suggestion metrics (%), models then trivial suggesters (once per distinct test
+  set): exact match at 1, Recall@5/@10 and MRR@10 over the distinct suggestions, the share of
+  top suggestions that repeat a session query, and BLEU and Recall@10 when no suggestion may
+  repeat a session query. Runs evaluated before these metrics existed are left out."""
+  lines = ['| Suggester | EM@1 | R@5 | R@10 | MRR@10 | top-1 repeats session | '
+           'BLEU, never repeating | R@10, never repeating | Test pairs |',
+           '|---|---:|---:|---:|---:|---:|---:|---:|---:|']
+
+  def row(label: str, results: dict, key: str) -> str:
+    rank = results['scores'][key]['ranking']
+    user = results['scores_excluding_session'][key]
+    return (f'| {markdown_cell(label)} | {rank["exact_match"]:.1f} | '
+            f'{rank["recall_at_5"]:.1f} | {rank["recall_at_10"]:.1f} | '
+            f'{rank["mrr_at_10"]:.1f} | {rank["repeats_session"]:.1f} | {user["bleu"]:.2f} | '
+            f'{user["ranking"]["recall_at_10"]:.1f} | {_pairs(results)} |')
+
+  ranked = [(label, r) for label, r in zip(_labels(runs), runs)
+            if 'ranking' in r.results['scores']['model']
+            and 'scores_excluding_session' in r.results]
+  lines += [row(label, run.results, 'model') for label, run in ranked]
+  seen = set()
+  for _, run in ranked:
+    for key, name in TRIVIAL_SUGGESTERS.items():
+      identity = (key, run.results['scores'][key]['line'], _pairs(run.results))
+      if identity not in seen:
+        seen.add(identity)
+        lines.append(row(name, run.results, key))
+  return '\n'.join(lines) if ranked else ''
+
+
 def samples_table(samples: Sequence[dict], limit: int = SAMPLES_PER_MODEL) -> str:
   """The paper's Tables 4-5: previous session queries, predicted and actual next query."""
   lines = ['| Previous session queries | Predicted next query | User next query |',
@@ -248,6 +279,12 @@ def write_report(config: ml_collections.ConfigDict, workdir: str,
               'on its test split (beam search; references are the raw next queries). Size: '
               'parameters in MB at fp32.', '', results_table(runs), '',
               '![BLEU per model](bleu.png)', '']
+  ranking = ranking_table(runs)
+  if ranking:
+    sections += ['## Ranked suggestions', '',
+                 'Where the logged next query ranks among the distinct suggestions (%); the '
+                 'last columns drop every suggestion that repeats a query of the session, as '
+                 'a deployed suggester would.', '', ranking, '']
   if has_depth_variants(runs):
     # The paper's Fig. 3 order: the Transformers, then the MTNs.
     ablation = ([r for r in runs if r.results['model'] == 'transformer']

@@ -54,6 +54,9 @@ class SearchSettings:
   length_penalty: float  # GNMT alpha
   emit_unk: bool
   top_k: int  # suggestions kept per context, best first (<= beam_size)
+  # A word is not emitted twice in one suggestion: queries almost never repeat a word, and a
+  # copy mixture otherwise loops on the word it copies ("schools schools schools").
+  block_repeats: bool = False
 
   @classmethod
   def from_config(cls, decode: ml_collections.ConfigDict) -> SearchSettings:
@@ -220,9 +223,11 @@ class _BeamState:
   cache: Any  # the model's 'cache' collection for the N * K live rows
 
 
-@functools.partial(jax.jit, static_argnames=('model', 'beam_size', 'max_len', 'emit_unk'))
+@functools.partial(jax.jit, static_argnames=('model', 'beam_size', 'max_len', 'emit_unk',
+                                             'block_repeats'))
 def beam_search(model, params, memory: Memory, *, beam_size: int, max_len: int,
-                length_penalty: float, emit_unk: bool = False) -> tuple[jax.Array, jax.Array]:
+                length_penalty: float, emit_unk: bool = False,
+                block_repeats: bool = False) -> tuple[jax.Array, jax.Array]:
   """The `beam_size` best suggestions of every memory row.
 
   At each step the live hypotheses' 2K best continuations are ranked; one ending in `</s>`
@@ -240,6 +245,8 @@ def beam_search(model, params, memory: Memory, *, beam_size: int, max_len: int,
       positions allow (`ModelConfig.target_len` with learned positions).
     length_penalty: GNMT alpha (0: plain log-probability).
     emit_unk: whether `<unk>` may be suggested (see the module docstring).
+    block_repeats: a hypothesis never emits a word it already holds (`SearchSettings`); its
+      score stays the model's log-probability of its tokens.
   Returns:
     sequences: int32 [N, K, max_len], tokens after `<s>`, `</s>` included, 0-padded.
     scores: float32 [N, K], `length_normalize(log p, length, length_penalty)`, best first.
@@ -274,6 +281,12 @@ def beam_search(model, params, memory: Memory, *, beam_size: int, max_len: int,
                                   last_tokens.reshape(num_rows * beam_size, 1))
     log_probs = _emittable_log_probs(logits[:, 0], emit_unk).reshape(num_rows, beam_size, -1)
     vocab_size = log_probs.shape[-1]
+    if block_repeats:
+      # Column 0 is <s> and unwritten columns are padding: neither is ever emitted anyway.
+      held = jnp.zeros(log_probs.shape, bool).at[
+          jnp.arange(num_rows)[:, None, None], jnp.arange(beam_size)[None, :, None],
+          state.live_sequences].set(True)
+      log_probs = jnp.where(held, -jnp.inf, log_probs)
     continuations = (state.live_log_probs[..., None] + log_probs).reshape(num_rows, -1)
     top_log_probs, top_ids = jax.lax.top_k(continuations, 2 * beam_size)  # [N, 2K]
     origins, tokens = top_ids // vocab_size, top_ids % vocab_size
@@ -462,6 +475,7 @@ def search_sessions(model, params, batch: Mapping[str, jax.Array | np.ndarray],
   beam_size, max_len = settings.beam_size, settings.max_len
   sequences, scores = beam_search(model, params, memory, beam_size=beam_size, max_len=max_len,
                                   length_penalty=settings.length_penalty,
-                                  emit_unk=settings.emit_unk)
+                                  emit_unk=settings.emit_unk,
+                                  block_repeats=settings.block_repeats)
   return (sequences.reshape(num_sessions, per_session, beam_size, max_len),
           scores.reshape(num_sessions, per_session, beam_size))

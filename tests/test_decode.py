@@ -335,3 +335,26 @@ def test_bad_arguments_are_refused(searched):
     suggest(model, params, QUERIES[0], beam_size=2, max_len=3, length_penalty=0.0)
   with pytest.raises(ValueError, match='beam_size must be at least 1'):
     search.beam_search(model, params, memory, beam_size=0, max_len=3, length_penalty=0.0)
+
+
+def _repeats_a_word(sequence) -> bool:
+  words = [int(t) for t in sequence if t not in (EOS_ID, PAD_ID)]
+  return len(set(words)) < len(words)
+
+
+def test_blocking_repeats_never_repeats_a_word_and_keeps_exact_scores(searched):
+  model, params, memory, (sequences, _) = searched
+  # The check has teeth: the same search without blocking repeats words.
+  assert any(_repeats_a_word(s) for s in sequences.reshape(-1, MAX_LEN))
+  blocked, scores = search.beam_search(model, params, memory, beam_size=BEAM,
+                                       max_len=MAX_LEN, length_penalty=ALPHA,
+                                       block_repeats=True)
+  blocked, scores = np.asarray(blocked), np.asarray(scores)
+  filled = np.isfinite(scores)
+  assert filled.all()
+  assert not any(_repeats_a_word(s) for s in blocked.reshape(-1, MAX_LEN))
+  # Scores remain the model's own length-normalised log-probabilities of the tokens.
+  log_probs = search.sequence_log_prob(model, params, memory, jnp.asarray(blocked))
+  np.testing.assert_allclose(
+      scores, search.length_normalize(log_probs, search.sequence_lengths(blocked), ALPHA),
+      atol=1e-5, rtol=0)
