@@ -150,17 +150,18 @@ def is_raw_log_line(line: str) -> bool:
 
 
 def _lines(path: str, strict: bool, counts: collections.Counter) -> Iterator[tuple[int, str]]:
-  """(line number, text without its line end) of a text file; a line that is not UTF-8 is
-  skipped and counted, or with `strict` stops everything with its number."""
+  """(line number, text without its line end) of a text file. A line that is not UTF-8 is
+  read as Latin-1, as the AOL log's few such queries are written, and counted
+  ('latin1_lines'); `strict` is accepted for the callers' symmetry with the log reader."""
+  del strict  # every byte string decodes as Latin-1: no line is skipped
   opener = gzip.open if _is_gzip(path) else open
   with opener(path, 'rb') as f:
     for number, raw in enumerate(f, 1):
       try:
         yield number, raw.decode('utf-8').rstrip('\r\n')
       except UnicodeDecodeError:
-        if strict:
-          raise DecodeInputError(f'{path}:{number}: not valid UTF-8') from None
-        counts['not_utf8_lines'] += 1
+        counts['latin1_lines'] += 1
+        yield number, raw.decode('latin-1').rstrip('\r\n')
 
 
 def _is_gzip(path: str) -> bool:
@@ -170,10 +171,17 @@ def _is_gzip(path: str) -> bool:
 
 def detect_format(path: str) -> str:
   """'raw' for an AOL-format log, 'sessions' for a file of tab-separated sessions."""
-  for _, line in _lines(path, strict=False, counts=collections.Counter()):
+  opener = gzip.open if _is_gzip(path) else open
+  with opener(path, 'rb') as f:
+    if b'\0' in f.read(1 << 16):  # no text file holds a NUL byte; binary files mostly do
+      raise DecodeInputError(f'{path}: not a text file (it holds NUL bytes): expected one '
+                             'session a line (queries separated by tabs) or an AOL-format log')
+  lines = 0
+  for lines, line in _lines(path, strict=False, counts=collections.Counter()):
     if line.strip():
       return 'raw' if is_raw_log_line(line) else 'sessions'
-  raise DecodeInputError(f'{path}: no session to decode (the file is empty)')
+  raise DecodeInputError(f'{path}: no session to decode (the file is empty'
+                         + (f' but for {lines:,} blank lines)' if lines else ')'))
 
 
 def read_sessions_file(path: str, reader: QueryReader, strict: bool) -> Iterator[Context]:
@@ -296,7 +304,7 @@ def _chunked(items: Iterable[Context], size: int) -> Iterator[list[Context]]:
 
 
 _COUNT_WORDS = {
-    'not_utf8_lines': 'lines that are not UTF-8 skipped',
+    'latin1_lines': 'lines that are not UTF-8 read as Latin-1',
     'empty_lines': 'empty lines skipped',
     'empty_queries': 'empty queries skipped',
     'duplicate_queries': 'successive duplicate queries removed',

@@ -113,16 +113,17 @@ def test_session_lines_tabs_empty_oov_and_long(tmp_path):
                                  'long_sessions': 1, 'oov_words': 1 + 3}
 
 
-def test_sessions_file_gzip_and_not_utf8(tmp_path):
+def test_sessions_file_gzip_and_latin1(tmp_path):
+  """A line that is not UTF-8 is a query read as Latin-1 (counted), in strict mode too."""
   path = tmp_path / 'sessions.tsv.gz'
   with gzip.open(path, 'wb') as f:
-    f.write(b'boston\thotels\n\xff\xfe broken\nred sox\n')
-  reader = make_reader()
-  contexts = list(suggest.read_sessions_file(str(path), reader, strict=False))
-  assert [c.queries for c in contexts] == [('boston', 'hotels'), ('red sox',)]
-  assert reader.counts['not_utf8_lines'] == 1
-  with pytest.raises(suggest.DecodeInputError, match=r'sessions.tsv.gz:2: not valid UTF-8'):
-    list(suggest.read_sessions_file(str(path), make_reader(), strict=True))
+    f.write(b'boston\thotels\ncaf\xe9 paris\tbrie\nred sox\n')
+  for strict in (False, True):
+    reader = make_reader()
+    contexts = list(suggest.read_sessions_file(str(path), reader, strict=strict))
+    assert [c.queries for c in contexts] == [('boston', 'hotels'), ('caf\xe9 paris', 'brie'),
+                                             ('red sox',)]
+    assert reader.counts['latin1_lines'] == 1
 
 
 RAW_HEADER = 'AnonID\tQuery\tQueryTime\tItemRank\tClickURL\n'
@@ -147,6 +148,17 @@ def test_detect_format_refuses_an_empty_file(tmp_path):
   path.write_text('\n \n', encoding='utf-8')
   with pytest.raises(suggest.DecodeInputError, match='empty.txt: no session to decode'):
     suggest.detect_format(str(path))
+
+
+def test_detect_format_names_a_binary_file_and_a_file_of_no_text(tmp_path):
+  binary = tmp_path / 'random.bin'
+  binary.write_bytes(np.random.default_rng(0).integers(0, 256, 20_000, np.uint8).tobytes())
+  with pytest.raises(suggest.DecodeInputError, match='random.bin: not a text file'):
+    suggest.detect_format(str(binary))
+  blank = tmp_path / 'blank.txt'
+  blank.write_text('\n\n', encoding='utf-8')
+  with pytest.raises(suggest.DecodeInputError, match='empty but for 2 blank lines'):
+    suggest.detect_format(str(blank))
 
 
 def data_config(gap=30.0):
