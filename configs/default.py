@@ -28,6 +28,9 @@ def get_config() -> ml_collections.ConfigDict:
   c.data.min_session_queries = 3
   c.data.max_session_queries = 5
   c.data.split_fractions = (0.95, 0.025, 0.025)  # train / valid / test, by session
+  # 'session': the paper's random split of sessions; 'user': all of a user's sessions in one
+  # split (sizes still by sessions), to measure suggestions for users never seen in training.
+  c.data.split_by = 'session'
   c.data.split_seed = 0
   c.data.min_word_count = 8  # vocabulary: training words seen at least this often
   c.data.strict = False  # True: stop at the first malformed line instead of skipping it

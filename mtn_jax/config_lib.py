@@ -45,6 +45,8 @@ def validate(config: ml_collections.ConfigDict, mode: str = 'all') -> None:
   if d.max_session_queries < d.min_session_queries:
     raise ConfigError(f'config.data.max_session_queries ({d.max_session_queries}) is below '
                       f'config.data.min_session_queries ({d.min_session_queries})')
+  if d.split_by not in ('session', 'user'):
+    raise ConfigError(f"config.data.split_by must be 'session' or 'user', got {d.split_by!r}")
   fractions = tuple(d.split_fractions)
   if len(fractions) != 3 or min(fractions) < 0 or abs(sum(fractions) - 1) > 1e-6:
     raise ConfigError('config.data.split_fractions must be three non-negative numbers '

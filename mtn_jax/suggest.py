@@ -11,6 +11,8 @@ two forms, told apart by its first non-empty line:
             duplicates removed), over-long queries cut rather than dropped and sessions of any
             length kept; suggestions are made after every query of every session, with the
             next query as the reference where there is one.
+Queries are normalised as the corpus's are (`aol_log.normalize_query`: lower-cased, words on
+single spaces), and a line that is not UTF-8 is read as Latin-1 (counted).
 and writes `config.decode.output` (default `<workdir>/decode/<input name>.suggestions.jsonl`),
 one JSON object per suggestion point:
   {"line": 3, "context": ["q1", "q2"], "suggestions": [{"query": "...", "score": -0.42}, ...]}
@@ -94,9 +96,10 @@ class QueryReader:
     self.counts: collections.Counter = collections.Counter()
 
   def query(self, text: str) -> str:
-    """A kept query's text: its first max_query_words words (counted when cut, and its
-    words outside the vocabulary counted)."""
-    words = text.split()
+    """A kept query's text: normalised as the corpus's queries are
+    (`aol_log.normalize_query`: lower-case, single spaces), cut to its first
+    max_query_words words (counted when cut, and its words outside the vocabulary counted)."""
+    words = aol_log.normalize_query(text).split(' ') if text.split() else []
     if len(words) > self.max_query_words:
       self.counts['long_queries'] += 1
       words = words[:self.max_query_words]
@@ -424,7 +427,7 @@ def interactive(config: ml_collections.ConfigDict, workdir: str, stdin: TextIO =
         say('-- new session --')
       session = []
       continue
-    oov_before = reader.counts['oov_words']
+    oov_before, long_before = reader.counts['oov_words'], reader.counts['long_queries']
     session = (session + [reader.query(line)])[-cfg.max_session_queries:]
     context = Context(tuple(session), first_output=len(session) - 1, info={})
     batch, lengths = encode_contexts(trained.vocab, [context], 1, cfg.max_session_queries,
@@ -436,7 +439,10 @@ def interactive(config: ml_collections.ConfigDict, workdir: str, stdin: TextIO =
     ranked = search.suggestion_list(trained.vocab, np.asarray(sequences)[0, 0],
                                     np.asarray(scores)[0, 0], settings.top_k, copied)
     unknown = reader.counts['oov_words'] - oov_before
-    note = f' ({unknown} word(s) outside the vocabulary read as <unk>)' if unknown else ''
+    notes = [f'{unknown} word(s) outside the vocabulary read as <unk>'] if unknown else []
+    if reader.counts['long_queries'] > long_before:
+      notes.append(f'query cut to its first {cfg.max_query_words} words')
+    note = f' ({"; ".join(notes)})' if notes else ''
     say(f'after {" | ".join(session)}{note}:')
     for rank, suggestion in enumerate(ranked, 1):
       say(f'  {rank}. {suggestion["query"]}  ({suggestion["score"]:.3f})')

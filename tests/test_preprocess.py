@@ -100,9 +100,9 @@ def test_tiny_log_files_exact(tmp_path):
     empty = sessions_lib.load_split(data_dir, split, mmap=False)
     assert (empty.queries.shape, empty.starts.tolist(), empty.texts) == ((0, 10), [0], [])
   assert stats == {
-      'lines_read': 8,
+      'lines_read': 8, 'latin1_lines': 0,
       'skipped': {'header': 1, 'bad_field_count': 0, 'bad_user_id': 0, 'bad_time': 0,
-                  'not_utf8': 0, 'empty_query': 0, 'duplicate_query': 1, 'long_query': 0,
+                  'empty_query': 0, 'duplicate_query': 1, 'long_query': 0,
                   'session_too_short': 0, 'session_too_long': 0},
       'train': {'sessions': 2, 'pairs': 4}, 'valid': {'sessions': 0, 'pairs': 0},
       'test': {'sessions': 0, 'pairs': 0}, 'vocab_size': 9}
@@ -213,19 +213,25 @@ def test_unsorted_huge_user_ids(tmp_path):
   assert session_texts(log)[0] == [['x'], ['y'], ['z'], ['a', 'b', 'c']]
 
 
-def test_text_cleaning_and_utf8(tmp_path):
+def test_text_cleaning_case_and_latin1(tmp_path):
   log = write(tmp_path / 'log.tsv', [
       line(1, 'www.myspace.com', '10:00:00'),  # punctuation kept as it is
       line(1, ' caf\u00e9\u00a0au \x0b lait ', '10:01:00'),
-      line(1, 'Caf\u00e9 Au Lait', '10:02:00').encode('latin-1'),
-      line(1, '\u00fcber\u3000alles', '10:03:00'),
+      line(1, 'Caf\u00e9 Au LAIT', '10:02:00').encode('latin-1'),
+      line(1, '\u00dcber\u3000ALLES', '10:03:00'),
+      line(1, 'CHEAP Flights', '10:04:00'),
   ], header=False)
   sessions, _ = session_texts(log)
-  # Latin-1 bytes are not UTF-8; NBSP and the ideographic space separate words.
-  assert sessions == [['www.myspace.com', 'caf\u00e9 au lait', '\u00fcber alles']]
+  # NBSP and the ideographic space separate words; every query is lower-cased, so the
+  # Latin-1 line (not UTF-8, read as Latin-1) repeats the one before it.
+  assert sessions == [['www.myspace.com', 'caf\u00e9 au lait', '\u00fcber alles',
+                       'cheap flights']]
   log_lines = aol_log.read_log(log)
-  assert log_lines.skipped['not_utf8'] == 1
-  assert log_lines.records.num_words.tolist() == [1, 3, 2]
+  assert log_lines.latin1_lines == 1 and not any(log_lines.skipped.values())
+  assert log_lines.records.num_words.tolist() == [1, 3, 3, 2, 2]
+  # The decode and suggest input is normalised by the same function.
+  assert aol_log.normalize_query(' CHEAP\u00a0 Flights ') == 'cheap flights'
+  assert aol_log.decode_text('caf\u00e9'.encode('latin-1')) == ('caf\u00e9', True)
 
 
 def test_field_counts_header_and_line_ends(tmp_path):
@@ -297,7 +303,7 @@ def test_chunk_boundaries_and_worker_processes_change_nothing(tmp_path, monkeypa
   chunked = aol_log.read_logs(paths, workers=2)
   assert (chunked.lines_read, chunked.skipped) == (whole.lines_read, whole.skipped) == (
       202, {'header': 2, 'bad_field_count': 1, 'bad_user_id': 1, 'bad_time': 0,
-            'not_utf8': 0, 'empty_query': 0})
+            'empty_query': 0})
   for field in ('user', 'time', 'num_words', 'text_len', 'text_hash', 'text'):
     assert np.array_equal(getattr(chunked.records, field), getattr(whole.records, field))
   with pytest.raises(aol_log.LogFormatError, match=r'a\.tsv:35: bad_field_count'):
@@ -313,9 +319,10 @@ def test_strict_mode_names_file_line_and_reason(tmp_path):
   assert str(error.value) == (f'{log}:4: bad_time: QueryTime is not a valid '
                               'YYYY-MM-DD HH:MM:SS')
   assert not os.path.exists(preprocess.data_dir(str(tmp_path / 'w')))
-  utf8 = write(tmp_path / 'u.tsv', [line(1, 'a', '10:00:00'), b'1\tcaf\xe9\t2006-03-01 10:00:00'])
-  with pytest.raises(aol_log.LogFormatError, match=r'u\.tsv:3: not_utf8'):
-    aol_log.read_log(utf8, strict=True)
+  # A line that is not UTF-8 is no malformed line: it is read as Latin-1.
+  latin1 = write(tmp_path / 'u.tsv', [line(1, 'a', '10:00:00'),
+                                      b'1\tcaf\xe9\t2006-03-01 10:00:00'])
+  assert aol_log.read_log(latin1, strict=True).latin1_lines == 1
 
 
 def test_every_line_is_counted_once(tmp_path):
@@ -324,18 +331,20 @@ def test_every_line_is_counted_once(tmp_path):
           '1\tb',  # bad_field_count
           line('x', 'b', '10:03:00'),  # bad_user_id
           line(1, 'b', '2006-03-32 10:00:00'),  # bad_time
-          b'1\t\xff\xfe\t2006-03-01 10:04:00\t\t',  # not_utf8
+          b'1\t\xff\xfe\t2006-03-01 10:04:00\t\t',  # Latin-1: a query of the session
           line(1, '-', '10:05:00'), line(1, '   ', '10:05:00'),  # empty_query
           line(2, 'l ' * 11, '10:00:00'), line(2, 'm', '10:01:00'),  # long_query
           line(3, 's', '10:00:00'), line(3, 't', '10:01:00'),  # session_too_short
           *[line(4, f'u{i}', f'10:0{i}:00') for i in range(6)]]  # session_too_long
-  stats = preprocess.prepare(config(write(tmp_path / 'log.tsv', rows)), str(tmp_path / 'w'))
+  stats = preprocess.prepare(config(write(tmp_path / 'log.tsv', rows),
+                                    split_fractions=(1.0, 0.0, 0.0)), str(tmp_path / 'w'))
   assert stats['skipped'] == {
-      'header': 1, 'bad_field_count': 1, 'bad_user_id': 1, 'bad_time': 1, 'not_utf8': 1,
+      'header': 1, 'bad_field_count': 1, 'bad_user_id': 1, 'bad_time': 1,
       'empty_query': 2, 'duplicate_query': 1, 'long_query': 2, 'session_too_short': 2,
       'session_too_long': 6}
+  assert stats['latin1_lines'] == 1
   kept = sum(stats[s]['sessions'] + stats[s]['pairs'] for s in sessions_lib.SPLITS)
-  assert kept == 3
+  assert kept == 4
   assert stats['lines_read'] == len(rows) + 1 == kept + sum(stats['skipped'].values())
 
 
@@ -433,7 +442,7 @@ def test_cache_reuse_rebuild_and_atomic_replace(tmp_path, capsys, monkeypatch):
   log = _many_sessions_log(tmp_path / 'log.tsv', 20)
   workdir = str(tmp_path / 'w')
   data_dir = preprocess.data_dir(workdir)
-  c = config(log, min_word_count=1)
+  c = config(log, min_word_count=1, split_fractions=(0.8, 0.1, 0.1))
   first = preprocess.prepare(c, workdir)
   assert 'Reusing' not in capsys.readouterr().out
   stamp = os.stat(os.path.join(data_dir, 'train.queries.npy')).st_mtime_ns
@@ -488,7 +497,8 @@ def test_demo_source_writes_the_log_once(tmp_path, monkeypatch):
   monkeypatch.setitem(sys.modules, 'mtn_jax.data.demo_log', fake)
   monkeypatch.setattr(sys.modules['mtn_jax.data'], 'demo_log', fake, raising=False)
   workdir = str(tmp_path / 'w')
-  c = config('', source='demo', demo_users=8, demo_seed=1, min_word_count=1)
+  c = config('', source='demo', demo_users=8, demo_seed=1, min_word_count=1,
+             split_fractions=(0.5, 0.25, 0.25))
   stats = preprocess.prepare(c, workdir)
   assert calls == [(8, 1)]
   assert os.path.exists(os.path.join(workdir, 'data', 'demo-log.tsv.gz'))
@@ -506,9 +516,9 @@ def test_real_sample(aol_sample, tmp_path):
   workdir = str(tmp_path / 'w')
   stats = preprocess.prepare(config(aol_sample), workdir)
   assert stats == {
-      'lines_read': 157075,
+      'lines_read': 157075, 'latin1_lines': 0,
       'skipped': {'header': 1, 'bad_field_count': 0, 'bad_user_id': 0, 'bad_time': 0,
-                  'not_utf8': 0, 'empty_query': 0, 'duplicate_query': 19984,
+                  'empty_query': 0, 'duplicate_query': 19984,
                   'long_query': 1626, 'session_too_short': 77219, 'session_too_long': 18100},
       'train': {'sessions': 10669, 'pairs': 27455}, 'valid': {'sessions': 281, 'pairs': 725},
       'test': {'sessions': 281, 'pairs': 734}, 'vocab_size': 2731}
@@ -525,3 +535,59 @@ def test_real_sample(aol_sample, tmp_path):
   assert len(candidates) == 28914
   assert sum(c >= 8 for c in counts.values()) == 2851
   assert str(metrics.bleu(candidates, references)) == 'BLEU = 11.89, 25.2/14.8/9.2/6.2'
+
+
+def test_split_users_keeps_each_user_in_one_split_with_session_shares():
+  rng = np.random.default_rng(0)
+  session_users = rng.integers(0, 300, 4000)  # users with 1 to ~25 sessions
+  parts = preprocess.split_users(session_users, (0.9, 0.05, 0.05), seed=1)
+  assert np.array_equal(np.sort(np.concatenate(parts)), np.arange(4000))
+  users = [set(session_users[p].tolist()) for p in parts]
+  assert not (users[0] & users[1] or users[0] & users[2] or users[1] & users[2])
+  # Shares by sessions, each off by at most one user's sessions at a boundary.
+  most = np.bincount(session_users).max()
+  for part, share in zip(parts, (0.9, 0.05, 0.05)):
+    assert abs(len(part) - share * 4000) <= 2 * most
+  again = preprocess.split_users(session_users, (0.9, 0.05, 0.05), seed=1)
+  assert all(np.array_equal(a, b) for a, b in zip(parts, again))
+  assert not np.array_equal(parts[1], preprocess.split_users(session_users,
+                                                             (0.9, 0.05, 0.05), seed=2)[1])
+
+
+def test_user_split_end_to_end_saves_users_and_times(tmp_path):
+  # 40 users with 3 sessions each (two hours apart): a session split mixes users, a user
+  # split never does.
+  rows = [line(u, f'topic{u % 5} q{i} s{k}', f'{10 + 2 * k:02d}:0{i}:00')
+          for u in range(40) for k in range(3) for i in range(3)]
+  log = write(tmp_path / 'log.tsv', rows)
+  fractions = (0.6, 0.2, 0.2)
+  by_session = preprocess.prepare(config(log, split_fractions=fractions, min_word_count=1),
+                                  str(tmp_path / 's'))
+  by_user = preprocess.prepare(config(log, split_fractions=fractions, min_word_count=1,
+                                      split_by='user'), str(tmp_path / 'u'))
+
+  def users(workdir):
+    return [set(sessions_lib.load_split(preprocess.data_dir(str(workdir)), s).users.tolist())
+            for s in sessions_lib.SPLITS]
+
+  user_sets = users(tmp_path / 'u')
+  assert sum(len(u) for u in user_sets) == 40  # no user in two splits
+  assert sum(len(u) for u in users(tmp_path / 's')) > 40
+  assert ([by_user[s]['sessions'] for s in sessions_lib.SPLITS] == [72, 24, 24]
+          == [by_session[s]['sessions'] for s in sessions_lib.SPLITS])
+  train = sessions_lib.load_split(preprocess.data_dir(str(tmp_path / 'u')), 'train')
+  first = train.session_texts(0)[0]
+  # The start time of a session is its first query's: 2006-03-01 10:00, 12:00 or 14:00.
+  assert (train.start_times[0] - 1141207200) % 7200 == 0 and first.endswith('s' + str(
+      (train.start_times[0] - 1141207200) // 7200))
+
+
+def test_a_log_too_small_to_split_fails_at_preprocessing(tmp_path):
+  log = _many_sessions_log(tmp_path / 'log.tsv', 20)
+  with pytest.raises(preprocess.SplitTooSmallError) as error:
+    preprocess.prepare(config(log, min_word_count=1), str(tmp_path / 'w'))
+  assert str(error.value) == (
+      'the test split is empty: 20 sessions were kept and config.data.split_fractions='
+      '(0.95, 0.025, 0.025) gives it none of the sessions; use more data or a larger '
+      'config.data.split_fractions[2]')
+  assert not os.path.exists(preprocess.data_dir(str(tmp_path / 'w')))

@@ -15,23 +15,26 @@ array) and the count of lines skipped by each line-level reason. Out of `session
 session, in user then time order) with row offsets `[num_sessions + 1]`, and the count of
 records dropped by each session-level reason.
 
-Query cleaning: a query's words are its whitespace-separated tokens (Python's `str.split()`,
-so any Unicode whitespace separates), kept as they are, and its text is those words joined by
-one space; case and punctuation are left untouched. This is what reproduces the documented
+Query cleaning (`normalize_query`, shared with the decode and suggest input): a query is
+lower-cased, its words are its whitespace-separated tokens (Python's `str.split()`, so any
+Unicode whitespace separates), and its text is those words joined by one space; punctuation is
+left untouched. A line that is not UTF-8 is read as Latin-1 (the few such AOL queries are
+Latin-1), converted to UTF-8 and counted (`LogLines.latin1_lines`), not skipped. This is what reproduces the documented
 figures of the real 500-user AOL sample: 11,231 sessions, 28,914 pairs, 2,851 words seen at
 least 8 times in them, and `BLEU = 11.89, 25.2/14.8/9.2/6.2` for suggesting the previous query
 again, over all pairs. Replacing every non-alphanumeric character with a space (which would
 turn `www.myspace.com` into the paper's `www myspace com`) gives 11,217 sessions, 28,877 pairs
 and `BLEU = 12.10, 25.5/14.9/9.4/6.3` instead, so the sample was not made that way.
-Lower-casing changes nothing on the sample (the log is lower-case already) and is not applied.
+Lower-casing changes nothing on the sample (the log is lower-case already); it makes a typed
+`CHEAP FLIGHTS` read as the log's `cheap flights`.
 
 Rules, in order. Every line read is counted exactly once: as a query of a kept session, or
 under the first reason of `REASONS` that applies to it.
 1. Line checks (`read_logs`): `header` (a file's first line whose first field is `AnonID`),
    `bad_field_count` (not 3 or 5 tab-separated fields), `bad_user_id` (AnonID is not 1 to 18
-   digits), `bad_time` (not a valid `YYYY-MM-DD HH:MM:SS`), `not_utf8` (the query's bytes are
-   not UTF-8), `empty_query` (no words, or the log's `-` placeholder for a removed query). The
-   four middle ones are malformed lines: with `strict=True` the first of them raises
+   digits), `bad_time` (not a valid `YYYY-MM-DD HH:MM:SS`), `empty_query` (no words, or the
+   log's `-` placeholder for a removed query). The three middle ones are malformed lines: with
+   `strict=True` the first of them raises
    `LogFormatError` naming `file:line` and the reason (`-` queries are the real log's own
    content, so strict mode only counts them). Lines skipped here take no part in sessions.
 2. Sessions (`sessionize`): per user, records in time order; equal times keep their input
@@ -81,11 +84,10 @@ import numpy as np
 
 from mtn_jax import errors
 
-LINE_REASONS = ('header', 'bad_field_count', 'bad_user_id', 'bad_time', 'not_utf8',
-                'empty_query')
+LINE_REASONS = ('header', 'bad_field_count', 'bad_user_id', 'bad_time', 'empty_query')
 SESSION_REASONS = ('duplicate_query', 'long_query', 'session_too_short', 'session_too_long')
 REASONS = LINE_REASONS + SESSION_REASONS
-MALFORMED = ('bad_field_count', 'bad_user_id', 'bad_time', 'not_utf8')
+MALFORMED = ('bad_field_count', 'bad_user_id', 'bad_time')
 LONG_QUERY_POLICIES = ('drop_session', 'split_session', 'truncate')
 
 _WHY = {
@@ -93,14 +95,13 @@ _WHY = {
                        '(AnonID, Query, QueryTime[, ItemRank, ClickURL])',
     'bad_user_id': 'AnonID is not a number of 1 to 18 digits',
     'bad_time': 'QueryTime is not a valid YYYY-MM-DD HH:MM:SS',
-    'not_utf8': 'the query is not valid UTF-8',
 }
 # A line's status: 0 for a record, else 1 + the index of its reason in LINE_REASONS.
 _RECORD = 0
 _CODE = {reason: i + 1 for i, reason in enumerate(LINE_REASONS)}
 _MALFORMED_CODES = np.array([_CODE[r] for r in MALFORMED])
 # Lines whose AnonID and QueryTime parse: a file without any is not a query log.
-_PARSED_CODES = np.array([_RECORD, _CODE['not_utf8'], _CODE['empty_query']])
+_PARSED_CODES = np.array([_RECORD, _CODE['empty_query']])
 
 # Big enough that numpy's per-call overhead vanishes, small enough that the per-byte
 # temporaries of a chunk stay near 200 MB.
@@ -121,6 +122,39 @@ _NEEDS_STR_SPLIT[0x80:] = True
 _NEWLINE, _TAB, _CR, _SPACE, _DASH = (ord(c) for c in '\n\t\r -')
 _GZIP_MAGIC = b'\x1f\x8b'
 _HEADER_FIELD = b'AnonID'
+
+
+def normalize_query(text: str) -> str:
+  """A query as the corpus holds it: lower-cased, words split on any whitespace and joined by
+  one space. The reader applies the same to every log line (vectorised for plain ASCII)."""
+  return ' '.join(text.lower().split())
+
+
+def decode_text(raw: bytes) -> tuple[str, bool]:
+  """(text, read as Latin-1): UTF-8 where the bytes are, else Latin-1 (every byte is a
+  character there), as the AOL log's few non-UTF-8 queries are written."""
+  try:
+    return raw.decode('utf-8'), False
+  except UnicodeDecodeError:
+    return raw.decode('latin-1'), True
+
+
+def _latin1_lines_to_utf8(buf: bytearray) -> tuple[bytearray, int]:
+  """`buf` (whole lines) with each line that is not UTF-8 re-encoded from Latin-1, and the
+  number of such lines. Checked a chunk at a time: almost every chunk is ASCII or UTF-8."""
+  if not np.count_nonzero(np.frombuffer(buf, np.uint8) >= 0x80):
+    return buf, 0
+  try:
+    buf.decode('utf-8')
+    return buf, 0
+  except UnicodeDecodeError:
+    pass
+  lines, count = [], 0
+  for line in bytes(buf).split(b'\n'):
+    text, latin1 = decode_text(line)
+    lines.append(text.encode('utf-8') if latin1 else line)
+    count += latin1
+  return bytearray(b'\n'.join(lines)), count
 
 
 class LogFormatError(errors.Error, ValueError):
@@ -198,6 +232,7 @@ class LogLines:
   records: Records
   skipped: dict[str, int]
   lines_read: int
+  latin1_lines: int = 0  # lines read as Latin-1 (kept, or skipped for another reason)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -336,16 +371,21 @@ def _count_in(sorted_positions: np.ndarray, begin: np.ndarray, end: np.ndarray) 
 
 
 def _query_words(buf: bytearray, data: np.ndarray, num_newlines: int, begin: np.ndarray,
-                 end: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-  """Cleans the query fields buf[begin:end] (int [n] each) to words joined by one space.
+                 end: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+  """Normalises the query fields buf[begin:end] (int [n] each): `normalize_query`.
 
-  Returns (new end, number of words, UTF-8 ok), each [n]. A field that is already clean
+  Returns (new end, number of words), each [n]. A field that is already clean
   (ASCII words separated by single spaces) is left alone and its words are counted from its
   spaces, vectorised; the others, rare in real logs, are cleaned by str.split() and written
   back in place (never longer than the field) with `end` moved to their new end.
   """
   end = end.copy()
-  utf8_ok = np.ones(len(begin), bool)
+  # ASCII capitals lower-cased in place (the other bytes of a field go through
+  # normalize_query below).
+  in_field = _runs_mask(begin, end, len(data))
+  capitals = np.flatnonzero(in_field & (data >= ord('A')) & (data <= ord('Z')))
+  if capitals.size:
+    data[capitals] += 32
   spaces = np.flatnonzero(data == _SPACE)
   # Such bytes are rare: three quick counts usually show that a chunk has none.
   if (np.count_nonzero(data >= 0x80) == 0
@@ -362,16 +402,16 @@ def _query_words(buf: bytearray, data: np.ndarray, num_newlines: int, begin: np.
                   | (_count_in(double_spaces, begin, last) > 0)))
   num_words = _count_in(spaces, begin, end) + nonempty
   for r in to_clean:
-    try:
-      words = buf[begin[r]:end[r]].decode('utf-8').split()
-    except UnicodeDecodeError:
-      utf8_ok[r] = False
-      continue
-    text = ' '.join(words).encode('utf-8')
-    end[r] = begin[r] + len(text)
-    buf[begin[r]:end[r]] = text
-    num_words[r] = len(words)
-  return end, num_words, utf8_ok
+    text = normalize_query(buf[begin[r]:end[r]].decode('utf-8'))
+    encoded = text.encode('utf-8')
+    if len(encoded) > end[r] - begin[r]:
+      # A few capitals lower-case to longer UTF-8 ('İ' -> 'i̇'); the text must fit its field.
+      text = ' '.join(buf[begin[r]:end[r]].decode('utf-8').split())
+      encoded = text.encode('utf-8')
+    end[r] = begin[r] + len(encoded)
+    buf[begin[r]:end[r]] = encoded
+    num_words[r] = len(text.split(' ')) if text else 0
+  return end, num_words
 
 
 def _parse_chunk(buf: bytearray, file_start: bool) -> tuple[np.ndarray, Records]:
@@ -409,9 +449,7 @@ def _parse_chunk(buf: bytearray, file_start: bool) -> tuple[np.ndarray, Records]
   time, ok = _parse_times(buf, query_end + 1, time_end)
   rows, user, time, query_begin, query_end = reject(ok, 'bad_time', user, time, user_end + 1,
                                                     query_end)
-  query_end, num_words, ok = _query_words(buf, data, num_lines, query_begin, query_end)
-  rows, user, time, query_begin, query_end, num_words = reject(
-      ok, 'not_utf8', user, time, query_begin, query_end, num_words)
+  query_end, num_words = _query_words(buf, data, num_lines, query_begin, query_end)
   text_len = query_end - query_begin
   dash = (text_len == 1) & (data[query_begin] == _DASH)
   rows, user, time, query_begin, query_end, num_words, text_len = reject(
@@ -435,8 +473,10 @@ def read_log(path: str, strict: bool = False) -> LogLines:
   """Reads one log file (see the module docstring for the checks)."""
   parts = []
   counts = np.zeros(len(LINE_REASONS) + 1, np.int64)
-  lines_read = parsed_early = 0
+  lines_read = parsed_early = latin1_lines = 0
   for chunk in _chunks(path):
+    chunk, latin1 = _latin1_lines_to_utf8(chunk)
+    latin1_lines += latin1
     status, records = _parse_chunk(chunk, file_start=lines_read == 0)
     parsed_early += np.count_nonzero(
         np.isin(status[:max(_SNIFF_LINES - lines_read, 0)], _PARSED_CODES))
@@ -453,7 +493,7 @@ def read_log(path: str, strict: bool = False) -> LogLines:
   if not parsed_early:
     raise _not_a_log(path, lines_read)
   return LogLines(Records.concatenate(parts),
-                  dict(zip(LINE_REASONS, counts[1:].tolist())), lines_read)
+                  dict(zip(LINE_REASONS, counts[1:].tolist())), lines_read, latin1_lines)
 
 
 def _not_a_log(path: str, lines: int) -> LogFormatError:
@@ -478,7 +518,8 @@ def read_logs(paths: Sequence[str], strict: bool = False, workers: int = 0,
     logs = [read_log(path, strict) for path in paths]
     return LogLines(Records.concatenate([log.records for log in logs]),
                     _sum_counts([log.skipped for log in logs]),
-                    sum(log.lines_read for log in logs))
+                    sum(log.lines_read for log in logs),
+                    sum(log.latin1_lines for log in logs))
   with tempfile.TemporaryDirectory(prefix='log-columns-', dir=scratch_dir) as scratch:
     folders = [os.path.join(scratch, str(i)) for i in range(len(paths))]
     # Threads would share one GIL, which much of numpy's indexing holds; a fresh interpreter
@@ -493,18 +534,18 @@ def read_logs(paths: Sequence[str], strict: bool = False, workers: int = 0,
         np.concatenate([np.load(os.path.join(folder, f'{field.name}.npy'), mmap_mode='r',
                                 allow_pickle=False) for folder in folders])
         for field in dataclasses.fields(Records)))
-  return LogLines(records, _sum_counts([skipped for skipped, _ in counts]),
-                  sum(lines for _, lines in counts))
+  return LogLines(records, _sum_counts([skipped for skipped, _, _ in counts]),
+                  sum(lines for _, lines, _ in counts), sum(latin1 for _, _, latin1 in counts))
 
 
-def _read_log_to(path: str, strict: bool, folder: str) -> tuple[dict[str, int], int]:
+def _read_log_to(path: str, strict: bool, folder: str) -> tuple[dict[str, int], int, int]:
   """read_log in a worker process: the columns go to `folder`, the counts are returned."""
   log = read_log(path, strict)
   os.makedirs(folder)
   for field in dataclasses.fields(Records):
     np.save(os.path.join(folder, f'{field.name}.npy'), getattr(log.records, field.name),
             allow_pickle=False)
-  return log.skipped, log.lines_read
+  return log.skipped, log.lines_read, log.latin1_lines
 
 
 def _sum_counts(counts: Sequence[dict[str, int]]) -> dict[str, int]:

@@ -47,7 +47,7 @@ from mtn_jax.data import sessions as sessions_lib
 from mtn_jax.data.vocab import Vocab
 
 # Part of the fingerprint: bump it when the files written here change meaning.
-CORPUS_FORMAT = 1
+CORPUS_FORMAT = 2  # 2: queries lower-cased, Latin-1 lines kept, sessions' users and times
 DEMO_LOG = 'demo-log.tsv.gz'
 _DEMO_LOG_INFO = 'demo-log.json'
 _STATS, _MANIFEST, _VOCAB = 'stats.json', 'manifest.json', 'vocab.json'
@@ -84,7 +84,8 @@ def prepare(config: ml_collections.ConfigDict, workdir: str, verbose: bool = Fal
   if _is_current(target, manifest):
     with open(os.path.join(target, _STATS), encoding='utf-8') as f:
       stats = json.load(f)
-    print(f'Reusing the corpus in {target}: same inputs and config.data.')
+    if verbose:
+      print(f'Reusing the corpus in {target}: same inputs and config.data.')
   else:
     stats = _build(cfg, paths, manifest, workdir)
   if verbose:
@@ -103,13 +104,36 @@ def split_sessions(num_sessions: int, fractions, seed: int) -> list[np.ndarray]:
   return [np.sort(permutation[a:b]) for a, b in zip(bounds[:-1], bounds[1:])]
 
 
+def split_users(session_users: np.ndarray, fractions, seed: int) -> list[np.ndarray]:
+  """Session ids of (train, valid, test) with all of a user's sessions in one part.
+
+  Users are taken in a seeded random order and each goes to the first part whose share of
+  the sessions is not yet filled: the parts' sizes follow `fractions` by sessions (what the
+  models learn and are scored on), off by at most one user's sessions at each boundary.
+
+  Args:
+    session_users: int [num_sessions], each session's user.
+  """
+  users, session_user_index = np.unique(session_users, return_inverse=True)
+  per_user = np.bincount(session_user_index, minlength=len(users))
+  order = np.random.default_rng(seed).permutation(len(users))
+  # The user's place in the order: the sessions of all users before it, then its own half.
+  before = np.cumsum(per_user[order]) - per_user[order]
+  bounds = np.cumsum(fractions)[:-1] * len(session_users)
+  part_of_user = np.empty(len(users), np.int64)
+  part_of_user[order] = np.searchsorted(bounds, before + per_user[order] / 2, side='right')
+  part = part_of_user[session_user_index]
+  return [np.flatnonzero(part == k) for k in range(len(fractions))]
+
+
 def summary(stats: dict, where: str) -> str:
   """Table 1 of the paper for this corpus, then the counts behind it."""
   lines = [f'Corpus in {where}', f'{"":<8}{"sessions":>12}{"pairs":>14}']
   for split in sessions_lib.SPLITS:
     lines.append(f'{split:<8}{stats[split]["sessions"]:>12,}{stats[split]["pairs"]:>14,}')
   lines.append(f'vocabulary: {stats["vocab_size"]:,} words, special tokens included')
-  lines.append(f'lines read: {stats["lines_read"]:,}; skipped by reason:')
+  lines.append(f'lines read: {stats["lines_read"]:,} ({stats.get("latin1_lines", 0):,} of them '
+               'read as Latin-1); skipped by reason:')
   lines += [f'  {reason:<20}{count:>12,}' for reason, count in stats['skipped'].items()]
   return '\n'.join(lines)
 
@@ -212,11 +236,21 @@ def _write_corpus(cfg: ml_collections.ConfigDict, paths: list[str], folder: str)
         f'({paths[0]}{", ..." if len(paths) > 1 else ""}); skipped: '
         + ', '.join(f'{r} {c:,}' for r, c in stats['skipped'].items() if c))
 
+  stats['latin1_lines'] = log.latin1_lines
   session_lengths = np.diff(sessions.starts)
-  parts = split_sessions(sessions.num_sessions, tuple(cfg.split_fractions), cfg.split_seed)
+  first_records = sessions.record_index[sessions.starts[:-1]]
+  session_users = log.records.user[first_records]
+  session_times = log.records.time[first_records]
+  fractions = tuple(cfg.split_fractions)
+  parts = (split_users(session_users, fractions, cfg.split_seed) if cfg.split_by == 'user'
+           else split_sessions(sessions.num_sessions, fractions, cfg.split_seed))
+  _check_splits_needed(parts, fractions, cfg.split_by)
   split_texts, split_starts, split_words = {}, {}, {}
+  split_users_, split_times = {}, {}
   for split, session_ids in zip(sessions_lib.SPLITS, parts):
     lengths = session_lengths[session_ids]
+    split_users_[split] = session_users[session_ids]
+    split_times[split] = session_times[session_ids]
     record_index = sessions.record_index[_ranges(sessions.starts[session_ids], lengths)]
     split_words[split] = log.records.num_words[record_index]
     split_texts[split] = _cut(log.records.texts(record_index), split_words[split],
@@ -231,7 +265,8 @@ def _write_corpus(cfg: ml_collections.ConfigDict, paths: list[str], folder: str)
   vocab = Vocab.from_counts(counts, cfg.min_word_count)
   for split in sessions_lib.SPLITS:
     queries = _encode(split_texts[split], split_words[split], vocab, cfg.max_query_words)
-    sessions_lib.save_split(folder, split, queries, split_starts[split], split_texts[split])
+    sessions_lib.save_split(folder, split, queries, split_starts[split], split_texts[split],
+                            split_users_[split], split_times[split])
     num_sessions = len(split_starts[split]) - 1
     stats[split] = {'sessions': num_sessions,
                     'pairs': int(split_starts[split][-1]) - num_sessions}
@@ -239,6 +274,24 @@ def _write_corpus(cfg: ml_collections.ConfigDict, paths: list[str], folder: str)
   vocab.save(os.path.join(folder, _VOCAB))
   _write_json(os.path.join(folder, _STATS), stats)
   return stats
+
+
+class SplitTooSmallError(errors.Error, ValueError):
+  """A split that training or evaluation needs came out empty."""
+
+
+def _check_splits_needed(parts: list[np.ndarray], fractions: tuple, split_by: str) -> None:
+  """Refuses, at preprocessing, a corpus too small to give a split the share it was asked
+  for (training or evaluation would fail later, further from the cause). A split asked to be
+  empty (fraction 0) is left empty."""
+  total = sum(len(p) for p in parts)
+  for index, (name, part) in enumerate(zip(sessions_lib.SPLITS, parts)):
+    if len(part) == 0 and fractions[index] > 0:
+      unit = 'users' if split_by == 'user' else 'sessions'
+      raise SplitTooSmallError(
+          f'the {name} split is empty: {total:,} sessions were kept and '
+          f'config.data.split_fractions={tuple(fractions)} gives it none of the {unit}; use '
+          f'more data or a larger config.data.split_fractions[{index}]')
 
 
 def _ranges(starts: np.ndarray, lengths: np.ndarray) -> np.ndarray:

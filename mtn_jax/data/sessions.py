@@ -7,6 +7,9 @@
   `{split}.text.txt`      one line per query row, the query's words joined by single spaces,
                           exactly as cleaned and cut to max_query_words, NOT mapped through the
                           vocabulary (metrics compare against these raw references)
+  `{split}.users.npy`     int64 [num_sessions]  each session's user (the log's AnonID)
+  `{split}.start_times.npy` int64 [num_sessions]  its first query's time, seconds since
+                          1970-01-01 on the log's clock
 plus `vocab.json`, `stats.json` and `manifest.json` (the cache fingerprint). Every file is
 read without pickle.
 """
@@ -26,18 +29,25 @@ SPLITS = ('train', 'valid', 'test')
 
 def split_paths(data_dir: str, split: str) -> dict[str, str]:
   return {kind: os.path.join(data_dir, f'{split}.{kind}.{ext}')
-          for kind, ext in (('queries', 'npy'), ('sessions', 'npy'), ('text', 'txt'))}
+          for kind, ext in (('queries', 'npy'), ('sessions', 'npy'), ('text', 'txt'),
+                            ('users', 'npy'), ('start_times', 'npy'))}
 
 
 def save_split(data_dir: str, split: str, queries: np.ndarray, starts: np.ndarray,
-               texts: list[str]) -> None:
-  """Writes one split; `texts[i]` is the raw text of `queries[i]`."""
+               texts: list[str], users: np.ndarray, start_times: np.ndarray) -> None:
+  """Writes one split; `texts[i]` is the raw text of `queries[i]`; `users` and `start_times`
+  are [num_sessions]."""
   if len(texts) != len(queries) or starts[-1] != len(queries):
     raise ValueError(f'{split}: {len(queries)} query rows, {len(texts)} texts, '
                      f'sessions end at row {starts[-1]}')
+  if not len(users) == len(start_times) == len(starts) - 1:
+    raise ValueError(f'{split}: {len(starts) - 1} sessions, {len(users)} users, '
+                     f'{len(start_times)} start times')
   paths = split_paths(data_dir, split)
   np.save(paths['queries'], queries.astype(np.int32), allow_pickle=False)
   np.save(paths['sessions'], starts.astype(np.int64), allow_pickle=False)
+  np.save(paths['users'], np.asarray(users, np.int64), allow_pickle=False)
+  np.save(paths['start_times'], np.asarray(start_times, np.int64), allow_pickle=False)
   with open(paths['text'], 'w', encoding='utf-8') as f:
     f.write(''.join(t + '\n' for t in texts))
 
@@ -50,6 +60,8 @@ class SessionSplit:
   queries: np.ndarray
   starts: np.ndarray
   text_path: str | None = None
+  users: np.ndarray | None = None  # int64 [num_sessions]
+  start_times: np.ndarray | None = None  # int64 [num_sessions], seconds
 
   @property
   def num_sessions(self) -> int:
@@ -91,8 +103,9 @@ def load_split(data_dir: str, split: str, mmap: bool = True) -> SessionSplit:
     if not os.path.exists(p):
       raise FileNotFoundError(f'{p} is missing: run --mode=preprocess first')
   mode = 'r' if mmap else None
+  load = lambda kind: np.load(paths[kind], allow_pickle=False)
   return SessionSplit(split, np.load(paths['queries'], mmap_mode=mode, allow_pickle=False),
-                      np.load(paths['sessions'], allow_pickle=False), paths['text'])
+                      load('sessions'), paths['text'], load('users'), load('start_times'))
 
 
 def load_vocab(data_dir: str) -> Vocab:
