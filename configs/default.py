@@ -101,6 +101,10 @@ def get_config() -> ml_collections.ConfigDict:
   # True: a suggestion never holds a word twice (queries almost never do; a copy mixture
   # otherwise loops on the word it copies).
   c.decode.block_repeats = False
+  # 'none': the beam's order; 'mbr': its suggestions reordered by minimum Bayes risk (expected
+  # BLEU against the beam); 'mbr+session': the session's queries are candidates too
+  # (mtn_jax/mbr.py).
+  c.decode.rerank = 'none'
   c.decode.batch_sessions = 64
   c.decode.input = ''
   c.decode.output = ''

@@ -101,6 +101,9 @@ def validate(config: ml_collections.ConfigDict, mode: str = 'all') -> None:
   if config.decode.eval_split not in ('test', 'valid'):
     raise ConfigError("config.decode.eval_split must be 'test' or 'valid', "
                       f'got {config.decode.eval_split!r}')
+  if config.decode.rerank not in ('none', 'mbr', 'mbr+session'):
+    raise ConfigError("config.decode.rerank must be 'none', 'mbr' or 'mbr+session', "
+                      f'got {config.decode.rerank!r}')
   if config.decode.top_k > config.decode.beam_size:
     raise ConfigError(f'config.decode.top_k ({config.decode.top_k}) cannot exceed '
                       f'config.decode.beam_size ({config.decode.beam_size})')

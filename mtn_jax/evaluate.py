@@ -215,13 +215,16 @@ def decode_split(trained: inference.Trained, split: sessions.SessionSplit,
     for row, session in enumerate(session_ids.tolist()):
       if session < 0:
         continue
+      texts = split.session_texts(session)
       # The words a copying model may have written by extended id (none for the others).
-      copied = (extended.oov_words([t.split() for t in split.session_texts(session)], vocab)
+      copied = (extended.oov_words([t.split() for t in texts], vocab)
                 if trained.task.copies else ())
       for t in range(sequences.shape[1]):
         pair = int(first_pair[session]) + t
-        ranked = search.suggestion_list(vocab, sequences[row, t], scores[row, t],
-                                        settings.top_k, copied)
+        ranked = search.ranked_suggestions(
+            vocab, sequences[row, t], scores[row, t], settings,
+            session=texts[:t + 1] if settings.rerank == 'mbr+session' else (),
+            oov_words=copied)
         suggestions[pair] = [r['query'] for r in ranked]
         if pair in wanted:
           top[pair] = ranked

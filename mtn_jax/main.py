@@ -5,6 +5,7 @@
       --workdir=W --mode=train --config.model.num_heads=8
 """
 
+import signal
 import sys
 
 from absl import app
@@ -55,21 +56,33 @@ def main(argv):
     jax.distributed.initialize(coordinator_address=FLAGS.coordinator_address,
                                num_processes=FLAGS.num_processes, process_id=FLAGS.process_id)
   try:
-    run_mode(config, workdir, mode)
+    stopped_by = run_mode(config, workdir, mode)
   except errors.Error as e:
     # A problem with the input, config or checkpoint: its message is the whole story.
     print(f'error: {e}', file=sys.stderr)
     sys.exit(1)
+  except KeyboardInterrupt:
+    # Ctrl-C outside the training loop, or a second one inside it: stop at once.
+    print('interrupted', file=sys.stderr)
+    sys.exit(EXIT_CODES['SIGINT'])
+  sys.exit(EXIT_CODES.get(stopped_by, 0))
 
 
-def run_mode(config, workdir: str, mode: str) -> None:
+# A run stopped by a signal after saving exits as a shell reports a process killed by it, so
+# that a scheduler or a script can tell it from a finished one.
+EXIT_CODES = {'SIGINT': 128 + signal.SIGINT, 'SIGTERM': 128 + signal.SIGTERM}
+
+
+def run_mode(config, workdir: str, mode: str) -> str | None:
+  """Runs one mode; returns the signal that stopped training early ('SIGINT', 'SIGTERM'),
+  or None."""
   # Imports are per mode so that preprocessing does not pay for JAX start-up.
   if mode == 'preprocess':
     from mtn_jax.data import preprocess
     preprocess.prepare(config, workdir, verbose=True)
   elif mode == 'train':
     from mtn_jax import train
-    train.train_and_evaluate(config, workdir)
+    return train.train_and_evaluate(config, workdir)['stopped_by']
   elif mode == 'eval':
     from mtn_jax import evaluate
     evaluate.evaluate(config, workdir)
@@ -84,7 +97,8 @@ def run_mode(config, workdir: str, mode: str) -> None:
     report.write_report(config, workdir)
   else:
     from mtn_jax import main_job
-    main_job.run_all(config, workdir)
+    return main_job.run_all(config, workdir).get('stopped_by')
+  return None
 
 
 if __name__ == '__main__':

@@ -31,7 +31,8 @@ def print_samples(samples: list[dict], limit: int = SAMPLES_SHOWN) -> None:
 
 
 def run_all(config: ml_collections.ConfigDict, workdir: str) -> dict:
-  """Runs every stage; returns the evaluation results (empty if training was interrupted)."""
+  """Runs every stage; returns the evaluation results, or {'stopped_by': signal name} when a
+  signal stopped training (after a checkpoint)."""
   workdir = os.path.abspath(workdir)
   print('== Preprocessing', flush=True)
   preprocess.prepare(config, workdir, verbose=True)
@@ -40,7 +41,7 @@ def run_all(config: ml_collections.ConfigDict, workdir: str) -> dict:
   if summary['interrupted']:
     print(f'Training was stopped at step {summary["step"]}; run the same command again to '
           'resume. Evaluation and report skipped.', flush=True)
-    return {}
+    return {'stopped_by': summary['stopped_by']}
   print('== Evaluation', flush=True)
   results = evaluate.evaluate(config, workdir)
   if jax.process_index() != 0:

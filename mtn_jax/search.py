@@ -38,6 +38,7 @@ import jax.numpy as jnp
 import ml_collections
 import numpy as np
 
+from mtn_jax import mbr
 from mtn_jax.data.vocab import BOS_ID, EOS_ID, PAD_ID, SEP_ID, UNK_ID, Vocab
 
 NEVER_EMITTED = (PAD_ID, BOS_ID, SEP_ID)
@@ -57,6 +58,9 @@ class SearchSettings:
   # A word is not emitted twice in one suggestion: queries almost never repeat a word, and a
   # copy mixture otherwise loops on the word it copies ("schools schools schools").
   block_repeats: bool = False
+  # The beam's suggestions reordered by minimum Bayes risk (`mtn_jax.mbr`): 'none', 'mbr'
+  # (among the hypotheses), 'mbr+session' (the session's queries are candidates too).
+  rerank: str = 'none'
 
   @classmethod
   def from_config(cls, decode: ml_collections.ConfigDict) -> SearchSettings:
@@ -98,6 +102,20 @@ def suggestion_list(vocab: Vocab, sequences: np.ndarray, scores: np.ndarray,
   return [{'query': ' '.join(to_words(vocab, sequences[k], oov_words)),
            'score': float(scores[k])}
           for k in range(min(top_k, len(scores))) if np.isfinite(scores[k])]
+
+
+def ranked_suggestions(vocab: Vocab, sequences: np.ndarray, scores: np.ndarray,
+                       settings: SearchSettings, session: Sequence[str] = (),
+                       oov_words: Sequence[str] = ()) -> list[dict]:
+  """A context's suggestions as the modes write them: the beam's hypotheses (int
+  [beam, max_len], scores [beam]) as [{'query', 'score', ...}], reranked as
+  `settings.rerank` says (with the whole beam as evidence), the first `settings.top_k`.
+  `session`: the context's queries (candidates for 'mbr+session')."""
+  if settings.rerank == 'none':
+    return suggestion_list(vocab, sequences, scores, settings.top_k, oov_words)
+  ranked = suggestion_list(vocab, sequences, scores, len(scores), oov_words)
+  session = session if settings.rerank == 'mbr+session' else ()
+  return mbr.rerank(ranked, session)[:settings.top_k]
 
 
 # ---------------------------------------------------------------------------------------------

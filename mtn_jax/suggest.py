@@ -274,12 +274,13 @@ def decode_contexts(trained: inference.Trained, contexts: Sequence[Context], *,
     sequences, scores = np.asarray(sequences), np.asarray(scores)
     for row, i in enumerate(group):
       context = contexts[i]
-      kept = ([0] if positions == 'last'
-              else range(context.first_output, len(context.queries)))
+      # (output column, the context position it suggests after)
+      kept = ([(0, len(context.queries) - 1)] if positions == 'last'
+              else [(t, t) for t in range(context.first_output, len(context.queries))])
       copied = extended.oov_words([q.split() for q in context.queries], trained.vocab)
-      out[i] = [search.suggestion_list(trained.vocab, sequences[row, p], scores[row, p],
-                                       settings.top_k, copied)
-                for p in kept]
+      out[i] = [search.ranked_suggestions(trained.vocab, sequences[row, p], scores[row, p],
+                                          settings, context.queries[:t + 1], copied)
+                for p, t in kept]
   return out
 
 
@@ -436,8 +437,8 @@ def interactive(config: ml_collections.ConfigDict, workdir: str, stdin: TextIO =
         trained.params, {k: batch[k] for k in trained.task.input_keys}, settings,
         positions='last', lengths=lengths)
     copied = extended.oov_words([q.split() for q in session], trained.vocab)
-    ranked = search.suggestion_list(trained.vocab, np.asarray(sequences)[0, 0],
-                                    np.asarray(scores)[0, 0], settings.top_k, copied)
+    ranked = search.ranked_suggestions(trained.vocab, np.asarray(sequences)[0, 0],
+                                       np.asarray(scores)[0, 0], settings, session, copied)
     unknown = reader.counts['oov_words'] - oov_before
     notes = [f'{unknown} word(s) outside the vocabulary read as <unk>'] if unknown else []
     if reader.counts['long_queries'] > long_before:

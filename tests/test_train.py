@@ -92,16 +92,22 @@ def test_sigkill_at_random_step_then_resume_is_bit_exact(reference_run, tmp_path
   assert_trees_equal(params, ref_params)
 
 
-def test_sigterm_saves_a_checkpoint_and_exits_cleanly(reference_run, tmp_path):
+@pytest.mark.parametrize('stop', [signal.SIGTERM, signal.SIGINT], ids=['sigterm', 'sigint'])
+def test_a_stop_signal_saves_a_checkpoint_exits_non_zero_and_resumes_exactly(
+    reference_run, tmp_path, stop):
+  """SIGTERM (a scheduler) and SIGINT (Ctrl-C) both stop after a checkpoint, with one line and
+  the shell's exit code for that signal (143, 130), so a script can tell the run did not
+  finish; running the command again ends where the uninterrupted run did."""
   ref_dir, _ = reference_run
   proc = cli.popen(tmp_path, *SHORT, '--config.train.checkpoint_every_steps=1000')
   for line in proc.stdout:
     if line.startswith('step 4/'):
-      proc.send_signal(signal.SIGTERM)
+      proc.send_signal(stop)
       break
   output = proc.communicate(timeout=120)[0]
-  assert proc.returncode == 0, output
-  assert 'SIGTERM: saved a checkpoint at step' in output
+  assert proc.returncode == 128 + stop, output
+  assert f'{signal.Signals(stop).name}: saved a checkpoint at step' in output
+  assert 'Traceback' not in output
   manager = checkpoints.open_manager(str(tmp_path), read_only=True)
   saved = manager.latest_step()
   manager.close()

@@ -1,0 +1,42 @@
+"""Minimum-Bayes-risk reranking: the utility's exact values and the choice it makes."""
+
+import math
+
+import pytest
+
+from mtn_jax import mbr
+
+
+def test_sentence_bleu_plus_one_exact_values():
+  # Identical 2-word queries: precisions 2/2, (1+1)/(1+1), (0+1)/(0+1), (0+1)/(0+1).
+  assert mbr.sentence_bleu(['new', 'york'], ['new', 'york']) == pytest.approx(1.0)
+  # 'cheap flights' against 'cheap flights paris': p = 2/2, 2/2, 1/1, 1/1, brevity e^(1-3/2).
+  assert mbr.sentence_bleu(['cheap', 'flights'], ['cheap', 'flights', 'paris']) == (
+      pytest.approx(math.exp(1 - 1.5)))
+  # One word of three right: p1 = 1/3 (unsmoothed), p2 = 1/3, p3 = 1/2, p4 = 1/1; no brevity
+  # penalty.
+  expected = math.exp((math.log(1 / 3) + math.log(1 / 3) + math.log(1 / 2) + 0) / 4)
+  assert mbr.sentence_bleu(['a', 'b', 'c'], ['a', 'x']) == pytest.approx(expected)
+  # No word in common scores 0, however short; so does an empty hypothesis.
+  assert mbr.sentence_bleu(['ebay'], ['google']) == 0.0
+  assert mbr.sentence_bleu([], ['a']) == 0.0
+
+
+def test_rerank_picks_the_consensus_and_can_pick_a_session_query():
+  ranked = [{'query': 'google', 'score': -1.0},
+            {'query': 'make up schools ny', 'score': -1.2},
+            {'query': 'make up schools nyc', 'score': -1.3},
+            {'query': 'make up schools in ny', 'score': -1.4}]
+  # 'google' is likeliest alone, the make-up-school variants together.
+  reranked = mbr.rerank(ranked)
+  assert reranked[0]['query'].startswith('make up schools')
+  assert [r['query'] for r in reranked][-1] == 'google'
+  assert {r['query'] for r in reranked} == {r['query'] for r in ranked}
+  with_session = mbr.rerank(ranked, session=['ebay', 'make up schools'])
+  assert len(with_session) == 6
+  session_entry = next(r for r in with_session if r['query'] == 'ebay')
+  assert session_entry['score'] is None and session_entry['expected_bleu'] == 0
+  # Expected utilities are sorted, best first.
+  utilities = [r['expected_bleu'] for r in with_session]
+  assert utilities == sorted(utilities, reverse=True)
+  assert mbr.rerank([]) == []
