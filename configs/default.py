@@ -8,7 +8,9 @@ any work starts.
 import ml_collections
 
 
-def get_config() -> ml_collections.ConfigDict:
+def get_config(variant: str = '') -> ml_collections.ConfigDict:
+  if variant:
+    raise ValueError(f'configs/default.py has no variants, got {variant!r}')
   c = ml_collections.ConfigDict()
   c.seed = 0  # data order, initialisation and dropout all derive from it
 

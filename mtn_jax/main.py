@@ -5,6 +5,8 @@
       --workdir=W --mode=train --config.model.num_heads=8
 """
 
+import ast
+import os
 import signal
 import sys
 
@@ -37,17 +39,65 @@ flags.register_validator('cpu_devices', lambda count: count >= 0,
 flags.mark_flags_as_required(['config', 'workdir'])
 
 
+USAGE_ERROR = 2  # a wrong flag, config file or config value (1: bad data or checkpoint)
+
+
+def usage_error(message: str) -> None:
+  """Exits with one line naming what is wrong (and where help is), no traceback."""
+  print(f'error: {message} (see --help)', file=sys.stderr)
+  sys.exit(USAGE_ERROR)
+
+
+def _one_line(error: BaseException) -> str:
+  """An exception's message on one line. ml_collections hands some as the repr of a message
+  (a mistyped key: '\\'nmu_heads\\'\\nDid you mean "num_heads" ...'), and an error raised in a
+  config file's get_config with its whole traceback: only the exception's own line is kept."""
+  text = str(error)
+  for _ in range(2):  # a repr in a repr
+    if len(text) > 1 and text[0] == text[-1] and text[0] in '\'"':
+      try:
+        text = ast.literal_eval(text)
+      except (ValueError, SyntaxError):
+        break
+  if 'Traceback (most recent call last)' in text:
+    head, _, trace = text.partition('Traceback (most recent call last)')
+    last = [line for line in trace.splitlines() if line.strip()][-1]
+    text = head.rstrip(': \n') + ': ' + last.strip()
+  return ' '.join(text.split())
+
+
+def _traceback_wanted(argv) -> bool:
+  return any(a.startswith(('--verbosity', '-v')) for a in argv[1:])
+
+
+def parse_flags(argv):
+  """absl's flag parsing, with every error (an unknown flag or config key, a wrong type, a
+  config file that is missing or fails to load) as one line and exit code 2; --verbosity
+  keeps the traceback."""
+  try:
+    return FLAGS(argv)
+  except Exception as e:  # pylint: disable=broad-except
+    if _traceback_wanted(argv):
+      raise
+    usage_error(_one_line(e))
+
+
 def main(argv):
   if len(argv) > 1:
-    raise app.UsageError(f'unexpected arguments: {argv[1:]}')
+    usage_error(f'unexpected arguments: {" ".join(argv[1:])}')
   if not FLAGS['verbosity'].present:
     # Library INFO logs (orbax writes several per checkpoint) would bury the progress lines.
     logging.set_verbosity(logging.WARNING)
-  config, workdir, mode = FLAGS.config, FLAGS.workdir, FLAGS.mode
+  config_file = config_flags.get_config_filename(FLAGS['config'])
+  if not os.path.isfile(config_file):
+    usage_error(f'--config: there is no file {config_file} (paths are relative to the current '
+                'directory: run from the repository root, or give the whole path)')
+  config = FLAGS.config
+  workdir, mode = FLAGS.workdir, FLAGS.mode
   try:
     config_lib.validate(config, mode)
   except config_lib.ConfigError as e:
-    raise app.UsageError(str(e)) from None
+    usage_error(str(e))
   if mode != 'preprocess':  # the one mode that runs without JAX
     from mtn_jax import parallel  # pylint: disable=g-import-not-at-top
     parallel.set_cpu_devices(FLAGS.cpu_devices)
@@ -102,4 +152,4 @@ def run_mode(config, workdir: str, mode: str) -> str | None:
 
 
 if __name__ == '__main__':
-  app.run(main)
+  app.run(main, flags_parser=parse_flags)

@@ -1,0 +1,66 @@
+"""User errors end in one line on stderr naming the cause, no traceback, and exit code 2 for
+usage (flags, config files, config values) or 1 for data and checkpoints."""
+
+import subprocess
+import sys
+
+import pytest
+
+from tests import cli
+
+pytestmark = pytest.mark.slow
+
+
+def run(*args, cwd=cli.REPO):
+  return subprocess.run([sys.executable, '-m', 'mtn_jax.main', *args], cwd=cwd,
+                        env=cli.env(), capture_output=True, text=True, timeout=120)
+
+
+@pytest.mark.parametrize('args, message', [
+    (('--config=configs/demo.py', '--config.model.nmu_heads=4'),
+     'Did you mean "num_heads" instead of "nmu_heads"?'),
+    (('--config=configs/nope.py',), '--config: there is no file configs/nope.py'),
+    (('--config=configs/demo.py:bogus',), "configs/demo.py has no variants, got 'bogus'"),
+    (('--config=configs/demo.py', '--config.model.num_heads=5'),
+     'config.model.num_heads (5) must divide config.model.d_model (64)'),
+    (('--config=configs/aol.py', '--config.data.raw_files='),
+     'config.data.raw_files is empty'),
+    (('--config=configs/demo.py', '--config.model.num_heads=four'),
+     "--config.model.num_heads=four: invalid literal for int() with base 10: 'four'"),
+    (('--config=configs/demo.py', 'stray'), 'unexpected arguments: stray'),
+], ids=['mistyped_key', 'missing_config', 'unknown_variant', 'bad_value', 'no_log',
+        'wrong_type', 'stray_argument'])
+def test_usage_errors_are_one_line_and_exit_2(tmp_path, args, message):
+  result = run(*args, f'--workdir={tmp_path}')
+  assert result.returncode == 2, result.stderr
+  assert 'Traceback' not in result.stderr
+  lines = result.stderr.strip().splitlines()
+  assert len(lines) == 1 and lines[0].startswith('error: ') and message in lines[0], lines
+  assert not (tmp_path / 'data').exists()
+
+
+def test_verbosity_shows_the_traceback(tmp_path):
+  result = run('--config=configs/demo.py:bogus', f'--workdir={tmp_path}', '--verbosity=1')
+  assert result.returncode != 0 and 'Traceback' in result.stderr
+
+
+def test_data_errors_are_one_line_and_exit_1(tmp_path):
+  binary = tmp_path / 'random.bin'
+  binary.write_bytes(bytes(range(256)) * 80)
+  result = run('--config=configs/demo.py', f'--workdir={tmp_path}', '--mode=decode',
+               f'--config.decode.input={binary}')
+  assert result.returncode == 1 and 'Traceback' not in result.stderr
+  assert result.stderr.strip() == (f'error: {binary}: not a text file (it holds NUL bytes): '
+                                   'expected one session a line (queries separated by tabs) '
+                                   'or an AOL-format log')
+  # A log too small to split fails at preprocessing, with what would fix it.
+  log = tmp_path / 'tiny.tsv'
+  log.write_text(''.join(f'{u}\tq{i} w\t2006-03-01 10:0{i}:00\n' for u in range(3)
+                         for i in range(3)), encoding='utf-8')
+  result = run('--config=configs/aol.py', f'--workdir={tmp_path / "w"}', '--mode=preprocess',
+               f'--config.data.raw_files={log}')
+  assert result.returncode == 1 and 'Traceback' not in result.stderr
+  assert result.stderr.strip().splitlines() == [
+      'error: the valid split is empty: 3 sessions were kept and '
+      'config.data.split_fractions=(0.95, 0.025, 0.025) gives it none of the sessions; use '
+      'more data or a larger config.data.split_fractions[1]']
