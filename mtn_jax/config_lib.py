@@ -69,6 +69,9 @@ def validate(config: ml_collections.ConfigDict, mode: str = 'all') -> None:
     _positive(config, ['model.session_layers'])
     if m.num_levels < 2:
       raise ConfigError(f'config.model.num_levels must be >= 2 for MTN, got {m.num_levels}')
+  if m.copy and m.name in ('mtn', 'transformer') and t.entropy_weight:
+    raise ConfigError('config.train.entropy_weight is not defined for a copy mixture: set it '
+                      'to 0 or config.model.copy to False')
   if not 0 <= m.dropout < 1:
     raise ConfigError(f'config.model.dropout must be in [0, 1), got {m.dropout}')
   if m.remat not in ('none', 'full', 'dots'):
