@@ -88,7 +88,8 @@ def main(argv):
   if not FLAGS['verbosity'].present:
     # Library INFO logs (orbax writes several per checkpoint) would bury the progress lines.
     logging.set_verbosity(logging.WARNING)
-  config_file = config_flags.get_config_filename(FLAGS['config'])
+  # path[:variant]
+  config_file = config_flags.get_config_filename(FLAGS['config']).split(':', 1)[0]
   if not os.path.isfile(config_file):
     usage_error(f'--config: there is no file {config_file} (paths are relative to the current '
                 'directory: run from the repository root, or give the whole path)')

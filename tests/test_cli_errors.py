@@ -20,6 +20,10 @@ def run(*args, cwd=cli.REPO):
     (('--config=configs/demo.py', '--config.model.nmu_heads=4'),
      'Did you mean "num_heads" instead of "nmu_heads"?'),
     (('--config=configs/nope.py',), '--config: there is no file configs/nope.py'),
+    (('--config=configs/nope.py:small',), '--config: there is no file configs/nope.py '),
+    (('--config=configs/aol.py:small', '--config.data.raw_files=log.tsv',
+      '--config.model.num_heads=3'),
+     'config.model.num_heads (3) must divide config.model.d_model (128)'),
     (('--config=configs/demo.py:bogus',), "configs/demo.py has no variants, got 'bogus'"),
     (('--config=configs/demo.py', '--config.model.num_heads=5'),
      'config.model.num_heads (5) must divide config.model.d_model (64)'),
@@ -28,8 +32,9 @@ def run(*args, cwd=cli.REPO):
     (('--config=configs/demo.py', '--config.model.num_heads=four'),
      "--config.model.num_heads=four: invalid literal for int() with base 10: 'four'"),
     (('--config=configs/demo.py', 'stray'), 'unexpected arguments: stray'),
-], ids=['mistyped_key', 'missing_config', 'unknown_variant', 'bad_value', 'no_log',
-        'wrong_type', 'stray_argument'])
+], ids=['mistyped_key', 'missing_config', 'missing_config_with_variant',
+        'bad_value_with_variant', 'unknown_variant', 'bad_value', 'no_log', 'wrong_type',
+        'stray_argument'])
 def test_usage_errors_are_one_line_and_exit_2(tmp_path, args, message):
   result = run(*args, f'--workdir={tmp_path}')
   assert result.returncode == 2, result.stderr
