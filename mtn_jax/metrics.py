@@ -164,19 +164,21 @@ def distinct(suggestions: Sequence[str]) -> list[str]:
 
 
 def without_session_queries(suggestions: Sequence[str], session: Sequence[str]) -> list[str]:
-  """The suggestions that repeat no query of the session (a user-facing suggester never
-  offers what the user has already typed)."""
+  """The suggestions that repeat no query of the session, in their order (a user-facing
+  suggester never offers what the user has already typed). Strings compare exactly: `Paris`
+  does not repeat `paris`."""
   seen = set(session)
   return [s for s in suggestions if s not in seen]
 
 
 @dataclasses.dataclass(frozen=True)
 class RankingScore:
-  """Ranked-suggestion metrics in percent over `pairs` (see `suggestion_ranking`)."""
+  """Ranked-suggestion metrics in percent, each a mean over all `pairs` (a pair without any
+  suggestion adds 0 to every one of them; see `suggestion_ranking`)."""
 
   exact_match: float  # the top suggestion is the logged next query
-  recall_at_5: float
-  recall_at_10: float
+  recall_at_5: float  # the logged next query is among the first 5 distinct suggestions
+  recall_at_10: float  # ... among the first 10
   mrr_at_10: float  # mean of 1 / rank within the first 10 distinct suggestions, else 0
   repeats_session: float  # the top suggestion is a query the session already holds
   pairs: int
@@ -188,9 +190,18 @@ class RankingScore:
 RANKING_CUTOFF = 10  # the deepest rank any ranking metric reads
 
 
+def _check_texts(name: str, texts: Sequence[str]) -> None:
+  for i, text in enumerate(texts):
+    if not isinstance(text, str):
+      raise TypeError(f'{name}[{i}] must be a string, got {type(text).__name__}')
+
+
 def suggestion_ranking(suggestions: Sequence[Sequence[str]], references: Sequence[str],
                        sessions: Sequence[Sequence[str]]) -> RankingScore:
   """Where the logged next query ranks among each pair's distinct suggestions.
+
+  Strings compare exactly, as logged (case-sensitive, nothing normalised), like BLEU's
+  references.
 
   Args:
     suggestions: [pairs] lists of suggested queries, best first (duplicates allowed: only
@@ -199,13 +210,24 @@ def suggestion_ranking(suggestions: Sequence[Sequence[str]], references: Sequenc
     sessions: [pairs] the queries the session held so far (0..t).
   Returns:
     RankingScore; a pair whose reference is not among the first 10 distinct suggestions
-    adds 0 to every recall and to MRR@10.
+    adds 0 to every recall and to MRR@10, and a pair without suggestions adds 0 to
+    `repeats_session` too (its denominator is all pairs, like the others').
+  Raises:
+    ValueError: the three lists differ in length, or are empty.
+    TypeError: a suggestion list or a session is a string (not a list of them), or a
+      reference, suggestion or session query is not a string; the message names the entry.
   """
   if not len(suggestions) == len(references) == len(sessions):
     raise ValueError(f'{len(suggestions)} suggestion lists, {len(references)} references and '
                      f'{len(sessions)} sessions: one each per pair')
   if not references:
     raise ValueError('no pairs to score')
+  _check_texts('references', references)
+  for name, lists in (('suggestions', suggestions), ('sessions', sessions)):
+    for i, texts in enumerate(lists):
+      if isinstance(texts, str):
+        raise TypeError(f'{name}[{i}] must be a list of strings, got the string {texts!r}')
+      _check_texts(f'{name}[{i}]', texts)
   ranks, repeats = [], []
   for ranked, reference, session in zip(suggestions, references, sessions):
     ranked = distinct(ranked)[:RANKING_CUTOFF]

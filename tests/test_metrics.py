@@ -247,3 +247,91 @@ def test_bad_ranks_are_refused(ranks, k, message):
   if k >= 1:
     with pytest.raises(ValueError, match=message):
       metrics.mean_reciprocal_rank(ranks)
+
+
+# Ranked suggestions: every expected value below is counted by hand from the lists.
+
+
+def test_ranking_over_distinct_suggestions_by_hand():
+  suggestions = [
+      ['a', 'a', 'a', 'b'],                    # distinct a, b: 'b' at rank 2
+      ['c', 'c', 'd', 'd', 'e', 'f', 'g'],     # distinct c d e f g: 'g' at rank 5
+      ['h', 'i', 'j', 'k', 'l', 'm', 'n'],     # 'n' at rank 7: only in the top 10
+      [],                                      # nothing suggested
+      ['Paris', 'paris hotels'],               # 'paris' is not 'Paris': not found
+      ['x', 'y'],                              # 'x' at rank 1, and the session typed it
+  ]
+  references = ['b', 'g', 'n', 'o', 'paris', 'x']
+  sessions = [['a'], ['z'], ['y'], ['o'], ['paris'], ['w', 'x']]
+  score = metrics.suggestion_ranking(suggestions, references, sessions)
+  assert score.pairs == 6
+  assert score.exact_match == pytest.approx(100 * 1 / 6)  # pair 5
+  assert score.recall_at_5 == pytest.approx(100 * 3 / 6)  # pairs 0, 1, 5
+  assert score.recall_at_10 == pytest.approx(100 * 4 / 6)  # and pair 2
+  assert score.mrr_at_10 == pytest.approx(100 * (1 / 2 + 1 / 5 + 1 / 7 + 1) / 6)
+  # Top-1 'a' is session 0's query, 'x' session 5's; 'Paris' is not session 4's 'paris',
+  # and the empty list has no top suggestion.
+  assert score.repeats_session == pytest.approx(100 * 2 / 6)
+  assert score.to_dict() == {
+      'exact_match': score.exact_match, 'recall_at_5': score.recall_at_5,
+      'recall_at_10': score.recall_at_10, 'mrr_at_10': score.mrr_at_10,
+      'repeats_session': score.repeats_session, 'pairs': 6}
+  json.dumps(score.to_dict())
+
+
+def test_ranking_cutoffs_count_distinct_suggestions_not_list_positions():
+  twelve = [f'q{i}' for i in range(12)]
+  # With each of the first suggestions doubled, q4 sits at list position 9 but is the 5th
+  # distinct one, and q9 at position 19 is the 10th distinct one.
+  doubled = [q for q in twelve for _ in range(2)]
+  cases = [  # (suggestions, reference, recall@5, recall@10, reciprocal rank @10)
+      (doubled, 'q4', 1, 1, 1 / 5),
+      (doubled, 'q5', 0, 1, 1 / 6),
+      (doubled, 'q9', 0, 1, 1 / 10),
+      (doubled, 'q10', 0, 0, 0),  # the 11th distinct: past every cut-off
+      (twelve, 'q11', 0, 0, 0),
+      (['q0'] * 30 + ['q1'], 'q1', 1, 1, 1 / 2),  # 30 copies are one suggestion
+  ]
+  for suggestions, reference, at_5, at_10, reciprocal in cases:
+    score = metrics.suggestion_ranking([suggestions], [reference], [[]])
+    assert (score.exact_match, score.recall_at_5, score.recall_at_10) == (0, 100 * at_5,
+                                                                          100 * at_10)
+    assert score.mrr_at_10 == pytest.approx(100 * reciprocal), reference
+
+
+def test_ranking_with_no_suggestions_at_all_scores_zero():
+  score = metrics.suggestion_ranking([[], []], ['a', 'b'], [['a'], []])
+  assert score.to_dict() == {'exact_match': 0, 'recall_at_5': 0, 'recall_at_10': 0,
+                             'mrr_at_10': 0, 'repeats_session': 0, 'pairs': 2}
+
+
+def test_perfect_ranking_scores_one_hundred():
+  score = metrics.suggestion_ranking([['b', 'a'], ['c']], ['b', 'c'], [['a'], ['a', 'b']])
+  assert (score.exact_match, score.recall_at_5, score.recall_at_10, score.mrr_at_10,
+          score.repeats_session) == (100, 100, 100, 100, 0)
+
+
+@pytest.mark.parametrize('suggestions, references, sessions, error, message', [
+    (['abc'], ['abc'], [[]], TypeError,
+     r"suggestions\[0\] must be a list of strings, got the string 'abc'"),
+    ([['a']], ['a'], ['a'], TypeError, r"sessions\[0\] must be a list of strings"),
+    ([['a', None]], ['a'], [[]], TypeError, r'suggestions\[0\]\[1\] must be a string, got '
+     'NoneType'),
+    ([['a']], [('a',)], [[]], TypeError, r'references\[0\] must be a string, got tuple'),
+    ([['a'], []], ['a'], [[], []], ValueError, 'one each per pair'),
+])
+def test_ranking_refuses_malformed_input(suggestions, references, sessions, error, message):
+  with pytest.raises(error, match=message):
+    metrics.suggestion_ranking(suggestions, references, sessions)
+
+
+def test_without_session_queries_compares_exactly_and_keeps_order():
+  suggestions = ['paris', 'Paris', 'paris hotels', 'paris', 'rome', 'paris ']
+  assert metrics.without_session_queries(suggestions, ['paris', 'rome']) == [
+      'Paris', 'paris hotels', 'paris ']
+  assert metrics.without_session_queries(suggestions, []) == suggestions
+  assert metrics.without_session_queries([], ['paris']) == []
+  # The protocol that never repeats the session: the next distinct one moves up to rank 1.
+  kept = metrics.without_session_queries(['a', 'b', 'a', 'c'], ['a'])
+  score = metrics.suggestion_ranking([kept], ['b'], [['a']])
+  assert (score.exact_match, score.repeats_session) == (100, 0)
