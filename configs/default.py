@@ -29,7 +29,9 @@ def get_config(variant: str = '') -> ml_collections.ConfigDict:
   c.data.long_query = 'drop_session'
   c.data.min_session_queries = 3
   c.data.max_session_queries = 5
-  c.data.split_fractions = (0.95, 0.025, 0.025)  # train / valid / test, by session
+  # Train / valid / test, counted in sessions. Train must be above 0; preprocessing fails when
+  # train, or a split given more than 0, comes out empty (a log too small to split).
+  c.data.split_fractions = (0.95, 0.025, 0.025)
   # 'session': the paper's random split of sessions; 'user': all of a user's sessions in one
   # split (sizes still by sessions), to measure suggestions for users never seen in training.
   c.data.split_by = 'session'

@@ -51,6 +51,9 @@ def validate(config: ml_collections.ConfigDict, mode: str = 'all') -> None:
   if len(fractions) != 3 or min(fractions) < 0 or abs(sum(fractions) - 1) > 1e-6:
     raise ConfigError('config.data.split_fractions must be three non-negative numbers '
                       f'(train, valid, test) summing to 1, got {fractions}')
+  if not fractions[0] > 0:
+    raise ConfigError('config.data.split_fractions[0] (train) must be positive: the train '
+                      f'split is what the models learn from, got {fractions}')
 
   if mode == 'preprocess':
     return  # preprocessing reads config.data alone, and runs without JAX

@@ -18,15 +18,19 @@ records dropped by each session-level reason.
 Query cleaning (`normalize_query`, shared with the decode and suggest input): a query is
 lower-cased, its words are its whitespace-separated tokens (Python's `str.split()`, so any
 Unicode whitespace separates), and its text is those words joined by one space; punctuation is
-left untouched. A line that is not UTF-8 is read as Latin-1 (the few such AOL queries are
-Latin-1), converted to UTF-8 and counted (`LogLines.latin1_lines`), not skipped. This is what reproduces the documented
+left untouched. A line that is not UTF-8 is no bad line: each of its fields that is not UTF-8
+is read as Latin-1 (`decode_text`; the AOL log's few such queries are Latin-1), so its query
+is kept like any other, and the line is counted in `LogLines.latin1_lines` (beside, not
+among, the skip reasons: such a line is then kept or skipped like any other, and still
+`lines_read` = kept queries + skipped lines). This is what reproduces the documented
 figures of the real 500-user AOL sample: 11,231 sessions, 28,914 pairs, 2,851 words seen at
 least 8 times in them, and `BLEU = 11.89, 25.2/14.8/9.2/6.2` for suggesting the previous query
 again, over all pairs. Replacing every non-alphanumeric character with a space (which would
 turn `www.myspace.com` into the paper's `www myspace com`) gives 11,217 sessions, 28,877 pairs
 and `BLEU = 12.10, 25.5/14.9/9.4/6.3` instead, so the sample was not made that way.
-Lower-casing changes nothing on the sample (the log is lower-case already); it makes a typed
-`CHEAP FLIGHTS` read as the log's `cheap flights`.
+The AOL log is lower-case already: lower-casing changes one query of the sample's 157,074
+(line 83,527, `hermTs gardens & homes houston`, a session of one query, so the corpus stays
+the same); it makes a typed `CHEAP FLIGHTS` read as the log's `cheap flights`.
 
 Rules, in order. Every line read is counted exactly once: as a query of a kept session, or
 under the first reason of `REASONS` that applies to it.
@@ -76,6 +80,7 @@ import gzip
 import itertools
 import multiprocessing
 import os
+import re
 import tempfile
 import zlib
 from collections.abc import Iterator, Sequence
@@ -124,15 +129,39 @@ _GZIP_MAGIC = b'\x1f\x8b'
 _HEADER_FIELD = b'AnonID'
 
 
+# Characters whose lower case is longer in UTF-8 than they are (Unicode 14; a test checks the
+# running Python's tables). The reader cleans a query inside its field, which cannot grow, so
+# these get a lower case of their own: the Turkish dotted capital I becomes the plain 'i' a
+# user types (`str.lower` adds a combining dot above), the two rare letters keep their case.
+_LOWER_CASE_EXCEPTIONS = {'\u0130': 'i', '\u023a': '\u023a', '\u023e': '\u023e'}
+_LOWER_CASE_EXCEPTION = re.compile('([' + ''.join(_LOWER_CASE_EXCEPTIONS) + '])')
+
+
 def normalize_query(text: str) -> str:
   """A query as the corpus holds it: lower-cased, words split on any whitespace and joined by
-  one space. The reader applies the same to every log line (vectorised for plain ASCII)."""
-  return ' '.join(text.lower().split())
+  one space (`CHEAP\u00a0 Flights ` -> `cheap flights`); punctuation is left as it is.
+
+  The log reader cleans every log line this way (vectorised for plain ASCII), and the decode
+  and suggest input should too, so that typed queries meet the vocabulary's words. The UTF-8
+  result is never longer than `text`'s: `str.lower()` except for `_LOWER_CASE_EXCEPTIONS`.
+  """
+  if _LOWER_CASE_EXCEPTION.search(text):
+    pieces = _LOWER_CASE_EXCEPTION.split(text)  # odd positions hold the exceptions
+    text = ''.join(_LOWER_CASE_EXCEPTIONS[p] if i % 2 else p.lower()
+                   for i, p in enumerate(pieces))
+  else:
+    text = text.lower()
+  return ' '.join(text.split())
 
 
 def decode_text(raw: bytes) -> tuple[str, bool]:
-  """(text, read as Latin-1): UTF-8 where the bytes are, else Latin-1 (every byte is a
-  character there), as the AOL log's few non-UTF-8 queries are written."""
+  """(text, was_latin1): `raw` decoded as UTF-8 where it is valid UTF-8, else as Latin-1.
+
+  Every byte string is valid Latin-1 (each byte is one character), which is how the AOL
+  log's few non-UTF-8 queries are written (`caf\\xe9` is `caf\u00e9`), so nothing is lost or
+  refused. For a line of several fields, decode each field on its own (as the log reader
+  does), so that one Latin-1 field leaves a UTF-8 query as it is.
+  """
   try:
     return raw.decode('utf-8'), False
   except UnicodeDecodeError:
@@ -140,8 +169,12 @@ def decode_text(raw: bytes) -> tuple[str, bool]:
 
 
 def _latin1_lines_to_utf8(buf: bytearray) -> tuple[bytearray, int]:
-  """`buf` (whole lines) with each line that is not UTF-8 re-encoded from Latin-1, and the
-  number of such lines. Checked a chunk at a time: almost every chunk is ASCII or UTF-8."""
+  """`buf` (whole lines) in UTF-8, and the number of lines that were not.
+
+  In such a line each tab-separated field that is not UTF-8 is read as Latin-1
+  (`decode_text`) and re-encoded; its other fields stay as they are. Checked a chunk at a
+  time, as almost every chunk is ASCII or UTF-8 throughout.
+  """
   if not np.count_nonzero(np.frombuffer(buf, np.uint8) >= 0x80):
     return buf, 0
   try:
@@ -149,11 +182,12 @@ def _latin1_lines_to_utf8(buf: bytearray) -> tuple[bytearray, int]:
     return buf, 0
   except UnicodeDecodeError:
     pass
-  lines, count = [], 0
-  for line in bytes(buf).split(b'\n'):
-    text, latin1 = decode_text(line)
-    lines.append(text.encode('utf-8') if latin1 else line)
-    count += latin1
+  lines, count = bytes(buf).split(b'\n'), 0
+  for i, line in enumerate(lines):
+    if not decode_text(line)[1]:
+      continue
+    lines[i] = b'\t'.join(decode_text(field)[0].encode('utf-8') for field in line.split(b'\t'))
+    count += 1
   return bytearray(b'\n'.join(lines)), count
 
 
@@ -232,7 +266,9 @@ class LogLines:
   records: Records
   skipped: dict[str, int]
   lines_read: int
-  latin1_lines: int = 0  # lines read as Latin-1 (kept, or skipped for another reason)
+  # Lines holding bytes that are not UTF-8, whose such fields were read as Latin-1; each is
+  # also a record or a skipped line, like any other line.
+  latin1_lines: int = 0
 
 
 @dataclasses.dataclass(frozen=True)
@@ -405,7 +441,9 @@ def _query_words(buf: bytearray, data: np.ndarray, num_newlines: int, begin: np.
     text = normalize_query(buf[begin[r]:end[r]].decode('utf-8'))
     encoded = text.encode('utf-8')
     if len(encoded) > end[r] - begin[r]:
-      # A few capitals lower-case to longer UTF-8 ('İ' -> 'i̇'); the text must fit its field.
+      # Only if a later Unicode version adds a capital whose lower case is longer (the tests
+      # check _LOWER_CASE_EXCEPTIONS against this Python's): the field cannot grow, so that
+      # query keeps its case.
       text = ' '.join(buf[begin[r]:end[r]].decode('utf-8').split())
       encoded = text.encode('utf-8')
     end[r] = begin[r] + len(encoded)

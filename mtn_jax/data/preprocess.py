@@ -5,17 +5,26 @@ In: `config.data` (every key is described in configs/default.py) and the log fil
 Reading, cleaning and sessions follow the paper's Sec. 5.1; `mtn_jax.data.aol_log` documents
 every rule and the reason each skipped line is counted under.
 
+Splits: `split_by='session'` (the paper's) partitions the kept sessions at random
+(`split_sessions`); `split_by='user'` puts all of a user's sessions in one split
+(`split_users`), to score suggestions for users never seen in training. Either way the seed
+is `split_seed` and the sizes follow `split_fractions` counted in sessions. A split that comes
+out empty although training or evaluation needs it (train always; valid and test whenever
+their fraction is above 0, as training selects its model on valid and evaluation reads test)
+fails here, with `SplitTooSmallError`, rather than in training later.
+
 Out, in `data_dir(workdir)`: for each split what `mtn_jax.data.sessions.save_split` writes
 (vocabulary ids int32 `[num_queries, max_query_words]`, 0-padded; row offsets int64
 `[num_sessions + 1]`; the cleaned texts, one per query row, not mapped through the
-vocabulary), `vocab.json` (training words seen at least `min_word_count` times),
-`stats.json`:
+vocabulary; each session's user and start time, int64 `[num_sessions]`), `vocab.json`
+(training words seen at least `min_word_count` times), `stats.json`:
 
-    {"lines_read": n, "skipped": {reason: count, ...},
+    {"lines_read": n, "latin1_lines": n, "skipped": {reason: count, ...},
      "train": {"sessions": n, "pairs": n}, "valid": {...}, "test": {...}, "vocab_size": n}
 
 (pairs = sum over sessions of (queries - 1); `lines_read` = queries of kept sessions + all
-skipped lines, checked on every run) and `manifest.json`, the fingerprint of the inputs
+skipped lines, checked on every run; `latin1_lines` counts the lines read as Latin-1, which are
+among those, not a skip reason) and `manifest.json`, the fingerprint of the inputs
 (resolved paths, sizes, modification times) and of `config.data` without `strict`. A later
 `prepare` with the same fingerprint reuses the corpus; any change rebuilds it. The corpus is
 built in a temporary folder that then replaces `data/` by a rename, so an interrupted run
@@ -47,7 +56,9 @@ from mtn_jax.data import sessions as sessions_lib
 from mtn_jax.data.vocab import Vocab
 
 # Part of the fingerprint: bump it when the files written here change meaning.
-CORPUS_FORMAT = 2  # 2: queries lower-cased, Latin-1 lines kept, sessions' users and times
+# 2: queries lower-cased, Latin-1 lines kept, sessions' users and times; 3: Latin-1 read per
+# field, the dotted capital I lower-cased to 'i'.
+CORPUS_FORMAT = 3
 DEMO_LOG = 'demo-log.tsv.gz'
 _DEMO_LOG_INFO = 'demo-log.json'
 _STATS, _MANIFEST, _VOCAB = 'stats.json', 'manifest.json', 'vocab.json'
@@ -107,12 +118,17 @@ def split_sessions(num_sessions: int, fractions, seed: int) -> list[np.ndarray]:
 def split_users(session_users: np.ndarray, fractions, seed: int) -> list[np.ndarray]:
   """Session ids of (train, valid, test) with all of a user's sessions in one part.
 
-  Users are taken in a seeded random order and each goes to the first part whose share of
-  the sessions is not yet filled: the parts' sizes follow `fractions` by sessions (what the
-  models learn and are scored on), off by at most one user's sessions at each boundary.
+  Users are laid out in a seeded random order, their sessions end to end, and each user goes
+  to the part whose share of the sessions holds the middle of its own. The parts' sizes so
+  follow `fractions` counted in sessions, not in users: sessions are what the models learn
+  from and are scored on, and AOL users differ a lot in how many they have (a split by users
+  would give the valid or test split a few heavy users' worth more or less). Each boundary
+  is off by at most half of one user's sessions.
 
   Args:
     session_users: int [num_sessions], each session's user.
+  Returns:
+    int64 [sessions of the part] session ids, sorted, for each of the three parts.
   """
   users, session_user_index = np.unique(session_users, return_inverse=True)
   per_user = np.bincount(session_user_index, minlength=len(users))
@@ -244,7 +260,7 @@ def _write_corpus(cfg: ml_collections.ConfigDict, paths: list[str], folder: str)
   fractions = tuple(cfg.split_fractions)
   parts = (split_users(session_users, fractions, cfg.split_seed) if cfg.split_by == 'user'
            else split_sessions(sessions.num_sessions, fractions, cfg.split_seed))
-  _check_splits_needed(parts, fractions, cfg.split_by)
+  _check_splits_needed(parts, fractions, session_users, cfg.split_by)
   split_texts, split_starts, split_words = {}, {}, {}
   split_users_, split_times = {}, {}
   for split, session_ids in zip(sessions_lib.SPLITS, parts):
@@ -280,16 +296,30 @@ class SplitTooSmallError(errors.Error, ValueError):
   """A split that training or evaluation needs came out empty."""
 
 
-def _check_splits_needed(parts: list[np.ndarray], fractions: tuple, split_by: str) -> None:
+def _check_splits_needed(parts: list[np.ndarray], fractions: tuple, session_users: np.ndarray,
+                         split_by: str) -> None:
   """Refuses, at preprocessing, a corpus too small to give a split the share it was asked
-  for (training or evaluation would fail later, further from the cause). A split asked to be
-  empty (fraction 0) is left empty."""
+  for: training or evaluation would fail later, further from the cause.
+
+  The train split is always needed (nothing to learn, no vocabulary); valid and test are
+  needed when their fraction is above 0. A fraction of 0 asks for an empty split, which a
+  corpus for preprocessing alone, or for training with a valid split only, may want.
+
+  Args:
+    parts: the session ids of (train, valid, test), int [sessions of the part] each.
+    session_users: int [num_sessions], each session's user.
+  """
   total = sum(len(p) for p in parts)
   for index, (name, part) in enumerate(zip(sessions_lib.SPLITS, parts)):
-    if len(part) == 0 and fractions[index] > 0:
-      unit = 'users' if split_by == 'user' else 'sessions'
+    if len(part) == 0 and (fractions[index] > 0 or name == 'train'):
+      kept = f'{total:,} session{"s" * (total != 1)}'
+      unit = 'sessions'
+      if split_by == 'user':
+        num_users = len(np.unique(session_users))
+        kept += f' of {num_users:,} user{"s" * (num_users != 1)}'
+        unit = 'users'
       raise SplitTooSmallError(
-          f'the {name} split is empty: {total:,} sessions were kept and '
+          f'the {name} split is empty: {kept} {"were" if total != 1 else "was"} kept and '
           f'config.data.split_fractions={tuple(fractions)} gives it none of the {unit}; use '
           f'more data or a larger config.data.split_fractions[{index}]')
 

@@ -11,7 +11,10 @@
   `{split}.start_times.npy` int64 [num_sessions]  its first query's time, seconds since
                           1970-01-01 on the log's clock
 plus `vocab.json`, `stats.json` and `manifest.json` (the cache fingerprint). Every file is
-read without pickle.
+read without pickle. The users and start times are for work that needs to know whose session
+it is and when (personalisation, splits by time); a corpus written before they were kept
+still loads, with `users` and `start_times` None, and `preprocess.prepare` rebuilds it (its
+format number is older).
 """
 
 from __future__ import annotations
@@ -22,12 +25,18 @@ import os
 
 import numpy as np
 
+from mtn_jax import errors
 from mtn_jax.data.vocab import Vocab
 
 SPLITS = ('train', 'valid', 'test')
 
 
+# Files a corpus written before the sessions' users and start times were kept lacks.
+OPTIONAL_KINDS = ('users', 'start_times')
+
+
 def split_paths(data_dir: str, split: str) -> dict[str, str]:
+  """{kind: path} of every file of one split (see the module docstring)."""
   return {kind: os.path.join(data_dir, f'{split}.{kind}.{ext}')
           for kind, ext in (('queries', 'npy'), ('sessions', 'npy'), ('text', 'txt'),
                             ('users', 'npy'), ('start_times', 'npy'))}
@@ -97,15 +106,38 @@ class SessionSplit:
     return self.texts[self.starts[i]:self.starts[i + 1]]
 
 
+class CorpusFileError(errors.Error, ValueError):
+  """A corpus file that does not fit the others of its split; the message names it."""
+
+
 def load_split(data_dir: str, split: str, mmap: bool = True) -> SessionSplit:
+  """One split of the corpus in `data_dir`; `queries` memory-mapped with `mmap`.
+
+  `users` and `start_times` are None for a corpus written before they were kept.
+
+  Raises:
+    FileNotFoundError: a required file is missing.
+    CorpusFileError (a ValueError): `users` or `start_times` does not hold one value per
+      session.
+  """
   paths = split_paths(data_dir, split)
-  for p in paths.values():
-    if not os.path.exists(p):
+  for kind, p in paths.items():
+    if kind not in OPTIONAL_KINDS and not os.path.exists(p):
       raise FileNotFoundError(f'{p} is missing: run --mode=preprocess first')
   mode = 'r' if mmap else None
-  load = lambda kind: np.load(paths[kind], allow_pickle=False)
+  starts = np.load(paths['sessions'], allow_pickle=False)
+  per_session = {}
+  for kind in OPTIONAL_KINDS:
+    if not os.path.exists(paths[kind]):
+      per_session[kind] = None
+      continue
+    per_session[kind] = np.load(paths[kind], allow_pickle=False)
+    if per_session[kind].shape != (len(starts) - 1,):
+      raise CorpusFileError(f'{paths[kind]}: shape {per_session[kind].shape}, but '
+                            f'{paths["sessions"]} holds {len(starts) - 1} sessions: run '
+                            '--mode=preprocess again')
   return SessionSplit(split, np.load(paths['queries'], mmap_mode=mode, allow_pickle=False),
-                      load('sessions'), paths['text'], load('users'), load('start_times'))
+                      starts, paths['text'], **per_session)
 
 
 def load_vocab(data_dir: str) -> Vocab:
