@@ -37,6 +37,13 @@ def get_config(variant: str = '') -> ml_collections.ConfigDict:
   c.data.split_by = 'session'
   c.data.split_seed = 0
   c.data.min_word_count = 8  # vocabulary: training words seen at least this often
+  # 'word': the paper's word vocabulary (min_word_count); 'sentencepiece': a subword model of
+  # vocab_size pieces trained on the training split, each query written in at most
+  # max_query_tokens pieces (cut beyond, counted); suggestions are detokenised, metrics stay
+  # on words. The <= max_query_words filter applies either way.
+  c.data.tokenizer = 'word'
+  c.data.vocab_size = 4000
+  c.data.max_query_tokens = 24
   c.data.strict = False  # True: stop at the first malformed line instead of skipping it
 
   c.input = ml_collections.ConfigDict()

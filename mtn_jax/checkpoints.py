@@ -71,7 +71,7 @@ def save(manager: ocp.CheckpointManager, step: int, *, params, train_state, data
       train=ocp.args.StandardSave(train_state),
       data_iter=ocp.args.JsonSave(data_iter),
       meta=ocp.args.JsonSave(meta),
-      vocab=ocp.args.JsonSave({'words': list(vocab.words)})),
+      vocab=ocp.args.JsonSave(vocab.to_json())),
       metrics=None if valid_loss is None else {'valid_loss': float(valid_loss)})
 
 

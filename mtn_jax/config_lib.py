@@ -45,6 +45,14 @@ def validate(config: ml_collections.ConfigDict, mode: str = 'all') -> None:
   if d.max_session_queries < d.min_session_queries:
     raise ConfigError(f'config.data.max_session_queries ({d.max_session_queries}) is below '
                       f'config.data.min_session_queries ({d.min_session_queries})')
+  if d.tokenizer not in ('word', 'sentencepiece'):
+    raise ConfigError("config.data.tokenizer must be 'word' or 'sentencepiece', "
+                      f'got {d.tokenizer!r}')
+  if d.tokenizer == 'sentencepiece':
+    _positive(config, ['data.vocab_size', 'data.max_query_tokens'])
+    if d.vocab_size < 300:
+      raise ConfigError('config.data.vocab_size must be at least 300 with sentencepiece '
+                        '(its 256 byte pieces and the special tokens come first)')
   if d.split_by not in ('session', 'user'):
     raise ConfigError(f"config.data.split_by must be 'session' or 'user', got {d.split_by!r}")
   fractions = tuple(d.split_fractions)

@@ -89,7 +89,7 @@ def load_trained(config: ml_collections.ConfigDict, workdir: str,
     where = f'checkpoint {checkpoints.checkpoint_dir(workdir)}/{step}'
     head = manager.restore(step, args=checkpoints.ocp.args.Composite(
         meta=checkpoints.ocp.args.JsonRestore(), vocab=checkpoints.ocp.args.JsonRestore()))
-    vocab = Vocab(tuple(head['vocab']['words']))
+    vocab = Vocab.from_json(head['vocab'])
     data_dir = preprocess.data_dir(workdir)
     if os.path.exists(os.path.join(data_dir, 'vocab.json')):
       data_vocab = sessions.load_vocab(data_dir)

@@ -99,8 +99,7 @@ def suggestion_list(vocab: Vocab, sequences: np.ndarray, scores: np.ndarray,
   """The first `top_k` hypotheses (int [beam, max_len], scores [beam], best first) as
   [{'query': words joined by spaces, 'score': float}]; empty beam slots are left out.
   `oov_words`: the context's words outside the vocabulary (`to_words`)."""
-  return [{'query': ' '.join(to_words(vocab, sequences[k], oov_words)),
-           'score': float(scores[k])}
+  return [{'query': vocab.decode_text(sequences[k], oov_words), 'score': float(scores[k])}
           for k in range(min(top_k, len(scores))) if np.isfinite(scores[k])]
 
 

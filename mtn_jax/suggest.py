@@ -103,7 +103,8 @@ class QueryReader:
     if len(words) > self.max_query_words:
       self.counts['long_queries'] += 1
       words = words[:self.max_query_words]
-    self.counts['oov_words'] += sum(self.vocab.id(w) == UNK_ID for w in words)
+    if self.vocab.kind == 'word':  # subword pieces leave no word unknown
+      self.counts['oov_words'] += sum(self.vocab.id(w) == UNK_ID for w in words)
     return ' '.join(words)
 
   def session_line(self, line: str, number: int) -> Context | None:
@@ -242,8 +243,8 @@ def encode_contexts(vocab: Vocab, contexts: Sequence[Context], rows: int, width:
   lengths = np.ones(rows, np.int64)
   for row, context in enumerate(contexts):
     words = [text.split() for text in context.queries]
-    for t, query_words in enumerate(words):
-      ids = vocab.encode(query_words)
+    for t, text in enumerate(context.queries):
+      ids = vocab.encode_text(text)[:max_query_words]
       queries[row, t, :len(ids)] = ids
     oov[row, :len(words)] = extended.oov_numbers(words, vocab, max_query_words)
     lengths[row] = len(context.queries)

@@ -24,7 +24,10 @@ from mtn_jax.data.vocab import UNK_ID, Vocab
 
 
 def oov_words(session_words: Sequence[Sequence[str]], vocab: Vocab) -> list[str]:
-  """The session's distinct words outside `vocab`, in order of first appearance."""
+  """The session's distinct words outside `vocab`, in order of first appearance (none for
+  subword pieces, which write every word)."""
+  if vocab.kind != 'word':
+    return []
   seen: dict[str, None] = {}
   for words in session_words:
     for word in words:
@@ -38,6 +41,8 @@ def oov_numbers(session_words: Sequence[Sequence[str]], vocab: Vocab,
   """int32 [len(session_words), width]: each word's number (0, or k + 1 for the k-th distinct
   word outside `vocab`); words past `width` in a query are left out."""
   numbers = np.zeros((len(session_words), width), np.int32)
+  if vocab.kind != 'word':
+    return numbers  # ids are pieces, not words, and none is unknown
   seen: dict[str, int] = {}
   for row, words in enumerate(session_words):
     for column, word in enumerate(words[:width]):
@@ -49,8 +54,10 @@ def oov_numbers(session_words: Sequence[Sequence[str]], vocab: Vocab,
 def split_oov_numbers(split: SessionSplit, vocab: Vocab) -> np.ndarray:
   """int32 [num_queries, max_query_words]: `oov_numbers` of every session of `split`, row
   for row with `split.queries`. Reads the split's texts (one pass, a dict lookup a word)."""
-  texts = split.texts
   numbers = np.zeros(split.queries.shape, np.int32)
+  if vocab.kind != 'word':
+    return numbers
+  texts = split.texts
   for i in range(split.num_sessions):
     begin, end = int(split.starts[i]), int(split.starts[i + 1])
     numbers[begin:end] = oov_numbers([t.split() for t in texts[begin:end]], vocab,

@@ -53,7 +53,7 @@ import numpy as np
 from mtn_jax import errors
 from mtn_jax.data import aol_log
 from mtn_jax.data import sessions as sessions_lib
-from mtn_jax.data.vocab import Vocab
+from mtn_jax.data.vocab import SentencePieceVocab, Vocab, train_sentencepiece
 
 # Part of the fingerprint: bump it when the files written here change meaning.
 # 2: queries lower-cased, Latin-1 lines kept, sessions' users and times; 3: Latin-1 read per
@@ -275,12 +275,21 @@ def _write_corpus(cfg: ml_collections.ConfigDict, paths: list[str], folder: str)
     split_starts[split] = np.concatenate([[0], np.cumsum(lengths)])
   del log, sessions  # the largest arrays: free them before the encoding
 
-  counts = collections.Counter()
-  for batch in _batches(split_texts['train']):
-    counts.update(' '.join(batch).split(' '))
-  vocab = Vocab.from_counts(counts, cfg.min_word_count)
+  if cfg.tokenizer == 'sentencepiece':
+    # Trained on the training split only, like the word vocabulary.
+    vocab = train_sentencepiece(split_texts['train'], cfg.vocab_size)
+    stats['cut_queries'] = 0
+  else:
+    counts = collections.Counter()
+    for batch in _batches(split_texts['train']):
+      counts.update(' '.join(batch).split(' '))
+    vocab = Vocab.from_counts(counts, cfg.min_word_count)
   for split in sessions_lib.SPLITS:
-    queries = _encode(split_texts[split], split_words[split], vocab, cfg.max_query_words)
+    if cfg.tokenizer == 'sentencepiece':
+      queries, cut = _encode_pieces(split_texts[split], vocab, token_slots(cfg))
+      stats['cut_queries'] += cut
+    else:
+      queries = _encode(split_texts[split], split_words[split], vocab, cfg.max_query_words)
     sessions_lib.save_split(folder, split, queries, split_starts[split], split_texts[split],
                             split_users_[split], split_times[split])
     num_sessions = len(split_starts[split]) - 1
@@ -354,6 +363,26 @@ def _encode(texts: list[str], num_words: np.ndarray, vocab: Vocab,
     ids[rows, columns] = vocab.encode(' '.join(batch).split(' '))
     begin += len(batch)
   return ids
+
+
+def token_slots(cfg: ml_collections.ConfigDict) -> int:
+  """Token slots per query (n, the models' query width): the words' maximum for words, else
+  `config.data.max_query_tokens`."""
+  return cfg.max_query_tokens if cfg.tokenizer == 'sentencepiece' else cfg.max_query_words
+
+
+def _encode_pieces(texts: list[str], vocab: SentencePieceVocab,
+                   slots: int) -> tuple[np.ndarray, int]:
+  """(int32 [len(texts), slots] piece ids, 0-padded; how many texts were cut to `slots`
+  pieces)."""
+  ids = np.zeros((len(texts), slots), np.int32)
+  cut = 0
+  for begin in range(0, len(texts), _BATCH_QUERIES):
+    for row, pieces in enumerate(vocab.processor.encode(texts[begin:begin + _BATCH_QUERIES]),
+                                 begin):
+      cut += len(pieces) > slots
+      ids[row, :min(len(pieces), slots)] = pieces[:slots]
+  return ids, cut
 
 
 def _write_json(path: str, value: dict) -> None:

@@ -1,13 +1,24 @@
-"""Word vocabulary with the special tokens every model shares.
+"""Vocabularies with the special tokens every model shares: words, or subword pieces.
 
 Ids 0..4 are fixed so that padding is always 0 and models can build decoder inputs
 (`<s>` + query) and targets (query + `</s>`) without looking anything up.
+
+- `Vocab` (`config.data.tokenizer='word'`): the training split's words; a query's tokens are
+  its words (`encode_text`, `decode_text`), an unknown word is `<unk>`.
+- `SentencePieceVocab` ('sentencepiece'): the pieces of a sentencepiece model trained on the
+  training split (`train_sentencepiece`), with byte fallback, so that any query, unseen words
+  included, is written in pieces and nothing is `<unk>`; `decode_text` joins pieces back into
+  words. The model travels with the vocabulary (vocab.json, checkpoints) as base64.
+Both are saved as JSON (`to_json`, `from_json`), never pickled.
 """
 
 from __future__ import annotations
 
+import base64
 import dataclasses
+import functools
 import hashlib
+import io
 import json
 from collections.abc import Iterable, Sequence
 
@@ -61,17 +72,106 @@ class Vocab:
                    else extended_words[i - len(self.words)])
     return out
 
+  kind = 'word'
+
+  def encode_text(self, text: str) -> list[int]:
+    """A query's token ids: its words (split on whitespace), `<unk>` for unknown ones."""
+    return self.encode(text.split())
+
+  def decode_text(self, ids: Sequence[int] | np.ndarray,
+                  extended_words: Sequence[str] = ()) -> str:
+    """The query text of `ids` (up to `</s>`): its words joined by spaces (`decode`)."""
+    return ' '.join(self.decode(ids, extended_words))
+
   @property
   def fingerprint(self) -> str:
     """A short hash of the word list: checkpoints record it to refuse a foreign vocabulary."""
     return hashlib.sha256('\n'.join(self.words).encode()).hexdigest()[:16]
 
+  def to_json(self) -> dict:
+    return {'words': list(self.words), 'fingerprint': self.fingerprint}
+
   def save(self, path: str) -> None:
     with open(path, 'w', encoding='utf-8') as f:
-      json.dump({'words': list(self.words), 'fingerprint': self.fingerprint}, f,
-                ensure_ascii=False)
+      json.dump(self.to_json(), f, ensure_ascii=False)
+
+  @staticmethod
+  def from_json(value: dict) -> Vocab:
+    """The vocabulary `to_json` wrote, of either kind."""
+    if value.get('tokenizer') == SentencePieceVocab.kind:
+      return SentencePieceVocab.from_model(base64.b64decode(value['model']))
+    return Vocab(tuple(value['words']))
+
+  @staticmethod
+  def load(path: str) -> Vocab:
+    with open(path, encoding='utf-8') as f:
+      return Vocab.from_json(json.load(f))
+
+
+@dataclasses.dataclass(frozen=True)
+class SentencePieceVocab(Vocab):
+  """The pieces of a sentencepiece model (`words[i]` is piece i); see the module docstring."""
+
+  model: bytes = b''
+
+  kind = 'sentencepiece'
 
   @classmethod
-  def load(cls, path: str) -> Vocab:
-    with open(path, encoding='utf-8') as f:
-      return cls(tuple(json.load(f)['words']))
+  def from_model(cls, model: bytes) -> SentencePieceVocab:
+    processor = _processor(model)
+    return cls(tuple(processor.id_to_piece(i) for i in range(processor.get_piece_size())),
+               model)
+
+  @property
+  def processor(self):
+    return _processor(self.model)
+
+  def encode_text(self, text: str) -> list[int]:
+    return self.processor.encode(text)
+
+  def decode_text(self, ids: Sequence[int] | np.ndarray,
+                  extended_words: Sequence[str] = ()) -> str:
+    del extended_words  # pieces cover every word: there are no extended ids
+    kept = []
+    for i in np.asarray(ids).tolist():
+      if i in (EOS_ID, PAD_ID):
+        break
+      if i >= len(SPECIAL_TOKENS):
+        kept.append(i)
+    return self.processor.decode(kept)
+
+  @property
+  def fingerprint(self) -> str:
+    """A short hash of the model (its pieces, scores and normalisation)."""
+    return hashlib.sha256(self.model).hexdigest()[:16]
+
+  def to_json(self) -> dict:
+    return {**super().to_json(), 'tokenizer': self.kind,
+            'model': base64.b64encode(self.model).decode('ascii')}
+
+
+@functools.lru_cache(maxsize=4)
+def _processor(model: bytes):
+  import sentencepiece  # pylint: disable=g-import-not-at-top
+  return sentencepiece.SentencePieceProcessor(model_proto=model)
+
+
+def train_sentencepiece(texts: Iterable[str], vocab_size: int) -> SentencePieceVocab:
+  """A unigram sentencepiece model of `vocab_size` pieces trained on `texts` (the training
+  split's queries), with the project's special tokens at their ids and byte fallback, made
+  the same way on every run (one thread, the texts in their order)."""
+  import sentencepiece  # pylint: disable=g-import-not-at-top
+  model = io.BytesIO()
+  sentencepiece.SentencePieceTrainer.train(
+      sentence_iterator=iter(texts), model_writer=model, vocab_size=vocab_size,
+      model_type='unigram', pad_id=PAD_ID, unk_id=UNK_ID, bos_id=BOS_ID, eos_id=EOS_ID,
+      pad_piece=SPECIAL_TOKENS[PAD_ID], unk_piece=SPECIAL_TOKENS[UNK_ID],
+      bos_piece=SPECIAL_TOKENS[BOS_ID], eos_piece=SPECIAL_TOKENS[EOS_ID],
+      user_defined_symbols=[SPECIAL_TOKENS[SEP_ID]], byte_fallback=True,
+      character_coverage=0.9995, num_threads=1, shuffle_input_sentence=False,
+      input_sentence_size=0, hard_vocab_limit=False, minloglevel=2)
+  vocab = SentencePieceVocab.from_model(model.getvalue())
+  if vocab.words[:len(SPECIAL_TOKENS)] != SPECIAL_TOKENS:
+    raise AssertionError(f'sentencepiece put the special tokens at '
+                         f'{vocab.words[:len(SPECIAL_TOKENS)]}')
+  return vocab

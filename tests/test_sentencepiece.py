@@ -1,0 +1,97 @@
+"""Subword vocabularies: the sentencepiece model round-trips queries (unseen words too),
+travels as JSON, and preprocessing writes piece ids trained on the training split only."""
+
+import json
+
+import numpy as np
+import pytest
+
+from configs import default
+from mtn_jax import search
+from mtn_jax.data import extended
+from mtn_jax.data import preprocess
+from mtn_jax.data import sessions as sessions_lib
+from mtn_jax.data.vocab import EOS_ID, SPECIAL_TOKENS, UNK_ID, SentencePieceVocab, Vocab
+from mtn_jax.data.vocab import train_sentencepiece
+from tests import cli
+
+TRAIN = ['cheap flights to paris', 'new york hotels', 'paris hotels', 'cheap new york flights',
+         'www.myspace.com', 'caf\u00e9 au lait'] * 20
+
+
+def test_round_trip_of_seen_and_unseen_words():
+  vocab = train_sentencepiece(TRAIN, 320)
+  assert vocab.words[:len(SPECIAL_TOKENS)] == SPECIAL_TOKENS
+  for text in ('cheap flights to paris', 'zurich b\u00e4ckerei 2006', 'www.myspace.com'):
+    ids = vocab.encode_text(text)
+    assert UNK_ID not in ids  # byte fallback writes any character
+    assert vocab.decode_text(ids) == text
+    # Decoding stops at </s> and ignores what follows, as for words.
+    assert vocab.decode_text(ids + [EOS_ID] + ids) == text
+  # The same texts give the same model: vocabularies are reproducible.
+  assert train_sentencepiece(TRAIN, 320).fingerprint == vocab.fingerprint
+
+
+def test_json_round_trip_and_word_vocab_unchanged(tmp_path):
+  vocab = train_sentencepiece(TRAIN, 320)
+  path = tmp_path / 'vocab.json'
+  vocab.save(str(path))
+  loaded = Vocab.load(str(path))
+  assert isinstance(loaded, SentencePieceVocab) and loaded == vocab
+  assert json.loads(path.read_text())['tokenizer'] == 'sentencepiece'
+  words = Vocab(SPECIAL_TOKENS + ('paris',))
+  assert Vocab.from_json(words.to_json()) == words and words.kind == 'word'
+  assert words.decode_text(words.encode_text('paris berlin')) == 'paris <unk>'
+  # No extended (copy) ids with pieces: every word is written.
+  assert extended.oov_numbers([['zzyzx']], vocab, 4).tolist() == [[0, 0, 0, 0]]
+  assert extended.oov_words([['zzyzx']], vocab) == []
+  # Suggestions are detokenised text.
+  ids = np.array([vocab.encode_text('new york hotels') + [EOS_ID]])
+  assert search.suggestion_list(vocab, ids, np.array([-1.0]), 1) == [
+      {'query': 'new york hotels', 'score': -1.0}]
+
+
+def test_preprocessing_with_sentencepiece(tmp_path):
+  rows = []
+  for user in range(40):
+    for k, query in enumerate(('cheap flights paris', 'paris hotels', f'hotel{user} deals')):
+      rows.append(f'{user}\t{query}\t2006-03-01 10:0{k}:00\n')
+  log = tmp_path / 'log.tsv'
+  log.write_text(''.join(rows), encoding='utf-8')
+  c = default.get_config()
+  c.data.raw_files = str(log)
+  c.data.tokenizer = 'sentencepiece'
+  c.data.vocab_size = 320
+  c.data.max_query_tokens = 6
+  c.data.split_fractions = (0.8, 0.1, 0.1)
+  stats = preprocess.prepare(c, str(tmp_path / 'w'))
+  data_dir = preprocess.data_dir(str(tmp_path / 'w'))
+  vocab = sessions_lib.load_vocab(data_dir)
+  assert isinstance(vocab, SentencePieceVocab) and stats['vocab_size'] == len(vocab)
+  train = sessions_lib.load_split(data_dir, 'train')
+  assert train.queries.shape[1] == 6  # token slots, not words
+  for row in range(len(train.queries)):
+    pieces = vocab.decode_text(train.queries[row])
+    assert pieces == train.texts[row] or stats['cut_queries']
+  assert stats['cut_queries'] == sum(len(vocab.encode_text(t)) > 6
+                                     for s in sessions_lib.SPLITS
+                                     for t in sessions_lib.load_split(data_dir, s).texts)
+  # Trained on the training split alone.
+  assert train_sentencepiece(train.texts, 320).fingerprint == vocab.fingerprint
+
+
+@pytest.mark.slow
+def test_cli_trains_and_decodes_with_subwords(tmp_path):
+  overrides = ('--config.data.tokenizer=sentencepiece', '--config.data.vocab_size=400',
+               '--config.data.max_query_tokens=12', '--config.decode.max_len=13',
+               '--config.train.max_steps=6', '--config.model.copy=True')
+  cli.run(tmp_path, *overrides, mode='train')
+  sessions_file = tmp_path / 'in.tsv'
+  sessions_file.write_text('CHEAP Flights\tparis hotels\n', encoding='utf-8')
+  output = tmp_path / 'out.jsonl'
+  cli.run(tmp_path, *overrides, f'--config.decode.input={sessions_file}',
+          f'--config.decode.output={output}', mode='decode')
+  [record] = [json.loads(line) for line in output.read_text().splitlines()]
+  assert record['context'] == ['cheap flights', 'paris hotels']  # normalised as the log is
+  assert record['suggestions'] and all('\u2581' not in s['query'] and '<' not in s['query']
+                                       for s in record['suggestions'])  # detokenised text
