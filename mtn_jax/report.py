@@ -209,12 +209,12 @@ _SERIES_COLOURS = ('#d9d9d9', '#b3b3b3', '#8c8c8c', '#666666', '#4c72b0')
 
 
 def _bar_chart(path: str, labels: Sequence[str], scores: Sequence[dict], title: str,
-               baseline: tuple[str, float] | None = None) -> None:
+               baselines: Sequence[tuple[str, float]] = ()) -> None:
   """Per label a group of bars: the 1/2/3/4-gram precisions and BLEU (all in %).
 
   BLEU alone is the paper's figure; the precisions beside it keep the chart readable when a
   4-gram precision of 0 sends every BLEU to 0, as on small corpora. `scores` are the
-  results' score entries; `baseline` (label, BLEU) is drawn as a dashed line.
+  results' score entries; each of `baselines` (label, BLEU) is drawn as a dashed line.
   """
   # A bare Figure with the Agg canvas: no pyplot global state, no display needed.
   fig = Figure(figsize=(max(4.5, 1.5 * len(labels) + 1.5), 3.8), dpi=120)
@@ -232,10 +232,10 @@ def _bar_chart(path: str, labels: Sequence[str], scores: Sequence[dict], title: 
   ax.set_ylabel('precision / BLEU (%)')
   ax.set_title(title, fontsize=10)
   top = max([v for _, values in series for v in values] + [1.0])
-  if baseline is not None:
-    ax.axhline(baseline[1], color='#c44e52', linestyle='--', linewidth=1,
-               label=f'BLEU, {baseline[0].lower()} ({baseline[1]:.2f})')
-    top = max(top, baseline[1])
+  for (label, value), colour in zip(baselines, ('#c44e52', '#55a868')):
+    ax.axhline(value, color=colour, linestyle='--', linewidth=1,
+               label=f'BLEU, {label[0].lower() + label[1:]} ({value:.2f})')
+    top = max(top, value)
   ax.legend(fontsize=6, loc='upper right', ncol=2)
   ax.set_ylim(0, top * 1.35)
   fig.tight_layout()
@@ -272,8 +272,8 @@ def write_report(config: ml_collections.ConfigDict, workdir: str,
   _bar_chart(os.path.join(out_dir, 'bleu.png'), labels,
              [r.results['scores']['model'] for r in runs],
              'n-gram precision and BLEU on the test split',
-             baseline=(TRIVIAL_SUGGESTERS['repeat_previous'],
-                       runs[0].results['scores']['repeat_previous']['bleu']))
+             baselines=[(name, runs[0].results['scores'][key]['bleu'])
+                        for key, name in TRIVIAL_SUGGESTERS.items()])
   sections = ['# Next-query suggestion: results', '',
               'n-gram precision (1/2/3/4-gram, %) and BLEU of the best checkpoint of each run '
               'on its test split (beam search; references are the raw next queries). Size: '
