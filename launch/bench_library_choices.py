@@ -33,7 +33,7 @@ dropout -- the whole jit-compiled train step (`bench_train.JaxStep`: the trainer
 prefetch -- batches put on the devices from `input_pipeline.make_train_iterator` over a
   synthetic AOL-size split (`--pipeline_sessions`) and `parallel.shard_batch`, by:
     'in the loop'             no prefetch: next() and shard_batch in the consuming thread;
-    'train._Prefetcher'       the trainer's thread (`config.input.prefetch_batches` ahead);
+    'hand-written thread'       the trainer's thread (`config.input.prefetch_batches` ahead);
     'grain ThreadPrefetch'    grain's `ThreadPrefetchIterDataset` over the same iterator mapped
                               through shard_batch, `prefetch_batches` ahead: the library
                               equivalent of `_Prefetcher`, host-side session count included;
@@ -71,10 +71,12 @@ import importlib
 import json
 import os
 import pkgutil
+import queue
 import shutil
 import statistics
 import sys
 import tempfile
+import threading
 import time
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -96,7 +98,6 @@ from mtn_jax import input_pipeline
 from mtn_jax import metric_writer
 from mtn_jax import models
 from mtn_jax import parallel
-from mtn_jax import train
 from mtn_jax.models import dropout as project_dropout
 # pylint: enable=g-import-not-at-top,wrong-import-position
 
@@ -116,7 +117,7 @@ DROPOUT_VARIANTS = {
     'nn.Dropout, threefry': (nn.Dropout, 'threefry2x32'),
     'hand-written, unsafe_rbg': (project_dropout.Dropout, 'unsafe_rbg'),
 }
-PREFETCH_VARIANTS = ('in the loop', 'train._Prefetcher', 'grain ThreadPrefetch',
+PREFETCH_VARIANTS = ('in the loop', 'hand-written thread', 'grain ThreadPrefetch',
                      'grain device_put')
 # What `train._TrainMonitor.write` logs every `log_every_steps`, plus the validation's
 # perplexity: 12 scalars.
@@ -285,6 +286,44 @@ class _FromIterator(grain.IterDataset):
     return self._make()
 
 
+class _HandWrittenPrefetcher:
+  """The trainer's device prefetch before it became grain's thread prefetch, kept here as the
+  measured reference: a thread puts batches on the devices `size` ahead, each with the
+  iterator state right after it and its number of real sessions."""
+
+  def __init__(self, iterator, mesh, size: int, keys: tuple[str, ...]):
+    self._iterator, self._mesh, self._keys = iterator, mesh, keys
+    self._queue: queue.Queue = queue.Queue(maxsize=max(size, 1))
+    self._stop = threading.Event()
+    self._thread = threading.Thread(target=self._fill, daemon=True)
+    self._thread.start()
+
+  def _fill(self):
+    try:
+      while not self._stop.is_set():
+        batch = next(self._iterator)
+        item = (parallel.shard_batch({k: batch[k] for k in self._keys}, self._mesh),
+                self._iterator.get_state(), int((batch['session_ids'] >= 0).sum()))
+        while not self._stop.is_set():
+          try:
+            self._queue.put(item, timeout=0.1)
+            break
+          except queue.Full:
+            pass
+    except Exception as e:  # pylint: disable=broad-except
+      self._queue.put(e)
+
+  def __next__(self):
+    item = self._queue.get()
+    if isinstance(item, Exception):
+      raise item
+    return item
+
+  def close(self):
+    self._stop.set()
+    self._thread.join(timeout=5)
+
+
 class _Pipeline:
   """One way of putting training batches on the devices: `next()` -> (batch dict on the
   devices, the iterator state recorded with it); `set_state` before the first `next()`."""
@@ -294,7 +333,7 @@ class _Pipeline:
     self.variant = variant
     shard = lambda b: parallel.shard_batch({k: b[k] for k in keys}, mesh)
     self._closers: list[Callable[[], None]] = []
-    if variant in ('in the loop', 'train._Prefetcher'):
+    if variant in ('in the loop', 'hand-written thread'):
       self._iterator = make_iterator()
       self._closers.append(self._iterator.close)
     elif variant == 'grain ThreadPrefetch':
@@ -321,9 +360,9 @@ class _Pipeline:
     if self.variant == 'in the loop':
       batch = next(self._iterator)
       return self._shard(batch), self._iterator.get_state()
-    if self.variant == 'train._Prefetcher':
+    if self.variant == 'hand-written thread':
       if self._prefetcher is None:  # started here, so that set_state comes first
-        self._prefetcher = train._Prefetcher(
+        self._prefetcher = _HandWrittenPrefetcher(
             self._iterator, self._mesh, self._prefetch, self._keys)
         self._closers.insert(0, self._prefetcher.close)
       batch, state, _ = next(self._prefetcher)
@@ -427,7 +466,7 @@ def measure_prefetch(config: ml_collections.ConfigDict, jax_step: bench_train.Ja
       for key, value in zip(('wall', 'cpu', 'wait'), step_run(variant)):
         stepped[variant][key].append(value)
 
-  producer_wall = paired({v: r['wall'] for v, r in producer.items()}, 'train._Prefetcher')
+  producer_wall = paired({v: r['wall'] for v, r in producer.items()}, 'hand-written thread')
   step_wall = paired({v: r['wall'] for v, r in stepped.items()}, 'on the devices')
   step_cpu = paired({v: r['cpu'] for v, r in stepped.items()}, 'on the devices')
   return {
@@ -448,7 +487,7 @@ def print_prefetch(result: dict[str, Any]) -> None:
   print(f'\n2. Device prefetch: make_train_iterator over {split["sessions"]:,} synthetic '
         f'sessions + shard_batch, prefetch_batches {result["prefetch_batches"]}')
   print(f'alone ({result["batches_per_run"]} batches per run; ratio = time per batch over '
-        "train._Prefetcher's):")
+        "the hand-written thread's):")
   print(f'{"variant":>22} {"batches/s":>10} {"ms/batch":>9} {"ratio":>21} {"CPU ms":>8} '
         f'{"exact resume":>13}')
   for name, r in result['producer'].items():

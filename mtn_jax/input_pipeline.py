@@ -72,15 +72,20 @@ def steps_per_epoch(split: SessionSplit, queries_per_batch: int, multiple_of: in
   return sum(-(-int(count) // sizes[int(length)]) for length, count in zip(lengths, counts))
 
 
-def make_train_iterator(split: SessionSplit, *, queries_per_batch: int, seed: int,
-                        multiple_of: int = 1, process_index: int = 0, process_count: int = 1,
-                        worker_count: int = 0, per_query: dict[str, np.ndarray] | None = None
-                        ) -> grain.DatasetIterator:
+def make_train_iterator(split: SessionSplit, **kwargs) -> grain.DatasetIterator:
+  """An iterator over `make_train_dataset(split, **kwargs)`."""
+  return iter(make_train_dataset(split, **kwargs))
+
+
+def make_train_dataset(split: SessionSplit, *, queries_per_batch: int, seed: int,
+                       multiple_of: int = 1, process_index: int = 0, process_count: int = 1,
+                       worker_count: int = 0, per_query: dict[str, np.ndarray] | None = None
+                       ) -> grain.IterDataset:
   """Endless training batches: epoch after epoch, each a fresh shuffle fixed by (seed, epoch).
 
   Each element is this process's share of a global batch (see the module docstring), with
   `epoch`. `worker_count > 0` builds batches in that many grain worker processes; the stream
-  is the same. `get_state()` / `set_state()` resume it exactly.
+  is the same. Its iterators' `get_state()` / `set_state()` resume it exactly.
   """
   _check_sharding(multiple_of, process_index, process_count)
   if seed < 0:
@@ -94,7 +99,7 @@ def make_train_iterator(split: SessionSplit, *, queries_per_batch: int, seed: in
   dataset = grain.MapDataset.range(sys.maxsize).map(batches).to_iter_dataset(_READ_OPTIONS)
   if worker_count:
     dataset = dataset.mp_prefetch(grain.MultiprocessingOptions(num_workers=worker_count))
-  return iter(dataset)
+  return dataset
 
 
 def make_eval_iterator(split: SessionSplit, *, queries_per_batch: int, multiple_of: int = 1,

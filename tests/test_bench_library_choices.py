@@ -37,12 +37,12 @@ def test_prefetch_and_metrics(tmp_path):
   report = checked_report(run_script(tmp_path, '--items=prefetch,metrics'), tmp_path)
   assert 'dropout' not in report
   prefetch = report['prefetch']
-  assert set(prefetch['producer']) == {'in the loop', 'train._Prefetcher',
+  assert set(prefetch['producer']) == {'in the loop', 'hand-written thread',
                                        'grain ThreadPrefetch', 'grain device_put'}
   for figures in prefetch['producer'].values():
     assert figures['exact_resume'] is True
     assert figures['batches_per_s'] > 0
-  assert prefetch['producer']['train._Prefetcher']['batch_s']['verdict'] == 'reference'
+  assert prefetch['producer']['hand-written thread']['batch_s']['verdict'] == 'reference'
   steps = prefetch['with_step']
   assert set(steps) == {'on the devices', *prefetch['producer']}
   assert all(s['step_s']['median'] > 0 and s['wait_s'] >= 0 for s in steps.values())
