@@ -116,6 +116,9 @@ def get_config(variant: str = '') -> ml_collections.ConfigDict:
   # BLEU against the beam); 'mbr+session': the session's queries are candidates too
   # (mtn_jax/mbr.py).
   c.decode.rerank = 'none'
+  # True: decode and suggest never offer a query the session already holds (evaluation
+  # reports the paper's protocol and this one side by side, whatever this says).
+  c.decode.exclude_session_queries = False
   c.decode.batch_sessions = 64
   c.decode.input = ''
   c.decode.output = ''

@@ -34,6 +34,7 @@ suggestions with their scores, for the report's sample tables.
 from __future__ import annotations
 
 import collections
+import dataclasses
 import datetime
 import json
 import os
@@ -223,7 +224,7 @@ def decode_split(trained: inference.Trained, split: sessions.SessionSplit,
         pair = int(first_pair[session]) + t
         ranked = search.ranked_suggestions(
             vocab, sequences[row, t], scores[row, t], settings,
-            session=texts[:t + 1] if settings.rerank == 'mbr+session' else (),
+            session=texts[:t + 1],
             oov_words=copied)
         suggestions[pair] = [r['query'] for r in ranked]
         if pair in wanted:
@@ -281,7 +282,9 @@ def evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict:
                        f'config.data.split_fractions[{fraction}]')
   name = models.display_name(trained.cfg.name)
   dc = config.decode
-  settings = search.SearchSettings.from_config(dc)
+  # Both protocols are scored from the full lists, whatever decode and suggest are told.
+  settings = dataclasses.replace(search.SearchSettings.from_config(dc),
+                                 exclude_session_queries=False)
   log(f'Evaluating {name} (checkpoint step {trained.step}) on {test.num_pairs:,} {split_name} '
       'pairs '
       f'of {test.num_sessions:,} sessions: beam {dc.beam_size}, length penalty '

@@ -61,6 +61,9 @@ class SearchSettings:
   # The beam's suggestions reordered by minimum Bayes risk (`mtn_jax.mbr`): 'none', 'mbr'
   # (among the hypotheses), 'mbr+session' (the session's queries are candidates too).
   rerank: str = 'none'
+  # The user-facing protocol: no suggestion repeats a query the session already holds
+  # (decode and suggest output; evaluation reports both protocols whatever this says).
+  exclude_session_queries: bool = False
 
   @classmethod
   def from_config(cls, decode: ml_collections.ConfigDict) -> SearchSettings:
@@ -109,12 +112,14 @@ def ranked_suggestions(vocab: Vocab, sequences: np.ndarray, scores: np.ndarray,
   """A context's suggestions as the modes write them: the beam's hypotheses (int
   [beam, max_len], scores [beam]) as [{'query', 'score', ...}], reranked as
   `settings.rerank` says (with the whole beam as evidence), the first `settings.top_k`.
-  `session`: the context's queries (candidates for 'mbr+session')."""
-  if settings.rerank == 'none':
-    return suggestion_list(vocab, sequences, scores, settings.top_k, oov_words)
+  `session`: the context's queries (candidates for 'mbr+session'; left out with
+  `settings.exclude_session_queries`)."""
   ranked = suggestion_list(vocab, sequences, scores, len(scores), oov_words)
-  session = session if settings.rerank == 'mbr+session' else ()
-  return mbr.rerank(ranked, session)[:settings.top_k]
+  if settings.rerank != 'none':
+    ranked = mbr.rerank(ranked, session if settings.rerank == 'mbr+session' else ())
+  if settings.exclude_session_queries:
+    ranked = [r for r in ranked if r['query'] not in set(session)]
+  return ranked[:settings.top_k]
 
 
 # ---------------------------------------------------------------------------------------------

@@ -2,6 +2,7 @@
 whose fused, chunked form equals its definition, and session words outside the vocabulary
 written out verbatim in suggestions."""
 
+import dataclasses
 import functools
 
 import jax
@@ -127,8 +128,9 @@ def test_a_session_word_outside_the_vocabulary_is_suggested_verbatim(copy_model)
   config = default.get_config()
   task = tasks.make_task(cfg, config.train)
   trained = inference.Trained(task, params, VOCAB, step=0, meta={})
-  settings = search.SearchSettings(beam_size=3, max_len=3, length_penalty=0.0,
-                                   emit_unk=False, top_k=3)
+  # Two copyable words and no end token: exactly four suggestions of two words each.
+  settings = search.SearchSettings(beam_size=4, max_len=2, length_penalty=0.0,
+                                   emit_unk=False, top_k=4)
   context = suggest.Context(('zzyzx quokka',), 0, {})
   [[ranked]] = suggest.decode_contexts(trained, [context], positions='last', batch_rows=1,
                                        settings=settings)
@@ -136,3 +138,10 @@ def test_a_session_word_outside_the_vocabulary_is_suggested_verbatim(copy_model)
   for suggestion in ranked:
     words = suggestion['query'].split()
     assert words and set(words) <= {'zzyzx', 'quokka'}, suggestion
+  # The user-facing protocol drops a suggestion that repeats the session's query.
+  assert sorted(s['query'] for s in ranked) == ['quokka quokka', 'quokka zzyzx',
+                                                'zzyzx quokka', 'zzyzx zzyzx']
+  [[user_facing]] = suggest.decode_contexts(
+      trained, [context], positions='last', batch_rows=1,
+      settings=dataclasses.replace(settings, exclude_session_queries=True))
+  assert user_facing == [s for s in ranked if s['query'] != 'zzyzx quokka']
