@@ -27,5 +27,6 @@ def get_config(variant: str = ''):
     elif v in ('enc4dec4', 'enc5dec5'):
       c.model.query_layers = c.model.decoder_layers = int(v[3])
     else:
-      raise ValueError(f'configs/transformer_aol.py: unknown variant {v!r}')
+      raise ValueError(f'configs/transformer_aol.py: unknown variant {v!r} (expected "small", '
+                       '"enc4dec4" or "enc5dec5", or comma-separated ones: "small,enc5dec5")')
   return c

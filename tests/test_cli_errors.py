@@ -18,35 +18,89 @@ def run(*args, cwd=cli.REPO):
 
 @pytest.mark.parametrize('args, message', [
     (('--config=configs/demo.py', '--config.model.nmu_heads=4'),
+     '--config.model.nmu_heads: config.model has no key \'nmu_heads\'. '
      'Did you mean "num_heads" instead of "nmu_heads"?'),
+    (('--config=configs/demo.py', '--config.modle.num_heads=4'),
+     '--config.modle.num_heads: config has no key \'modle\'. Did you mean "model"'),
+    (('--config=configs/demo.py', '--config.data.zzzz=4'),
+     "--config.data.zzzz: config.data has no key 'zzzz'. configs/default.py lists every key."),
     (('--config=configs/nope.py',), '--config: there is no file configs/nope.py'),
     (('--config=configs/nope.py:small',), '--config: there is no file configs/nope.py '),
+    (('--config=configs/nope.py', '--config.model.num_heads=4'),
+     '--config: there is no file configs/nope.py '),
     (('--config=configs/aol.py:small', '--config.data.raw_files=log.tsv',
       '--config.model.num_heads=3'),
      'config.model.num_heads (3) must divide config.model.d_model (128)'),
-    (('--config=configs/demo.py:bogus',), "configs/demo.py has no variants, got 'bogus'"),
+    (('--config=configs/demo.py:bogus',),
+     "--config=configs/demo.py:bogus: configs/demo.py has no variants, got 'bogus'"),
     (('--config=configs/demo.py', '--config.model.num_heads=5'),
      'config.model.num_heads (5) must divide config.model.d_model (64)'),
     (('--config=configs/aol.py', '--config.data.raw_files='),
      'config.data.raw_files is empty'),
     (('--config=configs/demo.py', '--config.model.num_heads=four'),
      "--config.model.num_heads=four: invalid literal for int() with base 10: 'four'"),
+    (('--config=configs/demo.py', '--config.model.copy=maybe'),
+     '--config.model.copy=maybe: Non-boolean argument to boolean flag: maybe'),
+    (('--config=configs/demo.py', '--mode=bogus'), '--mode=bogus: value should be one of'),
+    (('--config=configs/demo.py', '--nosuchflag'), "Unknown command line flag 'nosuchflag'"),
     (('--config=configs/demo.py', 'stray'), 'unexpected arguments: stray'),
-], ids=['mistyped_key', 'missing_config', 'missing_config_with_variant',
-        'bad_value_with_variant', 'unknown_variant', 'bad_value', 'no_log', 'wrong_type',
-        'stray_argument'])
+], ids=['mistyped_key', 'mistyped_section', 'unknown_key', 'missing_config',
+        'missing_config_with_variant', 'missing_config_with_override', 'bad_value_with_variant',
+        'unknown_variant', 'bad_value', 'no_log', 'wrong_type', 'wrong_bool', 'unknown_mode',
+        'unknown_flag', 'stray_argument'])
 def test_usage_errors_are_one_line_and_exit_2(tmp_path, args, message):
   result = run(*args, f'--workdir={tmp_path}')
   assert result.returncode == 2, result.stderr
   assert 'Traceback' not in result.stderr
   lines = result.stderr.strip().splitlines()
   assert len(lines) == 1 and lines[0].startswith('error: ') and message in lines[0], lines
+  assert lines[0].endswith(' (see --help)'), lines
   assert not (tmp_path / 'data').exists()
 
 
-def test_verbosity_shows_the_traceback(tmp_path):
-  result = run('--config=configs/demo.py:bogus', f'--workdir={tmp_path}', '--verbosity=1')
-  assert result.returncode != 0 and 'Traceback' in result.stderr
+@pytest.mark.parametrize('config, known', [
+    ('default', 'has no variants'), ('demo', 'has no variants'),
+    ('aol', 'expected "" or "small"'), ('seq2seq_aol', 'expected "" or "small"'),
+    ('hred_aol', 'expected "" or "small"'), ('mnsrf_aol', 'expected "" or "small"'),
+    ('transformer_aol', 'expected "small", "enc4dec4" or "enc5dec5"')])
+def test_every_config_names_its_variants(tmp_path, config, known):
+  result = run(f'--config=configs/{config}.py:bogus', f'--workdir={tmp_path}')
+  assert result.returncode == 2 and 'Traceback' not in result.stderr, result.stderr
+  assert result.stderr.startswith(f'error: --config=configs/{config}.py:bogus: configs/'
+                                  f'{config}.py'), result.stderr
+  assert 'bogus' in result.stderr and known in result.stderr, result.stderr
+
+
+def test_missing_required_flags(tmp_path):
+  result = run()
+  assert result.returncode == 2 and result.stderr == (
+      'error: missing --config=FILE[:variant] and --workdir=DIR (see --help)\n')
+  result = run('--config=configs/demo.py')
+  assert result.returncode == 2 and result.stderr == 'error: missing --workdir=DIR (see --help)\n'
+
+
+def test_workdir_that_is_a_file(tmp_path):
+  workdir = tmp_path / 'file'
+  workdir.write_text('')
+  result = run('--config=configs/demo.py', f'--workdir={workdir}', '--mode=preprocess')
+  assert result.returncode == 2 and result.stderr == (
+      f'error: --workdir={workdir} is a file, not a folder (see --help)\n')
+
+
+@pytest.mark.parametrize('args, verbose', [
+    (('--config=configs/demo.py:bogus',), ('--verbosity=1',)),
+    (('--config=configs/demo.py', '--config.model.nmu_heads=4'), ('-v', '2')),
+    (('--config=configs/demo.py', '--config.model.num_heads=5'), ('--verbosity', '1')),
+], ids=['variant', 'mistyped_key', 'bad_value'])
+def test_verbosity_shows_the_traceback(tmp_path, args, verbose):
+  result = run(*args, *verbose, f'--workdir={tmp_path}')
+  assert result.returncode == 2 and 'Traceback' in result.stderr, result.stderr
+  assert result.stderr.strip().splitlines()[-1].startswith('error: '), result.stderr
+  quiet = run(*args, '--verbosity=0', f'--workdir={tmp_path}')
+  assert quiet.returncode == 2 and 'Traceback' not in quiet.stderr, quiet.stderr
+  assert len(quiet.stderr.strip().splitlines()) == 1, quiet.stderr
+
+
 
 
 def test_data_errors_are_one_line_and_exit_1(tmp_path):
@@ -58,6 +112,10 @@ def test_data_errors_are_one_line_and_exit_1(tmp_path):
   assert result.stderr.strip() == (f'error: {binary}: not a text file (it holds NUL bytes): '
                                    'expected one session a line (queries separated by tabs) '
                                    'or an AOL-format log')
+  verbose = run('--config=configs/demo.py', f'--workdir={tmp_path}', '--mode=decode',
+                f'--config.decode.input={binary}', '--verbosity=1')
+  assert verbose.returncode == 1 and 'Traceback' in verbose.stderr
+  assert verbose.stderr.strip().splitlines()[-1] == result.stderr.strip()
   # A log too small to split fails at preprocessing, with what would fix it.
   log = tmp_path / 'tiny.tsv'
   log.write_text(''.join(f'{u}\tq{i} w\t2006-03-01 10:0{i}:00\n' for u in range(3)
