@@ -10,8 +10,8 @@ import ml_collections
 
 def get_config(variant: str = '') -> ml_collections.ConfigDict:
   if variant:
-    raise ValueError(f'configs/default.py has no variants, got {variant!r}: use '
-                     '--config=configs/default.py')
+    raise ValueError(f'configs/default.py: unknown variant {variant!r} (it has none: use '
+                     '--config=configs/default.py)')
   c = ml_collections.ConfigDict()
   c.seed = 0  # data order, initialisation and dropout all derive from it
 

@@ -8,8 +8,8 @@ from configs import default
 
 def get_config(variant: str = ''):
   if variant:
-    raise ValueError(f'configs/demo.py has no variants, got {variant!r}: use '
-                     '--config=configs/demo.py')
+    raise ValueError(f'configs/demo.py: unknown variant {variant!r} (it has none: use '
+                     '--config=configs/demo.py)')
   c = default.get_config()
   c.data.source = 'demo'
   c.data.demo_users = 1500

@@ -32,7 +32,7 @@ def run(*args, cwd=cli.REPO):
       '--config.model.num_heads=3'),
      'config.model.num_heads (3) must divide config.model.d_model (128)'),
     (('--config=configs/demo.py:bogus',),
-     "--config=configs/demo.py:bogus: configs/demo.py has no variants, got 'bogus'"),
+     "--config=configs/demo.py:bogus: configs/demo.py: unknown variant 'bogus' (it has none"),
     (('--config=configs/demo.py', '--config.model.num_heads=5'),
      'config.model.num_heads (5) must divide config.model.d_model (64)'),
     (('--config=configs/aol.py', '--config.data.raw_files='),
@@ -59,7 +59,8 @@ def test_usage_errors_are_one_line_and_exit_2(tmp_path, args, message):
 
 
 @pytest.mark.parametrize('config, known', [
-    ('default', 'has no variants'), ('demo', 'has no variants'),
+    ('default', 'it has none: use --config=configs/default.py'),
+    ('demo', 'it has none: use --config=configs/demo.py'),
     ('aol', 'expected "" or "small"'), ('seq2seq_aol', 'expected "" or "small"'),
     ('hred_aol', 'expected "" or "small"'), ('mnsrf_aol', 'expected "" or "small"'),
     ('transformer_aol', 'expected "small", "enc4dec4" or "enc5dec5"')])
