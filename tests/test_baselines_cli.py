@@ -47,6 +47,8 @@ VARIANTS = {
     'seq2seq_aol': ('', 'small'),
     'hred_aol': ('', 'small'),
     'mnsrf_aol': ('', 'small'),
+    'default': ('',),
+    'demo': ('',),
 }
 # The configs that `launch/compare.sh` runs against each other.
 COMPARED = ('aol:small', 'transformer_aol:small', 'transformer_aol:small,enc5dec5',
