@@ -123,13 +123,13 @@ def main(argv):
       queries = (test_sessions(_WORKDIR.value, rng, batch, num_queries) if _WORKDIR.value
                  else random_sessions(rng, batch, num_queries, cfg.max_query_words,
                                       cfg.vocab_size))
-      batch = {'queries': jax.device_put(queries)}
+      inputs = {'queries': jax.device_put(queries)}
       settings = search.SearchSettings(beam_size=beam, max_len=dc.max_len,
                                        length_penalty=dc.length_penalty,
                                        emit_unk=dc.emit_unk, top_k=beam)
 
       def run():
-        sequences, scores = task.suggest(params, batch, settings)
+        sequences, scores = task.suggest(params, inputs, settings)
         jax.block_until_ready((sequences, scores))
 
       run()  # compiles and warms up
