@@ -118,7 +118,8 @@ def ranked_suggestions(vocab: Vocab, sequences: np.ndarray, scores: np.ndarray,
   if settings.rerank != 'none':
     ranked = mbr.rerank(ranked, session if settings.rerank == 'mbr+session' else ())
   if settings.exclude_session_queries:
-    ranked = [r for r in ranked if r['query'] not in set(session)]
+    typed = set(session)
+    ranked = [r for r in ranked if r['query'] not in typed]
   return ranked[:settings.top_k]
 
 
