@@ -52,7 +52,6 @@ class GenerationTask:
   entropy_weight: float = 0.0
   chunk_tokens: int = 256
 
-
   @classmethod
   def from_config(cls, cfg: ModelConfig, train: ml_collections.ConfigDict) -> GenerationTask:
     return cls(cfg, label_smoothing=train.label_smoothing,
