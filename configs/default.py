@@ -34,7 +34,8 @@ def get_config(variant: str = '') -> ml_collections.ConfigDict:
   # train, or a split given more than 0, comes out empty (a log too small to split).
   c.data.split_fractions = (0.95, 0.025, 0.025)
   # 'session': the paper's random split of sessions; 'user': all of a user's sessions in one
-  # split (sizes still by sessions), to measure suggestions for users never seen in training.
+  # split (sizes still by sessions), to measure suggestions for users never seen in training;
+  # 'time': valid and test get users' latest sessions, so a user's history is the past.
   c.data.split_by = 'session'
   c.data.split_seed = 0
   c.data.min_word_count = 8  # vocabulary: training words seen at least this often

@@ -53,8 +53,9 @@ def validate(config: ml_collections.ConfigDict, mode: str = 'all') -> None:
     if d.vocab_size < 300:
       raise ConfigError('config.data.vocab_size must be at least 300 with sentencepiece '
                         '(its 256 byte pieces and the special tokens come first)')
-  if d.split_by not in ('session', 'user'):
-    raise ConfigError(f"config.data.split_by must be 'session' or 'user', got {d.split_by!r}")
+  if d.split_by not in ('session', 'user', 'time'):
+    raise ConfigError("config.data.split_by must be 'session', 'user' or 'time', "
+                      f'got {d.split_by!r}')
   fractions = tuple(d.split_fractions)
   if len(fractions) != 3 or min(fractions) < 0 or abs(sum(fractions) - 1) > 1e-6:
     raise ConfigError('config.data.split_fractions must be three non-negative numbers '

@@ -290,7 +290,7 @@ def test_a_split_given_no_share_may_be_empty(tmp_path):
 
 
 @pytest.mark.parametrize('key, value, message', [
-    ('split_by', 'users', "config.data.split_by must be 'session' or 'user', got 'users'"),
+    ('split_by', 'users', "config.data.split_by must be 'session', 'user' or 'time', got 'users'"),
     ('split_fractions', (0.0, 0.5, 0.5),
      r'config.data.split_fractions\[0\] \(train\) must be positive'),
     ('split_fractions', (0.9, 0.2, -0.1), 'three non-negative numbers'),
@@ -300,6 +300,6 @@ def test_data_config_checks(key, value, message):
   c.data[key] = value
   with pytest.raises(config_lib.ConfigError, match=message):
     config_lib.validate(c, mode='preprocess')
-  for split_by in ('session', 'user'):
+  for split_by in ('session', 'user', 'time'):
     c = config('log.tsv', split_by=split_by)
     config_lib.validate(c, mode='preprocess')

@@ -591,3 +591,21 @@ def test_a_log_too_small_to_split_fails_at_preprocessing(tmp_path):
       '(0.95, 0.025, 0.025) gives it none of the sessions; use more data or a larger '
       'config.data.split_fractions[2]')
   assert not os.path.exists(preprocess.data_dir(str(tmp_path / 'w')))
+
+
+def test_split_by_time_gives_valid_and_test_each_users_latest_sessions():
+  rng = np.random.default_rng(0)
+  session_users = rng.integers(0, 200, 3000)
+  session_times = rng.integers(0, 10**6, 3000)
+  parts = preprocess.split_by_time(session_users, session_times, (0.9, 0.05, 0.05), seed=2)
+  assert np.array_equal(np.sort(np.concatenate(parts)), np.arange(3000))
+  assert [len(p) for p in parts] == [2700, 150, 150]
+  train, valid, test = parts
+  for later, earlier in ((valid, train), (test, train), (test, valid)):
+    # Every held-out session comes after all of its user's sessions in the earlier split.
+    for session in later:
+      user = session_users[session]
+      mine = earlier[session_users[earlier] == user]
+      assert (session_times[mine] <= session_times[session]).all()
+  again = preprocess.split_by_time(session_users, session_times, (0.9, 0.05, 0.05), seed=2)
+  assert all(np.array_equal(a, b) for a, b in zip(parts, again))

@@ -7,7 +7,9 @@ every rule and the reason each skipped line is counted under.
 
 Splits: `split_by='session'` (the paper's) partitions the kept sessions at random
 (`split_sessions`); `split_by='user'` puts all of a user's sessions in one split
-(`split_users`), to score suggestions for users never seen in training. Either way the seed
+(`split_users`), to score suggestions for users never seen in training; `split_by='time'`
+gives valid and test each user's latest sessions (`split_by_time`), so that everything a
+user did before a valid or test session can serve as its history. In every case the seed
 is `split_seed` and the sizes follow `split_fractions` counted in sessions. A split that comes
 out empty although training or evaluation needs it (train always; valid and test whenever
 their fraction is above 0, as training selects its model on valid and evaluation reads test)
@@ -142,6 +144,44 @@ def split_users(session_users: np.ndarray, fractions, seed: int) -> list[np.ndar
   return [np.flatnonzero(part == k) for k in range(len(fractions))]
 
 
+def split_by_time(session_users: np.ndarray, session_times: np.ndarray, fractions,
+                  seed: int) -> list[np.ndarray]:
+  """Session ids of (train, valid, test) such that every valid or test session is later
+  than all of its user's training sessions: a user's history is always the past.
+
+  Users are taken in a seeded random order; each gives its latest session to test, while the
+  test split's share of the sessions is not filled, then (in a second pass over the same
+  order) its latest remaining session to valid; all else is training. Sizes follow
+  `fractions` counted in sessions; a user with one session gives it to one split at most.
+
+  Args:
+    session_users: int [num_sessions], each session's user.
+    session_times: int [num_sessions], each session's start time.
+  Returns:
+    int64 [sessions of the part] session ids, sorted, for each of the three parts.
+  """
+  num_sessions = len(session_users)
+  # Sessions by user, then time: a user's sessions are a run, latest last.
+  by_user_time = np.lexsort((session_times, session_users))
+  users, first = np.unique(session_users[by_user_time], return_index=True)
+  ends = np.append(first[1:], num_sessions)  # one past each user's latest session
+  order = np.random.default_rng(seed).permutation(len(users))
+  part = np.zeros(num_sessions, np.int64)
+  taken = np.zeros(len(users), np.int64)  # sessions each user gave away, latest first
+  for split in (2, 1):  # test first: the latest sessions
+    want = int(round(fractions[split] * num_sessions))
+    given = 0
+    for user in order:
+      if given >= want:
+        break
+      if ends[user] - first[user] - taken[user] < 1:
+        continue
+      taken[user] += 1
+      part[by_user_time[ends[user] - taken[user]]] = split
+      given += 1
+  return [np.flatnonzero(part == k) for k in range(len(fractions))]
+
+
 def summary(stats: dict, where: str) -> str:
   """Table 1 of the paper for this corpus, then the counts behind it."""
   lines = [f'Corpus in {where}', f'{"":<8}{"sessions":>12}{"pairs":>14}']
@@ -258,8 +298,12 @@ def _write_corpus(cfg: ml_collections.ConfigDict, paths: list[str], folder: str)
   session_users = log.records.user[first_records]
   session_times = log.records.time[first_records]
   fractions = tuple(cfg.split_fractions)
-  parts = (split_users(session_users, fractions, cfg.split_seed) if cfg.split_by == 'user'
-           else split_sessions(sessions.num_sessions, fractions, cfg.split_seed))
+  if cfg.split_by == 'user':
+    parts = split_users(session_users, fractions, cfg.split_seed)
+  elif cfg.split_by == 'time':
+    parts = split_by_time(session_users, session_times, fractions, cfg.split_seed)
+  else:
+    parts = split_sessions(sessions.num_sessions, fractions, cfg.split_seed)
   _check_splits_needed(parts, fractions, session_users, cfg.split_by)
   split_texts, split_starts, split_words = {}, {}, {}
   split_users_, split_times = {}, {}
