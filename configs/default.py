@@ -38,6 +38,9 @@ def get_config(variant: str = '') -> ml_collections.ConfigDict:
   # 'time': valid and test get users' latest sessions, so a user's history is the past.
   c.data.split_by = 'session'
   c.data.split_seed = 0
+  # M > 0: each session keeps its user's M most recent earlier queries as its history
+  # (any split's, never a later one's), for personalisation.
+  c.data.history_queries = 0
   c.data.min_word_count = 8  # vocabulary: training words seen at least this often
   # 'word': the paper's word vocabulary (min_word_count); 'sentencepiece': a subword model of
   # vocab_size pieces trained on the training split, each query written in at most

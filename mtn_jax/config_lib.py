@@ -53,6 +53,8 @@ def validate(config: ml_collections.ConfigDict, mode: str = 'all') -> None:
     if d.vocab_size < 300:
       raise ConfigError('config.data.vocab_size must be at least 300 with sentencepiece '
                         '(its 256 byte pieces and the special tokens come first)')
+  if d.history_queries < 0:
+    raise ConfigError(f'config.data.history_queries must be >= 0, got {d.history_queries}')
   if d.split_by not in ('session', 'user', 'time'):
     raise ConfigError("config.data.split_by must be 'session', 'user' or 'time', "
                       f'got {d.split_by!r}')

@@ -10,7 +10,9 @@ Out: one dict of numpy arrays per step, holding this process's rows of a global 
   `epoch`        int32 []                        training only: the epoch the batch belongs to
   and one key per array of `per_query` ({key: [num_queries, ...]}, row for row with the
 split's queries), gathered the same way: [batch, queries, ...] (e.g. `oov`, the numbers of the
-words outside the vocabulary, `mtn_jax.data.extended`).
+words outside the vocabulary, `mtn_jax.data.extended`), and one per array of `per_session`
+({key: [num_sessions, ...]}): [batch, ...] (e.g. `history`, the user's earlier queries);
+padding rows are zeros.
 
 A global batch of sessions with `length` queries has `queries_per_batch // length` rows,
 rounded down to a multiple of `multiple_of` (the global device count), as the paper groups
@@ -79,8 +81,8 @@ def make_train_iterator(split: SessionSplit, **kwargs) -> grain.DatasetIterator:
 
 def make_train_dataset(split: SessionSplit, *, queries_per_batch: int, seed: int,
                        multiple_of: int = 1, process_index: int = 0, process_count: int = 1,
-                       worker_count: int = 0, per_query: dict[str, np.ndarray] | None = None
-                       ) -> grain.IterDataset:
+                       worker_count: int = 0, per_query: dict[str, np.ndarray] | None = None,
+                       per_session: dict[str, np.ndarray] | None = None) -> grain.IterDataset:
   """Endless training batches: epoch after epoch, each a fresh shuffle fixed by (seed, epoch).
 
   Each element is this process's share of a global batch (see the module docstring), with
@@ -93,7 +95,7 @@ def make_train_dataset(split: SessionSplit, *, queries_per_batch: int, seed: int
   if worker_count < 0:
     raise ValueError(f'worker_count must be non-negative, got {worker_count}')
   batches = _Batches(split, queries_per_batch, multiple_of, process_index, process_count,
-                     shuffle_seed=seed, per_query=per_query)
+                     shuffle_seed=seed, per_query=per_query, per_session=per_session)
   if not batches.steps_per_epoch:
     raise ValueError(f'split {split.name!r} has no sessions to train on')
   dataset = grain.MapDataset.range(sys.maxsize).map(batches).to_iter_dataset(_READ_OPTIONS)
@@ -104,13 +106,14 @@ def make_train_dataset(split: SessionSplit, *, queries_per_batch: int, seed: int
 
 def make_eval_iterator(split: SessionSplit, *, queries_per_batch: int, multiple_of: int = 1,
                        process_index: int = 0, process_count: int = 1,
-                       per_query: dict[str, np.ndarray] | None = None) -> grain.IterDataset:
+                       per_query: dict[str, np.ndarray] | None = None,
+                       per_session: dict[str, np.ndarray] | None = None) -> grain.IterDataset:
   """One pass over `split` in a fixed order: bucket by bucket (shortest sessions first),
   sessions in index order, each bucket's last batch padded. Iterating it again starts over;
   it has `steps_per_epoch(split, queries_per_batch, multiple_of)` elements."""
   _check_sharding(multiple_of, process_index, process_count)
   batches = _Batches(split, queries_per_batch, multiple_of, process_index, process_count,
-                     shuffle_seed=None, per_query=per_query)
+                     shuffle_seed=None, per_query=per_query, per_session=per_session)
   return grain.MapDataset.range(batches.steps_per_epoch).map(batches).to_iter_dataset(
       _READ_OPTIONS)
 
@@ -195,14 +198,17 @@ class _Batches:
 
   def __init__(self, split: SessionSplit, queries_per_batch: int, multiple_of: int,
                process_index: int, process_count: int, shuffle_seed: int | None,
-               per_query: dict[str, np.ndarray] | None = None):
+               per_query: dict[str, np.ndarray] | None = None,
+               per_session: dict[str, np.ndarray] | None = None):
     lengths = _checked_lengths(split)
     self._queries = split.queries
     self._per_query = dict(per_query or {})
-    for key, values in self._per_query.items():
-      if len(values) != len(split.queries):
-        raise ValueError(f'per_query[{key!r}] has {len(values)} rows, the split '
-                         f'{len(split.queries)} queries')
+    self._per_session = dict(per_session or {})
+    for name, arrays, expected in (('per_query', self._per_query, len(split.queries)),
+                                   ('per_session', self._per_session, split.num_sessions)):
+      for key, values in arrays.items():
+        if len(values) != expected:
+          raise ValueError(f'{name}[{key!r}] has {len(values)} rows, the split {expected}')
     self._starts = np.asarray(split.starts, np.int64)
     self._sizes = bucket_batch_sizes(lengths, queries_per_batch, multiple_of)
     self._buckets = {length: np.flatnonzero(lengths == length) for length in self._sizes}
@@ -243,6 +249,9 @@ class _Batches:
     for key, values in (('queries', self._queries), *self._per_query.items()):
       batch[key] = np.zeros((rows, length) + values.shape[1:], values.dtype)
       batch[key][:own_count] = values[query_rows]
+    for key, values in self._per_session.items():
+      batch[key] = np.zeros((rows,) + values.shape[1:], values.dtype)
+      batch[key][:own_count] = values[session_ids[:own_count]]
     if self._shuffle_seed is not None:
       batch['epoch'] = np.array(epoch, np.int32)
     return batch

@@ -203,3 +203,24 @@ def test_bad_arguments_and_splits_are_named():
   overrun = SessionSplit('test', split.queries[:5], np.array([0, 3, 7]))
   with pytest.raises(ValueError, match="'test': sessions end at row 7"):
     input_pipeline.make_eval_iterator(overrun, queries_per_batch=20)
+
+
+def test_per_query_and_per_session_arrays_travel_with_their_rows():
+  split = make_split()
+  per_query = {'oov': np.arange(len(split.queries))[:, None].repeat(MAX_QUERY_WORDS, 1) + 1}
+  per_session = {'history': (np.arange(split.num_sessions) + 1)[:, None, None]
+                 * np.ones((1, 2, MAX_QUERY_WORDS), np.int64)}
+  for batch in input_pipeline.make_eval_iterator(split, queries_per_batch=QUERIES_PER_BATCH,
+                                                 per_query=per_query, per_session=per_session):
+    for row, session in enumerate(batch['session_ids'].tolist()):
+      if session < 0:  # a padding row: zeros
+        assert not batch['oov'][row].any() and not batch['history'][row].any()
+        continue
+      first = split.starts[session]
+      length = split.lengths[session]
+      np.testing.assert_array_equal(batch['oov'][row, :length, 0],
+                                    np.arange(first, first + length) + 1)
+      assert (batch['history'][row] == session + 1).all()
+  with pytest.raises(ValueError, match=r"per_session\['history'\] has 3 rows, the split 41"):
+    input_pipeline.make_eval_iterator(split, queries_per_batch=QUERIES_PER_BATCH,
+                                      per_session={'history': np.zeros((3, 2))})

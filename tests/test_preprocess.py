@@ -609,3 +609,34 @@ def test_split_by_time_gives_valid_and_test_each_users_latest_sessions():
       assert (session_times[mine] <= session_times[session]).all()
   again = preprocess.split_by_time(session_users, session_times, (0.9, 0.05, 0.05), seed=2)
   assert all(np.array_equal(a, b) for a, b in zip(parts, again))
+
+
+def test_history_holds_the_users_earlier_queries_and_never_a_later_one(tmp_path):
+  # User 1: sessions A (10:00), B (12:00) and C (14:00); user 2: one session at 11:00. With
+  # M = 4, B's history is A's queries, C's is the last four of A and B; a later query (of C,
+  # or of another user) is never in a history, whatever split either session lands in.
+  rows = [line(1, f'a{i}', f'10:0{i}:00') for i in range(3)]
+  rows += [line(1, f'b{i}', f'12:0{i}:00') for i in range(3)]
+  rows += [line(1, f'c{i}', f'14:0{i}:00') for i in range(3)]
+  rows += [line(2, f'z{i}', f'11:0{i}:00') for i in range(3)]
+  log = write(tmp_path / 'log.tsv', rows)
+  workdir = str(tmp_path / 'w')
+  # All in training, so that every word has its own id and a query of the wrong session
+  # would show; the histories come from the global (user, time) order, whatever the split.
+  preprocess.prepare(config(log, min_word_count=1, history_queries=4,
+                            split_fractions=(1.0, 0.0, 0.0)), workdir)
+  data_dir = preprocess.data_dir(workdir)
+  splits = [sessions_lib.load_split(data_dir, split) for split in sessions_lib.SPLITS]
+  ids = {text: s.queries[row].tolist() for s in splits for row, text in enumerate(s.texts)}
+  histories = {}
+  for s in splits:
+    assert s.history.shape == (s.num_sessions, 4, 10)
+    for i in range(s.num_sessions):
+      histories[s.session_texts(i)[0]] = [q.tolist() for q in s.history[i] if q.any()]
+  expected = {'a0': [], 'b0': ['a0', 'a1', 'a2'], 'c0': ['a2', 'b0', 'b1', 'b2'], 'z0': []}
+  assert histories == {first: [ids[t] for t in texts] for first, texts in expected.items()}
+  # Without history_queries the split holds an empty history.
+  preprocess.prepare(config(log, min_word_count=1, split_fractions=(0.5, 0.25, 0.25)),
+                     str(tmp_path / 'v'))
+  assert sessions_lib.load_split(preprocess.data_dir(str(tmp_path / 'v')),
+                                 'train').history.shape[1] == 0

@@ -59,8 +59,8 @@ from mtn_jax.data.vocab import SentencePieceVocab, Vocab, train_sentencepiece
 
 # Part of the fingerprint: bump it when the files written here change meaning.
 # 2: queries lower-cased, Latin-1 lines kept, sessions' users and times; 3: Latin-1 read per
-# field, the dotted capital I lower-cased to 'i'.
-CORPUS_FORMAT = 3
+# field, the dotted capital I lower-cased to 'i'; 4: each split's {split}.history.npy.
+CORPUS_FORMAT = 4
 DEMO_LOG = 'demo-log.tsv.gz'
 _DEMO_LOG_INFO = 'demo-log.json'
 _STATS, _MANIFEST, _VOCAB = 'stats.json', 'manifest.json', 'vocab.json'
@@ -306,12 +306,15 @@ def _write_corpus(cfg: ml_collections.ConfigDict, paths: list[str], folder: str)
     parts = split_sessions(sessions.num_sessions, fractions, cfg.split_seed)
   _check_splits_needed(parts, fractions, session_users, cfg.split_by)
   split_texts, split_starts, split_words = {}, {}, {}
-  split_users_, split_times = {}, {}
+  split_users_, split_times, split_rows, split_history = {}, {}, {}, {}
+  history_rows = _history_rows(sessions.starts, session_users, cfg.history_queries)
   for split, session_ids in zip(sessions_lib.SPLITS, parts):
     lengths = session_lengths[session_ids]
+    split_rows[split] = _ranges(sessions.starts[session_ids], lengths)
+    split_history[split] = history_rows[session_ids]
     split_users_[split] = session_users[session_ids]
     split_times[split] = session_times[session_ids]
-    record_index = sessions.record_index[_ranges(sessions.starts[session_ids], lengths)]
+    record_index = sessions.record_index[split_rows[split]]
     split_words[split] = log.records.num_words[record_index]
     split_texts[split] = _cut(log.records.texts(record_index), split_words[split],
                               cfg.max_query_words)
@@ -328,14 +331,25 @@ def _write_corpus(cfg: ml_collections.ConfigDict, paths: list[str], folder: str)
     for batch in _batches(split_texts['train']):
       counts.update(' '.join(batch).split(' '))
     vocab = Vocab.from_counts(counts, cfg.min_word_count)
+  encoded = {}
   for split in sessions_lib.SPLITS:
     if cfg.tokenizer == 'sentencepiece':
-      queries, cut = _encode_pieces(split_texts[split], vocab, token_slots(cfg))
+      encoded[split], cut = _encode_pieces(split_texts[split], vocab, token_slots(cfg))
       stats['cut_queries'] += cut
     else:
-      queries = _encode(split_texts[split], split_words[split], vocab, cfg.max_query_words)
+      encoded[split] = _encode(split_texts[split], split_words[split], vocab,
+                               cfg.max_query_words)
+  # Every kept query's ids in the global (user, time) order, for the histories.
+  all_queries = np.zeros((sum(len(q) for q in encoded.values()), token_slots(cfg)), np.int32)
+  for split in sessions_lib.SPLITS:
+    all_queries[split_rows[split]] = encoded[split]
+  for split in sessions_lib.SPLITS:
+    queries = encoded[split]
+    history = (np.where(split_history[split][..., None] >= 0,
+                        all_queries[np.maximum(split_history[split], 0)], 0)
+               if cfg.history_queries else None)
     sessions_lib.save_split(folder, split, queries, split_starts[split], split_texts[split],
-                            split_users_[split], split_times[split])
+                            split_users_[split], split_times[split], history)
     num_sessions = len(split_starts[split]) - 1
     stats[split] = {'sessions': num_sessions,
                     'pairs': int(split_starts[split][-1]) - num_sessions}
@@ -343,6 +357,29 @@ def _write_corpus(cfg: ml_collections.ConfigDict, paths: list[str], folder: str)
   vocab.save(os.path.join(folder, _VOCAB))
   _write_json(os.path.join(folder, _STATS), stats)
   return stats
+
+
+def _history_rows(starts: np.ndarray, session_users: np.ndarray, size: int) -> np.ndarray:
+  """int64 [num_sessions, size]: for each kept session, the global query rows of its user's
+  `size` most recent queries before it, oldest first, -1 in front where there are fewer.
+
+  Sessions come in user, then time order, session after session, so a session's history is
+  the rows just before its own first row that still belong to its user: every one of them
+  is a query of an earlier session, none of a later one, whatever split either is in.
+
+  Args:
+    starts: int [num_sessions + 1] each kept session's first global query row.
+    session_users: int [num_sessions].
+    size: M, queries per history (0: none).
+  """
+  num_sessions = len(session_users)
+  first = starts[:-1]
+  new_user = np.ones(num_sessions, bool)
+  new_user[1:] = session_users[1:] != session_users[:-1]
+  # The first row of the user's first session, carried forward over the user's sessions.
+  user_first_row = np.maximum.accumulate(np.where(new_user, first, 0))
+  rows = first[:, None] - size + np.arange(size)  # [num_sessions, size], most recent last
+  return np.where(rows >= user_first_row[:, None], rows, -1)
 
 
 class SplitTooSmallError(errors.Error, ValueError):

@@ -32,18 +32,19 @@ SPLITS = ('train', 'valid', 'test')
 
 
 # Files a corpus written before the sessions' users and start times were kept lacks.
-OPTIONAL_KINDS = ('users', 'start_times')
+OPTIONAL_KINDS = ('users', 'start_times')  # per session; 'history' is optional too
 
 
 def split_paths(data_dir: str, split: str) -> dict[str, str]:
   """{kind: path} of every file of one split (see the module docstring)."""
   return {kind: os.path.join(data_dir, f'{split}.{kind}.{ext}')
           for kind, ext in (('queries', 'npy'), ('sessions', 'npy'), ('text', 'txt'),
-                            ('users', 'npy'), ('start_times', 'npy'))}
+                            ('users', 'npy'), ('start_times', 'npy'), ('history', 'npy'))}
 
 
 def save_split(data_dir: str, split: str, queries: np.ndarray, starts: np.ndarray,
-               texts: list[str], users: np.ndarray, start_times: np.ndarray) -> None:
+               texts: list[str], users: np.ndarray, start_times: np.ndarray,
+               history: np.ndarray | None = None) -> None:
   """Writes one split; `texts[i]` is the raw text of `queries[i]`; `users` and `start_times`
   are [num_sessions]."""
   if len(texts) != len(queries) or starts[-1] != len(queries):
@@ -57,6 +58,12 @@ def save_split(data_dir: str, split: str, queries: np.ndarray, starts: np.ndarra
   np.save(paths['sessions'], starts.astype(np.int64), allow_pickle=False)
   np.save(paths['users'], np.asarray(users, np.int64), allow_pickle=False)
   np.save(paths['start_times'], np.asarray(start_times, np.int64), allow_pickle=False)
+  if history is None:  # no history asked for: an empty one, [num_sessions, 0, n]
+    history = np.zeros((len(starts) - 1, 0, queries.shape[1]), np.int32)
+  if history.shape[0] != len(starts) - 1 or history.shape[2:] != queries.shape[1:]:
+    raise ValueError(f'{split}: history of shape {history.shape} for {len(starts) - 1} '
+                     f'sessions of queries {queries.shape[1:]}')
+  np.save(paths['history'], history.astype(np.int32), allow_pickle=False)
   with open(paths['text'], 'w', encoding='utf-8') as f:
     f.write(''.join(t + '\n' for t in texts))
 
@@ -71,6 +78,10 @@ class SessionSplit:
   text_path: str | None = None
   users: np.ndarray | None = None  # int64 [num_sessions]
   start_times: np.ndarray | None = None  # int64 [num_sessions], seconds
+  # int32 [num_sessions, M, max_query_words]: the user's M most recent queries before each
+  # session, oldest first, zero rows in front where there are fewer (config.data.
+  # history_queries; M = 0 without).
+  history: np.ndarray | None = None
 
   @property
   def num_sessions(self) -> int:
@@ -122,7 +133,7 @@ def load_split(data_dir: str, split: str, mmap: bool = True) -> SessionSplit:
   """
   paths = split_paths(data_dir, split)
   for kind, p in paths.items():
-    if kind not in OPTIONAL_KINDS and not os.path.exists(p):
+    if kind not in OPTIONAL_KINDS + ('history',) and not os.path.exists(p):
       raise FileNotFoundError(f'{p} is missing: run --mode=preprocess first')
   mode = 'r' if mmap else None
   starts = np.load(paths['sessions'], allow_pickle=False)
@@ -136,8 +147,15 @@ def load_split(data_dir: str, split: str, mmap: bool = True) -> SessionSplit:
       raise CorpusFileError(f'{paths[kind]}: shape {per_session[kind].shape}, but '
                             f'{paths["sessions"]} holds {len(starts) - 1} sessions: run '
                             '--mode=preprocess again')
+  history = None
+  if os.path.exists(paths['history']):
+    history = np.load(paths['history'], allow_pickle=False)
+    if history.shape[0] != len(starts) - 1:
+      raise CorpusFileError(f'{paths["history"]}: {history.shape[0]} sessions, but '
+                            f'{paths["sessions"]} holds {len(starts) - 1}: run '
+                            '--mode=preprocess again')
   return SessionSplit(split, np.load(paths['queries'], mmap_mode=mode, allow_pickle=False),
-                      starts, paths['text'], **per_session)
+                      starts, paths['text'], **per_session, history=history)
 
 
 def load_vocab(data_dir: str) -> Vocab:
