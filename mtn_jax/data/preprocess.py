@@ -18,7 +18,9 @@ fails here, with `SplitTooSmallError`, rather than in training later.
 Out, in `data_dir(workdir)`: for each split what `mtn_jax.data.sessions.save_split` writes
 (vocabulary ids int32 `[num_queries, max_query_words]`, 0-padded; row offsets int64
 `[num_sessions + 1]`; the cleaned texts, one per query row, not mapped through the
-vocabulary; each session's user and start time, int64 `[num_sessions]`), `vocab.json`
+vocabulary; each session's user and start time, int64 `[num_sessions]`; its user's
+`history_queries` most recent earlier queries, from the kept sessions of every split in
+user-then-time order, so never a later one), `vocab.json`
 (training words seen at least `min_word_count` times), `stats.json`:
 
     {"lines_read": n, "latin1_lines": n, "skipped": {reason: count, ...},

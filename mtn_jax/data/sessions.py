@@ -10,6 +10,9 @@
   `{split}.users.npy`     int64 [num_sessions]  each session's user (the log's AnonID)
   `{split}.start_times.npy` int64 [num_sessions]  its first query's time, seconds since
                           1970-01-01 on the log's clock
+  `{split}.history.npy`   int32 [num_sessions, M, max_query_words]  the user's M most recent
+                          queries before the session, oldest first, zero rows in front where
+                          there are fewer (M = config.data.history_queries, 0 without)
 plus `vocab.json`, `stats.json` and `manifest.json` (the cache fingerprint). Every file is
 read without pickle. The users and start times are for work that needs to know whose session
 it is and when (personalisation, splits by time); a corpus written before they were kept
