@@ -53,7 +53,6 @@ from mtn_jax import metrics
 from mtn_jax import models
 from mtn_jax import parallel
 from mtn_jax import search
-from mtn_jax.data import extended
 from mtn_jax.data import preprocess
 from mtn_jax.data import sessions
 from mtn_jax.models.base import context_batch
@@ -217,9 +216,7 @@ def decode_split(trained: inference.Trained, split: sessions.SessionSplit,
       if session < 0:
         continue
       texts = split.session_texts(session)
-      # The words a copying model may have written by extended id (none for the others).
-      copied = (extended.oov_words([t.split() for t in texts], vocab)
-                if trained.task.copies else ())
+      copied = trained.copied_words(texts)
       for t in range(sequences.shape[1]):
         pair = int(first_pair[session]) + t
         ranked = search.ranked_suggestions(

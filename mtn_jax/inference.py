@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+from collections.abc import Sequence
 from typing import Any
 
 import flax.linen as nn
@@ -20,6 +21,7 @@ from mtn_jax import checkpoints
 from mtn_jax import errors
 from mtn_jax import models
 from mtn_jax import tasks
+from mtn_jax.data import extended
 from mtn_jax.data import preprocess
 from mtn_jax.data import sessions
 from mtn_jax.data.vocab import Vocab
@@ -42,6 +44,13 @@ class Trained:
   @property
   def model(self) -> nn.Module:
     return self.task.model
+
+  def copied_words(self, queries: Sequence[str]) -> list[str]:
+    """The words outside the vocabulary that a copying model may write by extended id in a
+    context of `queries` (`extended.oov_words`); none for a model that does not copy."""
+    if not self.task.copies:
+      return []
+    return extended.oov_words([q.split() for q in queries], self.vocab)
 
 
 def saved_model_config(meta: dict, model: ml_collections.ConfigDict) -> ModelConfig:

@@ -114,7 +114,10 @@ def ranked_suggestions(vocab: Vocab, sequences: np.ndarray, scores: np.ndarray,
   `settings.rerank` says (with the whole beam as evidence), the first `settings.top_k`.
   `session`: the context's queries (candidates for 'mbr+session'; left out with
   `settings.exclude_session_queries`)."""
-  ranked = suggestion_list(vocab, sequences, scores, len(scores), oov_words)
+  # Reranking reads the whole beam and exclusion may drop some: else top_k are all we need.
+  whole_beam = settings.rerank != 'none' or settings.exclude_session_queries
+  ranked = suggestion_list(vocab, sequences, scores, len(scores) if whole_beam
+                           else settings.top_k, oov_words)
   if settings.rerank != 'none':
     ranked = mbr.rerank(ranked, session if settings.rerank == 'mbr+session' else ())
   if settings.exclude_session_queries:

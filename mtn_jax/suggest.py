@@ -278,7 +278,7 @@ def decode_contexts(trained: inference.Trained, contexts: Sequence[Context], *,
       # (output column, the context position it suggests after)
       kept = ([(0, len(context.queries) - 1)] if positions == 'last'
               else [(t, t) for t in range(context.first_output, len(context.queries))])
-      copied = extended.oov_words([q.split() for q in context.queries], trained.vocab)
+      copied = trained.copied_words(context.queries)
       out[i] = [search.ranked_suggestions(trained.vocab, sequences[row, p], scores[row, p],
                                           settings, context.queries[:t + 1], copied)
                 for p, t in kept]
@@ -437,7 +437,7 @@ def interactive(config: ml_collections.ConfigDict, workdir: str, stdin: TextIO =
     sequences, scores = trained.task.suggest(
         trained.params, {k: batch[k] for k in trained.task.input_keys}, settings,
         positions='last', lengths=lengths)
-    copied = extended.oov_words([q.split() for q in session], trained.vocab)
+    copied = trained.copied_words(session)
     ranked = search.ranked_suggestions(trained.vocab, np.asarray(sequences)[0, 0],
                                        np.asarray(scores)[0, 0], settings, session, copied)
     unknown = reader.counts['oov_words'] - oov_before
