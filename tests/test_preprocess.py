@@ -16,6 +16,7 @@ from configs import default
 from mtn_jax import errors
 from mtn_jax import metrics
 from mtn_jax.data import aol_log
+from mtn_jax.data import candidates
 from mtn_jax.data import preprocess
 from mtn_jax.data import sessions as sessions_lib
 from mtn_jax.data.vocab import SPECIAL_TOKENS, UNK_ID, Vocab
@@ -105,9 +106,27 @@ def test_tiny_log_files_exact(tmp_path):
                   'empty_query': 0, 'duplicate_query': 1, 'long_query': 0,
                   'session_too_short': 0, 'session_too_long': 0},
       'train': {'sessions': 2, 'pairs': 4}, 'valid': {'sessions': 0, 'pairs': 0},
-      'test': {'sessions': 0, 'pairs': 0}, 'vocab_size': 9}
+      'test': {'sessions': 0, 'pairs': 0}, 'vocab_size': 9, 'candidates': 6}
   with open(os.path.join(data_dir, 'stats.json')) as f:
     assert json.load(f) == stats
+  # The pool: every distinct training query once (each issued once here: ties by text), with
+  # the token ids its rows hold.
+  pool = candidates.load_pool(data_dir)
+  assert pool.texts == sorted(train.texts)
+  assert pool.counts.tolist() == [1] * 6
+  assert pool.queries.tolist() == [train.queries[train.texts.index(t)].tolist()
+                                   for t in pool.texts]
+  assert pool.ids_of(['paris', 'not logged']).tolist() == [pool.texts.index('paris'), -1]
+
+
+def test_candidate_pool_counts_and_order():
+  texts = ['b', 'a', 'c', 'a', 'b', 'a']
+  queries = np.array([[2], [1], [3], [1], [2], [1]], np.int32)
+  pool, row_ids = candidates.build_pool(texts, queries)
+  # Most frequent first, ties by text; every row maps to its text's entry.
+  assert pool.texts == ['a', 'b', 'c'] and pool.counts.tolist() == [3, 2, 1]
+  assert pool.queries.tolist() == [[1], [2], [3]]
+  assert [pool.texts[i] for i in row_ids] == texts
 
 
 def test_thirty_minutes_exactly_starts_a_session(tmp_path):
@@ -521,20 +540,20 @@ def test_real_sample(aol_sample, tmp_path):
                   'empty_query': 0, 'duplicate_query': 19984,
                   'long_query': 1626, 'session_too_short': 77219, 'session_too_long': 18100},
       'train': {'sessions': 10669, 'pairs': 27455}, 'valid': {'sessions': 281, 'pairs': 725},
-      'test': {'sessions': 281, 'pairs': 734}, 'vocab_size': 2731}
+      'test': {'sessions': 281, 'pairs': 734}, 'vocab_size': 2731, 'candidates': 27573}
   # The sample's documented figures: 11,231 sessions, 28,914 pairs, 2,851 words seen at
   # least 8 times in them, and the previous query as suggestion, over all pairs.
-  candidates, references, counts = [], [], collections.Counter()
+  previous_queries, references, counts = [], [], collections.Counter()
   for split in sessions_lib.SPLITS:
     s = sessions_lib.load_split(preprocess.data_dir(workdir), split)
     counts.update(w for t in s.texts for w in t.split())
     for i in range(s.num_sessions):
       texts = s.session_texts(i)
-      candidates += texts[:-1]
+      previous_queries += texts[:-1]
       references += texts[1:]
-  assert len(candidates) == 28914
+  assert len(previous_queries) == 28914
   assert sum(c >= 8 for c in counts.values()) == 2851
-  assert str(metrics.bleu(candidates, references)) == 'BLEU = 11.89, 25.2/14.8/9.2/6.2'
+  assert str(metrics.bleu(previous_queries, references)) == 'BLEU = 11.89, 25.2/14.8/9.2/6.2'
 
 
 def test_split_users_keeps_each_user_in_one_split_with_session_shares():
@@ -635,6 +654,16 @@ def test_history_holds_the_users_earlier_queries_and_never_a_later_one(tmp_path)
       histories[s.session_texts(i)[0]] = [q.tolist() for q in s.history[i] if q.any()]
   expected = {'a0': [], 'b0': ['a0', 'a1', 'a2'], 'c0': ['a2', 'b0', 'b1', 'b2'], 'z0': []}
   assert histories == {first: [ids[t] for t in texts] for first, texts in expected.items()}
+  # The same histories as candidate-pool items, -1 in front where there are fewer than M.
+  pool = candidates.load_pool(data_dir)
+  items = {}
+  for s in splits:
+    history_items = candidates.load_history_items(data_dir, s.name, s.num_sessions)
+    for i in range(s.num_sessions):
+      row = history_items[i].tolist()
+      assert row == [-1] * row.count(-1) + [j for j in row if j >= 0]
+      items[s.session_texts(i)[0]] = [pool.texts[j] for j in row if j >= 0]
+  assert items == expected
   # Without history_queries the split holds an empty history.
   preprocess.prepare(config(log, min_word_count=1, split_fractions=(0.5, 0.25, 0.25)),
                      str(tmp_path / 'v'))

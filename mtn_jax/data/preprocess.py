@@ -56,13 +56,15 @@ import numpy as np
 
 from mtn_jax import errors
 from mtn_jax.data import aol_log
+from mtn_jax.data import candidates
 from mtn_jax.data import sessions as sessions_lib
 from mtn_jax.data.vocab import SentencePieceVocab, Vocab, train_sentencepiece
 
 # Part of the fingerprint: bump it when the files written here change meaning.
 # 2: queries lower-cased, Latin-1 lines kept, sessions' users and times; 3: Latin-1 read per
-# field, the dotted capital I lower-cased to 'i'; 4: each split's {split}.history.npy.
-CORPUS_FORMAT = 4
+# field, the dotted capital I lower-cased to 'i'; 4: each split's {split}.history.npy; 5: the
+# candidate pool (`mtn_jax.data.candidates`) and each split's {split}.history_items.npy.
+CORPUS_FORMAT = 5
 DEMO_LOG = 'demo-log.tsv.gz'
 _DEMO_LOG_INFO = 'demo-log.json'
 _STATS, _MANIFEST, _VOCAB = 'stats.json', 'manifest.json', 'vocab.json'
@@ -190,6 +192,8 @@ def summary(stats: dict, where: str) -> str:
   for split in sessions_lib.SPLITS:
     lines.append(f'{split:<8}{stats[split]["sessions"]:>12,}{stats[split]["pairs"]:>14,}')
   lines.append(f'vocabulary: {stats["vocab_size"]:,} words, special tokens included')
+  if 'candidates' in stats:
+    lines.append(f'candidate pool: {stats["candidates"]:,} distinct training queries')
   lines.append(f'lines read: {stats["lines_read"]:,} ({stats.get("latin1_lines", 0):,} of them '
                'read as Latin-1); skipped by reason:')
   lines += [f'  {reason:<20}{count:>12,}' for reason, count in stats['skipped'].items()]
@@ -241,7 +245,7 @@ def _manifest(cfg: ml_collections.ConfigDict, paths: list[str]) -> dict:
 
 
 def _corpus_files() -> list[str]:
-  files = [_STATS, _VOCAB, _MANIFEST]
+  files = [_STATS, _VOCAB, _MANIFEST, *candidates.POOL_FILES]
   for split in sessions_lib.SPLITS:
     files += [os.path.basename(p) for p in sessions_lib.split_paths('', split).values()]
   return files
@@ -345,6 +349,13 @@ def _write_corpus(cfg: ml_collections.ConfigDict, paths: list[str], folder: str)
   all_queries = np.zeros((sum(len(q) for q in encoded.values()), token_slots(cfg)), np.int32)
   for split in sessions_lib.SPLITS:
     all_queries[split_rows[split]] = encoded[split]
+  pool, train_pool_ids = candidates.build_pool(split_texts['train'], encoded['train'])
+  candidates.save_pool(folder, pool)
+  # Every kept query's pool index (-1: not a training query), for the histories' items.
+  all_pool_ids = np.full(len(all_queries), -1, np.int32)
+  for split in sessions_lib.SPLITS:
+    all_pool_ids[split_rows[split]] = (train_pool_ids if split == 'train'
+                                       else pool.ids_of(split_texts[split]))
   for split in sessions_lib.SPLITS:
     queries = encoded[split]
     history = (np.where(split_history[split][..., None] >= 0,
@@ -352,10 +363,16 @@ def _write_corpus(cfg: ml_collections.ConfigDict, paths: list[str], folder: str)
                if cfg.history_queries else None)
     sessions_lib.save_split(folder, split, queries, split_starts[split], split_texts[split],
                             split_users_[split], split_times[split], history)
+    if cfg.history_queries:
+      rows = split_history[split]
+      np.save(candidates.history_items_path(folder, split),
+              np.where(rows >= 0, all_pool_ids[np.maximum(rows, 0)], -1).astype(np.int32),
+              allow_pickle=False)
     num_sessions = len(split_starts[split]) - 1
     stats[split] = {'sessions': num_sessions,
                     'pairs': int(split_starts[split][-1]) - num_sessions}
   stats['vocab_size'] = len(vocab)
+  stats['candidates'] = len(pool)
   vocab.save(os.path.join(folder, _VOCAB))
   _write_json(os.path.join(folder, _STATS), stats)
   return stats
