@@ -83,6 +83,18 @@ def get_config(variant: str = '') -> ml_collections.ConfigDict:
   # too) into the output distribution (mtn_jax/models/copying.py).
   c.model.copy = False
   c.model.lstm_units = 256  # recurrent baselines: units per direction
+  # MTN: a memory of the user's earlier queries (config.data.history_queries) as one more slot
+  # the decoder attends to: 'none', 'attention' (AEM's eq. 9) or 'zero_attention' (ZAM's
+  # eq. 11, which may attend to nothing). mtn_jax/models/user_memory.py.
+  c.model.user_memory = 'none'
+  # The zero attention family (name 'zam', mtn_jax/models/zam.py), rankers of the training
+  # split's distinct queries: 'qem' (no user), 'hem' (a vector per user), 'aem' (attention
+  # over the user's earlier queries) or 'zam' (the same with a zero vector).
+  c.model.user_model = 'zam'
+  c.model.attention_hidden = 8  # b, hidden units of the attention function f(q, i) (eq. 10)
+  c.model.query_from = 'last'  # 'last': the latest query; 'session': every word so far
+  c.model.item_negatives = 10  # k candidates sampled per context (eq. 14)
+  c.model.word_negatives = 5  # k words sampled per word of a candidate (eq. 14)
   c.model.max_session_queries = 16  # query-position table size (>= data.max_session_queries)
 
   c.train = ml_collections.ConfigDict()

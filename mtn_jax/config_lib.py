@@ -83,6 +83,25 @@ def validate(config: ml_collections.ConfigDict, mode: str = 'all') -> None:
     _positive(config, ['model.session_layers'])
     if m.num_levels < 2:
       raise ConfigError(f'config.model.num_levels must be >= 2 for MTN, got {m.num_levels}')
+  if m.user_memory not in ('none', 'attention', 'zero_attention'):
+    raise ConfigError("config.model.user_memory must be 'none', 'attention' or "
+                      f"'zero_attention', got {m.user_memory!r}")
+  if m.user_memory != 'none' and m.name not in ('mtn', 'transformer'):
+    raise ConfigError(f'config.model.user_memory is an option of MTN and the Transformer; '
+                      f"{m.name!r} has none (set it to 'none')")
+  if m.name == 'zam':
+    if m.user_model not in ('qem', 'hem', 'aem', 'zam'):
+      raise ConfigError("config.model.user_model must be 'qem', 'hem', 'aem' or 'zam', "
+                        f'got {m.user_model!r}')
+    if m.query_from not in ('last', 'session'):
+      raise ConfigError(f"config.model.query_from must be 'last' or 'session', "
+                        f'got {m.query_from!r}')
+    _positive(config, ['model.attention_hidden', 'model.item_negatives',
+                       'model.word_negatives'])
+  if ((m.name == 'zam' and m.user_model != 'qem') or m.user_memory != 'none') and (
+      d.history_queries == 0):
+    raise ConfigError('config.data.history_queries is 0, but the model reads each user\'s '
+                      'earlier queries: set it to the number to keep (e.g. 20)')
   if m.copy and m.name in ('mtn', 'transformer') and t.entropy_weight:
     raise ConfigError('config.train.entropy_weight is not defined for a copy mixture: set it '
                       'to 0 or config.model.copy to False')

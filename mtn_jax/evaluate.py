@@ -52,9 +52,12 @@ from mtn_jax import input_pipeline
 from mtn_jax import metrics
 from mtn_jax import models
 from mtn_jax import parallel
+from mtn_jax import ranking
 from mtn_jax import search
+from mtn_jax import tasks
 from mtn_jax.data import preprocess
 from mtn_jax.data import sessions
+from mtn_jax.data.vocab import UNK_ID
 from mtn_jax.models.base import context_batch
 
 # The suggesters that learn nothing from sessions, by their key in results.json['scores'].
@@ -168,8 +171,12 @@ def score_suggesters(suggestions: dict[str, list[list[str]]], references: Sequen
 def prefix_split(split: sessions.SessionSplit, num_sessions: int) -> sessions.SessionSplit:
   """The first `num_sessions` sessions of `split` (its text file is read up to their rows)."""
   end = int(split.starts[num_sessions])
+  per_session = {k: None if v is None else v[:num_sessions] for k, v in (
+      ('users', split.users), ('start_times', split.start_times), ('history', split.history),
+      ('history_items', split.history_items))}
   return sessions.SessionSplit(split.name, split.queries[:end],
-                               np.asarray(split.starts[:num_sessions + 1]), split.text_path)
+                               np.asarray(split.starts[:num_sessions + 1]), split.text_path,
+                               **per_session)
 
 
 def decode_split(trained: inference.Trained, split: sessions.SessionSplit,
@@ -203,7 +210,8 @@ def decode_split(trained: inference.Trained, split: sessions.SessionSplit,
   for batch in input_pipeline.make_eval_iterator(
       split, queries_per_batch=queries_per_batch, multiple_of=jax.device_count(),
       process_index=jax.process_index(), process_count=jax.process_count(),
-      per_query=trained.task.per_query_inputs(split, vocab)):
+      per_query=trained.task.per_query_inputs(split, vocab),
+      per_session=trained.task.per_session_inputs(split)):
     # The last query of a session is only ever a reference here.
     contexts = parallel.shard_batch(
         context_batch({k: batch[k] for k in trained.task.input_keys}), mesh)
@@ -277,16 +285,16 @@ def evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict:
     raise errors.Error(f'the {split_name} split in {data_dir} has no (prefix -> next query) '
                        'pairs to evaluate: more data, or a larger '
                        f'config.data.split_fractions[{fraction}]')
-  name = models.display_name(trained.cfg.name)
+  name = models.spec(trained.cfg.name).label(trained.meta['model'])
   dc = config.decode
   # Both protocols are scored from the full lists, whatever decode and suggest are told.
   settings = dataclasses.replace(search.SearchSettings.from_config(dc),
                                  exclude_session_queries=False)
+  how = ('ranking the candidate pool' if isinstance(trained.task, tasks.RankingTask) else
+         f'beam {dc.beam_size}, length penalty {dc.length_penalty}, at most {dc.max_len} '
+         f'tokens{", <unk> allowed" if dc.emit_unk else ""}')
   log(f'Evaluating {name} (checkpoint step {trained.step}) on {test.num_pairs:,} {split_name} '
-      'pairs '
-      f'of {test.num_sessions:,} sessions: beam {dc.beam_size}, length penalty '
-      f'{dc.length_penalty}, at most {dc.max_len} tokens'
-      f'{", <unk> allowed" if dc.emit_unk else ""}.', flush=True)
+      f'pairs of {test.num_sessions:,} sessions: {how}.', flush=True)
 
   previous, references = pair_texts(test)
   session, position = pair_session_positions(test)
@@ -296,9 +304,24 @@ def evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict:
   sample_pairs = np.sort(rng.choice(test.num_pairs, min(NUM_SAMPLES, test.num_pairs),
                                     replace=False))
   decode_start = time.time()
-  model_suggestions, top = decode_split(
-      trained, test, settings, keep_top_for=sample_pairs, log=log,
-      queries_per_batch=dc.batch_sessions * config.data.max_session_queries)
+  extra = {}
+  queries_per_batch = dc.batch_sessions * config.data.max_session_queries
+  if isinstance(trained.task, tasks.RankingTask):
+    # Enough entries that the user-facing protocol, which drops the session's own queries,
+    # still has a full list.
+    ranked = ranking.rank_split(
+        trained, test, workdir, k=metrics.RANKING_CUTOFF + config.data.max_session_queries,
+        seed=config.seed, queries_per_batch=queries_per_batch, log=log)
+    model_suggestions = ranked.suggestions
+    top = {pair: [{'query': q, 'score': float(v)} for q, v in
+                  zip(ranked.suggestions[pair][:dc.top_k], ranked.top_scores[pair])]
+           for pair in sample_pairs.tolist()}
+    extra['pool'] = ranked.figures()
+  else:
+    ranked = None
+    model_suggestions, top = decode_split(
+        trained, test, settings, keep_top_for=sample_pairs, log=log,
+        queries_per_batch=queries_per_batch)
   decode_seconds = time.time() - decode_start
 
   suggestions = {'model': model_suggestions,
@@ -308,8 +331,11 @@ def evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict:
                                           exclude_session=False),
                'scores_excluding_session': score_suggesters(
                    suggestions, references, contexts, exclude_session=True)}
+  if test.history is not None and test.history.shape[1]:
+    extra['by_history'] = history_groups(test, suggestions, references, contexts, ranked)
   results = {
       'model': trained.cfg.name,
+      'label': models.spec(trained.cfg.name).label(trained.meta['model']),
       'model_config': trained.meta['model'],
       'num_params': models.count_params(trained.params),
       'size_mb': models.size_mb(trained.params),
@@ -323,6 +349,7 @@ def evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict:
       # The paper's protocol; then the user-facing one, which never suggests a query the
       # session already holds.
       **protocols,
+      **extra,
       'decode_seconds': decode_seconds,
       'suggestions_per_s': test.num_pairs / max(decode_seconds, 1e-9),
       'wall_seconds': time.time() - started,
@@ -341,6 +368,16 @@ def evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict:
     for key, label in labels.items():
       entry = protocols[protocol][key]
       log(f'  {label:<{width}}  {entry["line"]}; {ranking_line(entry["ranking"])}')
+  if 'pool' in results:
+    log(f'Over the whole pool: {pool_line(results["pool"])}')
+  for group, figures in results.get('by_history', {}).items():
+    line = ranking_line(figures['scores']['model']['ranking'])
+    if 'pool' in figures:
+      line += '; ' + pool_line(figures['pool'])
+    if 'zero_weight' in figures:
+      line += '; ' + ', '.join(f'zero-vector weight {v:.3f} ({k.replace("_", " ")})'
+                               for k, v in figures['zero_weight'].items())
+    log(f'  {group.replace("_", " ")} ({figures["pairs"]:,} pairs): {line}')
 
   if is_writer:
     eval_dir = os.path.join(workdir, 'eval')
@@ -358,6 +395,59 @@ def evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict:
     _write_atomically(results_path, json.dumps(results, indent=2, ensure_ascii=False) + '\n')
     log(f'Results: {results_path}', flush=True)
   return results
+
+
+def pool_line(figures: dict) -> str:
+  """'MRR 5.1, R@10 12.0, R@1/20 40.2, R@1/100 21.0 (700 of 734 next queries in the pool)'."""
+  parts = [f'MRR {figures["mrr"]:.1f}', f'R@10 {figures["recall_at_10"]:.1f}']
+  parts += [f'R@1/{n} {figures[f"r1_of_{n}"]:.1f}' for n in ranking.SAMPLED_PROTOCOLS
+            if f'r1_of_{n}' in figures]
+  return (', '.join(parts) + f' ({figures["pairs_in_pool"]:,} of {figures["pairs"]:,} next '
+          'queries in the pool)')
+
+
+# Users with at least this many earlier queries form the "with history" group.
+MIN_HISTORY = 5
+
+
+def history_groups(split: sessions.SessionSplit, suggestions: dict[str, list[list[str]]],
+                   references: Sequence[str], contexts: Sequence[Sequence[str]],
+                   ranked: ranking.SplitRanking | None) -> dict[str, dict]:
+  """The figures of pairs whose user has at least `MIN_HISTORY` earlier queries, and of
+  pairs whose user has none (`split.history`), for every suggester; for a ranker the pool
+  figures too, and for a model with a zero-vector memory the mean weight on the zero vector,
+  apart for next queries that share a word with the user's history and those that do not."""
+  session, position = pair_session_positions(split)
+  history = np.asarray(split.history)  # [S, M, n]
+  lengths = (history != 0).any(-1).sum(-1)[session]
+  rows = split.starts[session] + position + 1
+  next_words = np.asarray(split.queries[rows])  # [pairs, n]
+  history_words = history[session].reshape(len(session), -1)  # [pairs, M*n]
+  shares_word = np.array([bool(np.intersect1d(w[w > UNK_ID], h[h > UNK_ID]).size)
+                          for w, h in zip(next_words, history_words)], bool)
+  groups = {}
+  for name, selected in (('with_history', lengths >= MIN_HISTORY),
+                         ('without_history', lengths == 0)):
+    pairs = np.flatnonzero(selected)
+    group = {'pairs': int(len(pairs))}
+    if len(pairs):
+      group['scores'] = score_suggesters(
+          {k: [v[i] for i in pairs] for k, v in suggestions.items()},
+          [references[i] for i in pairs], [contexts[i] for i in pairs],
+          exclude_session=False)
+      if ranked is not None:
+        group['pool'] = ranked.figures(pairs)
+        weights = ranked.zero_weight[pairs]
+        if np.isfinite(weights).all() and name == 'with_history':
+          shares = shares_word[pairs]
+          group['zero_weight'] = {
+              'all': float(weights.mean()),
+              **({'next_query_shares_a_word': float(weights[shares].mean())}
+                 if shares.any() else {}),
+              **({'next_query_shares_no_word': float(weights[~shares].mean())}
+                 if (~shares).any() else {})}
+    groups[name] = group
+  return groups
 
 
 def _write_atomically(path: str, text: str) -> None:

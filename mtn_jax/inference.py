@@ -70,8 +70,10 @@ def _note_config_differences(cfg: ModelConfig, model: ml_collections.ConfigDict,
     print(f'Note: {where} holds a {cfg.name!r} model; config.model.name {model.name!r} is '
           'not used.')
     return
-  current = models.make_config(model, vocab_size=cfg.vocab_size,
-                               max_query_words=cfg.max_query_words)
+  # The sizes the data decides are the checkpoint's, not differences.
+  data_sizes = {k: getattr(cfg, k) for k in ('vocab_size', 'max_query_words', 'num_items',
+                                             'num_users') if hasattr(cfg, k)}
+  current = models.make_config(model, **data_sizes)
   diff = checkpoints.architecture_differences(checkpoints.architecture(cfg), current)
   if diff:
     print(f'Note: decoding with the model of {where}; config.model differs in '
@@ -110,7 +112,7 @@ def load_trained(config: ml_collections.ConfigDict, workdir: str,
       raise checkpoints.CheckpointMismatch(f'{where}: its vocabulary does not match its meta')
     cfg = saved_model_config(meta, config.model)
     _note_config_differences(cfg, config.model, where)
-    task = tasks.make_task(cfg, config.train)
+    task = tasks.make_task(cfg, config.train, data_dir)
     saved_task = task.with_layout(checkpoints.saved_scan_layers(meta))
     params = checkpoints.restore(manager, step,
                                  abstract_params=saved_task.abstract_params())['params']

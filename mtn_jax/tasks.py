@@ -11,14 +11,18 @@ they hold:
   `input_keys`: the batch keys its steps read, the ones put on the devices;
   `init_params(rng)` / `abstract_params()`: the parameters, made from the model's example batch.
 
-`GenerationTask` is next-query generation with teacher forcing: every registered model today.
-A ranking task (scoring candidate queries) will sit beside it with its own loss and metrics.
+`GenerationTask` is next-query generation with teacher forcing (MTN, the Transformer and the
+recurrent baselines). `RankingTask` is the base of the rankers, which score candidate queries
+(the training split's distinct queries, `mtn_jax.data.candidates`) rather than write one;
+`mtn_jax.ranking` evaluates them and serves their suggestions. Each registered model names its
+task class (`models.ModelSpec.task`); `make_task` builds it.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import functools
+import importlib
 import math
 from collections.abc import Mapping
 from typing import Any
@@ -29,6 +33,7 @@ import jax.numpy as jnp
 import ml_collections
 import numpy as np
 
+from mtn_jax import errors
 from mtn_jax import losses
 from mtn_jax import models
 from mtn_jax import search
@@ -53,15 +58,34 @@ class GenerationTask:
   chunk_tokens: int = 256
 
   @classmethod
-  def from_config(cls, cfg: ModelConfig, train: ml_collections.ConfigDict) -> GenerationTask:
+  def from_config(cls, cfg: ModelConfig, train: ml_collections.ConfigDict,
+                  data_dir: str | None = None) -> GenerationTask:
+    del data_dir  # everything it needs is in the model's config
     return cls(cfg, label_smoothing=train.label_smoothing,
                entropy_weight=train.entropy_weight, chunk_tokens=train.loss_chunk_tokens)
 
   @property
   def input_keys(self) -> tuple[str, ...]:
-    """The batch keys the model reads: the queries, and for a copying model the numbers of
-    the words outside the vocabulary (`mtn_jax.data.extended`)."""
-    return ('queries', 'oov') if self.copies else ('queries',)
+    """The batch keys the model reads: the queries, for a copying model the numbers of the
+    words outside the vocabulary (`mtn_jax.data.extended`), and for a model with a user
+    memory the user's earlier queries."""
+    return (('queries',) + (('oov',) if self.copies else ())
+            + (('history',) if self.remembers_users else ()))
+
+  @property
+  def remembers_users(self) -> bool:
+    return getattr(self.cfg, 'user_memory', 'none') != 'none'
+
+  def per_session_inputs(self, split) -> dict[str, np.ndarray]:
+    """The input pipeline's per-session arrays of `split`: 'history' [num_sessions, M, n]
+    for a model with a user memory (`input_pipeline`'s `per_session`)."""
+    if not self.remembers_users:
+      return {}
+    if split.history is None or split.history.shape[1] == 0:
+      raise errors.Error(f'config.model.user_memory={self.cfg.user_memory!r} needs the '
+                         f'users\' earlier queries: set config.data.history_queries > 0 '
+                         f'(the {split.name} split has none)')
+    return {'history': split.history}
 
   @property
   def copies(self) -> bool:
@@ -92,8 +116,10 @@ class GenerationTask:
 
   def init_params(self, rng: jax.Array) -> Any:
     """The model's initial parameters, made from its example batch."""
-    return self.model.init({'params': rng}, self.spec.example_batch(self.cfg),
-                           train=False)['params']
+    batch = self.spec.example_batch(self.cfg)
+    if self.remembers_users:
+      batch['history'] = jnp.ones((1, 1, self.cfg.max_query_words), jnp.int32)
+    return self.model.init({'params': rng}, batch, train=False)['params']
 
   def abstract_params(self) -> Any:
     """The parameters' shapes and dtypes (`jax.ShapeDtypeStruct`s), at no compute cost."""
@@ -132,6 +158,84 @@ class GenerationTask:
                                   lengths=lengths)
 
 
-def make_task(cfg: ModelConfig, train: ml_collections.ConfigDict) -> GenerationTask:
-  """The task of the model `cfg` describes (every registered model generates today)."""
-  return GenerationTask.from_config(cfg, train)
+def task_class(cfg: ModelConfig) -> type:
+  """The task class the model's registry entry names ('module.Class')."""
+  module, _, name = models.spec(cfg.name).task.rpartition('.')
+  return getattr(importlib.import_module(module), name)
+
+
+def make_task(cfg: ModelConfig, train: ml_collections.ConfigDict, data_dir: str | None = None):
+  """The task of the model `cfg` describes. A ranking task reads the candidate pool (and
+  what else it learns from) in `data_dir`, the corpus's folder."""
+  return task_class(cfg).from_config(cfg, train, data_dir)
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class RankingTask:
+  """The base of the rankers: models that score candidate next queries.
+
+  A subclass sets `from_config` and the model's `example_batch`, its loss (`loss_sums`, with
+  'loss', 'nll', 'correct', 'tokens', 'pairs' sums, 'tokens' counting the scored contexts so
+  the trainer's per-token figures are per context), and how it scores candidates:
+    `encode_candidates(params, candidates int32 [C, n])` -> the part of the pool's scoring
+      that depends on the candidates alone, computed once per checkpoint (`mtn_jax.ranking`
+      caches it), or None;
+    `score_pool(params, batch, cache)` -> float32 [B, S-1, C], every pool candidate scored
+      after each session prefix (position t predicts query t+1);
+    `score_candidates(params, batch, candidates int32 [B, S-1, K, n])` -> float32
+      [B, S-1, K], for candidates given by their words (None where the model can only score
+      the pool's own entries).
+
+  Attributes:
+    cfg: the model's config.
+  """
+
+  cfg: ModelConfig
+
+  score_candidates = None
+
+  @functools.cached_property
+  def model(self) -> nn.Module:
+    return models.create_model(self.cfg)
+
+  @property
+  def spec(self) -> models.ModelSpec:
+    return models.spec(self.cfg.name)
+
+  def with_layout(self, scan_layers: bool | None) -> RankingTask:
+    if scan_layers is None or getattr(self.cfg, 'scan_layers', scan_layers) == scan_layers:
+      return self
+    return dataclasses.replace(self, cfg=self.cfg.replace(scan_layers=scan_layers))
+
+  def per_query_inputs(self, split, vocab) -> dict[str, np.ndarray]:
+    del split, vocab
+    return {}
+
+  def per_session_inputs(self, split) -> dict[str, np.ndarray]:
+    del split
+    return {}
+
+  def example_batch(self) -> dict[str, jax.Array]:
+    return self.spec.example_batch(self.cfg)
+
+  def init_params(self, rng: jax.Array) -> Any:
+    return self.model.init({'params': rng}, self.example_batch(), train=False)['params']
+
+  def abstract_params(self) -> Any:
+    return jax.eval_shape(self.init_params, jax.random.PRNGKey(0))
+
+  @staticmethod
+  def training_loss(sums: Mapping[str, jax.Array]) -> jax.Array:
+    """The mean training loss per scored context."""
+    return sums['loss'] / jnp.maximum(sums['tokens'], 1.0)
+
+  @staticmethod
+  def summarize(totals: Mapping[str, Any]) -> dict[str, float]:
+    """Validation loss (the target's negative log-likelihood among the candidates, per
+    context), its perplexity (how many candidates the model hesitates between) and how often
+    the target ranks first."""
+    contexts = max(float(totals['tokens']), 1.0)
+    loss = float(totals['nll']) / contexts
+    return {'loss': loss, 'perplexity': math.exp(min(loss, 50.0)),
+            'accuracy': float(totals['correct']) / contexts,
+            'pairs': float(totals['pairs'])}

@@ -46,6 +46,7 @@ from mtn_jax import metric_writer
 from mtn_jax import models
 from mtn_jax import parallel
 from mtn_jax import tasks
+from mtn_jax.data import candidates
 from mtn_jax.data import preprocess
 from mtn_jax.data import sessions
 from mtn_jax.models import layers
@@ -192,24 +193,33 @@ def load_data(config: ml_collections.ConfigDict, workdir: str):
   return vocab, splits
 
 
-def model_config(config: ml_collections.ConfigDict, vocab, split) -> ModelConfig:
-  """The model's config: `config.model`'s fields of the named model, with the data's sizes."""
-  return models.make_config(config.model, vocab_size=len(vocab),
-                            max_query_words=split.max_query_words)
+def model_config(config: ml_collections.ConfigDict, vocab, split,
+                 data_dir: str | None = None) -> ModelConfig:
+  """The model's config: `config.model`'s fields of the named model, with the data's sizes
+  (the vocabulary's and the queries'; for a model that has them, the candidate pool's and
+  the number of training users + 1, read from `data_dir`)."""
+  sizes = {'vocab_size': len(vocab), 'max_query_words': split.max_query_words}
+  fields = models.spec(config.model.name).config_class.field_names()
+  if 'num_items' in fields:
+    sizes['num_items'] = len(candidates.load_pool(data_dir))
+  if 'num_users' in fields:
+    sizes['num_users'] = (len(np.unique(split.users)) if split.users is not None else 0) + 1
+  return models.make_config(config.model, **sizes)
 
 
 def evaluate_loss(params, split: sessions.SessionSplit, *, task: tasks.GenerationTask, mesh,
-                  queries_per_batch: int, eval_fn, per_query=None) -> dict[str, float]:
+                  queries_per_batch: int, eval_fn, per_query=None,
+                  per_session=None) -> dict[str, float]:
   """The task's validation figures over a split (`GenerationTask.summarize`).
 
   `eval_fn`: the jit-compiled eval step, (params, batch) -> sums (`make_steps`);
-  `per_query`: the split's `GenerationTask.per_query_inputs`.
+  `per_query`, `per_session`: the split's `per_query_inputs` and `per_session_inputs`.
   """
   totals = None
   for batch in input_pipeline.make_eval_iterator(
       split, queries_per_batch=queries_per_batch, multiple_of=jax.device_count(),
       process_index=jax.process_index(), process_count=jax.process_count(),
-      per_query=per_query):
+      per_query=per_query, per_session=per_session):
     sums = eval_fn(params, parallel.shard_batch({k: batch[k] for k in task.input_keys}, mesh))
     totals = sums if totals is None else jax.tree.map(jnp.add, totals, sums)
   return task.summarize(jax.device_get(totals))
@@ -385,8 +395,9 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
   if valid_split.num_sessions == 0:
     raise errors.Error('the valid split is empty: model selection needs validation sessions '
                        '(more data, or a larger config.data.split_fractions[1])')
-  cfg = model_config(config, vocab, train_split)
-  task = tasks.make_task(cfg, config.train)
+  data_dir = preprocess.data_dir(workdir)
+  cfg = model_config(config, vocab, train_split, data_dir)
+  task = tasks.make_task(cfg, config.train, data_dir)
   mesh = parallel.make_mesh()
   tc = config.train
   optimizer = make_optimizer(tc, config.model.d_model)
@@ -401,9 +412,11 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
           train_split, queries_per_batch=config.input.train_queries_per_batch,
           seed=config.seed, multiple_of=jax.device_count(), process_index=jax.process_index(),
           process_count=jax.process_count(), worker_count=config.input.worker_count,
-          per_query=task.per_query_inputs(train_split, vocab)),
+          per_query=task.per_query_inputs(train_split, vocab),
+          per_session=task.per_session_inputs(train_split)),
       task.input_keys, mesh, config.input.prefetch_batches)
-  valid_inputs = task.per_query_inputs(valid_split, vocab)
+  valid_inputs = {'per_query': task.per_query_inputs(valid_split, vocab),
+                  'per_session': task.per_session_inputs(valid_split)}
   manager = checkpoints.open_manager(workdir, keep=tc.keep_checkpoints)
   meta = _run_meta(config, cfg, vocab)
   log = print if jax.process_index() == 0 else (lambda *a, **k: None)
@@ -482,7 +495,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
           monitor.write(step)
           valid = evaluate_loss(state.params, valid_split, task=task, mesh=mesh,
                                 queries_per_batch=config.input.eval_queries_per_batch,
-                                eval_fn=eval_fn, per_query=valid_inputs)
+                                eval_fn=eval_fn, **valid_inputs)
           writer.write(step, 'valid', valid)
           _record_validation(meta, step, valid)
           log(f'epoch {math.ceil(step / steps_per_epoch)}: validation loss '

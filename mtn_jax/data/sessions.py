@@ -29,6 +29,7 @@ import os
 import numpy as np
 
 from mtn_jax import errors
+from mtn_jax.data import candidates
 from mtn_jax.data.vocab import Vocab
 
 SPLITS = ('train', 'valid', 'test')
@@ -85,6 +86,9 @@ class SessionSplit:
   # session, oldest first, zero rows in front where there are fewer (config.data.
   # history_queries; M = 0 without).
   history: np.ndarray | None = None
+  # int32 [num_sessions, M]: the history's queries as candidate-pool entries, -1 for none or
+  # one outside the pool (`mtn_jax.data.candidates`).
+  history_items: np.ndarray | None = None
 
   @property
   def num_sessions(self) -> int:
@@ -157,8 +161,10 @@ def load_split(data_dir: str, split: str, mmap: bool = True) -> SessionSplit:
       raise CorpusFileError(f'{paths["history"]}: {history.shape[0]} sessions, but '
                             f'{paths["sessions"]} holds {len(starts) - 1}: run '
                             '--mode=preprocess again')
+  history_items = candidates.load_history_items(data_dir, split, len(starts) - 1)
   return SessionSplit(split, np.load(paths['queries'], mmap_mode=mode, allow_pickle=False),
-                      starts, paths['text'], **per_session, history=history)
+                      starts, paths['text'], **per_session, history=history,
+                      history_items=history_items)
 
 
 def load_vocab(data_dir: str) -> Vocab:

@@ -26,6 +26,7 @@ import jax.numpy as jnp
 from mtn_jax.models import mtn
 from mtn_jax.models import recurrent
 from mtn_jax.models import transformer
+from mtn_jax.models import zam
 from mtn_jax.models.base import ModelConfig, count_params, decoder_io, size_mb
 from mtn_jax.models.encoder_decoder import EncoderDecoder
 from mtn_jax.models.layers import TransformerConfig
@@ -45,6 +46,8 @@ class ModelSpec:
     display_name: as logs, results and the report show it ("MTN").
     layer_label: (display name, saved model fields) -> the paper's Fig.-3 label, or None
       where the model has no layers to count.
+    task: the task class that trains and serves it, as 'module.Class' (`mtn_jax.tasks`;
+      named rather than imported because tasks import this registry).
   """
 
   name: str
@@ -52,6 +55,7 @@ class ModelSpec:
   config_class: type[ModelConfig]
   display_name: str
   layer_label: Callable[[str, dict], str] | None = None
+  task: str = 'mtn_jax.tasks.GenerationTask'
 
   def example_batch(self, cfg: ModelConfig) -> dict:
     """The smallest batch the model takes, for making (or shaping) its parameters: one
@@ -78,6 +82,8 @@ REGISTRY: dict[str, ModelSpec] = {s.name: s for s in (
               'Seq2Seq Attn.'),
     ModelSpec('hred', recurrent.HRED, recurrent.RecurrentConfig, 'H-LSTM'),
     ModelSpec('mnsrf', recurrent.MNSRF, recurrent.RecurrentConfig, 'M-NSRF'),
+    ModelSpec('zam', zam.ZeroAttentionModel, zam.ZAMConfig, 'Zero attention family',
+              zam.layer_label, task='mtn_jax.personalisation.ZeroAttentionTask'),
 )}
 
 

@@ -22,7 +22,14 @@ Parts:
   decoder's table (`WordEmbedding.attend`);
 - with `config.copy`, a copy head ('copy_head', `copying.CopyHead`) over the source tokens the
   encoder offers (`copy_source`: for MTN every token of queries 0..t, for the Transformer its
-  flat source), which turns the output into a mixture over the extended vocabulary.
+  flat source), which turns the output into a mixture over the extended vocabulary;
+- with `config.user_memory`, the user's earlier queries (batch['history'] [B, M, n]) as a
+  memory: each history query is phi of its words (tanh of a dense map of their mean
+  embedding, as the zero attention model's eq. 5), the context's own vector (the mean of its
+  encoded tokens) attends over them (`user_memory.UserMemory`: AEM's softmax, or ZAM's with a
+  zero vector), and the result u joins the memory as one more slot the decoder attends to.
+  A slot rather than an addition to every token: the decoder can then weigh it per word, and
+  ZAM's u of nearly 0 leaves the tokens exactly as a model without memory has them.
 """
 
 from __future__ import annotations
@@ -36,6 +43,7 @@ import jax.numpy as jnp
 from mtn_jax.data.vocab import UNK_ID
 from mtn_jax.models import copying
 from mtn_jax.models import layers
+from mtn_jax.models import user_memory
 from mtn_jax.models.base import Batch, SessionModel, word_embeddings
 
 
@@ -59,6 +67,12 @@ class EncoderDecoder(SessionModel):
           name='logits')
     if cfg.copy:
       self.copy_head = copying.CopyHead(cfg.d_model, cfg.dtype)
+    if cfg.user_memory != 'none':
+      self.history_projection = nn.Dense(cfg.d_model, dtype=cfg.dtype, param_dtype=jnp.float32,
+                                         name='history_projection')
+      self.user_memory = user_memory.UserMemory(
+          cfg.attention_hidden, zero_attention=cfg.user_memory == 'zero_attention',
+          dtype=cfg.dtype)
 
   def encode(self, batch: Batch, *, train: bool = False) -> dict[str, jax.Array]:
     """batch['queries'] int32 [B, S, n] -> {'tokens': [B*S, L, d], 'mask': bool [B*S, L]},
@@ -69,7 +83,36 @@ class EncoderDecoder(SessionModel):
     if self.config.copy:
       source = copying.extended_queries(batch, self.config.vocab_size)
       memory.update(self.context_encoder.copy_source(memory, source))
+    if self.config.user_memory != 'none':
+      memory.update(self.remember_user(memory, batch['history'],
+                                       num_queries=batch['queries'].shape[1]))
     return memory
+
+  def remember_user(self, memory: dict[str, jax.Array], history: jax.Array, *,
+                    num_queries: int) -> dict[str, jax.Array]:
+    """The memory with the user slot appended (see the module docstring).
+
+    Args:
+      memory: 'tokens' [B*S, L, d], 'mask' bool [B*S, L].
+      history: int32 [B, M, n] the user's earlier queries, zero rows where there are none.
+    Returns:
+      'tokens' [B*S, L+1, d], 'mask' [B*S, L+1], and the attention's 'user_weights'
+      [B*S, M] and 'zero_weight' [B*S].
+    """
+    word_mask = history != 0
+    words = jnp.where(word_mask[..., None], self.encoder_table(history), 0)
+    mean = words.sum(-2) / jnp.maximum(word_mask.sum(-1, keepdims=True), 1).astype(words.dtype)
+    items = jnp.tanh(self.history_projection(mean))  # [B, M, d]
+    token_mask = memory['mask']
+    context = (jnp.where(token_mask[..., None], memory['tokens'], 0).sum(1)
+               / jnp.maximum(token_mask.sum(-1, keepdims=True), 1).astype(words.dtype))
+    rows = lambda x: jnp.repeat(x, num_queries, axis=0)  # session b -> rows b*S .. b*S+S-1
+    u, weights, zero_weight = self.user_memory(context, rows(items),
+                                               rows(word_mask.any(-1)))
+    return {'tokens': jnp.concatenate([memory['tokens'], u[:, None].astype(
+                memory['tokens'].dtype)], axis=1),
+            'mask': jnp.concatenate([token_mask, jnp.ones_like(token_mask[:, :1])], axis=1),
+            'user_weights': weights, 'zero_weight': zero_weight}
 
   def output_scores(self, hidden: jax.Array, memory, *, decode: bool = False) -> jax.Array:
     logits = self.output_logits(hidden)

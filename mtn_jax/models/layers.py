@@ -51,6 +51,10 @@ class TransformerConfig(ModelConfig):
   # A copy head mixes session words into the output (`copying`); checkpoints from before it
   # existed have none.
   copy: bool = False
+  # A memory of the user's earlier queries (`user_memory`): 'none', 'attention' or
+  # 'zero_attention', with its attention's hidden units; checkpoints from before it have none.
+  user_memory: str = 'none'
+  attention_hidden: int = 8
 
   @property
   def extended_vocab_size(self) -> int:

@@ -1,0 +1,219 @@
+"""Rankers at work: candidate vectors cached per checkpoint, exact top-k over the pool, and
+the pool's ranking protocols.
+
+A ranker (`tasks.RankingTask`) suggests entries of the candidate pool (the training split's
+distinct queries, `mtn_jax.data.candidates`). Here:
+
+- `candidate_cache`: the pool's per-candidate part (`task.encode_candidates`), computed once
+  for a checkpoint and kept in `<workdir>/candidate_cache/` (`vectors.npz` and `meta.json`,
+  read without pickle); it is recomputed when the checkpoint step, the pool or the model
+  config it was made with differ.
+- `rank_split`: every (session prefix -> next query) pair of a split scored against the whole
+  pool on the devices; for each pair its top suggestions (exact `jax.lax.top_k`), the rank of
+  the logged next query among all C candidates (ties count against it, as in
+  `metrics.ranks_from_scores`), and the poly-encoder paper's R@1/20 and R@1/100: the logged
+  next query against 19 / 99 negatives drawn uniformly from the rest of the pool, seeded.
+  A next query outside the pool cannot be retrieved: it ranks last (rank C + 1) in the
+  full-pool figures, and the sampled protocols, which need its score, count only pairs whose
+  next query is in the pool (`pairs_in_pool` says how many).
+- `retrieve`: the top suggestions of sessions typed or read from a file (decode, suggest).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import hashlib
+import json
+import os
+import time
+from collections.abc import Sequence
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from mtn_jax import input_pipeline
+from mtn_jax import metrics
+from mtn_jax import parallel
+from mtn_jax.data import candidates
+from mtn_jax.data import preprocess
+from mtn_jax.data import sessions
+from mtn_jax.models.base import context_batch
+
+SAMPLED_PROTOCOLS = (20, 100)  # R@1/N: the next query among N - 1 sampled negatives
+_CACHE_DIR = 'candidate_cache'
+
+
+# ---------------------------------------------------------------------------------------------
+# The candidate cache
+
+
+def _cache_key(trained, pool: candidates.CandidatePool) -> dict:
+  config = json.dumps(dataclasses.asdict(trained.cfg), sort_keys=True)
+  return {'step': int(trained.step), 'pool': pool.fingerprint,
+          'model': hashlib.sha256(config.encode()).hexdigest()[:16]}
+
+
+def candidate_cache(trained, pool: candidates.CandidatePool, workdir: str, log=print):
+  """The task's `encode_candidates` of the whole pool for `trained`'s checkpoint: read from
+  `<workdir>/candidate_cache/` when it was made for the same checkpoint, pool and model,
+  else computed and written there. None for a model with nothing to cache."""
+  task = trained.task
+  folder = os.path.join(workdir, _CACHE_DIR)
+  meta_path = os.path.join(folder, 'meta.json')
+  vectors_path = os.path.join(folder, 'vectors.npz')
+  key = _cache_key(trained, pool)
+  shapes = jax.eval_shape(task.encode_candidates, trained.params,
+                          jax.ShapeDtypeStruct(pool.queries.shape, jnp.int32))
+  if shapes is None:
+    return None
+  leaves, treedef = jax.tree.flatten(shapes)
+  if os.path.exists(meta_path) and os.path.exists(vectors_path):
+    with open(meta_path, encoding='utf-8') as f:
+      saved = json.load(f)
+    if saved == key:
+      with np.load(vectors_path, allow_pickle=False) as stored:
+        arrays = [stored[f'leaf_{i}'] for i in range(len(leaves))]
+      if all(a.shape == l.shape and a.dtype == l.dtype for a, l in zip(arrays, leaves)):
+        return jax.tree.unflatten(treedef, arrays)
+  started = time.time()
+  cache = jax.device_get(jax.jit(task.encode_candidates)(trained.params,
+                                                          jnp.asarray(pool.queries)))
+  os.makedirs(folder, exist_ok=True)
+  flat = jax.tree.leaves(cache)
+  tmp = vectors_path + '.tmp.npz'
+  np.savez(tmp, **{f'leaf_{i}': np.asarray(a) for i, a in enumerate(flat)})
+  os.replace(tmp, vectors_path)
+  with open(meta_path + '.tmp', 'w', encoding='utf-8') as f:
+    json.dump(key, f)
+  os.replace(meta_path + '.tmp', meta_path)
+  log(f'Encoded the {len(pool):,} candidates in {time.time() - started:.1f} s '
+      f'(cached in {folder}).', flush=True)
+  return cache
+
+
+# ---------------------------------------------------------------------------------------------
+# Ranking a split
+
+
+@dataclasses.dataclass(frozen=True)
+class SplitRanking:
+  """Every pair of a split ranked against the pool, in pair order (`evaluate.pair_texts`).
+
+  Attributes:
+    suggestions: [pairs] the top pool entries' texts, best first.
+    top_scores: float32 [pairs, k] their scores.
+    pool_ranks: int64 [pairs] the logged next query's rank among all C candidates (1 = best;
+      C + 1 where it is not in the pool).
+    sampled_ranks: int64 [pairs, len(SAMPLED_PROTOCOLS)] its rank among itself and N - 1
+      sampled negatives; 0 where it is not in the pool (no score to compare).
+    zero_weight: float32 [pairs] the attention mass on the zero vector (NaN for a model
+      without a user memory).
+  """
+
+  suggestions: list[list[str]]
+  top_scores: np.ndarray
+  pool_ranks: np.ndarray
+  sampled_ranks: np.ndarray
+  zero_weight: np.ndarray
+
+  def figures(self, pairs: np.ndarray | slice = slice(None)) -> dict:
+    """MRR and Recall@10 over the whole pool, and R@1/N of the sampled protocols, in
+    percent, over the pairs `pairs` selects."""
+    ranks = self.pool_ranks[pairs]
+    sampled = self.sampled_ranks[pairs]
+    in_pool = sampled[:, 0] > 0
+    out = {'pairs': int(len(ranks)), 'pairs_in_pool': int(in_pool.sum())}
+    if not len(ranks):
+      return out
+    out['mrr'] = 100 * metrics.mean_reciprocal_rank(ranks)
+    out['recall_at_10'] = 100 * metrics.recall_at_k(ranks, 10)
+    for column, size in enumerate(SAMPLED_PROTOCOLS):
+      if in_pool.any():
+        out[f'r1_of_{size}'] = 100 * metrics.recall_at_k(sampled[in_pool, column], 1)
+    return out
+
+
+def sampled_negatives(pool_ids: np.ndarray, pool_size: int, count: int,
+                      seed: int) -> np.ndarray:
+  """int32 [pairs, count]: for each pair, `count` pool entries drawn uniformly (with
+  replacement) from every entry but its own next query (`pool_ids`, -1: none), fixed by
+  `seed` whatever the model, so that every ranker meets the same negatives."""
+  rng = np.random.default_rng(seed)
+  drawn = rng.integers(0, max(pool_size - 1, 1), size=(len(pool_ids), count))
+  # Skip the true entry: values at or above it move up by one.
+  return np.where((pool_ids[:, None] >= 0) & (drawn >= pool_ids[:, None]), drawn + 1,
+                  drawn).astype(np.int32)
+
+
+@functools.partial(jax.jit, static_argnames=('task', 'k'))
+def _rank_batch(params, batch, cache, negatives, *, task, k: int):
+  """One batch: top-k ids and scores [B, P, k], full-pool ranks [B, P], sampled ranks
+  [B, P, len(SAMPLED_PROTOCOLS)] and zero-vector weights [B, P] (P = S-1)."""
+  scores = task.score_pool(params, batch, cache)  # [B, P, C]
+  top_scores, top_ids = jax.lax.top_k(scores, k)
+  targets = batch['pool_ids'][:, 1:]
+  in_pool = targets >= 0
+  target_score = jnp.take_along_axis(scores, jnp.maximum(targets, 0)[..., None], axis=-1)
+  pool_ranks = jnp.where(in_pool, (scores >= target_score).sum(-1), scores.shape[-1] + 1)
+  negative_scores = jnp.take_along_axis(scores, negatives, axis=-1)  # [B, P, N]
+  sampled = jnp.stack([1 + (negative_scores[..., :size - 1] >= target_score).sum(-1)
+                       for size in SAMPLED_PROTOCOLS], axis=-1)
+  sampled = jnp.where(in_pool[..., None], sampled, 0)
+  attention = getattr(task, 'attention', None)
+  zero_weight = (attention(params, batch)['zero_weight'] if attention is not None
+                 else jnp.full(targets.shape, jnp.nan))
+  return top_ids, top_scores, pool_ranks, sampled, zero_weight
+
+
+def rank_split(trained, split: sessions.SessionSplit, workdir: str, *, k: int, seed: int,
+               queries_per_batch: int, log=print) -> SplitRanking:
+  """Ranks the whole pool after every prefix of `split` (see the module docstring); `k`
+  suggestions are kept per pair. The negatives of the sampled protocols are fixed by
+  `seed`."""
+  task = trained.task
+  if getattr(task, 'score_pool', None) is None:
+    raise ValueError(f'{trained.cfg.name} cannot score the whole pool (a cross-encoder '
+                     'reranks the candidates of another ranker)')
+  pool = candidates.load_pool(preprocess.data_dir(workdir))
+  cache = candidate_cache(trained, pool, workdir, log=log)
+  pool_ids = pool.ids_of(split.texts)
+  pairs_per_session = split.lengths - 1
+  first_pair = np.cumsum(pairs_per_session) - pairs_per_session
+  # The next query of every pair, in pair order: every row but each session's first.
+  is_next = np.ones(len(pool_ids), bool)
+  is_next[split.starts[:-1]] = False
+  next_ids = pool_ids[is_next]
+  negatives = sampled_negatives(next_ids, len(pool), max(SAMPLED_PROTOCOLS) - 1, seed)
+  k = min(k, len(pool))
+  num_pairs = split.num_pairs
+  top_ids = np.zeros((num_pairs, k), np.int64)
+  top_scores = np.zeros((num_pairs, k), np.float32)
+  pool_ranks = np.zeros(num_pairs, np.int64)
+  sampled = np.zeros((num_pairs, len(SAMPLED_PROTOCOLS)), np.int64)
+  zero_weight = np.full(num_pairs, np.nan, np.float32)
+  mesh = parallel.make_mesh()
+  params = jax.device_put(trained.params, parallel.replicated(mesh))
+  keys = tuple(dict.fromkeys(task.input_keys + ('pool_ids',)))
+  done, started = 0, time.time()
+  for batch in input_pipeline.make_eval_iterator(
+      split, queries_per_batch=queries_per_batch, multiple_of=jax.device_count(),
+      per_query={**task.per_query_inputs(split, trained.vocab), 'pool_ids': pool_ids},
+      per_session=task.per_session_inputs(split)):
+    session_ids = batch['session_ids']
+    real = session_ids >= 0
+    positions = batch['queries'].shape[1] - 1
+    pair_index = first_pair[np.maximum(session_ids, 0)][:, None] + np.arange(positions)
+    batch_negatives = negatives[np.where(real[:, None], pair_index, 0)]
+    out = jax.device_get(_rank_batch(
+        params, parallel.shard_batch({key: batch[key] for key in keys}, mesh), cache,
+        parallel.shard_batch({'n': batch_negatives}, mesh)['n'], task=task, k=k))
+    for array, target in zip(out, (top_ids, top_scores, pool_ranks, sampled, zero_weight)):
+      target[pair_index[real]] = array[real]
+    done += int(real.sum())
+  log(f'  ranked {len(pool):,} candidates for {num_pairs:,} pairs of {done:,} sessions in '
+      f'{time.time() - started:.1f} s', flush=True)
+  return SplitRanking(suggestions=[[pool.texts[i] for i in row] for row in top_ids.tolist()],
+                      top_scores=top_scores, pool_ranks=pool_ranks, sampled_ranks=sampled,
+                      zero_weight=zero_weight)
