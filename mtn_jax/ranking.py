@@ -39,7 +39,6 @@ from mtn_jax import parallel
 from mtn_jax.data import candidates
 from mtn_jax.data import preprocess
 from mtn_jax.data import sessions
-from mtn_jax.models.base import context_batch
 
 SAMPLED_PROTOCOLS = (20, 100)  # R@1/N: the next query among N - 1 sampled negatives
 _CACHE_DIR = 'candidate_cache'
@@ -217,3 +216,65 @@ def rank_split(trained, split: sessions.SessionSplit, workdir: str, *, k: int, s
   return SplitRanking(suggestions=[[pool.texts[i] for i in row] for row in top_ids.tolist()],
                       top_scores=top_scores, pool_ranks=pool_ranks, sampled_ranks=sampled,
                       zero_weight=zero_weight)
+
+
+# ---------------------------------------------------------------------------------------------
+# Suggestions for given sessions
+
+
+@functools.partial(jax.jit, static_argnames=('task', 'k'))
+def retrieve(params, batch, cache, *, task, k: int) -> tuple[jax.Array, jax.Array]:
+  """The `k` best pool entries after EVERY query of each session, the last one included.
+
+  Args:
+    batch: the task's input keys; 'queries' int32 [B, S, n].
+  Returns:
+    ids int32 [B, S, k] and scores float32 [B, S, k], best first.
+  """
+  # One padding query at the end: the rankers score the context after query t as the
+  # prediction of query t+1, and are causal, so it changes no earlier position.
+  padded = dict(batch)
+  for key in ('queries', 'targets', 'pool_ids'):
+    if key in padded:
+      value = padded[key]
+      padded[key] = jnp.concatenate([value, jnp.zeros_like(value[:, :1])], axis=1)
+  scores = task.score_pool(params, padded, cache)  # [B, S, C]
+  top_scores, top_ids = jax.lax.top_k(scores, k)
+  return top_ids, top_scores
+
+
+class Retriever:
+  """A trained ranker with its pool and cached candidate vectors, for decode and suggest."""
+
+  def __init__(self, trained, workdir: str, log=print):
+    self.trained = trained
+    self.pool = candidates.load_pool(preprocess.data_dir(workdir))
+    self.cache = candidate_cache(trained, self.pool, workdir, log=log)
+
+  def suggestions(self, batch: dict, k: int, sessions_queries: Sequence[Sequence[str]], *,
+                  exclude_session_queries: bool) -> list[list[list[dict]]]:
+    """[row][position] the `k` best entries ({'query', 'score'}) after each query of each
+    row's session (`sessions_queries[row]`: its texts; rows past them are padding); with
+    `exclude_session_queries`, never one the session holds up to that position."""
+    task = self.trained.task
+    extra = max(len(q) for q in sessions_queries) if exclude_session_queries else 0
+    ids, scores = jax.device_get(retrieve(
+        # The model's inputs; the training targets are not among what a session offers.
+        self.trained.params, {key: batch[key] for key in task.input_keys if key in batch},
+        self.cache,
+        task=task, k=min(k + extra, len(self.pool))))
+    out = []
+    for row, queries in enumerate(sessions_queries):
+      per_position = []
+      for t in range(len(queries)):
+        seen = set(queries[:t + 1]) if exclude_session_queries else set()
+        ranked = [{'query': self.pool.texts[i], 'score': float(s)}
+                  for i, s in zip(ids[row, t].tolist(), scores[row, t].tolist())
+                  if self.pool.texts[i] not in seen]
+        per_position.append(ranked[:k])
+      out.append(per_position)
+    return out
+
+  def history_items(self, history: Sequence[str]) -> np.ndarray:
+    """int32 [len(history)]: the pool entries of a user's earlier queries, -1 outside it."""
+    return self.pool.ids_of(list(history))

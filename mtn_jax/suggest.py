@@ -51,7 +51,10 @@ import numpy as np
 
 from mtn_jax import errors
 from mtn_jax import inference
+from mtn_jax import personalisation
+from mtn_jax import ranking
 from mtn_jax import search
+from mtn_jax import tasks
 from mtn_jax.data import aol_log
 from mtn_jax.data import extended
 from mtn_jax.data.vocab import UNK_ID, Vocab
@@ -77,6 +80,9 @@ class Context:
     info: copied into every output record (the input line, or the user and session).
     first_position: the position in its session of queries[0] (> 0 when the context was cut).
     references: for a raw log, the next query after each position (None after the last).
+    history: the user's earlier queries, oldest first (a raw log's earlier sessions of the
+      same user; the sessions typed before this one in `suggest`), for models that
+      personalise.
   """
 
   queries: tuple[str, ...]
@@ -84,6 +90,7 @@ class Context:
   info: dict
   first_position: int = 0
   references: tuple[str | None, ...] | None = None
+  history: tuple[str, ...] = ()
 
 
 class QueryReader:
@@ -121,7 +128,8 @@ class QueryReader:
     queries = tuple(self.query(t) for t in kept)
     return Context(queries, first_output=len(queries) - 1, info={'line': number})
 
-  def raw_session(self, texts: Sequence[str], info: dict) -> list[Context]:
+  def raw_session(self, texts: Sequence[str], info: dict,
+                  history: tuple[str, ...] = ()) -> list[Context]:
     """A sessionized raw-log session -> Contexts suggesting after each of its queries.
 
     The first max_session_queries positions are decoded together from one context; each
@@ -130,13 +138,13 @@ class QueryReader:
     queries = [self.query(t) for t in texts]
     references = tuple(queries[1:]) + (None,)
     window = self.max_session_queries
-    contexts = [Context(tuple(queries[:window]), 0, info, 0, references[:window])]
+    contexts = [Context(tuple(queries[:window]), 0, info, 0, references[:window], history)]
     if len(queries) > window:
       self.counts['long_sessions'] += 1
     for last in range(window, len(queries)):
       first = last - window + 1
       contexts.append(Context(tuple(queries[first:last + 1]), window - 1, info, first,
-                              references[first:last + 1]))
+                              references[first:last + 1], history))
     return contexts
 
 
@@ -217,6 +225,9 @@ def read_raw_log(path: str, reader: QueryReader, data: ml_collections.ConfigDict
                              max_query_words=reader.max_query_words, long_query='truncate',
                              min_queries=1, max_queries=max(len(log.records), 1))
   reader.counts['duplicate_queries'] += found.skipped['duplicate_query']
+  # Sessions come in user, then time order: a user's history is the queries of their
+  # sessions read so far, as preprocessing gives it (`data.history_queries` of them).
+  user, earlier = None, collections.deque(maxlen=data.history_queries)
   for first in range(0, found.num_sessions, chunk_sessions):
     last = min(first + chunk_sessions, found.num_sessions)
     rows = found.record_index[found.starts[first]:found.starts[last]]
@@ -225,8 +236,14 @@ def read_raw_log(path: str, reader: QueryReader, data: ml_collections.ConfigDict
     for session in range(first, last):
       begin = int(found.starts[session] - found.starts[first])
       end = int(found.starts[session + 1] - found.starts[first])
-      yield from reader.raw_session(texts[begin:end],
-                                    {'user': int(users[begin]), 'session': session})
+      if int(users[begin]) != user:
+        user = int(users[begin])
+        earlier.clear()
+      contexts = reader.raw_session(texts[begin:end], {'user': user, 'session': session},
+                                    tuple(earlier) if data.history_queries else ())
+      # The session's queries: the first context's, then each later context's last.
+      earlier.extend(contexts[0].queries + tuple(c.queries[-1] for c in contexts[1:]))
+      yield from contexts
 
 
 # ---------------------------------------------------------------------------------------------
@@ -234,47 +251,83 @@ def read_raw_log(path: str, reader: QueryReader, data: ml_collections.ConfigDict
 
 
 def encode_contexts(vocab: Vocab, contexts: Sequence[Context], rows: int, width: int,
-                    max_query_words: int) -> tuple[dict[str, np.ndarray], np.ndarray]:
+                    max_query_words: int, history_queries: int = 0
+                    ) -> tuple[dict[str, np.ndarray], np.ndarray]:
   """(batch, lengths int64 [rows]): the batch's 'queries' and 'oov' (numbers of the words
-  outside the vocabulary, `mtn_jax.data.extended`) are int32 [rows, width, max_query_words];
+  outside the vocabulary, `mtn_jax.data.extended`) are int32 [rows, width, max_query_words],
+  'history' int32 [rows, history_queries, max_query_words] each context's last
+  `history_queries` earlier queries of its user (zero rows in front where there are fewer);
   rows past the contexts are padding sessions of one all-padding query."""
   queries = np.zeros((rows, width, max_query_words), np.int32)
   oov = np.zeros((rows, width, max_query_words), np.int32)
+  history = np.zeros((rows, history_queries, max_query_words), np.int32)
   lengths = np.ones(rows, np.int64)
   for row, context in enumerate(contexts):
     words = [text.split() for text in context.queries]
     for t, text in enumerate(context.queries):
       ids = vocab.encode_text(text)[:max_query_words]
       queries[row, t, :len(ids)] = ids
+    earlier = context.history[-history_queries:] if history_queries else ()
+    for j, text in enumerate(earlier, history_queries - len(earlier)):
+      ids = vocab.encode_text(text)[:max_query_words]
+      history[row, j, :len(ids)] = ids
     oov[row, :len(words)] = extended.oov_numbers(words, vocab, max_query_words)
     lengths[row] = len(context.queries)
-  return {'queries': queries, 'oov': oov}, lengths
+  return {'queries': queries, 'oov': oov, 'history': history}, lengths
+
+
+def ranker_inputs(retriever: ranking.Retriever, contexts: Sequence[Context], rows: int,
+                  history_queries: int) -> dict[str, np.ndarray]:
+  """A ranker's per-session inputs beside `encode_contexts`': 'history_items' int32
+  [rows, history_queries] (pool entries of the user's earlier queries, -1: none) and 'user'
+  int32 [rows] (the training user a raw log's AnonID is, 0 for any other)."""
+  items = np.full((rows, history_queries), -1, np.int32)
+  users = np.zeros(rows, np.int32)
+  train_users = getattr(retriever.trained.task, 'train_users', None)
+  for row, context in enumerate(contexts):
+    earlier = context.history[-history_queries:] if history_queries else ()
+    if earlier:
+      items[row, history_queries - len(earlier):] = retriever.history_items(earlier)
+    if train_users is not None and 'user' in context.info:
+      users[row] = personalisation.user_index(train_users, np.array([context.info['user']]))[0]
+  return {'history_items': items, 'user': users}
 
 
 def decode_contexts(trained: inference.Trained, contexts: Sequence[Context], *,
-                    positions: str, batch_rows: int,
-                    settings: search.SearchSettings) -> list[list[list[dict]]]:
+                    positions: str, batch_rows: int, settings: search.SearchSettings,
+                    history_queries: int = 0, width: int | None = None,
+                    retriever: ranking.Retriever | None = None) -> list[list[list[dict]]]:
   """Suggestions for each context (in order) after each of its output positions.
 
   Contexts are sorted by length and decoded `batch_rows` at a time, each batch padded to its
-  longest context: the models are causal over queries, so trailing padding queries change no
-  earlier position. `positions` 'last' decodes only each context's last query, 'all' every
-  position (first_output onwards are kept).
+  longest context (or to `width` queries, so that every batch has one shape): the models are
+  causal over queries, so trailing padding queries change no earlier position. `positions`
+  'last' decodes only each context's last query, 'all' every position (first_output onwards
+  are kept). A ranker (`retriever`) suggests pool entries; a generative model searches.
   """
   n = trained.cfg.max_query_words
   order = sorted(range(len(contexts)), key=lambda i: len(contexts[i].queries))
   out: list[list[list[dict]] | None] = [None] * len(contexts)
   for start in range(0, len(order), batch_rows):
     group = order[start:start + batch_rows]
-    width = max(len(contexts[i].queries) for i in group)
-    batch, lengths = encode_contexts(trained.vocab, [contexts[i] for i in group], batch_rows,
-                                     width, n)
+    group_contexts = [contexts[i] for i in group]
+    batch, lengths = encode_contexts(
+        trained.vocab, group_contexts, batch_rows,
+        width or max(len(c.queries) for c in group_contexts), n, history_queries)
+    if retriever is not None:
+      batch.update(ranker_inputs(retriever, group_contexts, batch_rows, history_queries))
+      lists = retriever.suggestions(
+          batch, settings.top_k, [c.queries for c in group_contexts],
+          exclude_session_queries=settings.exclude_session_queries)
+      for row, (i, context) in enumerate(zip(group, group_contexts)):
+        first = len(context.queries) - 1 if positions == 'last' else context.first_output
+        out[i] = lists[row][first:]
+      continue
     sequences, scores = trained.task.suggest(
         trained.params, {k: batch[k] for k in trained.task.input_keys}, settings,
         positions=positions, lengths=lengths if positions == 'last' else None)
     sequences, scores = np.asarray(sequences), np.asarray(scores)
-    for row, i in enumerate(group):
-      context = contexts[i]
+    for row, (i, context) in enumerate(zip(group, group_contexts)):
       # (output column, the context position it suggests after)
       kept = ([(0, len(context.queries) - 1)] if positions == 'last'
               else [(t, t) for t in range(context.first_output, len(context.queries))])
@@ -283,6 +336,13 @@ def decode_contexts(trained: inference.Trained, contexts: Sequence[Context], *,
                                           settings, context.queries[:t + 1], copied)
                 for p, t in kept]
   return out
+
+
+def _retriever(trained: inference.Trained, workdir: str) -> ranking.Retriever | None:
+  """The pool and candidate vectors of a ranker; None for a generative model."""
+  if not isinstance(trained.task, tasks.RankingTask):
+    return None
+  return ranking.Retriever(trained, workdir)
 
 
 def _records(context: Context, suggestions: list[list[dict]]) -> Iterator[dict]:
@@ -359,8 +419,10 @@ def decode_file(config: ml_collections.ConfigDict, workdir: str) -> dict:
   else:
     contexts = read_sessions_file(dc.input, reader, strict=config.data.strict)
     positions = 'last'
+  retriever = _retriever(trained, workdir)
+  how = 'from the candidate pool' if retriever else f'beam {dc.beam_size}'
   print(f'Decoding {dc.input} ({"AOL-format log" if input_format == "raw" else "sessions"}) '
-        f'with {trained.cfg.name} (checkpoint step {trained.step}), beam {dc.beam_size}, '
+        f'with {trained.cfg.name} (checkpoint step {trained.step}), {how}, '
         f'top {dc.top_k}.', flush=True)
 
   started = last_log = time.time()
@@ -368,7 +430,9 @@ def decode_file(config: ml_collections.ConfigDict, workdir: str) -> dict:
   with open(output, 'w', encoding='utf-8') as out:
     for chunk in _chunked(contexts, chunk_size):
       suggestions = decode_contexts(trained, chunk, positions=positions,
-                                    batch_rows=dc.batch_sessions, settings=settings)
+                                    batch_rows=dc.batch_sessions, settings=settings,
+                                    history_queries=config.data.history_queries,
+                                    retriever=retriever)
       for context, ranked in zip(chunk, suggestions):
         for record in _records(context, ranked):
           out.write(json.dumps(record, ensure_ascii=False) + '\n')
@@ -414,9 +478,13 @@ def interactive(config: ml_collections.ConfigDict, workdir: str, stdin: TextIO =
     stdout.write(text + '\n')
     stdout.flush()
 
+  retriever = _retriever(trained, workdir)
   say(f'{cfg.name} (checkpoint step {trained.step}, {len(trained.vocab):,} words). Type a '
       'query per line; an empty line starts a new session; end with Ctrl-D.')
   session: list[str] = []
+  # The queries of the sessions typed before this one: the history of a model that
+  # personalises.
+  earlier: list[str] = []
   while True:
     if prompt:
       stdout.write('query> ')
@@ -427,19 +495,17 @@ def interactive(config: ml_collections.ConfigDict, workdir: str, stdin: TextIO =
     if not line.strip():
       if session:
         say('-- new session --')
+      earlier += session
       session = []
       continue
     oov_before, long_before = reader.counts['oov_words'], reader.counts['long_queries']
     session = (session + [reader.query(line)])[-cfg.max_session_queries:]
-    context = Context(tuple(session), first_output=len(session) - 1, info={})
-    batch, lengths = encode_contexts(trained.vocab, [context], 1, cfg.max_session_queries,
-                                     cfg.max_query_words)
-    sequences, scores = trained.task.suggest(
-        trained.params, {k: batch[k] for k in trained.task.input_keys}, settings,
-        positions='last', lengths=lengths)
-    copied = trained.copied_words(session)
-    ranked = search.ranked_suggestions(trained.vocab, np.asarray(sequences)[0, 0],
-                                       np.asarray(scores)[0, 0], settings, session, copied)
+    context = Context(tuple(session), first_output=len(session) - 1, info={},
+                      history=tuple(earlier))
+    [[ranked]] = decode_contexts(trained, [context], positions='last', batch_rows=1,
+                                 settings=settings,
+                                 history_queries=config.data.history_queries,
+                                 width=cfg.max_session_queries, retriever=retriever)
     unknown = reader.counts['oov_words'] - oov_before
     notes = [f'{unknown} word(s) outside the vocabulary read as <unk>'] if unknown else []
     if reader.counts['long_queries'] > long_before:
