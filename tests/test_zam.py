@@ -1,0 +1,261 @@
+"""The zero attention family and the user memory: the attention against the paper's equations
+computed by hand, what a model without history or an unseen user gets, the exact validation
+loss, the pool protocols' bookkeeping, and the family and a personalised MTN through the real
+command line (train, resume bit for bit, eval by user history, decode, suggest)."""
+
+from __future__ import annotations
+
+import json
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from mtn_jax import evaluate
+from mtn_jax import ranking
+from mtn_jax.data import candidates
+from mtn_jax.models import user_memory
+from mtn_jax.models import zam
+from mtn_jax import personalisation
+from tests import cli
+
+
+def memory_params(dim=4, hidden=3, seed=0):
+  rng = np.random.default_rng(seed)
+  return {'w_f': rng.normal(size=(dim, hidden, dim)).astype(np.float32),
+          'b_f': rng.normal(size=(dim, hidden)).astype(np.float32),
+          'w_h': rng.normal(size=(hidden,)).astype(np.float32)}
+
+
+def attention_by_hand(params, q, items):
+  """f(q, i) = i . tanh(W_f q + b_f) . W_h (eq. 10), in numpy, one context."""
+  projected = np.tanh(np.einsum('abc,c->ab', params['w_f'], q) + params['b_f'])
+  return np.array([item @ projected @ params['w_h'] for item in items])
+
+
+@pytest.mark.parametrize('zero_attention', [False, True])
+def test_user_memory_is_eq_9_and_eq_11(zero_attention):
+  params = memory_params()
+  rng = np.random.default_rng(1)
+  q = rng.normal(size=(2, 4)).astype(np.float32)
+  items = rng.normal(size=(2, 3, 4)).astype(np.float32)
+  mask = np.array([[True, True, False], [True, True, True]])
+  u, weights, zero_weight = user_memory.UserMemory(3, zero_attention).apply(
+      {'params': params}, q, items, mask)
+  for n in range(2):
+    f = attention_by_hand(params, q[n], items[n][mask[n]])
+    # AEM: a softmax over the history (eq. 9); ZAM: the zero vector adds exp(f(q, 0)) = 1 to
+    # the denominator (eq. 11).
+    denominator = np.exp(f).sum() + (1.0 if zero_attention else 0.0)
+    expected = np.exp(f) / denominator
+    np.testing.assert_allclose(weights[n][mask[n]], expected, rtol=1e-5)
+    assert not np.asarray(weights[n])[~mask[n]].any()
+    np.testing.assert_allclose(u[n], expected @ items[n][mask[n]], rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(zero_weight[n], 1 / denominator if zero_attention else 0.0,
+                               rtol=1e-5)
+
+
+def test_zero_attention_closes_when_the_history_is_unrelated_and_aem_cannot():
+  # f(q, i) << 0 for every item (an unrelated history): ZAM puts nearly all its weight on the
+  # zero vector and u vanishes; AEM must still spread weight 1 over the history.
+  params = {'w_f': np.zeros((2, 1, 2), np.float32), 'b_f': np.ones((2, 1), np.float32),
+            'w_h': np.ones((1,), np.float32)}  # tanh(b_f) . W_h = 0.76 per unit of i
+  q = np.ones((1, 2), np.float32)
+  items = np.full((1, 3, 2), -5.0, np.float32)  # f = -7.6 for each
+  mask = np.ones((1, 3), bool)
+  u, weights, zero_weight = user_memory.UserMemory(1, True).apply(
+      {'params': params}, q, items, mask)
+  assert float(zero_weight[0]) > 0.998 and float(np.abs(u).max()) < 0.01
+  _, aem_weights, _ = user_memory.UserMemory(1, False).apply({'params': params}, q, items, mask)
+  np.testing.assert_allclose(aem_weights.sum(), 1.0, rtol=1e-6)
+  # Without any history both give u = 0, and the weights are all zero (no NaN).
+  for zero_attention in (False, True):
+    u, weights, _ = user_memory.UserMemory(1, zero_attention).apply(
+        {'params': params}, q, items, np.zeros((1, 3), bool))
+    assert not np.asarray(u).any() and not np.asarray(weights).any()
+
+
+def family_model(user_model, query_from='last'):
+  cfg = zam.ZAMConfig(name='zam', vocab_size=20, max_query_words=3, max_session_queries=4,
+                      emb_dim=8, dropout=0.0, share_embeddings=False, tie_embeddings=False,
+                      compute_dtype='float32', user_model=user_model, attention_hidden=3,
+                      query_from=query_from, item_negatives=2, word_negatives=2,
+                      num_items=7, num_users=4)
+  model = zam.ZeroAttentionModel(cfg)
+  batch = {'queries': jnp.array([[[5, 6, 0], [7, 0, 0], [8, 9, 10]],
+                                 [[11, 0, 0], [5, 0, 0], [0, 0, 0]]], jnp.int32),
+           'history_items': jnp.array([[2, 3], [-1, -1]], jnp.int32),
+           'user': jnp.array([2, 0], jnp.int32)}
+  params = model.init(jax.random.PRNGKey(0), batch)['params']
+  return model, params, batch
+
+
+@pytest.mark.parametrize('user_model', zam.USER_MODELS)
+def test_each_family_member_scores_i_dot_q_plus_u(user_model):
+  model, params, batch = family_model(user_model)
+  out = model.apply({'params': params}, batch)
+  words = np.asarray(params['word_vectors'])
+  # q = tanh(W_phi mean(words) + b_phi) (eq. 5) of the latest query.
+  dense = params['query_projection']
+  mean = words[[8, 9, 10]].mean(0)
+  np.testing.assert_allclose(out['q'][0, 2], np.tanh(mean @ dense['kernel'] + dense['bias']),
+                             rtol=1e-5, atol=1e-6)
+  np.testing.assert_allclose(out['context'], out['q'] + out['u'], rtol=1e-6)
+  if user_model == 'qem':
+    assert not np.asarray(out['u']).any()
+  if user_model == 'hem':  # a learned vector per training user, 0 for an unseen one (index 0)
+    np.testing.assert_allclose(out['u'][0, 1], params['user_vectors'][2])
+    assert not np.asarray(out['u'][1]).any()
+  if user_model in ('aem', 'zam'):  # the session without history gets u = 0
+    assert not np.asarray(out['u'][1]).any()
+    assert np.asarray(out['u'][0]).any()
+
+
+def test_session_query_is_causal():
+  model, params, batch = family_model('zam', query_from='session')
+  changed = dict(batch, queries=batch['queries'].at[0, 2].set(jnp.array([12, 13, 0])))
+  a = model.apply({'params': params}, batch)['context']
+  b = model.apply({'params': params}, changed)['context']
+  np.testing.assert_array_equal(a[0, :2], b[0, :2])  # positions before the change
+  assert not np.allclose(a[0, 2], b[0, 2])
+
+
+def test_validation_loss_is_the_exact_pool_cross_entropy(tmp_path):
+  model, params, batch = family_model('aem')
+  pool = candidates.CandidatePool(queries=np.zeros((7, 3), np.int32),
+                                  counts=np.ones(7, np.int64), texts=[str(i) for i in range(7)])
+  task = personalisation.ZeroAttentionTask(model.config, data_dir=str(tmp_path),
+                                           word_noise=np.zeros(20, np.float32),
+                                           train_users=np.arange(3))
+  task.__dict__['pool'] = pool
+  targets = jnp.array([[0, 4, 6], [1, -1, 0]], jnp.int32)  # the second's next is not pooled
+  sums = task.loss_sums(params, {**batch, 'targets': targets}, train=False)
+  out = model.apply({'params': params}, batch)
+  logits = np.einsum('bta,ca->btc', out['context'][:, :-1], params['item_vectors'])
+  expected = [jax.nn.logsumexp(logits[0, 0]) - logits[0, 0, 4],
+              jax.nn.logsumexp(logits[0, 1]) - logits[0, 1, 6]]
+  # Session 2: position 0 predicts a query outside the pool (no loss); position 1 predicts
+  # a padding query (no pair).
+  assert float(sums['tokens']) == 2
+  np.testing.assert_allclose(sums['nll'], sum(expected), rtol=1e-5)
+  assert float(sums['correct']) == sum(
+      int(np.argmax(logits[0, t]) == c) for t, c in ((0, 4), (1, 6)))
+  # Training: the sampled objective is finite and differentiable.
+  grads = jax.grad(lambda p: task.loss_sums(
+      p, {**batch, 'targets': targets}, train=True,
+      rngs={'dropout': jax.random.PRNGKey(1)})['loss'])(params)
+  assert all(np.isfinite(g).all() for g in jax.tree.leaves(grads))
+
+
+def test_word_noise_is_the_unigram_to_the_three_quarters():
+  pool = candidates.CandidatePool(queries=np.array([[5, 6], [5, 0]], np.int32),
+                                  counts=np.array([3, 1], np.int64), texts=['a b', 'a'])
+  logits = personalisation.word_noise_logits(pool, 8)
+  # word 5: 3 + 1 = 4 times, word 6: 3 times; padding and unseen words never drawn.
+  np.testing.assert_allclose(logits[[5, 6]], 0.75 * np.log([4.0, 3.0]), rtol=1e-6)
+  assert np.isneginf(logits[[0, 1, 7]]).all()
+
+
+def test_user_index_maps_training_users_and_unseen_ones_to_zero():
+  assert personalisation.user_index(np.array([30, 10, 20, 10]),
+                                    np.array([20, 99, 10, 5])).tolist() == [2, 0, 1, 0]
+
+
+def test_sampled_negatives_never_hold_the_next_query_and_are_seeded():
+  pool_ids = np.array([0, 5, 9, -1])
+  drawn = ranking.sampled_negatives(pool_ids, 10, 99, seed=3)
+  assert drawn.shape == (4, 99) and drawn.min() >= 0 and drawn.max() < 10
+  for row, target in zip(drawn, pool_ids):
+    assert target not in row.tolist() or target < 0
+  np.testing.assert_array_equal(drawn, ranking.sampled_negatives(pool_ids, 10, 99, seed=3))
+
+
+def test_pool_figures_count_a_next_query_outside_the_pool_as_a_miss():
+  ranked = ranking.SplitRanking(suggestions=[[]] * 3, top_scores=np.zeros((3, 1)),
+                                pool_ranks=np.array([1, 20, 101]),
+                                sampled_ranks=np.array([[1, 1], [3, 12], [0, 0]]),
+                                zero_weight=np.full(3, np.nan))
+  figures = ranked.figures()
+  assert figures['pairs'] == 3 and figures['pairs_in_pool'] == 2
+  np.testing.assert_allclose(figures['mrr'], 100 * (1 + 1 / 20 + 1 / 101) / 3)
+  np.testing.assert_allclose(figures['recall_at_10'], 100 / 3)
+  assert figures['r1_of_20'] == 50.0 and figures['r1_of_100'] == 50.0
+
+
+# ---------------------------------------------------------------------------------------------
+# Through the command line
+
+FAMILY = ('--config.data.demo_users=150', '--config.data.max_session_queries=4',
+          '--config.model.emb_dim=16', '--config.train.log_every_steps=1',
+          '--config.input.train_queries_per_batch=240', '--config.decode.max_eval_sessions=16')
+FIRST_STEPS, TOTAL_STEPS = 3, 6
+
+
+@pytest.fixture(scope='module')
+def zam_run(tmp_path_factory):
+  """ZAM on the demo log: 3 steps, resumed to 6, evaluated; and the same 6 steps in one go."""
+  workdir = tmp_path_factory.mktemp('zam')
+  run = lambda *args, **kwargs: cli.run(workdir, *FAMILY, *args,
+                                        config='configs/zam_aol.py:demo', **kwargs)
+  run(f'--config.train.max_steps={FIRST_STEPS}')
+  resumed = run(f'--config.train.max_steps={TOTAL_STEPS}')
+  evaluated = run(mode='eval')
+  straight = tmp_path_factory.mktemp('zam-straight')
+  cli.run(straight, *FAMILY, f'--config.train.max_steps={TOTAL_STEPS}',
+          config='configs/zam_aol.py:demo')
+  return workdir, straight, resumed, evaluated
+
+
+@pytest.mark.slow
+def test_zam_resumes_bit_for_bit(zam_run):
+  workdir, straight, resumed, _ = zam_run
+  assert 'Resuming from' in resumed.stdout
+  from mtn_jax import metric_writer  # pylint: disable=g-import-not-at-top
+  a = metric_writer.read_metrics(str(workdir), 'train')
+  b = metric_writer.read_metrics(str(straight), 'train')
+  assert [r['loss'] for r in a] == [r['loss'] for r in b]
+  assert ([r['loss'] for r in metric_writer.read_metrics(str(workdir), 'valid')][-1]
+          == [r['loss'] for r in metric_writer.read_metrics(str(straight), 'valid')][-1])
+
+
+@pytest.mark.slow
+def test_zam_eval_reports_the_pool_and_the_history_groups(zam_run, tmp_path):
+  workdir, _, _, evaluated = zam_run
+  results = json.loads((workdir / 'eval' / 'results.json').read_text())
+  assert results['label'] == 'ZAM'
+  pool = results['pool']
+  assert pool['pairs'] == results['pairs'] and 0 < pool['pairs_in_pool'] <= pool['pairs']
+  assert {'mrr', 'recall_at_10', 'r1_of_20', 'r1_of_100'} <= set(pool)
+  groups = results['by_history']
+  assert set(groups) == {'with_history', 'without_history'}
+  assert 0 <= groups['with_history']['zero_weight']['all'] <= 1
+  assert 'Over the whole pool: MRR' in evaluated.stdout
+  # The suggestions eval ranks first are the ones decode gives for the same context.
+  samples = [json.loads(l) for l in (workdir / 'eval' / 'samples.jsonl').read_text().splitlines()]
+  sample = samples[0]
+  sessions_file = tmp_path / 'sessions.txt'
+  sessions_file.write_text('\t'.join(sample['context']) + '\n')
+  out = tmp_path / 'out.jsonl'
+  cli.run(workdir, *FAMILY, f'--config.decode.input={sessions_file}',
+          f'--config.decode.output={out}', mode='decode', config='configs/zam_aol.py:demo')
+  [record] = [json.loads(l) for l in out.read_text().splitlines()]
+  # A sessions file carries no user history, so the lists may differ from eval's; they are
+  # pool entries, as many as asked for.
+  pool_texts = set(candidates.load_pool(str(workdir / 'data')).texts)
+  assert {s['query'] for s in record['suggestions']} <= pool_texts
+  assert len(record['suggestions']) == 10
+  # The candidate vectors were cached by eval and reused by decode.
+  assert (workdir / 'candidate_cache' / 'meta.json').exists()
+
+
+@pytest.mark.slow
+def test_personalised_mtn_trains_and_evaluates_by_history(tmp_path):
+  run = cli.run(tmp_path, '--config.data.max_session_queries=4', '--config.model.name=mtn',
+                '--config.model.user_memory=zero_attention', '--config.data.history_queries=8',
+                '--config.data.split_by=time', '--config.train.max_steps=4',
+                '--config.decode.max_eval_sessions=16', '--config.decode.top_k=3', mode='all')
+  results = json.loads((tmp_path / 'eval' / 'results.json').read_text())
+  assert results['model_config']['user_memory'] == 'zero_attention'
+  assert set(results['by_history']) == {'with_history', 'without_history'}
+  assert 'with history' in run.stdout
