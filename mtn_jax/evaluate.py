@@ -271,6 +271,8 @@ def evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict:
   is_writer = jax.process_index() == 0
   log = print if is_writer else (lambda *a, **k: None)
   trained = inference.load_trained(config, workdir, which='best')
+  if hasattr(trained.task, 'evaluate'):  # a task with its own data and measures
+    return trained.task.evaluate(trained, config, workdir)
   data_dir = preprocess.data_dir(workdir)
   split_name = config.decode.eval_split
   test, train = _load_split(data_dir, split_name), _load_split(data_dir, 'train')
@@ -371,6 +373,9 @@ def evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict:
   if 'pool' in results:
     log(f'Over the whole pool: {pool_line(results["pool"])}')
   for group, figures in results.get('by_history', {}).items():
+    if not figures['pairs']:
+      log(f'  {group.replace("_", " ")}: no pairs')
+      continue
     line = ranking_line(figures['scores']['model']['ranking'])
     if 'pool' in figures:
       line += '; ' + pool_line(figures['pool'])
@@ -413,8 +418,8 @@ MIN_HISTORY = 5
 def history_groups(split: sessions.SessionSplit, suggestions: dict[str, list[list[str]]],
                    references: Sequence[str], contexts: Sequence[Sequence[str]],
                    ranked: ranking.SplitRanking | None) -> dict[str, dict]:
-  """The figures of pairs whose user has at least `MIN_HISTORY` earlier queries, and of
-  pairs whose user has none (`split.history`), for every suggester; for a ranker the pool
+  """The figures of pairs whose user has at least `MIN_HISTORY` earlier queries, of those
+  with fewer, and of pairs whose user has none (`split.history`), for every suggester; for a ranker the pool
   figures too, and for a model with a zero-vector memory the mean weight on the zero vector,
   apart for next queries that share a word with the user's history and those that do not."""
   session, position = pair_session_positions(split)
@@ -427,6 +432,7 @@ def history_groups(split: sessions.SessionSplit, suggestions: dict[str, list[lis
                           for w, h in zip(next_words, history_words)], bool)
   groups = {}
   for name, selected in (('with_history', lengths >= MIN_HISTORY),
+                         ('short_history', (lengths > 0) & (lengths < MIN_HISTORY)),
                          ('without_history', lengths == 0)):
     pairs = np.flatnonzero(selected)
     group = {'pairs': int(len(pairs))}

@@ -228,7 +228,8 @@ def test_zam_eval_reports_the_pool_and_the_history_groups(zam_run, tmp_path):
   assert pool['pairs'] == results['pairs'] and 0 < pool['pairs_in_pool'] <= pool['pairs']
   assert {'mrr', 'recall_at_10', 'r1_of_20', 'r1_of_100'} <= set(pool)
   groups = results['by_history']
-  assert set(groups) == {'with_history', 'without_history'}
+  assert set(groups) == {'with_history', 'short_history', 'without_history'}
+  assert sum(g['pairs'] for g in groups.values()) == results['pairs']
   assert 0 <= groups['with_history']['zero_weight']['all'] <= 1
   assert 'Over the whole pool: MRR' in evaluated.stdout
   # The suggestions eval ranks first are the ones decode gives for the same context.
@@ -257,5 +258,5 @@ def test_personalised_mtn_trains_and_evaluates_by_history(tmp_path):
                 '--config.decode.max_eval_sessions=16', '--config.decode.top_k=3', mode='all')
   results = json.loads((tmp_path / 'eval' / 'results.json').read_text())
   assert results['model_config']['user_memory'] == 'zero_attention'
-  assert set(results['by_history']) == {'with_history', 'without_history'}
+  assert set(results['by_history']) == {'with_history', 'short_history', 'without_history'}
   assert 'with history' in run.stdout

@@ -1,0 +1,59 @@
+"""The figures of launch/compare_personal.sh by user history, as Markdown tables.
+
+  python launch/personal_table.py OUT_DIR VARIANT [VARIANT ...]
+
+For each split (valid, then test) and each group of pairs (users with at least 5 earlier
+queries; users with none): per variant, MRR@10, Recall@10 and exact match at 1 of its top-10
+suggestions (every model, the trivial suggesters beside them), and for the rankers MRR and
+R@1/20 over the whole pool and the mean attention mass on the zero vector.
+"""
+
+import json
+import os
+import sys
+
+GROUPS = (('with_history', 'users with >= 5 earlier queries'),
+          ('short_history', 'users with 1-4 earlier queries'),
+          ('without_history', 'users without history'))
+
+
+def _row(name, scores, pool=None, zero=None):
+  ranking = scores['ranking']
+  cells = [name, f'{ranking["mrr_at_10"]:.1f}', f'{ranking["recall_at_10"]:.1f}',
+           f'{ranking["exact_match"]:.1f}', f'{scores["bleu"]:.2f}']
+  cells += [f'{pool["mrr"]:.1f}', f'{pool.get("r1_of_20", float("nan")):.1f}'] if pool else [
+      '', '']
+  cells.append('' if zero is None else f'{zero["all"]:.3f} ({zero.get("next_query_shares_a_word", float("nan")):.3f} / {zero.get("next_query_shares_no_word", float("nan")):.3f})')
+  return '| ' + ' | '.join(cells) + ' |'
+
+
+def main(out_dir, variants):
+  for split, file in (('validation', 'valid_results.json'), ('test', 'results.json')):
+    results = {}
+    for variant in variants:
+      path = os.path.join(out_dir, variant, 'eval', file)
+      if os.path.exists(path):
+        with open(path, encoding='utf-8') as f:
+          results[variant] = json.load(f)
+    if not results:
+      continue
+    for group, title in GROUPS:
+      first = next(iter(results.values()))['by_history'][group]
+      if not first['pairs']:
+        print(f'\n{split.capitalize()} split, {title}: no pairs.')
+        continue
+      print(f'\n{split.capitalize()} split, {title} ({first["pairs"]} pairs):\n')
+      print('| suggester | MRR@10 | R@10 | EM@1 | BLEU | pool MRR | R@1/20 | zero-vector weight '
+            '(shares a word / none) |')
+      print('|---|---:|---:|---:|---:|---:|---:|---|')
+      for variant, r in results.items():
+        figures = r['by_history'][group]
+        print(_row(f'{variant} ({r.get("label", r["model"])})', figures['scores']['model'],
+                   figures.get('pool'), figures.get('zero_weight')))
+      for key, label in (('repeat_previous', 'Repeat previous query'),
+                         ('most_frequent_next', 'Most frequent next query')):
+        print(_row(label, first['scores'][key]))
+
+
+if __name__ == '__main__':
+  main(sys.argv[1], sys.argv[2:])
