@@ -96,6 +96,13 @@ def get_config(variant: str = '') -> ml_collections.ConfigDict:
   c.model.item_negatives = 10  # k candidates sampled per context (eq. 14)
   c.model.word_negatives = 5  # k words sampled per word of a candidate (eq. 14)
   c.model.max_session_queries = 16  # query-position table size (>= data.max_session_queries)
+  # Bi-, Poly- and Cross-encoders (names 'biencoder', 'polyencoder', 'crossencoder',
+  # mtn_jax/models/polyencoder.py), rankers of the training split's distinct queries. The
+  # context encoder of the first two: 'flat' (the Transformer's, over q_0 <sep> ... q_t) or
+  # 'mtn' (MTN's query and session encoders); query_layers (and session_layers) set depths.
+  c.model.context_encoder = 'flat'
+  c.model.poly_codes = 16  # m, the Poly-encoder's learned codes (16, 64, 360 in the paper)
+  c.model.cross_negatives = 15  # pool entries drawn per context to train the Cross-encoder
 
   c.train = ml_collections.ConfigDict()
   c.train.num_epochs = 5  # model selection = best validation loss within these epochs
@@ -143,6 +150,18 @@ def get_config(variant: str = '') -> ml_collections.ConfigDict:
   # 'valid': --mode=eval on the validation split (eval/valid_results.json), to tune decoding
   # without looking at the test split.
   c.decode.eval_split = 'test'
+
+  # How eval, decode and suggest make suggestions: 'generate' (the workdir's model alone: a
+  # generative model's beam, or a ranker's retrieved pool entries), 'retrieve' (the pool
+  # entries the ranker of `ranker_workdir` retrieves), 'rerank' (the workdir's generative
+  # beam, the `retrieved` best pool entries of the ranker of `retriever_workdir` and the
+  # session's own queries, pooled, scored by the ranker of `ranker_workdir`, deduplicated;
+  # the top_k best are kept). The rankers must share the workdir's vocabulary.
+  c.suggest = ml_collections.ConfigDict()
+  c.suggest.strategy = 'generate'
+  c.suggest.ranker_workdir = ''  # a trained Bi-, Poly- or Cross-encoder's workdir
+  c.suggest.retriever_workdir = ''  # '': the ranker's own (a Bi- or Poly-encoder)
+  c.suggest.retrieved = 10  # pool entries the retriever adds to the pool of candidates
 
   c.report = ml_collections.ConfigDict()
   c.report.workdirs = ''  # comma-separated workdirs for --mode=report

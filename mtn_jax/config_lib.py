@@ -98,6 +98,25 @@ def validate(config: ml_collections.ConfigDict, mode: str = 'all') -> None:
                         f'got {m.query_from!r}')
     _positive(config, ['model.attention_hidden', 'model.item_negatives',
                        'model.word_negatives'])
+  if m.name in ('biencoder', 'polyencoder', 'crossencoder'):
+    if m.context_encoder not in ('flat', 'mtn'):
+      raise ConfigError("config.model.context_encoder must be 'flat' or 'mtn', "
+                        f'got {m.context_encoder!r}')
+    if m.context_encoder == 'mtn' and m.name != 'crossencoder':
+      _positive(config, ['model.session_layers'])
+      if m.num_levels < 2:
+        raise ConfigError(f'config.model.num_levels must be >= 2 for an MTN context '
+                          f'encoder, got {m.num_levels}')
+    _positive(config, ['model.poly_codes', 'model.cross_negatives'])
+  s = config.suggest
+  if s.strategy not in ('generate', 'retrieve', 'rerank'):
+    raise ConfigError("config.suggest.strategy must be 'generate', 'retrieve' or 'rerank', "
+                      f'got {s.strategy!r}')
+  if s.strategy != 'generate' and not s.ranker_workdir:
+    raise ConfigError(f'config.suggest.strategy={s.strategy!r} needs a trained ranker: pass '
+                      '--config.suggest.ranker_workdir=DIR (a Bi-, Poly- or Cross-encoder run)')
+  if s.strategy == 'rerank':
+    _positive(config, ['suggest.retrieved'])
   if ((m.name == 'zam' and m.user_model != 'qem') or m.user_memory != 'none') and (
       d.history_queries == 0):
     raise ConfigError('config.data.history_queries is 0, but the model reads each user\'s '

@@ -24,6 +24,7 @@ import flax.linen as nn
 import jax.numpy as jnp
 
 from mtn_jax.models import mtn
+from mtn_jax.models import polyencoder
 from mtn_jax.models import recurrent
 from mtn_jax.models import transformer
 from mtn_jax.models import zam
@@ -84,6 +85,14 @@ REGISTRY: dict[str, ModelSpec] = {s.name: s for s in (
     ModelSpec('mnsrf', recurrent.MNSRF, recurrent.RecurrentConfig, 'M-NSRF'),
     ModelSpec('zam', zam.ZeroAttentionModel, zam.ZAMConfig, 'Zero attention family',
               zam.layer_label, task='mtn_jax.personalisation.ZeroAttentionTask'),
+    ModelSpec('biencoder', polyencoder.DualEncoder, polyencoder.RankerConfig, 'Bi-encoder',
+              polyencoder.layer_label, task='mtn_jax.ranking_tasks.DualEncoderTask'),
+    ModelSpec('polyencoder', functools.partial(polyencoder.DualEncoder, poly=True),
+              polyencoder.RankerConfig, 'Poly-encoder', polyencoder.layer_label,
+              task='mtn_jax.ranking_tasks.DualEncoderTask'),
+    ModelSpec('crossencoder', polyencoder.CrossEncoder, polyencoder.RankerConfig,
+              'Cross-encoder', polyencoder.layer_label,
+              task='mtn_jax.ranking_tasks.CrossEncoderTask'),
 )}
 
 

@@ -1,0 +1,69 @@
+"""Bi-, Poly- and Cross-encoders (Humeau et al., ICLR 2020) ranking AOL's logged queries.
+
+  --config=configs/polyencoder_aol.py[:small]  --config.data.raw_files=LOG   Poly-encoder 16
+  --config=configs/polyencoder_aol.py:poly64 | :poly360                      more codes
+  --config=configs/polyencoder_aol.py:bi                                     Bi-encoder
+  --config=configs/polyencoder_aol.py:cross                                  Cross-encoder
+  --config=configs/polyencoder_aol.py:demo | :demo_bi | :demo_cross          the demo log
+
+Every variant has the size of `configs/aol.py:small` (d_model 128, 4 heads, feed-forward 256;
+2 context-encoder layers, 2 candidate-encoder layers) and reads the same corpus as the
+generative models (`config.data` is the default's: session split, 5-query sessions), so the
+figures compare with theirs (docs/RESULTS.md). Candidates are the training split's distinct
+queries (`mtn_jax.data.candidates`).
+"""
+
+from configs import default
+
+_VARIANTS = {'': ('polyencoder', 16), 'small': ('polyencoder', 16),
+             'poly64': ('polyencoder', 64), 'poly360': ('polyencoder', 360),
+             'bi': ('biencoder', 16), 'cross': ('crossencoder', 16),
+             'demo': ('polyencoder', 16), 'demo_bi': ('biencoder', 16),
+             'demo_cross': ('crossencoder', 16)}
+
+
+def get_config(variant: str = ''):
+  if variant not in _VARIANTS:
+    raise ValueError(f'configs/polyencoder_aol.py: unknown variant {variant!r} (expected one '
+                     'of ' + ', '.join(repr(v) for v in _VARIANTS) + ')')
+  c = default.get_config()
+  c.model.name, c.model.poly_codes = _VARIANTS[variant]
+  c.model.emb_dim = 128
+  c.model.d_model = 128
+  c.model.num_heads = 4
+  c.model.ff_dim = 256
+  c.model.query_layers = 2
+  c.model.session_layers = 1
+  # 'flat' over 'mtn': on the sample's validation split the flat context (every word of the
+  # session so far) ranks better (docs/RESULTS.md, "Rankers").
+  c.model.context_encoder = 'flat'
+  c.model.cross_negatives = 15
+  c.train.num_epochs = 10
+  c.train.warmup_steps = 200
+  c.train.learning_rate = 0.25  # peak 1.6e-3 at d_model 128, as configs/aol.py:small
+  c.train.log_every_steps = 20
+  c.train.checkpoint_every_steps = 200
+  # ~400 contexts per batch: each meets ~400 in-batch negatives (the paper's 511 was best).
+  c.input.train_queries_per_batch = 512
+  c.input.eval_queries_per_batch = 512
+  c.decode.top_k = 10
+  c.decode.beam_size = 10  # read by generative models only; top_k may not exceed it
+  c.decode.batch_sessions = 64
+  if c.model.name == 'crossencoder':
+    # Every (context, candidate) pair is encoded jointly: 16 pairs per context.
+    c.input.train_queries_per_batch = 128
+    c.input.eval_queries_per_batch = 128
+    c.train.num_epochs = 3
+    c.decode.batch_sessions = 16
+  if variant.startswith('demo'):
+    c.data.source = 'demo'
+    c.data.demo_users = 600
+    c.data.min_word_count = 2
+    c.model.emb_dim = c.model.d_model = 32
+    c.model.num_heads = 2
+    c.model.ff_dim = 64
+    c.model.poly_codes = 4
+    c.train.num_epochs = 3
+    c.train.warmup_steps = 50
+    c.train.learning_rate = 0.5
+  return c

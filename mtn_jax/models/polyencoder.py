@@ -1,0 +1,228 @@
+"""Bi-, Poly- and Cross-encoders (Humeau et al., ICLR 2020) as rankers of candidate next queries.
+
+Each scores a context (a session's queries 0..t) against candidate next queries, here the
+entries of the candidate pool (the training split's distinct queries,
+`mtn_jax.data.candidates`). They reuse the project's Transformer layers:
+
+- the context encoder (`context_encoder`): 'flat' is the Transformer baseline's encoder
+  (`transformer.FlatSessionEncoder`, every word of `q_0 <sep> ... <sep> q_t`), 'mtn' MTN's
+  query and session encoders (`mtn.MTNEncoder`, the tokens of query t carrying the session
+  vector); either gives token vectors h_1..h_N for each context;
+- the candidate encoder: `FlatSessionEncoder` over the candidate query alone (its own weights,
+  the paper's T_2), y_cand = the mean of its token vectors.
+
+Scores (paper Sec. 4.2-4.4):
+  Bi-encoder     y_ctx = mean_j h_j;  s = y_ctx . y_cand.
+  Poly-encoder   m learned codes c_i: y_ctx^i = sum_j softmax_j(c_i . h_j / sqrt(d)) h_j;
+                 y_ctx = sum_i softmax_i(y_cand . y_ctx^i / sqrt(d)) y_ctx^i;
+                 s = y_ctx . y_cand.
+  Cross-encoder  `q_0 <sep> ... <sep> q_t <sep> cand` through one flat encoder, every word
+                 attending to every other; s = w . h_sep, h_sep the output at the `<sep>`
+                 before the candidate (the paper's first output [S], which sees the pair).
+Choices the paper leaves open, and the ones made here: the reduction red(.) is the mean over
+the real tokens (the paper's "average over all outputs", within 0.2 points of its first
+output; these inputs have no [S] token, and MTN's query projection fixes its n slots); the two
+attentions of the Poly-encoder are scaled by 1/sqrt(d) as in Vaswani et al., against the
+saturation the paper met (Sec. 5.3) with vectors of norm ~sqrt(d) after LayerNorm; the final
+score is the plain dot product, as in the paper. So a Poly-encoder with one code of zeros
+attends uniformly and IS the Bi-encoder with the same encoder weights (tests check it).
+
+Shapes: `queries` int32 [B, S, n] (0 = padding); position t of a session is the context after
+query t, which predicts query t+1. d = `d_model`, m = `poly_codes`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+
+from mtn_jax.data.vocab import PAD_ID, SEP_ID
+from mtn_jax.models import layers
+from mtn_jax.models import mtn
+from mtn_jax.models import transformer
+from mtn_jax.models.base import session_sources
+from mtn_jax.models.dropout import Dropout
+
+CONTEXT_ENCODERS = ('flat', 'mtn')
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class RankerConfig(mtn.MTNConfig):
+  """The encoders' fields (MTN's, for `context_encoder='mtn'`) and the rankers' own.
+
+  `decoder_layers` is inherited and unused: a ranker has no decoder. `share_embeddings`
+  makes the context and candidate encoders share one word table.
+  """
+
+  context_encoder: str = 'flat'  # 'flat' | 'mtn' (Bi- and Poly-encoders)
+  poly_codes: int = 16  # m, the Poly-encoder's learned codes
+  cross_negatives: int = 15  # the Cross-encoder's negatives sampled from the pool per context
+
+
+def layer_label(display_name: str, fields: dict) -> str:
+  """"Poly-encoder 16 (flat 2)": the codes, the context encoder and its depth."""
+  codes = f' {fields["poly_codes"]}' if display_name == 'Poly-encoder' else ''
+  encoder = fields.get('context_encoder', 'flat') if display_name != 'Cross-encoder' else 'flat'
+  depth = f'{fields["query_layers"]}'
+  if encoder == 'mtn':
+    depth += f'Q+{fields["session_layers"]}S'
+  return f'{display_name}{codes} ({encoder} {depth})'
+
+
+def masked_mean(tokens: jax.Array, mask: jax.Array) -> jax.Array:
+  """tokens [..., L, d], mask bool [..., L] -> [..., d], the mean of the real tokens (0 for
+  none)."""
+  weights = mask.astype(tokens.dtype)
+  return (jnp.einsum('...ld,...l->...d', tokens, weights)
+          / jnp.maximum(weights.sum(-1, keepdims=True), 1))
+
+
+def _word_tables(cfg: RankerConfig):
+  if cfg.share_embeddings:
+    table = layers.WordEmbedding(cfg, name='word_embedding')
+    return table, table
+  return (layers.WordEmbedding(cfg, name='context_embedding'),
+          layers.WordEmbedding(cfg, name='candidate_embedding'))
+
+
+class DualEncoder(nn.Module):
+  """The Bi-encoder, or with `poly` the Poly-encoder (see the module docstring).
+
+  Entry points:
+    `contexts(queries [B, S, n])` -> [B, S, m, d] (m = 1 for the Bi-encoder);
+    `candidates(ids [..., n])` -> y_cand [..., d];
+    `score(contexts [..., m, d], candidates [..., C, d])` -> float32 [..., C], a pure function
+      of the two (no parameters), so that candidate vectors can be cached;
+    `__call__(batch)` -> {'contexts': [B, S, m, d], 'candidates': [B, S, d]}: every position's
+      context and every query as a candidate (what the in-batch loss scores).
+  """
+
+  config: RankerConfig
+  poly: bool = False
+
+  def setup(self):
+    cfg = self.config
+    context_table, candidate_table = _word_tables(cfg)
+    encoder_class = {'flat': transformer.FlatSessionEncoder,
+                     'mtn': mtn.MTNEncoder}[cfg.context_encoder]
+    self.context_encoder = encoder_class(cfg, context_table)
+    self.candidate_encoder = transformer.FlatSessionEncoder(cfg, candidate_table)
+    if self.poly:
+      self.codes = self.param('codes', nn.initializers.normal(stddev=cfg.d_model**-0.5),
+                              (cfg.poly_codes, cfg.d_model), jnp.float32)
+
+  def contexts(self, queries: jax.Array, *, train: bool = False) -> jax.Array:
+    """queries int32 [B, S, n] -> context vectors [B, S, m, d]: the mean token (Bi) or the m
+    codes' attention readouts (Poly) of each position's context."""
+    batch, num_queries, _ = queries.shape
+    memory = self.context_encoder(queries, train=train)
+    tokens, mask = memory['tokens'], memory['mask']  # [B*S, N, d], [B*S, N]
+    if not self.poly:
+      vectors = masked_mean(tokens, mask)[:, None]
+    else:
+      codes = self.codes.astype(tokens.dtype)
+      logits = jnp.einsum('md,rnd->rmn', codes, tokens) / jnp.sqrt(
+          jnp.asarray(self.config.d_model, tokens.dtype))
+      logits = jnp.where(mask[:, None, :], logits.astype(jnp.float32), -jnp.inf)
+      # A context of no tokens (a padding row) gets all-zero weights rather than NaN.
+      weights = jnp.nan_to_num(jax.nn.softmax(logits, axis=-1))
+      vectors = jnp.einsum('rmn,rnd->rmd', weights.astype(tokens.dtype), tokens)
+    return vectors.reshape(batch, num_queries, vectors.shape[1], -1)
+
+  def candidates(self, ids: jax.Array, *, train: bool = False) -> jax.Array:
+    """ids int32 [..., n] -> y_cand [..., d]."""
+    lead, n = ids.shape[:-1], ids.shape[-1]
+    memory = self.candidate_encoder(ids.reshape(-1, 1, n), train=train)
+    return masked_mean(memory['tokens'], memory['mask']).reshape(lead + (-1,))
+
+  def score(self, contexts: jax.Array, candidates: jax.Array) -> jax.Array:
+    """contexts [..., m, d] x candidates [..., C, d] -> float32 scores [..., C]."""
+    return dual_scores(contexts, candidates, poly=self.poly)
+
+  def __call__(self, batch, *, train: bool = False) -> dict[str, jax.Array]:
+    queries = batch['queries']
+    return {'contexts': self.contexts(queries, train=train),
+            'candidates': self.candidates(queries, train=train)}
+
+
+def dual_scores(contexts: jax.Array, candidates: jax.Array, *, poly: bool) -> jax.Array:
+  """The Bi- or Poly-encoder's score of every candidate for every context.
+
+  Args:
+    contexts: [..., m, d] (m = 1 for the Bi-encoder).
+    candidates: [..., C, d], the same leading axes (or broadcastable to them).
+  Returns:
+    float32 [..., C]: y_ctx . y_cand, y_ctx attended by each candidate for the Poly-encoder.
+  """
+  per_code = jnp.einsum('...md,...cd->...cm', contexts, candidates,
+                        preferred_element_type=jnp.float32)  # y_cand . y_ctx^i
+  if not poly:
+    return per_code[..., 0]
+  # s = (sum_i w_i y_ctx^i) . y_cand = sum_i w_i (y_ctx^i . y_cand): the weighted context
+  # vector is never built, so scoring C candidates costs [C, m] dot products and no [C, d].
+  weights = jax.nn.softmax(per_code / jnp.sqrt(float(contexts.shape[-1])), axis=-1)
+  return (weights * per_code).sum(-1)
+
+
+def cross_inputs(queries: jax.Array, candidates: jax.Array) -> tuple[jax.Array, jax.Array,
+                                                                      jax.Array]:
+  """The Cross-encoder's joint inputs: each position's context, `<sep>`, one candidate.
+
+  Args:
+    queries: int32 [B, S, n] the sessions.
+    candidates: int32 [B, S, K, n], K candidates after each position.
+  Returns:
+    tokens int32 [B*S*K, J], J = S*(n+1) + n (the flat source, then `<sep>` and the
+      candidate, with padding gaps between them); positions int32 [B*S*K, J] numbering the
+      real tokens 0, 1, 2, ... as a compacted sequence would; the column of the `<sep>`
+      before the candidate int32 [B*S*K].
+  """
+  batch, num_queries, num_candidates, n = candidates.shape
+  sources, lengths = session_sources(queries)  # [B*S, L], [B*S]
+  width = sources.shape[-1]
+  sources = jnp.repeat(sources, num_candidates, axis=0)  # [B*S*K, L]
+  lengths = jnp.repeat(lengths, num_candidates, axis=0)
+  flat_candidates = candidates.reshape(-1, n)
+  separator = jnp.full((flat_candidates.shape[0], 1), SEP_ID, sources.dtype)
+  tokens = jnp.concatenate([sources, separator, flat_candidates.astype(sources.dtype)], -1)
+  # The separator sits right after the context's real tokens; positions count real tokens, so
+  # the gap of padding between context and separator changes nothing (attention is masked).
+  real = tokens != PAD_ID
+  positions = jnp.cumsum(real, axis=-1) - 1
+  return tokens, jnp.maximum(positions, 0).astype(jnp.int32), jnp.full_like(lengths, width)
+
+
+class CrossEncoder(nn.Module):
+  """The Cross-encoder (see the module docstring).
+
+  Entry point: `__call__(batch, candidates int32 [B, S, K, n])` -> float32 scores [B, S, K],
+  candidate k scored after queries 0..t of its session (t = its position).
+  """
+
+  config: RankerConfig
+
+  def setup(self):
+    cfg = self.config
+    self.embedding = layers.WordEmbedding(cfg, name='word_embedding')
+    self.embedding_dropout = Dropout(cfg.dropout)
+    self.positions = layers.PositionEncoding(
+        cfg, (cfg.max_session_queries + 1) * (cfg.max_query_words + 1),
+        '(config.model.max_session_queries + 1) * (config.data.max_query_words + 1)')
+    self.encoder = layers.LayerStack(cfg, cfg.query_layers)
+    self.score_layer = nn.Dense(1, dtype=cfg.dtype, param_dtype=jnp.float32, name='score')
+
+  def __call__(self, batch, candidates: jax.Array, *, train: bool = False) -> jax.Array:
+    queries = batch['queries']
+    lead = candidates.shape[:3]
+    tokens, positions, separator = cross_inputs(queries, candidates)
+    mask = tokens != PAD_ID
+    x = self.embedding(tokens) + self.positions(positions)
+    x = self.embedding_dropout(x, deterministic=not train)
+    x = self.encoder(x, layers.padding_mask(mask), train=train)
+    pair = jnp.take_along_axis(x, separator[:, None, None], axis=1)[:, 0]  # [B*S*K, d]
+    scores = self.score_layer(pair)[..., 0].astype(jnp.float32)
+    # A padding candidate (or a padding context) has no score to compete with.
+    return scores.reshape(lead)

@@ -1,0 +1,218 @@
+"""The Bi-, Poly- and Cross-encoders' tasks: how they learn, and how they score candidates.
+
+Both train as the poly-encoder paper does (Sec. 4.2-4.3): a cross-entropy whose logits are the
+scores of the true next query and of negatives, for every context of a session (position t
+predicts query t+1; a position whose next query is padding is no context).
+
+`DualEncoderTask` (Bi- and Poly-encoder): the negatives are the other real next queries of the
+batch, whose candidate vectors are computed anyway, so every context meets B*(S-1) - 1 of
+them at no extra encoding cost; larger batches give more. A negative with the same token ids
+as the context's true next query (the same query issued in another session, a frequent
+event in search logs: "google", "yahoo.com") is masked out rather than counted as a negative,
+since the model cannot and should not rank a text below itself; nor is it a second positive,
+which would make the loss depend on how often a query repeats within a batch. With
+data-parallel groups (`groups`) the negatives of a context are those of its group, so no
+candidate vector crosses devices.
+
+`CrossEncoderTask`: the pair must be encoded jointly, so in-batch candidates bring no saving;
+each context meets `cross_negatives` entries drawn uniformly from the candidate pool with the
+step's key (a fixed key in evaluation, so validation figures compare across checkpoints),
+those equal to the true next query masked as above.
+
+Validation figures (`RankingTask.summarize`): the cross-entropy per context among the same
+candidates, and how often the true next query scores first ('accuracy'); 'tokens' and
+'pairs' count the contexts.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Mapping
+
+import jax
+import jax.numpy as jnp
+import ml_collections
+import numpy as np
+
+from mtn_jax import tasks
+from mtn_jax.data import candidates as candidate_pool
+from mtn_jax.data.vocab import PAD_ID
+from mtn_jax.models import polyencoder
+from mtn_jax.models.base import ModelConfig
+
+# Rows encoded at a time when the pool's candidate vectors are made, and the largest
+# [contexts, candidates, codes] block of Poly-encoder scores held at once when scoring it.
+ENCODE_CHUNK = 1024
+SCORE_BLOCK = 1 << 24
+
+
+def softmax_losses(logits: jax.Array, valid: jax.Array) -> dict[str, jax.Array]:
+  """The loss sums of contexts that score their candidates, the true one in column 0.
+
+  Args:
+    logits: float32 [..., K], -inf for candidates masked out.
+    valid: bool [...], the real contexts.
+  Returns:
+    'loss' = 'nll' (the cross-entropy, summed), 'correct' (contexts whose true next query
+    scores first; a tie counts as correct), 'tokens' = 'pairs' (contexts).
+  """
+  nll = jax.nn.logsumexp(logits, axis=-1) - logits[..., 0]
+  correct = logits[..., 0] >= logits.max(-1)
+  weight = valid.astype(jnp.float32)
+  total = (jnp.where(valid, nll, 0.0)).sum()
+  return {'loss': total, 'nll': total, 'correct': (correct * weight).sum(),
+          'tokens': weight.sum(), 'pairs': weight.sum()}
+
+
+def same_query(a: jax.Array, b: jax.Array) -> jax.Array:
+  """bool: token ids a [..., n] and b [..., n] (broadcast) are the same query."""
+  return (a == b).all(-1)
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class DualEncoderTask(tasks.RankingTask):
+  """The Bi-encoder (`poly_codes` unused) or the Poly-encoder: see the module docstring."""
+
+  @classmethod
+  def from_config(cls, cfg: ModelConfig, train: ml_collections.ConfigDict,
+                  data_dir: str | None = None) -> DualEncoderTask:
+    del train, data_dir  # the negatives are the batch's own next queries
+    return cls(cfg)
+
+  @property
+  def input_keys(self) -> tuple[str, ...]:
+    return ('queries',)
+
+  @property
+  def poly(self) -> bool:
+    return self.model.poly
+
+  def contexts(self, params, queries: jax.Array) -> jax.Array:
+    """queries int32 [B, S, n] -> the contexts of positions 0..S-2 [B, S-1, m, d]."""
+    return self.model.apply({'params': params}, queries[:, :-1], method='contexts')
+
+  def loss_sums(self, params, batch: Mapping[str, jax.Array], *, train: bool, rngs=None,
+                groups: int = 1) -> dict[str, jax.Array]:
+    """In-batch negatives within each of `groups` data-parallel groups (module docstring)."""
+    queries = batch['queries']
+    if queries.shape[0] % groups:
+      raise ValueError(f'a batch of {queries.shape[0]} sessions does not split into {groups} '
+                       'data-parallel groups')
+    next_queries = queries[:, 1:]  # [B, P, n]
+
+    def encode(module):
+      # Position t's context reads queries 0..t, so the last query is no context; the first
+      # is no one's next query.
+      return (module.contexts(queries[:, :-1], train=train),
+              module.candidates(next_queries, train=train))
+
+    contexts, targets = self.model.apply({'params': params}, rngs=rngs if train else None,
+                                         method=encode)
+    contexts = contexts.reshape((groups, -1) + contexts.shape[2:])  # [G, N, m, d]
+    targets = targets.reshape(groups, -1, targets.shape[-1])  # [G, N, d]
+    ids = next_queries.reshape(groups, -1, next_queries.shape[-1])  # [G, N, n]
+    real = (ids != PAD_ID).any(-1)  # [G, N]
+    # logits[g, i, j]: context i against the next query of context j, both of group g.
+    logits = polyencoder.dual_scores(contexts, targets[:, None], poly=self.poly)
+    count = ids.shape[1]
+    own = jnp.eye(count, dtype=bool)
+    negative = real[:, None, :] & ~own & ~same_query(ids[:, :, None], ids[:, None, :])
+    positive = jnp.diagonal(logits, axis1=1, axis2=2)[..., None]  # [G, N, 1]
+    others = jnp.where(negative, logits, -jnp.inf)
+    return softmax_losses(jnp.concatenate([positive, others], axis=-1), real)
+
+  def encode_candidates(self, params, candidates: jax.Array) -> jax.Array:
+    """candidates int32 [C, n] -> y_cand float32 [C, d], `ENCODE_CHUNK` rows at a time."""
+    encode = lambda ids: self.model.apply({'params': params}, ids, method='candidates')
+    return jax.lax.map(encode, candidates, batch_size=ENCODE_CHUNK).astype(jnp.float32)
+
+  def score_pool(self, params, batch: Mapping[str, jax.Array], cache: jax.Array) -> jax.Array:
+    """float32 [B, S-1, C]: every cached candidate (y_cand [C, d]) after each position.
+
+    The Poly-encoder's scores pass through a [B, S-1, C, m] block; candidates are taken in
+    chunks that keep it under `SCORE_BLOCK` elements.
+    """
+    contexts = self.contexts(params, batch['queries'])  # [B, P, m, d]
+    cache = cache.astype(contexts.dtype)
+    if not self.poly:
+      return polyencoder.dual_scores(contexts, cache, poly=False)
+    num_contexts = math.prod(contexts.shape[:2])
+    num_candidates = cache.shape[0]
+    chunk = max(1, min(num_candidates, SCORE_BLOCK // (num_contexts * contexts.shape[2])))
+    blocks = -(-num_candidates // chunk)
+    padded = jnp.pad(cache, ((0, blocks * chunk - num_candidates), (0, 0)))
+    scores = jax.lax.map(lambda block: polyencoder.dual_scores(contexts, block, poly=True),
+                         padded.reshape(blocks, chunk, -1))  # [blocks, B, P, chunk]
+    scores = jnp.moveaxis(scores, 0, 2).reshape(contexts.shape[:2] + (-1,))
+    return scores[..., :num_candidates]
+
+  def score_candidates(self, params, batch: Mapping[str, jax.Array],
+                       candidates: jax.Array) -> jax.Array:
+    """candidates int32 [B, S-1, K, n] -> float32 [B, S-1, K]."""
+    contexts = self.contexts(params, batch['queries'])
+    vectors = self.model.apply({'params': params}, candidates, method='candidates')
+    return polyencoder.dual_scores(contexts, vectors, poly=self.poly)
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class CrossEncoderTask(tasks.RankingTask):
+  """The Cross-encoder: see the module docstring.
+
+  Attributes:
+    pool_queries: int32 [C, n] the candidate pool's token ids, where negatives come from.
+  """
+
+  pool_queries: np.ndarray | None = None
+
+  # Nothing of a candidate can be computed without its context: no cache, no pool scoring
+  # (it reranks the candidates of another ranker, or given ones).
+  score_pool = None
+
+  @classmethod
+  def from_config(cls, cfg: ModelConfig, train: ml_collections.ConfigDict,
+                  data_dir: str | None = None) -> CrossEncoderTask:
+    del train
+    if data_dir is None:
+      raise ValueError('the Cross-encoder needs the corpus folder (its negatives come from '
+                       'the candidate pool)')
+    return cls(cfg, pool_queries=candidate_pool.load_pool(data_dir).queries)
+
+  @property
+  def input_keys(self) -> tuple[str, ...]:
+    return ('queries',)
+
+  def init_params(self, rng: jax.Array):
+    batch = self.example_batch()
+    return self.model.init({'params': rng}, batch, batch['queries'][:, :, None],
+                           train=False)['params']
+
+  def loss_sums(self, params, batch: Mapping[str, jax.Array], *, train: bool, rngs=None,
+                groups: int = 1) -> dict[str, jax.Array]:
+    """The true next query against `cross_negatives` pool entries, per context."""
+    del groups  # each context's loss is its own
+    queries = batch['queries']
+    next_queries = queries[:, 1:]  # [B, P, n]
+    # Evaluation draws with a fixed key: the same negatives for every checkpoint.
+    key = rngs['dropout'] if train else jax.random.PRNGKey(0)
+    sample_key, dropout_key = jax.random.split(key)
+    pool = jnp.asarray(self.pool_queries)
+    drawn = jax.random.randint(sample_key, next_queries.shape[:2] + (self.cfg.cross_negatives,),
+                               0, pool.shape[0])
+    negatives = pool[drawn]  # [B, P, K, n]
+    candidates = jnp.concatenate([next_queries[:, :, None], negatives], axis=2)
+    logits = self.model.apply({'params': params}, {'queries': queries[:, :-1]}, candidates,
+                              train=train, rngs={'dropout': dropout_key} if train else None)
+    duplicate = same_query(negatives, next_queries[:, :, None])
+    logits = logits.at[..., 1:].set(jnp.where(duplicate, -jnp.inf, logits[..., 1:]))
+    return softmax_losses(logits, (next_queries != PAD_ID).any(-1))
+
+  def encode_candidates(self, params, candidates: jax.Array) -> None:
+    del params, candidates
+    return None
+
+  def score_candidates(self, params, batch: Mapping[str, jax.Array],
+                       candidates: jax.Array) -> jax.Array:
+    """candidates int32 [B, S-1, K, n] -> float32 [B, S-1, K]."""
+    return self.model.apply({'params': params}, {'queries': batch['queries'][:, :-1]},
+                            candidates)

@@ -1,0 +1,223 @@
+"""Bi-, Poly- and Cross-encoders: the scores against their definitions, the Poly-encoder's
+reduction to the Bi-encoder, the in-batch and sampled losses computed by hand, the pool
+scoring against explicit candidates, the candidate cache, and training through the real
+command line (resumed bit for bit, evaluated in the paper's protocols)."""
+
+from __future__ import annotations
+
+import json
+import types
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from mtn_jax import ranking
+from mtn_jax import ranking_tasks
+from mtn_jax.data import candidates
+from mtn_jax.data.vocab import SEP_ID
+from mtn_jax.models import polyencoder
+from tests import cli
+
+N = 4  # tokens per query
+
+
+def ranker_config(name, **changes):
+  fields = dict(name=name, vocab_size=30, max_query_words=N, max_session_queries=6, emb_dim=8,
+                dropout=0.0, share_embeddings=False, tie_embeddings=False,
+                compute_dtype='float32', d_model=8, num_heads=2, ff_dim=16, query_layers=1,
+                decoder_layers=1, pre_norm=False, learned_positions=False, scan_layers=True,
+                remat='none', session_layers=1, num_levels=2, poly_codes=3)
+  return polyencoder.RankerConfig(**{**fields, **changes})
+
+
+def sessions(seed=0, batch=4, length=3):
+  """int32 [batch, length, N] with padding words, a padding query and a repeated query."""
+  rng = np.random.default_rng(seed)
+  queries = rng.integers(SEP_ID + 1, 30, size=(batch, length, N)).astype(np.int32)
+  queries[..., -1] = 0
+  queries[1, -1] = 0  # a padding query: position 1 of session 1 is no context
+  queries[2, 1] = queries[0, 1]  # the same next query after two contexts
+  return queries
+
+
+def dual_task(name, context_encoder='flat', **changes):
+  task = ranking_tasks.DualEncoderTask(ranker_config(name, context_encoder=context_encoder,
+                                                     **changes))
+  return task, task.init_params(jax.random.PRNGKey(0))
+
+
+@pytest.mark.parametrize('context_encoder', ['flat', 'mtn'])
+def test_bi_encoder_score_is_the_dot_product_of_mean_token_vectors(context_encoder):
+  task, params = dual_task('biencoder', context_encoder)
+  queries = sessions()
+  model, variables = task.model, {'params': params}
+  memory = model.apply(variables, queries[:, :-1],
+                       method=lambda m, q: m.context_encoder(q))
+  mask = np.asarray(memory['mask'])[..., None]
+  context = (np.asarray(memory['tokens']) * mask).sum(1) / np.maximum(mask.sum(1), 1)
+  context = context.reshape(4, 2, -1)
+  pool = queries.reshape(-1, N)
+  cand = model.apply(variables, pool[:, None],
+                     method=lambda m, ids: m.candidate_encoder(ids))
+  cmask = np.asarray(cand['mask'])[..., None]
+  vectors = (np.asarray(cand['tokens']) * cmask).sum(1) / np.maximum(cmask.sum(1), 1)
+  expected = np.einsum('bpd,cd->bpc', context, vectors)
+  cache = task.encode_candidates(params, jnp.asarray(pool))
+  np.testing.assert_allclose(cache, vectors, rtol=1e-5, atol=1e-6)
+  np.testing.assert_allclose(task.score_pool(params, {'queries': queries}, cache), expected,
+                             rtol=1e-5, atol=1e-5)
+
+
+def test_poly_encoder_with_one_zero_code_is_the_bi_encoder():
+  # A code of zeros attends uniformly over the context's tokens (its mean), and one code
+  # leaves the candidate nothing to choose between: the Bi-encoder's score, exactly.
+  bi, bi_params = dual_task('biencoder')
+  poly, poly_params = dual_task('polyencoder', poly_codes=1)
+  assert set(poly_params) == set(bi_params) | {'codes'}
+  params = {**bi_params, 'codes': jnp.zeros_like(poly_params['codes'])}
+  queries = sessions()
+  pool = jnp.asarray(queries.reshape(-1, N))
+  np.testing.assert_allclose(
+      poly.score_pool(params, {'queries': queries}, poly.encode_candidates(params, pool)),
+      bi.score_pool(bi_params, {'queries': queries}, bi.encode_candidates(bi_params, pool)),
+      rtol=1e-6, atol=1e-6)
+
+
+def test_poly_score_is_the_candidate_weighted_readout_of_the_codes():
+  rng = np.random.default_rng(3)
+  contexts = rng.normal(size=(2, 5, 8)).astype(np.float32)  # [B, m, d]
+  cands = rng.normal(size=(2, 7, 8)).astype(np.float32)  # [B, C, d]
+  scores = np.asarray(polyencoder.dual_scores(contexts, cands, poly=True))
+  for b in range(2):
+    for c in range(7):
+      logits = contexts[b] @ cands[b, c] / np.sqrt(8)
+      w = np.exp(logits - logits.max())
+      w /= w.sum()
+      np.testing.assert_allclose(scores[b, c], (w @ contexts[b]) @ cands[b, c], rtol=1e-5)
+
+
+@pytest.mark.parametrize('name', ['biencoder', 'polyencoder'])
+def test_pool_scores_equal_explicit_candidate_scores_in_any_chunking(name, monkeypatch):
+  task, params = dual_task(name, 'mtn')
+  queries = sessions()
+  pool = jnp.asarray(sessions(seed=5, batch=7).reshape(-1, N))  # 21 candidates
+  explicit = task.score_candidates(params, {'queries': queries},
+                                   jnp.broadcast_to(pool, (4, 2) + pool.shape))
+  # Blocks of 2 candidates (11 of them, the last padded) for the Poly-encoder's scores.
+  monkeypatch.setattr(ranking_tasks, 'SCORE_BLOCK', 2 * 8 * 3)
+  monkeypatch.setattr(ranking_tasks, 'ENCODE_CHUNK', 4)
+  np.testing.assert_allclose(
+      task.score_pool(params, {'queries': queries}, task.encode_candidates(params, pool)),
+      explicit, rtol=1e-5, atol=1e-5)
+
+
+def in_batch_loss_by_hand(contexts, targets, ids, poly):
+  """The in-batch cross-entropy of every real context, written out pair by pair."""
+  total, correct, count = 0.0, 0, 0
+  for i in range(len(ids)):
+    if not ids[i].any():
+      continue
+    count += 1
+    logits = [float(polyencoder.dual_scores(contexts[i], targets[i][None], poly=poly)[0])]
+    for j in range(len(ids)):
+      if j != i and ids[j].any() and not (ids[j] == ids[i]).all():
+        logits.append(float(polyencoder.dual_scores(contexts[i], targets[j][None],
+                                                    poly=poly)[0]))
+    logits = np.array(logits)
+    total += np.log(np.exp(logits - logits.max()).sum()) + logits.max() - logits[0]
+    correct += logits[0] >= logits.max()
+  return total, correct, count
+
+
+@pytest.mark.parametrize('name', ['biencoder', 'polyencoder'])
+@pytest.mark.parametrize('groups', [1, 2])
+def test_in_batch_loss_equals_a_hand_computation(name, groups):
+  task, params = dual_task(name)
+  queries = sessions()
+  sums = task.loss_sums(params, {'queries': queries}, train=False, groups=groups)
+  contexts = np.asarray(task.contexts(params, queries))  # [B, P, m, d]
+  targets = np.asarray(task.model.apply({'params': params}, queries[:, 1:],
+                                        method='candidates'))
+  total = correct = count = 0
+  # Each group's negatives are its own sessions' next queries.
+  for g in range(groups):
+    rows = slice(g * 4 // groups, (g + 1) * 4 // groups)
+    t, c, n = in_batch_loss_by_hand(contexts[rows].reshape(-1, *contexts.shape[2:]),
+                                    targets[rows].reshape(-1, targets.shape[-1]),
+                                    queries[rows, 1:].reshape(-1, N), task.poly)
+    total, correct, count = total + t, correct + c, count + n
+  assert count == 7 and float(sums['tokens']) == float(sums['pairs']) == count
+  np.testing.assert_allclose(float(sums['loss']), total, rtol=1e-5)
+  assert float(sums['correct']) == correct
+
+
+def test_cross_encoder_scores_the_joint_sequence_and_its_loss_masks_the_true_query():
+  cfg = ranker_config('crossencoder', cross_negatives=6)
+  queries = sessions()
+  pool = np.concatenate([queries[0, 1:2], sessions(seed=9).reshape(-1, N)[:5]])
+  task = ranking_tasks.CrossEncoderTask(cfg, pool_queries=pool)
+  params = task.init_params(jax.random.PRNGKey(0))
+  # The joint input of a context and a candidate: the session's words, <sep>, the candidate,
+  # numbered as one compacted sequence.
+  tokens, positions, separator = polyencoder.cross_inputs(
+      jnp.asarray(queries[:1, :2]), jnp.asarray(queries[:1, 1:2, None].repeat(2, 1)))
+  row = np.asarray(tokens)[0]  # position 0: q_0, <sep>, q_1
+  real = row[row != 0]
+  q0, q1 = queries[0, 0][queries[0, 0] > 0], queries[0, 1][queries[0, 1] > 0]
+  np.testing.assert_array_equal(real, np.concatenate([q0, [SEP_ID], q1]))
+  assert row[separator[0]] == SEP_ID and positions[0, separator[0]] == len(q0)
+  # The loss: the true next query against the drawn entries, those equal to it masked.
+  key = jax.random.PRNGKey(7)
+  sums = task.loss_sums(params, {'queries': queries}, train=True, rngs={'dropout': key})
+  sample_key, _ = jax.random.split(key)
+  drawn = np.asarray(jax.random.randint(sample_key, (4, 2, 6), 0, len(pool)))
+  scores = np.asarray(task.score_candidates(
+      params, {'queries': queries},
+      jnp.concatenate([queries[:, 1:, None], pool[drawn]], axis=2)))
+  total = 0.0
+  for b in range(4):
+    for p in range(2):
+      if not queries[b, p + 1].any():
+        continue
+      keep = [0] + [1 + k for k in range(6)
+                    if not (pool[drawn[b, p, k]] == queries[b, p + 1]).all()]
+      logits = scores[b, p, keep]
+      total += np.log(np.exp(logits - logits.max()).sum()) + logits.max() - logits[0]
+  assert (pool[drawn] == queries[:, 1:, None]).all(-1).any()  # the masking is exercised
+  np.testing.assert_allclose(float(sums['loss']), total, rtol=1e-5)
+
+
+def test_candidate_cache_round_trip_and_invalidation(tmp_path):
+  task, params = dual_task('polyencoder')
+  texts = ['a b', 'c', 'd e f']
+  pool = candidates.CandidatePool(queries=sessions()[0].copy(),
+                                  counts=np.array([3, 2, 1]), texts=texts)
+  trained = types.SimpleNamespace(task=task, params=params, cfg=task.cfg, step=5)
+  lines = []
+  log = lambda *args, **kwargs: lines.append(args[0])
+  first = ranking.candidate_cache(trained, pool, str(tmp_path), log=log)
+  assert len(lines) == 1  # computed and written
+  again = ranking.candidate_cache(trained, pool, str(tmp_path), log=log)
+  assert len(lines) == 1  # read back, not recomputed
+  np.testing.assert_array_equal(again, first)
+  assert again.dtype == np.float32 and again.shape == (3, 8)
+  # Another checkpoint, another pool: recomputed each time.
+  later = types.SimpleNamespace(task=task, params=jax.tree.map(lambda x: x + 1, params),
+                                cfg=task.cfg, step=6)
+  changed = ranking.candidate_cache(later, pool, str(tmp_path), log=log)
+  assert len(lines) == 2 and not np.allclose(changed, first)
+  other_pool = candidates.CandidatePool(queries=sessions(seed=1)[0].copy(),
+                                        counts=np.array([3, 2, 1]), texts=texts)
+  ranking.candidate_cache(later, other_pool, str(tmp_path), log=log)
+  assert len(lines) == 3
+  # Nothing of it is a pickle: the vectors load with pickling refused.
+  with np.load(tmp_path / 'candidate_cache' / 'vectors.npz', allow_pickle=False) as stored:
+    assert stored['leaf_0'].shape == (3, 8)
+
+
+def test_cross_encoder_has_no_cache_and_cannot_rank_the_whole_pool():
+  task = ranking_tasks.CrossEncoderTask(ranker_config('crossencoder'),
+                                        pool_queries=sessions()[0])
+  assert task.encode_candidates(None, None) is None and task.score_pool is None
