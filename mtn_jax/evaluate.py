@@ -54,6 +54,7 @@ from mtn_jax import models
 from mtn_jax import parallel
 from mtn_jax import ranking
 from mtn_jax import search
+from mtn_jax import strategies
 from mtn_jax import tasks
 from mtn_jax.data import preprocess
 from mtn_jax.data import sessions
@@ -63,6 +64,10 @@ from mtn_jax.models.base import context_batch
 # The suggesters that learn nothing from sessions, by their key in results.json['scores'].
 TRIVIAL_SUGGESTERS = {'repeat_previous': 'Repeat previous query',
                       'most_frequent_next': 'Most frequent next query (train)'}
+# Under config.suggest.strategy 'retrieve' or 'rerank', the sources it draws on, scored beside
+# it (`strategy_suggestions`).
+STRATEGY_SOURCES = {'generate': 'Generate (the workdir\'s model)',
+                    'retrieve': 'Retrieve (the ranker\'s pool entries)'}
 NUM_SAMPLES = 50
 PROGRESS_SECONDS = 10.0  # at most one progress line per this many seconds
 
@@ -245,6 +250,77 @@ def decode_split(trained: inference.Trained, split: sessions.SessionSplit,
   return suggestions, top
 
 
+def strategy_suggestions(config: ml_collections.ConfigDict, workdir: str,
+                         trained: inference.Trained, split: sessions.SessionSplit,
+                         generated: list[list[str]], sample_pairs: np.ndarray, *, log=print
+                         ) -> tuple[dict[str, list[list[str]]], dict[int, list[dict]], dict]:
+  """The suggestions of `config.suggest.strategy` ('retrieve' or 'rerank',
+  `mtn_jax.strategies`) for every pair of `split`, in pair order.
+
+  Args:
+    trained, generated: the workdir's model and its suggestions [pairs] (for 'rerank', its
+      whole beam).
+    sample_pairs: the pairs whose scored lists are kept for samples.jsonl.
+  Returns:
+    ({'model': the strategy's lists, 'generate': `generated`, 'retrieve': the retriever's
+     lists where there is one}, {sample pair: [{'query', 'score'}] top_k},
+     {'strategy': its settings and label, and for 'retrieve' the ranker's 'pool' figures}).
+  """
+  s, dc = config.suggest, config.decode
+  rankers = strategies.Rankers.load(config, workdir, trained.vocab, log=log)
+  queries_per_batch = dc.batch_sessions * config.data.max_session_queries
+  lists = {'generate': generated}
+  extra = {}
+  if rankers.retriever is not None:
+    # 'retrieve' keeps enough entries for the user-facing protocol, as a ranker's eval does.
+    k = (metrics.RANKING_CUTOFF + config.data.max_session_queries if s.strategy == 'retrieve'
+         else s.retrieved)
+    ranked = ranking.rank_split(rankers.retriever.trained, split, rankers.retriever_workdir,
+                                k=k, seed=config.seed, queries_per_batch=queries_per_batch,
+                                log=log)
+    lists['retrieve'] = ranked.suggestions
+  ranker_label = models.spec(rankers.ranker.cfg.name).label(rankers.ranker.meta['model'])
+  if s.strategy == 'retrieve':
+    lists['model'] = ranked.suggestions
+    top = {pair: [{'query': q, 'score': float(v)} for q, v in
+                  zip(ranked.suggestions[pair][:dc.top_k], ranked.top_scores[pair])]
+           for pair in sample_pairs.tolist()}
+    extra['pool'] = ranked.figures()
+    label = f'{ranker_label} pool entries'
+  else:
+    generator_label = models.spec(trained.cfg.name).label(trained.meta['model'])
+    retriever_label = ('' if rankers.retriever is None else ' + ' + models.spec(
+        rankers.retriever.trained.cfg.name).label(rankers.retriever.trained.meta['model'])
+                       + f' top {s.retrieved}')
+    label = (f'{generator_label} beam {dc.beam_size}{retriever_label} + session queries, '
+             f'scored by {ranker_label}')
+    first_pair = np.cumsum(split.lengths - 1) - (split.lengths - 1)
+    # Each session's contexts: its queries but the last (which only ever is a reference).
+    contexts = [split.session_texts(i)[:-1] for i in range(split.num_sessions)]
+    per_session = lambda pairs: [[pairs[first_pair[i] + t] for t in range(len(queries))]
+                                 for i, queries in enumerate(contexts)]
+    started = time.time()
+    reranked = rankers.rerank(contexts, per_session(generated),
+                              per_session(lists['retrieve']) if 'retrieve' in lists else None,
+                              batch_rows=RERANK_SESSIONS)
+    by_pair = [ranked_list for session in reranked for ranked_list in session]
+    log(f'  reranked {len(by_pair):,} candidate lists in {time.time() - started:.1f} s',
+        flush=True)
+    lists['model'] = [[c['query'] for c in ranked_list] for ranked_list in by_pair]
+    top = {pair: by_pair[pair][:dc.top_k] for pair in sample_pairs.tolist()}
+  extra['strategy'] = {'strategy': s.strategy, 'label': label,
+                       'ranker_workdir': os.path.abspath(s.ranker_workdir),
+                       'retriever_workdir': (rankers.retriever_workdir
+                                             if rankers.retriever is not None else None),
+                       'retrieved': s.retrieved}
+  return {'model': lists.pop('model'), **lists}, top, extra
+
+
+# Sessions whose candidate lists are scored at a time in reranking: a Cross-encoder encodes
+# sessions x positions x candidates joint sequences at once.
+RERANK_SESSIONS = 16
+
+
 # ---------------------------------------------------------------------------------------------
 # The mode
 
@@ -308,7 +384,15 @@ def evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict:
   decode_start = time.time()
   extra = {}
   queries_per_batch = dc.batch_sessions * config.data.max_session_queries
-  if isinstance(trained.task, tasks.RankingTask):
+  strategy = config.suggest.strategy
+  if isinstance(trained.task, tasks.RankingTask) and trained.task.score_pool is None:
+    # A Cross-encoder cannot score the whole pool: the sampled protocols alone; it suggests
+    # only by reranking (config.suggest.strategy='rerank').
+    ranked = ranking.rank_sampled(trained, test, workdir, seed=config.seed,
+                                  queries_per_batch=dc.batch_sessions, log=log)
+    model_suggestions, top = ranked.suggestions, {p: [] for p in sample_pairs.tolist()}
+    extra['pool'] = ranked.figures()
+  elif isinstance(trained.task, tasks.RankingTask):
     # Enough entries that the user-facing protocol, which drops the session's own queries,
     # still has a full list.
     ranked = ranking.rank_split(
@@ -322,13 +406,22 @@ def evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict:
   else:
     ranked = None
     model_suggestions, top = decode_split(
-        trained, test, settings, keep_top_for=sample_pairs, log=log,
+        trained, test,
+        # Reranking orders the whole beam.
+        dataclasses.replace(settings, top_k=dc.beam_size) if strategy == 'rerank'
+        else settings, keep_top_for=sample_pairs, log=log,
         queries_per_batch=queries_per_batch)
+  suggestions = {'model': model_suggestions}
+  if strategy != 'generate':
+    suggestions, top, strategy_extra = strategy_suggestions(
+        config, workdir, trained, test, model_suggestions, sample_pairs, log=log)
+    extra.update(strategy_extra)
   decode_seconds = time.time() - decode_start
 
-  suggestions = {'model': model_suggestions,
-                 'repeat_previous': [[p] for p in repeat_previous(previous)],
-                 'most_frequent_next': most_frequent_next_lists(train, previous)}
+  suggestions.update({'repeat_previous': [[p] for p in repeat_previous(previous)],
+                      'most_frequent_next': most_frequent_next_lists(train, previous)})
+  if not any(model_suggestions):  # a Cross-encoder's own evaluation: no suggestions
+    del suggestions['model']
   protocols = {'scores': score_suggesters(suggestions, references, contexts,
                                           exclude_session=False),
                'scores_excluding_session': score_suggesters(
@@ -361,7 +454,11 @@ def evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict:
   log(f'{test.num_pairs:,} suggestions in {decode_seconds:.1f} s '
       f'({results["suggestions_per_s"]:.1f}/s on {results["devices"]}).')
   log(f'Model size: {results["size_mb"]:.2f} MB (fp32), {results["num_params"]:,} parameters.')
-  labels = {'model': name, **TRIVIAL_SUGGESTERS}
+  if strategy != 'generate':
+    name = f'{strategy}: {extra["strategy"]["label"]}'
+  labels = {key: label for key, label in
+            {'model': name, **STRATEGY_SOURCES, **TRIVIAL_SUGGESTERS}.items()
+            if key in suggestions}
   width = max(len(n) for n in labels.values())
   for protocol, heading in (('scores', 'All suggestions'),
                             ('scores_excluding_session',
@@ -389,11 +486,12 @@ def evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict:
     os.makedirs(eval_dir, exist_ok=True)
     samples = []
     for pair in sample_pairs.tolist():
-      ranked = model_suggestions[pair]
+      ranked = suggestions.get('model', model_suggestions)[pair]
       samples.append({'session': int(session[pair]), 'position': int(position[pair]),
                       'context': contexts[pair], 'predicted': ranked[0] if ranked else '',
                       'actual': references[pair], 'suggestions': top[pair]})
-    prefix = '' if split_name == 'test' else f'{split_name}_'
+    prefix = ('' if split_name == 'test' else f'{split_name}_') + (
+        '' if strategy == 'generate' else f'{strategy}_')
     _write_atomically(os.path.join(eval_dir, f'{prefix}samples.jsonl'),
                       ''.join(json.dumps(s, ensure_ascii=False) + '\n' for s in samples))
     results_path = os.path.join(eval_dir, f'{prefix}results.json')
@@ -404,7 +502,8 @@ def evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict:
 
 def pool_line(figures: dict) -> str:
   """'MRR 5.1, R@10 12.0, R@1/20 40.2, R@1/100 21.0 (700 of 734 next queries in the pool)'."""
-  parts = [f'MRR {figures["mrr"]:.1f}', f'R@10 {figures["recall_at_10"]:.1f}']
+  parts = ([f'MRR {figures["mrr"]:.1f}', f'R@10 {figures["recall_at_10"]:.1f}']
+           if 'mrr' in figures else [])
   parts += [f'R@1/{n} {figures[f"r1_of_{n}"]:.1f}' for n in ranking.SAMPLED_PROTOCOLS
             if f'r1_of_{n}' in figures]
   return (', '.join(parts) + f' ({figures["pairs_in_pool"]:,} of {figures["pairs"]:,} next '
@@ -419,9 +518,10 @@ def history_groups(split: sessions.SessionSplit, suggestions: dict[str, list[lis
                    references: Sequence[str], contexts: Sequence[Sequence[str]],
                    ranked: ranking.SplitRanking | None) -> dict[str, dict]:
   """The figures of pairs whose user has at least `MIN_HISTORY` earlier queries, of those
-  with fewer, and of pairs whose user has none (`split.history`), for every suggester; for a ranker the pool
-  figures too, and for a model with a zero-vector memory the mean weight on the zero vector,
-  apart for next queries that share a word with the user's history and those that do not."""
+  with fewer, and of pairs whose user has none (`split.history`), for every suggester; for
+  a ranker the pool figures too, and for a model with a zero-vector memory the mean weight
+  on the zero vector, apart for next queries that share a word with the user's history and
+  those that do not."""
   session, position = pair_session_positions(split)
   history = np.asarray(split.history)  # [S, M, n]
   lengths = (history != 0).any(-1).sum(-1)[session]

@@ -126,8 +126,9 @@ class SplitRanking:
     out = {'pairs': int(len(ranks)), 'pairs_in_pool': int(in_pool.sum())}
     if not len(ranks):
       return out
-    out['mrr'] = 100 * metrics.mean_reciprocal_rank(ranks)
-    out['recall_at_10'] = 100 * metrics.recall_at_k(ranks, 10)
+    if ranks.all():  # 0: a ranker that cannot score the whole pool (`rank_sampled`)
+      out['mrr'] = 100 * metrics.mean_reciprocal_rank(ranks)
+      out['recall_at_10'] = 100 * metrics.recall_at_k(ranks, 10)
     for column, size in enumerate(SAMPLED_PROTOCOLS):
       if in_pool.any():
         out[f'r1_of_{size}'] = 100 * metrics.recall_at_k(sampled[in_pool, column], 1)
@@ -216,6 +217,53 @@ def rank_split(trained, split: sessions.SessionSplit, workdir: str, *, k: int, s
   return SplitRanking(suggestions=[[pool.texts[i] for i in row] for row in top_ids.tolist()],
                       top_scores=top_scores, pool_ranks=pool_ranks, sampled_ranks=sampled,
                       zero_weight=zero_weight)
+
+
+@functools.partial(jax.jit, static_argnames=('task',))
+def _rank_sampled_batch(params, batch, candidates, *, task):
+  """The rank of column 0 (the logged next query) among its candidates [B, P, N, n], for
+  the first `size` columns of each sampled protocol: int [B, P, len(SAMPLED_PROTOCOLS)]."""
+  scores = task.score_candidates(params, batch, candidates)  # [B, P, N]
+  return jnp.stack([1 + (scores[..., 1:size] >= scores[..., :1]).sum(-1)
+                    for size in SAMPLED_PROTOCOLS], axis=-1)
+
+
+def rank_sampled(trained, split: sessions.SessionSplit, workdir: str, *, seed: int,
+                 queries_per_batch: int, log=print) -> SplitRanking:
+  """The sampled protocols alone (R@1/20, R@1/100), for a ranker that scores given
+  candidates but not the whole pool (a Cross-encoder): the logged next query and the same
+  seeded negatives as `rank_split` draws, scored by `task.score_candidates`. The full-pool
+  figures are left out (`pool_ranks` 0) and there are no suggestions."""
+  task = trained.task
+  pool = candidates.load_pool(preprocess.data_dir(workdir))
+  pool_ids = pool.ids_of(split.texts)
+  pairs_per_session = split.lengths - 1
+  first_pair = np.cumsum(pairs_per_session) - pairs_per_session
+  is_next = np.ones(len(pool_ids), bool)
+  is_next[split.starts[:-1]] = False
+  next_ids = pool_ids[is_next]
+  negatives = sampled_negatives(next_ids, len(pool), max(SAMPLED_PROTOCOLS) - 1, seed)
+  sampled = np.zeros((split.num_pairs, len(SAMPLED_PROTOCOLS)), np.int64)
+  started = time.time()
+  for batch in input_pipeline.make_eval_iterator(split, queries_per_batch=queries_per_batch):
+    session_ids = batch['session_ids']
+    real = session_ids >= 0
+    queries = batch['queries']
+    positions = queries.shape[1] - 1
+    pair_index = first_pair[np.maximum(session_ids, 0)][:, None] + np.arange(positions)
+    drawn = pool.queries[negatives[np.where(real[:, None], pair_index, 0)]]  # [B, P, N-1, n]
+    column = np.concatenate([queries[:, 1:, None], drawn], axis=2)
+    ranks = np.asarray(_rank_sampled_batch(trained.params, {'queries': queries}, column,
+                                           task=task))
+    # Only pairs whose next query is in the pool have a rank (as in `rank_split`).
+    in_pool = next_ids[np.where(real[:, None], pair_index, 0)] >= 0
+    sampled[pair_index[real]] = np.where(in_pool[..., None], ranks, 0)[real]
+  log(f'  scored the next query against {max(SAMPLED_PROTOCOLS) - 1} sampled negatives for '
+      f'{split.num_pairs:,} pairs in {time.time() - started:.1f} s', flush=True)
+  return SplitRanking(suggestions=[[] for _ in range(split.num_pairs)],
+                      top_scores=np.zeros((split.num_pairs, 0), np.float32),
+                      pool_ranks=np.zeros(split.num_pairs, np.int64), sampled_ranks=sampled,
+                      zero_weight=np.full(split.num_pairs, np.nan, np.float32))
 
 
 # ---------------------------------------------------------------------------------------------

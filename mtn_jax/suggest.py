@@ -54,6 +54,7 @@ from mtn_jax import inference
 from mtn_jax import personalisation
 from mtn_jax import ranking
 from mtn_jax import search
+from mtn_jax import strategies
 from mtn_jax import tasks
 from mtn_jax.data import aol_log
 from mtn_jax.data import extended
@@ -296,15 +297,22 @@ def ranker_inputs(retriever: ranking.Retriever, contexts: Sequence[Context], row
 def decode_contexts(trained: inference.Trained, contexts: Sequence[Context], *,
                     positions: str, batch_rows: int, settings: search.SearchSettings,
                     history_queries: int = 0, width: int | None = None,
-                    retriever: ranking.Retriever | None = None) -> list[list[list[dict]]]:
+                    retriever: ranking.Retriever | None = None,
+                    rankers: strategies.Rankers | None = None) -> list[list[list[dict]]]:
   """Suggestions for each context (in order) after each of its output positions.
 
   Contexts are sorted by length and decoded `batch_rows` at a time, each batch padded to its
   longest context (or to `width` queries, so that every batch has one shape): the models are
   causal over queries, so trailing padding queries change no earlier position. `positions`
   'last' decodes only each context's last query, 'all' every position (first_output onwards
-  are kept). A ranker (`retriever`) suggests pool entries; a generative model searches.
+  are kept). A ranker (`retriever`) suggests pool entries; a generative model searches;
+  with `rankers`, the generative beam, the retriever's entries and the session's queries
+  are reranked (`config.suggest.strategy='rerank'`, `mtn_jax.strategies`).
   """
+  if rankers is not None:
+    return _reranked(trained, contexts, positions=positions, batch_rows=batch_rows,
+                     settings=settings, history_queries=history_queries, width=width,
+                     rankers=rankers)
   n = trained.cfg.max_query_words
   order = sorted(range(len(contexts)), key=lambda i: len(contexts[i].queries))
   out: list[list[list[dict]] | None] = [None] * len(contexts)
@@ -336,6 +344,52 @@ def decode_contexts(trained: inference.Trained, contexts: Sequence[Context], *,
                                           settings, context.queries[:t + 1], copied)
                 for p, t in kept]
   return out
+
+
+def _reranked(trained: inference.Trained, contexts: Sequence[Context], *, positions: str,
+              batch_rows: int, settings: search.SearchSettings, history_queries: int,
+              width: int | None, rankers: strategies.Rankers) -> list[list[list[dict]]]:
+  """`decode_contexts` under the 'rerank' strategy: the top_k of the pooled candidates."""
+  whole_lists = dataclasses.replace(settings, exclude_session_queries=False)
+  common = dict(positions=positions, batch_rows=batch_rows, history_queries=history_queries,
+                width=width)
+  generated = decode_contexts(trained, contexts, **common,
+                              settings=dataclasses.replace(whole_lists,
+                                                           top_k=settings.beam_size))
+  retrieved = None
+  if rankers.retriever is not None:
+    retrieved = decode_contexts(rankers.retriever.trained, contexts, **common,
+                                settings=dataclasses.replace(whole_lists,
+                                                             top_k=rankers.retrieved),
+                                retriever=rankers.retriever)
+  # The lists of every position 0..len-1 of each context; only the output positions hold
+  # candidates.
+  firsts = [len(c.queries) - 1 if positions == 'last' else c.first_output for c in contexts]
+  full = lambda lists: [[[] for _ in range(first)] + [[s['query'] for s in at] for at in ranked]
+                        for first, ranked in zip(firsts, lists)]
+  reranked = rankers.rerank([c.queries for c in contexts], full(generated),
+                            None if retrieved is None else full(retrieved),
+                            batch_rows=batch_rows,
+                            exclude_session_queries=settings.exclude_session_queries)
+  return [[at[:settings.top_k] for at in ranked[first:]]
+          for first, ranked in zip(firsts, reranked)]
+
+
+def _strategy(config: ml_collections.ConfigDict, trained: inference.Trained, workdir: str
+              ) -> tuple[inference.Trained, ranking.Retriever | None,
+                         strategies.Rankers | None]:
+  """(the model that suggests, its retriever if it is a ranker, the rankers of 'rerank')
+  under `config.suggest.strategy`."""
+  strategy = config.suggest.strategy
+  if strategy == 'generate':
+    return trained, _retriever(trained, workdir), None
+  rankers = strategies.Rankers.load(config, workdir, trained.vocab)
+  if strategy == 'retrieve':
+    return rankers.retriever.trained, rankers.retriever, None
+  if isinstance(trained.task, tasks.RankingTask):
+    raise errors.Error(f'config.suggest.strategy=\'rerank\' reranks a generative model\'s '
+                       f'beam: {workdir} holds a {trained.cfg.name!r} ranker')
+  return trained, None, rankers
 
 
 def _retriever(trained: inference.Trained, workdir: str) -> ranking.Retriever | None:
@@ -419,8 +473,9 @@ def decode_file(config: ml_collections.ConfigDict, workdir: str) -> dict:
   else:
     contexts = read_sessions_file(dc.input, reader, strict=config.data.strict)
     positions = 'last'
-  retriever = _retriever(trained, workdir)
-  how = 'from the candidate pool' if retriever else f'beam {dc.beam_size}'
+  trained, retriever, rankers = _strategy(config, trained, workdir)
+  how = ('from the candidate pool' if retriever else
+         f'beam {dc.beam_size}, reranked' if rankers else f'beam {dc.beam_size}')
   print(f'Decoding {dc.input} ({"AOL-format log" if input_format == "raw" else "sessions"}) '
         f'with {trained.cfg.name} (checkpoint step {trained.step}), {how}, '
         f'top {dc.top_k}.', flush=True)
@@ -432,7 +487,7 @@ def decode_file(config: ml_collections.ConfigDict, workdir: str) -> dict:
       suggestions = decode_contexts(trained, chunk, positions=positions,
                                     batch_rows=dc.batch_sessions, settings=settings,
                                     history_queries=config.data.history_queries,
-                                    retriever=retriever)
+                                    retriever=retriever, rankers=rankers)
       for context, ranked in zip(chunk, suggestions):
         for record in _records(context, ranked):
           out.write(json.dumps(record, ensure_ascii=False) + '\n')
@@ -478,7 +533,7 @@ def interactive(config: ml_collections.ConfigDict, workdir: str, stdin: TextIO =
     stdout.write(text + '\n')
     stdout.flush()
 
-  retriever = _retriever(trained, workdir)
+  trained, retriever, rankers = _strategy(config, trained, workdir)
   say(f'{cfg.name} (checkpoint step {trained.step}, {len(trained.vocab):,} words). Type a '
       'query per line; an empty line starts a new session; end with Ctrl-D.')
   session: list[str] = []
@@ -505,7 +560,8 @@ def interactive(config: ml_collections.ConfigDict, workdir: str, stdin: TextIO =
     [[ranked]] = decode_contexts(trained, [context], positions='last', batch_rows=1,
                                  settings=settings,
                                  history_queries=config.data.history_queries,
-                                 width=cfg.max_session_queries, retriever=retriever)
+                                 width=cfg.max_session_queries, retriever=retriever,
+                                 rankers=rankers)
     unknown = reader.counts['oov_words'] - oov_before
     notes = [f'{unknown} word(s) outside the vocabulary read as <unk>'] if unknown else []
     if reader.counts['long_queries'] > long_before:

@@ -222,7 +222,8 @@ def test_interactive_suggestions_from_piped_stdin(mtn_run):
 
 def test_report_over_both_models(mtn_run, transformer_run, tmp_path):
   (mtn_dir, _), (transformer_dir, eval_result) = mtn_run, transformer_run
-  assert re.search(r'Transformer\s+' + BLEU_LINE, eval_result.stdout)
+  # The model's label carries its layer counts: 'Transformer (1Q enc, 1 dec)'.
+  assert re.search(r'Transformer \(1Q enc, 1 dec\)\s+' + BLEU_LINE, eval_result.stdout)
   out_dir = tmp_path / 'report'
   cli.run(mtn_dir, *RUN, *MTN, f'--config.report.workdirs={mtn_dir},{transformer_dir}',
           f'--config.report.output={out_dir}', mode='report')

@@ -162,7 +162,8 @@ def test_detect_format_names_a_binary_file_and_a_file_of_no_text(tmp_path):
 
 
 def data_config(gap=30.0):
-  return ml_collections.ConfigDict({'session_gap_minutes': gap, 'strict': False})
+  return ml_collections.ConfigDict({'session_gap_minutes': gap, 'strict': False,
+                                    'history_queries': 0})
 
 
 def test_raw_log_is_sessionized_with_references(tmp_path):

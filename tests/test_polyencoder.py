@@ -18,6 +18,7 @@ from mtn_jax import ranking_tasks
 from mtn_jax.data import candidates
 from mtn_jax.data.vocab import SEP_ID
 from mtn_jax.models import polyencoder
+from mtn_jax.models.base import session_sources
 from tests import cli
 
 N = 4  # tokens per query
@@ -161,13 +162,25 @@ def test_cross_encoder_scores_the_joint_sequence_and_its_loss_masks_the_true_que
   params = task.init_params(jax.random.PRNGKey(0))
   # The joint input of a context and a candidate: the session's words, <sep>, the candidate,
   # numbered as one compacted sequence.
-  tokens, positions, separator = polyencoder.cross_inputs(
-      jnp.asarray(queries[:1, :2]), jnp.asarray(queries[:1, 1:2, None].repeat(2, 1)))
-  row = np.asarray(tokens)[0]  # position 0: q_0, <sep>, q_1
+  sources, _ = session_sources(jnp.asarray(queries[:1, :2]))  # [2, L]
+  # Candidates q_1 and q_2 after each of the two positions: [2, 2, n].
+  tokens, positions = polyencoder.cross_inputs(
+      sources, jnp.broadcast_to(jnp.asarray(queries[0, 1:3]), (2, 2, N)))
+  row = np.asarray(tokens)[0]  # position 0, candidate 0: q_0, <sep>, q_1
   real = row[row != 0]
   q0, q1 = queries[0, 0][queries[0, 0] > 0], queries[0, 1][queries[0, 1] > 0]
   np.testing.assert_array_equal(real, np.concatenate([q0, [SEP_ID], q1]))
-  assert row[separator[0]] == SEP_ID and positions[0, separator[0]] == len(q0)
+  separator = sources.shape[-1]
+  assert row[separator] == SEP_ID and positions[0, separator] == len(q0)
+  np.testing.assert_array_equal(positions[0][row != 0], np.arange(len(real)))
+  # Scoring after the last query alone equals that position of the whole session's scores.
+  session = jnp.asarray(queries[:, :2])
+  cands = jnp.asarray(queries[:, 1:3])  # [B, 2, n]
+  whole = task.score_candidates(params, {'queries': queries[:, :3]},
+                                jnp.broadcast_to(cands[:, None], (4, 2, 2, N)))
+  np.testing.assert_allclose(
+      task.model.apply({'params': params}, session, cands, method='score_last'),
+      whole[:, 1], rtol=1e-5, atol=1e-5)
   # The loss: the true next query against the drawn entries, those equal to it masked.
   key = jax.random.PRNGKey(7)
   sums = task.loss_sums(params, {'queries': queries}, train=True, rngs={'dropout': key})

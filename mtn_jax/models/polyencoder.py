@@ -167,32 +167,24 @@ def dual_scores(contexts: jax.Array, candidates: jax.Array, *, poly: bool) -> ja
   return (weights * per_code).sum(-1)
 
 
-def cross_inputs(queries: jax.Array, candidates: jax.Array) -> tuple[jax.Array, jax.Array,
-                                                                      jax.Array]:
-  """The Cross-encoder's joint inputs: each position's context, `<sep>`, one candidate.
+def cross_inputs(sources: jax.Array, candidates: jax.Array) -> tuple[jax.Array, jax.Array]:
+  """The Cross-encoder's joint inputs: a context's flat source, `<sep>`, one candidate.
 
   Args:
-    queries: int32 [B, S, n] the sessions.
-    candidates: int32 [B, S, K, n], K candidates after each position.
+    sources: int32 [R, L] contexts as `session_sources` gives them (real tokens first).
+    candidates: int32 [R, K, n], K candidates after each context.
   Returns:
-    tokens int32 [B*S*K, J], J = S*(n+1) + n (the flat source, then `<sep>` and the
-      candidate, with padding gaps between them); positions int32 [B*S*K, J] numbering the
-      real tokens 0, 1, 2, ... as a compacted sequence would; the column of the `<sep>`
-      before the candidate int32 [B*S*K].
+    tokens int32 [R*K, L+1+n] (the source, its padding, `<sep>` at column L, the candidate)
+    and positions int32 [R*K, L+1+n] numbering the real tokens 0, 1, 2, ... as a compacted
+    sequence would: the gap of padding before `<sep>` changes nothing (attention is masked).
   """
-  batch, num_queries, num_candidates, n = candidates.shape
-  sources, lengths = session_sources(queries)  # [B*S, L], [B*S]
-  width = sources.shape[-1]
-  sources = jnp.repeat(sources, num_candidates, axis=0)  # [B*S*K, L]
-  lengths = jnp.repeat(lengths, num_candidates, axis=0)
-  flat_candidates = candidates.reshape(-1, n)
+  num_candidates, n = candidates.shape[1:]
+  sources = jnp.repeat(sources, num_candidates, axis=0)  # [R*K, L]
+  flat_candidates = candidates.reshape(-1, n).astype(sources.dtype)
   separator = jnp.full((flat_candidates.shape[0], 1), SEP_ID, sources.dtype)
-  tokens = jnp.concatenate([sources, separator, flat_candidates.astype(sources.dtype)], -1)
-  # The separator sits right after the context's real tokens; positions count real tokens, so
-  # the gap of padding between context and separator changes nothing (attention is masked).
-  real = tokens != PAD_ID
-  positions = jnp.cumsum(real, axis=-1) - 1
-  return tokens, jnp.maximum(positions, 0).astype(jnp.int32), jnp.full_like(lengths, width)
+  tokens = jnp.concatenate([sources, separator, flat_candidates], axis=-1)
+  positions = jnp.cumsum(tokens != PAD_ID, axis=-1) - 1
+  return tokens, jnp.maximum(positions, 0).astype(jnp.int32)
 
 
 class CrossEncoder(nn.Module):
@@ -215,14 +207,24 @@ class CrossEncoder(nn.Module):
     self.score_layer = nn.Dense(1, dtype=cfg.dtype, param_dtype=jnp.float32, name='score')
 
   def __call__(self, batch, candidates: jax.Array, *, train: bool = False) -> jax.Array:
-    queries = batch['queries']
-    lead = candidates.shape[:3]
-    tokens, positions, separator = cross_inputs(queries, candidates)
+    sources, _ = session_sources(batch['queries'])  # [B*S, L]
+    return self.score_pairs(sources, candidates.reshape((-1,) + candidates.shape[2:]),
+                            train=train).reshape(candidates.shape[:3])
+
+  def score_last(self, queries: jax.Array, candidates: jax.Array) -> jax.Array:
+    """queries int32 [B, S, n], candidates int32 [B, K, n] -> float32 [B, K]: the candidates
+    after each session's last query alone (no earlier position is encoded)."""
+    sources, _ = session_sources(queries)
+    last = sources.reshape(queries.shape[0], queries.shape[1], -1)[:, -1]
+    return self.score_pairs(last, candidates)
+
+  def score_pairs(self, sources: jax.Array, candidates: jax.Array, *,
+                  train: bool = False) -> jax.Array:
+    """sources int32 [R, L] (flat contexts), candidates int32 [R, K, n] -> float32 [R, K]."""
+    tokens, positions = cross_inputs(sources, candidates)
     mask = tokens != PAD_ID
     x = self.embedding(tokens) + self.positions(positions)
     x = self.embedding_dropout(x, deterministic=not train)
     x = self.encoder(x, layers.padding_mask(mask), train=train)
-    pair = jnp.take_along_axis(x, separator[:, None, None], axis=1)[:, 0]  # [B*S*K, d]
-    scores = self.score_layer(pair)[..., 0].astype(jnp.float32)
-    # A padding candidate (or a padding context) has no score to compete with.
-    return scores.reshape(lead)
+    pair = x[:, sources.shape[-1]]  # the <sep> before the candidate: [R*K, d]
+    return self.score_layer(pair)[..., 0].astype(jnp.float32).reshape(candidates.shape[:2])

@@ -1,0 +1,183 @@
+"""Suggestion strategies (`config.suggest.strategy`): generate, retrieve, or generate then rerank.
+
+- 'generate': the workdir's own model, as it is (a generative model's beam, or a ranker's
+  retrieved pool entries).
+- 'retrieve': the pool entries a trained Bi- or Poly-encoder (`config.suggest.ranker_workdir`)
+  retrieves (`mtn_jax.ranking`): real logged queries, never an unknown word.
+- 'rerank': for each context, the candidates of three sources pooled -- the workdir's
+  generative beam (every hypothesis, `config.decode.beam_size`), the `config.suggest.retrieved`
+  best pool entries of a retriever (`config.suggest.retriever_workdir`, by default the ranker
+  itself when it can score the pool), and the session's own queries so far (a user often
+  returns to one) -- then deduplicated by text, scored by the ranker
+  (`task.score_candidates`: a Bi-, Poly- or Cross-encoder) and sorted, best first. The
+  generator proposes words the pool has never seen, the retriever well-formed logged queries,
+  and the ranker, which reads the whole session against each candidate, decides.
+
+The rankers must read the workdir's vocabulary (the same corpus, preprocessed alike): a
+candidate is given to the ranker as token ids, and ids of another vocabulary would be other
+words. `Rankers.load` refuses a mismatch with a one-line error naming both workdirs.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import os
+from collections.abc import Sequence
+
+import jax
+import jax.numpy as jnp
+import ml_collections
+import numpy as np
+
+from mtn_jax import errors
+from mtn_jax import inference
+from mtn_jax import ranking
+from mtn_jax import tasks
+from mtn_jax.data.vocab import Vocab
+
+CANDIDATE_BUCKET = 8  # candidate lists are padded to a multiple of this (fewer compilations)
+
+
+@functools.partial(jax.jit, static_argnames=('task',))
+def _score(params, queries: jax.Array, candidates: jax.Array, *, task) -> jax.Array:
+  return task.score_candidates(params, {'queries': queries}, candidates)
+
+
+def _check_vocab(ranker: inference.Trained, vocab: Vocab, key: str, where: str,
+                 workdir: str) -> None:
+  if ranker.vocab.fingerprint != vocab.fingerprint or ranker.vocab.kind != vocab.kind:
+    raise errors.Error(
+        f'config.suggest.{key}={where}: its vocabulary ({len(ranker.vocab):,} '
+        f'{ranker.vocab.kind} tokens, fingerprint {ranker.vocab.fingerprint}) is not the one of '
+        f'{workdir} ({len(vocab):,} {vocab.kind} tokens, fingerprint {vocab.fingerprint}): '
+        'train the ranker on the same corpus, preprocessed with the same config.data')
+
+
+@dataclasses.dataclass
+class Rankers:
+  """The trained rankers a strategy uses.
+
+  Attributes:
+    ranker: scores candidates given by their words ('rerank'), and retrieves ('retrieve').
+    retriever: the pool entries added to the candidates ('rerank'); None where the ranker
+      cannot score the pool (a Cross-encoder) and no retriever is named.
+    retriever_workdir: where the retriever's pool and candidate cache are.
+    retrieved: the retriever's entries added to each context's candidates.
+  """
+
+  ranker: inference.Trained
+  retriever: ranking.Retriever | None
+  retriever_workdir: str
+  retrieved: int
+
+  @classmethod
+  def load(cls, config: ml_collections.ConfigDict, workdir: str, vocab: Vocab,
+           log=print) -> Rankers:
+    """The rankers `config.suggest` names, checked against `vocab` (the workdir's)."""
+    s = config.suggest
+    ranker = _load(config, s.ranker_workdir, 'ranker_workdir')
+    if getattr(ranker.task, 'score_candidates', None) is None:
+      raise errors.Error(f'config.suggest.ranker_workdir={s.ranker_workdir} holds a '
+                         f'{ranker.cfg.name!r} model, which cannot score given candidates: '
+                         'name a Bi-, Poly- or Cross-encoder run')
+    _check_vocab(ranker, vocab, 'ranker_workdir', s.ranker_workdir, workdir)
+    retriever_workdir = s.retriever_workdir or s.ranker_workdir
+    retriever_trained = (ranker if not s.retriever_workdir
+                         else _load(config, s.retriever_workdir, 'retriever_workdir'))
+    retriever = None
+    if getattr(retriever_trained.task, 'score_pool', None) is not None:
+      _check_vocab(retriever_trained, vocab, 'retriever_workdir', retriever_workdir, workdir)
+      retriever = ranking.Retriever(retriever_trained, retriever_workdir, log=log)
+    elif s.strategy == 'retrieve' or s.retriever_workdir:
+      raise errors.Error(f'config.suggest: {retriever_workdir} holds a '
+                         f'{retriever_trained.cfg.name!r} model, which cannot retrieve from the '
+                         'pool: name a Bi- or Poly-encoder run')
+    else:
+      log(f'Note: {s.ranker_workdir} cannot retrieve from the pool (a Cross-encoder): the '
+          'candidates are the beam and the session\'s queries (name a Bi- or Poly-encoder in '
+          'config.suggest.retriever_workdir to add pool entries).')
+    return cls(ranker, retriever, os.path.abspath(retriever_workdir), s.retrieved)
+
+  def score_lists(self, sessions_queries: Sequence[Sequence[str]],
+                  candidate_lists: Sequence[Sequence[Sequence[str]]], *,
+                  batch_rows: int) -> list[list[np.ndarray]]:
+    """The ranker's score of every candidate after every position.
+
+    Args:
+      sessions_queries: [R] each session's query texts, its positions 0..len-1.
+      candidate_lists: [R][t] the candidate texts after position t, for t < len(session).
+      batch_rows: sessions scored at a time.
+    Returns:
+      [R][t] float32 [len(candidate_lists[r][t])] scores.
+    """
+    trained = self.ranker
+    vocab, n = trained.vocab, trained.cfg.max_query_words
+    encode = lambda text: vocab.encode_text(text)[:n]
+    out = []
+    for start in range(0, len(sessions_queries), batch_rows):
+      group = range(start, min(start + batch_rows, len(sessions_queries)))
+      # One padding query after each session: the score after its last query is a position.
+      width = max(len(sessions_queries[r]) for r in group) + 1
+      most = max(len(c) for r in group for c in candidate_lists[r])
+      k = -(-max(most, 1) // CANDIDATE_BUCKET) * CANDIDATE_BUCKET
+      queries = np.zeros((batch_rows, width, n), np.int32)
+      cands = np.zeros((batch_rows, width - 1, k, n), np.int32)
+      for row, r in enumerate(group):
+        for t, text in enumerate(sessions_queries[r]):
+          ids = encode(text)
+          queries[row, t, :len(ids)] = ids
+        for t, texts in enumerate(candidate_lists[r]):
+          for j, text in enumerate(texts):
+            ids = encode(text)
+            cands[row, t, j, :len(ids)] = ids
+      scores = np.asarray(_score(trained.params, jnp.asarray(queries), jnp.asarray(cands),
+                                 task=trained.task))
+      for row, r in enumerate(group):
+        out.append([scores[row, t, :len(texts)] for t, texts in enumerate(candidate_lists[r])])
+    return out
+
+  def rerank(self, sessions_queries: Sequence[Sequence[str]],
+             generated: Sequence[Sequence[Sequence[str]]],
+             retrieved: Sequence[Sequence[Sequence[str]]] | None, *, batch_rows: int,
+             exclude_session_queries: bool = False) -> list[list[list[dict]]]:
+    """[R][t] every pooled candidate ({'query', 'score'}), best first.
+
+    Args:
+      sessions_queries: [R] each session's query texts.
+      generated, retrieved: [R][t] each source's candidates after position t (retrieved may
+        be None: no retriever).
+      exclude_session_queries: drop the candidates the session holds up to t.
+    """
+    pooled = []
+    for r, queries in enumerate(sessions_queries):
+      lists = []
+      for t in range(len(queries)):
+        sources = [generated[r][t], [] if retrieved is None else retrieved[r][t],
+                   list(queries[:t + 1])]
+        seen = set(queries[:t + 1]) if exclude_session_queries else set()
+        texts = [q for q in dict.fromkeys(q for source in sources for q in source)
+                 if q.strip() and q not in seen]
+        lists.append(texts)
+      pooled.append(lists)
+    scores = self.score_lists(sessions_queries, pooled, batch_rows=batch_rows)
+    out = []
+    for lists, session_scores in zip(pooled, scores):
+      per_position = []
+      for texts, values in zip(lists, session_scores):
+        # A stable sort: on a tie the generator's order stands.
+        order = np.argsort(-values, kind='stable')
+        per_position.append([{'query': texts[i], 'score': float(values[i])} for i in order])
+      out.append(per_position)
+    return out
+
+
+def _load(config: ml_collections.ConfigDict, workdir: str, key: str) -> inference.Trained:
+  if not os.path.isdir(workdir):
+    raise errors.Error(f'config.suggest.{key}={workdir}: no such folder (a trained ranker\'s '
+                       'workdir)')
+  trained = inference.load_trained(config, workdir, which='best')
+  if not isinstance(trained.task, tasks.RankingTask):
+    raise errors.Error(f'config.suggest.{key}={workdir} holds a {trained.cfg.name!r} model, '
+                       'not a ranker (a Bi-, Poly- or Cross-encoder)')
+  return trained
