@@ -83,6 +83,14 @@ def get_config(variant: str = '') -> ml_collections.ConfigDict:
   # too) into the output distribution (mtn_jax/models/copying.py).
   c.model.copy = False
   c.model.lstm_units = 256  # recurrent baselines: units per direction
+  # Iterative multi-document neural attention (name 'imdna', mtn_jax/models/imdna.py): GRU
+  # units per direction and inference state, inference steps T, the prediction network's
+  # hidden units (the slides' 128, 3, 4096); 'attention' (the model) or 'embeddings' (the
+  # supervised-embedding baseline, which reads no document).
+  c.model.state_dim = 128
+  c.model.inference_steps = 3
+  c.model.hidden_units = 4096
+  c.model.reader = 'attention'
   # MTN: a memory of the user's earlier queries (config.data.history_queries) as one more slot
   # the decoder attends to: 'none', 'attention' (AEM's eq. 9) or 'zero_attention' (ZAM's
   # eq. 11, which may attend to nothing). mtn_jax/models/user_memory.py.
@@ -166,4 +174,22 @@ def get_config(variant: str = '') -> ml_collections.ConfigDict:
   c.report = ml_collections.ConfigDict()
   c.report.workdirs = ''  # comma-separated workdirs for --mode=report
   c.report.output = ''  # default: <workdir>/report
+
+  # The generated movie knowledge base (data.source='movies', mtn_jax/data/movies.py).
+  c.movies = ml_collections.ConfigDict()
+  c.movies.num_movies = 1000
+  c.movies.num_users = 3000  # one recommendation question each
+  c.movies.seed = 0
+
+  # The IMDNA task (mtn_jax/imdna_task.py): 'qa' or 'recs' on the movie knowledge base, or
+  # 'aol' (a session corpus); K documents retrieved by BM25 (k1, b) per question; documents
+  # and questions cut to these many words; questions per batch.
+  c.imdna = ml_collections.ConfigDict()
+  c.imdna.task = 'qa'
+  c.imdna.num_documents = 30
+  c.imdna.max_document_words = 24
+  c.imdna.max_question_words = 16
+  c.imdna.batch_size = 32
+  c.imdna.bm25_k1 = 1.2
+  c.imdna.bm25_b = 0.75
   return c

@@ -34,6 +34,7 @@ from ml_collections import config_flags
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 # pylint: disable=g-import-not-at-top,wrong-import-position
+from launch import synthetic_batches
 from mtn_jax import inference
 from mtn_jax import models
 from mtn_jax import parallel
@@ -123,7 +124,8 @@ def main(argv):
       queries = (test_sessions(_WORKDIR.value, rng, batch, num_queries) if _WORKDIR.value
                  else random_sessions(rng, batch, num_queries, cfg.max_query_words,
                                       cfg.vocab_size))
-      inputs = {'queries': jax.device_put(queries)}
+      inputs = jax.device_put(synthetic_batches.model_inputs(task, queries,
+                                                             config.data.history_queries))
       settings = search.SearchSettings(beam_size=beam, max_len=dc.max_len,
                                        length_penalty=dc.length_penalty,
                                        emit_unk=dc.emit_unk, top_k=beam)

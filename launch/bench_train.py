@@ -77,7 +77,7 @@ from mtn_jax import tasks
 from mtn_jax import train
 from mtn_jax.data import preprocess
 from mtn_jax.data.sessions import SessionSplit
-from mtn_jax.data.vocab import SPECIAL_TOKENS
+from launch.synthetic_batches import model_inputs, synthetic_queries
 from mtn_jax.models.base import ModelConfig
 # pylint: enable=g-import-not-at-top,wrong-import-position
 
@@ -90,10 +90,6 @@ AOL_VOCAB_SIZE = 76_604
 # Sessions of 3 / 4 / 5 queries: 0.55 * 2 + 0.27 * 3 + 0.18 * 4 = 2.63 pairs per session, the
 # 4,285,507 / 1,628,433 of Table 1 (the paper gives no finer breakdown).
 SESSION_LENGTH_MIX = {3: 0.55, 4: 0.27, 5: 0.18}
-# P(a query has k = 1..10 words), from the queries of at most 10 words of the real 500-user
-# AOL sample (157k queries; mean 2.95 words).
-QUERY_WORDS_MIX = (0.2037, 0.2564, 0.2251, 0.1445, 0.0815, 0.0418, 0.0213, 0.0103, 0.0064,
-                   0.0033)
 # Dense bfloat16 peak FLOP/s per device, matched against `device_kind` in order. The MFU is
 # measured against it whatever the compute dtype, as is usual.
 PEAK_FLOPS = (
@@ -147,22 +143,6 @@ _JSON = flags.DEFINE_string('json', '', 'Also write the figures to this JSON fil
 
 # ---------------------------------------------------------------------------------------------
 # Synthetic AOL-shaped data
-
-
-def synthetic_queries(rng: np.random.Generator, shape: tuple[int, ...], max_words: int,
-                      vocab_size: int) -> np.ndarray:
-  """int32 [*shape, max_words]: queries of 1..max_words words in `QUERY_WORDS_MIX`, 0-padded.
-
-  Words are uniform over the ordinary ids (after the special tokens): which words appear
-  changes no cost of a step.
-  """
-  if vocab_size <= len(SPECIAL_TOKENS):
-    raise ValueError(f'--vocab_size must exceed the {len(SPECIAL_TOKENS)} special tokens, got '
-                     f'{vocab_size}')
-  mix = np.asarray(QUERY_WORDS_MIX[:max_words])
-  lengths = rng.choice(np.arange(1, len(mix) + 1), size=shape, p=mix / mix.sum())
-  words = rng.integers(len(SPECIAL_TOKENS), vocab_size, (*shape, max_words), np.int32)
-  return np.where(np.arange(max_words) < lengths[..., None], words, 0).astype(np.int32)
 
 
 def length_mix(lengths: list[int]) -> dict[int, float]:
@@ -276,8 +256,9 @@ def step_flops(model_cfg: ModelConfig, config: ml_collections.ConfigDict,
   def lowered_flops(chunk_tokens: int) -> float:
     step = jax.jit(step_function(dataclasses.replace(task, chunk_tokens=chunk_tokens),
                                  optimizer))
-    lowered = step.lower(abstract_state,
-                         {'queries': jax.ShapeDtypeStruct(queries.shape, jnp.int32)})
+    inputs = model_inputs(task, queries, config.data.history_queries)
+    lowered = step.lower(abstract_state, {k: jax.ShapeDtypeStruct(v.shape, jnp.int32)
+                                          for k, v in inputs.items()})
     return float(lowered.cost_analysis()['flops'])
 
   groups = mesh.size
@@ -311,6 +292,7 @@ class JaxStep:
 
   def __init__(self, config: ml_collections.ConfigDict, cfg: ModelConfig, seed: int):
     task = tasks.make_task(cfg, config.train)
+    self.task, self.history_queries = task, config.data.history_queries
     self.model = task.model
     self.mesh = parallel.make_mesh()
     optimizer = train.make_optimizer(config.train, config.model.d_model)
@@ -322,8 +304,10 @@ class JaxStep:
     self._compiled = {}
 
   def put(self, queries: np.ndarray) -> dict[str, jax.Array]:
-    """The batch dict of `queries` int32 [B, S, n], sharded over the devices."""
-    return parallel.shard_batch({'queries': queries}, self.mesh)
+    """The batch dict of `queries` int32 [B, S, n] (and what else the model reads:
+    `model_inputs`), sharded over the devices."""
+    return parallel.shard_batch(model_inputs(self.task, queries, self.history_queries),
+                                self.mesh)
 
   def compile(self, batch: dict[str, jax.Array]) -> float:
     """Compiles the step for this batch shape and runs it once; returns the compile seconds."""

@@ -28,8 +28,9 @@ def _positive(config, keys):
 def validate(config: ml_collections.ConfigDict, mode: str = 'all') -> None:
   """Raises ConfigError naming the first key whose value cannot work in `mode`."""
   d, m, t, i = config.data, config.model, config.train, config.input
-  if d.source not in ('aol', 'demo'):
-    raise ConfigError(f"config.data.source must be 'aol' or 'demo', got {d.source!r}")
+  if d.source not in ('aol', 'demo', 'movies'):
+    raise ConfigError(f"config.data.source must be 'aol', 'demo' or 'movies', "
+                      f'got {d.source!r}')
   if d.source == 'aol' and not d.raw_files and mode in ('all', 'preprocess', 'train'):
     raise ConfigError('config.data.raw_files is empty: pass --config.data.raw_files='
                       'PATH_OR_GLOB (AOL-format log files), or use configs/demo.py')

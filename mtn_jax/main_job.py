@@ -16,6 +16,7 @@ import ml_collections
 from mtn_jax import checkpoints
 from mtn_jax import evaluate
 from mtn_jax import report
+from mtn_jax import tasks
 from mtn_jax import train
 from mtn_jax.data import preprocess
 
@@ -45,6 +46,8 @@ def run_all(config: ml_collections.ConfigDict, workdir: str) -> dict:
   print('== Evaluation', flush=True)
   results = evaluate.evaluate(config, workdir)
   if jax.process_index() != 0:
+    return results
+  if hasattr(tasks.task_class(config.model), 'evaluate'):  # its own measures, no report
     return results
   samples = report.load_run(workdir).samples
   print_samples(samples)

@@ -28,6 +28,7 @@ import os
 import signal
 import threading
 import time
+from collections.abc import Callable, Iterable
 from typing import Any
 
 import flax
@@ -49,6 +50,7 @@ from mtn_jax import tasks
 from mtn_jax.data import candidates
 from mtn_jax.data import preprocess
 from mtn_jax.data import sessions
+from mtn_jax.data.vocab import Vocab
 from mtn_jax.models import layers
 from mtn_jax.models.base import ModelConfig
 
@@ -162,19 +164,78 @@ def make_steps(task: tasks.GenerationTask, optimizer, mesh):
 # Data
 
 
-def _device_batches(dataset, keys: tuple[str, ...], mesh, prefetch: int):
+def _device_batches(dataset, keys: tuple[str, ...], mesh, prefetch: int,
+                    examples_key: str = 'session_ids'):
   """An iterator of (the batch's `keys` as global arrays sharded on the mesh, its number of
-  real sessions), put on the devices `prefetch` batches ahead by a grain thread. Its state
-  is that of the batch last returned, so a checkpoint resumes after the batch the step took.
+  real examples: rows of `examples_key` >= 0), put on the devices `prefetch` batches ahead
+  by a grain thread. Its state is that of the batch last returned, so a checkpoint resumes
+  after the batch the step took.
 
   grain's thread prefetch, not a hand-written one: as fast within the noise, with the same
   exact resume (docs/PERFORMANCE.md, "Hand-written code against the library way").
   """
   def on_devices(batch):
     return (parallel.shard_batch({k: batch[k] for k in keys}, mesh),
-            int((batch['session_ids'] >= 0).sum()))
+            int((batch[examples_key] >= 0).sum()))
   return iter(grain.experimental.ThreadPrefetchIterDataset(
       dataset.map(on_devices), prefetch_buffer_size=max(prefetch, 1)))
+
+
+@dataclasses.dataclass(frozen=True)
+class TrainingData:
+  """What the loop trains and validates on, whichever task supplies it.
+
+  Attributes:
+    vocab: the words the model reads (its fingerprint goes into every checkpoint).
+    task: the task, built for the data's sizes.
+    train: endless training batches (numpy dicts, a grain dataset whose iterator state
+      resumes exactly), each with `examples_key` (int32 [batch], -1 on padding rows).
+    steps_per_epoch: global batches per pass over the training data.
+    valid_batches: () -> one pass over the validation batches, padded like `train`'s.
+    description: what the data holds, for the run's first log line.
+    examples_key: the batch key that marks real rows.
+  """
+
+  vocab: Vocab
+  task: Any
+  train: grain.IterDataset
+  steps_per_epoch: int
+  valid_batches: Callable[[], Iterable[dict]]
+  description: str
+  examples_key: str = 'session_ids'
+
+
+def training_data(config: ml_collections.ConfigDict, workdir: str) -> TrainingData:
+  """The run's data: the session corpus (`load_data`), or, for a task that brings its own
+  data (its class has `training_data`, e.g. `mtn_jax.imdna_task`), what that task makes."""
+  task_class = tasks.task_class(config.model)
+  if hasattr(task_class, 'training_data'):
+    return task_class.training_data(config, workdir)
+  vocab, splits = load_data(config, workdir)
+  train_split, valid_split = splits['train'], splits['valid']
+  if valid_split.num_sessions == 0:
+    raise errors.Error('the valid split is empty: model selection needs validation sessions '
+                       '(more data, or a larger config.data.split_fractions[1])')
+  data_dir = preprocess.data_dir(workdir)
+  task = tasks.make_task(model_config(config, vocab, train_split, data_dir), config.train,
+                         data_dir)
+  train = input_pipeline.make_train_dataset(
+      train_split, queries_per_batch=config.input.train_queries_per_batch,
+      seed=config.seed, multiple_of=jax.device_count(), process_index=jax.process_index(),
+      process_count=jax.process_count(), worker_count=config.input.worker_count,
+      per_query=task.per_query_inputs(train_split, vocab),
+      per_session=task.per_session_inputs(train_split))
+  valid_batches = functools.partial(
+      input_pipeline.make_eval_iterator, valid_split,
+      queries_per_batch=config.input.eval_queries_per_batch, multiple_of=jax.device_count(),
+      process_index=jax.process_index(), process_count=jax.process_count(),
+      per_query=task.per_query_inputs(valid_split, vocab),
+      per_session=task.per_session_inputs(valid_split))
+  steps = input_pipeline.steps_per_epoch(
+      train_split, config.input.train_queries_per_batch, jax.device_count())
+  return TrainingData(vocab, task, train, steps, valid_batches,
+                      f'{train_split.num_sessions:,} training sessions '
+                      f'({train_split.num_pairs:,} pairs)')
 
 
 def load_data(config: ml_collections.ConfigDict, workdir: str):
@@ -207,19 +268,14 @@ def model_config(config: ml_collections.ConfigDict, vocab, split,
   return models.make_config(config.model, **sizes)
 
 
-def evaluate_loss(params, split: sessions.SessionSplit, *, task: tasks.GenerationTask, mesh,
-                  queries_per_batch: int, eval_fn, per_query=None,
-                  per_session=None) -> dict[str, float]:
-  """The task's validation figures over a split (`GenerationTask.summarize`).
+def evaluate_loss(params, batches: Iterable[dict], *, task: tasks.GenerationTask, mesh,
+                  eval_fn) -> dict[str, float]:
+  """The task's validation figures over one pass of `batches` (`task.summarize`).
 
-  `eval_fn`: the jit-compiled eval step, (params, batch) -> sums (`make_steps`);
-  `per_query`, `per_session`: the split's `per_query_inputs` and `per_session_inputs`.
+  `eval_fn`: the jit-compiled eval step, (params, batch) -> sums (`make_steps`).
   """
   totals = None
-  for batch in input_pipeline.make_eval_iterator(
-      split, queries_per_batch=queries_per_batch, multiple_of=jax.device_count(),
-      process_index=jax.process_index(), process_count=jax.process_count(),
-      per_query=per_query, per_session=per_session):
+  for batch in batches:
     sums = eval_fn(params, parallel.shard_batch({k: batch[k] for k in task.input_keys}, mesh))
     totals = sums if totals is None else jax.tree.map(jnp.add, totals, sums)
   return task.summarize(jax.device_get(totals))
@@ -390,33 +446,18 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
   a checkpoint, else None) and 'interrupted' (whether it did).
   """
   workdir = os.path.abspath(workdir)
-  vocab, splits = load_data(config, workdir)
-  train_split, valid_split = splits['train'], splits['valid']
-  if valid_split.num_sessions == 0:
-    raise errors.Error('the valid split is empty: model selection needs validation sessions '
-                       '(more data, or a larger config.data.split_fractions[1])')
-  data_dir = preprocess.data_dir(workdir)
-  cfg = model_config(config, vocab, train_split, data_dir)
-  task = tasks.make_task(cfg, config.train, data_dir)
+  data = training_data(config, workdir)
+  vocab, task, steps_per_epoch = data.vocab, data.task, data.steps_per_epoch
+  cfg = task.cfg
   mesh = parallel.make_mesh()
   tc = config.train
   optimizer = make_optimizer(tc, config.model.d_model)
-  steps_per_epoch = input_pipeline.steps_per_epoch(
-      train_split, config.input.train_queries_per_batch, jax.device_count())
   total_steps = steps_per_epoch * tc.num_epochs
   if tc.max_steps > 0:
     total_steps = min(total_steps, tc.max_steps)
 
-  train_iter = _device_batches(
-      input_pipeline.make_train_dataset(
-          train_split, queries_per_batch=config.input.train_queries_per_batch,
-          seed=config.seed, multiple_of=jax.device_count(), process_index=jax.process_index(),
-          process_count=jax.process_count(), worker_count=config.input.worker_count,
-          per_query=task.per_query_inputs(train_split, vocab),
-          per_session=task.per_session_inputs(train_split)),
-      task.input_keys, mesh, config.input.prefetch_batches)
-  valid_inputs = {'per_query': task.per_query_inputs(valid_split, vocab),
-                  'per_session': task.per_session_inputs(valid_split)}
+  train_iter = _device_batches(data.train, task.input_keys, mesh,
+                               config.input.prefetch_batches, data.examples_key)
   manager = checkpoints.open_manager(workdir, keep=tc.keep_checkpoints)
   meta = _run_meta(config, cfg, vocab)
   log = print if jax.process_index() == 0 else (lambda *a, **k: None)
@@ -447,7 +488,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
 
   log(f'Model {cfg.name}: {models.count_params(state.params):,} parameters, '
       f'{models.size_mb(state.params):.1f} MB (fp32); vocabulary {len(vocab):,} words; '
-      f'{train_split.num_sessions:,} training sessions ({train_split.num_pairs:,} pairs); '
+      f'{data.description}; '
       f'{steps_per_epoch} steps per epoch on {jax.device_count()} device(s); '
       f'{total_steps} steps in all.')
 
@@ -481,7 +522,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
       while step < total_steps:
         batch, num_sessions = next(train_iter)
         iter_state = train_iter.get_state()
-        shape = batch['queries'].shape
+        shape = tuple((k, v.shape) for k, v in batch.items())
         called = time.time()
         state, sums = step_fn(state, batch)
         # A new batch shape compiles inside the call (running it is asynchronous).
@@ -493,13 +534,12 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
           monitor.write(step)
         if step % steps_per_epoch == 0 or step == total_steps:
           monitor.write(step)
-          valid = evaluate_loss(state.params, valid_split, task=task, mesh=mesh,
-                                queries_per_batch=config.input.eval_queries_per_batch,
-                                eval_fn=eval_fn, **valid_inputs)
+          valid = evaluate_loss(state.params, data.valid_batches(), task=task, mesh=mesh,
+                                eval_fn=eval_fn)
           writer.write(step, 'valid', valid)
           _record_validation(meta, step, valid)
           log(f'epoch {math.ceil(step / steps_per_epoch)}: validation loss '
-              f'{valid["loss"]:.4f}, perplexity {valid["perplexity"]:.2f} (best '
+              f'{valid["loss"]:.4f}, {_figures(valid)} (best '
               f'{meta["best_valid_loss"]:.4f} at step {meta["best_step"]})', flush=True)
           save(valid_loss=valid['loss'])
         elif _checkpoint_due(step, tc.checkpoint_every_steps) or stop.requested:
@@ -521,6 +561,14 @@ def _summary(step: int, total_steps: int, meta: dict, stopped_by: str | None) ->
   return {'step': step, 'total_steps': total_steps, 'best_step': meta['best_step'],
           'best_valid_loss': meta['best_valid_loss'], 'valid': meta['valid'],
           'stopped_by': stopped_by, 'interrupted': stopped_by is not None}
+
+
+def _figures(valid: dict[str, float]) -> str:
+  """The validation figures beside the loss: the perplexity where the task has one, else
+  each of the task's own."""
+  if 'perplexity' in valid:
+    return f'perplexity {valid["perplexity"]:.2f}'
+  return ', '.join(f'{k.replace("_", " ")} {v:.4f}' for k, v in valid.items() if k != 'loss')
 
 
 def _duration(seconds: float) -> str:

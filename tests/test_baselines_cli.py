@@ -49,6 +49,10 @@ VARIANTS = {
     'mnsrf_aol': ('', 'small'),
     'default': ('',),
     'demo': ('',),
+    'imdna_movies': ('', 'qa', 'recs', 'test', 'qa+embeddings', 'recs+embeddings'),
+    'imdna_aol': ('', 'embeddings'),
+    'polyencoder_aol': ('', 'small', 'poly64', 'poly360', 'bi', 'cross', 'demo', 'demo_bi',
+                        'demo_cross'),
     'zam_aol': ('', 'zam', 'aem', 'hem', 'qem', 'demo', 'mtn', 'mtn_aem', 'mtn_zam'),
 }
 # The configs that `launch/compare.sh` runs against each other.

@@ -95,6 +95,9 @@ def prepare(config: ml_collections.ConfigDict, workdir: str, verbose: bool = Fal
     EmptyCorpusError (a ValueError): the rules kept no session.
   """
   cfg = config.data
+  if cfg.source == 'movies':  # a generated knowledge base, not a log
+    from mtn_jax.data import movies  # pylint: disable=g-import-not-at-top
+    return movies.prepare(config, workdir, verbose)
   target = data_dir(workdir)
   paths = _input_paths(cfg, target)
   manifest = _manifest(cfg, paths)

@@ -23,6 +23,7 @@ from typing import Any
 import flax.linen as nn
 import jax.numpy as jnp
 
+from mtn_jax.models import imdna
 from mtn_jax.models import mtn
 from mtn_jax.models import polyencoder
 from mtn_jax.models import recurrent
@@ -93,6 +94,8 @@ REGISTRY: dict[str, ModelSpec] = {s.name: s for s in (
     ModelSpec('crossencoder', polyencoder.CrossEncoder, polyencoder.RankerConfig,
               'Cross-encoder', polyencoder.layer_label,
               task='mtn_jax.ranking_tasks.CrossEncoderTask'),
+    ModelSpec('imdna', imdna.create, imdna.IMDNAConfig, 'IMDNA',
+              task='mtn_jax.imdna_task.IMDNATask'),
 )}
 
 

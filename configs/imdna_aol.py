@@ -1,0 +1,42 @@
+"""Iterative multi-document neural attention on AOL sessions: the next query's words.
+
+python -m mtn_jax.main --config=configs/imdna_aol.py \
+    --config.data.raw_files=../shared/data/aol-sample/aol-500users.tsv.gz --workdir=/tmp/aol/imdna
+
+The question is the session so far; its documents are the K training sessions of other
+users BM25 finds most like it; the answers are the words of the logged next query, and the
+candidate next queries are those that follow in the retrieved sessions
+(`mtn_jax.imdna_task`). The corpus settings are `configs/aol.py:small`'s, so the splits are
+the ones MTN and the trivial suggesters are measured on. Variant '+embeddings': the
+supervised-embedding baseline on the same questions.
+"""
+
+from configs import aol
+
+
+def get_config(variant: str = ''):
+  if variant not in ('', 'embeddings'):
+    raise ValueError(f'configs/imdna_aol.py: unknown variant {variant!r} (known: embeddings)')
+  c = aol.get_config('small')
+  c.imdna.task = 'aol'
+  c.imdna.num_documents = 30  # K
+  c.imdna.max_document_words = 40  # a session of up to 5 queries and their <sep>s, cut
+  c.imdna.max_question_words = 40  # the session so far (its latest words kept)
+
+  c.model.name = 'imdna'
+  c.model.reader = variant or 'attention'
+  c.model.copy = False
+  c.model.emb_dim = 64
+  c.model.hidden_units = 1024  # the vocabulary is both input and output here
+  c.model.dropout = 0.1
+
+  c.train.num_epochs = 3
+  c.train.schedule = 'constant'
+  c.train.learning_rate = 1e-3
+  c.train.adam_b2 = 0.999
+  c.train.adam_eps = 1e-8
+  c.train.label_smoothing = 0.0
+  c.train.grad_clip_norm = 5.0
+  c.train.log_every_steps = 50
+  c.train.checkpoint_every_steps = 200
+  return c

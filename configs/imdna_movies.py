@@ -1,0 +1,59 @@
+"""Iterative multi-document neural attention on the generated movie knowledge base.
+
+python -m mtn_jax.main --config=configs/imdna_movies.py --workdir=/tmp/imdna_qa
+python -m mtn_jax.main --config=configs/imdna_movies.py:recs --workdir=/tmp/imdna_recs
+
+Variants: '' or 'qa' (factoid questions, HITS@1), 'recs' (recommendations, HITS@100);
+'+embeddings' after either trains the supervised-embedding baseline on the same data
+('qa+embeddings'); 'test' a tiny QA run for the tests. The slides' sizes where they give
+them: state 128, T = 3 inference steps, K = 30 documents, a 4,096-unit hidden layer.
+"""
+
+from configs import default
+
+_VARIANTS = ('', 'qa', 'recs', 'test')
+
+
+def get_config(variant: str = ''):
+  task, _, reader = variant.partition('+')
+  if task not in _VARIANTS or reader not in ('', 'embeddings'):
+    raise ValueError(f'configs/imdna_movies.py: unknown variant {variant!r} (known: qa, recs, '
+                     'test, each optionally +embeddings)')
+  c = default.get_config()
+  c.data.source = 'movies'
+  c.movies.num_movies = 1000
+  c.movies.num_users = 3000  # one Recs question each
+  c.movies.seed = 0
+  c.imdna.task = 'recs' if task == 'recs' else 'qa'
+  c.imdna.num_documents = 30  # K
+  c.imdna.max_document_words = 24  # a movie's document has at most 21 words
+  c.imdna.max_question_words = 16
+
+  c.model.name = 'imdna'
+  c.model.reader = reader or 'attention'
+  c.model.emb_dim = 64
+  c.model.dropout = 0.1
+
+  c.train.num_epochs = 8
+  c.train.schedule = 'constant'
+  c.train.learning_rate = 1e-3
+  c.train.adam_b2 = 0.999
+  c.train.adam_eps = 1e-8
+  c.train.label_smoothing = 0.0
+  c.train.grad_clip_norm = 5.0
+  c.train.log_every_steps = 50
+  c.train.checkpoint_every_steps = 200
+
+  if task == 'test':
+    c.movies.num_movies = 60
+    c.movies.num_users = 100
+    c.imdna.num_documents = 4
+    c.imdna.batch_size = 16
+    c.model.emb_dim = 8
+    c.model.state_dim = 8
+    c.model.inference_steps = 2
+    c.model.hidden_units = 16
+    c.train.num_epochs = 2
+    c.train.log_every_steps = 5
+    c.train.checkpoint_every_steps = 10
+  return c

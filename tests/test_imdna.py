@@ -1,0 +1,256 @@
+"""Iterative multi-document neural attention: the encoder's masking, the per-word
+accumulation, the movie generator, BM25 retrieval's cache, the answers' dependence on their
+documents, and training through the shared trainer (exact resume, evaluation)."""
+
+import functools
+import json
+import os
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import orbax.checkpoint as ocp
+import pytest
+
+from configs import imdna_movies
+from mtn_jax import checkpoints
+from mtn_jax import evaluate
+from mtn_jax import imdna_task
+from mtn_jax import retrieval
+from mtn_jax import train
+from mtn_jax.data import movies
+from mtn_jax.models import imdna
+from tests import cli
+
+
+def tiny_config(**model):
+  fields = dict(name='imdna', vocab_size=12, max_query_words=5, max_session_queries=16,
+                emb_dim=6, dropout=0.0, share_embeddings=False, tie_embeddings=False,
+                compute_dtype='float32', num_items=4, state_dim=5, inference_steps=2,
+                hidden_units=7)
+  fields.update(model)
+  return imdna.IMDNAConfig(**fields)
+
+
+# ---------------------------------------------------------------------------------------------
+# The model
+
+
+def test_gru_encoder_ignores_padding_whatever_it_holds_and_however_long():
+  encoder = imdna.BiGRUEncoder(4)
+  rng = np.random.default_rng(0)
+  embedded = jnp.asarray(rng.normal(size=(2, 5, 3)), jnp.float32)
+  lengths = jnp.array([3, 5])
+  params = jax.jit(encoder.init)(jax.random.PRNGKey(0), embedded, lengths)
+  apply = jax.jit(encoder.apply)
+  out = apply(params, embedded, lengths)
+  # Other values in the padding, and more padding: the real positions do not move.
+  noisy = embedded.at[0, 3:].set(100.0)
+  longer = jnp.concatenate([noisy, jnp.full((2, 4, 3), -7.0)], axis=1)
+  for other in (noisy, longer):
+    again = apply(params, other, lengths)
+    np.testing.assert_allclose(again[0, :3], out[0, :3], rtol=1e-6, atol=1e-6)
+    np.testing.assert_allclose(again[1, :5], out[1, :5], rtol=1e-6, atol=1e-6)
+  # The backward direction starts at each row's last real token, not at the padding: the
+  # backward half at the last real token has read that token alone.
+  alone = apply(params, embedded[:1, 2:3], jnp.array([1]))
+  np.testing.assert_allclose(out[0, 2, 4:], alone[0, 0, 4:], rtol=1e-6, atol=1e-6)
+
+
+def test_model_ignores_padded_questions_documents_and_missing_documents():
+  cfg = tiny_config()
+  model = imdna.create(cfg)
+  batch = {'question': jnp.array([[3, 4, 5, 0, 0]]),
+           'documents': jnp.array([[[6, 7, 8], [9, 3, 0]]])}
+  params = jax.jit(model.init)(jax.random.PRNGKey(1), batch)
+  read = jax.jit(functools.partial(model.apply, method='read'))
+  reading = read(params, batch)
+  padded = {'question': jnp.array([[3, 4, 5, 0, 0]]),
+            'documents': jnp.array([[[6, 7, 8, 0], [9, 3, 0, 0], [0, 0, 0, 0]]])}
+  again = read(params, padded)
+  np.testing.assert_allclose(again['logits'], reading['logits'], rtol=1e-5, atol=1e-6)
+  np.testing.assert_allclose(again['word_scores'], reading['word_scores'], rtol=1e-5,
+                             atol=1e-7)
+  attention = again['document_attention']  # [B, T, K, Ld]
+  assert attention.shape == (1, 2, 3, 4)
+  np.testing.assert_allclose(attention.sum((2, 3)), 1.0, rtol=1e-6)
+  assert float(jnp.abs(attention[0, :, 2]).sum()) == 0.0  # the missing document
+  assert float(jnp.abs(attention[0, :, :, 3]).sum()) == 0.0  # padding
+  np.testing.assert_allclose(again['query_attention'].sum(-1), 1.0, rtol=1e-6)
+
+
+def test_word_scores_match_a_hand_computation():
+  # Two documents stacked: [a b a pad | c a pad pad], a=5, b=6, c=7.
+  tokens = jnp.array([[5, 6, 5, 0, 7, 5, 0, 0]])
+  attention = jnp.array([[0.1, 0.2, 0.3, 0.0, 0.25, 0.15, 0.0, 0.0]])
+  z = imdna.word_scores(attention, tokens, vocab_size=9)
+  # score(w) = sum of phi(i, w) over documents / pi(w), pi(w) = w's occurrences.
+  expected = np.zeros(9)
+  expected[5] = (0.1 + 0.3 + 0.15) / 3
+  expected[6] = 0.2 / 1
+  expected[7] = 0.25 / 1
+  np.testing.assert_allclose(np.asarray(z[0]), expected, rtol=1e-6)
+
+
+def test_removing_the_document_that_holds_the_answer_removes_it_from_the_top():
+  """With a prediction network that passes each word's score to the answer naming it, the
+  answers are read off the documents: the answer whose document goes away drops out."""
+  vocab, answers = 12, 4
+  answer_words = np.array([8, 9, 10, 11])
+  cfg = tiny_config(vocab_size=vocab, num_items=answers, hidden_units=vocab)
+  model = imdna.create(cfg)
+  batch = {'question': jnp.array([[3, 4, 0, 0, 0]]),
+           'documents': jnp.array([[[3, 8, 5], [6, 7, 2], [4, 11, 0]]])}
+  params = jax.jit(model.init)(jax.random.PRNGKey(2), batch)['params']
+  read = jax.jit(functools.partial(model.apply, method='read'))
+  params['hidden'] = {'kernel': jnp.eye(vocab), 'bias': jnp.zeros(vocab)}
+  params['answers'] = {'kernel': jnp.eye(vocab)[:, answer_words],
+                       'bias': jnp.zeros(answers)}
+  reading = read({'params': params}, batch)
+  logits = np.asarray(reading['logits'][0])
+  z = np.asarray(reading['word_scores'][0])
+  np.testing.assert_allclose(logits, z[answer_words], rtol=1e-6)
+  top = set(np.flatnonzero(logits > 0))
+  assert top == {0, 3}  # words 8 and 11, in documents 0 and 2
+  without = {'question': batch['question'], 'documents': batch['documents'].at[0, 0].set(0)}
+  logits_without = np.asarray(read({'params': params}, without)['logits'][0])
+  assert logits_without[0] == 0.0 and logits_without[3] > 0
+
+
+def test_multi_hot_ignores_padding():
+  hot = imdna_task.multi_hot(jnp.array([[2, 0, -1], [-1, -1, -1]]), 4)
+  np.testing.assert_array_equal(hot, [[1, 0, 1, 0], [0, 0, 0, 0]])
+
+
+def test_hits_and_recall_at_k():
+  ranked = np.array([[3, 1, 2], [0, 1, 2]])
+  answers = np.array([[1, -1], [2, 5]])
+  assert imdna_task.hits_at(ranked, answers, (1, 2)) == {'hits_at_1': 0.0, 'hits_at_2': 50.0}
+  assert imdna_task.recall_at(ranked, answers, (3,)) == {'recall_at_3': 75.0}
+
+
+# ---------------------------------------------------------------------------------------------
+# The movie world
+
+
+def test_generator_is_seeded_and_its_answers_follow_from_its_triples():
+  world = movies.generate(40, 30, seed=3)
+  assert movies.generate(40, 30, seed=3) == world
+  assert movies.generate(40, 30, seed=4).movies != world.movies
+  triples = set(world.triples())
+  titles = {m.title for m in world.movies}
+  assert len(titles) == 40
+  for question in world.questions['qa']:
+    # The one template and entity that write this question.
+    ((relation, direction, entity),) = [
+        (r, d, w) for r, d, text in movies._QA_TEMPLATES for w in question.text.split()
+        if text.format(w) == question.text]
+    if direction == 'forward':  # 'who acted in M': every object of that relation
+      expected = {o for s, r, o in triples if s == entity and r == relation}
+    else:  # 'what does A act in': every movie listing A
+      expected = {s for s, r, o in triples if o == entity and r == relation}
+    assert set(question.answers) == expected
+    assert len(set(question.answers)) == len(question.answers)
+  for question in world.questions['recs']:
+    (answer,) = question.answers
+    assert answer in titles and answer not in question.text.split()
+  documents = world.documents()
+  assert all(d.split()[0] == m.title for d, m in zip(documents, world.movies))
+
+
+def test_prepare_writes_once_and_splits_cover_every_question(tmp_path):
+  config = imdna_movies.get_config('test')
+  first = movies.prepare(config, str(tmp_path))
+  data_dir = tmp_path / 'data'
+  stamp = os.stat(data_dir / 'movies.kb.tsv').st_mtime_ns
+  assert movies.prepare(config, str(tmp_path)) == first
+  assert os.stat(data_dir / 'movies.kb.tsv').st_mtime_ns == stamp
+  world = movies.generate(config.movies.num_movies, config.movies.num_users,
+                          config.movies.seed)
+  for task in movies.TASKS:
+    loaded = [q for s in movies.SPLITS for q in movies.load_questions(str(data_dir), task, s)]
+    assert sorted(q.text for q in loaded) == sorted(q.text for q in world.questions[task])
+  (data_dir / 'movies.qa.test.jsonl').write_text('{"question": "x"}\n')
+  with pytest.raises(Exception, match=r'movies.qa.test.jsonl:1: not a question line'):
+    movies.load_questions(str(data_dir), 'qa', 'test')
+
+
+# ---------------------------------------------------------------------------------------------
+# Retrieval
+
+
+def test_retrieval_cache_is_reused_and_invalidated(tmp_path):
+  folder = str(tmp_path / 'index')
+  documents = ['alpha beta', 'beta gamma delta', 'epsilon']
+  built = retrieval.open_index(folder, documents)
+  assert built.built
+  ids, scores = built.top_k(['gamma', 'beta', 'zeta'], k=2)
+  assert ids[0, 0] == 1 and ids[0, 1] == -1  # only one document holds 'gamma'
+  assert set(ids[1]) == {0, 1} and (scores[1] > 0).all()
+  assert (ids[2] == -1).all()  # no shared word, no document
+  reopened = retrieval.open_index(folder, documents)
+  assert not reopened.built
+  np.testing.assert_array_equal(reopened.top_k(['gamma', 'beta', 'zeta'], k=2)[0], ids)
+  assert retrieval.open_index(folder, documents + ['gamma']).built  # another corpus
+  assert retrieval.open_index(folder, documents + ['gamma'], k1=2.0).built  # settings
+  index = retrieval.open_index(folder, documents)
+  assert index.built  # the corpus changed back: the cache holds the last one only
+  first = retrieval.cached_top_k(index, 'q', ['beta'], 2)
+  path = os.path.join(folder, 'q.top_k.npz')
+  stamp = os.stat(path).st_mtime_ns
+  np.testing.assert_array_equal(retrieval.cached_top_k(index, 'q', ['beta'], 2)[0], first[0])
+  assert os.stat(path).st_mtime_ns == stamp
+  # Another exclusion is another key: the file is rewritten, without document 1.
+  excluded = retrieval.cached_top_k(index, 'q', ['beta'], 2,
+                                    exclude=lambda i, found: found == 1, exclusion='not 1')
+  assert list(excluded[0][0]) == [0, -1]
+
+
+# ---------------------------------------------------------------------------------------------
+# Through the trainer
+
+
+def _run(workdir, **train_settings):
+  config = imdna_movies.get_config('test')
+  for key, value in train_settings.items():
+    config.train[key] = value
+  return config, train.train_and_evaluate(config, str(workdir))
+
+
+def _params(workdir):
+  manager = checkpoints.open_manager(str(workdir), read_only=True)
+  step = manager.latest_step()
+  params = manager.restore(step, args=ocp.args.Composite(
+      params=ocp.args.StandardRestore()))['params']
+  manager.close()
+  return step, params
+
+
+def test_training_resumes_exactly_and_evaluation_writes_results(tmp_path):
+  straight = tmp_path / 'straight'
+  config, summary = _run(straight, max_steps=12, checkpoint_every_steps=5)
+  assert summary['step'] == 12
+  stopped = tmp_path / 'stopped'
+  _run(stopped, max_steps=7, checkpoint_every_steps=5)
+  _, resumed_summary = _run(stopped, max_steps=12, checkpoint_every_steps=5)
+  assert resumed_summary['step'] == 12
+  step_a, params_a = _params(straight)
+  step_b, params_b = _params(stopped)
+  assert step_a == step_b == 12
+  for a, b in zip(jax.tree.leaves(params_a), jax.tree.leaves(params_b)):
+    np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+
+  results = evaluate.evaluate(config, str(straight))
+  written = json.loads((straight / 'eval' / 'results.json').read_text())
+  assert written['answers'] == results['answers']
+  assert set(written['answers']) == {'model', 'bm25'}
+  assert written['questions'] == len(movies.load_questions(str(straight / 'data'), 'qa',
+                                                           'test'))
+  for entry in written['answers'].values():
+    assert 0 <= entry['hits_at_1'] <= entry['hits_at_10'] <= entry['hits_at_100'] <= 100
+
+
+def test_preprocess_mode_writes_the_knowledge_base(tmp_path):
+  result = cli.run(tmp_path, mode='preprocess', config='configs/imdna_movies.py:test')
+  assert 'Wrote a knowledge base of 60 movies' in result.stdout
+  assert (tmp_path / 'data' / 'movies.documents.txt').exists()
