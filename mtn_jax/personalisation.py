@@ -51,6 +51,18 @@ def word_noise_logits(pool: candidates.CandidatePool, vocab_size: int) -> np.nda
     return (0.75 * np.log(counts)).astype(np.float32)
 
 
+def draw_words(rng: jax.Array, logits: np.ndarray, shape: tuple[int, ...]) -> jax.Array:
+  """int32 `shape` words drawn from softmax(`logits` [V]) by inverting its CDF.
+
+  Not `jax.random.categorical`: that draws one Gumbel number per word of the vocabulary for
+  every sample ([..., V]), which made the family's training step 10x slower on the sample;
+  a binary search over the CDF costs log V per sample.
+  """
+  cdf = jnp.cumsum(jax.nn.softmax(jnp.asarray(logits)))
+  drawn = jnp.searchsorted(cdf, jax.random.uniform(rng, shape) * cdf[-1], side='right')
+  return jnp.minimum(drawn, len(logits) - 1).astype(jnp.int32)
+
+
 def user_index(train_users: np.ndarray, users: np.ndarray) -> np.ndarray:
   """int32: each of `users` as 1 + its rank among the distinct training users, 0 for a user
   never seen in training (HEM has no vector for them)."""
@@ -177,8 +189,7 @@ class ZeroAttentionTask(tasks.RankingTask):
     mask = (words != PAD_ID).astype(jnp.float32)
     word_vectors = self.model.apply(variables, words, method='words')  # [..., n, a]
     positive = jax.nn.log_sigmoid(jnp.einsum('...na,...a->...n', word_vectors, vectors))
-    noise = jax.random.categorical(rng, jnp.asarray(self.word_noise),
-                                   shape=words.shape + (self.cfg.word_negatives,))
+    noise = draw_words(rng, self.word_noise, words.shape + (self.cfg.word_negatives,))
     noise_vectors = self.model.apply(variables, noise, method='words')  # [..., n, k, a]
     negative = jax.nn.log_sigmoid(-jnp.einsum('...nka,...a->...nk', noise_vectors, vectors))
     return -((positive + negative.sum(-1)) * mask).sum(-1)

@@ -157,6 +157,15 @@ def test_word_noise_is_the_unigram_to_the_three_quarters():
   assert np.isneginf(logits[[0, 1, 7]]).all()
 
 
+def test_drawn_noise_words_follow_the_noise_distribution_and_never_its_zeros():
+  logits = np.log(np.array([0.0, 0.0, 1.0, 4.0, 0.0, 3.0, 0.0], np.float32))
+  drawn = np.asarray(personalisation.draw_words(jax.random.PRNGKey(0), logits, (200_000,)))
+  frequencies = np.bincount(drawn, minlength=len(logits)) / len(drawn)
+  # Words 2, 3, 5 with probabilities 1/8, 4/8, 3/8; padding and unseen words never.
+  np.testing.assert_allclose(frequencies, [0, 0, 1 / 8, 4 / 8, 0, 3 / 8, 0], atol=4e-3)
+  assert frequencies[[0, 1, 4, 6]].sum() == 0
+
+
 def test_user_index_maps_training_users_and_unseen_ones_to_zero():
   assert personalisation.user_index(np.array([30, 10, 20, 10]),
                                     np.array([20, 99, 10, 5])).tolist() == [2, 0, 1, 0]
