@@ -175,8 +175,12 @@ class ZeroAttentionTask(tasks.RankingTask):
     loss = ((item_loss + word_loss) * weight).sum()
     if cfg.user_model == 'hem':
       user = batch['user']
+      history = batch['history']  # [B, M, n]: the user's earlier queries' words
       user_vectors = model.apply(variables, user, method='users')  # [B, a]
-      per_user = self._word_loss(variables, batch['history'], user_vectors, user_rng)
+      per_user = self._word_loss(
+          variables, history,
+          jnp.broadcast_to(user_vectors[:, None], history.shape[:2] + user_vectors.shape[-1:]),
+          user_rng).sum(-1)  # [B]
       # Once per session of a known user with a history, not once per context.
       loss += (per_user * ((user > 0) & valid.any(-1))).sum()
     return {'loss': loss, 'nll': (item_loss * weight).sum(), 'correct': jnp.zeros(()),

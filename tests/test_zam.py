@@ -112,6 +112,30 @@ def test_each_family_member_scores_i_dot_q_plus_u(user_model):
     assert np.asarray(out['u'][0]).any()
 
 
+@pytest.mark.parametrize('user_model', zam.USER_MODELS)
+def test_each_family_members_training_objective_reads_the_history(user_model, tmp_path):
+  """The sampled objective with a real history (M = 4 earlier queries of n words, not the
+  batch's size): finite, and for HEM the user's vector learns from its history's words."""
+  model, params, batch = family_model(user_model)
+  task = personalisation.ZeroAttentionTask(model.config, data_dir=str(tmp_path),
+                                           word_noise=np.zeros(20, np.float32),
+                                           train_users=np.arange(3))
+  history = jnp.array([[[5, 6, 0], [7, 0, 0], [0, 0, 0], [12, 13, 14]],
+                       [[0, 0, 0]] * 4], jnp.int32)  # [B=2, M=4, n=3]
+  inputs = {**batch, 'history': history, 'targets': jnp.array([[0, 4, 6], [1, 2, -1]])}
+  loss = lambda p, h: task.loss_sums(p, {**inputs, 'history': h}, train=True,
+                                     rngs={'dropout': jax.random.PRNGKey(3)})['loss']
+  grads = jax.grad(loss)(params, history)
+  assert np.isfinite(float(loss(params, history)))
+  assert all(np.isfinite(g).all() for g in jax.tree.leaves(grads))
+  if user_model == 'hem':
+    # User 2 (session 0) has a history: its vector gets a gradient from the history's words
+    # alone when the sessions' own terms are the same; the unseen user 0 gets none.
+    assert np.abs(grads['user_vectors'][2]).sum() > 0
+    assert not np.abs(np.asarray(grads['user_vectors'])[[1, 3]]).any()
+    assert float(loss(params, history)) != float(loss(params, jnp.zeros_like(history)))
+
+
 def test_session_query_is_causal():
   model, params, batch = family_model('zam', query_from='session')
   changed = dict(batch, queries=batch['queries'].at[0, 2].set(jnp.array([12, 13, 0])))
