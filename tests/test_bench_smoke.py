@@ -1,10 +1,12 @@
 """The training benchmark harness: its AOL-shaped data, its arithmetic, a CI-sized run, and the
-PyTorch peer's equivalence with the JAX model (only where torch is installed)."""
+PyTorch peer's equivalence with the JAX model (only where torch is installed); and a CI-sized
+run of the rankers' latency benchmark (launch/bench_rankers.py)."""
 
 import contextlib
 import importlib.util
 import io
 import json
+import subprocess
 import sys
 
 import numpy as np
@@ -154,3 +156,36 @@ def test_torch_peer_matches_jax_and_is_timed(smoke_run):
   assert train['epoch_mix']['jax_over_torch_eager'] > 0
   assert train['epoch_mix']['jax_over_torch_eager_per_cpu_second'] > 0
   assert train['peer'] == {**train['peer'], 'modes': ['torch_eager'], 'threads': 1}
+
+
+# ---------------------------------------------------------------------------------------------
+# launch/bench_rankers.py (its own process: its absl flags share names with bench_train's)
+
+
+def test_rankers_benchmark_smoke_run(tmp_path):
+  """The Table 5 harness on a tiny model and pools: a Poly-encoder (the Bi-encoder's path,
+  and more) and the Cross-encoder timed, the latter's larger pool extrapolated, the table and
+  the JSON written."""
+  json_path = tmp_path / 'rankers.json'
+  command = [sys.executable, str(REPO / 'launch' / 'bench_rankers.py'),
+             '--rankers=poly16,cross', '--pools=20,60', '--sizes=32x1', '--vocab_size=50',
+             '--repeats=2', '--warmup=1', '--cross_measure=20', '--cross_chunk=10', f'--json={json_path}']
+  result = subprocess.run(command, cwd=REPO, env=cli.env(), capture_output=True, text=True,
+                          timeout=120, check=False)
+  assert result.returncode == 0, result.stderr[-3000:]
+  report = json.loads(json_path.read_text())
+  rows = {(r['ranker'], r['pool']): r for r in report['rows']}
+  assert set(rows) == {(r, c) for r in ('poly16', 'cross') for c in (20, 60)}
+  for (ranker, pool), row in rows.items():
+    assert (row['d_model'], row['layers']) == (32, 1)
+    assert row['median_ms'] > 0 and row['mean_ms'] > 0
+    assert row['extrapolated'] == (ranker == 'cross' and pool == 60)
+    if not row['extrapolated']:
+      assert len(row['times_ms']) == 2
+  assert rows['cross', 60]['median_ms'] == pytest.approx(3 * rows['cross', 20]['median_ms'])
+  assert report['machine']['device_count'] == 1 and report['machine']['cpu_model']
+  out = result.stdout
+  assert '| Poly-encoder 16 | 32 x 1 |' in out and '(extrap.)' in out
+  assert '| 122 | 678 |' in out  # the paper's Poly-16 figures beside
+  for line in ('date:', 'command: python launch/bench_rankers.py', 'machine:'):
+    assert line in out

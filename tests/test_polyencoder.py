@@ -234,3 +234,144 @@ def test_cross_encoder_has_no_cache_and_cannot_rank_the_whole_pool():
   task = ranking_tasks.CrossEncoderTask(ranker_config('crossencoder'),
                                         pool_queries=sessions()[0])
   assert task.encode_candidates(None, None) is None and task.score_pool is None
+
+
+# ---------------------------------------------------------------------------------------------
+# Through the command line: a Poly-encoder resumed bit for bit, and reranking a generative
+# model's beam with it (eval and decode).
+
+RANKER_CONFIG = 'configs/polyencoder_aol.py:demo'
+# Both the ranker and the generator read the same demo log through `cli.TINY`'s config.data
+# (150 users, words seen twice), so they share one vocabulary.
+FEW = ('--config.train.log_every_steps=1', '--config.decode.max_eval_sessions=16')
+FIRST_STEPS, TOTAL_STEPS = 3, 6
+
+
+@pytest.fixture(scope='module')
+def poly_run(tmp_path_factory):
+  """A demo Poly-encoder: 3 steps, resumed to 6; and the same 6 steps in one go."""
+  workdir = tmp_path_factory.mktemp('poly')
+  run = lambda *args: cli.run(workdir, *FEW, *args, config=RANKER_CONFIG)
+  run(f'--config.train.max_steps={FIRST_STEPS}')
+  resumed = run(f'--config.train.max_steps={TOTAL_STEPS}')
+  straight = tmp_path_factory.mktemp('poly-straight')
+  cli.run(straight, *FEW, f'--config.train.max_steps={TOTAL_STEPS}', config=RANKER_CONFIG)
+  return workdir, straight, resumed
+
+
+@pytest.mark.slow
+def test_poly_encoder_resumes_bit_for_bit(poly_run):
+  workdir, straight, resumed = poly_run
+  assert 'Resuming from' in resumed.stdout
+  from mtn_jax import metric_writer  # pylint: disable=g-import-not-at-top
+  a = metric_writer.read_metrics(str(workdir), 'train')
+  b = metric_writer.read_metrics(str(straight), 'train')
+  assert [r['step'] for r in a] == [r['step'] for r in b] == list(range(1, TOTAL_STEPS + 1))
+  assert [r['loss'] for r in a] == [r['loss'] for r in b]
+  assert ([r['loss'] for r in metric_writer.read_metrics(str(workdir), 'valid')][-1]
+          == [r['loss'] for r in metric_writer.read_metrics(str(straight), 'valid')][-1])
+
+
+@pytest.fixture(scope='module')
+def rerank_run(poly_run, tmp_path_factory):
+  """A tiny MTN on the same demo log, evaluated alone and reranked by the Poly-encoder."""
+  poly = poly_run[0]
+  generator = tmp_path_factory.mktemp('generator')
+  run = lambda *args, **kwargs: cli.run(generator, *FEW, *args, **kwargs)
+  run('--config.train.max_steps=4')
+  # top_k = beam_size (5, the default): the samples of the plain evaluation hold the whole
+  # beam, the generator's share of each reranked list.
+  run(mode='eval')
+  reranked = run('--config.suggest.strategy=rerank', f'--config.suggest.ranker_workdir={poly}',
+                 mode='eval')
+  return generator, poly, reranked
+
+
+def pool_texts(workdir) -> set[str]:
+  return set(candidates.load_pool(str(workdir / 'data')).texts)
+
+
+def read_jsonl(path) -> list[dict]:
+  return [json.loads(line) for line in path.read_text().splitlines()]
+
+
+@pytest.mark.slow
+def test_rerank_eval_scores_the_strategy_beside_its_sources(rerank_run):
+  generator, poly, reranked = rerank_run
+  results = json.loads((generator / 'eval' / 'rerank_results.json').read_text())
+  assert set(results['scores']) == {'model', 'generate', 'retrieve', 'repeat_previous',
+                                    'most_frequent_next'}
+  assert set(results['scores_excluding_session']) == set(results['scores'])
+  strategy = results['strategy']
+  assert strategy['strategy'] == 'rerank' and strategy['ranker_workdir'] == str(poly)
+  assert strategy['retriever_workdir'] == str(poly)  # the ranker retrieves too
+  assert 'scored by Poly-encoder' in strategy['label']
+  assert 'rerank: ' in reranked.stdout
+  # 'generate' is the workdir's own beam: the figures of its plain evaluation.
+  plain = json.loads((generator / 'eval' / 'results.json').read_text())
+  assert results['scores']['generate'] == plain['scores']['model']
+  assert results['pairs'] == plain['pairs'] > 0
+  # Every reranked suggestion is a pooled candidate: a beam hypothesis, a pool entry (the
+  # retrieved ones are), or one of the session's queries so far; best first.
+  beams = {(s['session'], s['position']): {c['query'] for c in s['suggestions']}
+           for s in read_jsonl(generator / 'eval' / 'samples.jsonl')}
+  pool = pool_texts(poly)
+  samples = read_jsonl(generator / 'eval' / 'rerank_samples.jsonl')
+  assert len(samples) == len(beams) > 0
+  for sample in samples:
+    ranked = sample['suggestions']
+    assert 0 < len(ranked) <= 5  # decode.top_k
+    beam = beams[(sample['session'], sample['position'])]
+    for suggestion in ranked:
+      assert suggestion['query'] in beam | pool | set(sample['context']), (suggestion, sample)
+    scores = [s['score'] for s in ranked]
+    assert scores == sorted(scores, reverse=True)
+    assert sample['predicted'] == ranked[0]['query']
+  # The ranker's candidate vectors were cached in its own workdir.
+  assert (poly / 'candidate_cache' / 'meta.json').exists()
+
+
+@pytest.mark.slow
+def test_rerank_refuses_a_ranker_of_another_vocabulary(rerank_run, tmp_path):
+  generator = rerank_run[0]
+  results_path = generator / 'eval' / 'rerank_results.json'
+  before = results_path.read_text()
+  other = tmp_path / 'other'
+  cli.run(other, *FEW, '--config.data.min_word_count=3', '--config.train.max_steps=1',
+          config=RANKER_CONFIG)
+  refused = cli.run(generator, *FEW, '--config.suggest.strategy=rerank',
+                    f'--config.suggest.ranker_workdir={other}', mode='eval', check=False)
+  assert refused.returncode == 1, refused.stderr[-3000:]
+  assert 'Traceback' not in refused.stderr
+  errors_ = [line for line in refused.stderr.splitlines() if line.startswith('error:')]
+  assert len(errors_) == 1 and refused.stderr.rstrip().endswith(errors_[0])
+  assert 'vocabulary' in errors_[0] and str(other) in errors_[0] and str(generator) in errors_[0]
+  assert results_path.read_text() == before  # nothing written
+
+
+@pytest.mark.slow
+def test_rerank_decode_writes_pooled_candidates_best_first(rerank_run, tmp_path):
+  generator, poly, _ = rerank_run
+  samples = read_jsonl(generator / 'eval' / 'rerank_samples.jsonl')
+  contexts = [s['context'] for s in samples[:3]]
+  sessions_file = tmp_path / 'sessions.txt'
+  sessions_file.write_text(''.join('\t'.join(c) + '\n' for c in contexts))
+  beam_out, reranked_out = tmp_path / 'beam.jsonl', tmp_path / 'reranked.jsonl'
+  cli.run(generator, *FEW, f'--config.decode.input={sessions_file}',
+          f'--config.decode.output={beam_out}', mode='decode')
+  decoded = cli.run(generator, *FEW, f'--config.decode.input={sessions_file}',
+                    f'--config.decode.output={reranked_out}', '--config.suggest.strategy=rerank',
+                    f'--config.suggest.ranker_workdir={poly}', mode='decode')
+  assert 'reranked' in decoded.stdout
+  beams, records = read_jsonl(beam_out), read_jsonl(reranked_out)
+  # One record per session (a suggestion after its last query), in the file's order.
+  assert [r['context'] for r in records] == [r['context'] for r in beams] == contexts
+  pool = pool_texts(poly)
+  for record, beam in zip(records, beams):
+    ranked = record['suggestions']
+    assert 0 < len(ranked) <= 5
+    assert len({s['query'] for s in ranked}) == len(ranked)  # deduplicated
+    allowed = {s['query'] for s in beam['suggestions']} | pool | set(record['context'])
+    assert {s['query'] for s in ranked} <= allowed
+    scores = [s['score'] for s in ranked]
+    assert scores == sorted(scores, reverse=True)

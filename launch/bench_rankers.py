@@ -1,0 +1,409 @@
+"""Ranker latency: milliseconds to score a pool of candidates for ONE context, as in Table 5 of
+the poly-encoder paper (Humeau et al., ICLR 2020), for the Bi-, Poly- and Cross-encoders.
+
+  python launch/bench_rankers.py
+  python launch/bench_rankers.py --sizes=128x2,256x4 --pools=1000,10000,100000
+  python launch/bench_rankers.py --rankers=cross --cross_direct --json=/tmp/rankers.json
+
+In: a ranker config (default `configs/polyencoder_aol.py:small`: d_model 128, 2 layers) and
+flags. No data and no training: weights are randomly initialised (the cost of scoring does
+not depend on them) for a vocabulary of `--vocab_size` words, and sessions and candidates are
+synthetic AOL-shaped queries (`synthetic_batches.synthetic_queries`: 1..max_query_words words
+in the real sample's mix); each context is a session of `--session_queries` queries.
+
+What is timed, per ranker, model size and pool size C, as a server would answer one context:
+- Bi- and Poly-encoders: the candidate vectors of the pool (`task.encode_candidates`) are
+  computed beforehand and are on the device; a call encodes the one context (its flat
+  source, `q_0 <sep> ... <sep> q_t`, alone: one row) and scores the C cached candidates with
+  the task's own `score_pool`, then takes the top `--top_k`.
+- Cross-encoder: nothing can be precomputed but the candidates' token ids; a call encodes the
+  context jointly with each of the C candidates (`model.apply(method='score_last')`, in
+  chunks of `--cross_chunk` candidates under `jax.lax.map`) and takes the top `--top_k`. Pools
+  above `--cross_measure` candidates are extrapolated linearly from its time (marked
+  "extrap."), unless `--cross_direct`.
+Each is one jit-compiled function; `--warmup` calls (compilation included) are not timed,
+then `--repeats` calls, each ended by `block_until_ready`, of which the median and the mean
+are printed in milliseconds. A single JAX device runs it (`--cpu_devices=1`, all cores
+working on each operation), as one context's latency wants, not the trainer's one device
+per core.
+
+Out: a markdown table on stdout with the paper's figures beside (an 80-core Xeon CPU running
+BERT-base-sized models, 12 layers of d = 768: not this model's size), the machine, the config
+and the date; with `--json=PATH` the same as JSON. Times depend on the machine's load, which
+is printed (the 1-minute load average) and should be low.
+"""
+
+from __future__ import annotations
+
+import datetime
+import json
+import os
+import platform
+import shlex
+import statistics
+import sys
+import time
+from typing import Any
+
+from absl import app
+from absl import flags
+import jax
+import jax.numpy as jnp
+import numpy as np
+from ml_collections import config_flags
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+# pylint: disable=g-import-not-at-top,wrong-import-position
+from launch import synthetic_batches
+from mtn_jax import models
+from mtn_jax import parallel
+from mtn_jax import ranking_tasks
+from mtn_jax.models.base import session_sources
+# pylint: enable=g-import-not-at-top,wrong-import-position
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+# The rankers of the table: --rankers name -> (display name, model name, poly codes).
+RANKERS = {'bi': ('Bi-encoder', 'biencoder', 1), 'poly16': ('Poly-encoder 16', 'polyencoder', 16),
+           'poly64': ('Poly-encoder 64', 'polyencoder', 64),
+           'poly360': ('Poly-encoder 360', 'polyencoder', 360),
+           'cross': ('Cross-encoder', 'crossencoder', 16)}
+# Humeau et al. 2020, Table 5: ms per context on an 80-core Xeon CPU, for 1k and 100k
+# candidates (BERT-base-sized encoders).
+PAPER_MS = {'bi': {1000: 115, 100_000: 160}, 'poly16': {1000: 122, 100_000: 678},
+            'poly64': {1000: 126, 100_000: 692}, 'poly360': {1000: 160, 100_000: 837},
+            'cross': {1000: 21_700, 100_000: 2_200_000}}
+AOL_VOCAB_SIZE = 76_604
+
+_CONFIG = config_flags.DEFINE_config_file(
+    'config', os.path.join(REPO, 'configs', 'polyencoder_aol.py') + ':small',
+    'A ranker config (path[:variant]); its model and data sizes are used.', lock_config=True)
+_RANKERS = flags.DEFINE_list('rankers', list(RANKERS), f'Rankers to time, of {list(RANKERS)}.')
+_POOLS = flags.DEFINE_list('pools', ['1000', '100000'], 'Pool sizes C (candidates).')
+_SIZES = flags.DEFINE_list(
+    'sizes', [], 'Model sizes D x L (d_model x layers of each encoder), e.g. 128x2,256x4; '
+    'emb_dim = D, and ff_dim and the heads scale with D as in the config (fixed head size). '
+    'Empty: the config\'s size.')
+_VOCAB_SIZE = flags.DEFINE_integer(
+    'vocab_size', AOL_VOCAB_SIZE, 'Vocabulary of the random models (76,604: AOL in the MTN '
+    'paper; the 500-user sample has ~2,705 words). It changes no scoring cost but the '
+    'embedding lookups.')
+_SESSION_QUERIES = flags.DEFINE_integer('session_queries', 3,
+                                        'Queries in the context (a session so far).')
+_TOP_K = flags.DEFINE_integer('top_k', 10, 'Best candidates kept per call (0: scores only).')
+_REPEATS = flags.DEFINE_integer('repeats', 20, 'Timed calls per measurement.')
+_WARMUP = flags.DEFINE_integer('warmup', 2, 'Untimed calls first (the first compiles).')
+_CROSS_CHUNK = flags.DEFINE_integer('cross_chunk', 1000,
+                                    'Candidates the Cross-encoder encodes at a time.')
+_CROSS_MEASURE = flags.DEFINE_integer(
+    'cross_measure', 1000, 'Largest pool the Cross-encoder is timed on; larger pools are '
+    'extrapolated linearly from it (its time x C / cross_measure).')
+_CROSS_DIRECT = flags.DEFINE_bool('cross_direct', False,
+                                  'Time the Cross-encoder on every pool, none extrapolated.')
+_SEED = flags.DEFINE_integer('seed', 0, 'Seed of the weights, sessions and candidates.')
+_CPU_DEVICES = flags.DEFINE_integer(
+    'cpu_devices', 1, 'JAX devices of a CPU-only host (1: one device for all cores, as one '
+    'context\'s latency wants; 0: one per core, as the trainer).')
+_JSON = flags.DEFINE_string('json', '', 'Also write the figures to this JSON file.')
+
+
+# ---------------------------------------------------------------------------------------------
+# Machine
+
+
+def cpu_model() -> str:
+  try:
+    with open('/proc/cpuinfo', encoding='utf-8') as f:
+      for line in f:
+        if line.startswith('model name'):
+          return line.split(':', 1)[1].strip()
+  except OSError:
+    pass
+  return platform.processor() or platform.machine()
+
+
+def machine() -> dict[str, Any]:
+  devices = jax.devices()
+  return {'host': platform.node(), 'cpu_model': cpu_model(), 'cpu_count': os.cpu_count(),
+          'usable_cores': len(os.sched_getaffinity(0)), 'platform': jax.default_backend(),
+          'device_kind': devices[0].device_kind, 'device_count': len(devices),
+          'jax': jax.__version__, 'load_average_1min': round(os.getloadavg()[0], 2)}
+
+
+def command_line() -> str:
+  name = config_flags.get_config_filename(flags.FLAGS['config'])
+  overrides = config_flags.get_override_values(flags.FLAGS['config'])
+  given = []
+  for module in dict.fromkeys((__name__, '__main__')):
+    given += [f.serialize() for f in flags.FLAGS.get_key_flags_for_module(module)
+              if f.present and f.name != 'config' and f.serialize() not in given]
+  return shlex.join(['python', 'launch/bench_rankers.py', f'--config={name}',
+                     *(f'--config.{k}={v}' for k, v in sorted(overrides.items())), *given])
+
+
+# ---------------------------------------------------------------------------------------------
+# Models and the timed functions
+
+
+def parse_size(text: str) -> tuple[int, int]:
+  try:
+    d_model, num_layers = (int(x) for x in text.lower().split('x'))
+  except ValueError:
+    raise app.UsageError(f'--sizes: expected D x L such as 128x2, got {text!r}') from None
+  return d_model, num_layers
+
+
+def ranker_fields(config, ranker: str, size: tuple[int, int] | None) -> dict[str, Any]:
+  """`config.model`'s fields for `ranker` at `size` (d_model, layers), or the config's size."""
+  fields = config.model.to_dict()
+  _, fields['name'], fields['poly_codes'] = RANKERS[ranker]
+  fields['dropout'] = 0.0
+  if size is not None:
+    d_model, num_layers = size
+    scale = d_model / fields['d_model']
+    head_size = fields['d_model'] // fields['num_heads']
+    if d_model % head_size:
+      raise app.UsageError(f'--sizes: d_model {d_model} is no multiple of the config\'s head '
+                           f'size {head_size}')
+    fields.update(d_model=d_model, emb_dim=d_model, num_heads=d_model // head_size,
+                  ff_dim=max(1, round(fields['ff_dim'] * scale)), query_layers=num_layers,
+                  session_layers=num_layers)
+  return fields
+
+
+def make_ranker(config, ranker: str, size, vocab_size: int, seed: int, pool: np.ndarray):
+  """(task, params) of a randomly initialised ranker."""
+  cfg = models.make_config(ranker_fields(config, ranker, size), vocab_size=vocab_size,
+                           max_query_words=config.data.max_query_words)
+  if ranker != 'cross' and cfg.context_encoder != 'flat':
+    # `flat_context` encodes the one context as one row, which MTN's per-query encoder
+    # cannot read.
+    raise app.UsageError(f'bench_rankers times the flat context encoder, not '
+                         f'config.model.context_encoder={cfg.context_encoder!r}')
+  if ranker == 'cross':
+    task = ranking_tasks.CrossEncoderTask(cfg, pool_queries=pool[:16])
+  else:
+    task = ranking_tasks.DualEncoderTask(cfg)
+  return task, jax.jit(task.init_params)(jax.random.PRNGKey(seed))
+
+
+def flat_context(session: np.ndarray) -> np.ndarray:
+  """int32 [2, L]: a session [S, n] as one query holding its flat source (q_0 <sep> ... q_t,
+  L = S (n + 1) - 1 tokens), then an empty query. Position 0 of this two-query session is the
+  context after the session's last query, and the only context the dual encoders encode
+  (`session_sources` gives the same tokens at the same positions; `check_flat_context`)."""
+  sources, _ = session_sources(jnp.asarray(session[None]))
+  return np.stack([np.asarray(sources[-1]), np.zeros(sources.shape[-1], np.int32)]).astype(
+      np.int32)
+
+
+def dual_function(task, top_k: int):
+  def one_context(params, context, cache):
+    scores = task.score_pool(params, {'queries': context[None]}, cache)[0, 0]  # [C]
+    return jax.lax.top_k(scores, top_k) if top_k else scores
+  return jax.jit(one_context)
+
+
+def cross_function(task, top_k: int, chunk: int):
+  def one_context(params, session, candidates):
+    # candidates int32 [C, n], C a multiple of `chunk`.
+    score = lambda block: task.model.apply({'params': params}, session[None], block[None],
+                                           method='score_last')[0]
+    scores = jax.lax.map(score, candidates.reshape(-1, chunk, candidates.shape[-1]))
+    scores = scores.reshape(-1)
+    return jax.lax.top_k(scores, top_k) if top_k else scores
+  return jax.jit(one_context)
+
+
+def check_flat_context(task, params, session: np.ndarray, cache) -> float:
+  """The largest difference between the one-row context's scores and those of the same
+  context as the task scores it inside the whole session (position S-1)."""
+  padded = np.concatenate([session, np.zeros_like(session[:1])])[None]
+
+  @jax.jit
+  def difference(params, padded, one_row, cache):
+    whole = task.score_pool(params, {'queries': padded}, cache)[0, -1]
+    alone = task.score_pool(params, {'queries': one_row[None]}, cache)[0, 0]
+    return jnp.abs(whole - alone).max()
+
+  return float(difference(params, padded, flat_context(session), cache))
+
+
+def time_calls(call, inputs: list, warmup: int, repeats: int) -> list[float]:
+  """Seconds of each of `repeats` calls (inputs taken in turn), after `warmup` calls."""
+  for i in range(warmup):
+    jax.block_until_ready(call(inputs[i % len(inputs)]))
+  times = []
+  for i in range(repeats):
+    args = inputs[i % len(inputs)]
+    start = time.perf_counter()
+    jax.block_until_ready(call(args))
+    times.append(time.perf_counter() - start)
+  return times
+
+
+def summary(times: list[float]) -> dict[str, Any]:
+  ms = [1000 * t for t in times]
+  return {'median_ms': statistics.median(ms), 'mean_ms': statistics.fmean(ms),
+          'min_ms': min(ms), 'times_ms': [round(t, 4) for t in ms]}
+
+
+def measure(config, *, rankers: list[str], pools: list[int], sizes: list, vocab_size: int,
+            session_queries: int, top_k: int, repeats: int, warmup: int, cross_chunk: int,
+            cross_measure: int, cross_direct: bool, seed: int, log=print) -> list[dict]:
+  """One row per (size, ranker, pool): see the module docstring."""
+  rng = np.random.default_rng(seed)
+  n = config.data.max_query_words
+  largest = max(pools)
+  pool = synthetic_batches.synthetic_queries(rng, (largest,), n, vocab_size)
+  sessions = [synthetic_batches.synthetic_queries(rng, (session_queries,), n, vocab_size)
+              for _ in range(4)]
+  rows = []
+  for size in sizes:
+    for ranker in rankers:
+      task, params = make_ranker(config, ranker, size, vocab_size, seed, pool)
+      cfg = task.cfg
+      base = {'ranker': ranker, 'label': RANKERS[ranker][0], 'd_model': cfg.d_model,
+              'layers': cfg.query_layers, 'ff_dim': cfg.ff_dim, 'num_heads': cfg.num_heads,
+              'parameters': models.count_params(params)}
+      if ranker != 'cross':
+        started = time.perf_counter()
+        cache = jax.block_until_ready(
+            jax.jit(task.encode_candidates)(params, jnp.asarray(pool)))
+        encode_s = time.perf_counter() - started
+        check = check_flat_context(task, params, sessions[0], cache[:min(largest, 4096)])
+        if check > 1e-4:
+          raise AssertionError(f'{ranker}: the one-row context scores differ by {check}')
+        contexts = [jnp.asarray(flat_context(s)) for s in sessions]
+        for size_c in pools:
+          c_cache = cache[:size_c]
+          k = min(top_k, size_c)
+          call = dual_function(task, k)
+          times = time_calls(lambda context, c_cache=c_cache, call=call: call(
+              params, context, c_cache), contexts, warmup, repeats)
+          row = {**base, 'pool': size_c, 'extrapolated': False, **summary(times),
+                 'encode_pool_s': encode_s * size_c / largest}
+          rows.append(row)
+          log(row_line(row), flush=True)
+      else:
+        measured = {}
+        direct = sorted(c for c in pools if cross_direct or c <= cross_measure)
+        if not direct:
+          direct = [min(cross_measure, largest)]
+        for size_c in direct:
+          chunk = min(cross_chunk, size_c)
+          padded = -(-size_c // chunk) * chunk
+          ids = np.zeros((padded, n), np.int32)
+          ids[:size_c] = pool[:size_c]
+          ids = jnp.asarray(ids)
+          call = cross_function(task, min(top_k, size_c), chunk)
+          ctx = [jnp.asarray(s) for s in sessions]
+          times = time_calls(lambda s, ids=ids, call=call: call(params, s, ids), ctx, warmup,
+                             repeats)
+          measured[size_c] = row = {**base, 'pool': size_c, 'extrapolated': False,
+                                    'scored_with_padding': padded, **summary(times)}
+          if size_c in pools:
+            rows.append(row)
+            log(row_line(row), flush=True)
+        reference = max(measured)
+        for size_c in pools:
+          if size_c in measured:
+            continue
+          source = measured[reference]
+          factor = size_c / reference
+          row = {**base, 'pool': size_c, 'extrapolated': True, 'extrapolated_from': reference,
+                 'median_ms': source['median_ms'] * factor, 'mean_ms': source['mean_ms'] * factor,
+                 'min_ms': source['min_ms'] * factor}
+          rows.append(row)
+          log(row_line(row), flush=True)
+  return rows
+
+
+def row_line(row: dict) -> str:
+  mark = ' (extrapolated)' if row['extrapolated'] else ''
+  return (f'  {row["label"]} d{row["d_model"]}x{row["layers"]}, {row["pool"]:,} candidates: '
+          f'median {row["median_ms"]:.3f} ms, mean {row["mean_ms"]:.3f} ms{mark}')
+
+
+def format_ms(ms: float) -> str:
+  if ms >= 10_000:
+    return f'{ms / 1000:,.1f}k' if ms < 1e6 else f'{ms / 1e6:,.2f}M'
+  return f'{ms:,.3g}' if ms < 100 else f'{ms:,.0f}'
+
+
+def markdown_table(rows: list[dict], pools: list[int]) -> str:
+  """One line per (size, ranker): median (mean) ms per pool, then the paper's figures."""
+  paper_pools = (1000, 100_000)
+  head = (['Ranker', 'd_model x layers']
+          + [f'{c:,} cand. ms median (mean)' for c in pools]
+          + [f'paper {c // 1000}k ms' for c in paper_pools])
+  lines = ['| ' + ' | '.join(head) + ' |', '|' + '---|' * len(head)]
+  keys = list(dict.fromkeys((r['d_model'], r['layers'], r['ranker']) for r in rows))
+  for d_model, num_layers, ranker in keys:
+    cells = [RANKERS[ranker][0], f'{d_model} x {num_layers}']
+    for c in pools:
+      [row] = [r for r in rows if (r['d_model'], r['layers'], r['ranker'], r['pool'])
+               == (d_model, num_layers, ranker, c)]
+      if row['extrapolated']:
+        cells.append(f'{format_ms(row["median_ms"])} (extrap.)')
+      else:
+        cells.append(f'{format_ms(row["median_ms"])} ({format_ms(row["mean_ms"])})')
+    cells += [format_ms(PAPER_MS[ranker][c]) for c in paper_pools]
+    lines.append('| ' + ' | '.join(cells) + ' |')
+  return '\n'.join(lines)
+
+
+def run() -> dict[str, Any]:
+  config = _CONFIG.value
+  unknown = [r for r in _RANKERS.value if r not in RANKERS]
+  if unknown:
+    raise app.UsageError(f'--rankers: unknown {unknown} (expected some of {list(RANKERS)})')
+  pools = sorted({int(c) for c in _POOLS.value})
+  if not pools or pools[0] < 1:
+    raise app.UsageError(f'--pools: expected positive sizes, got {_POOLS.value}')
+  sizes = [parse_size(s) for s in _SIZES.value] or [None]
+  report: dict[str, Any] = {
+      'date': datetime.datetime.now().astimezone().isoformat(timespec='seconds'),
+      'command': command_line(), 'machine': machine(),
+      'config': json.loads(config.to_json_best_effort()), 'paper_ms': {
+          r: {str(c): ms for c, ms in v.items()} for r, v in PAPER_MS.items()}}
+  mach = report['machine']
+  print(f'date: {report["date"]}')
+  print(f'command: {report["command"]}')
+  print(f'machine: {mach["host"]}, {mach["cpu_model"]}, {mach["cpu_count"]} CPU cores '
+        f'({mach["usable_cores"]} usable), load average {mach["load_average_1min"]}; '
+        f'{mach["device_count"]} x {mach["device_kind"]} ({mach["platform"]}), '
+        f'jax {mach["jax"]}')
+  print(f'setup: random weights, vocabulary {_VOCAB_SIZE.value:,}; one context of '
+        f'{_SESSION_QUERIES.value} synthetic AOL-shaped queries of <= '
+        f'{config.data.max_query_words} words; top {_TOP_K.value} kept; median and mean of '
+        f'{_REPEATS.value} timed calls after {_WARMUP.value} untimed', flush=True)
+  rows = measure(config, rankers=_RANKERS.value, pools=pools, sizes=sizes,
+                 vocab_size=_VOCAB_SIZE.value, session_queries=_SESSION_QUERIES.value,
+                 top_k=_TOP_K.value, repeats=_REPEATS.value, warmup=_WARMUP.value,
+                 cross_chunk=_CROSS_CHUNK.value, cross_measure=_CROSS_MEASURE.value,
+                 cross_direct=_CROSS_DIRECT.value, seed=_SEED.value)
+  report['rows'] = rows
+  report['machine']['load_average_1min_after'] = round(os.getloadavg()[0], 2)
+  print()
+  print(markdown_table(rows, pools))
+  print()
+  print('ms per context (median, with the mean in brackets), candidate vectors precomputed '
+        'for the Bi-/Poly-encoders; the paper\'s: BERT-base-sized models (12 layers, d 768) on '
+        'an 80-core Xeon CPU. "extrap.": linear in the pool from the largest pool timed.')
+  if _JSON.value:
+    with open(_JSON.value, 'w', encoding='utf-8') as f:
+      json.dump(report, f, indent=2, sort_keys=True)
+    print(f'wrote {_JSON.value}')
+  return report
+
+
+def main(argv):
+  if len(argv) > 1:
+    raise app.UsageError(f'unexpected arguments: {argv[1:]}')
+  parallel.set_cpu_devices(_CPU_DEVICES.value)
+  run()
+
+
+if __name__ == '__main__':
+  app.run(main)
