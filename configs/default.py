@@ -170,6 +170,12 @@ def get_config(variant: str = '') -> ml_collections.ConfigDict:
   c.suggest.ranker_workdir = ''  # a trained Bi-, Poly- or Cross-encoder's workdir
   c.suggest.retriever_workdir = ''  # '': the ranker's own (a Bi- or Poly-encoder)
   c.suggest.retrieved = 10  # pool entries the retriever adds to the pool of candidates
+  # How a Bi-encoder retriever finds its best pool entries (decode, suggest, and the retriever
+  # of 'rerank'): 'exact' scores the whole pool; 'usearch' searches an approximate
+  # nearest-neighbour index of the cached candidate vectors (mtn_jax/ranking.py), for pools
+  # too large to score exhaustively. A Poly- or Cross-encoder's score is no inner product of
+  # fixed vectors: 'exact' only. Evaluation's ranking stays exact either way.
+  c.suggest.index = 'exact'
 
   c.report = ml_collections.ConfigDict()
   c.report.workdirs = ''  # comma-separated workdirs for --mode=report

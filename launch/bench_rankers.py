@@ -4,6 +4,7 @@ the poly-encoder paper (Humeau et al., ICLR 2020), for the Bi-, Poly- and Cross-
   python launch/bench_rankers.py
   python launch/bench_rankers.py --sizes=128x2,256x4 --pools=1000,10000,100000
   python launch/bench_rankers.py --rankers=cross --cross_direct --json=/tmp/rankers.json
+  python launch/bench_rankers.py --rankers=bi --index=usearch --pools=10000,100000,1000000
 
 In: a ranker config (default `configs/polyencoder_aol.py:small`: d_model 128, 2 layers) and
 flags. No data and no training: weights are randomly initialised (the cost of scoring does
@@ -21,6 +22,12 @@ What is timed, per ranker, model size and pool size C, as a server would answer 
   chunks of `--cross_chunk` candidates under `jax.lax.map`) and takes the top `--top_k`. Pools
   above `--cross_measure` candidates are extrapolated linearly from its time (marked
   "extrap."), unless `--cross_direct`.
+- With `--index=usearch`, also the Bi-encoder through the approximate nearest-neighbour index
+  of `config.suggest.index='usearch'` (`ranking.usearch_index`, built beforehand from the
+  cached vectors, its build time reported): a call encodes the one context (jit-compiled)
+  and searches the index on the host (`ranking.search_index`, the top `--top_k` rescored
+  exactly), as `ranking.Retriever` does; its recall@k against the exact call's top k, over
+  64 more synthetic contexts, is reported beside ("Bi-encoder (usearch)").
 Each is one jit-compiled function; `--warmup` calls (compilation included) are not timed,
 then `--repeats` calls, each ended by `block_until_ready`, of which the median and the mean
 are printed in milliseconds. A single JAX device runs it (`--cpu_devices=1`, all cores
@@ -42,6 +49,7 @@ import platform
 import shlex
 import statistics
 import sys
+import tempfile
 import time
 from typing import Any
 
@@ -57,6 +65,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from launch import synthetic_batches
 from mtn_jax import models
 from mtn_jax import parallel
+from mtn_jax import ranking
 from mtn_jax import ranking_tasks
 from mtn_jax.models.base import session_sources
 # pylint: enable=g-import-not-at-top,wrong-import-position
@@ -105,6 +114,9 @@ _CPU_DEVICES = flags.DEFINE_integer(
     'cpu_devices', 1, 'JAX devices of a CPU-only host (1: one device for all cores, as one '
     'context\'s latency wants; 0: one per core, as the trainer).')
 _JSON = flags.DEFINE_string('json', '', 'Also write the figures to this JSON file.')
+_INDEX = flags.DEFINE_enum(
+    'index', 'exact', ranking.INDEX_KINDS, "'usearch': also time the Bi-encoder's query on "
+    "the usearch index (config.suggest.index='usearch') beside its exact scoring.")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -229,6 +241,17 @@ def check_flat_context(task, params, session: np.ndarray, cache) -> float:
   return float(difference(params, padded, flat_context(session), cache))
 
 
+def usearch_function(task, index, vectors: np.ndarray, top_k: int):
+  """One context through the usearch index, as `ranking.Retriever` does: the context
+  vector on the device, then the index's top `top_k` on the host."""
+  encode = jax.jit(lambda params, context: task.contexts(params, context[None])[0, 0, 0]
+                   .astype(jnp.float32))
+  def one_context(params, context):
+    vector = np.asarray(encode(params, context))[None]  # [1, d]
+    return ranking.search_index(index, vectors, vector, top_k)
+  return one_context
+
+
 def time_calls(call, inputs: list, warmup: int, repeats: int) -> list[float]:
   """Seconds of each of `repeats` calls (inputs taken in turn), after `warmup` calls."""
   for i in range(warmup):
@@ -250,7 +273,8 @@ def summary(times: list[float]) -> dict[str, Any]:
 
 def measure(config, *, rankers: list[str], pools: list[int], sizes: list, vocab_size: int,
             session_queries: int, top_k: int, repeats: int, warmup: int, cross_chunk: int,
-            cross_measure: int, cross_direct: bool, seed: int, log=print) -> list[dict]:
+            cross_measure: int, cross_direct: bool, seed: int, index: str = 'exact',
+            log=print) -> list[dict]:
   """One row per (size, ranker, pool): see the module docstring."""
   rng = np.random.default_rng(seed)
   n = config.data.max_query_words
@@ -275,6 +299,11 @@ def measure(config, *, rankers: list[str], pools: list[int], sizes: list, vocab_
         if check > 1e-4:
           raise AssertionError(f'{ranker}: the one-row context scores differ by {check}')
         contexts = [jnp.asarray(flat_context(s)) for s in sessions]
+        # Recall wants more contexts than timing; their own seed leaves the timed ones as
+        # they are without the flag.
+        more = np.random.default_rng(seed + 1)
+        recall_contexts = [jnp.asarray(flat_context(synthetic_batches.synthetic_queries(
+            more, (session_queries,), n, vocab_size))) for _ in range(64 * (index != 'exact'))]
         for size_c in pools:
           c_cache = cache[:size_c]
           k = min(top_k, size_c)
@@ -285,6 +314,11 @@ def measure(config, *, rankers: list[str], pools: list[int], sizes: list, vocab_
                  'encode_pool_s': encode_s * size_c / largest}
           rows.append(row)
           log(row_line(row), flush=True)
+          if index == 'usearch' and ranker == 'bi' and k:
+            row = usearch_row(task, params, base, c_cache, contexts, recall_contexts, call, k,
+                              warmup, repeats)
+            rows.append(row)
+            log(row_line(row), flush=True)
       else:
         measured = {}
         direct = sorted(c for c in pools if cross_direct or c <= cross_measure)
@@ -319,8 +353,31 @@ def measure(config, *, rankers: list[str], pools: list[int], sizes: list, vocab_
   return rows
 
 
+def usearch_row(task, params, base: dict, cache, contexts: list, recall_contexts: list,
+                exact_call, k: int, warmup: int, repeats: int) -> dict:
+  """The Bi-encoder's row through the usearch index of `cache` [C, d] (module docstring)."""
+  vectors = np.asarray(cache, np.float32)
+  with tempfile.TemporaryDirectory() as folder:
+    started = time.perf_counter()
+    index = ranking.usearch_index(vectors, {'bench': len(vectors)}, folder,
+                                  log=lambda *a, **kw: None)
+    build_s = time.perf_counter() - started
+  call = usearch_function(task, index, vectors, k)
+  times = time_calls(lambda context: call(params, context), contexts, warmup, repeats)
+  found = [set(call(params, c)[0][0].tolist()) for c in recall_contexts]
+  exact = [set(np.asarray(exact_call(params, c, cache)[1]).tolist()) for c in recall_contexts]
+  recall = statistics.fmean(len(f & e) / k for f, e in zip(found, exact))
+  return {**base, 'ranker': 'bi_usearch', 'label': 'Bi-encoder (usearch)',
+          'pool': len(vectors), 'extrapolated': False, **summary(times),
+          'index_build_s': build_s, 'recall_at_k': recall,
+          'expansion_search': ranking.USEARCH_EXPANSION_SEARCH}
+
+
 def row_line(row: dict) -> str:
   mark = ' (extrapolated)' if row['extrapolated'] else ''
+  if 'recall_at_k' in row:
+    mark += (f', recall@k {row["recall_at_k"]:.3f} of the exact top k, index built in '
+             f'{row["index_build_s"]:.1f} s')
   return (f'  {row["label"]} d{row["d_model"]}x{row["layers"]}, {row["pool"]:,} candidates: '
           f'median {row["median_ms"]:.3f} ms, mean {row["mean_ms"]:.3f} ms{mark}')
 
@@ -338,9 +395,10 @@ def markdown_table(rows: list[dict], pools: list[int]) -> str:
           + [f'{c:,} cand. ms median (mean)' for c in pools]
           + [f'paper {c // 1000}k ms' for c in paper_pools])
   lines = ['| ' + ' | '.join(head) + ' |', '|' + '---|' * len(head)]
-  keys = list(dict.fromkeys((r['d_model'], r['layers'], r['ranker']) for r in rows))
-  for d_model, num_layers, ranker in keys:
-    cells = [RANKERS[ranker][0], f'{d_model} x {num_layers}']
+  keys = list(dict.fromkeys((r['d_model'], r['layers'], r['ranker'], r['label'])
+                            for r in rows))
+  for d_model, num_layers, ranker, label in keys:
+    cells = [label, f'{d_model} x {num_layers}']
     for c in pools:
       [row] = [r for r in rows if (r['d_model'], r['layers'], r['ranker'], r['pool'])
                == (d_model, num_layers, ranker, c)]
@@ -348,7 +406,8 @@ def markdown_table(rows: list[dict], pools: list[int]) -> str:
         cells.append(f'{format_ms(row["median_ms"])} (extrap.)')
       else:
         cells.append(f'{format_ms(row["median_ms"])} ({format_ms(row["mean_ms"])})')
-    cells += [format_ms(PAPER_MS[ranker][c]) for c in paper_pools]
+    cells += [format_ms(PAPER_MS[ranker][c]) if ranker in PAPER_MS else '-'
+              for c in paper_pools]
     lines.append('| ' + ' | '.join(cells) + ' |')
   return '\n'.join(lines)
 
@@ -382,7 +441,7 @@ def run() -> dict[str, Any]:
                  vocab_size=_VOCAB_SIZE.value, session_queries=_SESSION_QUERIES.value,
                  top_k=_TOP_K.value, repeats=_REPEATS.value, warmup=_WARMUP.value,
                  cross_chunk=_CROSS_CHUNK.value, cross_measure=_CROSS_MEASURE.value,
-                 cross_direct=_CROSS_DIRECT.value, seed=_SEED.value)
+                 cross_direct=_CROSS_DIRECT.value, seed=_SEED.value, index=_INDEX.value)
   report['rows'] = rows
   report['machine']['load_average_1min_after'] = round(os.getloadavg()[0], 2)
   print()

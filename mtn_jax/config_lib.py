@@ -118,6 +118,14 @@ def validate(config: ml_collections.ConfigDict, mode: str = 'all') -> None:
                       '--config.suggest.ranker_workdir=DIR (a Bi-, Poly- or Cross-encoder run)')
   if s.strategy == 'rerank':
     _positive(config, ['suggest.retrieved'])
+  if s.index not in ('exact', 'usearch'):
+    raise ConfigError(f"config.suggest.index must be 'exact' or 'usearch', got {s.index!r}")
+  # The ranker of 'generate' is the workdir's own model; another workdir's is checked when it
+  # is loaded (`ranking.check_index`).
+  if s.index == 'usearch' and s.strategy == 'generate' and m.name in ('polyencoder',
+                                                                      'crossencoder'):
+    raise ConfigError(f"config.suggest.index='usearch' needs a Bi-encoder (its score is an "
+                      f"inner product of fixed vectors), not {m.name!r}: use 'exact'")
   if ((m.name == 'zam' and m.user_model != 'qem') or m.user_memory != 'none') and (
       d.history_queries == 0):
     raise ConfigError('config.data.history_queries is 0, but the model reads each user\'s '

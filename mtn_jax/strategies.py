@@ -88,7 +88,8 @@ class Rankers:
     retriever = None
     if getattr(retriever_trained.task, 'score_pool', None) is not None:
       _check_vocab(retriever_trained, vocab, 'retriever_workdir', retriever_workdir, workdir)
-      retriever = ranking.Retriever(retriever_trained, retriever_workdir, log=log)
+      retriever = ranking.Retriever(retriever_trained, retriever_workdir, log=log,
+                                    index=s.index)
     elif s.strategy == 'retrieve' or s.retriever_workdir:
       raise errors.Error(f'config.suggest: {retriever_workdir} holds a '
                          f'{retriever_trained.cfg.name!r} model, which cannot retrieve from the '

@@ -382,7 +382,7 @@ def _strategy(config: ml_collections.ConfigDict, trained: inference.Trained, wor
   under `config.suggest.strategy`."""
   strategy = config.suggest.strategy
   if strategy == 'generate':
-    return trained, _retriever(trained, workdir), None
+    return trained, _retriever(trained, workdir, config.suggest.index), None
   rankers = strategies.Rankers.load(config, workdir, trained.vocab)
   if strategy == 'retrieve':
     return rankers.retriever.trained, rankers.retriever, None
@@ -392,11 +392,12 @@ def _strategy(config: ml_collections.ConfigDict, trained: inference.Trained, wor
   return trained, None, rankers
 
 
-def _retriever(trained: inference.Trained, workdir: str) -> ranking.Retriever | None:
+def _retriever(trained: inference.Trained, workdir: str,
+               index: str = 'exact') -> ranking.Retriever | None:
   """The pool and candidate vectors of a ranker; None for a generative model."""
   if not isinstance(trained.task, tasks.RankingTask):
     return None
-  return ranking.Retriever(trained, workdir)
+  return ranking.Retriever(trained, workdir, index=index)
 
 
 def _records(context: Context, suggestions: list[list[dict]]) -> Iterator[dict]:
