@@ -111,6 +111,9 @@ def get_config(variant: str = '') -> ml_collections.ConfigDict:
   c.model.context_encoder = 'flat'
   c.model.poly_codes = 16  # m, the Poly-encoder's learned codes (16, 64, 360 in the paper)
   c.model.cross_negatives = 15  # pool entries drawn per context to train the Cross-encoder
+  # Bi- and Poly-encoders: pool entries drawn uniformly per batch as negatives of every
+  # context, beside the batch's own next queries (mtn_jax/ranking_tasks.py).
+  c.model.pool_negatives = 0
 
   c.train = ml_collections.ConfigDict()
   c.train.num_epochs = 5  # model selection = best validation loss within these epochs

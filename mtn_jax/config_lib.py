@@ -109,6 +109,8 @@ def validate(config: ml_collections.ConfigDict, mode: str = 'all') -> None:
         raise ConfigError(f'config.model.num_levels must be >= 2 for an MTN context '
                           f'encoder, got {m.num_levels}')
     _positive(config, ['model.poly_codes', 'model.cross_negatives'])
+    if m.pool_negatives < 0:
+      raise ConfigError(f'config.model.pool_negatives must be >= 0, got {m.pool_negatives}')
   s = config.suggest
   if s.strategy not in ('generate', 'retrieve', 'rerank'):
     raise ConfigError("config.suggest.strategy must be 'generate', 'retrieve' or 'rerank', "

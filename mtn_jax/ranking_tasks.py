@@ -6,7 +6,11 @@ predicts query t+1; a position whose next query is padding is no context).
 
 `DualEncoderTask` (Bi- and Poly-encoder): the negatives are the other real next queries of the
 batch, whose candidate vectors are computed anyway, so every context meets B*(S-1) - 1 of
-them at no extra encoding cost; larger batches give more. A negative with the same token ids
+them at no extra encoding cost; larger batches give more. In-batch negatives are drawn by how
+often a query is issued, so the many queries issued once (most of the pool) are seldom
+anyone's negative, and retrieval over the whole pool can then rank such a rare entry first for
+every context; `pool_negatives` adds that many entries drawn uniformly from the pool (once
+per batch, shared by its contexts, a fixed key in evaluation) as negatives of every context. A negative with the same token ids
 as the context's true next query (the same query issued in another session, a frequent
 event in search logs: "google", "yahoo.com") is masked out rather than counted as a negative,
 since the model cannot and should not rank a text below itself; nor is it a second positive,
@@ -72,13 +76,24 @@ def same_query(a: jax.Array, b: jax.Array) -> jax.Array:
 
 @dataclasses.dataclass(frozen=True, eq=False)
 class DualEncoderTask(tasks.RankingTask):
-  """The Bi-encoder (`poly_codes` unused) or the Poly-encoder: see the module docstring."""
+  """The Bi-encoder (`poly_codes` unused) or the Poly-encoder: see the module docstring.
+
+  Attributes:
+    pool_queries: int32 [C, n] the candidate pool's token ids, where `pool_negatives` come
+      from (None without them).
+  """
+
+  pool_queries: np.ndarray | None = None
 
   @classmethod
   def from_config(cls, cfg: ModelConfig, train: ml_collections.ConfigDict,
                   data_dir: str | None = None) -> DualEncoderTask:
-    del train, data_dir  # the negatives are the batch's own next queries
-    return cls(cfg)
+    del train
+    if not cfg.pool_negatives:
+      return cls(cfg)  # the negatives are the batch's own next queries
+    if data_dir is None:
+      raise ValueError('pool_negatives needs the corpus folder (the candidate pool)')
+    return cls(cfg, pool_queries=candidate_pool.load_pool(data_dir).queries)
 
   @property
   def input_keys(self) -> tuple[str, ...]:
@@ -100,15 +115,23 @@ class DualEncoderTask(tasks.RankingTask):
       raise ValueError(f'a batch of {queries.shape[0]} sessions does not split into {groups} '
                        'data-parallel groups')
     next_queries = queries[:, 1:]  # [B, P, n]
+    drawn = None
+    if self.cfg.pool_negatives:
+      # Its own stream, folded from the step's key: the dropout masks stay those of a run
+      # without pool negatives. Evaluation draws with a fixed key.
+      key = jax.random.fold_in(rngs['dropout'], 1) if train else jax.random.PRNGKey(0)
+      pool = jnp.asarray(self.pool_queries)
+      drawn = pool[jax.random.randint(key, (self.cfg.pool_negatives,), 0, pool.shape[0])]
 
     def encode(module):
       # Position t's context reads queries 0..t, so the last query is no context; the first
       # is no one's next query.
       return (module.contexts(queries[:, :-1], train=train),
-              module.candidates(next_queries, train=train))
+              module.candidates(next_queries, train=train),
+              None if drawn is None else module.candidates(drawn, train=train))
 
-    contexts, targets = self.model.apply({'params': params}, rngs=rngs if train else None,
-                                         method=encode)
+    contexts, targets, drawn_vectors = self.model.apply(
+        {'params': params}, rngs=rngs if train else None, method=encode)
     contexts = contexts.reshape((groups, -1) + contexts.shape[2:])  # [G, N, m, d]
     targets = targets.reshape(groups, -1, targets.shape[-1])  # [G, N, d]
     ids = next_queries.reshape(groups, -1, next_queries.shape[-1])  # [G, N, n]
@@ -120,7 +143,13 @@ class DualEncoderTask(tasks.RankingTask):
     negative = real[:, None, :] & ~own & ~same_query(ids[:, :, None], ids[:, None, :])
     positive = jnp.diagonal(logits, axis1=1, axis2=2)[..., None]  # [G, N, 1]
     others = jnp.where(negative, logits, -jnp.inf)
-    return softmax_losses(jnp.concatenate([positive, others], axis=-1), real)
+    columns = [positive, others]
+    if drawn is not None:
+      from_pool = polyencoder.dual_scores(contexts, drawn_vectors[None, None],
+                                          poly=self.poly)  # [G, N, K]
+      columns.append(jnp.where(same_query(ids[:, :, None], drawn[None, None]), -jnp.inf,
+                               from_pool))
+    return softmax_losses(jnp.concatenate(columns, axis=-1), real)
 
   def encode_candidates(self, params, candidates: jax.Array) -> jax.Array:
     """candidates int32 [C, n] -> y_cand float32 [C, d], `ENCODE_CHUNK` rows at a time."""

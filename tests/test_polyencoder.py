@@ -114,8 +114,10 @@ def test_pool_scores_equal_explicit_candidate_scores_in_any_chunking(name, monke
       explicit, rtol=1e-5, atol=1e-5)
 
 
-def in_batch_loss_by_hand(contexts, targets, ids, poly):
-  """The in-batch cross-entropy of every real context, written out pair by pair."""
+def in_batch_loss_by_hand(contexts, targets, ids, poly, drawn=(), drawn_vectors=()):
+  """The in-batch cross-entropy of every real context, written out pair by pair; `drawn`
+  pool entries (with their vectors) are negatives of every context they are not the true
+  next query of."""
   total, correct, count = 0.0, 0, 0
   for i in range(len(ids)):
     if not ids[i].any():
@@ -126,6 +128,9 @@ def in_batch_loss_by_hand(contexts, targets, ids, poly):
       if j != i and ids[j].any() and not (ids[j] == ids[i]).all():
         logits.append(float(polyencoder.dual_scores(contexts[i], targets[j][None],
                                                     poly=poly)[0]))
+    for entry, vector in zip(drawn, drawn_vectors):
+      if not (entry == ids[i]).all():
+        logits.append(float(polyencoder.dual_scores(contexts[i], vector[None], poly=poly)[0]))
     logits = np.array(logits)
     total += np.log(np.exp(logits - logits.max()).sum()) + logits.max() - logits[0]
     correct += logits[0] >= logits.max()
@@ -152,6 +157,37 @@ def test_in_batch_loss_equals_a_hand_computation(name, groups):
   assert count == 7 and float(sums['tokens']) == float(sums['pairs']) == count
   np.testing.assert_allclose(float(sums['loss']), total, rtol=1e-5)
   assert float(sums['correct']) == correct
+
+
+@pytest.mark.parametrize('name', ['biencoder', 'polyencoder'])
+def test_pool_negatives_join_every_contexts_negatives_except_its_true_query(name):
+  queries = sessions()
+  # The pool: the true next query of context 0 (masked for it), and other queries.
+  pool = np.concatenate([queries[0, 1:2], sessions(seed=5).reshape(-1, N)[:7]])
+  task = ranking_tasks.DualEncoderTask(
+      ranker_config(name, context_encoder='flat', pool_negatives=6), pool_queries=pool)
+  params = task.init_params(jax.random.PRNGKey(0))
+  sums = task.loss_sums(params, {'queries': queries}, train=False)
+  # Evaluation draws with the fixed key 0, uniformly over the pool.
+  drawn = pool[np.asarray(jax.random.randint(jax.random.PRNGKey(0), (6,), 0, len(pool)))]
+  contexts = np.asarray(task.contexts(params, queries))
+  apply = lambda ids: np.asarray(task.model.apply({'params': params}, ids, method='candidates'))
+  total, correct, count = in_batch_loss_by_hand(
+      contexts.reshape(-1, *contexts.shape[2:]), apply(queries[:, 1:]).reshape(-1, 8),
+      queries[:, 1:].reshape(-1, N), task.poly, drawn, apply(drawn))
+  assert count == 7
+  np.testing.assert_allclose(float(sums['loss']), total, rtol=1e-5)
+  assert float(sums['correct']) == correct
+  # Without pool negatives the loss is the in-batch one alone, and lower.
+  plain = ranking_tasks.DualEncoderTask(
+      ranker_config(name, context_encoder='flat')).loss_sums(params, {'queries': queries},
+                                                             train=False)
+  assert float(plain['loss']) < float(sums['loss'])
+  # Training draws from the step's key: finite and differentiable.
+  grads = jax.grad(lambda p: task.loss_sums(p, {'queries': queries}, train=True,
+                                            rngs={'dropout': jax.random.PRNGKey(3)})['loss'])(
+                                                params)
+  assert all(np.isfinite(g).all() for g in jax.tree.leaves(grads))
 
 
 def test_cross_encoder_scores_the_joint_sequence_and_its_loss_masks_the_true_query():

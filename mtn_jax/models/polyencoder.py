@@ -60,6 +60,9 @@ class RankerConfig(mtn.MTNConfig):
   context_encoder: str = 'flat'  # 'flat' | 'mtn' (Bi- and Poly-encoders)
   poly_codes: int = 16  # m, the Poly-encoder's learned codes
   cross_negatives: int = 15  # the Cross-encoder's negatives sampled from the pool per context
+  # Bi- and Poly-encoders: pool entries drawn uniformly per batch, negatives of every context
+  # beside the in-batch ones (`ranking_tasks.DualEncoderTask`).
+  pool_negatives: int = 0
 
 
 def layer_label(display_name: str, fields: dict) -> str:
