@@ -13,6 +13,15 @@ AOL_SAMPLE = pathlib.Path(os.environ.get(
 if not flags.FLAGS.is_parsed():
   flags.FLAGS.mark_as_parsed()
 
+# The tests compile the same tiny programs run after run: the persistent compilation cache
+# that the command-line runs already share (tests/cli.py) serves the in-process ones too.
+from tests import cli  # pylint: disable=g-import-not-at-top,wrong-import-position
+import jax  # pylint: disable=g-import-not-at-top,wrong-import-position
+
+jax.config.update('jax_compilation_cache_dir', cli.env()['JAX_COMPILATION_CACHE_DIR'])
+jax.config.update('jax_persistent_cache_min_compile_time_secs',
+                  float(cli.env()['JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS']))
+
 
 @pytest.fixture
 def aol_sample() -> pathlib.Path:
