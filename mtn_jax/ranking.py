@@ -259,6 +259,22 @@ def sampled_negatives(pool_ids: np.ndarray, pool_size: int, count: int,
                   drawn).astype(np.int32)
 
 
+def _pair_pool_ids(split: sessions.SessionSplit, pool: candidates.CandidatePool, seed: int
+                   ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+  """The pool ids of `split`'s queries [rows] (-1: not in the pool), each session's first
+  pair index [sessions], each pair's next query's pool id [pairs], and the sampled
+  protocols' seeded negatives int32 [pairs, max(SAMPLED_PROTOCOLS) - 1]."""
+  pool_ids = pool.ids_of(split.texts)
+  pairs_per_session = split.lengths - 1
+  first_pair = np.cumsum(pairs_per_session) - pairs_per_session
+  # The next query of every pair, in pair order: every row but each session's first.
+  is_next = np.ones(len(pool_ids), bool)
+  is_next[split.starts[:-1]] = False
+  next_ids = pool_ids[is_next]
+  negatives = sampled_negatives(next_ids, len(pool), max(SAMPLED_PROTOCOLS) - 1, seed)
+  return pool_ids, first_pair, next_ids, negatives
+
+
 @functools.partial(jax.jit, static_argnames=('task', 'k'))
 def _rank_batch(params, batch, cache, negatives, *, task, k: int):
   """One batch: top-k ids and scores [B, P, k], full-pool ranks [B, P], sampled ranks
@@ -290,14 +306,7 @@ def rank_split(trained, split: sessions.SessionSplit, workdir: str, *, k: int, s
                      'reranks the candidates of another ranker)')
   pool = candidates.load_pool(preprocess.data_dir(workdir))
   cache = candidate_cache(trained, pool, workdir, log=log)
-  pool_ids = pool.ids_of(split.texts)
-  pairs_per_session = split.lengths - 1
-  first_pair = np.cumsum(pairs_per_session) - pairs_per_session
-  # The next query of every pair, in pair order: every row but each session's first.
-  is_next = np.ones(len(pool_ids), bool)
-  is_next[split.starts[:-1]] = False
-  next_ids = pool_ids[is_next]
-  negatives = sampled_negatives(next_ids, len(pool), max(SAMPLED_PROTOCOLS) - 1, seed)
+  pool_ids, first_pair, _, negatives = _pair_pool_ids(split, pool, seed)
   k = min(k, len(pool))
   num_pairs = split.num_pairs
   top_ids = np.zeros((num_pairs, k), np.int64)
@@ -348,13 +357,7 @@ def rank_sampled(trained, split: sessions.SessionSplit, workdir: str, *, seed: i
   figures are left out (`pool_ranks` 0) and there are no suggestions."""
   task = trained.task
   pool = candidates.load_pool(preprocess.data_dir(workdir))
-  pool_ids = pool.ids_of(split.texts)
-  pairs_per_session = split.lengths - 1
-  first_pair = np.cumsum(pairs_per_session) - pairs_per_session
-  is_next = np.ones(len(pool_ids), bool)
-  is_next[split.starts[:-1]] = False
-  next_ids = pool_ids[is_next]
-  negatives = sampled_negatives(next_ids, len(pool), max(SAMPLED_PROTOCOLS) - 1, seed)
+  _, first_pair, next_ids, negatives = _pair_pool_ids(split, pool, seed)
   sampled = np.zeros((split.num_pairs, len(SAMPLED_PROTOCOLS)), np.int64)
   started = time.time()
   for batch in input_pipeline.make_eval_iterator(split, queries_per_batch=queries_per_batch):

@@ -9,11 +9,9 @@ import os
 import jax
 import jax.numpy as jnp
 import numpy as np
-import orbax.checkpoint as ocp
 import pytest
 
 from configs import imdna_movies
-from mtn_jax import checkpoints
 from mtn_jax import evaluate
 from mtn_jax import imdna_task
 from mtn_jax import retrieval
@@ -21,6 +19,7 @@ from mtn_jax import train
 from mtn_jax.data import movies
 from mtn_jax.models import imdna
 from tests import cli
+from tests.test_train import final_params
 
 
 def tiny_config(**model):
@@ -217,15 +216,6 @@ def _run(workdir, **train_settings):
   return config, train.train_and_evaluate(config, str(workdir))
 
 
-def _params(workdir):
-  manager = checkpoints.open_manager(str(workdir), read_only=True)
-  step = manager.latest_step()
-  params = manager.restore(step, args=ocp.args.Composite(
-      params=ocp.args.StandardRestore()))['params']
-  manager.close()
-  return step, params
-
-
 def test_training_resumes_exactly_and_evaluation_writes_results(tmp_path):
   straight = tmp_path / 'straight'
   config, summary = _run(straight, max_steps=12, checkpoint_every_steps=5)
@@ -234,8 +224,8 @@ def test_training_resumes_exactly_and_evaluation_writes_results(tmp_path):
   _run(stopped, max_steps=7, checkpoint_every_steps=5)
   _, resumed_summary = _run(stopped, max_steps=12, checkpoint_every_steps=5)
   assert resumed_summary['step'] == 12
-  step_a, params_a = _params(straight)
-  step_b, params_b = _params(stopped)
+  step_a, params_a = final_params(straight)
+  step_b, params_b = final_params(stopped)
   assert step_a == step_b == 12
   for a, b in zip(jax.tree.leaves(params_a), jax.tree.leaves(params_b)):
     np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
