@@ -12,6 +12,7 @@ supervised-embedding baseline on the same questions.
 """
 
 from configs import aol
+from configs import imdna_movies
 
 
 def get_config(variant: str = ''):
@@ -30,13 +31,6 @@ def get_config(variant: str = ''):
   c.model.hidden_units = 1024  # the vocabulary is both input and output here
   c.model.dropout = 0.1
 
+  imdna_movies.apply_training(c)
   c.train.num_epochs = 3
-  c.train.schedule = 'constant'
-  c.train.learning_rate = 1e-3
-  c.train.adam_b2 = 0.999
-  c.train.adam_eps = 1e-8
-  c.train.label_smoothing = 0.0
-  c.train.grad_clip_norm = 5.0
-  c.train.log_every_steps = 50
-  c.train.checkpoint_every_steps = 200
   return c

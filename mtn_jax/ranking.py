@@ -74,6 +74,13 @@ def _cache_key(trained, pool: candidates.CandidatePool) -> dict:
           'model': hashlib.sha256(config.encode()).hexdigest()[:16]}
 
 
+def _write_json(path: str, value) -> None:
+  """`value` as JSON at `path`, written aside and renamed: a reader never sees half a file."""
+  with open(path + '.tmp', 'w', encoding='utf-8') as f:
+    json.dump(value, f)
+  os.replace(path + '.tmp', path)
+
+
 def candidate_cache(trained, pool: candidates.CandidatePool, workdir: str, log=print):
   """The task's `encode_candidates` of the whole pool for `trained`'s checkpoint: read from
   `<workdir>/candidate_cache/` when it was made for the same checkpoint, pool and model,
@@ -104,9 +111,7 @@ def candidate_cache(trained, pool: candidates.CandidatePool, workdir: str, log=p
   tmp = vectors_path + '.tmp.npz'
   np.savez(tmp, **{f'leaf_{i}': np.asarray(a) for i, a in enumerate(flat)})
   os.replace(tmp, vectors_path)
-  with open(meta_path + '.tmp', 'w', encoding='utf-8') as f:
-    json.dump(key, f)
-  os.replace(meta_path + '.tmp', meta_path)
+  _write_json(meta_path, key)
   log(f'Encoded the {len(pool):,} candidates in {time.time() - started:.1f} s '
       f'(cached in {folder}).', flush=True)
   return cache
@@ -168,9 +173,7 @@ def usearch_index(vectors: np.ndarray, key: dict, folder: str, log=print):
     os.remove(meta_path)
   index.save(path + '.tmp')
   os.replace(path + '.tmp', path)
-  with open(meta_path + '.tmp', 'w', encoding='utf-8') as f:
-    json.dump(expected, f)
-  os.replace(meta_path + '.tmp', meta_path)
+  _write_json(meta_path, expected)
   log(f'Indexed the {count:,} candidate vectors with usearch in '
       f'{time.time() - started:.1f} s (saved in {path}).', flush=True)
   return index
