@@ -120,6 +120,9 @@ def validate(config: ml_collections.ConfigDict, mode: str = 'all') -> None:
                       '--config.suggest.ranker_workdir=DIR (a Bi-, Poly- or Cross-encoder run)')
   if s.strategy == 'rerank':
     _positive(config, ['suggest.retrieved'])
+  elif s.imdna_workdir:
+    raise ConfigError(f'config.suggest.imdna_workdir adds candidates to \'rerank\' only, but '
+                      f'config.suggest.strategy is {s.strategy!r}')
   if s.index not in ('exact', 'usearch'):
     raise ConfigError(f"config.suggest.index must be 'exact' or 'usearch', got {s.index!r}")
   # The ranker of 'generate' is the workdir's own model; another workdir's is checked when it

@@ -67,7 +67,8 @@ TRIVIAL_SUGGESTERS = {'repeat_previous': 'Repeat previous query',
 # Under config.suggest.strategy 'retrieve' or 'rerank', the sources it draws on, scored beside
 # it (`strategy_suggestions`).
 STRATEGY_SOURCES = {'generate': 'Generate (the workdir\'s model)',
-                    'retrieve': 'Retrieve (the ranker\'s pool entries)'}
+                    'retrieve': 'Retrieve (the ranker\'s pool entries)',
+                    'imdna': 'IMDNA (next queries of similar sessions)'}
 NUM_SAMPLES = 50
 PROGRESS_SECONDS = 10.0  # at most one progress line per this many seconds
 
@@ -292,17 +293,26 @@ def strategy_suggestions(config: ml_collections.ConfigDict, workdir: str,
     retriever_label = ('' if rankers.retriever is None else ' + ' + models.spec(
         rankers.retriever.trained.cfg.name).label(rankers.retriever.trained.meta['model'])
                        + f' top {s.retrieved}')
-    label = (f'{generator_label} beam {dc.beam_size}{retriever_label} + session queries, '
-             f'scored by {ranker_label}')
+    label = f'{generator_label} beam {dc.beam_size}{retriever_label}'
     first_pair = np.cumsum(split.lengths - 1) - (split.lengths - 1)
     # Each session's contexts: its queries but the last (which only ever is a reference).
     contexts = [split.session_texts(i)[:-1] for i in range(split.num_sessions)]
     per_session = lambda pairs: [[pairs[first_pair[i] + t] for t in range(len(queries))]
                                  for i, queries in enumerate(contexts)]
+    if rankers.proposer is not None:
+      started = time.time()
+      session_of, position_of = pair_session_positions(split)
+      lists['imdna'] = rankers.proposer.propose(
+          [contexts[i][:t + 1] for i, t in zip(session_of.tolist(), position_of.tolist())],
+          s.retrieved, users=None if split.users is None else np.asarray(split.users)[session_of])
+      label += f' + IMDNA top {s.retrieved}'
+      log(f'  IMDNA proposed next queries for {len(lists["imdna"]):,} contexts in '
+          f'{time.time() - started:.1f} s', flush=True)
     started = time.time()
-    reranked = rankers.rerank(contexts, per_session(generated),
-                              per_session(lists['retrieve']) if 'retrieve' in lists else None,
+    reranked = rankers.rerank(contexts, [per_session(lists[source]) for source in
+                                         ('generate', 'retrieve', 'imdna') if source in lists],
                               batch_rows=RERANK_SESSIONS)
+    label += f' + session queries, scored by {ranker_label}'
     by_pair = [ranked_list for session in reranked for ranked_list in session]
     log(f'  reranked {len(by_pair):,} candidate lists in {time.time() - started:.1f} s',
         flush=True)
@@ -312,7 +322,9 @@ def strategy_suggestions(config: ml_collections.ConfigDict, workdir: str,
                        'ranker_workdir': os.path.abspath(s.ranker_workdir),
                        'retriever_workdir': (rankers.retriever_workdir
                                              if rankers.retriever is not None else None),
-                       'retrieved': s.retrieved}
+                       'retrieved': s.retrieved,
+                       'imdna_workdir': (rankers.proposer.workdir
+                                         if rankers.proposer is not None else None)}
   return {'model': lists.pop('model'), **lists}, top, extra
 
 

@@ -208,6 +208,8 @@ def _aol_library(config: ml_collections.ConfigDict, workdir: str) -> Library:
     extra[name] = {'contexts': contexts}
   extra['train_split'] = train
   extra['document_queries'] = [train.session_texts(i) for i in range(train.num_sessions)]
+  extra['document_users'] = document_users
+  extra['index'] = index
   answers = list(vocab.words)
   return Library(vocab, documents, _document_tokens(documents, vocab, settings), answers,
                  np.arange(len(vocab), dtype=np.int32), splits, extra)
@@ -489,6 +491,50 @@ def following_queries(library: Library, questions: QuestionSet, i: int,
     overlap = [len(last & set(q.split())) for q in queries]
     candidates += queries[int(np.argmax(overlap)) + 1:]
   return list(dict.fromkeys(q for q in candidates if q not in context))
+
+
+class NextQueryProposer:
+  """IMDNA on AOL as a source of candidate next queries for the 'rerank' strategy
+  (`config.suggest.imdna_workdir`, `mtn_jax.strategies`): for a session prefix, the queries
+  that follow in the K training sessions BM25 finds most like it (`following_queries`),
+  ranked by the model's word probabilities -- what its own evaluation ranks. It hands over
+  texts, so its vocabulary need not be the generator's; its sessions must be
+  (`mtn_jax.strategies` checks)."""
+
+  def __init__(self, trained, workdir: str):
+    """`trained`: the IMDNA run of `workdir` (`inference.load_trained`)."""
+    self.config = ml_collections.ConfigDict(trained.meta['config'])
+    if self.config.get('imdna', {}).get('task') != 'aol':
+      raise errors.Error(f'{workdir} holds an IMDNA run on '
+                         f'{self.config.get("imdna", {}).get("task")!r}: the candidate next '
+                         'queries come from a run of configs/imdna_aol.py')
+    self.trained, self.workdir = trained, os.path.abspath(workdir)
+    self.library = load_library(self.config, workdir)
+
+  def propose(self, contexts: Sequence[Sequence[str]], k: int,
+              users: Sequence[Any] | None = None) -> list[list[str]]:
+    """[N] the k best candidate next queries after each context (its queries so far); with
+    `users` (each context's user), a user's own training sessions are never read, as in
+    training."""
+    settings, library = self.config.imdna, self.library
+    if not contexts:
+      return []
+    exclude = None
+    if users is not None:
+      document_users, users = library.extra['document_users'], np.asarray(users)
+      exclude = lambda i, found: document_users[found] == users[i]
+    ids, scores = library.extra['index'].top_k([' '.join(c) for c in contexts],
+                                               settings.num_documents, exclude)
+    texts = [_session_text(c) for c in contexts]
+    questions = QuestionSet(
+        question=_pad_rows([library.vocab.encode_text(t) for t in texts],
+                           settings.max_question_words, PAD_ID, keep='last'),
+        documents=ids, document_scores=scores,
+        answers=np.full((len(contexts), 1), -1, np.int32), texts=texts,
+        answer_texts=[''] * len(contexts))
+    probabilities = model_answer_scores(self.trained, library, questions, settings.batch_size)
+    return [_query_scores(following_queries(library, questions, i, c), probabilities[i],
+                          library.vocab)[:k] for i, c in enumerate(contexts)]
 
 
 def _query_scores(candidates: Sequence[str], word_probabilities: np.ndarray,

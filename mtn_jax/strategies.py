@@ -4,18 +4,24 @@
   retrieved pool entries).
 - 'retrieve': the pool entries a trained Bi- or Poly-encoder (`config.suggest.ranker_workdir`)
   retrieves (`mtn_jax.ranking`): real logged queries, never an unknown word.
-- 'rerank': for each context, the candidates of three sources pooled -- the workdir's
+- 'rerank': for each context, the candidates of its sources pooled -- the workdir's
   generative beam (every hypothesis, `config.decode.beam_size`), the `config.suggest.retrieved`
   best pool entries of a retriever (`config.suggest.retriever_workdir`, by default the ranker
-  itself when it can score the pool), and the session's own queries so far (a user often
-  returns to one) -- then deduplicated by text, scored by the ranker
+  itself when it can score the pool), with `config.suggest.imdna_workdir` the
+  `config.suggest.retrieved` best next queries of an IMDNA run on the same sessions (the
+  queries that follow in the most similar training sessions, `mtn_jax.imdna_task`), and the
+  session's own queries so far (a user often returns to one) -- then deduplicated by text,
+  scored by the ranker
   (`task.score_candidates`: a Bi-, Poly- or Cross-encoder) and sorted, best first. The
   generator proposes words the pool has never seen, the retriever well-formed logged queries,
-  and the ranker, which reads the whole session against each candidate, decides.
+  IMDNA what followed in sessions like this one, and the ranker, which reads the whole
+  session against each candidate, decides.
 
 The rankers must read the workdir's vocabulary (the same corpus, preprocessed alike): a
 candidate is given to the ranker as token ids, and ids of another vocabulary would be other
-words. `Rankers.load` refuses a mismatch with a one-line error naming both workdirs.
+words. `Rankers.load` refuses a mismatch with a one-line error naming both workdirs. IMDNA
+hands over texts, so its vocabulary may differ; its sessions may not (its documents are its
+training sessions, which must not hold the sessions being scored).
 """
 
 from __future__ import annotations
@@ -31,9 +37,11 @@ import ml_collections
 import numpy as np
 
 from mtn_jax import errors
+from mtn_jax import imdna_task
 from mtn_jax import inference
 from mtn_jax import ranking
 from mtn_jax import tasks
+from mtn_jax.data import preprocess
 from mtn_jax.data.vocab import Vocab
 
 CANDIDATE_BUCKET = 8  # candidate lists are padded to a multiple of this (fewer compilations)
@@ -63,13 +71,17 @@ class Rankers:
     retriever: the pool entries added to the candidates ('rerank'); None where the ranker
       cannot score the pool (a Cross-encoder) and no retriever is named.
     retriever_workdir: where the retriever's pool and candidate cache are.
-    retrieved: the retriever's entries added to each context's candidates.
+    retrieved: the retriever's (and the proposer's) entries added to each context's
+      candidates.
+    proposer: IMDNA's next queries added to the candidates ('rerank'); None unless
+      `config.suggest.imdna_workdir` names a run.
   """
 
   ranker: inference.Trained
   retriever: ranking.Retriever | None
   retriever_workdir: str
   retrieved: int
+  proposer: imdna_task.NextQueryProposer | None = None
 
   @classmethod
   def load(cls, config: ml_collections.ConfigDict, workdir: str, vocab: Vocab,
@@ -98,7 +110,18 @@ class Rankers:
       log(f'Note: {s.ranker_workdir} cannot retrieve from the pool (a Cross-encoder): the '
           'candidates are the beam and the session\'s queries (name a Bi- or Poly-encoder in '
           'config.suggest.retriever_workdir to add pool entries).')
-    return cls(ranker, retriever, os.path.abspath(retriever_workdir), s.retrieved)
+    proposer = None
+    if s.imdna_workdir:
+      if not os.path.isdir(s.imdna_workdir):
+        raise errors.Error(f'config.suggest.imdna_workdir={s.imdna_workdir}: no such folder '
+                           '(a trained configs/imdna_aol.py run)')
+      _check_sessions(s.imdna_workdir, workdir)
+      trained = inference.load_trained(config, s.imdna_workdir, which='best')
+      if not isinstance(trained.task, imdna_task.IMDNATask):
+        raise errors.Error(f'config.suggest.imdna_workdir={s.imdna_workdir} holds a '
+                           f'{trained.cfg.name!r} model, not an IMDNA run')
+      proposer = imdna_task.NextQueryProposer(trained, s.imdna_workdir)
+    return cls(ranker, retriever, os.path.abspath(retriever_workdir), s.retrieved, proposer)
 
   def score_lists(self, sessions_queries: Sequence[Sequence[str]],
                   candidate_lists: Sequence[Sequence[Sequence[str]]], *,
@@ -139,25 +162,23 @@ class Rankers:
     return out
 
   def rerank(self, sessions_queries: Sequence[Sequence[str]],
-             generated: Sequence[Sequence[Sequence[str]]],
-             retrieved: Sequence[Sequence[Sequence[str]]] | None, *, batch_rows: int,
+             sources: Sequence[Sequence[Sequence[Sequence[str]]]], *, batch_rows: int,
              exclude_session_queries: bool = False) -> list[list[list[dict]]]:
     """[R][t] every pooled candidate ({'query', 'score'}), best first.
 
     Args:
       sessions_queries: [R] each session's query texts.
-      generated, retrieved: [R][t] each source's candidates after position t (retrieved may
-        be None: no retriever).
+      sources: each source's candidates [R][t] after position t (the generator's first: on
+        a tie its order stands); the session's queries up to t are added last.
       exclude_session_queries: drop the candidates the session holds up to t.
     """
     pooled = []
     for r, queries in enumerate(sessions_queries):
       lists = []
       for t in range(len(queries)):
-        sources = [generated[r][t], [] if retrieved is None else retrieved[r][t],
-                   list(queries[:t + 1])]
+        candidates = [*(source[r][t] for source in sources), list(queries[:t + 1])]
         seen = set(queries[:t + 1]) if exclude_session_queries else set()
-        texts = [q for q in dict.fromkeys(q for source in sources for q in source)
+        texts = [q for q in dict.fromkeys(q for source in candidates for q in source)
                  if q.strip() and q not in seen]
         lists.append(texts)
       pooled.append(lists)
@@ -171,6 +192,20 @@ class Rankers:
         per_position.append([{'query': texts[i], 'score': float(values[i])} for i in order])
       out.append(per_position)
     return out
+
+
+def _check_sessions(imdna_workdir: str, workdir: str) -> None:
+  """Refuses an IMDNA run on other sessions than `workdir`'s: its documents are its
+  training sessions, which must not hold the sessions being scored."""
+  folders = [preprocess.data_dir(os.path.abspath(w)) for w in (imdna_workdir, workdir)]
+  if not os.path.exists(os.path.join(folders[0], 'manifest.json')):
+    raise errors.Error(f'config.suggest.imdna_workdir={imdna_workdir}: no corpus in '
+                       f'{folders[0]} (a trained configs/imdna_aol.py run)')
+  difference = preprocess.session_difference(*folders)
+  if difference:
+    raise errors.Error(f'config.suggest.imdna_workdir={imdna_workdir} was trained on other '
+                       f'sessions than {workdir} ({difference}): train it with the same '
+                       'config.data')
 
 
 def _load(config: ml_collections.ConfigDict, workdir: str, key: str) -> inference.Trained:

@@ -367,12 +367,29 @@ def _reranked(trained: inference.Trained, contexts: Sequence[Context], *, positi
   firsts = [len(c.queries) - 1 if positions == 'last' else c.first_output for c in contexts]
   full = lambda lists: [[[] for _ in range(first)] + [[s['query'] for s in at] for at in ranked]
                         for first, ranked in zip(firsts, lists)]
-  reranked = rankers.rerank([c.queries for c in contexts], full(generated),
-                            None if retrieved is None else full(retrieved),
-                            batch_rows=batch_rows,
+  sources = [full(generated)] + ([] if retrieved is None else [full(retrieved)])
+  if rankers.proposer is not None:
+    sources.append(_proposed(rankers, contexts, firsts))
+  reranked = rankers.rerank([c.queries for c in contexts], sources, batch_rows=batch_rows,
                             exclude_session_queries=settings.exclude_session_queries)
   return [[at[:settings.top_k] for at in ranked[first:]]
           for first, ranked in zip(firsts, reranked)]
+
+
+def _proposed(rankers: strategies.Rankers, contexts: Sequence[Context],
+              firsts: Sequence[int]) -> list[list[list[str]]]:
+  """[contexts][t] IMDNA's next queries after each output position t (none before
+  firsts[i]); a context's 'user' (its info) keeps that user's own sessions out of reach."""
+  at = [(i, t) for i, (c, first) in enumerate(zip(contexts, firsts))
+        for t in range(first, len(c.queries))]
+  users = [contexts[i].info.get('user') for i, _ in at]
+  proposed = rankers.proposer.propose(
+      [contexts[i].queries[:t + 1] for i, t in at], rankers.retrieved,
+      users=None if any(u is None for u in users) else users)
+  out = [[[] for _ in c.queries] for c in contexts]
+  for (i, t), queries in zip(at, proposed):
+    out[i][t] = queries
+  return out
 
 
 def _strategy(config: ml_collections.ConfigDict, trained: inference.Trained, workdir: str

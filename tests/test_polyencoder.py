@@ -413,3 +413,94 @@ def test_rerank_decode_writes_pooled_candidates_best_first(rerank_run, tmp_path)
     assert {s['query'] for s in ranked} <= allowed
     scores = [s['score'] for s in ranked]
     assert scores == sorted(scores, reverse=True)
+
+
+# IMDNA on the same demo sessions as a third source of 'rerank' candidates.
+IMDNA_TINY = ('--config.data.source=demo', '--config.model.emb_dim=8',
+              '--config.model.state_dim=8', '--config.model.hidden_units=16',
+              '--config.imdna.num_documents=4', '--config.imdna.batch_size=16',
+              '--config.train.max_steps=3')
+
+
+@pytest.fixture(scope='module')
+def imdna_run(tmp_path_factory):
+  """A 3-step IMDNA on the generator's demo sessions (its vocabulary is its own)."""
+  workdir = tmp_path_factory.mktemp('imdna')
+  cli.run(workdir, *FEW, *IMDNA_TINY, config='configs/imdna_aol.py')
+  return workdir
+
+
+@pytest.mark.slow
+def test_imdna_proposes_what_its_own_evaluation_ranks(imdna_run, rerank_run):
+  """The proposer reads a context (its documents: BM25 over the training sessions, the
+  user's own left out) exactly as IMDNA's training and evaluation do."""
+  from configs import imdna_aol  # pylint: disable=g-import-not-at-top
+  from mtn_jax import imdna_task, inference  # pylint: disable=g-import-not-at-top
+  from mtn_jax.data import sessions  # pylint: disable=g-import-not-at-top
+  config = imdna_aol.get_config()
+  trained = inference.load_trained(config, str(imdna_run))
+  proposer = imdna_task.NextQueryProposer(trained, str(imdna_run))
+  library = proposer.library
+  questions = library.splits['valid']
+  contexts = library.extra['valid']['contexts']
+  split = sessions.load_split(str(rerank_run[0] / 'data'), 'valid')  # the generator's
+  from mtn_jax import evaluate  # pylint: disable=g-import-not-at-top
+  session_of, position_of = evaluate.pair_session_positions(split)
+  assert contexts == [split.session_texts(i)[:t + 1] for i, t in zip(session_of, position_of)]
+  probabilities = imdna_task.model_answer_scores(trained, library, questions, 16)
+  expected = [imdna_task._query_scores(  # pylint: disable=protected-access
+      imdna_task.following_queries(library, questions, i, c), probabilities[i],
+      library.vocab)[:3] for i, c in enumerate(contexts)]
+  proposed = proposer.propose(contexts, 3, users=np.asarray(split.users)[session_of])
+  assert proposed == expected
+  assert sum(map(len, proposed)) > 0
+  # Without the users a user's own training sessions may be read: other documents, here.
+  assert proposer.propose(contexts, 3) != proposed or not np.isin(
+      split.users, library.extra['document_users']).any()
+
+
+@pytest.mark.slow
+def test_rerank_adds_imdna_next_queries(imdna_run, rerank_run, tmp_path):
+  import shutil  # pylint: disable=g-import-not-at-top
+  generator = tmp_path / 'generator'
+  shutil.copytree(rerank_run[0], generator)
+  poly = rerank_run[1]
+  out = cli.run(generator, *FEW, '--config.suggest.strategy=rerank',
+                f'--config.suggest.ranker_workdir={poly}', '--config.suggest.retrieved=3',
+                f'--config.suggest.imdna_workdir={imdna_run}', mode='eval')
+  assert 'IMDNA proposed next queries' in out.stdout
+  results = json.loads((generator / 'eval' / 'rerank_results.json').read_text())
+  assert set(results['scores']) == {'model', 'generate', 'retrieve', 'imdna',
+                                    'repeat_previous', 'most_frequent_next'}
+  assert results['strategy']['imdna_workdir'] == str(imdna_run)
+  assert 'IMDNA top 3' in results['strategy']['label']
+  # IMDNA's next queries are logged training queries: every reranked suggestion is still a
+  # beam hypothesis, a pool entry or a query of the session.
+  beams = {(s['session'], s['position']): {c['query'] for c in s['suggestions']}
+           for s in read_jsonl(rerank_run[0] / 'eval' / 'samples.jsonl')}
+  pool = pool_texts(poly)
+  for sample in read_jsonl(generator / 'eval' / 'rerank_samples.jsonl'):
+    beam = beams[(sample['session'], sample['position'])]
+    assert {s['query'] for s in sample['suggestions']} <= beam | pool | set(sample['context'])
+
+
+@pytest.mark.slow
+def test_imdna_of_other_sessions_is_refused(rerank_run, tmp_path):
+  """Only the sessions matter: another vocabulary of the same sessions is the same corpus;
+  another split of them is not (its documents could hold the sessions being scored)."""
+  from mtn_jax.data import preprocess  # pylint: disable=g-import-not-at-top
+  generator, poly, _ = rerank_run
+  words = tmp_path / 'words'
+  cli.run(words, '--config.data.min_word_count=3', mode='preprocess')
+  assert preprocess.session_difference(str(generator / 'data'), str(words / 'data')) is None
+  other = tmp_path / 'other'
+  cli.run(other, '--config.data.split_seed=1', mode='preprocess')
+  refused = cli.run(generator, *FEW, '--config.suggest.strategy=rerank',
+                    f'--config.suggest.ranker_workdir={poly}',
+                    f'--config.suggest.imdna_workdir={other}', mode='eval', check=False)
+  assert refused.returncode == 1, refused.stderr[-3000:]
+  assert 'Traceback' not in refused.stderr
+  errors_ = [line for line in refused.stderr.splitlines() if line.startswith('error:')]
+  assert len(errors_) == 1 and refused.stderr.rstrip().endswith(errors_[0])
+  assert f'config.suggest.imdna_workdir={other}' in errors_[0]
+  assert 'config.data.split_seed is 1 against 0' in errors_[0]
