@@ -21,9 +21,9 @@ documents of Ld tokens each, V words, A candidate answers, h = `state_dim`, T =
      score(w) = (1 / pi(w)) sum_i phi(i, w)
    (phi(i, w): the attention on w's occurrences in document i; pi(w): w's occurrences in
    the K documents; 0 for a word they do not hold) gives z [B, V], and a 2-layer network
-   y = W_ho relu(W_ih z' + b_ih) + b_ho, z' = z / max_w z(w) (see `IMDNA.read`), scores
-   every candidate answer (logits [B, A]; the slides' sigmoid is in the loss,
-   `optax.sigmoid_binary_cross_entropy`).
+   y = W_ho relu(W_ih z' + b_ih) + b_ho, z' = N z (N: the documents' tokens; see
+   `IMDNA.read`), scores every candidate answer (logits [B, A]; the slides' sigmoid is in
+   the loss, `optax.sigmoid_binary_cross_entropy`).
 
 `IMDNA.read(batch)` returns every intermediate (each step's attention over the question and
 over the documents, the word scores z, the logits) for inspection; `__call__` the logits.
@@ -182,11 +182,15 @@ class IMDNA(nn.Module):
     state = jnp.broadcast_to(self.initial_state, (b, self.config.state_dim))
     _, (query_attention, document_attention) = self.steps(state, encodings)
     z = word_scores(document_attention[-1], flat_documents, self.config.vocab_size)
-    # The network reads z over its largest value: one softmax over all K*Ld tokens leaves
-    # every score near 1/(K*Ld) (about 1/700) until the attention sharpens, so an input of
-    # that scale moved the network by lr * z per Adam step and it barely trained (movie QA:
-    # validation HITS@1 1.3 after an epoch). Scaled, the scores lie in [0, 1], the top at 1.
-    scaled = z / jnp.maximum(z.max(-1, keepdims=True), 1e-30)
+    # The network reads z times N, the number of document tokens: uniform attention gives
+    # every word of the documents 1, a word the attention favours more. The slides' z (one
+    # softmax over all N tokens) is about 1/N (1/700 here), an input that moved the network
+    # by lr * z per Adam step: it barely trained (movie QA: validation HITS@1 1.3 after an
+    # epoch). z / max_w z, tried next, trains QA but leaves the network a single word once
+    # the attention peaks: on Recs the attention settled on a relation name every document
+    # holds, and every question got the same answers (validation HITS@100 13.7 against 89.7
+    # with z * N, docs/RESULTS.md).
+    scaled = z * (flat_documents != PAD_ID).sum(-1, keepdims=True)
     hidden = self.dropout(nn.relu(self.hidden(scaled)), deterministic=not train)
     return {'query_attention': query_attention.transpose(1, 0, 2),
             'document_attention': document_attention.transpose(1, 0, 2).reshape(b, -1, k, ld),
