@@ -172,11 +172,12 @@ def get_config(variant: str = '') -> ml_collections.ConfigDict:
   c.suggest.strategy = 'generate'
   c.suggest.ranker_workdir = ''  # a trained Bi-, Poly- or Cross-encoder's workdir
   c.suggest.retriever_workdir = ''  # '': the ranker's own (a Bi- or Poly-encoder)
-  c.suggest.retrieved = 10  # pool entries the retriever adds to the pool of candidates
+  c.suggest.retrieved = 10  # pool entries the retriever adds to the candidates (0: none)
   # 'rerank' only: a trained configs/imdna_aol.py run on the same sessions, whose
-  # `retrieved` best next queries (what followed in the most similar training sessions) join
-  # the candidates.
+  # `imdna_proposed` best next queries (what followed in the most similar training sessions)
+  # join the candidates.
   c.suggest.imdna_workdir = ''
+  c.suggest.imdna_proposed = 10
   # How a Bi-encoder retriever finds its best pool entries (decode, suggest, and the retriever
   # of 'rerank'): 'exact' scores the whole pool; 'usearch' searches an approximate
   # nearest-neighbour index of the cached candidate vectors (mtn_jax/ranking.py), for pools

@@ -119,7 +119,10 @@ def validate(config: ml_collections.ConfigDict, mode: str = 'all') -> None:
     raise ConfigError(f'config.suggest.strategy={s.strategy!r} needs a trained ranker: pass '
                       '--config.suggest.ranker_workdir=DIR (a Bi-, Poly- or Cross-encoder run)')
   if s.strategy == 'rerank':
-    _positive(config, ['suggest.retrieved'])
+    if s.retrieved < 0:
+      raise ConfigError(f'config.suggest.retrieved must be >= 0, got {s.retrieved}')
+    if s.imdna_workdir:
+      _positive(config, ['suggest.imdna_proposed'])
   elif s.imdna_workdir:
     raise ConfigError(f'config.suggest.imdna_workdir adds candidates to \'rerank\' only, but '
                       f'config.suggest.strategy is {s.strategy!r}')

@@ -304,8 +304,9 @@ def strategy_suggestions(config: ml_collections.ConfigDict, workdir: str,
       session_of, position_of = pair_session_positions(split)
       lists['imdna'] = rankers.proposer.propose(
           [contexts[i][:t + 1] for i, t in zip(session_of.tolist(), position_of.tolist())],
-          s.retrieved, users=None if split.users is None else np.asarray(split.users)[session_of])
-      label += f' + IMDNA top {s.retrieved}'
+          s.imdna_proposed,
+          users=None if split.users is None else np.asarray(split.users)[session_of])
+      label += f' + IMDNA top {s.imdna_proposed}'
       log(f'  IMDNA proposed next queries for {len(lists["imdna"]):,} contexts in '
           f'{time.time() - started:.1f} s', flush=True)
     started = time.time()
@@ -322,7 +323,7 @@ def strategy_suggestions(config: ml_collections.ConfigDict, workdir: str,
                        'ranker_workdir': os.path.abspath(s.ranker_workdir),
                        'retriever_workdir': (rankers.retriever_workdir
                                              if rankers.retriever is not None else None),
-                       'retrieved': s.retrieved,
+                       'retrieved': s.retrieved if rankers.retriever is not None else 0,
                        'imdna_workdir': (rankers.proposer.workdir
                                          if rankers.proposer is not None else None)}
   return {'model': lists.pop('model'), **lists}, top, extra

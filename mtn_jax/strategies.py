@@ -7,8 +7,8 @@
 - 'rerank': for each context, the candidates of its sources pooled -- the workdir's
   generative beam (every hypothesis, `config.decode.beam_size`), the `config.suggest.retrieved`
   best pool entries of a retriever (`config.suggest.retriever_workdir`, by default the ranker
-  itself when it can score the pool), with `config.suggest.imdna_workdir` the
-  `config.suggest.retrieved` best next queries of an IMDNA run on the same sessions (the
+  itself when it can score the pool; 0: none), with `config.suggest.imdna_workdir` the
+  `config.suggest.imdna_proposed` best next queries of an IMDNA run on the same sessions (the
   queries that follow in the most similar training sessions, `mtn_jax.imdna_task`), and the
   session's own queries so far (a user often returns to one) -- then deduplicated by text,
   scored by the ranker
@@ -71,8 +71,8 @@ class Rankers:
     retriever: the pool entries added to the candidates ('rerank'); None where the ranker
       cannot score the pool (a Cross-encoder) and no retriever is named.
     retriever_workdir: where the retriever's pool and candidate cache are.
-    retrieved: the retriever's (and the proposer's) entries added to each context's
-      candidates.
+    retrieved: the retriever's entries added to each context's candidates.
+    proposed: the proposer's next queries added to each context's candidates.
     proposer: IMDNA's next queries added to the candidates ('rerank'); None unless
       `config.suggest.imdna_workdir` names a run.
   """
@@ -81,6 +81,7 @@ class Rankers:
   retriever: ranking.Retriever | None
   retriever_workdir: str
   retrieved: int
+  proposed: int
   proposer: imdna_task.NextQueryProposer | None = None
 
   @classmethod
@@ -98,7 +99,9 @@ class Rankers:
     retriever_trained = (ranker if not s.retriever_workdir
                          else _load(config, s.retriever_workdir, 'retriever_workdir'))
     retriever = None
-    if getattr(retriever_trained.task, 'score_pool', None) is not None:
+    if s.strategy == 'rerank' and s.retrieved == 0:
+      log('Note: config.suggest.retrieved=0: no pool entries join the candidates.')
+    elif getattr(retriever_trained.task, 'score_pool', None) is not None:
       _check_vocab(retriever_trained, vocab, 'retriever_workdir', retriever_workdir, workdir)
       retriever = ranking.Retriever(retriever_trained, retriever_workdir, log=log,
                                     index=s.index)
@@ -121,7 +124,8 @@ class Rankers:
         raise errors.Error(f'config.suggest.imdna_workdir={s.imdna_workdir} holds a '
                            f'{trained.cfg.name!r} model, not an IMDNA run')
       proposer = imdna_task.NextQueryProposer(trained, s.imdna_workdir)
-    return cls(ranker, retriever, os.path.abspath(retriever_workdir), s.retrieved, proposer)
+    return cls(ranker, retriever, os.path.abspath(retriever_workdir), s.retrieved,
+               s.imdna_proposed, proposer)
 
   def score_lists(self, sessions_queries: Sequence[Sequence[str]],
                   candidate_lists: Sequence[Sequence[Sequence[str]]], *,

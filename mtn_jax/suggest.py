@@ -384,7 +384,7 @@ def _proposed(rankers: strategies.Rankers, contexts: Sequence[Context],
         for t in range(first, len(c.queries))]
   users = [contexts[i].info.get('user') for i, _ in at]
   proposed = rankers.proposer.propose(
-      [contexts[i].queries[:t + 1] for i, t in at], rankers.retrieved,
+      [contexts[i].queries[:t + 1] for i, t in at], rankers.proposed,
       users=None if any(u is None for u in users) else users)
   out = [[[] for _ in c.queries] for c in contexts]
   for (i, t), queries in zip(at, proposed):

@@ -466,22 +466,29 @@ def test_rerank_adds_imdna_next_queries(imdna_run, rerank_run, tmp_path):
   shutil.copytree(rerank_run[0], generator)
   poly = rerank_run[1]
   out = cli.run(generator, *FEW, '--config.suggest.strategy=rerank',
-                f'--config.suggest.ranker_workdir={poly}', '--config.suggest.retrieved=3',
+                f'--config.suggest.ranker_workdir={poly}', '--config.suggest.retrieved=0',
+                '--config.suggest.imdna_proposed=3',
                 f'--config.suggest.imdna_workdir={imdna_run}', mode='eval')
   assert 'IMDNA proposed next queries' in out.stdout
   results = json.loads((generator / 'eval' / 'rerank_results.json').read_text())
-  assert set(results['scores']) == {'model', 'generate', 'retrieve', 'imdna',
-                                    'repeat_previous', 'most_frequent_next'}
-  assert results['strategy']['imdna_workdir'] == str(imdna_run)
-  assert 'IMDNA top 3' in results['strategy']['label']
-  # IMDNA's next queries are logged training queries: every reranked suggestion is still a
-  # beam hypothesis, a pool entry or a query of the session.
+  # retrieved=0: no pool entries, IMDNA's instead.
+  assert set(results['scores']) == {'model', 'generate', 'imdna', 'repeat_previous',
+                                    'most_frequent_next'}
+  strategy = results['strategy']
+  assert strategy['imdna_workdir'] == str(imdna_run) and strategy['retrieved'] == 0
+  assert 'beam 5 + IMDNA top 3 + session queries, scored by Poly-encoder' in strategy['label']
+  # Every reranked suggestion is a beam hypothesis, one of IMDNA's next queries (logged
+  # training queries, so pool entries) or a query of the session.
   beams = {(s['session'], s['position']): {c['query'] for c in s['suggestions']}
            for s in read_jsonl(rerank_run[0] / 'eval' / 'samples.jsonl')}
   pool = pool_texts(poly)
+  taken_from_imdna = 0
   for sample in read_jsonl(generator / 'eval' / 'rerank_samples.jsonl'):
     beam = beams[(sample['session'], sample['position'])]
-    assert {s['query'] for s in sample['suggestions']} <= beam | pool | set(sample['context'])
+    queries = {s['query'] for s in sample['suggestions']}
+    assert queries <= beam | pool | set(sample['context'])
+    taken_from_imdna += len(queries - beam - set(sample['context']))
+  assert taken_from_imdna > 0
 
 
 @pytest.mark.slow
