@@ -72,7 +72,8 @@ def main(argv):
 
   attention = reading['document_attention'][0, -1]  # [K, Ld], the last step
   tokens = batch['documents'][0]
-  shown = np.argsort(-attention.sum(-1), kind='stable')[:FLAGS.documents]
+  retrieved = int((tokens != 0).any(-1).sum())  # BM25 returns fewer than K when few match
+  shown = np.argsort(-attention.sum(-1), kind='stable')[:min(FLAGS.documents, retrieved)]
   fig, ax = plt.subplots(figsize=(11, 0.55 * len(shown) + 1.2))
   ax.axis('off')
   peak = attention.max()
@@ -93,7 +94,8 @@ def main(argv):
   ax.set_title(f'Q: {questions.texts[index].replace("_", " ")}\n'
                f'A: {", ".join(t.replace("_", " ") for t in truth)}', fontsize=10, loc='left')
   fig.text(0.01, 0.01, 'Attention at the last inference step, per token (darker = higher); '
-           f'the {len(shown)} most attended of its {len(tokens)} documents.', fontsize=8)
+           f'the {len(shown)} most attended of the {retrieved} documents BM25 retrieved '
+           f'(of K = {len(tokens)}).', fontsize=8)
   fig.savefig(FLAGS.output, dpi=110, bbox_inches='tight')
   print(f'Figure: {FLAGS.output}')
 

@@ -510,4 +510,4 @@ def test_imdna_of_other_sessions_is_refused(rerank_run, tmp_path):
   errors_ = [line for line in refused.stderr.splitlines() if line.startswith('error:')]
   assert len(errors_) == 1 and refused.stderr.rstrip().endswith(errors_[0])
   assert f'config.suggest.imdna_workdir={other}' in errors_[0]
-  assert 'config.data.split_seed is 1 against 0' in errors_[0]
+  assert 'their train.text.txt differ' in errors_[0]

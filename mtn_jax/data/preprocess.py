@@ -43,6 +43,7 @@ line); docs/PERFORMANCE.md has the measurements.
 from __future__ import annotations
 
 import collections
+import filecmp
 import glob
 import hashlib
 import json
@@ -254,31 +255,15 @@ def _corpus_files() -> list[str]:
   return files
 
 
-# The settings that decide which sessions there are and how they are split (the vocabulary's
-# settings aside): two corpora with the same inputs and these hold the same sessions.
-SESSION_KEYS = ('source', 'demo_users', 'demo_seed', 'session_gap_minutes', 'max_query_words',
-                'long_query', 'min_session_queries', 'max_session_queries', 'split_fractions',
-                'split_by', 'split_seed')
-
-
 def session_difference(data_dir_a: str, data_dir_b: str) -> str | None:
-  """None when the corpora of two data folders hold the same sessions in the same splits,
-  else what differs first (the inputs, or a `config.data` key and its two values)."""
-  manifests = []
-  for folder in (data_dir_a, data_dir_b):
-    with open(os.path.join(folder, _MANIFEST), encoding='utf-8') as f:
-      manifests.append(json.load(f))
-  a, b = manifests
-  # A generated log lives in each workdir: its settings (SESSION_KEYS) say what it holds.
-  same_inputs = ([(i['size'],) for i in a['inputs']] == [(i['size'],) for i in b['inputs']]
-                 if a['data_config'].get('source') == 'demo' else a['inputs'] == b['inputs'])
-  if not same_inputs:
-    return (f'the input logs differ ({[i["path"] for i in a["inputs"]]} against '
-            f'{[i["path"] for i in b["inputs"]]}, or their sizes or times)')
-  for key in SESSION_KEYS:
-    if a['data_config'].get(key) != b['data_config'].get(key):
-      return (f'config.data.{key} is {a["data_config"].get(key)!r} against '
-              f'{b["data_config"].get(key)!r}')
+  """None when the corpora of two data folders hold the same sessions in the same splits
+  (each split's query texts, session bounds and users, byte for byte: the vocabulary and
+  tokenizer aside), else the first file that differs."""
+  for split in sessions_lib.SPLITS:
+    for kind in ('text', 'sessions', 'users'):
+      a, b = (sessions_lib.split_paths(d, split)[kind] for d in (data_dir_a, data_dir_b))
+      if not filecmp.cmp(a, b, shallow=False):
+        return f'their {os.path.basename(a)} differ'
   return None
 
 
