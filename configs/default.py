@@ -178,6 +178,9 @@ def get_config(variant: str = '') -> ml_collections.ConfigDict:
   # join the candidates.
   c.suggest.imdna_workdir = ''
   c.suggest.imdna_proposed = 10
+  # 'rerank': True orders the pooled candidates by expected BLEU under the ranker's softmax
+  # (minimum Bayes risk, mtn_jax/mbr.py) instead of by the ranker's score.
+  c.suggest.mbr = False
   # How a Bi-encoder retriever finds its best pool entries (decode, suggest, and the retriever
   # of 'rerank'): 'exact' scores the whole pool; 'usearch' searches an approximate
   # nearest-neighbour index of the cached candidate vectors (mtn_jax/ranking.py), for pools

@@ -39,6 +39,7 @@ import numpy as np
 from mtn_jax import errors
 from mtn_jax import imdna_task
 from mtn_jax import inference
+from mtn_jax import mbr
 from mtn_jax import ranking
 from mtn_jax import tasks
 from mtn_jax.data import preprocess
@@ -75,6 +76,9 @@ class Rankers:
     proposed: the proposer's next queries added to each context's candidates.
     proposer: IMDNA's next queries added to the candidates ('rerank'); None unless
       `config.suggest.imdna_workdir` names a run.
+    mbr: order the pooled candidates by their expected BLEU under the ranker's distribution
+      (`mtn_jax.mbr`, p = softmax of the ranker's scores, as in its training loss) instead of
+      by score.
   """
 
   ranker: inference.Trained
@@ -83,6 +87,7 @@ class Rankers:
   retrieved: int
   proposed: int
   proposer: imdna_task.NextQueryProposer | None = None
+  mbr: bool = False
 
   @classmethod
   def load(cls, config: ml_collections.ConfigDict, workdir: str, vocab: Vocab,
@@ -125,7 +130,7 @@ class Rankers:
                            f'{trained.cfg.name!r} model, not an IMDNA run')
       proposer = imdna_task.NextQueryProposer(trained, s.imdna_workdir)
     return cls(ranker, retriever, os.path.abspath(retriever_workdir), s.retrieved,
-               s.imdna_proposed, proposer)
+               s.imdna_proposed, proposer, s.mbr)
 
   def score_lists(self, sessions_queries: Sequence[Sequence[str]],
                   candidate_lists: Sequence[Sequence[Sequence[str]]], *,
@@ -193,7 +198,8 @@ class Rankers:
       for texts, values in zip(lists, session_scores):
         # A stable sort: on a tie the generator's order stands.
         order = np.argsort(-values, kind='stable')
-        per_position.append([{'query': texts[i], 'score': float(values[i])} for i in order])
+        ranked = [{'query': texts[i], 'score': float(values[i])} for i in order]
+        per_position.append(mbr.rerank(ranked) if self.mbr else ranked)
       out.append(per_position)
     return out
 

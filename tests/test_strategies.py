@@ -1,0 +1,54 @@
+"""The pooling and ordering of 'rerank' (`mtn_jax.strategies.Rankers.rerank`), its ranker
+replaced by given scores."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from mtn_jax import mbr
+from mtn_jax import strategies
+
+
+def rankers_with_scores(scores: dict[str, float], use_mbr: bool) -> strategies.Rankers:
+  rankers = strategies.Rankers(ranker=None, retriever=None, retriever_workdir='', retrieved=0,
+                               proposed=0, proposer=None, mbr=use_mbr)
+  rankers.score_lists = lambda sessions, lists, batch_rows: [
+      [np.asarray([scores[q] for q in texts], np.float32) for texts in session_lists]
+      for session_lists in lists]
+  return rankers
+
+
+SESSION = ['cheap flights', 'cheap flights paris']
+BEAM = [['cheap hotels'], ['cheap flights paris hotel', 'paris hotel', 'cheap flights paris']]
+OTHER = [['flights'], ['cheap flights paris hotels']]
+SCORES = {'cheap hotels': 0.5, 'flights': 0.1, 'cheap flights': 0.2,
+          'cheap flights paris hotel': 2.0, 'paris hotel': 2.1,
+          'cheap flights paris hotels': 1.9, 'cheap flights paris': 1.0}
+
+
+def test_rerank_pools_deduplicates_and_orders_by_score():
+  out = rankers_with_scores(SCORES, use_mbr=False).rerank([SESSION], [[BEAM], [OTHER]],
+                                                          batch_rows=1)
+  first, second = out[0]
+  assert [c['query'] for c in first] == ['cheap hotels', 'cheap flights', 'flights']
+  # 'cheap flights paris' is in the beam and the session: once. Best score first.
+  assert [c['query'] for c in second] == ['paris hotel', 'cheap flights paris hotel',
+                                          'cheap flights paris hotels', 'cheap flights paris',
+                                          'cheap flights']
+  excluded = rankers_with_scores(SCORES, use_mbr=False).rerank(
+      [SESSION], [[BEAM], [OTHER]], batch_rows=1, exclude_session_queries=True)[0][1]
+  assert {c['query'] for c in excluded} == {'paris hotel', 'cheap flights paris hotel',
+                                            'cheap flights paris hotels'}
+
+
+def test_rerank_with_mbr_picks_the_consensus_of_the_rankers_distribution():
+  ranked = rankers_with_scores(SCORES, use_mbr=False).rerank([SESSION], [[BEAM], [OTHER]],
+                                                             batch_rows=1)[0][1]
+  with_mbr = rankers_with_scores(SCORES, use_mbr=True).rerank([SESSION], [[BEAM], [OTHER]],
+                                                              batch_rows=1)[0][1]
+  assert with_mbr == mbr.rerank(ranked)
+  # The best-scored 'paris hotel' shares little with the rest of the mass; the consensus of
+  # the three 'cheap flights paris ...' candidates is chosen.
+  assert ranked[0]['query'] == 'paris hotel'
+  assert with_mbr[0]['query'].startswith('cheap flights paris')
+  assert {c['query'] for c in with_mbr} == {c['query'] for c in ranked}
