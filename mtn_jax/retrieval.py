@@ -26,15 +26,22 @@ import os
 import shutil
 import tempfile
 from collections.abc import Callable, Sequence
+from typing import Any
 
-import bm25s
 import numpy as np
 
 _FINGERPRINT = 'fingerprint.json'
-# bm25s announces every index it builds at INFO level.
-logging.getLogger('bm25s').setLevel(logging.WARNING)
 # Extra documents fetched per question to make up for excluded ones.
 _EXCLUSION_MARGIN = 64
+
+
+def _bm25s():
+  """bm25s, imported on first use: importing it runs a jax op (a top-k, to quiet a GPU
+  warning), which starts jax's backends before `--cpu_devices` can set the device count."""
+  import bm25s  # pylint: disable=g-import-not-at-top
+  # It announces every index it builds at INFO level.
+  logging.getLogger('bm25s').setLevel(logging.WARNING)
+  return bm25s
 
 
 def _hash(*parts) -> str:
@@ -46,12 +53,12 @@ def _hash(*parts) -> str:
 
 
 def corpus_fingerprint(documents: Sequence[str], k1: float, b: float) -> str:
-  return _hash(bm25s.__version__, {'k1': k1, 'b': b}, list(documents))
+  return _hash(_bm25s().__version__, {'k1': k1, 'b': b}, list(documents))
 
 
 @dataclasses.dataclass
 class Bm25Index:
-  retriever: bm25s.BM25
+  retriever: Any  # bm25s.BM25
   folder: str
   fingerprint: str
   num_documents: int
@@ -89,11 +96,11 @@ def open_index(folder: str, documents: Sequence[str], *, k1: float = 1.2,
   except (OSError, ValueError):
     current = False
   if current:
-    retriever = bm25s.BM25.load(folder, allow_pickle=False, show_progress=False)
+    retriever = _bm25s().BM25.load(folder, allow_pickle=False, show_progress=False)
     return Bm25Index(retriever, folder, fingerprint, len(documents), built=False)
   if not documents:
     raise ValueError(f'no documents to index in {folder}')
-  retriever = bm25s.BM25(k1=k1, b=b)
+  retriever = _bm25s().BM25(k1=k1, b=b)
   retriever.index([d.split() for d in documents], show_progress=False)
   parent = os.path.dirname(os.path.abspath(folder))
   os.makedirs(parent, exist_ok=True)
@@ -102,7 +109,7 @@ def open_index(folder: str, documents: Sequence[str], *, k1: float = 1.2,
     retriever.save(build, allow_pickle=False, show_progress=False)
     with open(os.path.join(build, _FINGERPRINT), 'w', encoding='utf-8') as f:
       json.dump({'fingerprint': fingerprint, 'documents': len(documents), 'k1': k1, 'b': b,
-                 'bm25s': bm25s.__version__}, f)
+                 'bm25s': _bm25s().__version__}, f)
     if os.path.exists(folder):
       shutil.rmtree(folder)
     os.replace(build, folder)

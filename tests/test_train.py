@@ -189,6 +189,21 @@ def test_cpu_hosts_get_one_device_per_core_unless_told():
       0, '--xla_force_host_platform_device_count=1') == (0, 1)
 
 
+def test_importing_the_package_starts_no_jax_backend():
+  """The device count (--cpu_devices) applies when jax's backend starts: no module of the
+  package, nor a library it imports at the top (bm25s runs a jax op when imported), may
+  start it first."""
+  code = ('import importlib, pkgutil, mtn_jax\n'
+          'for module in pkgutil.walk_packages(mtn_jax.__path__, "mtn_jax."):\n'
+          '  importlib.import_module(module.name)\n'
+          'from jax._src import xla_bridge\n'
+          'print(len(module.name) > 0, xla_bridge.backends_are_initialized())')
+  env = dict(os.environ, JAX_PLATFORMS='cpu')
+  out = subprocess.run([sys.executable, '-c', code], cwd=cli.REPO, env=env, check=True,
+                       capture_output=True, text=True).stdout.split()
+  assert out[-2:] == ['True', 'False']
+
+
 def test_cpu_devices_flag_reaches_the_trainer(tmp_path):
   env = cli.env()
   del env['XLA_FLAGS']
