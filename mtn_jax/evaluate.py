@@ -314,6 +314,8 @@ def strategy_suggestions(config: ml_collections.ConfigDict, workdir: str,
                                          ('generate', 'retrieve', 'imdna') if source in lists],
                               batch_rows=RERANK_SESSIONS)
     label += f' + session queries, scored by {ranker_label}'
+    if s.mbr:
+      label += ', ordered by expected BLEU'
     by_pair = [ranked_list for session in reranked for ranked_list in session]
     log(f'  reranked {len(by_pair):,} candidate lists in {time.time() - started:.1f} s',
         flush=True)
@@ -325,7 +327,8 @@ def strategy_suggestions(config: ml_collections.ConfigDict, workdir: str,
                                              if rankers.retriever is not None else None),
                        'retrieved': s.retrieved if rankers.retriever is not None else 0,
                        'imdna_workdir': (rankers.proposer.workdir
-                                         if rankers.proposer is not None else None)}
+                                         if rankers.proposer is not None else None),
+                       'mbr': bool(s.mbr)}
   return {'model': lists.pop('model'), **lists}, top, extra
 
 
