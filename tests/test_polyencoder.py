@@ -489,6 +489,24 @@ def test_rerank_adds_imdna_next_queries(imdna_run, rerank_run, tmp_path):
     assert queries <= beam | pool | set(sample['context'])
     taken_from_imdna += len(queries - beam - set(sample['context']))
   assert taken_from_imdna > 0
+  # decode: the same sources for sessions typed in a file (no user: nothing left out).
+  contexts = [s['context'] for s in read_jsonl(generator / 'eval' / 'rerank_samples.jsonl')[:3]]
+  sessions_file = tmp_path / 'sessions.txt'
+  sessions_file.write_text(''.join('\t'.join(c) + '\n' for c in contexts))
+  beam_out, reranked_out = tmp_path / 'beam.jsonl', tmp_path / 'reranked.jsonl'
+  cli.run(generator, *FEW, f'--config.decode.input={sessions_file}',
+          f'--config.decode.output={beam_out}', mode='decode')
+  cli.run(generator, *FEW, f'--config.decode.input={sessions_file}',
+          f'--config.decode.output={reranked_out}', '--config.suggest.strategy=rerank',
+          f'--config.suggest.ranker_workdir={poly}', '--config.suggest.retrieved=0',
+          f'--config.suggest.imdna_workdir={imdna_run}', mode='decode')
+  records = read_jsonl(reranked_out)
+  assert [r['context'] for r in records] == contexts
+  for record, beam in zip(records, read_jsonl(beam_out)):
+    queries = [s['query'] for s in record['suggestions']]
+    assert 0 < len(queries) == len(set(queries)) <= 5
+    assert set(queries) <= ({s['query'] for s in beam['suggestions']} | pool
+                            | set(record['context']))
 
 
 @pytest.mark.slow
