@@ -6,6 +6,7 @@ command line (resumed bit for bit, evaluated in the paper's protocols)."""
 from __future__ import annotations
 
 import json
+import sys
 import types
 
 import jax
@@ -529,3 +530,22 @@ def test_imdna_of_other_sessions_is_refused(rerank_run, tmp_path):
   assert len(errors_) == 1 and refused.stderr.rstrip().endswith(errors_[0])
   assert f'config.suggest.imdna_workdir={other}' in errors_[0]
   assert 'their train.text.txt differ' in errors_[0]
+
+
+@pytest.mark.slow
+def test_rerank_oracle_script_prints_each_choice(rerank_run):
+  import re  # pylint: disable=g-import-not-at-top
+  import subprocess  # pylint: disable=g-import-not-at-top
+  generator, poly, _ = rerank_run
+  result = subprocess.run(
+      [sys.executable, 'launch/rerank_oracle.py', '--config=configs/demo.py',
+       f'--workdir={generator}', *cli.TINY, *FEW, '--config.decode.eval_split=valid',
+       '--config.suggest.strategy=rerank', f'--config.suggest.ranker_workdir={poly}'],
+      cwd=cli.REPO, env=cli.env(), capture_output=True, text=True, timeout=300)
+  assert result.returncode == 0, result.stderr[-3000:]
+  bleu = dict(re.findall(r'^  (\S.*?)\s+BLEU\s+([\d.]+)$', result.stdout, re.M))
+  assert len(bleu) == 7, result.stdout
+  figures = {name: float(value) for name, value in bleu.items()}
+  # Knowing the reference, a choice among all candidates is at least as good as the ranker's.
+  assert figures['oracle: any pooled candidate'] >= figures["the ranker's first choice"]
+  assert 'is the previous query for' in result.stdout

@@ -1,0 +1,85 @@
+"""How good a first suggestion 'rerank' could pick: top-1 BLEU of the ranker's choice beside
+choices made knowing the logged next query, among the pooled candidates.
+
+  python launch/rerank_oracle.py --config=configs/aol.py:small --workdir=GENERATOR \
+      --config.data.raw_files=LOG --config.data.split_by=user \
+      --config.suggest.strategy=rerank --config.suggest.ranker_workdir=RANKER \
+      [--config.suggest.retrieved=0] [--config.decode.eval_split=valid]
+
+Prints corpus BLEU (METRICS.md) of: the ranker's first choice; repeating the previous query;
+and the best candidate by sentence BLEU against the next query (an oracle, an upper bound no
+suggester reaches) among all pooled candidates, the session's queries, the beam, and the
+two-way choices "previous query or the beam's first" and "previous query or the ranker's
+first".
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import sys
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+# pylint: disable=g-import-not-at-top,wrong-import-position
+from absl import app
+from absl import flags
+from ml_collections import config_flags
+
+from mtn_jax import parallel
+
+config_flags.DEFINE_config_file('config', None, 'The generator\'s config (path[:variant]).')
+flags.DEFINE_string('workdir', None, 'The trained generator.')
+FLAGS = flags.FLAGS
+
+
+def main(argv):
+  del argv
+  parallel.set_cpu_devices(0)  # the checkpoints' device layout: one device per core
+  import numpy as np
+  from mtn_jax import evaluate, inference, mbr, metrics, search
+  from mtn_jax.data import preprocess, sessions
+
+  config = FLAGS.config
+  trained = inference.load_trained(config, FLAGS.workdir)
+  split = sessions.load_split(preprocess.data_dir(os.path.abspath(FLAGS.workdir)),
+                              config.decode.eval_split)
+  dc = config.decode
+  settings = dataclasses.replace(search.SearchSettings.from_config(dc),
+                                 exclude_session_queries=False, top_k=dc.beam_size)
+  quiet = lambda *args, **kwargs: None
+  generated, _ = evaluate.decode_split(trained, split, settings, log=quiet,
+                                       queries_per_batch=dc.batch_sessions * 5)
+  lists, _, extra = evaluate.strategy_suggestions(config, FLAGS.workdir, trained, split,
+                                                  generated, np.zeros(0, np.int64), log=quiet)
+  previous, references = evaluate.pair_texts(split)
+  session, position = evaluate.pair_session_positions(split)
+  contexts = [split.session_texts(i)[:t + 1] for i, t in zip(session.tolist(),
+                                                             position.tolist())]
+  pooled = lists['model']
+
+  def oracle(candidate_lists):
+    return [max(c, key=lambda q: mbr.sentence_bleu(q.split(), r.split())) if c else ''
+            for c, r in zip(candidate_lists, references)]
+
+  rows = {
+      'the ranker\'s first choice': [c[0] for c in pooled],
+      'repeat the previous query': previous,
+      'oracle: any pooled candidate': oracle(pooled),
+      'oracle: a query of the session': oracle(contexts),
+      'oracle: a beam hypothesis': oracle(lists['generate']),
+      'oracle: the previous query or the beam\'s first': oracle(
+          [[p] + g[:1] for p, g in zip(previous, lists['generate'])]),
+      'oracle: the previous query or the ranker\'s first': oracle(
+          [[p, c[0]] for p, c in zip(previous, pooled)]),
+  }
+  print(f'{extra["strategy"]["label"]}; {config.decode.eval_split}, {len(references)} pairs')
+  for name, firsts in rows.items():
+    print(f'  {name:<50} BLEU {metrics.bleu(firsts, references).bleu:6.2f}')
+  share = np.mean([c[0] == p for c, p in zip(pooled, previous)])
+  print(f'  the ranker\'s first choice is the previous query for {100 * share:.1f} % of pairs')
+
+
+if __name__ == '__main__':
+  flags.mark_flags_as_required(['config', 'workdir'])
+  app.run(main)
