@@ -314,6 +314,8 @@ def strategy_suggestions(config: ml_collections.ConfigDict, workdir: str,
                                          ('generate', 'retrieve', 'imdna') if source in lists],
                               batch_rows=RERANK_SESSIONS)
     label += f' + session queries, scored by {ranker_label}'
+    if s.previous_query_bias:
+      label += f', the previous query's score + {s.previous_query_bias:g}'
     if s.mbr:
       label += ', ordered by expected BLEU'
     by_pair = [ranked_list for session in reranked for ranked_list in session]
@@ -328,7 +330,8 @@ def strategy_suggestions(config: ml_collections.ConfigDict, workdir: str,
                        'retrieved': s.retrieved if rankers.retriever is not None else 0,
                        'imdna_workdir': (rankers.proposer.workdir
                                          if rankers.proposer is not None else None),
-                       'mbr': bool(s.mbr)}
+                       'mbr': bool(s.mbr),
+                       'previous_query_bias': float(s.previous_query_bias)}
   return {'model': lists.pop('model'), **lists}, top, extra
 
 

@@ -79,6 +79,8 @@ class Rankers:
     mbr: order the pooled candidates by their expected BLEU under the ranker's distribution
       (`mtn_jax.mbr`, p = softmax of the ranker's scores, as in its training loss) instead of
       by score.
+    previous_query_bias: added to the ranker's score of the query just before the
+      suggestion (see `config.suggest.previous_query_bias`).
   """
 
   ranker: inference.Trained
@@ -88,6 +90,7 @@ class Rankers:
   proposed: int
   proposer: imdna_task.NextQueryProposer | None = None
   mbr: bool = False
+  previous_query_bias: float = 0.0
 
   @classmethod
   def load(cls, config: ml_collections.ConfigDict, workdir: str, vocab: Vocab,
@@ -130,7 +133,7 @@ class Rankers:
                            f'{trained.cfg.name!r} model, not an IMDNA run')
       proposer = imdna_task.NextQueryProposer(trained, s.imdna_workdir)
     return cls(ranker, retriever, os.path.abspath(retriever_workdir), s.retrieved,
-               s.imdna_proposed, proposer, s.mbr)
+               s.imdna_proposed, proposer, s.mbr, s.previous_query_bias)
 
   def score_lists(self, sessions_queries: Sequence[Sequence[str]],
                   candidate_lists: Sequence[Sequence[Sequence[str]]], *,
@@ -193,9 +196,12 @@ class Rankers:
       pooled.append(lists)
     scores = self.score_lists(sessions_queries, pooled, batch_rows=batch_rows)
     out = []
-    for lists, session_scores in zip(pooled, scores):
+    for queries, lists, session_scores in zip(sessions_queries, pooled, scores):
       per_position = []
-      for texts, values in zip(lists, session_scores):
+      for t, (texts, values) in enumerate(zip(lists, session_scores)):
+        if self.previous_query_bias and queries[t] in texts:
+          values = values.copy()
+          values[texts.index(queries[t])] += self.previous_query_bias
         # A stable sort: on a tie the generator's order stands.
         order = np.argsort(-values, kind='stable')
         ranked = [{'query': texts[i], 'score': float(values[i])} for i in order]

@@ -9,9 +9,11 @@ from mtn_jax import mbr
 from mtn_jax import strategies
 
 
-def rankers_with_scores(scores: dict[str, float], use_mbr: bool) -> strategies.Rankers:
+def rankers_with_scores(scores: dict[str, float], use_mbr: bool,
+                        previous_query_bias: float = 0.0) -> strategies.Rankers:
   rankers = strategies.Rankers(ranker=None, retriever=None, retriever_workdir='', retrieved=0,
-                               proposed=0, proposer=None, mbr=use_mbr)
+                               proposed=0, proposer=None, mbr=use_mbr,
+                               previous_query_bias=previous_query_bias)
   rankers.score_lists = lambda sessions, lists, batch_rows: [
       [np.asarray([scores[q] for q in texts], np.float32) for texts in session_lists]
       for session_lists in lists]
@@ -52,3 +54,20 @@ def test_rerank_with_mbr_picks_the_consensus_of_the_rankers_distribution():
   assert ranked[0]['query'] == 'paris hotel'
   assert with_mbr[0]['query'].startswith('cheap flights paris')
   assert {c['query'] for c in with_mbr} == {c['query'] for c in ranked}
+
+
+def test_previous_query_bias_lifts_only_the_query_before_the_suggestion():
+  # After position 1 the previous query is 'cheap flights paris' (score 1.0); + 1.15 puts it
+  # first, above 'paris hotel' (2.1) but leaves 'cheap flights' (position 0's) where it was.
+  biased = rankers_with_scores(SCORES, use_mbr=False, previous_query_bias=1.15).rerank(
+      [SESSION], [[BEAM], [OTHER]], batch_rows=1)[0]
+  assert [c['query'] for c in biased[1]] == ['cheap flights paris', 'paris hotel',
+                                             'cheap flights paris hotel',
+                                             'cheap flights paris hotels', 'cheap flights']
+  assert biased[1][0]['score'] == np.float32(1.0) + 1.15
+  # After position 0 the previous query is 'cheap flights' (0.2 + 1.15 > 0.5).
+  assert biased[0][0]['query'] == 'cheap flights'
+  # Excluded from the list, it is not brought back.
+  excluded = rankers_with_scores(SCORES, use_mbr=False, previous_query_bias=1.15).rerank(
+      [SESSION], [[BEAM], [OTHER]], batch_rows=1, exclude_session_queries=True)[0][1]
+  assert 'cheap flights paris' not in {c['query'] for c in excluded}
