@@ -315,7 +315,7 @@ def strategy_suggestions(config: ml_collections.ConfigDict, workdir: str,
                               batch_rows=RERANK_SESSIONS)
     label += f' + session queries, scored by {ranker_label}'
     if s.previous_query_bias:
-      label += f', the previous query's score + {s.previous_query_bias:g}'
+      label += f', the previous query\'s score + {s.previous_query_bias:g}'
     if s.mbr:
       label += ', ordered by expected BLEU'
     by_pair = [ranked_list for session in reranked for ranked_list in session]
