@@ -183,8 +183,8 @@ def get_config(variant: str = '') -> ml_collections.ConfigDict:
   c.suggest.mbr = False
   # 'rerank': added to the ranker's score of the session's latest query, a candidate the
   # rankers never score in training (their negatives are other sessions' queries), so its
-  # score is not calibrated against the others. A user often stays with that query; 2.0 is
-  # the best on the AOL sample's validation split (docs/RESULTS.md).
+  # score is not calibrated against the others. On the AOL sample 2.0 was best on validation
+  # and did not carry over to test (docs/RESULTS.md, "Strategies").
   c.suggest.previous_query_bias = 0.0
   # How a Bi-encoder retriever finds its best pool entries (decode, suggest, and the retriever
   # of 'rerank'): 'exact' scores the whole pool; 'usearch' searches an approximate
