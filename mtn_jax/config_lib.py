@@ -123,9 +123,12 @@ def validate(config: ml_collections.ConfigDict, mode: str = 'all') -> None:
       raise ConfigError(f'config.suggest.retrieved must be >= 0, got {s.retrieved}')
     if s.imdna_workdir:
       _positive(config, ['suggest.imdna_proposed'])
-  elif s.imdna_workdir:
-    raise ConfigError(f'config.suggest.imdna_workdir adds candidates to \'rerank\' only, but '
-                      f'config.suggest.strategy is {s.strategy!r}')
+  else:
+    for key, value in (('imdna_workdir', s.imdna_workdir), ('mbr', s.mbr),
+                       ('previous_query_bias', s.previous_query_bias)):
+      if value:
+        raise ConfigError(f'config.suggest.{key} is read by \'rerank\' only, but '
+                          f'config.suggest.strategy is {s.strategy!r}')
   if s.index not in ('exact', 'usearch'):
     raise ConfigError(f"config.suggest.index must be 'exact' or 'usearch', got {s.index!r}")
   # The ranker of 'generate' is the workdir's own model; another workdir's is checked when it

@@ -166,6 +166,7 @@ def test_checkpoint_of_another_model_is_refused(reference_run, tmp_path):
     ('--config.model.nmu_heads=4', 'nmu_heads'),
     ('--config.model.num_heads=four', 'num_heads'),
     ('--config.decode.eval_split=train', "eval_split must be 'test' or 'valid'"),
+    ('--config.suggest.mbr=True', "config.suggest.mbr is read by 'rerank' only"),
     ('--config.train.loss_chunk_tokens=0', 'config.train.loss_chunk_tokens must be positive'),
     ('--cpu_devices=-1', '--cpu_devices must be >= 0'),
 ])
