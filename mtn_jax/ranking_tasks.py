@@ -10,13 +10,13 @@ them at no extra encoding cost; larger batches give more. In-batch negatives are
 often a query is issued, so the many queries issued once (most of the pool) are seldom
 anyone's negative, and retrieval over the whole pool can then rank such a rare entry first for
 every context; `pool_negatives` adds that many entries drawn uniformly from the pool (once
-per batch, shared by its contexts, a fixed key in evaluation) as negatives of every context. A negative with the same token ids
-as the context's true next query (the same query issued in another session, a frequent
-event in search logs: "google", "yahoo.com") is masked out rather than counted as a negative,
-since the model cannot and should not rank a text below itself; nor is it a second positive,
-which would make the loss depend on how often a query repeats within a batch. With
-data-parallel groups (`groups`) the negatives of a context are those of its group, so no
-candidate vector crosses devices.
+per batch, shared by its contexts, a fixed key in evaluation) as negatives of every context.
+A negative with the same token ids as the context's true next query (the same query issued
+in another session, a frequent event in search logs: "google", "yahoo.com") is masked out
+rather than counted as a negative, since the model cannot and should not rank a text below
+itself; nor is it a second positive, which would make the loss depend on how often a query
+repeats within a batch. With data-parallel groups (`groups`) the negatives of a context are
+those of its group, so no candidate vector crosses devices.
 
 `CrossEncoderTask`: the pair must be encoded jointly, so in-batch candidates bring no saving;
 each context meets `cross_negatives` entries drawn uniformly from the candidate pool with the

@@ -104,34 +104,25 @@ class Rankers:
                          'name a Bi-, Poly- or Cross-encoder run')
     _check_vocab(ranker, vocab, 'ranker_workdir', s.ranker_workdir, workdir)
     retriever_workdir = s.retriever_workdir or s.ranker_workdir
-    retriever_trained = (ranker if not s.retriever_workdir
-                         else _load(config, s.retriever_workdir, 'retriever_workdir'))
     retriever = None
     if s.strategy == 'rerank' and s.retrieved == 0:
       log('Note: config.suggest.retrieved=0: no pool entries join the candidates.')
-    elif getattr(retriever_trained.task, 'score_pool', None) is not None:
-      _check_vocab(retriever_trained, vocab, 'retriever_workdir', retriever_workdir, workdir)
-      retriever = ranking.Retriever(retriever_trained, retriever_workdir, log=log,
-                                    index=s.index)
-    elif s.strategy == 'retrieve' or s.retriever_workdir:
-      raise errors.Error(f'config.suggest: {retriever_workdir} holds a '
-                         f'{retriever_trained.cfg.name!r} model, which cannot retrieve from the '
-                         'pool: name a Bi- or Poly-encoder run')
     else:
-      log(f'Note: {s.ranker_workdir} cannot retrieve from the pool (a Cross-encoder): the '
-          'candidates are the beam and the session\'s queries (name a Bi- or Poly-encoder in '
-          'config.suggest.retriever_workdir to add pool entries).')
-    proposer = None
-    if s.imdna_workdir:
-      if not os.path.isdir(s.imdna_workdir):
-        raise errors.Error(f'config.suggest.imdna_workdir={s.imdna_workdir}: no such folder '
-                           '(a trained configs/imdna_aol.py run)')
-      _check_sessions(s.imdna_workdir, workdir)
-      trained = inference.load_trained(config, s.imdna_workdir, which='best')
-      if not isinstance(trained.task, imdna_task.IMDNATask):
-        raise errors.Error(f'config.suggest.imdna_workdir={s.imdna_workdir} holds a '
-                           f'{trained.cfg.name!r} model, not an IMDNA run')
-      proposer = imdna_task.NextQueryProposer(trained, s.imdna_workdir)
+      retriever_trained = (ranker if not s.retriever_workdir
+                           else _load(config, s.retriever_workdir, 'retriever_workdir'))
+      if getattr(retriever_trained.task, 'score_pool', None) is not None:
+        _check_vocab(retriever_trained, vocab, 'retriever_workdir', retriever_workdir, workdir)
+        retriever = ranking.Retriever(retriever_trained, retriever_workdir, log=log,
+                                      index=s.index)
+      elif s.strategy == 'retrieve' or s.retriever_workdir:
+        raise errors.Error(f'config.suggest: {retriever_workdir} holds a '
+                           f'{retriever_trained.cfg.name!r} model, which cannot retrieve from '
+                           'the pool: name a Bi- or Poly-encoder run')
+      else:
+        log(f'Note: {s.ranker_workdir} cannot retrieve from the pool (a Cross-encoder): the '
+            'candidates are the beam and the session\'s queries (name a Bi- or Poly-encoder '
+            'in config.suggest.retriever_workdir to add pool entries).')
+    proposer = _load_proposer(config, s.imdna_workdir, workdir) if s.imdna_workdir else None
     return cls(ranker, retriever, os.path.abspath(retriever_workdir), s.retrieved,
                s.imdna_proposed, proposer, s.mbr, s.previous_query_bias)
 
@@ -208,6 +199,20 @@ class Rankers:
         per_position.append(mbr.rerank(ranked) if self.mbr else ranked)
       out.append(per_position)
     return out
+
+
+def _load_proposer(config: ml_collections.ConfigDict, imdna_workdir: str,
+                   workdir: str) -> imdna_task.NextQueryProposer:
+  """The IMDNA run of `config.suggest.imdna_workdir`, checked to read `workdir`'s sessions."""
+  if not os.path.isdir(imdna_workdir):
+    raise errors.Error(f'config.suggest.imdna_workdir={imdna_workdir}: no such folder (a '
+                       'trained configs/imdna_aol.py run)')
+  _check_sessions(imdna_workdir, workdir)
+  trained = inference.load_trained(config, imdna_workdir, which='best')
+  if not isinstance(trained.task, imdna_task.IMDNATask):
+    raise errors.Error(f'config.suggest.imdna_workdir={imdna_workdir} holds a '
+                       f'{trained.cfg.name!r} model, not an IMDNA run')
+  return imdna_task.NextQueryProposer(trained, imdna_workdir)
 
 
 def _check_sessions(imdna_workdir: str, workdir: str) -> None:
