@@ -23,6 +23,17 @@ each context meets `cross_negatives` entries drawn uniformly from the candidate 
 step's key (a fixed key in evaluation, so validation figures compare across checkpoints),
 those equal to the true next query masked as above.
 
+Graded targets (`session_candidates`, Bi- and Poly-encoders): the target is then spread over
+the candidates by how much of the true next query each gets right (`overlap_gain`, 1 for the
+true query itself), and each context's own session queries so far join its candidates. A
+suggester is judged by its first suggestion's n-gram overlap with the next query (top-1
+BLEU), and the previous query, which a reformulation mostly repeats, is never the logged next
+query: trained on the exact next query alone, a ranker learns to rank the session's queries
+low (they are in-batch negatives, the next queries of earlier positions) and, reranking, cannot
+tell when one of them is the safer suggestion. Graded, it learns the expected overlap of each
+candidate, the session's queries among them; a same-session query already in the in-batch
+columns (the next query of an earlier position) is scored in the session columns only.
+
 Validation figures (`RankingTask.summarize`): the cross-entropy per context among the same
 candidates, and how often the true next query scores first ('accuracy'); 'tokens' and
 'pairs' count the contexts.
@@ -41,7 +52,7 @@ import numpy as np
 
 from mtn_jax import tasks
 from mtn_jax.data import candidates as candidate_pool
-from mtn_jax.data.vocab import PAD_ID
+from mtn_jax.data.vocab import PAD_ID, UNK_ID
 from mtn_jax.models import polyencoder
 from mtn_jax.models.base import ModelConfig
 
@@ -51,22 +62,80 @@ ENCODE_CHUNK = 1024
 SCORE_BLOCK = 1 << 24
 
 
-def softmax_losses(logits: jax.Array, valid: jax.Array) -> dict[str, jax.Array]:
+def softmax_losses(logits: jax.Array, valid: jax.Array,
+                   targets: jax.Array | None = None) -> dict[str, jax.Array]:
   """The loss sums of contexts that score their candidates, the true one in column 0.
 
   Args:
     logits: float32 [..., K], -inf for candidates masked out.
     valid: bool [...], the real contexts.
+    targets: float32 [..., K], each context's target distribution over its candidates (0 at
+      masked ones); None: all on column 0.
   Returns:
-    'loss' = 'nll' (the cross-entropy, summed), 'correct' (contexts whose true next query
-    scores first; a tie counts as correct), 'tokens' = 'pairs' (contexts).
+    'loss' (the cross-entropy against `targets`, summed), 'nll' (the true next query's
+    negative log-likelihood, summed; = 'loss' without `targets`), 'correct' (contexts whose
+    true next query scores first; a tie counts as correct), 'tokens' = 'pairs' (contexts).
   """
-  nll = jax.nn.logsumexp(logits, axis=-1) - logits[..., 0]
+  log_probs = logits - jax.nn.logsumexp(logits, axis=-1, keepdims=True)
+  nll = -log_probs[..., 0]
+  # 0 * -inf at a masked candidate would be nan: a zero target reads nothing there.
+  loss = nll if targets is None else -jnp.where(targets > 0, targets * log_probs, 0.0).sum(-1)
   correct = logits[..., 0] >= logits.max(-1)
   weight = valid.astype(jnp.float32)
-  total = (jnp.where(valid, nll, 0.0)).sum()
-  return {'loss': total, 'nll': total, 'correct': (correct * weight).sum(),
+  total = lambda x: jnp.where(valid, x, 0.0).sum()
+  return {'loss': total(loss), 'nll': total(nll), 'correct': (correct * weight).sum(),
           'tokens': weight.sum(), 'pairs': weight.sum()}
+
+
+def _clipped_matches(grams: jax.Array, matchable: jax.Array, ref_grams: jax.Array,
+                     ref_matchable: jax.Array) -> jax.Array:
+  """The n-grams of a query found in a reference, each counted at most as often as there.
+
+  Args:
+    grams: int32 [..., k, g], a query's n-grams (g words each); matchable: bool [..., k].
+    ref_grams, ref_matchable: the reference's, [..., k', g] and [..., k'] (broadcast).
+  Returns:
+    int32 [...]: the clipped matches (BLEU's modified n-gram counts).
+  """
+  def equal(a, b):  # [..., k, k'] an n-gram of a equals one of b
+    return (a[..., :, None, :] == b[..., None, :, :]).all(-1)
+
+  k = grams.shape[-2]
+  # The i-th gram matches while fewer copies of it came before than the reference holds.
+  before = (equal(grams, grams) & matchable[..., None, :]
+            & jnp.tril(jnp.ones((k, k), bool), -1)).sum(-1)
+  in_reference = (equal(grams, ref_grams) & ref_matchable[..., None, :]).sum(-1)
+  return (matchable & (before < in_reference)).sum(-1)
+
+
+def overlap_gain(candidates: jax.Array, references: jax.Array) -> jax.Array:
+  """How much of a reference query a candidate gets right: the F1 of their unigrams and
+  bigrams pooled, matches clipped as in BLEU.
+
+  gain = 2 (m1 + m2) / (c1 + c2 + r1 + r2), m the clipped matches and c, r the candidate's and
+  the reference's n-gram counts: 1 for the same query, 0 when no word is shared. A candidate
+  longer than the reference loses precision, a shorter one recall (BLEU's brevity penalty).
+  `<unk>` matches nothing: two unknown words need not be one word.
+
+  Args:
+    candidates: int32 [..., n] token ids, padding last; references: int32 [..., n]
+      (broadcast to the candidates' leading axes).
+  Returns:
+    float32 [...] in [0, 1] (0 when both are padding).
+  """
+  def grams(ids):
+    real = ids != PAD_ID
+    known = real & (ids != UNK_ID)
+    bigrams = jnp.stack([ids[..., :-1], ids[..., 1:]], axis=-1)
+    return (ids[..., None], known, real.sum(-1), bigrams, known[..., :-1] & known[..., 1:],
+            (real[..., :-1] & real[..., 1:]).sum(-1))
+
+  c_uni, c_known, c1, c_bi, c_bi_known, c2 = grams(candidates)
+  r_uni, r_known, r1, r_bi, r_bi_known, r2 = grams(references)
+  matches = (_clipped_matches(c_uni, c_known, r_uni, r_known)
+             + _clipped_matches(c_bi, c_bi_known, r_bi, r_bi_known))
+  total = c1 + c2 + r1 + r2
+  return jnp.where(total > 0, 2.0 * matches / jnp.maximum(total, 1), 0.0).astype(jnp.float32)
 
 
 def same_query(a: jax.Array, b: jax.Array) -> jax.Array:
@@ -109,11 +178,14 @@ class DualEncoderTask(tasks.RankingTask):
 
   def loss_sums(self, params, batch: Mapping[str, jax.Array], *, train: bool, rngs=None,
                 groups: int = 1) -> dict[str, jax.Array]:
-    """In-batch negatives within each of `groups` data-parallel groups (module docstring)."""
+    """In-batch negatives within each of `groups` data-parallel groups, and with
+    `session_candidates` the session's queries and graded targets (module docstring)."""
     queries = batch['queries']
-    if queries.shape[0] % groups:
-      raise ValueError(f'a batch of {queries.shape[0]} sessions does not split into {groups} '
+    num_sessions, num_positions = queries.shape[0], queries.shape[1] - 1
+    if num_sessions % groups:
+      raise ValueError(f'a batch of {num_sessions} sessions does not split into {groups} '
                        'data-parallel groups')
+    graded = self.cfg.session_candidates
     next_queries = queries[:, 1:]  # [B, P, n]
     drawn = None
     if self.cfg.pool_negatives:
@@ -125,31 +197,58 @@ class DualEncoderTask(tasks.RankingTask):
 
     def encode(module):
       # Position t's context reads queries 0..t, so the last query is no context; the first
-      # is no one's next query.
+      # is no one's next query, but with graded targets a candidate of every later context.
       return (module.contexts(queries[:, :-1], train=train),
-              module.candidates(next_queries, train=train),
+              module.candidates(queries if graded else next_queries, train=train),
               None if drawn is None else module.candidates(drawn, train=train))
 
-    contexts, targets, drawn_vectors = self.model.apply(
+    contexts, encoded, drawn_vectors = self.model.apply(
         {'params': params}, rngs=rngs if train else None, method=encode)
+    session_contexts = contexts  # [B, P, m, d]
     contexts = contexts.reshape((groups, -1) + contexts.shape[2:])  # [G, N, m, d]
+    targets = encoded[:, 1:] if graded else encoded  # [B, P, d]
     targets = targets.reshape(groups, -1, targets.shape[-1])  # [G, N, d]
     ids = next_queries.reshape(groups, -1, next_queries.shape[-1])  # [G, N, n]
     real = (ids != PAD_ID).any(-1)  # [G, N]
     # logits[g, i, j]: context i against the next query of context j, both of group g.
     logits = polyencoder.dual_scores(contexts, targets[:, None], poly=self.poly)
     count = ids.shape[1]
-    own = jnp.eye(count, dtype=bool)
-    negative = real[:, None, :] & ~own & ~same_query(ids[:, :, None], ids[:, None, :])
+    negative = real[:, None, :] & ~jnp.eye(count, dtype=bool) & ~same_query(
+        ids[:, :, None], ids[:, None, :])
+    if graded:
+      # The next query of an earlier position of the same session is a query of the session
+      # so far: it is scored once, in the session columns.
+      session = jnp.repeat(jnp.arange(num_sessions), num_positions).reshape(groups, -1)
+      position = jnp.tile(jnp.arange(num_positions), num_sessions).reshape(groups, -1)
+      negative &= ~((session[:, :, None] == session[:, None, :])
+                    & (position[:, None, :] < position[:, :, None]))
     positive = jnp.diagonal(logits, axis1=1, axis2=2)[..., None]  # [G, N, 1]
-    others = jnp.where(negative, logits, -jnp.inf)
-    columns = [positive, others]
+    columns = [positive, jnp.where(negative, logits, -jnp.inf)]
+    candidate_ids = [ids[:, :, None],
+                     jnp.broadcast_to(ids[:, None], logits.shape + ids.shape[-1:])]
     if drawn is not None:
       from_pool = polyencoder.dual_scores(contexts, drawn_vectors[None, None],
                                           poly=self.poly)  # [G, N, K]
       columns.append(jnp.where(same_query(ids[:, :, None], drawn[None, None]), -jnp.inf,
                                from_pool))
-    return softmax_losses(jnp.concatenate(columns, axis=-1), real)
+      candidate_ids.append(jnp.broadcast_to(drawn, from_pool.shape + drawn.shape[-1:]))
+    if not graded:
+      return softmax_losses(jnp.concatenate(columns, axis=-1), real)
+    # Session columns: context (b, t) against queries 0..t of session b, [B, P, P]; a query
+    # equal to the true next one (a return to an earlier query) is its positive already.
+    so_far = queries[:, :-1]  # [B, P, n]
+    scores = polyencoder.dual_scores(session_contexts, encoded[:, None, :-1], poly=self.poly)
+    keep = (jnp.tril(jnp.ones((num_positions, num_positions), bool))
+            & (so_far != PAD_ID).any(-1)[:, None, :]
+            & ~same_query(so_far[:, None], next_queries[:, :, None]))
+    columns.append(jnp.where(keep, scores, -jnp.inf).reshape(groups, count, num_positions))
+    candidate_ids.append(jnp.broadcast_to(so_far[:, None], keep.shape + so_far.shape[-1:])
+                         .reshape(groups, count, num_positions, -1))
+    logits = jnp.concatenate(columns, axis=-1)
+    gains = jnp.concatenate([overlap_gain(c, ids[:, :, None]) for c in candidate_ids], axis=-1)
+    # The true query's own gain is 1 even when `<unk>` keeps it from matching itself.
+    gains = jnp.where(jnp.isfinite(logits), gains, 0.0).at[..., 0].set(1.0)
+    return softmax_losses(logits, real, gains / gains.sum(-1, keepdims=True))
 
   def encode_candidates(self, params, candidates: jax.Array) -> jax.Array:
     """candidates int32 [C, n] -> y_cand float32 [C, d], `ENCODE_CHUNK` rows at a time."""

@@ -5,6 +5,7 @@ command line (resumed bit for bit, evaluated in the paper's protocols)."""
 
 from __future__ import annotations
 
+import collections
 import json
 import sys
 import types
@@ -17,7 +18,7 @@ import pytest
 from mtn_jax import ranking
 from mtn_jax import ranking_tasks
 from mtn_jax.data import candidates
-from mtn_jax.data.vocab import SEP_ID
+from mtn_jax.data.vocab import SEP_ID, UNK_ID
 from mtn_jax.models import polyencoder
 from mtn_jax.models.base import session_sources
 from tests import cli
@@ -549,3 +550,85 @@ def test_rerank_oracle_script_prints_each_choice(rerank_run):
   # Knowing the reference, a choice among all candidates is at least as good as the ranker's.
   assert figures['oracle: any pooled candidate'] >= figures["the ranker's first choice"]
   assert 'is the previous query for' in result.stdout
+
+
+@pytest.mark.parametrize('candidate, reference, gain', [
+    ([5, 6, 7, 8], [5, 6, 7, 8], 1.0),  # the same query
+    ([5, 6, 7, 0], [5, 6, 8, 0], 0.6),  # 2 words + 1 bigram of 3 + 2 and 3 + 2 n-grams
+    ([5, 5, 5, 0], [5, 6, 0, 0], 0.25),  # clipped: the reference holds one 5 and no (5, 5)
+    ([6, 5, 0, 0], [5, 6, 0, 0], 2 * 2 / 6),  # the words, not the bigram
+    ([UNK_ID, 5, 0, 0], [UNK_ID, 5, 0, 0], 2 * 1 / 6),  # <unk> matches nothing
+    ([5, 0, 0, 0], [5, 6, 7, 0], 2 * 1 / 6),  # short: recall lost
+    ([9, 10, 0, 0], [5, 6, 0, 0], 0.0),
+    ([0, 0, 0, 0], [0, 0, 0, 0], 0.0),
+])
+def test_overlap_gain_exact_values(candidate, reference, gain):
+  value = ranking_tasks.overlap_gain(jnp.asarray(candidate), jnp.asarray(reference))
+  np.testing.assert_allclose(float(value), gain, rtol=1e-6)
+  # Symmetric: the F1 of pooled unigrams and bigrams.
+  np.testing.assert_allclose(
+      float(ranking_tasks.overlap_gain(jnp.asarray(reference), jnp.asarray(candidate))), gain,
+      rtol=1e-6)
+
+
+def overlap_by_hand(candidate, reference):
+  """`overlap_gain` written with Counters."""
+  def grams(ids):
+    words = [int(w) for w in ids if w != 0]
+    return [(words, 1), (list(zip(words, words[1:])), 2)]
+
+  matches = total = 0
+  for (c, _), (r, _) in zip(grams(candidate), grams(reference)):
+    known = lambda g: UNK_ID not in (g if isinstance(g, tuple) else (g,))
+    rc = collections.Counter(g for g in r if known(g))
+    matches += sum(min(n, rc[g]) for g, n in collections.Counter(
+        g for g in c if known(g)).items())
+    total += len(c) + len(r)
+  return 2 * matches / total if total else 0.0
+
+
+@pytest.mark.parametrize('name', ['biencoder', 'polyencoder'])
+def test_graded_session_candidates_loss_equals_a_hand_computation(name):
+  queries = sessions(length=4)
+  queries[0, 3] = queries[0, 1]  # a return to an earlier query: its positive, once
+  queries[3, 2, :2] = queries[3, 1, :2]  # a reformulation sharing two words
+  queries[2, 2, 0] = UNK_ID
+  task, params = dual_task(name, session_candidates=True)
+  sums = task.loss_sums(params, {'queries': queries}, train=False)
+  contexts = np.asarray(task.contexts(params, queries))  # [B, P, m, d]
+  vectors = np.asarray(task.model.apply({'params': params}, queries, method='candidates'))
+  score = lambda b, t, v: float(polyencoder.dual_scores(contexts[b, t], v[None],
+                                                        poly=task.poly)[0])
+  rows = [(b, t) for b in range(4) for t in range(3)]
+  total = nll_total = correct = count = 0.0
+  for b, t in rows:
+    target = queries[b, t + 1]
+    if not target.any():
+      continue
+    count += 1
+    logits, gains = [score(b, t, vectors[b, t + 1])], [1.0]
+    for b2, t2 in rows:  # in-batch: not itself, not the same query, not a session query
+      other = queries[b2, t2 + 1]
+      if ((b2, t2) != (b, t) and other.any() and not (other == target).all()
+          and not (b2 == b and t2 < t)):
+        logits.append(score(b, t, vectors[b2, t2 + 1]))
+        gains.append(overlap_by_hand(other, target))
+    for s in range(t + 1):  # the session so far
+      if queries[b, s].any() and not (queries[b, s] == target).all():
+        logits.append(score(b, t, vectors[b, s]))
+        gains.append(overlap_by_hand(queries[b, s], target))
+    logits, gains = np.array(logits), np.array(gains)
+    log_probs = logits - (np.log(np.exp(logits - logits.max()).sum()) + logits.max())
+    total -= (gains / gains.sum() * log_probs).sum()
+    nll_total -= log_probs[0]
+    correct += logits[0] >= logits.max()
+  assert count == 11 and float(sums['tokens']) == count
+  np.testing.assert_allclose(float(sums['loss']), total, rtol=1e-5)
+  np.testing.assert_allclose(float(sums['nll']), nll_total, rtol=1e-5)
+  assert float(sums['correct']) == correct
+  # The reformulation and other overlapping candidates take shares of the target.
+  assert abs(float(sums['loss']) - float(sums['nll'])) > 0.1
+  grads = jax.grad(lambda p: task.loss_sums(p, {'queries': queries}, train=True,
+                                            rngs={'dropout': jax.random.PRNGKey(3)})['loss'])(
+                                                params)
+  assert all(np.isfinite(g).all() for g in jax.tree.leaves(grads))
