@@ -114,8 +114,8 @@ def get_config(variant: str = '') -> ml_collections.ConfigDict:
   # Bi- and Poly-encoders: pool entries drawn uniformly per batch as negatives of every
   # context, beside the batch's own next queries (mtn_jax/ranking_tasks.py).
   c.model.pool_negatives = 0
-  # Bi- and Poly-encoders: the session's queries so far are candidates too, and every
-  # candidate's target is graded by its n-gram overlap with the true next query.
+  # Every ranker: the session's queries so far are candidates too, and every candidate's
+  # target is graded by its n-gram overlap with the true next query.
   c.model.session_candidates = False
 
   c.train = ml_collections.ConfigDict()

@@ -111,9 +111,6 @@ def validate(config: ml_collections.ConfigDict, mode: str = 'all') -> None:
     _positive(config, ['model.poly_codes', 'model.cross_negatives'])
     if m.pool_negatives < 0:
       raise ConfigError(f'config.model.pool_negatives must be >= 0, got {m.pool_negatives}')
-    if m.session_candidates and m.name == 'crossencoder':
-      raise ConfigError('config.model.session_candidates is for the Bi- and Poly-encoders; '
-                        'the Cross-encoder learns from sampled pool entries only')
   s = config.suggest
   if s.strategy not in ('generate', 'retrieve', 'rerank'):
     raise ConfigError("config.suggest.strategy must be 'generate', 'retrieve' or 'rerank', "

@@ -23,16 +23,16 @@ each context meets `cross_negatives` entries drawn uniformly from the candidate 
 step's key (a fixed key in evaluation, so validation figures compare across checkpoints),
 those equal to the true next query masked as above.
 
-Graded targets (`session_candidates`, Bi- and Poly-encoders): the target is then spread over
-the candidates by how much of the true next query each gets right (`overlap_gain`, 1 for the
-true query itself), and each context's own session queries so far join its candidates. A
-suggester is judged by its first suggestion's n-gram overlap with the next query (top-1
-BLEU), and the previous query, which a reformulation mostly repeats, is never the logged next
-query: trained on the exact next query alone, a ranker learns to rank the session's queries
-low (they are in-batch negatives, the next queries of earlier positions) and, reranking, cannot
-tell when one of them is the safer suggestion. Graded, it learns the expected overlap of each
-candidate, the session's queries among them; a same-session query already in the in-batch
-columns (the next query of an earlier position) is scored in the session columns only.
+Graded targets (`session_candidates`, every ranker): each context's own session queries so
+far join its candidates, and the target is spread over the candidates by how much of the true
+next query each gets right (`overlap_gain`; 1 for the true query itself). A suggester is
+judged by its first suggestion's n-gram overlap with the next query (top-1 BLEU), and the
+previous query, which a reformulation mostly repeats, is never the logged next query: trained
+on the exact next query alone, a ranker never scores the session's queries (or, in-batch,
+ranks them as negatives: they are the next queries of earlier positions) and, reranking,
+cannot tell when one of them is the safer suggestion. Graded, it learns the expected overlap
+of each candidate, the session's queries among them. In-batch, the next query of an earlier
+position of the same session is scored in the session columns only, not twice.
 
 Validation figures (`RankingTask.summarize`): the cross-entropy per context among the same
 candidates, and how often the true next query scores first ('accuracy'); 'tokens' and
@@ -138,6 +138,41 @@ def overlap_gain(candidates: jax.Array, references: jax.Array) -> jax.Array:
   return jnp.where(total > 0, 2.0 * matches / jnp.maximum(total, 1), 0.0).astype(jnp.float32)
 
 
+def session_so_far(queries: jax.Array) -> tuple[jax.Array, jax.Array]:
+  """The session's queries as candidates of its contexts (`session_candidates`).
+
+  Args:
+    queries: int32 [B, S, n]; context t reads queries 0..t and its true next query is t+1.
+  Returns:
+    ids int32 [B, P, P, n] (P = S-1; [b, t, s] is query s of session b) and keep bool
+    [B, P, P]: s <= t, a real query, and not the true next query itself (a return to an
+    earlier query, whose positive column holds it already).
+  """
+  num_sessions, num_positions = queries.shape[0], queries.shape[1] - 1
+  so_far = queries[:, :-1]  # [B, P, n]
+  keep = (jnp.tril(jnp.ones((num_positions, num_positions), bool))
+          & (so_far != PAD_ID).any(-1)[:, None, :]
+          & ~same_query(so_far[:, None], queries[:, 1:, None]))
+  ids = jnp.broadcast_to(so_far[:, None], (num_sessions, num_positions) + so_far.shape[1:])
+  return ids, keep
+
+
+def graded_targets(logits: jax.Array, candidate_ids: jax.Array,
+                   references: jax.Array) -> jax.Array:
+  """Each context's target distribution: its candidates' overlap gains, normalised.
+
+  Args:
+    logits: float32 [..., K], the true next query in column 0, -inf at masked candidates.
+    candidate_ids: int32 [..., K, n]; references: int32 [..., n], the true next queries.
+  Returns:
+    float32 [..., K]: 0 at masked candidates; the true query's gain is 1 even when `<unk>`
+    keeps it from matching itself.
+  """
+  gains = overlap_gain(candidate_ids, references[..., None, :])
+  gains = jnp.where(jnp.isfinite(logits), gains, 0.0).at[..., 0].set(1.0)
+  return gains / gains.sum(-1, keepdims=True)
+
+
 def same_query(a: jax.Array, b: jax.Array) -> jax.Array:
   """bool: token ids a [..., n] and b [..., n] (broadcast) are the same query."""
   return (a == b).all(-1)
@@ -234,21 +269,14 @@ class DualEncoderTask(tasks.RankingTask):
       candidate_ids.append(jnp.broadcast_to(drawn, from_pool.shape + drawn.shape[-1:]))
     if not graded:
       return softmax_losses(jnp.concatenate(columns, axis=-1), real)
-    # Session columns: context (b, t) against queries 0..t of session b, [B, P, P]; a query
-    # equal to the true next one (a return to an earlier query) is its positive already.
-    so_far = queries[:, :-1]  # [B, P, n]
+    # Session columns: context (b, t) against queries 0..t of session b.
+    so_far, keep = session_so_far(queries)  # [B, P, P, n], [B, P, P]
     scores = polyencoder.dual_scores(session_contexts, encoded[:, None, :-1], poly=self.poly)
-    keep = (jnp.tril(jnp.ones((num_positions, num_positions), bool))
-            & (so_far != PAD_ID).any(-1)[:, None, :]
-            & ~same_query(so_far[:, None], next_queries[:, :, None]))
     columns.append(jnp.where(keep, scores, -jnp.inf).reshape(groups, count, num_positions))
-    candidate_ids.append(jnp.broadcast_to(so_far[:, None], keep.shape + so_far.shape[-1:])
-                         .reshape(groups, count, num_positions, -1))
+    candidate_ids.append(so_far.reshape(groups, count, num_positions, -1))
     logits = jnp.concatenate(columns, axis=-1)
-    gains = jnp.concatenate([overlap_gain(c, ids[:, :, None]) for c in candidate_ids], axis=-1)
-    # The true query's own gain is 1 even when `<unk>` keeps it from matching itself.
-    gains = jnp.where(jnp.isfinite(logits), gains, 0.0).at[..., 0].set(1.0)
-    return softmax_losses(logits, real, gains / gains.sum(-1, keepdims=True))
+    return softmax_losses(logits, real, graded_targets(
+        logits, jnp.concatenate(candidate_ids, axis=-2), ids))
 
   def encode_candidates(self, params, candidates: jax.Array) -> jax.Array:
     """candidates int32 [C, n] -> y_cand float32 [C, d], `ENCODE_CHUNK` rows at a time."""
@@ -317,7 +345,8 @@ class CrossEncoderTask(tasks.RankingTask):
 
   def loss_sums(self, params, batch: Mapping[str, jax.Array], *, train: bool, rngs=None,
                 groups: int = 1) -> dict[str, jax.Array]:
-    """The true next query against `cross_negatives` pool entries, per context."""
+    """The true next query against `cross_negatives` pool entries, per context, and with
+    `session_candidates` against the session so far, graded (module docstring)."""
     del groups  # each context's loss is its own
     queries = batch['queries']
     next_queries = queries[:, 1:]  # [B, P, n]
@@ -328,12 +357,20 @@ class CrossEncoderTask(tasks.RankingTask):
     drawn = jax.random.randint(sample_key, next_queries.shape[:2] + (self.cfg.cross_negatives,),
                                0, pool.shape[0])
     negatives = pool[drawn]  # [B, P, K, n]
-    candidates = jnp.concatenate([next_queries[:, :, None], negatives], axis=2)
+    keep = ~same_query(negatives, next_queries[:, :, None])
+    candidates = [next_queries[:, :, None], negatives]
+    if self.cfg.session_candidates:
+      so_far, keep_so_far = session_so_far(queries)
+      candidates.append(so_far)
+      keep = jnp.concatenate([keep, keep_so_far], axis=-1)
+    candidates = jnp.concatenate(candidates, axis=2)  # [B, P, K', n]
     logits = self.model.apply({'params': params}, {'queries': queries[:, :-1]}, candidates,
                               train=train, rngs={'dropout': dropout_key} if train else None)
-    duplicate = same_query(negatives, next_queries[:, :, None])
-    logits = logits.at[..., 1:].set(jnp.where(duplicate, -jnp.inf, logits[..., 1:]))
-    return softmax_losses(logits, (next_queries != PAD_ID).any(-1))
+    logits = logits.at[..., 1:].set(jnp.where(keep, logits[..., 1:], -jnp.inf))
+    real = (next_queries != PAD_ID).any(-1)
+    if not self.cfg.session_candidates:
+      return softmax_losses(logits, real)
+    return softmax_losses(logits, real, graded_targets(logits, candidates, next_queries))
 
   def encode_candidates(self, params, candidates: jax.Array) -> None:
     del params, candidates

@@ -632,3 +632,39 @@ def test_graded_session_candidates_loss_equals_a_hand_computation(name):
                                             rngs={'dropout': jax.random.PRNGKey(3)})['loss'])(
                                                 params)
   assert all(np.isfinite(g).all() for g in jax.tree.leaves(grads))
+
+
+def test_cross_encoder_graded_loss_scores_the_session_so_far():
+  cfg = ranker_config('crossencoder', cross_negatives=3, session_candidates=True)
+  queries = sessions(length=4)
+  queries[0, 3] = queries[0, 1]  # a return to an earlier query: its positive, once
+  queries[3, 2, :2] = queries[3, 1, :2]  # a reformulation sharing two words
+  pool = np.concatenate([queries[0, 1:2], sessions(seed=9).reshape(-1, N)[:5]])
+  task = ranking_tasks.CrossEncoderTask(cfg, pool_queries=pool)
+  params = task.init_params(jax.random.PRNGKey(0))
+  key = jax.random.PRNGKey(7)
+  sums = task.loss_sums(params, {'queries': queries}, train=False)
+  drawn = np.asarray(jax.random.randint(jax.random.split(jax.random.PRNGKey(0))[0],
+                                        (4, 3, 3), 0, len(pool)))
+  total = nll_total = 0.0
+  for b in range(4):
+    for t in range(3):
+      target = queries[b, t + 1]
+      if not target.any():
+        continue
+      candidates = [target] + [pool[k] for k in drawn[b, t] if not (pool[k] == target).all()]
+      candidates += [q for q in queries[b, :t + 1] if q.any() and not (q == target).all()]
+      logits = np.asarray(task.score_candidates(
+          params, {'queries': queries[b:b + 1, :t + 2]},
+          jnp.broadcast_to(jnp.asarray(np.stack(candidates)), (1, t + 1, len(candidates), N))))
+      logits = logits[0, t]
+      gains = np.array([1.0] + [overlap_by_hand(c, target) for c in candidates[1:]])
+      log_probs = logits - (np.log(np.exp(logits - logits.max()).sum()) + logits.max())
+      total -= (gains / gains.sum() * log_probs).sum()
+      nll_total -= log_probs[0]
+  np.testing.assert_allclose(float(sums['loss']), total, rtol=1e-4)
+  np.testing.assert_allclose(float(sums['nll']), nll_total, rtol=1e-4)
+  assert abs(float(sums['loss']) - float(sums['nll'])) > 0.1
+  grads = jax.grad(lambda p: task.loss_sums(p, {'queries': queries}, train=True,
+                                            rngs={'dropout': key})['loss'])(params)
+  assert all(np.isfinite(g).all() for g in jax.tree.leaves(grads))

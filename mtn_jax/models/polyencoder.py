@@ -63,8 +63,8 @@ class RankerConfig(mtn.MTNConfig):
   # Bi- and Poly-encoders: pool entries drawn uniformly per batch, negatives of every context
   # beside the in-batch ones (`ranking_tasks.DualEncoderTask`).
   pool_negatives: int = 0
-  # Bi- and Poly-encoders: each context's session queries join its candidates and targets are
-  # graded by n-gram overlap with the true next query (`ranking_tasks`).
+  # Each context's session queries join its candidates and targets are graded by n-gram
+  # overlap with the true next query (`ranking_tasks`).
   session_candidates: bool = False
 
 
