@@ -117,6 +117,9 @@ def get_config(variant: str = '') -> ml_collections.ConfigDict:
   # Every ranker: the session's queries so far are candidates too, and every candidate's
   # target is graded by its n-gram overlap with the true next query.
   c.model.session_candidates = False
+  # Bi- and Poly-encoders: the K pool entries sharing the most words with each context's
+  # session (BM25, its own queries left out) as its hard negatives.
+  c.model.lexical_negatives = 0
 
   c.train = ml_collections.ConfigDict()
   c.train.num_epochs = 5  # model selection = best validation loss within these epochs

@@ -111,6 +111,12 @@ def validate(config: ml_collections.ConfigDict, mode: str = 'all') -> None:
     _positive(config, ['model.poly_codes', 'model.cross_negatives'])
     if m.pool_negatives < 0:
       raise ConfigError(f'config.model.pool_negatives must be >= 0, got {m.pool_negatives}')
+    if m.lexical_negatives < 0:
+      raise ConfigError('config.model.lexical_negatives must be >= 0, got '
+                        f'{m.lexical_negatives}')
+    if m.lexical_negatives and m.name == 'crossencoder':
+      raise ConfigError('config.model.lexical_negatives is for the Bi- and Poly-encoders (the '
+                        'Cross-encoder draws its negatives with config.model.cross_negatives)')
   s = config.suggest
   if s.strategy not in ('generate', 'retrieve', 'rerank'):
     raise ConfigError("config.suggest.strategy must be 'generate', 'retrieve' or 'rerank', "

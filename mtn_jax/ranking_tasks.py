@@ -34,6 +34,14 @@ cannot tell when one of them is the safer suggestion. Graded, it learns the expe
 of each candidate, the session's queries among them. In-batch, the next query of an earlier
 position of the same session is scored in the session columns only, not twice.
 
+Lexical negatives (`lexical_negatives`, Bi- and Poly-encoders): in-batch and uniform pool
+negatives are easy, other sessions' queries on other topics, while what a reranker must
+order are the generator's hypotheses, built from the session's own words. Each context also
+meets the K pool entries that share the most words with its session so far (BM25 over the
+pool's texts, `lexical_neighbours`; the session's own queries left out, since the pool holds
+the training sessions' queries), the hard negatives of dense retrieval (Karpukhin et al.,
+2020). With graded targets they take the share their overlap with the next query earns.
+
 Validation figures (`RankingTask.summarize`): the cross-entropy per context among the same
 candidates, and how often the true next query scores first ('accuracy'); 'tokens' and
 'pairs' count the contexts.
@@ -43,6 +51,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import os
 from collections.abc import Mapping
 
 import jax
@@ -50,6 +59,7 @@ import jax.numpy as jnp
 import ml_collections
 import numpy as np
 
+from mtn_jax import retrieval
 from mtn_jax import tasks
 from mtn_jax.data import candidates as candidate_pool
 from mtn_jax.data.vocab import PAD_ID, UNK_ID
@@ -178,6 +188,36 @@ def same_query(a: jax.Array, b: jax.Array) -> jax.Array:
   return (a == b).all(-1)
 
 
+def lexical_neighbours(data_dir: str, split, k: int) -> np.ndarray:
+  """The pool entries closest in words to each context of `split` (`lexical_negatives`).
+
+  BM25 (`mtn_jax.retrieval`, its index of the pool's texts kept in `<data_dir>/pool_bm25`
+  and each split's result cached there) of the session so far against the pool; the
+  session's own queries are left out (a training session's queries are all in the pool).
+
+  Args:
+    data_dir: the corpus folder, with its candidate pool.
+    split: a `sessions.SessionSplit`.
+    k: entries per context.
+  Returns:
+    int32 [num_queries, k]: row r, for the context that ends at query row r, the pool
+    indices best first, -1 where fewer than k entries share a word with it.
+  """
+  pool = candidate_pool.load_pool(data_dir)
+  index = retrieval.open_index(os.path.join(data_dir, 'pool_bm25'), pool.texts)
+  in_pool = pool.ids_of(split.texts)  # [num_queries]
+  contexts, session_rows = [], []
+  for i in range(split.num_sessions):
+    texts = split.session_texts(i)
+    contexts += [' '.join(texts[:t + 1]) for t in range(len(texts))]
+    session_rows += [slice(split.starts[i], split.starts[i + 1])] * len(texts)
+  ids, _ = retrieval.cached_top_k(
+      index, split.name, contexts, k,
+      exclude=lambda i, found: np.isin(found, in_pool[session_rows[i]]),
+      exclusion='the session\'s own queries')
+  return ids.astype(np.int32)
+
+
 @dataclasses.dataclass(frozen=True, eq=False)
 class DualEncoderTask(tasks.RankingTask):
   """The Bi-encoder (`poly_codes` unused) or the Poly-encoder: see the module docstring.
@@ -188,20 +228,31 @@ class DualEncoderTask(tasks.RankingTask):
   """
 
   pool_queries: np.ndarray | None = None
+  data_dir: str | None = None
 
   @classmethod
   def from_config(cls, cfg: ModelConfig, train: ml_collections.ConfigDict,
                   data_dir: str | None = None) -> DualEncoderTask:
     del train
-    if not cfg.pool_negatives:
+    if not (cfg.pool_negatives or cfg.lexical_negatives):
       return cls(cfg)  # the negatives are the batch's own next queries
     if data_dir is None:
-      raise ValueError('pool_negatives needs the corpus folder (the candidate pool)')
-    return cls(cfg, pool_queries=candidate_pool.load_pool(data_dir).queries)
+      raise ValueError('pool_negatives and lexical_negatives need the corpus folder (the '
+                       'candidate pool)')
+    return cls(cfg, pool_queries=candidate_pool.load_pool(data_dir).queries,
+               data_dir=data_dir)
 
   @property
   def input_keys(self) -> tuple[str, ...]:
-    return ('queries',)
+    return ('queries',) + (('lexical',) if self.cfg.lexical_negatives else ())
+
+  def per_query_inputs(self, split, vocab) -> dict[str, np.ndarray]:
+    """'lexical' int32 [num_queries, K]: with `lexical_negatives`, each context's
+    `lexical_neighbours`."""
+    del vocab
+    if not self.cfg.lexical_negatives:
+      return {}
+    return {'lexical': lexical_neighbours(self.data_dir, split, self.cfg.lexical_negatives)}
 
   @property
   def poly(self) -> bool:
@@ -230,14 +281,21 @@ class DualEncoderTask(tasks.RankingTask):
       pool = jnp.asarray(self.pool_queries)
       drawn = pool[jax.random.randint(key, (self.cfg.pool_negatives,), 0, pool.shape[0])]
 
+    lexical = None
+    if self.cfg.lexical_negatives:
+      found = batch['lexical'][:, :-1]  # [B, P, K] pool indices, -1 for none
+      lexical = jnp.asarray(self.pool_queries)[jnp.maximum(found, 0)]  # [B, P, K, n]
+      keep_lexical = (found >= 0) & ~same_query(lexical, next_queries[:, :, None])
+
     def encode(module):
       # Position t's context reads queries 0..t, so the last query is no context; the first
       # is no one's next query, but with graded targets a candidate of every later context.
       return (module.contexts(queries[:, :-1], train=train),
               module.candidates(queries if graded else next_queries, train=train),
-              None if drawn is None else module.candidates(drawn, train=train))
+              None if drawn is None else module.candidates(drawn, train=train),
+              None if lexical is None else module.candidates(lexical, train=train))
 
-    contexts, encoded, drawn_vectors = self.model.apply(
+    contexts, encoded, drawn_vectors, lexical_vectors = self.model.apply(
         {'params': params}, rngs=rngs if train else None, method=encode)
     session_contexts = contexts  # [B, P, m, d]
     contexts = contexts.reshape((groups, -1) + contexts.shape[2:])  # [G, N, m, d]
@@ -267,6 +325,10 @@ class DualEncoderTask(tasks.RankingTask):
       columns.append(jnp.where(same_query(ids[:, :, None], drawn[None, None]), -jnp.inf,
                                from_pool))
       candidate_ids.append(jnp.broadcast_to(drawn, from_pool.shape + drawn.shape[-1:]))
+    if lexical is not None:
+      scores = polyencoder.dual_scores(session_contexts, lexical_vectors, poly=self.poly)
+      columns.append(jnp.where(keep_lexical, scores, -jnp.inf).reshape(groups, count, -1))
+      candidate_ids.append(lexical.reshape((groups, count) + lexical.shape[2:]))
     if not graded:
       return softmax_losses(jnp.concatenate(columns, axis=-1), real)
     # Session columns: context (b, t) against queries 0..t of session b.

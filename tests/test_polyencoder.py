@@ -588,15 +588,25 @@ def overlap_by_hand(candidate, reference):
 
 
 @pytest.mark.parametrize('name', ['biencoder', 'polyencoder'])
-def test_graded_session_candidates_loss_equals_a_hand_computation(name):
+@pytest.mark.parametrize('lexical', [False, True])
+def test_graded_session_candidates_loss_equals_a_hand_computation(name, lexical):
   queries = sessions(length=4)
   queries[0, 3] = queries[0, 1]  # a return to an earlier query: its positive, once
   queries[3, 2, :2] = queries[3, 1, :2]  # a reformulation sharing two words
   queries[2, 2, 0] = UNK_ID
-  task, params = dual_task(name, session_candidates=True)
-  sums = task.loss_sums(params, {'queries': queries}, train=False)
+  # Lexical negatives: 3 pool entries per context, -1 for none; one is the true next query.
+  pool = np.concatenate([queries[1, 1:2], sessions(seed=5).reshape(-1, N)[:6]])
+  found = np.random.default_rng(1).integers(-1, len(pool), size=(4, 4, 3)).astype(np.int32)
+  found[1, 0, 0] = 0
+  task = ranking_tasks.DualEncoderTask(
+      ranker_config(name, session_candidates=True, lexical_negatives=3 if lexical else 0),
+      pool_queries=pool)
+  params = task.init_params(jax.random.PRNGKey(0))
+  batch = {'queries': queries, **({'lexical': found} if lexical else {})}
+  sums = task.loss_sums(params, batch, train=False)
   contexts = np.asarray(task.contexts(params, queries))  # [B, P, m, d]
   vectors = np.asarray(task.model.apply({'params': params}, queries, method='candidates'))
+  pool_vectors = np.asarray(task.model.apply({'params': params}, pool, method='candidates'))
   score = lambda b, t, v: float(polyencoder.dual_scores(contexts[b, t], v[None],
                                                         poly=task.poly)[0])
   rows = [(b, t) for b in range(4) for t in range(3)]
@@ -617,6 +627,10 @@ def test_graded_session_candidates_loss_equals_a_hand_computation(name):
       if queries[b, s].any() and not (queries[b, s] == target).all():
         logits.append(score(b, t, vectors[b, s]))
         gains.append(overlap_by_hand(queries[b, s], target))
+    for k in found[b, t] if lexical else ():  # the context's lexical neighbours
+      if k >= 0 and not (pool[k] == target).all():
+        logits.append(score(b, t, pool_vectors[k]))
+        gains.append(overlap_by_hand(pool[k], target))
     logits, gains = np.array(logits), np.array(gains)
     log_probs = logits - (np.log(np.exp(logits - logits.max()).sum()) + logits.max())
     total -= (gains / gains.sum() * log_probs).sum()
@@ -628,7 +642,7 @@ def test_graded_session_candidates_loss_equals_a_hand_computation(name):
   assert float(sums['correct']) == correct
   # The reformulation and other overlapping candidates take shares of the target.
   assert abs(float(sums['loss']) - float(sums['nll'])) > 0.1
-  grads = jax.grad(lambda p: task.loss_sums(p, {'queries': queries}, train=True,
+  grads = jax.grad(lambda p: task.loss_sums(p, batch, train=True,
                                             rngs={'dropout': jax.random.PRNGKey(3)})['loss'])(
                                                 params)
   assert all(np.isfinite(g).all() for g in jax.tree.leaves(grads))

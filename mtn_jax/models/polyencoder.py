@@ -66,6 +66,9 @@ class RankerConfig(mtn.MTNConfig):
   # Each context's session queries join its candidates and targets are graded by n-gram
   # overlap with the true next query (`ranking_tasks`).
   session_candidates: bool = False
+  # Bi- and Poly-encoders: the pool entries nearest in words to each context (BM25), its
+  # hard negatives (`ranking_tasks.lexical_neighbours`).
+  lexical_negatives: int = 0
 
 
 def layer_label(display_name: str, fields: dict) -> str:
