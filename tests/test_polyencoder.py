@@ -18,6 +18,7 @@ import pytest
 from mtn_jax import ranking
 from mtn_jax import ranking_tasks
 from mtn_jax.data import candidates
+from mtn_jax.data import sessions as session_data
 from mtn_jax.data.vocab import SEP_ID, UNK_ID
 from mtn_jax.models import polyencoder
 from mtn_jax.models.base import session_sources
@@ -682,3 +683,26 @@ def test_cross_encoder_graded_loss_scores_the_session_so_far():
   grads = jax.grad(lambda p: task.loss_sums(p, {'queries': queries}, train=True,
                                             rngs={'dropout': key})['loss'])(params)
   assert all(np.isfinite(g).all() for g in jax.tree.leaves(grads))
+
+
+def test_lexical_neighbours_share_words_and_leave_out_the_session(tmp_path):
+  texts = ['cheap flights paris', 'paris hotels', 'cheap hotels rome', 'weather', 'rome']
+  pool = candidates.CandidatePool(queries=np.zeros((5, N), np.int32),
+                                  counts=np.ones(5, np.int64), texts=texts)
+  candidates.save_pool(str(tmp_path), pool)
+  # One session: 'paris hotels' then 'cheap flights paris' (both in the pool), then 'snow'.
+  (tmp_path / 'split.txt').write_text('paris hotels\ncheap flights paris\nsnow\n')
+  split = session_data.SessionSplit('valid', np.zeros((3, N), np.int32), np.array([0, 3]),
+                                text_path=str(tmp_path / 'split.txt'))
+  found = ranking_tasks.lexical_neighbours(str(tmp_path), split, 3)
+  assert found.shape == (3, 3) and found.dtype == np.int32
+  # After 'paris hotels': 'cheap hotels rome' shares a word; the session's own queries (1, 0)
+  # are left out even though they share more; nothing else shares a word.
+  np.testing.assert_array_equal(found[0], [2, -1, -1])
+  np.testing.assert_array_equal(found[1], [2, -1, -1])
+  # With 'snow', still no more: an entry that shares no word is no neighbour.
+  np.testing.assert_array_equal(found[2], [2, -1, -1])
+  # The cached result is read back for the same contexts.
+  np.testing.assert_array_equal(ranking_tasks.lexical_neighbours(str(tmp_path), split, 3),
+                                found)
+  assert (tmp_path / 'pool_bm25' / 'valid.top_k.npz').exists()
