@@ -706,3 +706,21 @@ def test_lexical_neighbours_share_words_and_leave_out_the_session(tmp_path):
   np.testing.assert_array_equal(ranking_tasks.lexical_neighbours(str(tmp_path), split, 3),
                                 found)
   assert (tmp_path / 'pool_bm25' / 'valid.top_k.npz').exists()
+
+
+@pytest.mark.slow
+def test_graded_poly_encoder_with_lexical_negatives_trains_and_evaluates(tmp_path):
+  """The real command line: the lexical neighbours reach the training and validation
+  batches, and the trained ranker is evaluated on the pool."""
+  graded = ('--config.model.session_candidates=True', '--config.model.lexical_negatives=4')
+  run = lambda *args, mode='train': cli.run(tmp_path, *FEW, *graded, *args, mode=mode,
+                                            config=RANKER_CONFIG)
+  run('--config.train.max_steps=3')
+  from mtn_jax import metric_writer  # pylint: disable=g-import-not-at-top
+  valid = metric_writer.read_metrics(str(tmp_path), 'valid')
+  assert valid and all(np.isfinite(r['loss']) for r in valid)
+  assert {p.name for p in (tmp_path / 'data' / 'pool_bm25').glob('*.top_k.npz')} == {
+      'train.top_k.npz', 'valid.top_k.npz'}
+  run(mode='eval')
+  results = json.loads((tmp_path / 'eval' / 'results.json').read_text())
+  assert results['pairs'] > 0 and '"r1_of_20"' in json.dumps(results)
