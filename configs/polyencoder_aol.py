@@ -6,6 +6,11 @@
   --config=configs/polyencoder_aol.py:cross                                  Cross-encoder
   --config=configs/polyencoder_aol.py:demo | :demo_bi | :demo_cross          the demo log
 
+Trained for reranking (docs/RESULTS.md, "Rankers trained for reranking"):
+  --config.model.session_candidates=True   the session's queries as candidates, targets graded
+                                           by n-gram overlap with the next query
+  --config.model.lexical_negatives=K       K BM25-nearest pool entries as hard negatives
+
 Every variant has the size of `configs/aol.py:small` (d_model 128, 4 heads, feed-forward 256;
 2 context-encoder layers, 2 candidate-encoder layers) and reads the same corpus as the
 generative models (`config.data` is the default's: session split, 5-query sessions), so the

@@ -223,8 +223,9 @@ class DualEncoderTask(tasks.RankingTask):
   """The Bi-encoder (`poly_codes` unused) or the Poly-encoder: see the module docstring.
 
   Attributes:
-    pool_queries: int32 [C, n] the candidate pool's token ids, where `pool_negatives` come
-      from (None without them).
+    pool_queries: int32 [C, n] the candidate pool's token ids, where `pool_negatives` and
+      `lexical_negatives` come from (None without them).
+    data_dir: the corpus folder, where the lexical neighbours are found (None without them).
   """
 
   pool_queries: np.ndarray | None = None
