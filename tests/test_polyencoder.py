@@ -589,8 +589,8 @@ def overlap_by_hand(candidate, reference):
 
 
 @pytest.mark.parametrize('name', ['biencoder', 'polyencoder'])
-@pytest.mark.parametrize('lexical', [False, True])
-def test_graded_session_candidates_loss_equals_a_hand_computation(name, lexical):
+@pytest.mark.parametrize('lexical, groups', [(False, 1), (True, 1), (True, 2)])
+def test_graded_session_candidates_loss_equals_a_hand_computation(name, lexical, groups):
   queries = sessions(length=4)
   queries[0, 3] = queries[0, 1]  # a return to an earlier query: its positive, once
   queries[3, 2, :2] = queries[3, 1, :2]  # a reformulation sharing two words
@@ -604,7 +604,7 @@ def test_graded_session_candidates_loss_equals_a_hand_computation(name, lexical)
       pool_queries=pool)
   params = task.init_params(jax.random.PRNGKey(0))
   batch = {'queries': queries, **({'lexical': found} if lexical else {})}
-  sums = task.loss_sums(params, batch, train=False)
+  sums = task.loss_sums(params, batch, train=False, groups=groups)
   contexts = np.asarray(task.contexts(params, queries))  # [B, P, m, d]
   vectors = np.asarray(task.model.apply({'params': params}, queries, method='candidates'))
   pool_vectors = np.asarray(task.model.apply({'params': params}, pool, method='candidates'))
@@ -618,10 +618,10 @@ def test_graded_session_candidates_loss_equals_a_hand_computation(name, lexical)
       continue
     count += 1
     logits, gains = [score(b, t, vectors[b, t + 1])], [1.0]
-    for b2, t2 in rows:  # in-batch: not itself, not the same query, not a session query
-      other = queries[b2, t2 + 1]
-      if ((b2, t2) != (b, t) and other.any() and not (other == target).all()
-          and not (b2 == b and t2 < t)):
+    for b2, t2 in rows:  # in-batch: its group's, not itself, not the same query, not a
+      other = queries[b2, t2 + 1]  # query of the session so far
+      if (b2 * groups // 4 == b * groups // 4 and (b2, t2) != (b, t) and other.any()
+          and not (other == target).all() and not (b2 == b and t2 < t)):
         logits.append(score(b, t, vectors[b2, t2 + 1]))
         gains.append(overlap_by_hand(other, target))
     for s in range(t + 1):  # the session so far
