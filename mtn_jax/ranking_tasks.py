@@ -316,30 +316,33 @@ class DualEncoderTask(tasks.RankingTask):
       position = jnp.tile(jnp.arange(num_positions), num_sessions).reshape(groups, -1)
       negative &= ~((session[:, :, None] == session[:, None, :])
                     & (position[:, None, :] < position[:, :, None]))
-    positive = jnp.diagonal(logits, axis1=1, axis2=2)[..., None]  # [G, N, 1]
-    columns = [positive, jnp.where(negative, logits, -jnp.inf)]
-    candidate_ids = [ids[:, :, None],
-                     jnp.broadcast_to(ids[:, None], logits.shape + ids.shape[-1:])]
+    # Each context's candidates in blocks of columns: (scores, kept, token ids), [G, N, K]
+    # and [G, N, K, n]; the true next query is column 0.
+    blocks = [(jnp.diagonal(logits, axis1=1, axis2=2)[..., None],
+               jnp.ones_like(real)[..., None], ids[:, :, None]),
+              (logits, negative, jnp.broadcast_to(ids[:, None], logits.shape + ids.shape[-1:]))]
+    by_context = lambda *block: tuple(x.reshape((groups, count) + x.shape[2:]) for x in block)
     if drawn is not None:
       from_pool = polyencoder.dual_scores(contexts, drawn_vectors[None, None],
                                           poly=self.poly)  # [G, N, K]
-      columns.append(jnp.where(same_query(ids[:, :, None], drawn[None, None]), -jnp.inf,
-                               from_pool))
-      candidate_ids.append(jnp.broadcast_to(drawn, from_pool.shape + drawn.shape[-1:]))
+      blocks.append((from_pool, ~same_query(ids[:, :, None], drawn[None, None]),
+                     jnp.broadcast_to(drawn, from_pool.shape + drawn.shape[-1:])))
     if lexical is not None:
-      scores = polyencoder.dual_scores(session_contexts, lexical_vectors, poly=self.poly)
-      columns.append(jnp.where(keep_lexical, scores, -jnp.inf).reshape(groups, count, -1))
-      candidate_ids.append(lexical.reshape((groups, count) + lexical.shape[2:]))
+      blocks.append(by_context(
+          polyencoder.dual_scores(session_contexts, lexical_vectors, poly=self.poly),
+          keep_lexical, lexical))
+    if graded:
+      # Context (b, t) against queries 0..t of session b.
+      so_far, keep = session_so_far(queries)  # [B, P, P, n], [B, P, P]
+      blocks.append(by_context(
+          polyencoder.dual_scores(session_contexts, encoded[:, None, :-1], poly=self.poly),
+          keep, so_far))
+    logits = jnp.concatenate([jnp.where(kept, scores, -jnp.inf) for scores, kept, _ in blocks],
+                             axis=-1)
     if not graded:
-      return softmax_losses(jnp.concatenate(columns, axis=-1), real)
-    # Session columns: context (b, t) against queries 0..t of session b.
-    so_far, keep = session_so_far(queries)  # [B, P, P, n], [B, P, P]
-    scores = polyencoder.dual_scores(session_contexts, encoded[:, None, :-1], poly=self.poly)
-    columns.append(jnp.where(keep, scores, -jnp.inf).reshape(groups, count, num_positions))
-    candidate_ids.append(so_far.reshape(groups, count, num_positions, -1))
-    logits = jnp.concatenate(columns, axis=-1)
-    return softmax_losses(logits, real, graded_targets(
-        logits, jnp.concatenate(candidate_ids, axis=-2), ids))
+      return softmax_losses(logits, real)
+    candidates = jnp.concatenate([block[2] for block in blocks], axis=-2)
+    return softmax_losses(logits, real, graded_targets(logits, candidates, ids))
 
   def encode_candidates(self, params, candidates: jax.Array) -> jax.Array:
     """candidates int32 [C, n] -> y_cand float32 [C, d], `ENCODE_CHUNK` rows at a time."""
