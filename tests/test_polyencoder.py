@@ -604,12 +604,17 @@ def test_graded_session_candidates_loss_equals_a_hand_computation(name, lexical,
       pool_queries=pool)
   params = task.init_params(jax.random.PRNGKey(0))
   batch = {'queries': queries, **({'lexical': found} if lexical else {})}
-  sums = task.loss_sums(params, batch, train=False, groups=groups)
+  sums = jax.jit(lambda p: task.loss_sums(p, batch, train=False, groups=groups))(params)
   contexts = np.asarray(task.contexts(params, queries))  # [B, P, m, d]
   vectors = np.asarray(task.model.apply({'params': params}, queries, method='candidates'))
   pool_vectors = np.asarray(task.model.apply({'params': params}, pool, method='candidates'))
-  score = lambda b, t, v: float(polyencoder.dual_scores(contexts[b, t], v[None],
-                                                        poly=task.poly)[0])
+  # Every (context, candidate vector) score written out in numpy, as the paper defines it.
+  def score(b, t, vector):
+    per_code = contexts[b, t] @ vector  # [m]
+    if not task.poly:
+      return float(per_code[0])
+    weights = np.exp(per_code / np.sqrt(contexts.shape[-1]))
+    return float((weights / weights.sum()) @ per_code)
   rows = [(b, t) for b in range(4) for t in range(3)]
   total = nll_total = correct = count = 0.0
   for b, t in rows:
@@ -643,9 +648,8 @@ def test_graded_session_candidates_loss_equals_a_hand_computation(name, lexical,
   assert float(sums['correct']) == correct
   # The reformulation and other overlapping candidates take shares of the target.
   assert abs(float(sums['loss']) - float(sums['nll'])) > 0.1
-  grads = jax.grad(lambda p: task.loss_sums(p, batch, train=True,
-                                            rngs={'dropout': jax.random.PRNGKey(3)})['loss'])(
-                                                params)
+  grads = jax.jit(jax.grad(lambda p: task.loss_sums(
+      p, batch, train=True, rngs={'dropout': jax.random.PRNGKey(3)})['loss']))(params)
   assert all(np.isfinite(g).all() for g in jax.tree.leaves(grads))
 
 
@@ -661,19 +665,22 @@ def test_cross_encoder_graded_loss_scores_the_session_so_far():
   sums = task.loss_sums(params, {'queries': queries}, train=False)
   drawn = np.asarray(jax.random.randint(jax.random.split(jax.random.PRNGKey(0))[0],
                                         (4, 3, 3), 0, len(pool)))
+  # Every context against its true next query, its 3 drawn entries and queries 0..2 of its
+  # session, in one call; the hand computation keeps the ones the loss may read.
+  every = np.concatenate([queries[:, 1:, None], pool[drawn],
+                          np.broadcast_to(queries[:, None, :3], (4, 3, 3, N))], axis=2)
+  scores = np.asarray(task.score_candidates(params, {'queries': queries}, jnp.asarray(every)))
   total = nll_total = 0.0
   for b in range(4):
     for t in range(3):
       target = queries[b, t + 1]
       if not target.any():
         continue
-      candidates = [target] + [pool[k] for k in drawn[b, t] if not (pool[k] == target).all()]
-      candidates += [q for q in queries[b, :t + 1] if q.any() and not (q == target).all()]
-      logits = np.asarray(task.score_candidates(
-          params, {'queries': queries[b:b + 1, :t + 2]},
-          jnp.broadcast_to(jnp.asarray(np.stack(candidates)), (1, t + 1, len(candidates), N))))
-      logits = logits[0, t]
-      gains = np.array([1.0] + [overlap_by_hand(c, target) for c in candidates[1:]])
+      kept = [0] + [1 + k for k in range(3) if not (pool[drawn[b, t, k]] == target).all()]
+      kept += [4 + s for s in range(t + 1)
+               if queries[b, s].any() and not (queries[b, s] == target).all()]
+      logits = scores[b, t, kept]
+      gains = np.array([1.0] + [overlap_by_hand(every[b, t, k], target) for k in kept[1:]])
       log_probs = logits - (np.log(np.exp(logits - logits.max()).sum()) + logits.max())
       total -= (gains / gains.sum() * log_probs).sum()
       nll_total -= log_probs[0]
