@@ -50,6 +50,7 @@ candidates, and how often the true next query scores first ('accuracy'); 'tokens
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 import os
 from collections.abc import Mapping
@@ -188,23 +189,29 @@ def same_query(a: jax.Array, b: jax.Array) -> jax.Array:
   return (a == b).all(-1)
 
 
-def lexical_neighbours(data_dir: str, split, k: int) -> np.ndarray:
+def lexical_index(data_dir: str) -> tuple[candidate_pool.CandidatePool, retrieval.Bm25Index]:
+  """The corpus folder's candidate pool and the BM25 index of its texts (`mtn_jax.retrieval`,
+  kept in `<data_dir>/pool_bm25`, rebuilt when the pool changes)."""
+  pool = candidate_pool.load_pool(data_dir)
+  return pool, retrieval.open_index(os.path.join(data_dir, 'pool_bm25'), pool.texts)
+
+
+def lexical_neighbours(pool: candidate_pool.CandidatePool, index: retrieval.Bm25Index, split,
+                       k: int) -> np.ndarray:
   """The pool entries closest in words to each context of `split` (`lexical_negatives`).
 
-  BM25 (`mtn_jax.retrieval`, its index of the pool's texts kept in `<data_dir>/pool_bm25`
-  and each split's result cached there) of the session so far against the pool; the
-  session's own queries are left out (a training session's queries are all in the pool).
+  BM25 of the session so far against the pool (`lexical_index`; each split's result cached
+  beside the index); the session's own queries are left out (a training session's queries
+  are all in the pool).
 
   Args:
-    data_dir: the corpus folder, with its candidate pool.
+    pool, index: `lexical_index` of the corpus folder.
     split: a `sessions.SessionSplit`.
     k: entries per context.
   Returns:
     int32 [num_queries, k]: row r, for the context that ends at query row r, the pool
     indices best first, -1 where fewer than k entries share a word with it.
   """
-  pool = candidate_pool.load_pool(data_dir)
-  index = retrieval.open_index(os.path.join(data_dir, 'pool_bm25'), pool.texts)
   in_pool = pool.ids_of(split.texts)  # [num_queries]
   contexts, session_rows = [], []
   for i in range(split.num_sessions):
@@ -253,7 +260,13 @@ class DualEncoderTask(tasks.RankingTask):
     del vocab
     if not self.cfg.lexical_negatives:
       return {}
-    return {'lexical': lexical_neighbours(self.data_dir, split, self.cfg.lexical_negatives)}
+    return {'lexical': lexical_neighbours(*self._lexical_index, split,
+                                          self.cfg.lexical_negatives)}
+
+  @functools.cached_property
+  def _lexical_index(self):
+    # Opened once for the training and the validation split: it hashes every pool text.
+    return lexical_index(self.data_dir)
 
   @property
   def poly(self) -> bool:

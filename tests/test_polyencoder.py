@@ -701,7 +701,8 @@ def test_lexical_neighbours_share_words_and_leave_out_the_session(tmp_path):
   (tmp_path / 'split.txt').write_text('paris hotels\ncheap flights paris\nsnow\n')
   split = session_data.SessionSplit('valid', np.zeros((3, N), np.int32), np.array([0, 3]),
                                 text_path=str(tmp_path / 'split.txt'))
-  found = ranking_tasks.lexical_neighbours(str(tmp_path), split, 3)
+  index = ranking_tasks.lexical_index(str(tmp_path))
+  found = ranking_tasks.lexical_neighbours(*index, split, 3)
   assert found.shape == (3, 3) and found.dtype == np.int32
   # After 'paris hotels': 'cheap hotels rome' shares a word; the session's own queries (1, 0)
   # are left out even though they share more; nothing else shares a word.
@@ -710,8 +711,9 @@ def test_lexical_neighbours_share_words_and_leave_out_the_session(tmp_path):
   # With 'snow', still no more: an entry that shares no word is no neighbour.
   np.testing.assert_array_equal(found[2], [2, -1, -1])
   # The cached result is read back for the same contexts.
-  np.testing.assert_array_equal(ranking_tasks.lexical_neighbours(str(tmp_path), split, 3),
-                                found)
+  np.testing.assert_array_equal(
+      ranking_tasks.lexical_neighbours(*ranking_tasks.lexical_index(str(tmp_path)), split, 3),
+      found)
   assert (tmp_path / 'pool_bm25' / 'valid.top_k.npz').exists()
 
 
