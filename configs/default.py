@@ -138,6 +138,17 @@ def get_config(variant: str = '') -> ml_collections.ConfigDict:
   # device), skipping chunks of padding, so the [tokens, vocabulary] logits never exist whole.
   # 256 suits small models on a CPU (docs/PERFORMANCE.md); the paper-size configs use 2048.
   c.train.loss_chunk_tokens = 256
+  # K > 0: train on the training sessions of the users outside fold `held_out_fold` of K
+  # (`sessions.user_folds`, seeded by data.split_seed; the corpus and vocabulary stay the
+  # whole split's), so the model's suggestions on the held-out fold are those for users it
+  # never saw. Rankers learn from such cross-fitted suggestions (train.hypotheses_from).
+  c.train.user_folds = 0
+  c.train.held_out_fold = 0
+  # Bi- and Poly-encoders: comma-separated workdirs of K generators trained with
+  # train.user_folds=K, one per held-out fold; each context's candidates then include the
+  # suggestions of the generator that never saw its user (valid: the first one's), decoded
+  # with each generator's own config.decode and cached in its workdir (mtn_jax/hypotheses.py).
+  c.train.hypotheses_from = ''
   c.train.log_every_steps = 100
   c.train.checkpoint_every_steps = 1000
   c.train.keep_checkpoints = 2  # the last N are kept, plus the best by validation loss

@@ -172,6 +172,18 @@ def validate(config: ml_collections.ConfigDict, mode: str = 'all') -> None:
   if t.schedule == 'transformer' and t.warmup_steps <= 0:
     raise ConfigError('config.train.warmup_steps must be positive with the transformer '
                       'schedule')
+  if t.user_folds:
+    if t.user_folds < 2 or not 0 <= t.held_out_fold < t.user_folds:
+      raise ConfigError(f'config.train.user_folds={t.user_folds}, held_out_fold='
+                        f'{t.held_out_fold}: folds must be >= 2 and the held-out fold one of '
+                        f'0..{max(t.user_folds, 2) - 1}')
+    if d.split_by != 'user':
+      raise ConfigError('config.train.user_folds holds users out of training, which is what '
+                        "the validation and test users are only with config.data.split_by="
+                        f"'user' (got {d.split_by!r})")
+  if t.hypotheses_from and m.name not in ('biencoder', 'polyencoder'):
+    raise ConfigError('config.train.hypotheses_from gives the Bi- and Poly-encoders '
+                      f'generated candidates to learn from; {m.name!r} reads none')
   if not 0 <= t.label_smoothing < 1:
     raise ConfigError(f'config.train.label_smoothing must be in [0, 1), '
                       f'got {t.label_smoothing}')

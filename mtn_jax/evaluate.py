@@ -175,14 +175,8 @@ def score_suggesters(suggestions: dict[str, list[list[str]]], references: Sequen
 
 
 def prefix_split(split: sessions.SessionSplit, num_sessions: int) -> sessions.SessionSplit:
-  """The first `num_sessions` sessions of `split` (its text file is read up to their rows)."""
-  end = int(split.starts[num_sessions])
-  per_session = {k: None if v is None else v[:num_sessions] for k, v in (
-      ('users', split.users), ('start_times', split.start_times), ('history', split.history),
-      ('history_items', split.history_items))}
-  return sessions.SessionSplit(split.name, split.queries[:end],
-                               np.asarray(split.starts[:num_sessions + 1]), split.text_path,
-                               **per_session)
+  """The first `num_sessions` sessions of `split`."""
+  return sessions.select_sessions(split, np.arange(num_sessions))
 
 
 def decode_split(trained: inference.Trained, split: sessions.SessionSplit,

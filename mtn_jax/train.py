@@ -213,6 +213,15 @@ def training_data(config: ml_collections.ConfigDict, workdir: str) -> TrainingDa
     return task_class.training_data(config, workdir)
   vocab, splits = load_data(config, workdir)
   train_split, valid_split = splits['train'], splits['valid']
+  held_out = ''
+  if config.train.user_folds:
+    folds = sessions.user_folds(_users(train_split), config.train.user_folds,
+                                config.data.split_seed)
+    total = train_split.num_sessions
+    train_split = sessions.select_sessions(
+        train_split, np.flatnonzero(folds != config.train.held_out_fold))
+    held_out = (f', users of fold {config.train.held_out_fold} of {config.train.user_folds} '
+                f'held out ({total - train_split.num_sessions:,} sessions)')
   if valid_split.num_sessions == 0:
     raise errors.Error('the valid split is empty: model selection needs validation sessions '
                        '(more data, or a larger config.data.split_fractions[1])')
@@ -235,7 +244,14 @@ def training_data(config: ml_collections.ConfigDict, workdir: str) -> TrainingDa
       train_split, config.input.train_queries_per_batch, jax.device_count())
   return TrainingData(vocab, task, train, steps, valid_batches,
                       f'{train_split.num_sessions:,} training sessions '
-                      f'({train_split.num_pairs:,} pairs)')
+                      f'({train_split.num_pairs:,} pairs){held_out}')
+
+
+def _users(split: sessions.SessionSplit) -> np.ndarray:
+  if split.users is None:
+    raise errors.Error(f'config.train.user_folds: the {split.name} split has no users (a '
+                       'corpus written before they were kept): run --mode=preprocess again')
+  return split.users
 
 
 def load_data(config: ml_collections.ConfigDict, workdir: str):

@@ -89,6 +89,9 @@ class SessionSplit:
   # int32 [num_sessions, M]: the history's queries as candidate-pool entries, -1 for none or
   # one outside the pool (`mtn_jax.data.candidates`).
   history_items: np.ndarray | None = None
+  # int64 [num_queries]: the text file's line of each query row, for a selection of another
+  # split's sessions (`select_sessions`); None: row i is line i.
+  text_rows: np.ndarray | None = None
 
   @property
   def num_sessions(self) -> int:
@@ -118,10 +121,42 @@ class SessionSplit:
     if self.text_path is None:
       raise ValueError(f'split {self.name!r} has no text file')
     with open(self.text_path, encoding='utf-8') as f:
-      return f.read().split('\n')[:len(self.queries)]
+      lines = f.read().split('\n')
+    if self.text_rows is None:
+      return lines[:len(self.queries)]
+    return [lines[i] for i in self.text_rows]
 
   def session_texts(self, i: int) -> list[str]:
     return self.texts[self.starts[i]:self.starts[i + 1]]
+
+
+def select_sessions(split: SessionSplit, session_ids: np.ndarray) -> SessionSplit:
+  """The sessions `session_ids` (int [k], in this order) of `split`, as a split of their own
+  (same name; its texts are read from the same file)."""
+  session_ids = np.asarray(session_ids, np.int64)
+  lengths = split.lengths[session_ids]
+  rows = (np.concatenate([np.arange(split.starts[i], split.starts[i + 1]) for i in session_ids])
+          if len(session_ids) else np.zeros(0, np.int64))
+  per_session = {k: None if v is None else np.asarray(v)[session_ids] for k, v in (
+      ('users', split.users), ('start_times', split.start_times), ('history', split.history),
+      ('history_items', split.history_items))}
+  text_rows = rows if split.text_rows is None else split.text_rows[rows]
+  return SessionSplit(split.name, np.asarray(split.queries)[rows],
+                      np.concatenate([[0], np.cumsum(lengths)]).astype(np.int64),
+                      split.text_path, **per_session, text_rows=text_rows)
+
+
+def user_folds(users: np.ndarray, folds: int, seed: int) -> np.ndarray:
+  """int64 [num_sessions]: each session's fold in 0..folds-1, all of a user's sessions in one.
+
+  Users are dealt to the folds in a seeded random order, one at a time (so fold sizes differ
+  by at most one user): the same users, folds and seed give the same folds in every run.
+  """
+  unique, user_index = np.unique(np.asarray(users), return_inverse=True)
+  fold_of_user = np.empty(len(unique), np.int64)
+  fold_of_user[np.random.default_rng(seed).permutation(len(unique))] = (
+      np.arange(len(unique)) % folds)
+  return fold_of_user[user_index]
 
 
 class CorpusFileError(errors.Error, ValueError):
