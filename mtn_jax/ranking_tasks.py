@@ -60,6 +60,7 @@ import jax.numpy as jnp
 import ml_collections
 import numpy as np
 
+from mtn_jax import hypotheses
 from mtn_jax import retrieval
 from mtn_jax import tasks
 from mtn_jax.data import candidates as candidate_pool
@@ -237,31 +238,39 @@ class DualEncoderTask(tasks.RankingTask):
 
   pool_queries: np.ndarray | None = None
   data_dir: str | None = None
+  hypotheses_from: str = ''
 
   @classmethod
   def from_config(cls, cfg: ModelConfig, train: ml_collections.ConfigDict,
                   data_dir: str | None = None) -> DualEncoderTask:
-    del train
-    if not (cfg.pool_negatives or cfg.lexical_negatives):
+    hypotheses_from = train.get('hypotheses_from', '')
+    if not (cfg.pool_negatives or cfg.lexical_negatives or hypotheses_from):
       return cls(cfg)  # the negatives are the batch's own next queries
     if data_dir is None:
-      raise ValueError('pool_negatives and lexical_negatives need the corpus folder (the '
-                       'candidate pool)')
-    return cls(cfg, pool_queries=candidate_pool.load_pool(data_dir).queries,
-               data_dir=data_dir)
+      raise ValueError('pool_negatives, lexical_negatives and hypotheses_from need the '
+                       'corpus folder')
+    pool = (candidate_pool.load_pool(data_dir).queries
+            if cfg.pool_negatives or cfg.lexical_negatives else None)
+    return cls(cfg, pool_queries=pool, data_dir=data_dir, hypotheses_from=hypotheses_from)
 
   @property
   def input_keys(self) -> tuple[str, ...]:
-    return ('queries',) + (('lexical',) if self.cfg.lexical_negatives else ())
+    return (('queries',) + (('lexical',) if self.cfg.lexical_negatives else ())
+            + (('hypotheses',) if self.hypotheses_from else ()))
 
   def per_query_inputs(self, split, vocab) -> dict[str, np.ndarray]:
     """'lexical' int32 [num_queries, K]: with `lexical_negatives`, each context's
-    `lexical_neighbours`."""
-    del vocab
-    if not self.cfg.lexical_negatives:
-      return {}
-    return {'lexical': lexical_neighbours(*self._lexical_index, split,
-                                          self.cfg.lexical_negatives)}
+    `lexical_neighbours`; 'hypotheses' int32 [num_queries, H, n]: with `hypotheses_from`,
+    the generators' suggestions after each query (`mtn_jax.hypotheses`)."""
+    inputs = {}
+    if self.cfg.lexical_negatives:
+      inputs['lexical'] = lexical_neighbours(*self._lexical_index, split,
+                                             self.cfg.lexical_negatives)
+    if self.hypotheses_from:
+      found = hypotheses.generators(self.hypotheses_from, self.data_dir)
+      inputs['hypotheses'] = hypotheses.encode(hypotheses.split_suggestions(found, split),
+                                               vocab, self.cfg.max_query_words)
+    return inputs
 
   @functools.cached_property
   def _lexical_index(self):
@@ -301,15 +310,25 @@ class DualEncoderTask(tasks.RankingTask):
       lexical = jnp.asarray(self.pool_queries)[jnp.maximum(found, 0)]  # [B, P, K, n]
       keep_lexical = (found >= 0) & ~same_query(lexical, next_queries[:, :, None])
 
+    generated = None
+    if self.hypotheses_from:
+      generated = batch['hypotheses'][:, :-1]  # [B, P, H, n], padding rows for none
+      num_generated = generated.shape[2]
+      # Not the true next query (column 0 holds it), nor a hypothesis met before.
+      keep_generated = ((generated != PAD_ID).any(-1)
+                        & ~same_query(generated, next_queries[:, :, None])
+                        & ~(same_query(generated[:, :, :, None], generated[:, :, None])
+                            & jnp.tril(jnp.ones((num_generated,) * 2, bool), -1)).any(-1))
+
     def encode(module):
       # Position t's context reads queries 0..t, so the last query is no context; the first
       # is no one's next query, but with graded targets a candidate of every later context.
       return (module.contexts(queries[:, :-1], train=train),
               module.candidates(queries if graded else next_queries, train=train),
-              None if drawn is None else module.candidates(drawn, train=train),
-              None if lexical is None else module.candidates(lexical, train=train))
+              *(None if extra is None else module.candidates(extra, train=train)
+                for extra in (drawn, lexical, generated)))
 
-    contexts, encoded, drawn_vectors, lexical_vectors = self.model.apply(
+    contexts, encoded, drawn_vectors, lexical_vectors, generated_vectors = self.model.apply(
         {'params': params}, rngs=rngs if train else None, method=encode)
     session_contexts = contexts  # [B, P, m, d]
     contexts = contexts.reshape((groups, -1) + contexts.shape[2:])  # [G, N, m, d]
@@ -350,6 +369,13 @@ class DualEncoderTask(tasks.RankingTask):
       blocks.append(by_context(
           polyencoder.dual_scores(session_contexts, encoded[:, None, :-1], poly=self.poly),
           keep, so_far))
+    if generated is not None:
+      if graded:  # a hypothesis that repeats a query of the session is scored there
+        keep_generated &= ~(same_query(generated[:, :, :, None], so_far[:, :, None])
+                            & keep[:, :, None]).any(-1)
+      blocks.append(by_context(
+          polyencoder.dual_scores(session_contexts, generated_vectors, poly=self.poly),
+          keep_generated, generated))
     logits = jnp.concatenate([jnp.where(kept, scores, -jnp.inf) for scores, kept, _ in blocks],
                              axis=-1)
     if not graded:

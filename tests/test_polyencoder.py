@@ -589,8 +589,10 @@ def overlap_by_hand(candidate, reference):
 
 
 @pytest.mark.parametrize('name', ['biencoder', 'polyencoder'])
-@pytest.mark.parametrize('lexical, groups', [(False, 1), (True, 1), (True, 2)])
-def test_graded_session_candidates_loss_equals_a_hand_computation(name, lexical, groups):
+@pytest.mark.parametrize('extra, groups', [('none', 1), ('lexical', 1), ('lexical', 2),
+                                           ('generated', 1), ('generated', 2)])
+def test_graded_session_candidates_loss_equals_a_hand_computation(name, extra, groups):
+  lexical, generated = extra == 'lexical', extra == 'generated'
   queries = sessions(length=4)
   queries[0, 3] = queries[0, 1]  # a return to an earlier query: its positive, once
   queries[3, 2, :2] = queries[3, 1, :2]  # a reformulation sharing two words
@@ -599,15 +601,26 @@ def test_graded_session_candidates_loss_equals_a_hand_computation(name, lexical,
   pool = np.concatenate([queries[1, 1:2], sessions(seed=5).reshape(-1, N)[:6]])
   found = np.random.default_rng(1).integers(-1, len(pool), size=(4, 4, 3)).astype(np.int32)
   found[1, 0, 0] = 0
+  # A generator's 3 suggestions after each query: pool entries (several share words with the
+  # next queries), one the true next query, one a query of the session so far, one twice,
+  # a padding slot.
+  hypotheses = pool[np.maximum(found, 0)].copy()  # [B, S, 3, n]
+  hypotheses[1, 0, 0] = queries[1, 1]
+  hypotheses[3, 2, 1] = queries[3, 0]
+  hypotheses[0, 1, 2] = hypotheses[0, 1, 1]
+  hypotheses[2, 0, 1] = 0
   task = ranking_tasks.DualEncoderTask(
       ranker_config(name, session_candidates=True, lexical_negatives=3 if lexical else 0),
-      pool_queries=pool)
+      pool_queries=pool, hypotheses_from='folds' if generated else '')
   params = task.init_params(jax.random.PRNGKey(0))
-  batch = {'queries': queries, **({'lexical': found} if lexical else {})}
+  batch = {'queries': queries, **({'lexical': found} if lexical else {}),
+           **({'hypotheses': hypotheses} if generated else {})}
   sums = jax.jit(lambda p: task.loss_sums(p, batch, train=False, groups=groups))(params)
   contexts = np.asarray(task.contexts(params, queries))  # [B, P, m, d]
   vectors = np.asarray(task.model.apply({'params': params}, queries, method='candidates'))
   pool_vectors = np.asarray(task.model.apply({'params': params}, pool, method='candidates'))
+  hypothesis_vectors = np.asarray(task.model.apply({'params': params}, hypotheses,
+                                                   method='candidates'))
   # Every (context, candidate vector) score written out in numpy, as the paper defines it.
   def score(b, t, vector):
     per_code = contexts[b, t] @ vector  # [m]
@@ -617,6 +630,7 @@ def test_graded_session_candidates_loss_equals_a_hand_computation(name, lexical,
     return float((weights / weights.sum()) @ per_code)
   rows = [(b, t) for b in range(4) for t in range(3)]
   total = nll_total = correct = count = 0.0
+  skipped_hypotheses = 0
   for b, t in rows:
     target = queries[b, t + 1]
     if not target.any():
@@ -629,20 +643,32 @@ def test_graded_session_candidates_loss_equals_a_hand_computation(name, lexical,
           and not (other == target).all() and not (b2 == b and t2 < t)):
         logits.append(score(b, t, vectors[b2, t2 + 1]))
         gains.append(overlap_by_hand(other, target))
+    so_far = []
     for s in range(t + 1):  # the session so far
       if queries[b, s].any() and not (queries[b, s] == target).all():
+        so_far.append(queries[b, s])
         logits.append(score(b, t, vectors[b, s]))
         gains.append(overlap_by_hand(queries[b, s], target))
     for k in found[b, t] if lexical else ():  # the context's lexical neighbours
       if k >= 0 and not (pool[k] == target).all():
         logits.append(score(b, t, pool_vectors[k]))
         gains.append(overlap_by_hand(pool[k], target))
+    for j in range(3) if generated else ():  # the generator's suggestions, each text once
+      h = hypotheses[b, t, j]
+      if (h.any() and not (h == target).all() and not any((h == q).all() for q in so_far)
+          and not any((h == hypotheses[b, t, i]).all() for i in range(j))):
+        logits.append(score(b, t, hypothesis_vectors[b, t, j]))
+        gains.append(overlap_by_hand(h, target))
+      else:
+        skipped_hypotheses += 1
     logits, gains = np.array(logits), np.array(gains)
     log_probs = logits - (np.log(np.exp(logits - logits.max()).sum()) + logits.max())
     total -= (gains / gains.sum() * log_probs).sum()
     nll_total -= log_probs[0]
     correct += logits[0] >= logits.max()
   assert count == 11 and float(sums['tokens']) == count
+  if generated:  # at least the four planted above are not scored; most are
+    assert 4 <= skipped_hypotheses < 33 - 4, skipped_hypotheses
   np.testing.assert_allclose(float(sums['loss']), total, rtol=1e-5)
   np.testing.assert_allclose(float(sums['nll']), nll_total, rtol=1e-5)
   assert float(sums['correct']) == correct
