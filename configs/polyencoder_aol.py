@@ -10,6 +10,10 @@ Trained for reranking (docs/RESULTS.md, "Rankers trained for reranking"):
   --config.model.session_candidates=True   the session's queries as candidates, targets graded
                                            by n-gram overlap with the next query
   --config.model.lexical_negatives=K       K BM25-nearest pool entries as hard negatives
+  --config.train.hypotheses_from=G0,G1     the suggestions of generators trained without
+                                           each fold of the users (configs/aol.py:small with
+                                           --config.train.user_folds=2
+                                           --config.train.held_out_fold=0, then 1)
 
 Every variant has the size of `configs/aol.py:small` (d_model 128, 4 heads, feed-forward 256;
 2 context-encoder layers, 2 candidate-encoder layers) and reads the same corpus as the

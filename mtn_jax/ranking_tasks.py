@@ -42,6 +42,13 @@ pool's texts, `lexical_neighbours`; the session's own queries left out, since th
 the training sessions' queries), the hard negatives of dense retrieval (Karpukhin et al.,
 2020). With graded targets they take the share their overlap with the next query earns.
 
+Generated candidates (`config.train.hypotheses_from`, Bi- and Poly-encoders): what a
+reranker orders is a generator's beam, and no logged query is wrong the way a hypothesis
+is. Each context also meets the suggestions of a generator that never saw its user
+(`mtn_jax.hypotheses`: cross-fitted over folds of the training users), each text once, not
+the true next query and, with graded targets, not a query of the session so far (scored in
+the session columns); graded, each takes the share its overlap with the next query earns.
+
 Validation figures (`RankingTask.summarize`): the cross-entropy per context among the same
 candidates, and how often the true next query scores first ('accuracy'); 'tokens' and
 'pairs' count the contexts.

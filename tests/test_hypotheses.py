@@ -1,0 +1,106 @@
+"""Cross-fitted generators' suggestions as a ranker's candidates (`mtn_jax.hypotheses`).
+
+The user folds and session selections they rest on, exactly; then the real command line: two
+generators trained without one fold of the users each, and a ranker that learns from their
+suggestions, each training session's from the generator that never saw its user.
+"""
+
+import json
+
+import numpy as np
+import pytest
+
+from mtn_jax import errors
+from mtn_jax import hypotheses
+from mtn_jax.data import sessions
+from tests import cli
+
+
+def test_user_folds_keep_each_user_whole_balanced_and_seeded():
+  rng = np.random.default_rng(0)
+  users = rng.integers(0, 40, size=300)
+  folds = sessions.user_folds(users, 3, seed=0)
+  assert folds.shape == (300,) and set(folds.tolist()) == {0, 1, 2}
+  for user in np.unique(users):  # all of a user's sessions in one fold
+    assert len(set(folds[users == user].tolist())) == 1
+  users_per_fold = [len(np.unique(users[folds == k])) for k in range(3)]
+  assert max(users_per_fold) - min(users_per_fold) <= 1
+  np.testing.assert_array_equal(sessions.user_folds(users, 3, seed=0), folds)
+  assert not np.array_equal(sessions.user_folds(users, 3, seed=1), folds)
+
+
+def test_select_sessions_keeps_rows_texts_and_per_session_fields(tmp_path):
+  texts = ['a b', 'c', 'd e f', 'g', 'h', 'i j', 'k']
+  (tmp_path / 'split.txt').write_text(''.join(t + '\n' for t in texts))
+  queries = np.arange(7 * 3, dtype=np.int32).reshape(7, 3)
+  split = sessions.SessionSplit('train', queries, np.array([0, 2, 5, 7]),
+                                str(tmp_path / 'split.txt'), users=np.array([10, 11, 12]),
+                                start_times=np.array([100, 200, 300]))
+  picked = sessions.select_sessions(split, np.array([2, 0]))
+  np.testing.assert_array_equal(picked.starts, [0, 2, 4])
+  np.testing.assert_array_equal(picked.queries, queries[[5, 6, 0, 1]])
+  assert picked.texts == ['i j', 'k', 'a b', 'c']
+  assert picked.session_texts(1) == ['a b', 'c']
+  np.testing.assert_array_equal(picked.users, [12, 10])
+  np.testing.assert_array_equal(picked.start_times, [300, 100])
+  # A selection of a selection reads the right lines of the file too.
+  again = sessions.select_sessions(picked, np.array([1]))
+  assert again.texts == ['a b', 'c'] and again.num_pairs == 1
+
+
+USER_SPLIT = ('--config.data.split_by=user', '--config.train.log_every_steps=1')
+
+
+@pytest.mark.slow
+def test_ranker_learns_from_generators_that_never_saw_its_users(tmp_path):
+  generators = [tmp_path / f'generator{k}' for k in (0, 1)]
+  held_out = []
+  for k, workdir in enumerate(generators):
+    out = cli.run(workdir, *USER_SPLIT, '--config.train.max_steps=2',
+                  '--config.train.user_folds=2', f'--config.train.held_out_fold={k}').stdout
+    line = next(l for l in out.splitlines() if f'users of fold {k} of 2 held out' in l)
+    held_out.append(int(line.split('held out (')[1].split()[0].replace(',', '')))
+  train = sessions.load_split(str(generators[0] / 'data'), 'train')
+  folds = sessions.user_folds(train.users, 2, seed=0)
+  # Each generator was trained without exactly the sessions of its fold's users.
+  assert held_out == [int((folds == 0).sum()), int((folds == 1).sum())]
+
+  ranker = lambda workdir, source, check=True: cli.run(
+      workdir, *USER_SPLIT, '--config.train.max_steps=2', '--config.decode.max_eval_sessions=8',
+      '--config.model.session_candidates=True', f'--config.train.hypotheses_from={source}',
+      config='configs/polyencoder_aol.py:demo_bi', check=check)
+  both = ','.join(str(g) for g in generators)
+  out = ranker(tmp_path / 'ranker', both).stdout
+  assert out.count('Decoding') == 3  # each generator its fold's training sessions; valid
+  from mtn_jax import metric_writer  # pylint: disable=g-import-not-at-top
+  valid = metric_writer.read_metrics(str(tmp_path / 'ranker'), 'valid')
+  assert valid and all(np.isfinite(r['loss']) for r in valid)
+  # The cache: one header, then one list per query row of the sessions each one decoded.
+  cached = {}
+  for k, workdir in enumerate(generators):
+    lines = (workdir / 'hypotheses' / 'train.jsonl').read_text().splitlines()
+    cached[k] = [json.loads(line) for line in lines[1:]]
+    mine = np.flatnonzero(folds == k)
+    assert len(cached[k]) == int(train.lengths[mine].sum())
+    ends = np.cumsum(train.lengths[mine]) - 1  # after a session's last query: nothing
+    assert all(cached[k][i] == [] for i in ends)
+    assert sum(len(c) > 0 for c in cached[k]) == int((train.lengths[mine] - 1).sum())
+    assert all(0 < len(c) <= 5 for i, c in enumerate(cached[k]) if i not in set(ends))
+  assert (generators[0] / 'hypotheses' / 'valid.jsonl').exists()
+  assert not (generators[1] / 'hypotheses' / 'valid.jsonl').exists()
+
+  # Another ranker on the same corpus reuses the cached suggestions.
+  out = ranker(tmp_path / 'ranker2', both).stdout
+  assert 'Decoding' not in out
+  # One fold's generator alone, or one trained on every user, is refused by name.
+  data_dir = str(tmp_path / 'ranker' / 'data')
+  with pytest.raises(errors.Error, match='hold out each fold of one user_folds=K once'):
+    hypotheses.generators(str(generators[0]), data_dir)
+  everyone = tmp_path / 'everyone'
+  everyone.mkdir()
+  (everyone / 'data').symlink_to(generators[0] / 'data')
+  saved = json.loads((generators[0] / 'config.json').read_text())
+  saved['config']['train']['user_folds'] = 0
+  (everyone / 'config.json').write_text(json.dumps(saved))
+  with pytest.raises(errors.Error, match='was trained on every training session'):
+    hypotheses.generators(f'{everyone},{generators[1]}', data_dir)
