@@ -140,6 +140,8 @@ def split_suggestions(found: list[Generator], split: sessions.SessionSplit,
   rows: list[list[str]] = [[] for _ in range(len(split.queries))]
   for generator in found:
     held_out = np.flatnonzero(fold_of_session == generator.held_out)
+    if not len(held_out):  # fewer users than folds
+      continue
     part = generator.suggestions(sessions.select_sessions(split, held_out), log=log)
     first_rows = np.concatenate([np.arange(split.starts[i], split.starts[i + 1])
                                  for i in held_out])
