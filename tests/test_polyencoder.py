@@ -590,7 +590,7 @@ def overlap_by_hand(candidate, reference):
 
 @pytest.mark.parametrize('name', ['biencoder', 'polyencoder'])
 @pytest.mark.parametrize('extra, groups', [('none', 1), ('lexical', 1), ('lexical', 2),
-                                           ('generated', 1), ('generated', 2)])
+                                           ('generated', 2)])
 def test_graded_session_candidates_loss_equals_a_hand_computation(name, extra, groups):
   lexical, generated = extra == 'lexical', extra == 'generated'
   queries = sessions(length=4)
