@@ -144,7 +144,7 @@ def get_config(variant: str = '') -> ml_collections.ConfigDict:
   # never saw. Rankers learn from such cross-fitted suggestions (train.hypotheses_from).
   c.train.user_folds = 0
   c.train.held_out_fold = 0
-  # Bi- and Poly-encoders: comma-separated workdirs of K generators trained with
+  # Rankers: comma-separated workdirs of K generators trained with
   # train.user_folds=K, one per held-out fold; each context's candidates then include the
   # suggestions of the generator that never saw its user (valid: the first one's), decoded
   # with each generator's own config.decode and cached in its workdir (mtn_jax/hypotheses.py).

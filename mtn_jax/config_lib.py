@@ -181,8 +181,8 @@ def validate(config: ml_collections.ConfigDict, mode: str = 'all') -> None:
       raise ConfigError('config.train.user_folds holds users out of training, which is what '
                         "the validation and test users are only with config.data.split_by="
                         f"'user' (got {d.split_by!r})")
-  if t.hypotheses_from and m.name not in ('biencoder', 'polyencoder'):
-    raise ConfigError('config.train.hypotheses_from gives the Bi- and Poly-encoders '
+  if t.hypotheses_from and m.name not in ('biencoder', 'polyencoder', 'crossencoder'):
+    raise ConfigError('config.train.hypotheses_from gives the Bi-, Poly- and Cross-encoders '
                       f'generated candidates to learn from; {m.name!r} reads none')
   if not 0 <= t.label_smoothing < 1:
     raise ConfigError(f'config.train.label_smoothing must be in [0, 1), '

@@ -42,7 +42,7 @@ pool's texts, `lexical_neighbours`; the session's own queries left out, since th
 the training sessions' queries), the hard negatives of dense retrieval (Karpukhin et al.,
 2020). With graded targets they take the share their overlap with the next query earns.
 
-Generated candidates (`config.train.hypotheses_from`, Bi- and Poly-encoders): what a
+Generated candidates (`config.train.hypotheses_from`, every ranker): what a
 reranker orders is a generator's beam, and no logged query is wrong the way a hypothesis
 is. Each context also meets the suggestions of a generator that never saw its user
 (`mtn_jax.hypotheses`: cross-fitted over folds of the training users), each text once, not
@@ -197,6 +197,37 @@ def same_query(a: jax.Array, b: jax.Array) -> jax.Array:
   return (a == b).all(-1)
 
 
+def generated_candidates(hypotheses_from: str, data_dir: str, split, vocab,
+                         max_words: int) -> np.ndarray:
+  """int32 [num_queries, H, n]: the suggestions after each query of `split` of the
+  generators `hypotheses_from` names (`mtn_jax.hypotheses`), as token ids."""
+  found = hypotheses.generators(hypotheses_from, data_dir)
+  return hypotheses.encode(hypotheses.split_suggestions(found, split), vocab, max_words)
+
+
+def keep_generated(generated: jax.Array, next_queries: jax.Array,
+                   so_far: jax.Array | None = None,
+                   keep_so_far: jax.Array | None = None) -> jax.Array:
+  """Which generated candidates a context scores: each text once, not padding, not its true
+  next query (column 0 holds it) and not a query of the session so far where those are
+  candidates too (`session_so_far`'s ids and keep).
+
+  Args:
+    generated: int32 [B, P, H, n]; next_queries: int32 [B, P, n];
+    so_far: int32 [B, P, P, n] and keep_so_far: bool [B, P, P], or None.
+  Returns:
+    bool [B, P, H].
+  """
+  count = generated.shape[2]
+  earlier = jnp.tril(jnp.ones((count, count), bool), -1)
+  keep = ((generated != PAD_ID).any(-1) & ~same_query(generated, next_queries[:, :, None])
+          & ~(same_query(generated[:, :, :, None], generated[:, :, None]) & earlier).any(-1))
+  if so_far is not None:
+    keep &= ~(same_query(generated[:, :, :, None], so_far[:, :, None])
+              & keep_so_far[:, :, None]).any(-1)
+  return keep
+
+
 def lexical_index(data_dir: str) -> tuple[candidate_pool.CandidatePool, retrieval.Bm25Index]:
   """The corpus folder's candidate pool and the BM25 index of its texts (`mtn_jax.retrieval`,
   kept in `<data_dir>/pool_bm25`, rebuilt when the pool changes)."""
@@ -274,9 +305,8 @@ class DualEncoderTask(tasks.RankingTask):
       inputs['lexical'] = lexical_neighbours(*self._lexical_index, split,
                                              self.cfg.lexical_negatives)
     if self.hypotheses_from:
-      found = hypotheses.generators(self.hypotheses_from, self.data_dir)
-      inputs['hypotheses'] = hypotheses.encode(hypotheses.split_suggestions(found, split),
-                                               vocab, self.cfg.max_query_words)
+      inputs['hypotheses'] = generated_candidates(self.hypotheses_from, self.data_dir, split,
+                                                  vocab, self.cfg.max_query_words)
     return inputs
 
   @functools.cached_property
@@ -320,12 +350,6 @@ class DualEncoderTask(tasks.RankingTask):
     generated = None
     if self.hypotheses_from:
       generated = batch['hypotheses'][:, :-1]  # [B, P, H, n], padding rows for none
-      num_generated = generated.shape[2]
-      # Not the true next query (column 0 holds it), nor a hypothesis met before.
-      keep_generated = ((generated != PAD_ID).any(-1)
-                        & ~same_query(generated, next_queries[:, :, None])
-                        & ~(same_query(generated[:, :, :, None], generated[:, :, None])
-                            & jnp.tril(jnp.ones((num_generated,) * 2, bool), -1)).any(-1))
 
     def encode(module):
       # Position t's context reads queries 0..t, so the last query is no context; the first
@@ -377,12 +401,10 @@ class DualEncoderTask(tasks.RankingTask):
           polyencoder.dual_scores(session_contexts, encoded[:, None, :-1], poly=self.poly),
           keep, so_far))
     if generated is not None:
-      if graded:  # a hypothesis that repeats a query of the session is scored there
-        keep_generated &= ~(same_query(generated[:, :, :, None], so_far[:, :, None])
-                            & keep[:, :, None]).any(-1)
       blocks.append(by_context(
           polyencoder.dual_scores(session_contexts, generated_vectors, poly=self.poly),
-          keep_generated, generated))
+          keep_generated(generated, next_queries, *((so_far, keep) if graded else ())),
+          generated))
     logits = jnp.concatenate([jnp.where(kept, scores, -jnp.inf) for scores, kept, _ in blocks],
                              axis=-1)
     if not graded:
@@ -432,6 +454,8 @@ class CrossEncoderTask(tasks.RankingTask):
   """
 
   pool_queries: np.ndarray | None = None
+  data_dir: str | None = None
+  hypotheses_from: str = ''
 
   # Nothing of a candidate can be computed without its context: no cache, no pool scoring
   # (it reranks the candidates of another ranker, or given ones).
@@ -440,15 +464,23 @@ class CrossEncoderTask(tasks.RankingTask):
   @classmethod
   def from_config(cls, cfg: ModelConfig, train: ml_collections.ConfigDict,
                   data_dir: str | None = None) -> CrossEncoderTask:
-    del train
     if data_dir is None:
       raise ValueError('the Cross-encoder needs the corpus folder (its negatives come from '
                        'the candidate pool)')
-    return cls(cfg, pool_queries=candidate_pool.load_pool(data_dir).queries)
+    return cls(cfg, pool_queries=candidate_pool.load_pool(data_dir).queries,
+               data_dir=data_dir, hypotheses_from=train.get('hypotheses_from', ''))
 
   @property
   def input_keys(self) -> tuple[str, ...]:
-    return ('queries',)
+    return ('queries',) + (('hypotheses',) if self.hypotheses_from else ())
+
+  def per_query_inputs(self, split, vocab) -> dict[str, np.ndarray]:
+    """'hypotheses' int32 [num_queries, H, n]: with `hypotheses_from`, the generators'
+    suggestions after each query (`mtn_jax.hypotheses`)."""
+    if not self.hypotheses_from:
+      return {}
+    return {'hypotheses': generated_candidates(self.hypotheses_from, self.data_dir, split,
+                                               vocab, self.cfg.max_query_words)}
 
   def init_params(self, rng: jax.Array):
     batch = self.example_batch()
@@ -471,10 +503,16 @@ class CrossEncoderTask(tasks.RankingTask):
     negatives = pool[drawn]  # [B, P, K, n]
     keep = ~same_query(negatives, next_queries[:, :, None])
     candidates = [next_queries[:, :, None], negatives]
+    so_far = keep_so_far = None
     if self.cfg.session_candidates:
       so_far, keep_so_far = session_so_far(queries)
       candidates.append(so_far)
       keep = jnp.concatenate([keep, keep_so_far], axis=-1)
+    if self.hypotheses_from:
+      generated = batch['hypotheses'][:, :-1]  # [B, P, H, n]
+      candidates.append(generated)
+      keep = jnp.concatenate(
+          [keep, keep_generated(generated, next_queries, so_far, keep_so_far)], axis=-1)
     candidates = jnp.concatenate(candidates, axis=2)  # [B, P, K', n]
     logits = self.model.apply({'params': params}, {'queries': queries[:, :-1]}, candidates,
                               train=train, rngs={'dropout': dropout_key} if train else None)

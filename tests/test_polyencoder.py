@@ -679,22 +679,34 @@ def test_graded_session_candidates_loss_equals_a_hand_computation(name, extra, g
   assert all(np.isfinite(g).all() for g in jax.tree.leaves(grads))
 
 
-def test_cross_encoder_graded_loss_scores_the_session_so_far():
+@pytest.mark.parametrize('generated', [False, True])
+def test_cross_encoder_graded_loss_scores_the_session_so_far(generated):
   cfg = ranker_config('crossencoder', cross_negatives=3, session_candidates=True)
   queries = sessions(length=4)
   queries[0, 3] = queries[0, 1]  # a return to an earlier query: its positive, once
   queries[3, 2, :2] = queries[3, 1, :2]  # a reformulation sharing two words
   pool = np.concatenate([queries[0, 1:2], sessions(seed=9).reshape(-1, N)[:5]])
-  task = ranking_tasks.CrossEncoderTask(cfg, pool_queries=pool)
+  # A generator's 3 suggestions after each query: one the true next query, one a query of
+  # the session so far, one twice, a padding slot, the rest pool entries.
+  hypotheses = pool[np.random.default_rng(2).integers(0, len(pool), size=(4, 4, 3))]
+  hypotheses[1, 0, 0] = queries[1, 1]
+  hypotheses[3, 2, 1] = queries[3, 0]
+  hypotheses[0, 1, 2] = hypotheses[0, 1, 1]
+  hypotheses[2, 0, 1] = 0
+  task = ranking_tasks.CrossEncoderTask(cfg, pool_queries=pool,
+                                        hypotheses_from='folds' if generated else '')
+  batch = {'queries': queries, **({'hypotheses': hypotheses} if generated else {})}
   params = task.init_params(jax.random.PRNGKey(0))
   key = jax.random.PRNGKey(7)
-  sums = task.loss_sums(params, {'queries': queries}, train=False)
+  sums = task.loss_sums(params, batch, train=False)
   drawn = np.asarray(jax.random.randint(jax.random.split(jax.random.PRNGKey(0))[0],
                                         (4, 3, 3), 0, len(pool)))
-  # Every context against its true next query, its 3 drawn entries and queries 0..2 of its
-  # session, in one call; the hand computation keeps the ones the loss may read.
+  # Every context against its true next query, its 3 drawn entries, queries 0..2 of its
+  # session and its 3 suggestions, in one call; the hand computation keeps the ones the
+  # loss may read.
   every = np.concatenate([queries[:, 1:, None], pool[drawn],
-                          np.broadcast_to(queries[:, None, :3], (4, 3, 3, N))], axis=2)
+                          np.broadcast_to(queries[:, None, :3], (4, 3, 3, N)),
+                          hypotheses[:, :3]], axis=2)
   scores = np.asarray(task.score_candidates(params, {'queries': queries}, jnp.asarray(every)))
   total = nll_total = 0.0
   for b in range(4):
@@ -703,8 +715,15 @@ def test_cross_encoder_graded_loss_scores_the_session_so_far():
       if not target.any():
         continue
       kept = [0] + [1 + k for k in range(3) if not (pool[drawn[b, t, k]] == target).all()]
-      kept += [4 + s for s in range(t + 1)
-               if queries[b, s].any() and not (queries[b, s] == target).all()]
+      so_far = [s for s in range(t + 1)
+                if queries[b, s].any() and not (queries[b, s] == target).all()]
+      kept += [4 + s for s in so_far]
+      for j in range(3) if generated else ():
+        h = hypotheses[b, t, j]
+        if (h.any() and not (h == target).all()
+            and not any((h == queries[b, s]).all() for s in so_far)
+            and not any((h == hypotheses[b, t, i]).all() for i in range(j))):
+          kept.append(7 + j)
       logits = scores[b, t, kept]
       gains = np.array([1.0] + [overlap_by_hand(every[b, t, k], target) for k in kept[1:]])
       log_probs = logits - (np.log(np.exp(logits - logits.max()).sum()) + logits.max())
@@ -713,7 +732,7 @@ def test_cross_encoder_graded_loss_scores_the_session_so_far():
   np.testing.assert_allclose(float(sums['loss']), total, rtol=1e-4)
   np.testing.assert_allclose(float(sums['nll']), nll_total, rtol=1e-4)
   assert abs(float(sums['loss']) - float(sums['nll'])) > 0.1
-  grads = jax.grad(lambda p: task.loss_sums(p, {'queries': queries}, train=True,
+  grads = jax.grad(lambda p: task.loss_sums(p, batch, train=True,
                                             rngs={'dropout': key})['loss'])(params)
   assert all(np.isfinite(g).all() for g in jax.tree.leaves(grads))
 
