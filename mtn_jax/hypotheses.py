@@ -132,11 +132,8 @@ def split_suggestions(found: list[Generator], split: sessions.SessionSplit,
   each session's by the generator that held its user out, else the first generator's."""
   if split.name != 'train':
     return found[0].suggestions(split, log=log)
-  if split.users is None:
-    raise errors.Error(f'{KEY}: the training split has no users (a corpus written before '
-                       'they were kept): run --mode=preprocess again')
-  fold_of_session = sessions.user_folds(split.users, found[0].folds,
-                                        found[0].config.data.split_seed)
+  fold_of_session = sessions.session_folds(split, found[0].folds,
+                                           found[0].config.data.split_seed)
   rows: list[list[str]] = [[] for _ in range(len(split.queries))]
   for generator in found:
     held_out = np.flatnonzero(fold_of_session == generator.held_out)

@@ -215,8 +215,8 @@ def training_data(config: ml_collections.ConfigDict, workdir: str) -> TrainingDa
   train_split, valid_split = splits['train'], splits['valid']
   held_out = ''
   if config.train.user_folds:
-    folds = sessions.user_folds(_users(train_split), config.train.user_folds,
-                                config.data.split_seed)
+    folds = sessions.session_folds(train_split, config.train.user_folds,
+                                   config.data.split_seed)
     total = train_split.num_sessions
     train_split = sessions.select_sessions(
         train_split, np.flatnonzero(folds != config.train.held_out_fold))
@@ -245,13 +245,6 @@ def training_data(config: ml_collections.ConfigDict, workdir: str) -> TrainingDa
   return TrainingData(vocab, task, train, steps, valid_batches,
                       f'{train_split.num_sessions:,} training sessions '
                       f'({train_split.num_pairs:,} pairs){held_out}')
-
-
-def _users(split: sessions.SessionSplit) -> np.ndarray:
-  if split.users is None:
-    raise errors.Error(f'config.train.user_folds: the {split.name} split has no users (a '
-                       'corpus written before they were kept): run --mode=preprocess again')
-  return split.users
 
 
 def load_data(config: ml_collections.ConfigDict, workdir: str):

@@ -159,6 +159,18 @@ def user_folds(users: np.ndarray, folds: int, seed: int) -> np.ndarray:
   return fold_of_user[user_index]
 
 
+def session_folds(split: SessionSplit, folds: int, seed: int) -> np.ndarray:
+  """int64 [num_sessions]: `user_folds` of the split's sessions.
+
+  Raises:
+    errors.Error: the split has no users (a corpus written before they were kept).
+  """
+  if split.users is None:
+    raise errors.Error(f'the {split.name} split has no users (a corpus written before they '
+                       'were kept), so no folds of users: run --mode=preprocess again')
+  return user_folds(split.users, folds, seed)
+
+
 class CorpusFileError(errors.Error, ValueError):
   """A corpus file that does not fit the others of its split; the message names it."""
 
