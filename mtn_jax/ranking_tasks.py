@@ -271,7 +271,10 @@ class DualEncoderTask(tasks.RankingTask):
   Attributes:
     pool_queries: int32 [C, n] the candidate pool's token ids, where `pool_negatives` and
       `lexical_negatives` come from (None without them).
-    data_dir: the corpus folder, where the lexical neighbours are found (None without them).
+    data_dir: the corpus folder, where the lexical neighbours are found and whose sessions
+      the generators of `hypotheses_from` must have read (None without either).
+    hypotheses_from: `config.train.hypotheses_from`, the cross-fitted generators whose
+      suggestions join each context's candidates ('' for none).
   """
 
   pool_queries: np.ndarray | None = None
@@ -451,6 +454,7 @@ class CrossEncoderTask(tasks.RankingTask):
 
   Attributes:
     pool_queries: int32 [C, n] the candidate pool's token ids, where negatives come from.
+    data_dir, hypotheses_from: as `DualEncoderTask`'s.
   """
 
   pool_queries: np.ndarray | None = None
