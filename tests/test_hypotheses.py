@@ -10,6 +10,7 @@ import json
 import numpy as np
 import pytest
 
+from mtn_jax import config_lib
 from mtn_jax import errors
 from mtn_jax import hypotheses
 from mtn_jax.data import sessions
@@ -46,6 +47,31 @@ def test_select_sessions_keeps_rows_texts_and_per_session_fields(tmp_path):
   # A selection of a selection reads the right lines of the file too.
   again = sessions.select_sessions(picked, np.array([1]))
   assert again.texts == ['a b', 'c'] and again.num_pairs == 1
+
+
+def test_config_refuses_folds_that_hold_no_user_out():
+  from configs import aol, polyencoder_aol  # pylint: disable=g-import-not-at-top
+  config = aol.get_config('small')
+  config.data.raw_files, config.data.split_by = 'log.tsv', 'user'
+  config.train.user_folds, config.train.held_out_fold = 2, 1
+  config_lib.validate(config, 'train')
+  for folds, held_out in ((1, 0), (2, 2), (3, -1)):
+    config.train.user_folds, config.train.held_out_fold = folds, held_out
+    with pytest.raises(config_lib.ConfigError, match='held_out_fold'):
+      config_lib.validate(config, 'train')
+  # On a session split the validation users are training users too.
+  config.train.user_folds, config.train.held_out_fold = 2, 0
+  config.data.split_by = 'session'
+  with pytest.raises(config_lib.ConfigError, match="split_by='user'"):
+    config_lib.validate(config, 'train')
+  # Only rankers read generated candidates.
+  config.data.split_by, config.train.user_folds = 'user', 0
+  config.train.hypotheses_from = 'a,b'
+  with pytest.raises(config_lib.ConfigError, match="'mtn' reads none"):
+    config_lib.validate(config, 'train')
+  ranker = polyencoder_aol.get_config('cross')
+  ranker.data.raw_files, ranker.train.hypotheses_from = 'log.tsv', 'a,b'
+  config_lib.validate(ranker, 'train')
 
 
 USER_SPLIT = ('--config.data.split_by=user', '--config.train.log_every_steps=1')
