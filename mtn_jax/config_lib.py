@@ -175,8 +175,8 @@ def validate(config: ml_collections.ConfigDict, mode: str = 'all') -> None:
   if t.user_folds:
     if t.user_folds < 2 or not 0 <= t.held_out_fold < t.user_folds:
       raise ConfigError(f'config.train.user_folds={t.user_folds}, held_out_fold='
-                        f'{t.held_out_fold}: folds must be >= 2 and the held-out fold one of '
-                        f'0..{max(t.user_folds, 2) - 1}')
+                        f'{t.held_out_fold}: the folds must be at least 2 and the held-out '
+                        'fold one of them (0 <= held_out_fold < user_folds)')
     if d.split_by != 'user':
       raise ConfigError('config.train.user_folds holds users out of training, which is what '
                         "the validation and test users are only with config.data.split_by="

@@ -4,8 +4,8 @@ Reranking (`mtn_jax.strategies`) orders a generator's beam together with the ses
 queries, so the ranker must know how often a hypothesis is a better suggestion than, say,
 the previous query. No negative drawn from the logged queries teaches that: a hypothesis is
 built from the session's words and is wrong in its own ways. So the ranker learns from the
-generator's suggestions on the training sessions (`config.train.hypotheses_from`, Bi- and
-Poly-encoders, `ranking_tasks.DualEncoderTask`).
+generator's suggestions on the training sessions (`config.train.hypotheses_from`, every
+ranker, `ranking_tasks`).
 
 A generator's suggestions on its own training sessions are better than on an unseen user's
 (it has fitted them), and would teach the ranker to trust hypotheses too much. Hence
@@ -140,9 +140,7 @@ def split_suggestions(found: list[Generator], split: sessions.SessionSplit,
     if not len(held_out):  # fewer users than folds
       continue
     part = generator.suggestions(sessions.select_sessions(split, held_out), log=log)
-    first_rows = np.concatenate([np.arange(split.starts[i], split.starts[i + 1])
-                                 for i in held_out])
-    for row, texts in zip(first_rows.tolist(), part):
+    for row, texts in zip(sessions.session_rows(split, held_out).tolist(), part):
       rows[row] = texts
   return rows
 

@@ -130,13 +130,20 @@ class SessionSplit:
     return self.texts[self.starts[i]:self.starts[i + 1]]
 
 
+def session_rows(split: SessionSplit, session_ids: np.ndarray) -> np.ndarray:
+  """int64 [their queries]: the query rows of sessions `session_ids` of `split`, in order."""
+  if not len(session_ids):
+    return np.zeros(0, np.int64)
+  return np.concatenate([np.arange(split.starts[i], split.starts[i + 1], dtype=np.int64)
+                         for i in session_ids])
+
+
 def select_sessions(split: SessionSplit, session_ids: np.ndarray) -> SessionSplit:
   """The sessions `session_ids` (int [k], in this order) of `split`, as a split of their own
   (same name; its texts are read from the same file)."""
   session_ids = np.asarray(session_ids, np.int64)
   lengths = split.lengths[session_ids]
-  rows = (np.concatenate([np.arange(split.starts[i], split.starts[i + 1]) for i in session_ids])
-          if len(session_ids) else np.zeros(0, np.int64))
+  rows = session_rows(split, session_ids)
   per_session = {k: None if v is None else np.asarray(v)[session_ids] for k, v in (
       ('users', split.users), ('start_times', split.start_times), ('history', split.history),
       ('history_items', split.history_items))}
