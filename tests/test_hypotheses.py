@@ -91,10 +91,10 @@ def test_ranker_learns_from_generators_that_never_saw_its_users(tmp_path):
   # Each generator was trained without exactly the sessions of its fold's users.
   assert held_out == [int((folds == 0).sum()), int((folds == 1).sum())]
 
-  ranker = lambda workdir, source, check=True: cli.run(
+  ranker = lambda workdir, source, name='demo_bi': cli.run(
       workdir, *USER_SPLIT, '--config.train.max_steps=2', '--config.decode.max_eval_sessions=8',
       '--config.model.session_candidates=True', f'--config.train.hypotheses_from={source}',
-      config='configs/polyencoder_aol.py:demo_bi', check=check)
+      config=f'configs/polyencoder_aol.py:{name}')
   both = ','.join(str(g) for g in generators)
   out = ranker(tmp_path / 'ranker', both).stdout
   assert out.count('Decoding') == 3  # each generator its fold's training sessions; valid
@@ -115,9 +115,11 @@ def test_ranker_learns_from_generators_that_never_saw_its_users(tmp_path):
   assert (generators[0] / 'hypotheses' / 'valid.jsonl').exists()
   assert not (generators[1] / 'hypotheses' / 'valid.jsonl').exists()
 
-  # Another ranker on the same corpus reuses the cached suggestions.
-  out = ranker(tmp_path / 'ranker2', both).stdout
+  # Another ranker on the same corpus, a Cross-encoder, reuses the cached suggestions.
+  out = ranker(tmp_path / 'ranker2', both, name='demo_cross').stdout
   assert 'Decoding' not in out
+  valid = metric_writer.read_metrics(str(tmp_path / 'ranker2'), 'valid')
+  assert valid and all(np.isfinite(r['loss']) for r in valid)
   # One fold's generator alone, or one trained on every user, is refused by name.
   data_dir = str(tmp_path / 'ranker' / 'data')
   with pytest.raises(errors.Error, match='hold out each fold of one user_folds=K once'):
