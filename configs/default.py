@@ -203,6 +203,12 @@ def get_config(variant: str = '') -> ml_collections.ConfigDict:
   # score is not calibrated against the others. On the AOL sample 2.0 was best on validation
   # and did not carry over to test (docs/RESULTS.md, "Strategies").
   c.suggest.previous_query_bias = 0.0
+  # 'rerank': the first suggestion of each list is the candidate of highest expected gain in
+  # corpus BLEU (mtn_jax/bleu_gain.py), the rest in the ranker's order. The gain model is
+  # fitted on the training sessions' suggestions of these generators (comma-separated
+  # workdirs: K generators, each trained without one fold of the training users, as
+  # config.train.hypotheses_from), and cached in the workdir. '': the ranker's first.
+  c.suggest.gain_from = ''
   # How a Bi-encoder retriever finds its best pool entries (decode, suggest, and the retriever
   # of 'rerank'): 'exact' scores the whole pool; 'usearch' searches an approximate
   # nearest-neighbour index of the cached candidate vectors (mtn_jax/ranking.py), for pools

@@ -131,7 +131,8 @@ def validate(config: ml_collections.ConfigDict, mode: str = 'all') -> None:
       _positive(config, ['suggest.imdna_proposed'])
   else:
     for key, value in (('imdna_workdir', s.imdna_workdir), ('mbr', s.mbr),
-                       ('previous_query_bias', s.previous_query_bias)):
+                       ('previous_query_bias', s.previous_query_bias),
+                       ('gain_from', s.gain_from)):
       if value:
         raise ConfigError(f'config.suggest.{key} is read by \'rerank\' only, but '
                           f'config.suggest.strategy is {s.strategy!r}')

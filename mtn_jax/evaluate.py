@@ -312,6 +312,8 @@ def strategy_suggestions(config: ml_collections.ConfigDict, workdir: str,
       label += f', the previous query\'s score + {s.previous_query_bias:g}'
     if s.mbr:
       label += ', ordered by expected BLEU'
+    if s.gain_from:
+      label += ', the first by its expected gain in corpus BLEU'
     by_pair = [ranked_list for session in reranked for ranked_list in session]
     log(f'  reranked {len(by_pair):,} candidate lists in {time.time() - started:.1f} s',
         flush=True)
@@ -325,7 +327,8 @@ def strategy_suggestions(config: ml_collections.ConfigDict, workdir: str,
                        'imdna_workdir': (rankers.proposer.workdir
                                          if rankers.proposer is not None else None),
                        'mbr': bool(s.mbr),
-                       'previous_query_bias': float(s.previous_query_bias)}
+                       'previous_query_bias': float(s.previous_query_bias),
+                       'gain_from': s.gain_from}
   return {'model': lists.pop('model'), **lists}, top, extra
 
 

@@ -63,7 +63,7 @@ class Generator:
     trained = inference.load_trained(self.config, self.workdir, which='best')
     settings = self.settings()
     header = {'checkpoint_step': int(trained.step), 'settings': settings.to_dict(),
-              'sessions': _fingerprint(split)}
+              'sessions': fingerprint(split)}
     cached = _read(path, header)
     if cached is not None and len(cached) == len(split.queries):
       return cached
@@ -156,7 +156,7 @@ def encode(suggestions: list[list[str]], vocab: Vocab, max_words: int) -> np.nda
   return out
 
 
-def _fingerprint(split: sessions.SessionSplit) -> str:
+def fingerprint(split: sessions.SessionSplit) -> str:
   digest = hashlib.sha256('\n'.join(split.texts).encode('utf-8'))
   digest.update(np.asarray(split.starts, np.int64).tobytes())
   return digest.hexdigest()[:16]

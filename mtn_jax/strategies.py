@@ -36,6 +36,7 @@ import jax.numpy as jnp
 import ml_collections
 import numpy as np
 
+from mtn_jax import bleu_gain
 from mtn_jax import errors
 from mtn_jax import imdna_task
 from mtn_jax import inference
@@ -81,6 +82,8 @@ class Rankers:
       by score.
     previous_query_bias: added to the ranker's score of the query just before the
       suggestion (see `config.suggest.previous_query_bias`).
+    gain: chooses the first suggestion of each reranked list by its expected gain in corpus
+      BLEU (`mtn_jax.bleu_gain`, `config.suggest.gain_from`); None: the ranker's first.
   """
 
   ranker: inference.Trained
@@ -91,6 +94,7 @@ class Rankers:
   proposer: imdna_task.NextQueryProposer | None = None
   mbr: bool = False
   previous_query_bias: float = 0.0
+  gain: bleu_gain.GainModel | None = None
 
   @classmethod
   def load(cls, config: ml_collections.ConfigDict, workdir: str, vocab: Vocab,
@@ -123,8 +127,10 @@ class Rankers:
             'candidates are the beam and the session\'s queries (name a Bi- or Poly-encoder '
             'in config.suggest.retriever_workdir to add pool entries).')
     proposer = _load_proposer(config, s.imdna_workdir, workdir) if s.imdna_workdir else None
+    gain = (bleu_gain.load_or_fit(s.gain_from, workdir, config.seed, log=log)
+            if s.gain_from else None)
     return cls(ranker, retriever, os.path.abspath(retriever_workdir), s.retrieved,
-               s.imdna_proposed, proposer, s.mbr, s.previous_query_bias)
+               s.imdna_proposed, proposer, s.mbr, s.previous_query_bias, gain)
 
   def score_lists(self, sessions_queries: Sequence[Sequence[str]],
                   candidate_lists: Sequence[Sequence[Sequence[str]]], *,
@@ -167,12 +173,13 @@ class Rankers:
   def rerank(self, sessions_queries: Sequence[Sequence[str]],
              sources: Sequence[Sequence[Sequence[Sequence[str]]]], *, batch_rows: int,
              exclude_session_queries: bool = False) -> list[list[list[dict]]]:
-    """[R][t] every pooled candidate ({'query', 'score'}), best first.
+    """[R][t] every pooled candidate ({'query', 'score'}, and 'gain' with `gain`), best first.
 
     Args:
       sessions_queries: [R] each session's query texts.
       sources: each source's candidates [R][t] after position t (the generator's first: on
-        a tie its order stands); the session's queries up to t are added last.
+        a tie its order stands, and `gain` reads it as the generator's suggestions); the
+        session's queries up to t are added last.
       exclude_session_queries: drop the candidates the session holds up to t.
     """
     pooled = []
@@ -187,7 +194,7 @@ class Rankers:
       pooled.append(lists)
     scores = self.score_lists(sessions_queries, pooled, batch_rows=batch_rows)
     out = []
-    for queries, lists, session_scores in zip(sessions_queries, pooled, scores):
+    for r, (queries, lists, session_scores) in enumerate(zip(sessions_queries, pooled, scores)):
       per_position = []
       for t, (texts, values) in enumerate(zip(lists, session_scores)):
         if self.previous_query_bias and queries[t] in texts:
@@ -196,7 +203,15 @@ class Rankers:
         # A stable sort: on a tie the generator's order stands.
         order = np.argsort(-values, kind='stable')
         ranked = [{'query': texts[i], 'score': float(values[i])} for i in order]
-        per_position.append(mbr.rerank(ranked) if self.mbr else ranked)
+        if self.mbr:
+          ranked = mbr.rerank(ranked)
+        if self.gain is not None and ranked:
+          gains = self.gain.choose(queries[:t + 1], sources[0][r][t],
+                                   [c['query'] for c in ranked])
+          ranked = [{**c, 'gain': float(g)} for c, g in zip(ranked, gains)]
+          first = int(np.argmax(gains))  # on a tie, the ranker's order
+          ranked = [ranked[first], *ranked[:first], *ranked[first + 1:]]
+        per_position.append(ranked)
       out.append(per_position)
     return out
 
