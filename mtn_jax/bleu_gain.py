@@ -63,8 +63,12 @@ LONGEST = 6  # candidate lengths 1..LONGEST-1 a feature each, LONGEST and longer
 # The brevity penalty's weight on length, in units of a unigram's cost 1 / (4 T_1): 0 where
 # the suggestions are longer than the references (no penalty), 4 just below (log BP's
 # derivative r / c^2 ~ 1 / T_1). Chosen on the training contexts.
-LENGTH_WEIGHTS = (0.0, 0.5, 1.0, 1.5, 2.0, 2.5, 3.0, 3.5, 4.0)
-FIT = {'hidden': 64, 'layers': 2, 'epochs': 8, 'batch': 1024, 'learning_rate': 3e-3}
+LENGTH_WEIGHTS = (0.0, 1.0, 2.0, 3.0, 4.0)
+# Added to the previous query's gain (log BLEU per context; a context's share of the corpus's
+# log BLEU is about 1e-4 on the AOL sample): how sure the model must be before it suggests
+# anything else. Chosen with the length weight on the training contexts.
+PREVIOUS_MARGINS = (0.0, 1e-5, 2e-5, 4e-5, 8e-5, 1.6e-4)
+FIT = {'hidden': 64, 'layers': 2, 'epochs': 30, 'batch': 1024, 'learning_rate': 3e-3}
 
 FEATURES = tuple(
     ['bias', 'generated', 'generated_first', 'inverse_rank', 'novel_words', 'positions']
@@ -72,7 +76,9 @@ FEATURES = tuple(
     + [f'length_{n}' for n in range(1, LONGEST + 1)]
     + [f'{name}_{n}' for name in ('beam_mean', 'beam_first', 'previous', 'earlier_max',
                                   'earlier_mean') for n in range(1, MAX_ORDER + 1)]
-    + ['log_issued', 'log_followed', 'followed_share'])
+    + [f'{name}_{n}' for name in ('covers_previous', 'within_previous', 'beam_precision')
+       for n in range(1, MAX_ORDER + 1)]
+    + ['previous_length', 'log_issued', 'log_followed', 'followed_share'])
 
 
 def match_matrix(texts: Sequence[str]) -> np.ndarray:
@@ -169,6 +175,14 @@ def features(session: Sequence[str], generated: Sequence[str], candidates: Seque
       grid[:, :, at[session[-1]]],
       none if earlier is None else earlier.max(-1),
       none if earlier is None else earlier.mean(-1)]).T  # [C, 5 * MAX_ORDER]
+  # As shares: of the previous query's n-grams the candidate holds (1: it holds the whole
+  # query), of the candidate's n-grams in the previous query, and in the mean suggestion.
+  previous_ngrams = ngram_totals([session[-1]])[0]
+  candidate_ngrams = ngram_totals(candidates).T  # [MAX_ORDER, C]
+  shares = np.concatenate([
+      grid[:, :, at[session[-1]]] / np.maximum(previous_ngrams, 1)[:, None],
+      grid[:, :, at[session[-1]]] / np.maximum(candidate_ngrams, 1),
+      (none if beam is None else beam.mean(-1)) / np.maximum(candidate_ngrams, 1)]).T
   rank, distance = {}, {}
   for r, text in enumerate(generated):
     rank.setdefault(text, r + 1)
@@ -183,7 +197,8 @@ def features(session: Sequence[str], generated: Sequence[str], candidates: Seque
               float(sum(w not in session_words for w in words)), float(len(session)),
               *(float(d == k) for k in range(1, MAX_DISTANCE + 1)),
               *(float(min(len(words), LONGEST) == n) for n in range(1, LONGEST + 1)),
-              *shared[i], *popularity.of(session[-1], text, user)]
+              *shared[i], *shares[i], previous_ngrams[0],
+              *popularity.of(session[-1], text, user)]
   return out
 
 
@@ -241,7 +256,7 @@ def corpus_bleu(ex: Examples, rows: np.ndarray) -> float:
 
 
 class GainNet(nn.Module):
-  """[..., F] standardised features -> [..., MAX_ORDER] expected clipped matches (> 0)."""
+  """[..., F] standardised features -> [..., MAX_ORDER] log expected clipped matches."""
 
   hidden: int
   layers: int
@@ -250,23 +265,28 @@ class GainNet(nn.Module):
   def __call__(self, x: jax.Array) -> jax.Array:
     for _ in range(self.layers):
       x = nn.relu(nn.Dense(self.hidden)(x))
-    return nn.softplus(nn.Dense(MAX_ORDER)(x))
+    return nn.Dense(MAX_ORDER)(x)  # log of the expected matches (Poisson's log link)
 
 
-def poisson_loss(predicted: jax.Array, matches: jax.Array) -> jax.Array:
-  """Mean Poisson negative log-likelihood (up to a constant): minimised by the mean."""
-  return jnp.mean(predicted - matches * jnp.log(predicted + 1e-6))
+def poisson_loss(log_expected: jax.Array, matches: jax.Array) -> jax.Array:
+  """Mean Poisson negative log-likelihood (up to a constant): minimised by the mean, and
+  with the log link the fitted totals equal the observed ones."""
+  return jnp.mean(jnp.exp(log_expected) - matches * log_expected)
 
 
 def fit_net(x: np.ndarray, y: np.ndarray, seed: int) -> dict:
   """GainNet fitted to predict `y` [N, MAX_ORDER] from `x` [N, F]: {'params', 'mean',
-  'scale'}. Adam on shuffled batches; `seed` fixes the initialisation and the order."""
+  'scale'}. Adam on shuffled batches, its step decayed to 0 on a cosine; `seed` fixes the
+  initialisation and the order."""
   net = GainNet(FIT['hidden'], FIT['layers'])
   mean, scale = x.mean(0), x.std(0) + 1e-6
   xs = jnp.asarray((x - mean) / scale, jnp.float32)
   ys = jnp.asarray(y, jnp.float32)
   params = net.init(jax.random.PRNGKey(seed), xs[:1])
-  optimizer = optax.adam(FIT['learning_rate'])
+  size = min(FIT['batch'], len(xs))
+  steps = FIT['epochs'] * (len(xs) // size)
+  # Decayed to 0, so the fit settles on the mean instead of wandering around it.
+  optimizer = optax.adam(optax.cosine_decay_schedule(FIT['learning_rate'], max(steps, 1)))
 
   @jax.jit
   def step(params, opt_state, batch):
@@ -277,7 +297,6 @@ def fit_net(x: np.ndarray, y: np.ndarray, seed: int) -> dict:
 
   opt_state = optimizer.init(params)
   rng = np.random.default_rng(seed)
-  size = min(FIT['batch'], len(xs))
   for _ in range(FIT['epochs']):
     order = rng.permutation(len(xs))
     for start in range(0, len(xs) - size + 1, size):
@@ -287,7 +306,7 @@ def fit_net(x: np.ndarray, y: np.ndarray, seed: int) -> dict:
 
 @functools.partial(jax.jit, static_argnames=('hidden', 'layers'))
 def _predict(params, x, mean, scale, *, hidden, layers):
-  return GainNet(hidden, layers).apply(params, (x - mean) / scale)
+  return jnp.exp(GainNet(hidden, layers).apply(params, (x - mean) / scale))
 
 
 def predict(net: dict, x: np.ndarray) -> np.ndarray:
@@ -308,23 +327,26 @@ class GainModel:
     net: `fit_net`'s network.
     matches, ngrams: float64 [MAX_ORDER] M_n and T_n, the expansion point.
     length_weight: w, in units of 1 / (4 T_1).
+    previous_margin: added to the previous query's gain.
     popularity: the training split's counts.
-    figures: the training contexts' BLEU with the previous query and with the gain's choice
-      (cross-fitted predictions), per length weight tried.
+    figures: the training contexts' BLEU repeating the previous query, and by the gain
+      with each length weight and margin tried (cross-fitted predictions).
   """
 
   net: dict
   matches: np.ndarray
   ngrams: np.ndarray
   length_weight: float
+  previous_margin: float
   popularity: Popularity
   figures: dict
 
-  def gains(self, features_: np.ndarray, ngrams: np.ndarray,
-            length_weight: float | None = None) -> np.ndarray:
-    """float64 [N] gain(c) of candidates given their `features` [N, F] and n-grams [N, 4]."""
-    w = self.length_weight if length_weight is None else length_weight
-    return gain(predict(self.net, features_), ngrams, self.matches, self.ngrams, w)
+  def gains(self, features_: np.ndarray, ngrams: np.ndarray) -> np.ndarray:
+    """float64 [N] the gains of candidates given their `features` [N, F] and n-grams
+    [N, MAX_ORDER], the previous query's margin included."""
+    previous = features_[:, FEATURES.index('session_distance_1')] == 1
+    return (gain(predict(self.net, features_), ngrams, self.matches, self.ngrams,
+                 self.length_weight) + self.previous_margin * previous)
 
   def choose(self, session: Sequence[str], generated: Sequence[str],
              candidates: Sequence[str]) -> np.ndarray:
@@ -347,10 +369,11 @@ def fit(ex: Examples, users: np.ndarray, popularity: Popularity, seed: int,
         log=print) -> GainModel:
   """The gain model of the training contexts `ex` (`users` [contexts]).
 
-  The expansion point is the previous query's totals; the length weight is the one of
-  highest BLEU on the training contexts, with predictions cross-fitted over two halves of
-  the users (each half predicted by a network fitted on the other), so the weight is chosen
-  on predictions as good as a new user's. The returned network is fitted on all contexts.
+  The expansion point is the previous query's totals. The length weight and the previous
+  query's margin are the pair of highest BLEU on the training contexts, with predictions
+  cross-fitted over two halves of the users (each half predicted by a network fitted on the
+  other, so they are as good as a new user's, and a choice that only fits noise shows as a
+  loss). The returned network is fitted on all contexts.
   """
   previous = ex.features[:, FEATURES.index('session_distance_1')] == 1
   rows = first_choices(previous.astype(np.float64), ex.context)
@@ -360,16 +383,23 @@ def fit(ex: Examples, users: np.ndarray, popularity: Popularity, seed: int,
   for h in (0, 1):
     net = fit_net(ex.features[half != h], ex.matches[half != h], seed)
     expected[half == h] = predict(net, ex.features[half == h])
-  figures = {'previous_query': corpus_bleu(ex, rows), 'by_length_weight': {}}
+  grid = {}
   for w in LENGTH_WEIGHTS:
-    chosen = first_choices(gain(expected, ex.ngrams, matches, ngrams, w), ex.context)
-    figures['by_length_weight'][str(w)] = corpus_bleu(ex, chosen)
-  best = max(LENGTH_WEIGHTS, key=lambda w: figures['by_length_weight'][str(w)])
-  log(f'  gain model: training contexts\' BLEU {figures["previous_query"]:.2f} with the '
-      f'previous query, {figures["by_length_weight"][str(best)]:.2f} by the gain '
-      f'(cross-fitted, length weight {best:g})', flush=True)
-  return GainModel(fit_net(ex.features, ex.matches, seed), matches, ngrams, best, popularity,
-                   figures)
+    gains = gain(expected, ex.ngrams, matches, ngrams, w)
+    for margin in PREVIOUS_MARGINS:
+      chosen = first_choices(gains + margin * previous, ex.context)
+      grid[w, margin] = (corpus_bleu(ex, chosen), float(previous[chosen].mean()))
+  w, margin = max(grid, key=lambda k: grid[k][0])
+  figures = {'contexts': int(ex.context[-1]) + 1 if len(ex.context) else 0,
+             'previous_query': corpus_bleu(ex, rows),
+             'cross_fitted': [{'length_weight': k[0], 'previous_margin': k[1], 'bleu': v[0],
+                               'previous_first': v[1]} for k, v in grid.items()]}
+  log(f'  gain model, the training contexts cross-fitted: BLEU {figures["previous_query"]:.2f} '
+      f'repeating the previous query, {grid[w, margin][0]:.2f} by the gain (length weight '
+      f'{w:g}, previous query\'s margin {margin:g}: the previous query first for '
+      f'{100 * grid[w, margin][1]:.1f} % of contexts)', flush=True)
+  return GainModel(fit_net(ex.features, ex.matches, seed), matches, ngrams, w, margin,
+                   popularity, figures)
 
 
 KEY = 'config.suggest.gain_from'
@@ -402,7 +432,7 @@ def load_or_fit(gain_from: str, workdir: str, seed: int, log=print) -> GainModel
   digest = hashlib.sha256(json.dumps(suggestions, ensure_ascii=False).encode('utf-8'))
   header = {'suggestions': digest.hexdigest()[:16], 'sessions': hypotheses.fingerprint(train),
             'features': list(FEATURES), 'fit': FIT, 'length_weights': list(LENGTH_WEIGHTS),
-            'seed': seed}
+            'previous_margins': list(PREVIOUS_MARGINS), 'seed': seed}
   popularity = Popularity(train)
   path = os.path.join(workdir, 'gain', 'model.json')
   cached = _read(path, header, popularity)
@@ -430,7 +460,8 @@ def _read(path: str, header: dict, popularity: Popularity) -> GainModel | None:
   net = {'params': params, 'mean': np.asarray(saved['mean'], np.float32),
          'scale': np.asarray(saved['scale'], np.float32)}
   return GainModel(net, np.asarray(saved['matches']), np.asarray(saved['ngrams']),
-                   saved['length_weight'], popularity, saved['figures'])
+                   saved['length_weight'], saved['previous_margin'], popularity,
+                   saved['figures'])
 
 
 def _write(path: str, header: dict, model: GainModel) -> None:
@@ -440,7 +471,8 @@ def _write(path: str, header: dict, model: GainModel) -> None:
            'mean': np.asarray(model.net['mean']).tolist(),
            'scale': np.asarray(model.net['scale']).tolist(),
            'matches': model.matches.tolist(), 'ngrams': model.ngrams.tolist(),
-           'length_weight': model.length_weight, 'figures': model.figures}
+           'length_weight': model.length_weight, 'previous_margin': model.previous_margin,
+           'figures': model.figures}
   os.makedirs(os.path.dirname(path), exist_ok=True)
   temporary = f'{path}.tmp{os.getpid()}'
   with open(temporary, 'w', encoding='utf-8') as f:

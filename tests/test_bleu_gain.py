@@ -134,7 +134,7 @@ def fitted_model(tmp_path) -> bleu_gain.GainModel:
   x = np.random.default_rng(0).normal(size=(64, len(bleu_gain.FEATURES))).astype(np.float32)
   net = bleu_gain.fit_net(x, np.abs(x[:, :4]), seed=0)
   return bleu_gain.GainModel(net, np.array([9.0, 5, 3, 1]), np.array([30.0, 20, 12, 6]), 1.5,
-                             popularity, {'previous_query': 1.0})
+                             2e-5, popularity, {'previous_query': 1.0})
 
 
 def test_cache_round_trip_and_invalidation(tmp_path):
@@ -147,7 +147,8 @@ def test_cache_round_trip_and_invalidation(tmp_path):
   candidates = bleu_gain.candidates_of(session, generated)
   np.testing.assert_array_equal(loaded.choose(session, generated, candidates),
                                 model.choose(session, generated, candidates))
-  assert loaded.length_weight == 1.5 and loaded.figures == model.figures
+  assert loaded.length_weight == 1.5 and loaded.previous_margin == 2e-5
+  assert loaded.figures == model.figures
   # Another header (other suggestions, another seed): not this model.
   assert bleu_gain._read(path, {'suggestions': 'abd', 'seed': 0}, model.popularity) is None
   assert bleu_gain._read(str(tmp_path / 'none.json'), header, model.popularity) is None
@@ -176,3 +177,16 @@ def test_rerank_puts_the_best_gain_first_and_keeps_the_rankers_order(tmp_path):
   plain = rankers.rerank([session], [[beam]], batch_rows=1)[0]
   for ranked, without in zip(out, plain):
     assert {c['query'] for c in ranked} == {c['query'] for c in without}
+
+
+def test_config_refuses_gain_from_outside_rerank():
+  from configs import aol  # pylint: disable=g-import-not-at-top
+  from mtn_jax import config_lib  # pylint: disable=g-import-not-at-top
+  config = aol.get_config('small')
+  config.data.raw_files = 'log.tsv'
+  config.suggest.gain_from = 'a,b'
+  with pytest.raises(config_lib.ConfigError,
+                     match="config.suggest.gain_from is read by 'rerank' only"):
+    config_lib.validate(config, 'eval')
+  config.suggest.strategy, config.suggest.ranker_workdir = 'rerank', 'ranker'
+  config_lib.validate(config, 'eval')
