@@ -207,7 +207,8 @@ def get_config(variant: str = '') -> ml_collections.ConfigDict:
   # corpus BLEU (mtn_jax/bleu_gain.py), the rest in the ranker's order. The gain model is
   # fitted on the training sessions' suggestions of these generators (comma-separated
   # workdirs: K generators, each trained without one fold of the training users, as
-  # config.train.hypotheses_from), and cached in the workdir. '': the ranker's first.
+  # config.train.hypotheses_from), and cached in the workdir. '': the ranker's first. On the
+  # AOL sample it learns to put the previous query first (docs/RESULTS.md).
   c.suggest.gain_from = ''
   # How a Bi-encoder retriever finds its best pool entries (decode, suggest, and the retriever
   # of 'rerank'): 'exact' scores the whole pool; 'usearch' searches an approximate

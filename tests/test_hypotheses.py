@@ -7,6 +7,8 @@ suggestions, each training session's from the generator that never saw its user.
 """
 
 import json
+import subprocess
+import sys
 
 import numpy as np
 import pytest
@@ -163,3 +165,12 @@ def test_ranker_learns_from_generators_that_never_saw_its_users(tmp_path):
   model = bleu_gain.load_or_fit(both, str(generators[0]), seed=0, log=logged.append)
   assert not any('Fitting' in line for line in logged)  # the cache, not a second fit
   assert model.figures['contexts'] == int((train.lengths - 1).sum())
+  # The held-out-fold check of the gain model runs on the same suggestions: each fold fitted
+  # and suggested for by the other, every setting the fit chooses among.
+  out = subprocess.run([sys.executable, 'launch/gain_folds.py', f'--workdir={generators[0]}',
+                        f'--gain_from={both}'], cwd=cli.REPO, env=cli.env(), check=True,
+                       capture_output=True, text=True).stdout
+  for a, b in ((0, 1), (1, 0)):
+    assert f'fitted on fold {a} (' in out and f'suggesting for fold {b} (' in out
+  assert sum(line.startswith('  ') and '%)' in line
+             for line in out.splitlines()) == 2 * len(bleu_gain.LENGTH_WEIGHTS)
