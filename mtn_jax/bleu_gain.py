@@ -57,6 +57,7 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 from flax import traverse_util
+from sacrebleu.metrics import BLEU
 
 from mtn_jax import hypotheses
 from mtn_jax.data import preprocess
@@ -252,13 +253,13 @@ def first_choices(utility: np.ndarray, context: np.ndarray) -> np.ndarray:
 
 
 def corpus_bleu(ex: Examples, rows: np.ndarray) -> float:
-  """METRICS.md's BLEU when each context suggests its candidate of `rows`."""
+  """METRICS.md's BLEU when each context suggests its candidate of `rows`, from the summed
+  counts by the engine of `metrics.bleu` (sacrebleu, its settings)."""
   matches, ngrams = ex.matches[rows].sum(0), ex.ngrams[rows].sum(0)
-  if (matches == 0).any():
-    return 0.0
-  length, reference = ngrams[0], ex.reference_lengths.sum()
-  brevity = 1.0 if length >= reference else math.exp(1 - reference / length)
-  return 100 * brevity * math.exp(np.mean(np.log(matches / ngrams)))
+  return float(BLEU.compute_bleu(
+      correct=[int(m) for m in matches], total=[int(t) for t in ngrams], sys_len=int(ngrams[0]),
+      ref_len=int(ex.reference_lengths.sum()), smooth_method='none',
+      max_ngram_order=MAX_ORDER).score)
 
 
 class GainNet(nn.Module):
@@ -330,7 +331,7 @@ def predict(net: dict, x: np.ndarray) -> np.ndarray:
 
 @dataclasses.dataclass
 class GainModel:
-  """A fitted gain model: `gains` of candidates, `choose` the first suggestion.
+  """A fitted gain model: `gains` of candidates, `gains_after` those of one context.
 
   Attributes:
     net: `fit_net`'s network.
@@ -357,8 +358,8 @@ class GainModel:
     return (gain(predict(self.net, features_), ngrams, self.matches, self.ngrams,
                  self.length_weight) + self.previous_margin * previous)
 
-  def choose(self, session: Sequence[str], generated: Sequence[str],
-             candidates: Sequence[str]) -> np.ndarray:
+  def gains_after(self, session: Sequence[str], generated: Sequence[str],
+                  candidates: Sequence[str]) -> np.ndarray:
     """float64 [len(candidates)] each candidate's gain after `session` (a new user's)."""
     if not candidates:
       return np.zeros(0)
@@ -434,8 +435,6 @@ def load_or_fit(gain_from: str, workdir: str, seed: int, log=print) -> GainModel
   or fitted there."""
   data_dir = preprocess.data_dir(os.path.abspath(workdir))
   train = sessions.load_split(data_dir, 'train')
-  if train.users is None:
-    sessions.session_folds(train, 2, seed)  # raises: no users, no cross-fitting
   found = hypotheses.generators(gain_from, data_dir)
   suggestions = hypotheses.split_suggestions(found, train, log=log)
   digest = hashlib.sha256(json.dumps(suggestions, ensure_ascii=False).encode('utf-8'))

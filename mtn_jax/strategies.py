@@ -206,7 +206,7 @@ class Rankers:
         if self.mbr:
           ranked = mbr.rerank(ranked)
         if self.gain is not None and ranked:
-          gains = self.gain.choose(queries[:t + 1], sources[0][r][t],
+          gains = self.gain.gains_after(queries[:t + 1], sources[0][r][t],
                                    [c['query'] for c in ranked])
           ranked = [{**c, 'gain': float(g)} for c, g in zip(ranked, gains)]
           first = int(np.argmax(gains))  # on a tie, the ranker's order

@@ -145,8 +145,8 @@ def test_cache_round_trip_and_invalidation(tmp_path):
   loaded = bleu_gain._read(path, header, model.popularity)
   session, generated = ['x y', 'x y z'], ['x y z w', 'x z']
   candidates = bleu_gain.candidates_of(session, generated)
-  np.testing.assert_array_equal(loaded.choose(session, generated, candidates),
-                                model.choose(session, generated, candidates))
+  np.testing.assert_array_equal(loaded.gains_after(session, generated, candidates),
+                                model.gains_after(session, generated, candidates))
   assert loaded.length_weight == 1.5 and loaded.previous_margin == 2e-5
   assert loaded.figures == model.figures
   # Another header (other suggestions, another seed): not this model.
@@ -168,7 +168,7 @@ def test_rerank_puts_the_best_gain_first_and_keeps_the_rankers_order(tmp_path):
   out = rankers.rerank([session], [[beam]], batch_rows=1)[0]
   for t, ranked in enumerate(out):
     texts = [c['query'] for c in ranked]
-    gains = model.choose(session[:t + 1], beam[t], texts)
+    gains = model.gains_after(session[:t + 1], beam[t], texts)
     assert [c['gain'] for c in ranked] == pytest.approx(gains.tolist())
     assert ranked[0]['gain'] == max(gains)
     rest = [c['score'] for c in ranked[1:]]
