@@ -9,9 +9,12 @@ import tempfile
 
 from tests.conftest import REPO  # re-exported for tests
 
-# A model and a demo log small enough that a run takes seconds on a 2-core CPU.
+# A model and a demo log small enough that a run takes seconds on a 2-core CPU. Sessions of
+# exactly three queries make one bucket: every bucket is a program to trace (seconds each, the
+# persistent cache saves only the compilation); tests of several buckets ask for them.
 TINY = (
     '--config.data.demo_users=150',
+    '--config.data.max_session_queries=3',
     '--config.data.min_word_count=2',
     '--config.model.emb_dim=16',
     '--config.model.d_model=16',

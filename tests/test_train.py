@@ -21,8 +21,10 @@ from tests import cli
 
 pytestmark = pytest.mark.slow
 
-# Two short epochs, a checkpoint every 3 steps, a log line every step.
-SHORT = ('--config.train.num_epochs=2', '--config.train.checkpoint_every_steps=3',
+# Two short epochs over sessions of 3 or 4 queries (two buckets, so that resuming and sharding
+# meet a shuffled plan of batches of several shapes), a checkpoint every 3 steps, a log line
+# every step.
+SHORT = ('--config.data.max_session_queries=4', '--config.train.num_epochs=2', '--config.train.checkpoint_every_steps=3',
          '--config.train.log_every_steps=1', '--config.train.keep_checkpoints=2')
 
 
@@ -101,27 +103,31 @@ def test_sigkill_at_random_step_then_resume_is_bit_exact(reference_run, tmp_path
   assert_trees_equal(params, ref_params)
 
 
-@pytest.mark.parametrize('stop', [signal.SIGTERM, signal.SIGINT], ids=['sigterm', 'sigint'])
-def test_a_stop_signal_saves_a_checkpoint_exits_non_zero_and_resumes_exactly(
-    reference_run, tmp_path, stop):
+def test_stop_signals_save_a_checkpoint_exit_non_zero_and_resume_exactly(reference_run, tmp_path):
   """SIGTERM (a scheduler) and SIGINT (Ctrl-C) both stop after a checkpoint, with one line and
   the shell's exit code for that signal (143, 130), so a script can tell the run did not
-  finish; running the command again ends where the uninterrupted run did."""
+  finish. The run stopped by SIGTERM is resumed and stopped again by SIGINT; running the
+  command once more ends where the uninterrupted run did."""
   ref_dir, _ = reference_run
-  proc = cli.popen(tmp_path, *SHORT, '--config.train.checkpoint_every_steps=1000')
-  for line in proc.stdout:
-    if line.startswith('step 4/'):
-      proc.send_signal(stop)
-      break
-  output = proc.communicate(timeout=120)[0]
-  assert proc.returncode == 128 + stop, output
-  assert f'{signal.Signals(stop).name}: saved a checkpoint at step' in output
-  assert 'Traceback' not in output
-  manager = checkpoints.open_manager(str(tmp_path), read_only=True)
-  saved = manager.latest_step()
-  manager.close()
-  assert saved is not None and saved >= 4
-  cli.run(tmp_path, *SHORT, '--config.train.checkpoint_every_steps=1000')
+  no_periodic = '--config.train.checkpoint_every_steps=1000'
+  for stop, at_step in ((signal.SIGTERM, 4), (signal.SIGINT, 8)):
+    proc = cli.popen(tmp_path, *SHORT, no_periodic)
+    read = []
+    for line in proc.stdout:
+      read.append(line)
+      if line.startswith(f'step {at_step}/'):
+        proc.send_signal(stop)
+        break
+    output = ''.join(read) + proc.communicate(timeout=120)[0]
+    assert proc.returncode == 128 + stop, output
+    assert f'{signal.Signals(stop).name}: saved a checkpoint at step' in output
+    assert 'Traceback' not in output
+    assert ('Resuming from' in output) == (stop == signal.SIGINT)
+    manager = checkpoints.open_manager(str(tmp_path), read_only=True)
+    saved = manager.latest_step()
+    manager.close()
+    assert saved is not None and saved >= at_step
+  cli.run(tmp_path, *SHORT, no_periodic)
   assert_trees_equal(final_params(tmp_path)[1], final_params(ref_dir)[1])
 
 

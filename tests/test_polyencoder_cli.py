@@ -1,0 +1,310 @@
+"""Bi-, Poly- and Cross-encoders through the real command line: a Poly-encoder resumed bit for
+bit, a generative model's beam reranked with it (eval and decode, IMDNA's next queries as a
+third source), and a graded Poly-encoder trained with lexical negatives and evaluated.
+
+Apart from the unit tests in test_polyencoder.py so that the two files, each on one test
+worker, take about as long."""
+
+from __future__ import annotations
+
+import json
+import sys
+
+import numpy as np
+import pytest
+
+from mtn_jax.data import candidates
+from tests import cli
+
+# ---------------------------------------------------------------------------------------------
+# Through the command line: a Poly-encoder resumed bit for bit, and reranking a generative
+# model's beam with it (eval and decode).
+
+RANKER_CONFIG = 'configs/polyencoder_aol.py:demo'
+# Both the ranker and the generator read the same demo log through `cli.TINY`'s config.data
+# (150 users, words seen twice), so they share one vocabulary.
+FEW = ('--config.train.log_every_steps=1', '--config.decode.max_eval_sessions=16')
+FIRST_STEPS, TOTAL_STEPS = 3, 6
+
+
+@pytest.fixture(scope='module')
+def poly_run(tmp_path_factory):
+  """A demo Poly-encoder: 3 steps, resumed to 6; and the same 6 steps in one go."""
+  workdir = tmp_path_factory.mktemp('poly')
+  run = lambda *args: cli.run(workdir, *FEW, *args, config=RANKER_CONFIG)
+  run(f'--config.train.max_steps={FIRST_STEPS}')
+  resumed = run(f'--config.train.max_steps={TOTAL_STEPS}')
+  straight = tmp_path_factory.mktemp('poly-straight')
+  cli.run(straight, *FEW, f'--config.train.max_steps={TOTAL_STEPS}', config=RANKER_CONFIG)
+  return workdir, straight, resumed
+
+
+@pytest.mark.slow
+def test_poly_encoder_resumes_bit_for_bit(poly_run):
+  workdir, straight, resumed = poly_run
+  assert 'Resuming from' in resumed.stdout
+  from mtn_jax import metric_writer  # pylint: disable=g-import-not-at-top
+  a = metric_writer.read_metrics(str(workdir), 'train')
+  b = metric_writer.read_metrics(str(straight), 'train')
+  assert [r['step'] for r in a] == [r['step'] for r in b] == list(range(1, TOTAL_STEPS + 1))
+  assert [r['loss'] for r in a] == [r['loss'] for r in b]
+  assert ([r['loss'] for r in metric_writer.read_metrics(str(workdir), 'valid')][-1]
+          == [r['loss'] for r in metric_writer.read_metrics(str(straight), 'valid')][-1])
+
+
+@pytest.fixture(scope='module')
+def rerank_run(poly_run, tmp_path_factory):
+  """A tiny MTN on the same demo log, evaluated alone and reranked by the Poly-encoder."""
+  poly = poly_run[0]
+  generator = tmp_path_factory.mktemp('generator')
+  run = lambda *args, **kwargs: cli.run(generator, *FEW, *args, **kwargs)
+  run('--config.train.max_steps=4')
+  # top_k = beam_size (5, the default): the samples of the plain evaluation hold the whole
+  # beam, the generator's share of each reranked list.
+  run(mode='eval')
+  reranked = run('--config.suggest.strategy=rerank', f'--config.suggest.ranker_workdir={poly}',
+                 mode='eval')
+  return generator, poly, reranked
+
+
+def pool_texts(workdir) -> set[str]:
+  return set(candidates.load_pool(str(workdir / 'data')).texts)
+
+
+def read_jsonl(path) -> list[dict]:
+  return [json.loads(line) for line in path.read_text().splitlines()]
+
+
+@pytest.mark.slow
+def test_rerank_eval_scores_the_strategy_beside_its_sources(rerank_run):
+  generator, poly, reranked = rerank_run
+  results = json.loads((generator / 'eval' / 'rerank_results.json').read_text())
+  assert set(results['scores']) == {'model', 'generate', 'retrieve', 'repeat_previous',
+                                    'most_frequent_next'}
+  assert set(results['scores_excluding_session']) == set(results['scores'])
+  strategy = results['strategy']
+  assert strategy['strategy'] == 'rerank' and strategy['ranker_workdir'] == str(poly)
+  assert strategy['retriever_workdir'] == str(poly)  # the ranker retrieves too
+  assert 'scored by Poly-encoder' in strategy['label']
+  assert 'rerank: ' in reranked.stdout
+  # 'generate' is the workdir's own beam: the figures of its plain evaluation.
+  plain = json.loads((generator / 'eval' / 'results.json').read_text())
+  assert results['scores']['generate'] == plain['scores']['model']
+  assert results['pairs'] == plain['pairs'] > 0
+  # Every reranked suggestion is a pooled candidate: a beam hypothesis, a pool entry (the
+  # retrieved ones are), or one of the session's queries so far; best first.
+  beams = {(s['session'], s['position']): {c['query'] for c in s['suggestions']}
+           for s in read_jsonl(generator / 'eval' / 'samples.jsonl')}
+  pool = pool_texts(poly)
+  samples = read_jsonl(generator / 'eval' / 'rerank_samples.jsonl')
+  assert len(samples) == len(beams) > 0
+  for sample in samples:
+    ranked = sample['suggestions']
+    assert 0 < len(ranked) <= 5  # decode.top_k
+    beam = beams[(sample['session'], sample['position'])]
+    for suggestion in ranked:
+      assert suggestion['query'] in beam | pool | set(sample['context']), (suggestion, sample)
+    scores = [s['score'] for s in ranked]
+    assert scores == sorted(scores, reverse=True)
+    assert sample['predicted'] == ranked[0]['query']
+  # The ranker's candidate vectors were cached in its own workdir.
+  assert (poly / 'candidate_cache' / 'meta.json').exists()
+
+
+@pytest.mark.slow
+def test_rerank_refuses_a_ranker_of_another_vocabulary(rerank_run, tmp_path):
+  generator = rerank_run[0]
+  results_path = generator / 'eval' / 'rerank_results.json'
+  before = results_path.read_text()
+  other = tmp_path / 'other'
+  cli.run(other, *FEW, '--config.data.min_word_count=3', '--config.train.max_steps=1',
+          config=RANKER_CONFIG)
+  refused = cli.run(generator, *FEW, '--config.suggest.strategy=rerank',
+                    f'--config.suggest.ranker_workdir={other}', mode='eval', check=False)
+  assert refused.returncode == 1, refused.stderr[-3000:]
+  assert 'Traceback' not in refused.stderr
+  errors_ = [line for line in refused.stderr.splitlines() if line.startswith('error:')]
+  assert len(errors_) == 1 and refused.stderr.rstrip().endswith(errors_[0])
+  assert 'vocabulary' in errors_[0] and str(other) in errors_[0] and str(generator) in errors_[0]
+  assert results_path.read_text() == before  # nothing written
+
+
+@pytest.mark.slow
+def test_rerank_decode_writes_pooled_candidates_best_first(rerank_run, tmp_path):
+  generator, poly, _ = rerank_run
+  samples = read_jsonl(generator / 'eval' / 'rerank_samples.jsonl')
+  contexts = [s['context'] for s in samples[:3]]
+  sessions_file = tmp_path / 'sessions.txt'
+  sessions_file.write_text(''.join('\t'.join(c) + '\n' for c in contexts))
+  beam_out, reranked_out = tmp_path / 'beam.jsonl', tmp_path / 'reranked.jsonl'
+  cli.run(generator, *FEW, f'--config.decode.input={sessions_file}',
+          f'--config.decode.output={beam_out}', mode='decode')
+  decoded = cli.run(generator, *FEW, f'--config.decode.input={sessions_file}',
+                    f'--config.decode.output={reranked_out}', '--config.suggest.strategy=rerank',
+                    f'--config.suggest.ranker_workdir={poly}', mode='decode')
+  assert 'reranked' in decoded.stdout
+  beams, records = read_jsonl(beam_out), read_jsonl(reranked_out)
+  # One record per session (a suggestion after its last query), in the file's order.
+  assert [r['context'] for r in records] == [r['context'] for r in beams] == contexts
+  pool = pool_texts(poly)
+  for record, beam in zip(records, beams):
+    ranked = record['suggestions']
+    assert 0 < len(ranked) <= 5
+    assert len({s['query'] for s in ranked}) == len(ranked)  # deduplicated
+    allowed = {s['query'] for s in beam['suggestions']} | pool | set(record['context'])
+    assert {s['query'] for s in ranked} <= allowed
+    scores = [s['score'] for s in ranked]
+    assert scores == sorted(scores, reverse=True)
+
+
+# IMDNA on the same demo sessions as a third source of 'rerank' candidates.
+IMDNA_TINY = ('--config.data.source=demo', '--config.model.emb_dim=8',
+              '--config.model.state_dim=8', '--config.model.hidden_units=16',
+              '--config.imdna.num_documents=4', '--config.imdna.batch_size=16',
+              '--config.train.max_steps=3')
+
+
+@pytest.fixture(scope='module')
+def imdna_run(tmp_path_factory):
+  """A 3-step IMDNA on the generator's demo sessions (its vocabulary is its own)."""
+  workdir = tmp_path_factory.mktemp('imdna')
+  cli.run(workdir, *FEW, *IMDNA_TINY, config='configs/imdna_aol.py')
+  return workdir
+
+
+@pytest.mark.slow
+def test_imdna_proposes_what_its_own_evaluation_ranks(imdna_run, rerank_run):
+  """The proposer reads a context (its documents: BM25 over the training sessions, the
+  user's own left out) exactly as IMDNA's training and evaluation do."""
+  from configs import imdna_aol  # pylint: disable=g-import-not-at-top
+  from mtn_jax import imdna_task, inference  # pylint: disable=g-import-not-at-top
+  from mtn_jax.data import sessions  # pylint: disable=g-import-not-at-top
+  config = imdna_aol.get_config()
+  trained = inference.load_trained(config, str(imdna_run))
+  proposer = imdna_task.NextQueryProposer(trained, str(imdna_run))
+  library = proposer.library
+  questions = library.splits['valid']
+  contexts = library.extra['valid']['contexts']
+  split = sessions.load_split(str(rerank_run[0] / 'data'), 'valid')  # the generator's
+  from mtn_jax import evaluate  # pylint: disable=g-import-not-at-top
+  session_of, position_of = evaluate.pair_session_positions(split)
+  assert contexts == [split.session_texts(i)[:t + 1] for i, t in zip(session_of, position_of)]
+  probabilities = imdna_task.model_answer_scores(trained, library, questions, 16)
+  expected = [imdna_task._query_scores(  # pylint: disable=protected-access
+      imdna_task.following_queries(library, questions, i, c), probabilities[i],
+      library.vocab)[:3] for i, c in enumerate(contexts)]
+  proposed = proposer.propose(contexts, 3, users=np.asarray(split.users)[session_of])
+  assert proposed == expected
+  assert sum(map(len, proposed)) > 0
+  # Without the users a user's own training sessions may be read: other documents, here.
+  assert proposer.propose(contexts, 3) != proposed or not np.isin(
+      split.users, library.extra['document_users']).any()
+
+
+@pytest.mark.slow
+def test_rerank_adds_imdna_next_queries(imdna_run, rerank_run, tmp_path):
+  import shutil  # pylint: disable=g-import-not-at-top
+  generator = tmp_path / 'generator'
+  shutil.copytree(rerank_run[0], generator)
+  poly = rerank_run[1]
+  out = cli.run(generator, *FEW, '--config.suggest.strategy=rerank',
+                f'--config.suggest.ranker_workdir={poly}', '--config.suggest.retrieved=0',
+                '--config.suggest.imdna_proposed=3',
+                f'--config.suggest.imdna_workdir={imdna_run}', mode='eval')
+  assert 'IMDNA proposed next queries' in out.stdout
+  results = json.loads((generator / 'eval' / 'rerank_results.json').read_text())
+  # retrieved=0: no pool entries, IMDNA's instead.
+  assert set(results['scores']) == {'model', 'generate', 'imdna', 'repeat_previous',
+                                    'most_frequent_next'}
+  strategy = results['strategy']
+  assert strategy['imdna_workdir'] == str(imdna_run) and strategy['retrieved'] == 0
+  assert 'beam 5 + IMDNA top 3 + session queries, scored by Poly-encoder' in strategy['label']
+  # Every reranked suggestion is a beam hypothesis, one of IMDNA's next queries (logged
+  # training queries, so pool entries) or a query of the session.
+  beams = {(s['session'], s['position']): {c['query'] for c in s['suggestions']}
+           for s in read_jsonl(rerank_run[0] / 'eval' / 'samples.jsonl')}
+  pool = pool_texts(poly)
+  taken_from_imdna = 0
+  for sample in read_jsonl(generator / 'eval' / 'rerank_samples.jsonl'):
+    beam = beams[(sample['session'], sample['position'])]
+    queries = {s['query'] for s in sample['suggestions']}
+    assert queries <= beam | pool | set(sample['context'])
+    taken_from_imdna += len(queries - beam - set(sample['context']))
+  assert taken_from_imdna > 0
+  # decode: the same sources for sessions typed in a file (no user: nothing left out).
+  contexts = [s['context'] for s in read_jsonl(generator / 'eval' / 'rerank_samples.jsonl')[:3]]
+  sessions_file = tmp_path / 'sessions.txt'
+  sessions_file.write_text(''.join('\t'.join(c) + '\n' for c in contexts))
+  beam_out, reranked_out = tmp_path / 'beam.jsonl', tmp_path / 'reranked.jsonl'
+  cli.run(generator, *FEW, f'--config.decode.input={sessions_file}',
+          f'--config.decode.output={beam_out}', mode='decode')
+  cli.run(generator, *FEW, f'--config.decode.input={sessions_file}',
+          f'--config.decode.output={reranked_out}', '--config.suggest.strategy=rerank',
+          f'--config.suggest.ranker_workdir={poly}', '--config.suggest.retrieved=0',
+          f'--config.suggest.imdna_workdir={imdna_run}', mode='decode')
+  records = read_jsonl(reranked_out)
+  assert [r['context'] for r in records] == contexts
+  for record, beam in zip(records, read_jsonl(beam_out)):
+    queries = [s['query'] for s in record['suggestions']]
+    assert 0 < len(queries) == len(set(queries)) <= 5
+    assert set(queries) <= ({s['query'] for s in beam['suggestions']} | pool
+                            | set(record['context']))
+
+
+@pytest.mark.slow
+def test_imdna_of_other_sessions_is_refused(rerank_run, tmp_path):
+  """Only the sessions matter: another vocabulary of the same sessions is the same corpus;
+  another split of them is not (its documents could hold the sessions being scored)."""
+  from mtn_jax.data import preprocess  # pylint: disable=g-import-not-at-top
+  generator, poly, _ = rerank_run
+  words = tmp_path / 'words'
+  cli.run(words, '--config.data.min_word_count=3', mode='preprocess')
+  assert preprocess.session_difference(str(generator / 'data'), str(words / 'data')) is None
+  other = tmp_path / 'other'
+  cli.run(other, '--config.data.split_seed=1', mode='preprocess')
+  refused = cli.run(generator, *FEW, '--config.suggest.strategy=rerank',
+                    f'--config.suggest.ranker_workdir={poly}',
+                    f'--config.suggest.imdna_workdir={other}', mode='eval', check=False)
+  assert refused.returncode == 1, refused.stderr[-3000:]
+  assert 'Traceback' not in refused.stderr
+  errors_ = [line for line in refused.stderr.splitlines() if line.startswith('error:')]
+  assert len(errors_) == 1 and refused.stderr.rstrip().endswith(errors_[0])
+  assert f'config.suggest.imdna_workdir={other}' in errors_[0]
+  assert 'their train.text.txt differ' in errors_[0]
+
+
+@pytest.mark.slow
+def test_rerank_oracle_script_prints_each_choice(rerank_run):
+  import re  # pylint: disable=g-import-not-at-top
+  import subprocess  # pylint: disable=g-import-not-at-top
+  generator, poly, _ = rerank_run
+  result = subprocess.run(
+      [sys.executable, 'launch/rerank_oracle.py', '--config=configs/demo.py',
+       f'--workdir={generator}', *cli.TINY, *FEW, '--config.decode.eval_split=valid',
+       '--config.suggest.strategy=rerank', f'--config.suggest.ranker_workdir={poly}'],
+      cwd=cli.REPO, env=cli.env(), capture_output=True, text=True, timeout=300)
+  assert result.returncode == 0, result.stderr[-3000:]
+  bleu = dict(re.findall(r'^  (\S.*?)\s+BLEU\s+([\d.]+)$', result.stdout, re.M))
+  assert len(bleu) == 7, result.stdout
+  figures = {name: float(value) for name, value in bleu.items()}
+  # Knowing the reference, a choice among all candidates is at least as good as the ranker's.
+  assert figures['oracle: any pooled candidate'] >= figures["the ranker's first choice"]
+  assert 'is the previous query for' in result.stdout
+
+
+@pytest.mark.slow
+def test_graded_poly_encoder_with_lexical_negatives_trains_and_evaluates(tmp_path):
+  """The real command line: the lexical neighbours reach the training and validation
+  batches, and the trained ranker is evaluated on the pool."""
+  graded = ('--config.model.session_candidates=True', '--config.model.lexical_negatives=4')
+  run = lambda *args, mode='train': cli.run(tmp_path, *FEW, *graded, *args, mode=mode,
+                                            config=RANKER_CONFIG)
+  run('--config.train.max_steps=3')
+  from mtn_jax import metric_writer  # pylint: disable=g-import-not-at-top
+  valid = metric_writer.read_metrics(str(tmp_path), 'valid')
+  assert valid and all(np.isfinite(r['loss']) for r in valid)
+  assert {p.name for p in (tmp_path / 'data' / 'pool_bm25').glob('*.top_k.npz')} == {
+      'train.top_k.npz', 'valid.top_k.npz'}
+  run(mode='eval')
+  results = json.loads((tmp_path / 'eval' / 'results.json').read_text())
+  assert results['pairs'] > 0 and '"r1_of_20"' in json.dumps(results)
