@@ -24,8 +24,9 @@ pytestmark = pytest.mark.slow
 # Two short epochs over sessions of 3 or 4 queries (two buckets, so that resuming and sharding
 # meet a shuffled plan of batches of several shapes), a checkpoint every 3 steps, a log line
 # every step.
-SHORT = ('--config.data.max_session_queries=4', '--config.train.num_epochs=2', '--config.train.checkpoint_every_steps=3',
-         '--config.train.log_every_steps=1', '--config.train.keep_checkpoints=2')
+SHORT = ('--config.data.max_session_queries=4', '--config.train.num_epochs=2',
+         '--config.train.checkpoint_every_steps=3', '--config.train.log_every_steps=1',
+         '--config.train.keep_checkpoints=2')
 
 
 def final_params(workdir):
