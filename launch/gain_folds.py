@@ -53,18 +53,15 @@ def main(argv):
     contexts, generated, references, users = bleu_gain.training_contexts(
         sessions.select_sessions(train, ids), [suggestions[r] for r in rows])
     folds.append(bleu_gain.examples(contexts, generated, references, users, popularity))
-  previous_column = bleu_gain.FEATURES.index('session_distance_1')
   for a, fitted in enumerate(folds):
-    previous = fitted.features[:, previous_column] == 1
-    rows = bleu_gain.first_choices(previous.astype(np.float64), fitted.context)
+    _, rows = bleu_gain.previous_query(fitted)
     matches, ngrams = fitted.matches[rows].sum(0), fitted.ngrams[rows].sum(0)
     net = bleu_gain.fit_net(fitted.features, fitted.matches, FLAGS.seed)
     for b, held_out in enumerate(folds):
       if b == a:
         continue
       expected = bleu_gain.predict(net, held_out.features)
-      previous = held_out.features[:, previous_column] == 1
-      repeat = bleu_gain.first_choices(previous.astype(np.float64), held_out.context)
+      previous, repeat = bleu_gain.previous_query(held_out)
       print(f'fitted on fold {a} ({int(fitted.context[-1]) + 1:,} contexts), suggesting for '
             f'fold {b} ({int(held_out.context[-1]) + 1:,} contexts): repeating the previous '
             f'query BLEU {bleu_gain.corpus_bleu(held_out, repeat):.2f}')

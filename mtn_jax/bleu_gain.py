@@ -252,6 +252,13 @@ def first_choices(utility: np.ndarray, context: np.ndarray) -> np.ndarray:
   return order[first]
 
 
+def previous_query(ex: Examples) -> tuple[np.ndarray, np.ndarray]:
+  """(bool [candidates]: the candidate is its context's previous query, int [contexts]: the row
+  each context suggests when it repeats the previous query)."""
+  previous = ex.features[:, FEATURES.index('session_distance_1')] == 1
+  return previous, first_choices(previous.astype(np.float64), ex.context)
+
+
 def corpus_bleu(ex: Examples, rows: np.ndarray) -> float:
   """METRICS.md's BLEU when each context suggests its candidate of `rows`, from the summed
   counts by the engine of `metrics.bleu` (sacrebleu, its settings)."""
@@ -385,8 +392,7 @@ def fit(ex: Examples, users: np.ndarray, popularity: Popularity, seed: int,
   other, so they are as good as a new user's, and a choice that only fits noise shows as a
   loss). The returned network is fitted on all contexts.
   """
-  previous = ex.features[:, FEATURES.index('session_distance_1')] == 1
-  rows = first_choices(previous.astype(np.float64), ex.context)
+  previous, rows = previous_query(ex)
   matches, ngrams = ex.matches[rows].sum(0), ex.ngrams[rows].sum(0)
   half = sessions.user_folds(users, 2, seed)[ex.context]
   expected = np.zeros_like(ex.matches)
