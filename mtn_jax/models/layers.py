@@ -177,27 +177,21 @@ class PositionEncoding(nn.Module):
 
 def _attention_core(query: jax.Array, key: jax.Array, value: jax.Array, mask: jax.Array
                     ) -> jax.Array:
-  """jax.nn.dot_product_attention: cuDNN's fused kernel on GPUs for 16-bit inputs, else XLA.
+  """jax.nn.dot_product_attention, XLA's implementation on every platform.
 
-  cuDNN refuses some shapes and dtypes at trace time (head size, float32); those cases fall
-  back to the XLA implementation, which computes the same function.
+  Not cuDNN's fused kernel: the sequences here are short (a query's <= 11 tokens, a
+  session's few queries), where a flash kernel saves little, and cuDNN refuses odd lengths
+  when a masked attention is differentiated -- at differentiation time, after the forward
+  pass was accepted -- which stopped bfloat16 training on an H200 (docs/PERFORMANCE.md).
   """
-  if jax.default_backend() == 'gpu' and query.dtype in (jnp.bfloat16, jnp.float16):
-    # cuDNN takes the mask as a bias spanning every query position: [B, 1, T, L].
-    full_mask = jnp.broadcast_to(mask, (query.shape[0], 1, query.shape[1], key.shape[1]))
-    try:
-      return jax.nn.dot_product_attention(query, key, value, mask=full_mask,
-                                          implementation='cudnn')
-    except (ValueError, NotImplementedError, RuntimeError):
-      pass
   return jax.nn.dot_product_attention(query, key, value, mask=mask, implementation='xla')
 
 
 class Attention(nn.Module):
   """Multi-head attention: inputs_q [B, T, d], inputs_kv [B, L, d], mask -> [B, T, d].
 
-  No dropout on the attention probabilities: the fused kernel has none; dropout acts on the
-  sublayer outputs and the embeddings, as in Vaswani et al.
+  No dropout on the attention probabilities: dropout acts on the sublayer outputs and the
+  embeddings, as in Vaswani et al.
 
   With `decode`, a first call with the full-length inputs creates the layer's part of the
   'cache' collection and computes as without it; each later call feeds one position [B, 1, d].
