@@ -16,6 +16,8 @@ if not flags.FLAGS.is_parsed():
 # The tests compile the same tiny programs run after run: the persistent compilation cache
 # that the command-line runs already share (tests/cli.py) serves the in-process ones too.
 from tests import cli  # pylint: disable=g-import-not-at-top,wrong-import-position
+
+os.environ['XLA_FLAGS'] = f"{os.environ.get('XLA_FLAGS', '')} {cli.TEST_XLA_FLAGS}".strip()
 import jax  # pylint: disable=g-import-not-at-top,wrong-import-position
 
 jax.config.update('jax_compilation_cache_dir', cli.env()['JAX_COMPILATION_CACHE_DIR'])
