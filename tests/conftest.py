@@ -17,6 +17,7 @@ if not flags.FLAGS.is_parsed():
 # that the command-line runs already share (tests/cli.py) serves the in-process ones too.
 from tests import cli  # pylint: disable=g-import-not-at-top,wrong-import-position
 
+# Read when JAX starts its CPU backend, so set before any test runs (cli.TEST_XLA_FLAGS).
 os.environ['XLA_FLAGS'] = f"{os.environ.get('XLA_FLAGS', '')} {cli.TEST_XLA_FLAGS}".strip()
 import jax  # pylint: disable=g-import-not-at-top,wrong-import-position
 
