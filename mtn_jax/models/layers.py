@@ -175,18 +175,6 @@ class PositionEncoding(nn.Module):
     return jnp.take(table, positions, axis=0).astype(cfg.dtype)
 
 
-def _attention_core(query: jax.Array, key: jax.Array, value: jax.Array, mask: jax.Array
-                    ) -> jax.Array:
-  """jax.nn.dot_product_attention, XLA's implementation on every platform.
-
-  Not cuDNN's fused kernel: the sequences here are short (a query's <= 11 tokens, a
-  session's few queries), where a flash kernel saves little, and cuDNN refuses odd lengths
-  when a masked attention is differentiated -- at differentiation time, after the forward
-  pass was accepted -- which stopped bfloat16 training on an H200 (docs/PERFORMANCE.md).
-  """
-  return jax.nn.dot_product_attention(query, key, value, mask=mask, implementation='xla')
-
-
 class Attention(nn.Module):
   """Multi-head attention: inputs_q [B, T, d], inputs_kv [B, L, d], mask -> [B, T, d].
 
@@ -221,7 +209,11 @@ class Attention(nn.Module):
       value = project(name='value')(inputs_kv)
       if self.decode:
         key, value, mask = self._update_cache(key, value, mask)
-    out = _attention_core(query, key, value, mask)
+    # XLA's implementation, not cuDNN's fused kernel: the sequences are short (a query's <= 11
+    # tokens, a session's few queries), where a flash kernel saves little, and cuDNN refuses
+    # odd lengths only when a masked attention is differentiated, after the forward pass was
+    # accepted -- which stopped bfloat16 training on an H200 (docs/PERFORMANCE.md).
+    out = jax.nn.dot_product_attention(query, key, value, mask=mask, implementation='xla')
     return _dense(cfg, cfg.d_model, axis=(-2, -1), name='out')(out)
 
   def _memory_keys_values(self, project_memory: Callable[[], tuple[jax.Array, jax.Array]]
