@@ -8,7 +8,8 @@
 #    candidates, the Cross-encoder timed directly at 100k (no extrapolation);
 # 2. training throughput of configs/aol.py (the paper-size MTN) in bfloat16 and in float32,
 #    against the one-AOL-epoch-in-2-minutes target (launch/bench_train.py);
-# 3. the PyTorch peer on the same batches (eager), float32, sessions of 4 queries;
+# 3. the PyTorch peer on the same batches (eager and torch.compile), float32 with TF32
+#    products as JAX's, sessions of 4 queries;
 # 4. how the rankers' times scale with model and pool size.
 # Each step writes OUTDIR/<name>.json (the figures) and OUTDIR/<name>.log (its output); a step
 # that fails or runs out of time is named in OUTDIR/steps.txt with its exit status, and the
@@ -44,7 +45,7 @@ step train_bf16 180 python3 launch/bench_train.py --config=configs/aol.py \
   --config.model.compute_dtype=bfloat16 --repeats=3 --json="$out/train_bf16.json"
 step train_fp32 150 python3 launch/bench_train.py --config=configs/aol.py \
   --pipeline_sessions=0 --repeats=3 --json="$out/train_fp32.json"
-step peer 120 python3 launch/bench_train.py --config=configs/aol.py --peer --peer_modes=eager \
+step peer 150 python3 launch/bench_train.py --config=configs/aol.py --peer --peer_modes=eager,compiled \
   --session_lengths=4 --pipeline_sessions=0 --repeats=3 --json="$out/peer.json"
 step rankers_scaling 100 python3 launch/bench_rankers.py --sizes=64x1,256x4 \
   --pools=1000,10000,100000 --cross_direct --repeats=10 --warmup=1 \

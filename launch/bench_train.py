@@ -530,9 +530,13 @@ class _PeerRunner:
 
 def _make_peers(config, cfg, batches, modes, threads, total_steps, seed
                 ) -> dict[str, _PeerRunner]:
+  import torch  # pylint: disable=g-import-not-at-top
   if threads:
-    import torch  # pylint: disable=g-import-not-at-top
     torch.set_num_threads(threads)
+  if torch.cuda.is_available():
+    # JAX multiplies float32 matrices in TF32 on a GPU by default; the peer does the same,
+    # or the comparison would time full-precision products against TF32 ones.
+    torch.set_float32_matmul_precision('high')
   if modes is None:
     modes = ['eager', 'compiled'] if jax.default_backend() == 'gpu' else ['eager']
   unknown = set(modes) - {'eager', 'compiled'}
@@ -623,6 +627,10 @@ def _run_script(script: str, args: list[str]) -> str:
 def main(argv):
   if len(argv) > 1:
     raise app.UsageError(f'unexpected arguments: {argv[1:]}')
+  if _PEER.value:
+    # JAX takes 75 % of a GPU's memory at start by default, leaving the peer too little (an
+    # H100's 80 GB ran out); it must be said before JAX's backend starts.
+    os.environ.setdefault('XLA_PYTHON_CLIENT_PREALLOCATE', 'false')
   parallel.set_cpu_devices(_CPU_DEVICES.value)
   run()
 
