@@ -43,32 +43,45 @@ def sessions(seed=0, batch=4, length=3):
   return queries
 
 
+def compiled(fn, *args):
+  """`fn(*args)` as one compiled program. Run eagerly, a Flax model dispatches each of its
+  operations alone and compiles each the first time it meets its shapes: on a 2-core CPU that
+  made these tests twice as slow."""
+  return jax.jit(fn)(*args)
+
+
+def apply(model, params, *args, method):
+  """`model.apply` with `params` as one compiled program."""
+  return compiled(lambda p, *a: model.apply({'params': p}, *a, method=method), params, *args)
+
+
+def init(task):
+  return compiled(task.init_params, jax.random.PRNGKey(0))
+
+
 def dual_task(name, context_encoder='flat', **changes):
   task = ranking_tasks.DualEncoderTask(ranker_config(name, context_encoder=context_encoder,
                                                      **changes))
-  return task, task.init_params(jax.random.PRNGKey(0))
+  return task, init(task)
 
 
 @pytest.mark.parametrize('context_encoder', ['flat', 'mtn'])
 def test_bi_encoder_score_is_the_dot_product_of_mean_token_vectors(context_encoder):
   task, params = dual_task('biencoder', context_encoder)
   queries = sessions()
-  model, variables = task.model, {'params': params}
-  memory = model.apply(variables, queries[:, :-1],
-                       method=lambda m, q: m.context_encoder(q))
+  memory = apply(task.model, params, queries[:, :-1], method=lambda m, q: m.context_encoder(q))
   mask = np.asarray(memory['mask'])[..., None]
   context = (np.asarray(memory['tokens']) * mask).sum(1) / np.maximum(mask.sum(1), 1)
   context = context.reshape(4, 2, -1)
   pool = queries.reshape(-1, N)
-  cand = model.apply(variables, pool[:, None],
-                     method=lambda m, ids: m.candidate_encoder(ids))
+  cand = apply(task.model, params, pool[:, None], method=lambda m, ids: m.candidate_encoder(ids))
   cmask = np.asarray(cand['mask'])[..., None]
   vectors = (np.asarray(cand['tokens']) * cmask).sum(1) / np.maximum(cmask.sum(1), 1)
   expected = np.einsum('bpd,cd->bpc', context, vectors)
-  cache = task.encode_candidates(params, jnp.asarray(pool))
+  cache = compiled(task.encode_candidates, params, jnp.asarray(pool))
   np.testing.assert_allclose(cache, vectors, rtol=1e-5, atol=1e-6)
-  np.testing.assert_allclose(task.score_pool(params, {'queries': queries}, cache), expected,
-                             rtol=1e-5, atol=1e-5)
+  np.testing.assert_allclose(compiled(task.score_pool, params, {'queries': queries}, cache),
+                             expected, rtol=1e-5, atol=1e-5)
 
 
 def test_poly_encoder_with_one_zero_code_is_the_bi_encoder():
@@ -80,10 +93,11 @@ def test_poly_encoder_with_one_zero_code_is_the_bi_encoder():
   params = {**bi_params, 'codes': jnp.zeros_like(poly_params['codes'])}
   queries = sessions()
   pool = jnp.asarray(queries.reshape(-1, N))
-  np.testing.assert_allclose(
-      poly.score_pool(params, {'queries': queries}, poly.encode_candidates(params, pool)),
-      bi.score_pool(bi_params, {'queries': queries}, bi.encode_candidates(bi_params, pool)),
-      rtol=1e-6, atol=1e-6)
+  score_pool = lambda task, p: task.score_pool(p, {'queries': queries},
+                                               task.encode_candidates(p, pool))
+  np.testing.assert_allclose(compiled(lambda p: score_pool(poly, p), params),
+                             compiled(lambda p: score_pool(bi, p), bi_params),
+                             rtol=1e-6, atol=1e-6)
 
 
 def test_poly_score_is_the_candidate_weighted_readout_of_the_codes():
@@ -104,13 +118,14 @@ def test_pool_scores_equal_explicit_candidate_scores_in_any_chunking(name, monke
   task, params = dual_task(name, 'mtn')
   queries = sessions()
   pool = jnp.asarray(sessions(seed=5, batch=7).reshape(-1, N))  # 21 candidates
-  explicit = task.score_candidates(params, {'queries': queries},
-                                   jnp.broadcast_to(pool, (4, 2) + pool.shape))
+  explicit = compiled(task.score_candidates, params, {'queries': queries},
+                      jnp.broadcast_to(pool, (4, 2) + pool.shape))
   # Blocks of 2 candidates (11 of them, the last padded) for the Poly-encoder's scores.
   monkeypatch.setattr(ranking_tasks, 'SCORE_BLOCK', 2 * 8 * 3)
   monkeypatch.setattr(ranking_tasks, 'ENCODE_CHUNK', 4)
   np.testing.assert_allclose(
-      task.score_pool(params, {'queries': queries}, task.encode_candidates(params, pool)),
+      compiled(lambda p: task.score_pool(p, {'queries': queries},
+                                         task.encode_candidates(p, pool)), params),
       explicit, rtol=1e-5, atol=1e-5)
 
 
@@ -142,10 +157,10 @@ def in_batch_loss_by_hand(contexts, targets, ids, poly, drawn=(), drawn_vectors=
 def test_in_batch_loss_equals_a_hand_computation(name, groups):
   task, params = dual_task(name)
   queries = sessions()
-  sums = task.loss_sums(params, {'queries': queries}, train=False, groups=groups)
-  contexts = np.asarray(task.contexts(params, queries))  # [B, P, m, d]
-  targets = np.asarray(task.model.apply({'params': params}, queries[:, 1:],
-                                        method='candidates'))
+  sums = compiled(lambda p: task.loss_sums(p, {'queries': queries}, train=False,
+                                           groups=groups), params)
+  contexts = np.asarray(compiled(task.contexts, params, queries))  # [B, P, m, d]
+  targets = np.asarray(apply(task.model, params, queries[:, 1:], method='candidates'))
   total = correct = count = 0
   # Each group's negatives are its own sessions' next queries.
   for g in range(groups):
@@ -166,29 +181,28 @@ def test_pool_negatives_join_every_contexts_negatives_except_its_true_query(name
   pool = np.concatenate([queries[0, 1:2], sessions(seed=5).reshape(-1, N)[:7]])
   task = ranking_tasks.DualEncoderTask(
       ranker_config(name, context_encoder='flat', pool_negatives=6), pool_queries=pool)
-  params = task.init_params(jax.random.PRNGKey(0))
-  sums = task.loss_sums(params, {'queries': queries}, train=False)
+  params = init(task)
+  sums = compiled(lambda p: task.loss_sums(p, {'queries': queries}, train=False), params)
   # Evaluation draws with the fixed key 0, uniformly over the pool.
   drawn = pool[np.asarray(jax.random.randint(jax.random.PRNGKey(0), (6,), 0, len(pool)))]
-  contexts = np.asarray(task.contexts(params, queries))
-  apply = lambda ids: np.asarray(task.model.apply({'params': params}, ids, method='candidates'))
+  contexts = np.asarray(compiled(task.contexts, params, queries))
+  vectors = lambda ids: np.asarray(apply(task.model, params, ids, method='candidates'))
   total, correct, count = in_batch_loss_by_hand(
-      contexts.reshape(-1, *contexts.shape[2:]), apply(queries[:, 1:]).reshape(-1, 8),
-      queries[:, 1:].reshape(-1, N), task.poly, drawn, apply(drawn))
+      contexts.reshape(-1, *contexts.shape[2:]), vectors(queries[:, 1:]).reshape(-1, 8),
+      queries[:, 1:].reshape(-1, N), task.poly, drawn, vectors(drawn))
   assert count == 7
   np.testing.assert_allclose(float(sums['loss']), total, rtol=1e-5)
   assert float(sums['correct']) == correct
   # Without pool negatives the loss is the in-batch one alone, and lower.
-  plain = ranking_tasks.DualEncoderTask(
-      ranker_config(name, context_encoder='flat')).loss_sums(params, {'queries': queries},
-                                                             train=False)
+  plain_task = ranking_tasks.DualEncoderTask(ranker_config(name, context_encoder='flat'))
+  plain = compiled(lambda p: plain_task.loss_sums(p, {'queries': queries}, train=False), params)
   assert float(plain['loss']) < float(sums['loss'])
   if name == 'polyencoder':
     return  # the training path below is the same code for both
   # Training draws from the step's key: finite and differentiable.
-  grads = jax.grad(lambda p: task.loss_sums(p, {'queries': queries}, train=True,
-                                            rngs={'dropout': jax.random.PRNGKey(3)})['loss'])(
-                                                params)
+  grads = compiled(jax.grad(lambda p: task.loss_sums(
+      p, {'queries': queries}, train=True, rngs={'dropout': jax.random.PRNGKey(3)})['loss']),
+                   params)
   assert all(np.isfinite(g).all() for g in jax.tree.leaves(grads))
 
 
@@ -197,7 +211,7 @@ def test_cross_encoder_scores_the_joint_sequence_and_its_loss_masks_the_true_que
   queries = sessions()
   pool = np.concatenate([queries[0, 1:2], sessions(seed=9).reshape(-1, N)[:5]])
   task = ranking_tasks.CrossEncoderTask(cfg, pool_queries=pool)
-  params = task.init_params(jax.random.PRNGKey(0))
+  params = init(task)
   # The joint input of a context and a candidate: the session's words, <sep>, the candidate,
   # numbered as one compacted sequence.
   sources, _ = session_sources(jnp.asarray(queries[:1, :2]))  # [2, L]
@@ -214,19 +228,18 @@ def test_cross_encoder_scores_the_joint_sequence_and_its_loss_masks_the_true_que
   # Scoring after the last query alone equals that position of the whole session's scores.
   session = jnp.asarray(queries[:, :2])
   cands = jnp.asarray(queries[:, 1:3])  # [B, 2, n]
-  whole = task.score_candidates(params, {'queries': queries[:, :3]},
-                                jnp.broadcast_to(cands[:, None], (4, 2, 2, N)))
-  np.testing.assert_allclose(
-      task.model.apply({'params': params}, session, cands, method='score_last'),
-      whole[:, 1], rtol=1e-5, atol=1e-5)
+  whole = compiled(task.score_candidates, params, {'queries': queries[:, :3]},
+                   jnp.broadcast_to(cands[:, None], (4, 2, 2, N)))
+  np.testing.assert_allclose(apply(task.model, params, session, cands, method='score_last'),
+                             whole[:, 1], rtol=1e-5, atol=1e-5)
   # The loss: the true next query against the drawn entries, those equal to it masked.
   key = jax.random.PRNGKey(7)
-  sums = task.loss_sums(params, {'queries': queries}, train=True, rngs={'dropout': key})
+  sums = compiled(lambda p: task.loss_sums(p, {'queries': queries}, train=True,
+                                           rngs={'dropout': key}), params)
   sample_key, _ = jax.random.split(key)
   drawn = np.asarray(jax.random.randint(sample_key, (4, 2, 6), 0, len(pool)))
-  scores = np.asarray(task.score_candidates(
-      params, {'queries': queries},
-      jnp.concatenate([queries[:, 1:, None], pool[drawn]], axis=2)))
+  scores = np.asarray(compiled(task.score_candidates, params, {'queries': queries},
+                               jnp.concatenate([queries[:, 1:, None], pool[drawn]], axis=2)))
   total = 0.0
   for b in range(4):
     for p in range(2):
@@ -333,15 +346,14 @@ def test_graded_session_candidates_loss_equals_a_hand_computation(name, extra, g
   task = ranking_tasks.DualEncoderTask(
       ranker_config(name, session_candidates=True, lexical_negatives=3 if lexical else 0),
       pool_queries=pool, hypotheses_from='folds' if generated else '')
-  params = task.init_params(jax.random.PRNGKey(0))
+  params = init(task)
   batch = {'queries': queries, **({'lexical': found} if lexical else {}),
            **({'hypotheses': hypotheses} if generated else {})}
-  sums = jax.jit(lambda p: task.loss_sums(p, batch, train=False, groups=groups))(params)
-  contexts = np.asarray(task.contexts(params, queries))  # [B, P, m, d]
-  vectors = np.asarray(task.model.apply({'params': params}, queries, method='candidates'))
-  pool_vectors = np.asarray(task.model.apply({'params': params}, pool, method='candidates'))
-  hypothesis_vectors = np.asarray(task.model.apply({'params': params}, hypotheses,
-                                                   method='candidates'))
+  sums = compiled(lambda p: task.loss_sums(p, batch, train=False, groups=groups), params)
+  contexts = np.asarray(compiled(task.contexts, params, queries))  # [B, P, m, d]
+  vectors = np.asarray(apply(task.model, params, queries, method='candidates'))
+  pool_vectors = np.asarray(apply(task.model, params, pool, method='candidates'))
+  hypothesis_vectors = np.asarray(apply(task.model, params, hypotheses, method='candidates'))
   # Every (context, candidate vector) score written out in numpy, as the paper defines it.
   def score(b, t, vector):
     per_code = contexts[b, t] @ vector  # [m]
@@ -395,8 +407,8 @@ def test_graded_session_candidates_loss_equals_a_hand_computation(name, extra, g
   assert float(sums['correct']) == correct
   # The reformulation and other overlapping candidates take shares of the target.
   assert abs(float(sums['loss']) - float(sums['nll'])) > 0.1
-  grads = jax.jit(jax.grad(lambda p: task.loss_sums(
-      p, batch, train=True, rngs={'dropout': jax.random.PRNGKey(3)})['loss']))(params)
+  grads = compiled(jax.grad(lambda p: task.loss_sums(
+      p, batch, train=True, rngs={'dropout': jax.random.PRNGKey(3)})['loss']), params)
   assert all(np.isfinite(g).all() for g in jax.tree.leaves(grads))
 
 
@@ -417,9 +429,9 @@ def test_cross_encoder_graded_loss_scores_the_session_so_far(generated):
   task = ranking_tasks.CrossEncoderTask(cfg, pool_queries=pool,
                                         hypotheses_from='folds' if generated else '')
   batch = {'queries': queries, **({'hypotheses': hypotheses} if generated else {})}
-  params = task.init_params(jax.random.PRNGKey(0))
+  params = init(task)
   key = jax.random.PRNGKey(7)
-  sums = task.loss_sums(params, batch, train=False)
+  sums = compiled(lambda p: task.loss_sums(p, batch, train=False), params)
   drawn = np.asarray(jax.random.randint(jax.random.split(jax.random.PRNGKey(0))[0],
                                         (4, 3, 3), 0, len(pool)))
   # Every context against its true next query, its 3 drawn entries, queries 0..2 of its
@@ -428,7 +440,8 @@ def test_cross_encoder_graded_loss_scores_the_session_so_far(generated):
   every = np.concatenate([queries[:, 1:, None], pool[drawn],
                           np.broadcast_to(queries[:, None, :3], (4, 3, 3, N)),
                           hypotheses[:, :3]], axis=2)
-  scores = np.asarray(task.score_candidates(params, {'queries': queries}, jnp.asarray(every)))
+  scores = np.asarray(compiled(task.score_candidates, params, {'queries': queries},
+                               jnp.asarray(every)))
   total = nll_total = 0.0
   for b in range(4):
     for t in range(3):
@@ -453,8 +466,8 @@ def test_cross_encoder_graded_loss_scores_the_session_so_far(generated):
   np.testing.assert_allclose(float(sums['loss']), total, rtol=1e-4)
   np.testing.assert_allclose(float(sums['nll']), nll_total, rtol=1e-4)
   assert abs(float(sums['loss']) - float(sums['nll'])) > 0.1
-  grads = jax.grad(lambda p: task.loss_sums(p, batch, train=True,
-                                            rngs={'dropout': key})['loss'])(params)
+  grads = compiled(jax.grad(lambda p: task.loss_sums(p, batch, train=True,
+                                                     rngs={'dropout': key})['loss']), params)
   assert all(np.isfinite(g).all() for g in jax.tree.leaves(grads))
 
 
