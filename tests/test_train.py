@@ -4,6 +4,7 @@ Each run is a real subprocess of `python -m mtn_jax.main` on a tiny config.
 """
 
 import json
+import math
 import os
 import random
 import signal
@@ -66,7 +67,10 @@ def test_reference_run_learns_and_logs(reference_run):
   assert [s for s, _ in losses] == list(range(1, len(losses) + 1))
   assert losses[-1][1] < losses[0][1]
   valid = metric_writer.read_metrics(str(workdir), 'valid')
-  assert len(valid) == 2 and valid[1]['loss'] < valid[0]['loss']
+  # Learned: a nat or more below guessing uniformly over the vocabulary, after each epoch
+  # (the second epoch's need not be the lower: at this size and rate it may overfit).
+  words = len(json.loads((workdir / 'data' / 'vocab.json').read_text())['words'])
+  assert len(valid) == 2 and all(v['loss'] < math.log(words) - 1 for v in valid)
   config = json.loads((workdir / 'config.json').read_text())
   assert config['config']['model']['d_model'] == 16
   assert list((workdir / 'tensorboard').iterdir())
@@ -223,7 +227,7 @@ def test_importing_the_package_starts_no_jax_backend():
 
 def test_cpu_devices_flag_reaches_the_trainer(tmp_path):
   env = cli.env()
-  del env['XLA_FLAGS']
+  env['XLA_FLAGS'] = cli.TEST_XLA_FLAGS  # no device count: the flag decides
   result = subprocess.run(cli.command(tmp_path, '--config.train.max_steps=2', '--cpu_devices=3'),
                           cwd=cli.REPO, env=env, capture_output=True, text=True, timeout=300)
   assert result.returncode == 0, result.stderr[-3000:]

@@ -329,7 +329,7 @@ def test_zam_eval_reports_the_pool_and_the_history_groups(zam_run, tmp_path):
 
 @pytest.mark.slow
 def test_personalised_mtn_trains_and_evaluates_by_history(tmp_path):
-  run = cli.run(tmp_path, '--config.data.max_session_queries=4', '--config.model.name=mtn',
+  run = cli.run(tmp_path, '--config.model.name=mtn',
                 '--config.model.user_memory=zero_attention', '--config.data.history_queries=8',
                 '--config.data.split_by=time', '--config.train.max_steps=4',
                 '--config.decode.max_eval_sessions=16', '--config.decode.top_k=3', mode='all')
