@@ -29,7 +29,7 @@ FIELDS = dict(
     vocab_size=len(VOCAB), max_query_words=4, emb_dim=12, d_model=16, num_heads=2, ff_dim=16,
     query_layers=1, session_layers=1, num_levels=2, decoder_layers=1, dropout=0.1,
     share_embeddings=False, tie_embeddings=True, pre_norm=False, learned_positions=False,
-    scan_layers=True, remat='none', compute_dtype='float32', max_session_queries=8,
+    scan_layers=False, remat='none', compute_dtype='float32', max_session_queries=8,
     copy=True)
 # Two sessions of three queries; 'zq', 'xv' and 'kk' are not in VOCAB. In session 0, 'xv'
 # first appears in the last query (its target cannot be copied), 'zq' in the first.

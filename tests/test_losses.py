@@ -124,7 +124,7 @@ TINY_FIELDS = dict(
     name='mtn', vocab_size=37, max_query_words=4, emb_dim=12, d_model=16, num_heads=2,
     ff_dim=16, query_layers=1, session_layers=1, num_levels=2, decoder_layers=1, dropout=0.1,
     share_embeddings=False, tie_embeddings=True, pre_norm=False, learned_positions=False,
-    scan_layers=True, remat='none', compute_dtype='float32', lstm_units=4,
+    scan_layers=False, remat='none', compute_dtype='float32', lstm_units=4,
     max_session_queries=8, copy=False)
 TINY = make_config(TINY_FIELDS)
 
