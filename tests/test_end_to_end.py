@@ -19,8 +19,9 @@ pytestmark = pytest.mark.slow
 
 RUN = ('--config.train.num_epochs=2', '--config.decode.top_k=3')
 # Few session lengths, few batch shapes, few compilations: MTN sees sessions of 3 and 4
-# queries (two buckets), the Transformer only sessions of 3.
-MTN = ('--config.data.max_session_queries=4',)
+# queries (two buckets), the Transformer only sessions of 3. MTN's layers run under `nn.scan`,
+# as the shipped configs' do (the tiny runs of other tests loop over them).
+MTN = ('--config.data.max_session_queries=4', '--config.model.scan_layers=True')
 TRANSFORMER = ('--config.model.name=transformer', '--config.data.max_session_queries=3')
 BLEU_LINE = r'BLEU = \d+\.\d\d, \d+\.\d/\d+\.\d/\d+\.\d/\d+\.\d'
 
@@ -28,10 +29,7 @@ BLEU_LINE = r'BLEU = \d+\.\d\d, \d+\.\d/\d+\.\d/\d+\.\d/\d+\.\d'
 @pytest.fixture(scope='module')
 def mtn_run(tmp_path_factory):
   workdir = tmp_path_factory.mktemp('mtn')
-  # Trained with its layers under `nn.scan`, as the shipped configs train (the tiny runs
-  # loop over their one layer); the other runs of this module read the parameters into the
-  # loop's layout.
-  return workdir, cli.run(workdir, *RUN, *MTN, '--config.model.scan_layers=True', mode='all')
+  return workdir, cli.run(workdir, *RUN, *MTN, mode='all')
 
 
 @pytest.fixture(scope='module')
@@ -93,8 +91,7 @@ def test_main_job_prints_paths_and_writes_the_report(mtn_run):
 def test_evaluation_samples_match_offline_decoding(mtn_run, tmp_path):
   # The evaluation decodes every position of a session in one pass; offline decoding of
   # the same prefixes, one context per line, must suggest the same queries with the same
-  # scores, also with the scanned layers' parameters read into a loop over the layers
-  # (`mtn_run`).
+  # scores, also with the scanned layers' parameters read into a loop over the layers.
   workdir, _ = mtn_run
   samples = read_jsonl(workdir / 'eval' / 'samples.jsonl')
   assert len(samples) == min(50, json.loads((workdir / 'eval' / 'results.json').read_text())[
@@ -104,7 +101,7 @@ def test_evaluation_samples_match_offline_decoding(mtn_run, tmp_path):
                            encoding='utf-8')
   output = tmp_path / 'prefixes.jsonl'
   cli.run(workdir, *RUN, *MTN, f'--config.decode.input={sessions_file}',
-          f'--config.decode.output={output}', mode='decode')
+          f'--config.decode.output={output}', '--config.model.scan_layers=False', mode='decode')
   records = read_jsonl(output)
   assert [r['context'] for r in records] == [s['context'] for s in samples]
   for record, sample in zip(records, samples):
