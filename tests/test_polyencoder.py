@@ -46,7 +46,7 @@ def sessions(seed=0, batch=4, length=3):
 def compiled(fn, *args):
   """`fn(*args)` as one compiled program. Run eagerly, a Flax model dispatches each of its
   operations alone and compiles each the first time it meets its shapes: on a 2-core CPU that
-  made these tests twice as slow."""
+  made this file take 215 s instead of 142 (compilation cache empty)."""
   return jax.jit(fn)(*args)
 
 
