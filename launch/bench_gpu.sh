@@ -45,8 +45,8 @@ step train_bf16 180 python3 launch/bench_train.py --config=configs/aol.py \
   --config.model.compute_dtype=bfloat16 --repeats=3 --json="$out/train_bf16.json"
 step train_fp32 150 python3 launch/bench_train.py --config=configs/aol.py \
   --pipeline_sessions=0 --repeats=3 --json="$out/train_fp32.json"
-step peer 150 python3 launch/bench_train.py --config=configs/aol.py --peer --peer_modes=eager,compiled \
-  --session_lengths=4 --pipeline_sessions=0 --repeats=3 --json="$out/peer.json"
+step peer 150 python3 launch/bench_train.py --config=configs/aol.py --peer \
+  --peer_modes=eager,compiled --session_lengths=4 --pipeline_sessions=0 --repeats=3 --json="$out/peer.json"
 step rankers_scaling 100 python3 launch/bench_rankers.py --sizes=64x1,256x4 \
   --pools=1000,10000,100000 --cross_direct --repeats=10 --warmup=1 \
   --json="$out/rankers_scaling.json"

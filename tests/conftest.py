@@ -17,7 +17,8 @@ if not flags.FLAGS.is_parsed():
 # that the command-line runs already share (tests/cli.py) serves the in-process ones too.
 from tests import cli  # pylint: disable=g-import-not-at-top,wrong-import-position
 
-# Read when JAX starts its CPU backend, so set before any test runs (cli.TEST_XLA_FLAGS).
+# Read when JAX starts its CPU backend, so set before any test runs: every program a test
+# compiles gets it (cli.TEST_XLA_FLAGS), no per-test compiler options needed.
 os.environ['XLA_FLAGS'] = f"{os.environ.get('XLA_FLAGS', '')} {cli.TEST_XLA_FLAGS}".strip()
 import jax  # pylint: disable=g-import-not-at-top,wrong-import-position
 

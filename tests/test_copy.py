@@ -22,7 +22,6 @@ from mtn_jax.data.vocab import SPECIAL_TOKENS, UNK_ID, Vocab
 from mtn_jax.models import copying
 from mtn_jax.models.base import decoder_io
 
-jit = functools.partial(jax.jit, compiler_options={'xla_backend_optimization_level': 0})
 
 VOCAB = Vocab(SPECIAL_TOKENS + tuple(f'w{i}' for i in range(32)))
 FIELDS = dict(
@@ -61,14 +60,14 @@ def test_oov_numbers_follow_first_appearance():
 def copy_model(request):
   cfg = models.make_config(dict(FIELDS, name=request.param))
   model = models.create_model(cfg)
-  params = jit(lambda key: model.init(key, session_batch(), train=False))(
+  params = jax.jit(lambda key: model.init(key, session_batch(), train=False))(
       jax.random.key(0))['params']
   return cfg, model, params
 
 
 def test_the_mixture_is_a_distribution_over_the_extended_vocabulary(copy_model):
   cfg, model, params = copy_model
-  log_probs = jit(lambda p: model.apply({'params': p}, session_batch(), train=False))(params)
+  log_probs = jax.jit(lambda p: model.apply({'params': p}, session_batch(), train=False))(params)
   assert log_probs.shape[-1] == cfg.extended_vocab_size == len(VOCAB) + 8 * 4
   np.testing.assert_allclose(np.exp(np.asarray(log_probs)).sum(-1), 1.0, atol=1e-5)
   # Session 0's words outside the vocabulary have mass after query 0 ('zq' only) and after
@@ -99,10 +98,10 @@ def test_fused_copy_loss_equals_its_definition_in_values_and_gradients(copy_mode
                                  chunk_tokens=chunk, groups=groups)
     return sums['loss'] / sums['tokens'], sums['nll']
 
-  (loss, nll), grads = jit(jax.value_and_grad(plain, has_aux=True))(params)
+  (loss, nll), grads = jax.jit(jax.value_and_grad(plain, has_aux=True))(params)
   assert np.isfinite(float(loss))
   for chunk, groups in ((3, 1), (2, 2)):
-    (f_loss, f_nll), f_grads = jit(jax.value_and_grad(
+    (f_loss, f_nll), f_grads = jax.jit(jax.value_and_grad(
         functools.partial(fused, chunk=chunk, groups=groups), has_aux=True))(params)
     np.testing.assert_allclose(f_loss, loss, rtol=1e-5)
     np.testing.assert_allclose(f_nll, nll, rtol=1e-5)

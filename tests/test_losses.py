@@ -117,9 +117,6 @@ def test_output_layer_losses_refuse_bad_shapes_and_chunks():
                         chunk_tokens=2)
 
 
-# Tiny models: XLA's compile time dominates, and its backend optimisations buy nothing.
-jit = functools.partial(jax.jit, compiler_options={'xla_backend_optimization_level': 0})
-
 TINY_FIELDS = dict(
     name='mtn', vocab_size=37, max_query_words=4, emb_dim=12, d_model=16, num_heads=2,
     ff_dim=16, query_layers=1, session_layers=1, num_levels=2, decoder_layers=1, dropout=0.1,
@@ -169,7 +166,7 @@ def test_session_losses_equal_the_definition_in_values_and_gradients(cfg):
       return sums['loss'] / sums['tokens'], sums
     return jax.grad(fn, has_aux=True)
 
-  @jit
+  @jax.jit
   def plain_and_fused(params):
     plain = mean_loss(lambda p: plain_session_sums(
         model, p, SESSIONS, train=True, rngs=rngs, label_smoothing=0.1,
@@ -196,7 +193,7 @@ def test_session_losses_equal_the_definition_in_values_and_gradients(cfg):
 
 def test_session_losses_in_bfloat16_match_the_definition():
   model = create_model(TINY.replace(compute_dtype='bfloat16'))
-  plain, fused = jit(lambda params: [
+  plain, fused = jax.jit(lambda params: [
       plain_session_sums(model, params, SESSIONS, train=False, label_smoothing=0.1),
       session_losses(model, params, {'queries': SESSIONS}, train=False, label_smoothing=0.1,
                      chunk_tokens=6)])(random_params(model))

@@ -23,9 +23,6 @@ from mtn_jax.models.transformer import FlatSessionEncoder
 
 VOCAB, WORDS, QUERIES, BATCH = 50, 5, 3, 2
 
-# The models are tiny, so XLA's compile time dominates and its backend optimisations buy
-# nothing.
-jit = functools.partial(jax.jit, compiler_options={'xla_backend_optimization_level': 0})
 
 BASE = make_config(dict(
     name='mtn', vocab_size=VOCAB, max_query_words=WORDS, emb_dim=16, d_model=16, num_heads=2,
@@ -63,13 +60,13 @@ def compiled(cfg: ModelConfig):
   model = create_model(cfg)
   decode = functools.partial(model.apply, method='decode', mutable=['cache'], decode=True)
   return dict(
-      forward=jit(lambda params, queries: model.apply({'params': params}, {'queries': queries},
+      forward=jax.jit(lambda params, queries: model.apply({'params': params}, {'queries': queries},
                                                           train=False)),
-      encode=jit(lambda params, queries: model.apply({'params': params}, {'queries': queries},
+      encode=jax.jit(lambda params, queries: model.apply({'params': params}, {'queries': queries},
                                                          method='encode')),
-      init_cache=jit(lambda params, memory, inputs: decode({'params': params}, memory,
+      init_cache=jax.jit(lambda params, memory, inputs: decode({'params': params}, memory,
                                                               inputs)[1]['cache']),
-      step=jit(lambda params, cache, memory, token: decode(
+      step=jax.jit(lambda params, cache, memory, token: decode(
           {'params': params, 'cache': cache}, memory, token)),
   )
 
@@ -252,7 +249,7 @@ def test_remat_keeps_values_and_gradients():
       y = stack.apply({'params': params}, x, mask, train=True,
                       rngs={'dropout': jax.random.key(1)})
       return jnp.sum(y * y)
-    return jit(jax.value_and_grad(loss))(params)
+    return jax.jit(jax.value_and_grad(loss))(params)
 
   base_loss, base_grads = loss_and_grads('none')
   for remat in ('full', 'dots'):

@@ -2,7 +2,6 @@
 alone, no pair sees later queries, padding changes nothing, cached decoding equals teacher
 forcing, and training lowers the loss."""
 
-import functools
 import math
 
 import jax
@@ -15,9 +14,6 @@ from mtn_jax.data.vocab import SEP_ID
 from mtn_jax.models import recurrent
 from mtn_jax.models.base import decoder_io, session_sources
 
-# The models are tiny, so XLA's compile time dominates these tests and its backend
-# optimisations buy nothing.
-jit = functools.partial(jax.jit, compiler_options={'xla_backend_optimization_level': 0})
 
 VOCAB_SIZE = 23
 MODELS = {'seq2seq': recurrent.Seq2SeqAttention, 'hred': recurrent.HRED,
@@ -45,9 +41,9 @@ class Harness:
   def __init__(self, name: str, tie_embeddings: bool = False,
                share_embeddings: bool = False):
     self.model = MODELS[name](tiny_config(name, tie_embeddings, share_embeddings))
-    self.params = jit(lambda key: self.model.init(key, {'queries': SESSIONS}, train=False))(
+    self.params = jax.jit(lambda key: self.model.init(key, {'queries': SESSIONS}, train=False))(
         jax.random.key(0))['params']
-    self.pair_log_likelihoods = jit(self._pair_log_likelihoods)
+    self.pair_log_likelihoods = jax.jit(self._pair_log_likelihoods)
 
   def _pair_log_likelihoods(self, queries):
     """int32 [B, S, n] -> float32 [B, S-1]: log p(query t+1 | queries 0..t) per pair."""
@@ -103,7 +99,7 @@ def test_cached_decoding_equals_teacher_forcing(harness):
   # Any token sequence will do, padding included: decoding must follow the inputs it is fed.
   decoder_inputs = jax.random.randint(jax.random.key(1), (rows, 5), 0, VOCAB_SIZE)
 
-  @jit
+  @jax.jit
   def teacher_forced_and_stepwise(queries, decoder_inputs):
     memory = model.apply({'params': params}, {'queries': queries}, method='encode')
     teacher_forced = model.apply({'params': params}, memory, decoder_inputs, method='decode')
@@ -134,7 +130,7 @@ def test_adam_steps_lower_the_masked_cross_entropy(harness):
 
   optimizer = optax.adam(0.02)
 
-  @jit
+  @jax.jit
   def train(params):
     def step(carry, key):
       params, opt_state = carry
@@ -163,7 +159,7 @@ def test_tied_embeddings_reuse_the_decoder_table(share_embeddings):
   repeated = SESSIONS[:, :1].repeat(2, axis=1)
   params = {**harness.params, table: {
       'embedding': harness.params[table]['embedding'].at[7].add(1.0)}}
-  apply = jit(lambda params: harness.model.apply({'params': params}, {'queries': repeated},
+  apply = jax.jit(lambda params: harness.model.apply({'params': params}, {'queries': repeated},
                                                   train=False))
   moved, base = apply(params), apply(harness.params)
   changed = np.abs(np.asarray(moved - base)).max(axis=(0, 1, 2)) > 1e-6
