@@ -42,8 +42,6 @@ from absl import flags
 
 from mtn_jax import parallel
 
-flags.DEFINE_string('workdir', None, 'A run on a corpus split by user (its data/ is read).')
-flags.DEFINE_integer('seed', 0, 'Seeds the folds and the networks\' fits.')
 FLAGS = flags.FLAGS
 
 ORDERS = 4  # n-gram orders, as BLEU's
@@ -226,5 +224,9 @@ def main(argv):
 
 
 if __name__ == '__main__':
+  # Defined here, not at import: the tests import this module beside other scripts that
+  # define a --seed of their own.
+  flags.DEFINE_string('workdir', None, 'A run on a corpus split by user (its data/ is read).')
+  flags.DEFINE_integer('seed', 0, 'Seeds the folds and the networks\' fits.')
   flags.mark_flags_as_required(['workdir'])
   app.run(main)

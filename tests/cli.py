@@ -46,9 +46,11 @@ def command(workdir, *overrides, mode: str = 'train', config: str = 'configs/dem
 TEST_XLA_FLAGS = '--xla_backend_optimization_level=0'
 
 
-def env(devices: int = 1) -> dict[str, str]:
+def env(devices: int | None = 1) -> dict[str, str]:
+  """The runs' environment; `devices` CPU devices, or None to leave the count to the run."""
   e = dict(os.environ, PYTHONUNBUFFERED='1', JAX_PLATFORMS='cpu')
-  e['XLA_FLAGS'] = f'--xla_force_host_platform_device_count={devices} {TEST_XLA_FLAGS}'
+  count = '' if devices is None else f'--xla_force_host_platform_device_count={devices} '
+  e['XLA_FLAGS'] = count + TEST_XLA_FLAGS
   # The CLI runs of one test session compile the same tiny programs again and again: a
   # persistent compilation cache shares them between the subprocesses.
   e.setdefault('JAX_COMPILATION_CACHE_DIR', os.path.join(tempfile.gettempdir(),
@@ -58,7 +60,7 @@ def env(devices: int = 1) -> dict[str, str]:
 
 
 def run(workdir, *overrides, mode: str = 'train', config: str = 'configs/demo.py',
-        devices: int = 1, timeout: float = 300, check: bool = True,
+        devices: int | None = 1, timeout: float = 300, check: bool = True,
         stdin: str | None = None) -> subprocess.CompletedProcess:
   result = subprocess.run(command(workdir, *overrides, mode=mode, config=config), cwd=REPO,
                           env=env(devices), capture_output=True, text=True, timeout=timeout,
