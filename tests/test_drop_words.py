@@ -15,7 +15,7 @@ CONTEXTS = [
 
 
 def test_best_span_keeps_the_recurring_run_when_sure_and_the_whole_query_otherwise():
-  previous, following = CONTEXTS[0][2], CONTEXTS[0][3]
+  following = CONTEXTS[0][3]
   _, targets = drop.features(CONTEXTS[0], drop.WordStats(CONTEXTS), leave_user_out=False)
   targets = np.asarray(targets)
   # The n-grams of 'flights to rome' recur, 'cheap' and every n-gram holding it do not.
@@ -25,8 +25,7 @@ def test_best_span_keeps_the_recurring_run_when_sure_and_the_whole_query_otherwi
   matches, ngrams = np.array([500.0, 200.0, 80.0, 30.0]), np.array([2000.0, 1300, 700, 350])
   # Known matches, the brevity penalty's weight of a word below the references' length:
   # dropping 'cheap' removes one unmatched n-gram of every order and costs one word.
-  assert drop.best_span(targets, matches, ngrams, 4.0, 0.0) == (1, 4)
-  assert previous[1:4] == ['flights', 'to', 'rome']
+  assert drop.best_span(targets, matches, ngrams, 4.0, 0.0) == (1, 4)  # 'flights to rome'
   # A margin larger than that gain keeps the whole query; so does a high weight on length.
   gain = sum(1 / ngrams[n] for n in range(4)) / 4 - 4 / (4 * ngrams[0])
   assert drop.best_span(targets, matches, ngrams, 4.0, 1.01 * gain) == (0, 4)
