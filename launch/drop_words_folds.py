@@ -186,10 +186,8 @@ def main(argv):
   data_dir = preprocess.data_dir(os.path.abspath(FLAGS.workdir))
   train = sessions.load_split(data_dir, 'train')
   valid = sessions.load_split(data_dir, 'valid')
-  if train.users is None:
-    raise SystemExit(f'{data_dir}: no users recorded; preprocess it again')
   max_words = train.max_query_words
-  fold_of_session = sessions.user_folds(train.users, 2, FLAGS.seed)
+  fold_of_session = sessions.session_folds(train, 2, FLAGS.seed)
   folds = [contexts_of(train, np.flatnonzero(fold_of_session == k), max_words) for k in (0, 1)]
   held_out = {'fold 0': folds[0], 'fold 1': folds[1],
               'validation': contexts_of(valid, range(len(valid.lengths)), max_words)}
@@ -227,6 +225,7 @@ if __name__ == '__main__':
   # Defined here, not at import: the tests import this module beside other scripts that
   # define a --seed of their own.
   flags.DEFINE_string('workdir', None, 'A run on a corpus split by user (its data/ is read).')
-  flags.DEFINE_integer('seed', 0, 'Seeds the folds and the networks\' fits.')
+  flags.DEFINE_integer('seed', 0, 'Seeds the folds of users (0: those of the cross-fitted '
+                       'generators of configs/aol.py, data.split_seed 0) and the fits.')
   flags.mark_flags_as_required(['workdir'])
   app.run(main)
