@@ -60,12 +60,12 @@ def compiled(cfg: ModelConfig):
   model = create_model(cfg)
   decode = functools.partial(model.apply, method='decode', mutable=['cache'], decode=True)
   return dict(
-      forward=jax.jit(lambda params, queries: model.apply({'params': params}, {'queries': queries},
-                                                          train=False)),
-      encode=jax.jit(lambda params, queries: model.apply({'params': params}, {'queries': queries},
-                                                         method='encode')),
-      init_cache=jax.jit(lambda params, memory, inputs: decode({'params': params}, memory,
-                                                              inputs)[1]['cache']),
+      forward=jax.jit(lambda params, queries: model.apply(
+          {'params': params}, {'queries': queries}, train=False)),
+      encode=jax.jit(lambda params, queries: model.apply(
+          {'params': params}, {'queries': queries}, method='encode')),
+      init_cache=jax.jit(lambda params, memory, inputs: decode(
+          {'params': params}, memory, inputs)[1]['cache']),
       step=jax.jit(lambda params, cache, memory, token: decode(
           {'params': params, 'cache': cache}, memory, token)),
   )

@@ -159,8 +159,8 @@ def test_tied_embeddings_reuse_the_decoder_table(share_embeddings):
   repeated = SESSIONS[:, :1].repeat(2, axis=1)
   params = {**harness.params, table: {
       'embedding': harness.params[table]['embedding'].at[7].add(1.0)}}
-  apply = jax.jit(lambda params: harness.model.apply({'params': params}, {'queries': repeated},
-                                                  train=False))
+  apply = jax.jit(lambda params: harness.model.apply(
+      {'params': params}, {'queries': repeated}, train=False))
   moved, base = apply(params), apply(harness.params)
   changed = np.abs(np.asarray(moved - base)).max(axis=(0, 1, 2)) > 1e-6
   np.testing.assert_array_equal(np.flatnonzero(changed), [7])
