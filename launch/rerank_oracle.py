@@ -50,8 +50,8 @@ def main(argv):
   quiet = lambda *args, **kwargs: None
   generated, _ = evaluate.decode_split(trained, split, settings, log=quiet,
                                        queries_per_batch=dc.batch_sessions * 5)
-  lists, _, extra = evaluate.strategy_suggestions(config, FLAGS.workdir, trained, split,
-                                                  generated, np.zeros(0, np.int64), log=quiet)
+  lists, _, _, extra = evaluate.strategy_suggestions(config, FLAGS.workdir, trained, split,
+                                                     generated, np.zeros(0, np.int64), log=quiet)
   previous, references = evaluate.pair_texts(split)
   session, position = evaluate.pair_session_positions(split)
   contexts = [split.session_texts(i)[:t + 1] for i, t in zip(session.tolist(),

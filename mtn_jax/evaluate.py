@@ -248,7 +248,8 @@ def decode_split(trained: inference.Trained, split: sessions.SessionSplit,
 def strategy_suggestions(config: ml_collections.ConfigDict, workdir: str,
                          trained: inference.Trained, split: sessions.SessionSplit,
                          generated: list[list[str]], sample_pairs: np.ndarray, *, log=print
-                         ) -> tuple[dict[str, list[list[str]]], dict[int, list[dict]], dict]:
+                         ) -> tuple[dict[str, list[list[str]]], dict[str, list[list[str]]],
+                                    dict[int, list[dict]], dict]:
   """The suggestions of `config.suggest.strategy` ('retrieve' or 'rerank',
   `mtn_jax.strategies`) for every pair of `split`, in pair order.
 
@@ -258,14 +259,16 @@ def strategy_suggestions(config: ml_collections.ConfigDict, workdir: str,
     sample_pairs: the pairs whose scored lists are kept for samples.jsonl.
   Returns:
     ({'model': the strategy's lists, 'generate': `generated`, 'retrieve': the retriever's
-     lists where there is one}, {sample pair: [{'query', 'score'}] top_k},
+     lists where there is one}, the lists of the user-facing protocol that are not the
+     former with the session's queries dropped ({'model': ...} for 'rerank', whose MBR and
+     gain choose among what is left), {sample pair: [{'query', 'score'}] top_k},
      {'strategy': its settings and label, and for 'retrieve' the ranker's 'pool' figures}).
   """
   s, dc = config.suggest, config.decode
   rankers = strategies.Rankers.load(config, workdir, trained.vocab, log=log)
   queries_per_batch = dc.batch_sessions * config.data.max_session_queries
   lists = {'generate': generated}
-  extra = {}
+  user_facing, extra = {}, {}
   if rankers.retriever is not None:
     # 'retrieve' keeps enough entries for the user-facing protocol, as a ranker's eval does.
     k = (metrics.RANKING_CUTOFF + config.data.max_session_queries if s.strategy == 'retrieve'
@@ -304,9 +307,9 @@ def strategy_suggestions(config: ml_collections.ConfigDict, workdir: str,
       log(f'  IMDNA proposed next queries for {len(lists["imdna"]):,} contexts in '
           f'{time.time() - started:.1f} s', flush=True)
     started = time.time()
-    reranked = rankers.rerank(contexts, [per_session(lists[source]) for source in
-                                         ('generate', 'retrieve', 'imdna') if source in lists],
-                              batch_rows=RERANK_SESSIONS)
+    reranked, reranked_user_facing = rankers.rerank_both_protocols(
+        contexts, [per_session(lists[source]) for source in ('generate', 'retrieve', 'imdna')
+                   if source in lists], batch_rows=RERANK_SESSIONS)
     label += f' + session queries, scored by {ranker_label}'
     if s.previous_query_bias:
       label += f', the previous query\'s score + {s.previous_query_bias:g}'
@@ -318,6 +321,8 @@ def strategy_suggestions(config: ml_collections.ConfigDict, workdir: str,
     log(f'  reranked {len(by_pair):,} candidate lists in {time.time() - started:.1f} s',
         flush=True)
     lists['model'] = [[c['query'] for c in ranked_list] for ranked_list in by_pair]
+    user_facing['model'] = [[c['query'] for c in ranked_list] for session in
+                            reranked_user_facing for ranked_list in session]
     top = {pair: by_pair[pair][:dc.top_k] for pair in sample_pairs.tolist()}
   extra['strategy'] = {'strategy': s.strategy, 'label': label,
                        'ranker_workdir': os.path.abspath(s.ranker_workdir),
@@ -329,7 +334,7 @@ def strategy_suggestions(config: ml_collections.ConfigDict, workdir: str,
                        'mbr': bool(s.mbr),
                        'previous_query_bias': float(s.previous_query_bias),
                        'gain_from': s.gain_from}
-  return {'model': lists.pop('model'), **lists}, top, extra
+  return {'model': lists.pop('model'), **lists}, user_facing, top, extra
 
 
 # Sessions whose candidate lists are scored at a time in reranking: a Cross-encoder encodes
@@ -427,9 +432,9 @@ def evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict:
         dataclasses.replace(settings, top_k=dc.beam_size) if strategy == 'rerank'
         else settings, keep_top_for=sample_pairs, log=log,
         queries_per_batch=queries_per_batch)
-  suggestions = {'model': model_suggestions}
+  suggestions, user_facing = {'model': model_suggestions}, {}
   if strategy != 'generate':
-    suggestions, top, strategy_extra = strategy_suggestions(
+    suggestions, user_facing, top, strategy_extra = strategy_suggestions(
         config, workdir, trained, test, model_suggestions, sample_pairs, log=log)
     extra.update(strategy_extra)
   decode_seconds = time.time() - decode_start
@@ -441,7 +446,7 @@ def evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict:
   protocols = {'scores': score_suggesters(suggestions, references, contexts,
                                           exclude_session=False),
                'scores_excluding_session': score_suggesters(
-                   suggestions, references, contexts, exclude_session=True)}
+                   {**suggestions, **user_facing}, references, contexts, exclude_session=True)}
   if test.history is not None and test.history.shape[1]:
     extra['by_history'] = history_groups(test, suggestions, references, contexts, ranked)
   results = {

@@ -180,40 +180,64 @@ class Rankers:
       sources: each source's candidates [R][t] after position t (the generator's first: on
         a tie its order stands, and `gain` reads it as the generator's suggestions); the
         session's queries up to t are added last.
-      exclude_session_queries: drop the candidates the session holds up to t.
+      exclude_session_queries: drop the candidates the session holds up to t (the
+        user-facing protocol); the gain's first is then chosen among what is shown.
     """
+    return self._rerank(sessions_queries, sources, batch_rows, (exclude_session_queries,))[0]
+
+  def rerank_both_protocols(self, sessions_queries: Sequence[Sequence[str]],
+                            sources: Sequence[Sequence[Sequence[Sequence[str]]]], *,
+                            batch_rows: int
+                            ) -> tuple[list[list[list[dict]]], list[list[list[dict]]]]:
+    """`rerank`'s lists without and with `exclude_session_queries`, the candidates scored
+    once (evaluation scores both protocols)."""
+    return tuple(self._rerank(sessions_queries, sources, batch_rows, (False, True)))
+
+  def _rerank(self, sessions_queries: Sequence[Sequence[str]],
+              sources: Sequence[Sequence[Sequence[Sequence[str]]]], batch_rows: int,
+              protocols: Sequence[bool]) -> list[list[list[list[dict]]]]:
+    """`rerank`'s lists for each value of `exclude_session_queries` in `protocols`. Every
+    pooled candidate is scored, the session's queries too: a candidate's score depends on the
+    session and on it alone, so one scoring serves both protocols."""
     pooled = []
     for r, queries in enumerate(sessions_queries):
       lists = []
       for t in range(len(queries)):
         candidates = [*(source[r][t] for source in sources), list(queries[:t + 1])]
-        seen = set(queries[:t + 1]) if exclude_session_queries else set()
-        texts = [q for q in dict.fromkeys(q for source in candidates for q in source)
-                 if q.strip() and q not in seen]
-        lists.append(texts)
+        lists.append([q for q in dict.fromkeys(q for source in candidates for q in source)
+                      if q.strip()])
       pooled.append(lists)
     scores = self.score_lists(sessions_queries, pooled, batch_rows=batch_rows)
-    out = []
-    for r, (queries, lists, session_scores) in enumerate(zip(sessions_queries, pooled, scores)):
-      per_position = []
-      for t, (texts, values) in enumerate(zip(lists, session_scores)):
-        if self.previous_query_bias and queries[t] in texts:
-          values = values.copy()
-          values[texts.index(queries[t])] += self.previous_query_bias
-        # A stable sort: on a tie the generator's order stands.
-        order = np.argsort(-values, kind='stable')
-        ranked = [{'query': texts[i], 'score': float(values[i])} for i in order]
-        if self.mbr:
-          ranked = mbr.rerank(ranked)
-        if self.gain is not None and ranked:
-          gains = self.gain.gains_after(queries[:t + 1], sources[0][r][t],
-                                   [c['query'] for c in ranked])
-          ranked = [{**c, 'gain': float(g)} for c, g in zip(ranked, gains)]
-          first = int(np.argmax(gains))  # on a tie, the ranker's order
-          ranked = [ranked[first], *ranked[:first], *ranked[first + 1:]]
-        per_position.append(ranked)
-      out.append(per_position)
-    return out
+    return [[[self._order(queries, t, sources[0][r][t], texts, values, exclude)
+              for t, (texts, values) in enumerate(zip(lists, session_scores))]
+             for r, (queries, lists, session_scores) in enumerate(zip(sessions_queries, pooled,
+                                                                      scores))]
+            for exclude in protocols]
+
+  def _order(self, queries: Sequence[str], t: int, generated: Sequence[str],
+             texts: Sequence[str], values: np.ndarray, exclude_session_queries: bool
+             ) -> list[dict]:
+    """The candidates `texts` after position t of the session `queries`, scored `values`
+    [len(texts)], best first; with `exclude_session_queries` those the session does not hold
+    (MBR's evidence stays every candidate, as the generator's own MBR has it, while the
+    gain's first is chosen among what is shown)."""
+    if self.previous_query_bias and queries[t] in texts:
+      values = values.copy()
+      values[texts.index(queries[t])] += self.previous_query_bias
+    # A stable sort: on a tie the generator's order stands.
+    order = np.argsort(-values, kind='stable')
+    ranked = [{'query': texts[i], 'score': float(values[i])} for i in order]
+    if self.mbr:
+      ranked = mbr.rerank(ranked)
+    if exclude_session_queries:
+      seen = set(queries[:t + 1])
+      ranked = [c for c in ranked if c['query'] not in seen]
+    if self.gain is not None and ranked:
+      gains = self.gain.gains_after(queries[:t + 1], generated, [c['query'] for c in ranked])
+      ranked = [{**c, 'gain': float(g)} for c, g in zip(ranked, gains)]
+      first = int(np.argmax(gains))  # on a tie, the ranker's order
+      ranked = [ranked[first], *ranked[:first], *ranked[first + 1:]]
+    return ranked
 
 
 def _load_proposer(config: ml_collections.ConfigDict, imdna_workdir: str,

@@ -71,3 +71,43 @@ def test_previous_query_bias_lifts_only_the_query_before_the_suggestion():
   excluded = rankers_with_scores(SCORES, use_mbr=False, previous_query_bias=1.15).rerank(
       [SESSION], [[BEAM], [OTHER]], batch_rows=1, exclude_session_queries=True)[0][1]
   assert 'cheap flights paris' not in {c['query'] for c in excluded}
+
+
+class GainByText:
+  """A gain model whose gain of each candidate is given."""
+
+  def __init__(self, gains: dict[str, float]):
+    self.gains = gains
+
+  def gains_after(self, session, generated, candidates):
+    del session, generated
+    return np.asarray([self.gains[q] for q in candidates])
+
+
+def test_user_facing_lists_choose_among_what_is_shown_from_one_scoring():
+  # The gain prefers the previous query, then the second-scored beam hypothesis.
+  gains = {q: 0.0 for q in SCORES} | {'cheap flights paris': 3.0, 'cheap flights': 2.5,
+                                      'cheap flights paris hotel': 1.0}
+  rankers = rankers_with_scores(SCORES, use_mbr=False)
+  rankers.gain = GainByText(gains)
+  scored = rankers.score_lists
+  calls = []
+  rankers.score_lists = lambda *args, **kwargs: calls.append(1) or scored(*args, **kwargs)
+  full, shown = rankers.rerank_both_protocols([SESSION], [[BEAM], [OTHER]], batch_rows=1)
+  assert len(calls) == 1  # both protocols from one scoring
+  assert full == rankers.rerank([SESSION], [[BEAM], [OTHER]], batch_rows=1)
+  assert shown == rankers.rerank([SESSION], [[BEAM], [OTHER]], batch_rows=1,
+                                 exclude_session_queries=True)
+  assert full[0][1][0]['query'] == 'cheap flights paris'
+  # Dropping the session's queries from the full list would show the ranker's first; the
+  # user-facing list puts the best gain among the rest first, then the ranker's order.
+  assert [c['query'] for c in shown[0][1]] == ['cheap flights paris hotel', 'paris hotel',
+                                               'cheap flights paris hotels']
+  assert [c['query'] for c in shown[0][0]] == ['cheap hotels', 'flights']
+  # MBR's evidence is every candidate, as in the generator's own MBR: the user-facing list is
+  # its order with the session's queries dropped.
+  rankers.gain, rankers.mbr = None, True
+  with_mbr = rankers.rerank([SESSION], [[BEAM], [OTHER]], batch_rows=1)[0][1]
+  assert rankers.rerank([SESSION], [[BEAM], [OTHER]], batch_rows=1,
+                        exclude_session_queries=True)[0][1] == [
+                            c for c in with_mbr if c['query'] not in SESSION]
