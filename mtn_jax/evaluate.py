@@ -47,6 +47,7 @@ import numpy as np
 from jax.experimental import multihost_utils
 
 from mtn_jax import errors
+from mtn_jax import habits
 from mtn_jax import inference
 from mtn_jax import input_pipeline
 from mtn_jax import metrics
@@ -307,9 +308,11 @@ def strategy_suggestions(config: ml_collections.ConfigDict, workdir: str,
       log(f'  IMDNA proposed next queries for {len(lists["imdna"]):,} contexts in '
           f'{time.time() - started:.1f} s', flush=True)
     started = time.time()
+    histories = (habits.past_queries(preprocess.data_dir(os.path.abspath(workdir)), split)
+                 if s.habit_rate else None)
     reranked, reranked_user_facing = rankers.rerank_both_protocols(
         contexts, [per_session(lists[source]) for source in ('generate', 'retrieve', 'imdna')
-                   if source in lists], batch_rows=RERANK_SESSIONS)
+                   if source in lists], batch_rows=RERANK_SESSIONS, histories=histories)
     label += f' + session queries, scored by {ranker_label}'
     if s.previous_query_bias:
       label += f', the previous query\'s score + {s.previous_query_bias:g}'
@@ -317,6 +320,9 @@ def strategy_suggestions(config: ml_collections.ConfigDict, workdir: str,
       label += ', ordered by expected BLEU'
     if s.gain_from:
       label += ', the first by its expected gain in corpus BLEU'
+    if s.habit_rate:
+      label += (f', the user\'s habit query first at a rate >= {s.habit_rate:g} over >= '
+                f'{s.habit_min_past} past queries')
     by_pair = [ranked_list for session in reranked for ranked_list in session]
     log(f'  reranked {len(by_pair):,} candidate lists in {time.time() - started:.1f} s',
         flush=True)
@@ -333,7 +339,8 @@ def strategy_suggestions(config: ml_collections.ConfigDict, workdir: str,
                                          if rankers.proposer is not None else None),
                        'mbr': bool(s.mbr),
                        'previous_query_bias': float(s.previous_query_bias),
-                       'gain_from': s.gain_from}
+                       'gain_from': s.gain_from, 'habit_rate': float(s.habit_rate),
+                       'habit_min_past': int(s.habit_min_past)}
   return {'model': lists.pop('model'), **lists}, user_facing, top, extra
 
 

@@ -10,8 +10,9 @@
   itself when it can score the pool; 0: none), with `config.suggest.imdna_workdir` the
   `config.suggest.imdna_proposed` best next queries of an IMDNA run on the same sessions (the
   queries that follow in the most similar training sessions, `mtn_jax.imdna_task`), and the
-  session's own queries so far (a user often returns to one) -- then deduplicated by text,
-  scored by the ranker
+  session's own queries so far (a user often returns to one) and, with
+  `config.suggest.habit_rate`, the user's habit query where it goes first (`mtn_jax.habits`)
+  -- then deduplicated by text, scored by the ranker
   (`task.score_candidates`: a Bi-, Poly- or Cross-encoder) and sorted, best first. The
   generator proposes words the pool has never seen, the retriever well-formed logged queries,
   IMDNA what followed in sessions like this one, and the ranker, which reads the whole
@@ -38,6 +39,7 @@ import numpy as np
 
 from mtn_jax import bleu_gain
 from mtn_jax import errors
+from mtn_jax import habits
 from mtn_jax import imdna_task
 from mtn_jax import inference
 from mtn_jax import mbr
@@ -84,6 +86,9 @@ class Rankers:
       suggestion (see `config.suggest.previous_query_bias`).
     gain: chooses the first suggestion of each reranked list by its expected gain in corpus
       BLEU (`mtn_jax.bleu_gain`, `config.suggest.gain_from`); None: the ranker's first.
+    habit_rate, habit_min_past: the user's habit query goes first where their habit rate is
+      at least `habit_rate` over at least `habit_min_past` past queries (`mtn_jax.habits`);
+      0: never.
   """
 
   ranker: inference.Trained
@@ -95,6 +100,8 @@ class Rankers:
   mbr: bool = False
   previous_query_bias: float = 0.0
   gain: bleu_gain.GainModel | None = None
+  habit_rate: float = 0.0
+  habit_min_past: int = 0
 
   @classmethod
   def load(cls, config: ml_collections.ConfigDict, workdir: str, vocab: Vocab,
@@ -130,7 +137,8 @@ class Rankers:
     gain = (bleu_gain.load_or_fit(s.gain_from, workdir, config.seed, log=log)
             if s.gain_from else None)
     return cls(ranker, retriever, os.path.abspath(retriever_workdir), s.retrieved,
-               s.imdna_proposed, proposer, s.mbr, s.previous_query_bias, gain)
+               s.imdna_proposed, proposer, s.mbr, s.previous_query_bias, gain, s.habit_rate,
+               s.habit_min_past)
 
   def score_lists(self, sessions_queries: Sequence[Sequence[str]],
                   candidate_lists: Sequence[Sequence[Sequence[str]]], *,
@@ -172,55 +180,70 @@ class Rankers:
 
   def rerank(self, sessions_queries: Sequence[Sequence[str]],
              sources: Sequence[Sequence[Sequence[Sequence[str]]]], *, batch_rows: int,
-             exclude_session_queries: bool = False) -> list[list[list[dict]]]:
+             exclude_session_queries: bool = False,
+             histories: Sequence[Sequence[str]] | None = None) -> list[list[list[dict]]]:
     """[R][t] every pooled candidate ({'query', 'score'}, and 'gain' with `gain`), best first.
 
     Args:
       sessions_queries: [R] each session's query texts.
       sources: each source's candidates [R][t] after position t (the generator's first: on
         a tie its order stands, and `gain` reads it as the generator's suggestions); the
-        session's queries up to t are added last.
+        session's queries up to t are added last, then the user's habit query where it goes
+        first.
       exclude_session_queries: drop the candidates the session holds up to t (the
         user-facing protocol); the gain's first is then chosen among what is shown.
+      histories: [R] each session's user's earlier queries, oldest first (`habit_rate`).
     """
-    return self._rerank(sessions_queries, sources, batch_rows, (exclude_session_queries,))[0]
+    return self._rerank(sessions_queries, sources, batch_rows, (exclude_session_queries,),
+                        histories)[0]
 
   def rerank_both_protocols(self, sessions_queries: Sequence[Sequence[str]],
                             sources: Sequence[Sequence[Sequence[Sequence[str]]]], *,
-                            batch_rows: int
+                            batch_rows: int, histories: Sequence[Sequence[str]] | None = None
                             ) -> tuple[list[list[list[dict]]], list[list[list[dict]]]]:
     """`rerank`'s lists without and with `exclude_session_queries`, the candidates scored
     once (evaluation scores both protocols)."""
-    return tuple(self._rerank(sessions_queries, sources, batch_rows, (False, True)))
+    return tuple(self._rerank(sessions_queries, sources, batch_rows, (False, True), histories))
 
   def _rerank(self, sessions_queries: Sequence[Sequence[str]],
               sources: Sequence[Sequence[Sequence[Sequence[str]]]], batch_rows: int,
-              protocols: Sequence[bool]) -> list[list[list[list[dict]]]]:
+              protocols: Sequence[bool], histories: Sequence[Sequence[str]] | None
+              ) -> list[list[list[list[dict]]]]:
     """`rerank`'s lists for each value of `exclude_session_queries` in `protocols`. Every
     pooled candidate is scored, the session's queries too: a candidate's score depends on the
     session and on it alone, so one scoring serves both protocols."""
-    pooled = []
+    if self.habit_rate and histories is None:
+      raise ValueError('config.suggest.habit_rate needs each session\'s user\'s history')
+    pooled, habit_firsts = [], []
     for r, queries in enumerate(sessions_queries):
+      user = habits.Habits(histories[r]) if self.habit_rate else None
+      firsts = [None if user is None else
+                user.first(queries[:t + 1], self.habit_rate, self.habit_min_past)
+                for t in range(len(queries))]
       lists = []
       for t in range(len(queries)):
-        candidates = [*(source[r][t] for source in sources), list(queries[:t + 1])]
+        candidates = [*(source[r][t] for source in sources), list(queries[:t + 1]),
+                      [firsts[t]] if firsts[t] else []]
         lists.append([q for q in dict.fromkeys(q for source in candidates for q in source)
                       if q.strip()])
       pooled.append(lists)
+      habit_firsts.append(firsts)
     scores = self.score_lists(sessions_queries, pooled, batch_rows=batch_rows)
-    return [[[self._order(queries, t, sources[0][r][t], texts, values, exclude)
+    return [[[self._order(queries, t, sources[0][r][t], texts, values, exclude,
+                          habit_firsts[r][t])
               for t, (texts, values) in enumerate(zip(lists, session_scores))]
              for r, (queries, lists, session_scores) in enumerate(zip(sessions_queries, pooled,
                                                                       scores))]
             for exclude in protocols]
 
   def _order(self, queries: Sequence[str], t: int, generated: Sequence[str],
-             texts: Sequence[str], values: np.ndarray, exclude_session_queries: bool
-             ) -> list[dict]:
+             texts: Sequence[str], values: np.ndarray, exclude_session_queries: bool,
+             habit_first: str | None = None) -> list[dict]:
     """The candidates `texts` after position t of the session `queries`, scored `values`
     [len(texts)], best first; with `exclude_session_queries` those the session does not hold
     (MBR's evidence stays every candidate, as the generator's own MBR has it, while the
-    gain's first is chosen among what is shown)."""
+    gain's first is chosen among what is shown); `habit_first` (never a query of the
+    session) before the rest."""
     if self.previous_query_bias and queries[t] in texts:
       values = values.copy()
       values[texts.index(queries[t])] += self.previous_query_bias
@@ -236,6 +259,9 @@ class Rankers:
       gains = self.gain.gains_after(queries[:t + 1], generated, [c['query'] for c in ranked])
       ranked = [{**c, 'gain': float(g)} for c, g in zip(ranked, gains)]
       first = int(np.argmax(gains))  # on a tie, the ranker's order
+      ranked = [ranked[first], *ranked[:first], *ranked[first + 1:]]
+    if habit_first is not None:
+      first = next(i for i, c in enumerate(ranked) if c['query'] == habit_first)
       ranked = [ranked[first], *ranked[:first], *ranked[first + 1:]]
     return ranked
 

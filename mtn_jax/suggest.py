@@ -206,11 +206,13 @@ def read_sessions_file(path: str, reader: QueryReader, strict: bool) -> Iterator
 
 
 def read_raw_log(path: str, reader: QueryReader, data: ml_collections.ConfigDict,
-                 chunk_sessions: int) -> Iterator[Context]:
+                 chunk_sessions: int, whole_history: bool = False) -> Iterator[Context]:
   """Contexts for every query of every session of an AOL-format log.
 
   The log reader's line-level skips (header, malformed lines, empty queries) and removed
-  successive duplicates are added to `reader.counts`.
+  successive duplicates are added to `reader.counts`. Each context's history is its user's
+  last `data.history_queries` earlier queries, or all of them with `whole_history` (a user's
+  habit query, `mtn_jax.habits`).
   """
   try:
     log = aol_log.read_log(path, strict=data.strict)
@@ -228,7 +230,8 @@ def read_raw_log(path: str, reader: QueryReader, data: ml_collections.ConfigDict
   reader.counts['duplicate_queries'] += found.skipped['duplicate_query']
   # Sessions come in user, then time order: a user's history is the queries of their
   # sessions read so far, as preprocessing gives it (`data.history_queries` of them).
-  user, earlier = None, collections.deque(maxlen=data.history_queries)
+  kept = None if whole_history else data.history_queries
+  user, earlier = None, collections.deque(maxlen=kept)
   for first in range(0, found.num_sessions, chunk_sessions):
     last = min(first + chunk_sessions, found.num_sessions)
     rows = found.record_index[found.starts[first]:found.starts[last]]
@@ -241,7 +244,7 @@ def read_raw_log(path: str, reader: QueryReader, data: ml_collections.ConfigDict
         user = int(users[begin])
         earlier.clear()
       contexts = reader.raw_session(texts[begin:end], {'user': user, 'session': session},
-                                    tuple(earlier) if data.history_queries else ())
+                                    tuple(earlier) if kept != 0 else ())
       # The session's queries: the first context's, then each later context's last.
       earlier.extend(contexts[0].queries + tuple(c.queries[-1] for c in contexts[1:]))
       yield from contexts
@@ -371,7 +374,8 @@ def _reranked(trained: inference.Trained, contexts: Sequence[Context], *, positi
   if rankers.proposer is not None:
     sources.append(_proposed(rankers, contexts, firsts))
   reranked = rankers.rerank([c.queries for c in contexts], sources, batch_rows=batch_rows,
-                            exclude_session_queries=settings.exclude_session_queries)
+                            exclude_session_queries=settings.exclude_session_queries,
+                            histories=[c.history for c in contexts])
   return [[at[:settings.top_k] for at in ranked[first:]]
           for first, ranked in zip(firsts, reranked)]
 
@@ -486,7 +490,8 @@ def decode_file(config: ml_collections.ConfigDict, workdir: str) -> dict:
                        trained.cfg.max_session_queries)
   chunk_size = CHUNK_BATCHES * dc.batch_sessions
   if input_format == 'raw':
-    contexts = read_raw_log(dc.input, reader, config.data, chunk_sessions=chunk_size)
+    contexts = read_raw_log(dc.input, reader, config.data, chunk_sessions=chunk_size,
+                            whole_history=bool(config.suggest.habit_rate))
     positions = 'all'
   else:
     contexts = read_sessions_file(dc.input, reader, strict=config.data.strict)

@@ -157,6 +157,38 @@ def test_rerank_decode_writes_pooled_candidates_best_first(rerank_run, tmp_path)
     assert scores == sorted(scores, reverse=True)
 
 
+@pytest.mark.slow
+def test_rerank_decode_of_a_raw_log_puts_a_habitual_users_habit_query_first(rerank_run,
+                                                                          tmp_path):
+  """A user who came back to the same two queries three times: once their past shows the
+  habit, the most issued query outside the session goes first. The two are words no model
+  here can write (outside the vocabulary, never in the session when suggested)."""
+  generator, poly, _ = rerank_run
+  rows = []
+  for day, (first, second) in enumerate([('qqbank', 'qqmail')] * 3
+                                        + [('weather boston', 'weather boston hourly')]):
+    rows += [f'7\t{first}\t2006-03-0{day + 1} 10:00:00\t\t\n',
+             f'7\t{second}\t2006-03-0{day + 1} 10:01:00\t\t\n']
+  rows.append('8\tweather boston\t2006-03-09 10:00:00\t\t\n')
+  log = tmp_path / 'log.tsv'
+  log.write_text('AnonID\tQuery\tQueryTime\tItemRank\tClickURL\n' + ''.join(rows))
+  output = tmp_path / 'habits.jsonl'
+  cli.run(generator, *FEW, f'--config.decode.input={log}', f'--config.decode.output={output}',
+          '--config.suggest.strategy=rerank', f'--config.suggest.ranker_workdir={poly}',
+          '--config.suggest.habit_rate=0.5', '--config.suggest.habit_min_past=3',
+          '--config.decode.exclude_session_queries=True', mode='decode')
+  first = {(r['user'], r['session'], r['position']): r['suggestions'][0]['query']
+           for r in read_jsonl(output)}
+  # Session 1, past 'qqbank qqmail' (one later query, below habit_min_past): no habit.
+  assert first[7, 1, 0] != 'qqmail'
+  # Session 2, past 'qqbank qqmail qqbank qqmail' (2 of its 3 later queries were the habit
+  # of their moment): the most issued query outside the session.
+  assert first[7, 2, 0] == 'qqmail'
+  # Session 3: 'qqbank' (3 times, issued first), at both positions; no habit for user 8.
+  assert first[7, 3, 0] == first[7, 3, 1] == 'qqbank'
+  assert first[8, 4, 0] not in ('qqbank', 'qqmail')
+
+
 # IMDNA on the same demo sessions as a third source of 'rerank' candidates.
 IMDNA_TINY = ('--config.data.source=demo', '--config.model.emb_dim=8',
               '--config.model.state_dim=8', '--config.model.hidden_units=16',
