@@ -15,7 +15,9 @@ fitted: a user's figures come from their own past alone, as a new user's would, 
 training users are a test bed of thousands of contexts and hundreds of users, where the
 validation split holds a few hundred contexts of a few users. Reported for all training
 users, each of the gain model's two folds of them (`sessions.user_folds`, seed 0), and the
-`--split` users.
+`--split` users; then, for the setting best on all training users, how often it is above
+repeating the previous query on random sets of as many training users as the `--split`
+holds (`DRAWS` sets): how much a split of that size can say.
 """
 
 from __future__ import annotations
@@ -32,6 +34,9 @@ from absl import flags
 
 import numpy as np
 
+from sacrebleu.metrics import BLEU
+
+from mtn_jax import bleu_gain
 from mtn_jax import habits
 from mtn_jax import metrics
 from mtn_jax.data import preprocess
@@ -41,6 +46,7 @@ FLAGS = flags.FLAGS
 
 RATES = (0.05, 0.1, 0.15, 0.2, 0.3)
 MIN_PAST = (5, 10, 20)
+DRAWS = 1000
 
 
 @dataclasses.dataclass(frozen=True)
@@ -72,8 +78,10 @@ def suggest(contexts: list[Context], rate: float, min_past: int) -> list[str]:
   return [c.past.first(c.session, rate, min_past) or c.previous for c in contexts]
 
 
-def report(name: str, contexts: list[Context]) -> None:
+def report(name: str, contexts: list[Context]) -> dict[tuple[float, int], float]:
+  """Prints the grid; returns {(rate, min_past): BLEU}."""
   references = [c.reference for c in contexts]
+  grid = {}
   repeat = metrics.bleu([c.previous for c in contexts], references)
   print(f'{name}: {len(contexts):,} contexts of {len({c.user for c in contexts})} users; '
         f'repeat the previous query: BLEU {repeat.bleu:.2f}')
@@ -83,20 +91,64 @@ def report(name: str, contexts: list[Context]) -> None:
       changed = [i for i, c in enumerate(contexts) if suggested[i] != c.previous]
       exact = sum(suggested[i] == references[i] for i in changed)
       users = len({contexts[i].user for i in changed})
+      grid[rate, min_past] = metrics.bleu(suggested, references).bleu
       print(f'  rate >= {rate:<4g} over >= {min_past:>2} past queries: BLEU '
-            f'{metrics.bleu(suggested, references).bleu:5.2f}; {len(changed):5,} changed '
+            f'{grid[rate, min_past]:5.2f}; {len(changed):5,} changed '
             f'({exact:,} exactly the next query) for {users} users')
+  return grid
+
+
+def pair_counts(suggestions: list[str], references: list[str]) -> np.ndarray:
+  """int64 [pairs, 2 * MAX_ORDER + 1]: each pair's clipped n-gram matches, n-grams
+  (METRICS.md) and reference length, which sum to a corpus's."""
+  matches = np.array([bleu_gain.match_matrix([s, r])[:, 0, 1]
+                      for s, r in zip(suggestions, references)])
+  lengths = np.array([[len(r.split())] for r in references])
+  return np.concatenate([matches, bleu_gain.ngram_totals(suggestions), lengths], 1).astype(
+      np.int64)
+
+
+def corpus_bleu(counts: np.ndarray) -> float:
+  """METRICS.md's BLEU of pairs' summed `pair_counts`, by `metrics.bleu`'s engine."""
+  n = bleu_gain.MAX_ORDER
+  total = counts.sum(0).tolist()
+  return BLEU.compute_bleu(correct=total[:n], total=total[n:2 * n], sys_len=total[n],
+                           ref_len=total[-1], smooth_method='none', max_ngram_order=n).score
+
+
+def share_above(contexts: list[Context], suggested: list[str], users_per_draw: int,
+                seed: int = 0) -> float:
+  """The share of `DRAWS` random sets of `users_per_draw` users whose contexts score a
+  higher BLEU with `suggested` than with the previous query."""
+  references = [c.reference for c in contexts]
+  rule = pair_counts(suggested, references)
+  repeat = pair_counts([c.previous for c in contexts], references)
+  users = np.array([c.user for c in contexts])
+  unique = np.unique(users)
+  rng = np.random.default_rng(seed)
+  wins = 0
+  for _ in range(DRAWS):
+    rows = np.isin(users, rng.choice(unique, users_per_draw, replace=False))
+    wins += corpus_bleu(rule[rows]) > corpus_bleu(repeat[rows])
+  return wins / DRAWS
 
 
 def main(argv):
   del argv
   data_dir = preprocess.data_dir(os.path.abspath(FLAGS.workdir))
   train = split_contexts(data_dir, 'train')
-  report('training users', train)
+  grid = report('training users', train)
   folds = sessions.user_folds(np.array([c.user for c in train]), 2, seed=0)
   for k in (0, 1):
     report(f'fold {k} of the training users', [c for c, f in zip(train, folds) if f == k])
-  report(f'{FLAGS.split} users', split_contexts(data_dir, FLAGS.split))
+  held_out = split_contexts(data_dir, FLAGS.split)
+  report(f'{FLAGS.split} users', held_out)
+  rate, min_past = max(grid, key=grid.get)
+  size = len({c.user for c in held_out})
+  share = share_above(train, suggest(train, rate, min_past), size)
+  print(f'rate >= {rate:g} over >= {min_past} past queries (the best on all training users) is '
+        f'above repeating the previous query for {100 * share:.1f} % of {DRAWS} random sets of '
+        f'{size} training users (as many as the {FLAGS.split} split holds)')
 
 
 if __name__ == '__main__':

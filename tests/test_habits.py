@@ -144,3 +144,14 @@ def test_user_habits_script_suggests_the_habit_or_the_previous_query(tmp_path):
       'bank', 'bank', 'bank', 'x', 'y']
   assert user_habits.suggest(contexts, rate=0.7, min_past=3) == [
       'bank', 'bank', 'news', 'x', 'y']
+  # Summed per-pair counts give the corpus metric, on any subset of the pairs.
+  suggested = ['cheap flights to rome', 'rome hotels near the station', 'a b c d e',
+               'weather in rome today', 'flights']
+  references = ['cheap flights to rome italy', 'rome hotels', 'a b c d e',
+                'rome weather today in march', 'cheap flights']
+  counts = user_habits.pair_counts(suggested, references)
+  from mtn_jax import metrics  # pylint: disable=g-import-not-at-top
+  for rows in ([0, 1, 2, 3, 4], [0, 1, 3], [2, 3, 4]):
+    expected = metrics.bleu([suggested[i] for i in rows], [references[i] for i in rows]).bleu
+    assert expected > 0
+    assert user_habits.corpus_bleu(counts[rows]) == pytest.approx(expected)
