@@ -29,6 +29,7 @@ from collections.abc import Collection, Sequence
 
 import numpy as np
 
+from mtn_jax import errors
 from mtn_jax.data import sessions
 
 
@@ -87,7 +88,8 @@ def past_queries(data_dir: str, split: sessions.SessionSplit) -> list[tuple[str,
   """[split.num_sessions] each session's user's earlier queries, oldest first: the queries of
   the corpus's sessions of that user (every split of `data_dir`) that started before it."""
   if split.users is None or split.start_times is None:
-    raise ValueError(f'{split.name}: the corpus keeps no users or start times')
+    raise errors.Error(f'config.suggest.habit_rate: the {split.name} split in {data_dir} keeps '
+                       'no users or start times to read a user\'s past from')
   by_user = collections.defaultdict(list)  # user -> [(start time, texts)]
   for name in sessions.SPLITS:
     other = sessions.load_split(data_dir, name)

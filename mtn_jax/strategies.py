@@ -238,7 +238,7 @@ class Rankers:
 
   def _order(self, queries: Sequence[str], t: int, generated: Sequence[str],
              texts: Sequence[str], values: np.ndarray, exclude_session_queries: bool,
-             habit_first: str | None = None) -> list[dict]:
+             habit_first: str | None) -> list[dict]:
     """The candidates `texts` after position t of the session `queries`, scored `values`
     [len(texts)], best first; with `exclude_session_queries` those the session does not hold
     (MBR's evidence stays every candidate, as the generator's own MBR has it, while the
