@@ -34,8 +34,6 @@ from absl import flags
 
 import numpy as np
 
-from sacrebleu.metrics import BLEU
-
 from mtn_jax import bleu_gain
 from mtn_jax import habits
 from mtn_jax import metrics
@@ -109,11 +107,9 @@ def pair_counts(suggestions: list[str], references: list[str]) -> np.ndarray:
 
 
 def corpus_bleu(counts: np.ndarray) -> float:
-  """METRICS.md's BLEU of pairs' summed `pair_counts`, by `metrics.bleu`'s engine."""
-  n = bleu_gain.MAX_ORDER
-  total = counts.sum(0).tolist()
-  return BLEU.compute_bleu(correct=total[:n], total=total[n:2 * n], sys_len=total[n],
-                           ref_len=total[-1], smooth_method='none', max_ngram_order=n).score
+  """METRICS.md's BLEU of pairs' `pair_counts`."""
+  n, total = bleu_gain.MAX_ORDER, counts.sum(0)
+  return bleu_gain.bleu_of_counts(total[:n], total[n:2 * n], total[-1])
 
 
 def share_above(contexts: list[Context], suggested: list[str], users_per_draw: int,

@@ -260,13 +260,17 @@ def previous_query(ex: Examples) -> tuple[np.ndarray, np.ndarray]:
 
 
 def corpus_bleu(ex: Examples, rows: np.ndarray) -> float:
-  """METRICS.md's BLEU when each context suggests its candidate of `rows`, from the summed
-  counts by the engine of `metrics.bleu` (sacrebleu, its settings)."""
-  matches, ngrams = ex.matches[rows].sum(0), ex.ngrams[rows].sum(0)
+  """METRICS.md's BLEU when each context suggests its candidate of `rows`."""
+  return bleu_of_counts(ex.matches[rows].sum(0), ex.ngrams[rows].sum(0),
+                        ex.reference_lengths.sum())
+
+
+def bleu_of_counts(matches: np.ndarray, ngrams: np.ndarray, reference_length: float) -> float:
+  """METRICS.md's BLEU of a corpus from its summed clipped matches and n-grams [MAX_ORDER] and
+  its references' length, by the engine of `metrics.bleu` (sacrebleu, its settings)."""
   return float(BLEU.compute_bleu(
       correct=[int(m) for m in matches], total=[int(t) for t in ngrams], sys_len=int(ngrams[0]),
-      ref_len=int(ex.reference_lengths.sum()), smooth_method='none',
-      max_ngram_order=MAX_ORDER).score)
+      ref_len=int(reference_length), smooth_method='none', max_ngram_order=MAX_ORDER).score)
 
 
 class GainNet(nn.Module):
