@@ -75,7 +75,7 @@ def test_past_queries_are_the_users_earlier_sessions_of_every_split(tmp_path):
 
 def test_rerank_puts_the_habit_query_first_where_the_rate_holds():
   scores = {'cheap hotels': 0.5, 'cheap flights': 0.2, 'paris hotel': 2.1,
-            'cheap flights paris': 1.0, 'bank': -5.0, 'mail': -6.0}
+            'cheap flights paris': 1.0, 'bank': -5.0, 'mail': -6.0, 'news': 0.0}
   rankers = strategies.Rankers(ranker=None, retriever=None, retriever_workdir='', retrieved=0,
                                proposed=0, habit_rate=0.5, habit_min_past=3)
   scored = []
@@ -104,6 +104,16 @@ def test_rerank_puts_the_habit_query_first_where_the_rate_holds():
   shown = rankers.rerank([session], [[beam]], batch_rows=1, exclude_session_queries=True,
                          histories=[habitual])[0][1]
   assert [c['query'] for c in shown] == ['bank', 'paris hotel']
+  # One user's sessions in a row, each past extending the last (the figures carried over),
+  # then another user's: the lists of each session alone.
+  later = ['news', 'paris hotel']
+  pasts = [habitual[:3], habitual, habitual + session, occasional]
+  queries = [session, session, later, session]
+  together = rankers.rerank(queries, [[beam] * 4], batch_rows=4, histories=pasts)
+  assert together == [rankers.rerank([q], [[beam]], batch_rows=1, histories=[h])[0]
+                      for q, h in zip(queries, pasts)]
+  assert together[0][1][0]['query'] == 'paris hotel'  # a past of 2 later queries: too short
+  assert together[2][1][0]['query'] == 'bank'
   with pytest.raises(ValueError, match='habit_rate'):
     rankers.rerank([session], [[beam]], batch_rows=1)
 
