@@ -49,12 +49,14 @@ DRAWS = 1000
 
 @dataclasses.dataclass(frozen=True)
 class Context:
-  """One (session so far -> next query) pair of a user, and their past before the session."""
+  """One (session so far -> next query) pair of a user, with their habit figures before it."""
 
   user: int
   session: tuple[str, ...]  # the queries so far
   reference: str
-  past: habits.Habits  # the user's queries before the session
+  habit: str | None  # the user's habit query outside the session so far
+  rate: float  # the user's habit rate
+  past: int  # over so many past queries
 
   @property
   def previous(self) -> str:
@@ -63,17 +65,19 @@ class Context:
 
 def split_contexts(data_dir: str, name: str) -> list[Context]:
   split = sessions.load_split(data_dir, name)
-  pasts = habits.past_queries(data_dir, split)
   out = []
-  for i, past in enumerate(pasts):
-    texts, user = split.session_texts(i), habits.Habits(past)
-    out.extend(Context(int(split.users[i]), tuple(texts[:t + 1]), texts[t + 1], user)
+  for i, user in enumerate(habits.carried(habits.past_queries(data_dir, split))):
+    texts = split.session_texts(i)
+    out.extend(Context(int(split.users[i]), tuple(texts[:t + 1]), texts[t + 1],
+                       user.habit_query(set(texts[:t + 1])), user.rate, user.past)
                for t in range(len(texts) - 1))
   return out
 
 
 def suggest(contexts: list[Context], rate: float, min_past: int) -> list[str]:
-  return [c.past.first(c.session, rate, min_past) or c.previous for c in contexts]
+  """Each context's habit query where `habits.habitual`, its previous query elsewhere."""
+  return [c.habit if c.habit is not None and habits.habitual(c.rate, c.past, rate, min_past)
+          else c.previous for c in contexts]
 
 
 def report(name: str, contexts: list[Context]) -> dict[tuple[float, int], float]:

@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import bisect
 import collections
-from collections.abc import Collection, Sequence
+from collections.abc import Collection, Iterator, Sequence
 
 import numpy as np
 
@@ -79,9 +79,31 @@ class Habits:
   def first(self, session: Sequence[str], rate: float, min_past: int) -> str | None:
     """The habit query to suggest first after `session` (the queries so far), or None where
     the user's rate is below `rate` or measured over fewer than `min_past` queries."""
-    if self.past < min_past or self.rate < rate:
+    if not habitual(self.rate, self.past, rate, min_past):
       return None
     return self.habit_query(set(session))
+
+
+def habitual(user_rate: float, user_past: int, rate: float, min_past: int) -> bool:
+  """Whether a user's habit rate `user_rate` over `user_past` queries puts their habit query
+  first, at the thresholds `rate` and `min_past`."""
+  return user_past >= min_past and user_rate >= rate
+
+
+def carried(histories: Sequence[Sequence[str]]) -> Iterator[Habits]:
+  """Each history's figures, in order. A user's sessions come one after another, each past
+  the one before plus that session: where a history extends the previous one the figures are
+  carried over, not replayed from the start (which grows with the square of a user's
+  sessions). The object yielded is updated at the next step: read it before."""
+  user, replayed = Habits(), ()
+  for history in histories:
+    past = tuple(history)
+    if past[:len(replayed)] != replayed:
+      user, replayed = Habits(), ()
+    for query in past[len(replayed):]:
+      user.add(query)
+    replayed = past
+    yield user
 
 
 def past_queries(data_dir: str, split: sessions.SessionSplit) -> list[tuple[str, ...]]:

@@ -215,17 +215,9 @@ class Rankers:
     if self.habit_rate and histories is None:
       raise ValueError('config.suggest.habit_rate needs each session\'s user\'s history')
     pooled, habit_firsts = [], []
-    user, replayed = None, ()  # the last session's user's figures, and the past they read
+    users = habits.carried(histories) if self.habit_rate else None
     for r, queries in enumerate(sessions_queries):
-      if self.habit_rate:
-        # A user's sessions come one after the other, each past the one before plus that
-        # session: extend the figures instead of replaying the whole past every time.
-        past = tuple(histories[r])
-        if user is None or past[:len(replayed)] != replayed:
-          user, replayed = habits.Habits(), ()
-        for query in past[len(replayed):]:
-          user.add(query)
-        replayed = past
+      user = next(users) if users is not None else None
       firsts = [None if user is None else
                 user.first(queries[:t + 1], self.habit_rate, self.habit_min_past)
                 for t in range(len(queries))]
