@@ -55,13 +55,16 @@ def rerank(ranked: Sequence[dict], session: Sequence[str] = ()) -> list[dict]:
   """The suggestions by expected utility, best first.
 
   Args:
-    ranked: the search's suggestions [{'query', 'score'}], scores = length-normalised
-      log-probabilities (the evidence).
+    ranked: the search's (or a ranker's) suggestions [{'query', 'score'}], scores = the
+      evidence's log-weights (length-normalised log-probabilities, or a ranker's scores, as
+      in its training loss).
     session: the session's queries so far, added as candidates when not among `ranked`.
   Returns:
-    [{'query', 'score', 'expected_bleu'}] over the distinct candidates, by expected utility
-    (ties keep the search's order, then the session's, latest query first); a session query
-    carries score None.
+    [{'query', 'score', 'model_score'}] over the distinct candidates, by expected utility
+    (ties keep the search's order, then the session's, latest query first). 'score' is the
+    expected utility, the value the list is ordered by, so every candidate has one; a
+    candidate of `ranked` keeps its own score as 'model_score' (a session query has none:
+    the model did not propose it).
   """
   if not ranked:
     return []
@@ -72,8 +75,9 @@ def rerank(ranked: Sequence[dict], session: Sequence[str] = ()) -> list[dict]:
   candidates = {r['query']: r['score'] for r in ranked}
   for query in reversed(session):
     candidates.setdefault(query, None)
-  scored = [{'query': q, 'score': s,
-             'expected_bleu': sum(w * sentence_bleu(q.split(), words) for words, w in evidence)}
+  scored = [{'query': q,
+             'score': sum(w * sentence_bleu(q.split(), words) for words, w in evidence),
+             **({} if s is None else {'model_score': s})}
             for q, s in candidates.items()]
-  order = sorted(range(len(scored)), key=lambda i: -scored[i]['expected_bleu'])
+  order = sorted(range(len(scored)), key=lambda i: -scored[i]['score'])
   return [scored[i] for i in order]

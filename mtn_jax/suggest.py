@@ -18,8 +18,11 @@ one JSON object per suggestion point:
   {"line": 3, "context": ["q1", "q2"], "suggestions": [{"query": "...", "score": -0.42}, ...]}
   {"user": 4945, "session": 0, "position": 1, "context": [...], "reference": "q3" or null,
    "suggestions": [...]}
-with the `config.decode.top_k` best beam-search suggestions, best first (scores are
-length-normalised log-probabilities). Queries are words split on whitespace, as the log reader
+with the `config.decode.top_k` best suggestions, best first. Every suggestion has a 'score',
+the value its list is ordered by: the beam's length-normalised log-probability, a ranker's
+score, or, where minimum Bayes risk reorders the list (`config.decode.rerank`,
+`config.suggest.mbr`), its expected BLEU, the model's own score then kept as 'model_score' (a
+session query MBR adds has none). The header line printed before decoding names the kind. Queries are words split on whitespace, as the log reader
 splits them. What the model cannot take is adapted and counted, and the counts are printed at
 the end: empty lines and empty queries are skipped, words outside the vocabulary become
 `<unk>`, queries longer than the model's `max_query_words` are cut to their first words, and a
@@ -421,6 +424,18 @@ def _retriever(trained: inference.Trained, workdir: str,
   return ranking.Retriever(trained, workdir, index=index)
 
 
+def score_kind(config: ml_collections.ConfigDict, retriever: ranking.Retriever | None,
+               rankers: strategies.Rankers | None) -> str:
+  """What a suggestion's 'score' is under `config`, in words (the lists' order)."""
+  if rankers is not None:
+    return 'expected BLEU (MBR)' if rankers.mbr else 'the ranker\'s score'
+  if retriever is not None:
+    return 'the ranker\'s score'
+  if config.decode.rerank != 'none':
+    return 'expected BLEU (MBR)'
+  return 'length-normalised log-probability'
+
+
 def _records(context: Context, suggestions: list[list[dict]]) -> Iterator[dict]:
   for t, ranked in zip(range(context.first_output, len(context.queries)), suggestions):
     record = dict(context.info)
@@ -501,7 +516,7 @@ def decode_file(config: ml_collections.ConfigDict, workdir: str) -> dict:
          f'beam {dc.beam_size}, reranked' if rankers else f'beam {dc.beam_size}')
   print(f'Decoding {dc.input} ({"AOL-format log" if input_format == "raw" else "sessions"}) '
         f'with {trained.cfg.name} (checkpoint step {trained.step}), {how}, '
-        f'top {dc.top_k}.', flush=True)
+        f'top {dc.top_k}; score = {score_kind(config, retriever, rankers)}.', flush=True)
 
   started = last_log = time.time()
   num_sessions = num_records = 0
@@ -557,8 +572,9 @@ def interactive(config: ml_collections.ConfigDict, workdir: str, stdin: TextIO =
     stdout.flush()
 
   trained, retriever, rankers = _strategy(config, trained, workdir)
-  say(f'{cfg.name} (checkpoint step {trained.step}, {len(trained.vocab):,} words). Type a '
-      'query per line; an empty line starts a new session; end with Ctrl-D.')
+  say(f'{cfg.name} (checkpoint step {trained.step}, {len(trained.vocab):,} words; score = '
+      f'{score_kind(config, retriever, rankers)}). Type a query per line; an empty line '
+      'starts a new session; end with Ctrl-D.')
   session: list[str] = []
   # The queries of the sessions typed before this one: the history of a model that
   # personalises.

@@ -221,6 +221,34 @@ def test_interactive_suggestions_from_piped_stdin(mtn_run):
     assert len(scores) == 3 and scores == sorted(scores, reverse=True)
 
 
+def test_interactive_scores_every_suggestion_with_the_aol_small_decode_settings(mtn_run):
+  """configs/aol.py:small's decode settings (beam 10, MBR with the session's queries among
+  the candidates) put session queries, which the model did not propose, among the
+  suggestions: each still has a score (its expected BLEU, the list's order), and typing a
+  session never crashes on one."""
+  from configs import aol
+  workdir, _ = mtn_run
+  small = aol.get_config('small').decode
+  assert small.rerank == 'mbr+session'  # what this test is about
+  decode = [f'--config.decode.{key}={small[key]}'
+            for key in ('beam_size', 'top_k', 'length_penalty', 'block_repeats', 'rerank')]
+  w = vocabulary_words(workdir, 6)
+  typed = f'{w[0]}\n{w[1]} {w[2]}\n{w[0]}\n{w[3]} {w[4]}\n{w[5]}\n'
+  result = cli.run(workdir, *RUN, *MTN, *decode, mode='suggest', stdin=typed)
+  assert 'score = expected BLEU (MBR)' in result.stdout
+  blocks = re.split(r'^after .*:$', result.stdout, flags=re.M)[1:]
+  assert len(blocks) == 5
+  session_queries_shown = 0
+  for block in blocks:
+    lines = re.findall(r'^  \d+\. (.*)  \((-?\d+\.\d+)\)$', block, re.M)
+    assert len(lines) == len(re.findall(r'^  \d+\. ', block, re.M)) > 0
+    scores = [float(score) for _, score in lines]
+    assert scores == sorted(scores, reverse=True) and all(0 <= s <= 1 for s in scores)
+    session_queries_shown += sum(q in (w[0], f'{w[1]} {w[2]}', f'{w[3]} {w[4]}', w[5])
+                                 for q, _ in lines)
+  assert session_queries_shown > 0  # the case that crashed is met
+
+
 def test_report_over_both_models(mtn_run, transformer_run, tmp_path):
   (mtn_dir, _), (transformer_dir, eval_result) = mtn_run, transformer_run
   # The model's label carries its layer counts: 'Transformer (1Q enc, 1 dec)'.

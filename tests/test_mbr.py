@@ -35,8 +35,12 @@ def test_rerank_picks_the_consensus_and_can_pick_a_session_query():
   with_session = mbr.rerank(ranked, session=['ebay', 'make up schools'])
   assert len(with_session) == 6
   session_entry = next(r for r in with_session if r['query'] == 'ebay')
-  assert session_entry['score'] is None and session_entry['expected_bleu'] == 0
-  # Expected utilities are sorted, best first.
-  utilities = [r['expected_bleu'] for r in with_session]
+  # Every candidate is scored by its expected utility, the order of the list; the session
+  # query, which the model did not propose, has no model score.
+  assert session_entry['score'] == 0 and 'model_score' not in session_entry
+  assert all(isinstance(r['score'], float) for r in with_session)
+  utilities = [r['score'] for r in with_session]
   assert utilities == sorted(utilities, reverse=True)
+  assert {r['query']: r['model_score'] for r in with_session if 'model_score' in r} == {
+      r['query']: r['score'] for r in ranked}
   assert mbr.rerank([]) == []
