@@ -198,18 +198,6 @@ def get_config(variant: str = '') -> ml_collections.ConfigDict:
   # 'rerank': True orders the pooled candidates by expected BLEU under the ranker's softmax
   # (minimum Bayes risk, mtn_jax/mbr.py) instead of by the ranker's score.
   c.suggest.mbr = False
-  # 'rerank': added to the ranker's score of the session's latest query, a candidate the
-  # rankers never score in training (their negatives are other sessions' queries), so its
-  # score is not calibrated against the others. On the AOL sample 2.0 was best on validation
-  # and did not carry over to test (docs/RESULTS.md, "Strategies").
-  c.suggest.previous_query_bias = 0.0
-  # 'rerank': the first suggestion of each list is the candidate of highest expected gain in
-  # corpus BLEU (mtn_jax/bleu_gain.py), the rest in the ranker's order. The gain model is
-  # fitted on the training sessions' suggestions of these generators (comma-separated
-  # workdirs: K generators, each trained without one fold of the training users, as
-  # config.train.hypotheses_from), and cached in the workdir. '': the ranker's first. On the
-  # AOL sample it learns to put the previous query first (docs/RESULTS.md).
-  c.suggest.gain_from = ''
   # 'rerank': the user's habit query (the query of their past they issued most, the session's
   # queries left out) goes first where their past shows it right often enough: at least this
   # share of their past queries were the habit query of their moment, over at least

@@ -14,7 +14,7 @@ how many of those it suggests the next query exactly, and for how many users. No
 fitted: a user's figures come from their own past alone, as a new user's would, so the
 training users are a test bed of thousands of contexts and hundreds of users, where the
 validation split holds a few hundred contexts of a few users. Reported for all training
-users, each of the gain model's two folds of them (`sessions.user_folds`, seed 0), and the
+users, each of two folds of them (`sessions.user_folds`, seed 0), and the
 `--split` users; then, for the setting best on all training users, how often it is above
 repeating the previous query on random sets of as many training users as the `--split`
 holds (`DRAWS` sets): how much a split of that size can say.
@@ -34,7 +34,6 @@ from absl import flags
 
 import numpy as np
 
-from mtn_jax import bleu_gain
 from mtn_jax import habits
 from mtn_jax import metrics
 from mtn_jax.data import preprocess
@@ -103,17 +102,17 @@ def report(name: str, contexts: list[Context]) -> dict[tuple[float, int], float]
 def pair_counts(suggestions: list[str], references: list[str]) -> np.ndarray:
   """int64 [pairs, 2 * MAX_ORDER + 1]: each pair's clipped n-gram matches, n-grams
   (METRICS.md) and reference length, which sum to a corpus's."""
-  matches = np.array([bleu_gain.match_matrix([s, r])[:, 0, 1]
+  matches = np.array([metrics.match_matrix([s, r])[:, 0, 1]
                       for s, r in zip(suggestions, references)])
   lengths = np.array([[len(r.split())] for r in references])
-  return np.concatenate([matches, bleu_gain.ngram_totals(suggestions), lengths], 1).astype(
+  return np.concatenate([matches, metrics.ngram_totals(suggestions), lengths], 1).astype(
       np.int64)
 
 
 def corpus_bleu(counts: np.ndarray) -> float:
   """METRICS.md's BLEU of pairs' `pair_counts`."""
-  n, total = bleu_gain.MAX_ORDER, counts.sum(0)
-  return bleu_gain.bleu_of_counts(total[:n], total[n:2 * n], total[-1])
+  n, total = metrics.MAX_NGRAM_ORDER, counts.sum(0)
+  return metrics.bleu_of_counts(total[:n], total[n:2 * n], total[-1])
 
 
 def share_above(contexts: list[Context], suggested: list[str], users_per_draw: int,

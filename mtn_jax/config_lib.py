@@ -135,8 +135,7 @@ def validate(config: ml_collections.ConfigDict, mode: str = 'all') -> None:
       raise ConfigError(f'config.suggest.habit_min_past must be >= 0, got {s.habit_min_past}')
   else:
     for key, value in (('imdna_workdir', s.imdna_workdir), ('mbr', s.mbr),
-                       ('previous_query_bias', s.previous_query_bias),
-                       ('gain_from', s.gain_from), ('habit_rate', s.habit_rate)):
+                       ('habit_rate', s.habit_rate)):
       if value:
         raise ConfigError(f'config.suggest.{key} is read by \'rerank\' only, but '
                           f'config.suggest.strategy is {s.strategy!r}')

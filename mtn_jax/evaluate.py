@@ -261,8 +261,8 @@ def strategy_suggestions(config: ml_collections.ConfigDict, workdir: str,
   Returns:
     ({'model': the strategy's lists, 'generate': `generated`, 'retrieve': the retriever's
      lists where there is one}, the lists of the user-facing protocol that are not the
-     former with the session's queries dropped ({'model': ...} for 'rerank', whose MBR and
-     gain choose among what is left), {sample pair: [{'query', 'score'}] top_k},
+     former with the session's queries dropped ({'model': ...} for 'rerank', whose MBR
+     reads every candidate as evidence), {sample pair: [{'query', 'score'}] top_k},
      {'strategy': its settings and label, and for 'retrieve' the ranker's 'pool' figures}).
   """
   s, dc = config.suggest, config.decode
@@ -314,12 +314,8 @@ def strategy_suggestions(config: ml_collections.ConfigDict, workdir: str,
         contexts, [per_session(lists[source]) for source in ('generate', 'retrieve', 'imdna')
                    if source in lists], batch_rows=RERANK_SESSIONS, histories=histories)
     label += f' + session queries, scored by {ranker_label}'
-    if s.previous_query_bias:
-      label += f', the previous query\'s score + {s.previous_query_bias:g}'
     if s.mbr:
       label += ', ordered by expected BLEU'
-    if s.gain_from:
-      label += ', the first by its expected gain in corpus BLEU'
     if s.habit_rate:
       label += (f', the user\'s habit query first at a rate >= {s.habit_rate:g} over >= '
                 f'{s.habit_min_past} past queries')
@@ -337,9 +333,7 @@ def strategy_suggestions(config: ml_collections.ConfigDict, workdir: str,
                        'retrieved': s.retrieved if rankers.retriever is not None else 0,
                        'imdna_workdir': (rankers.proposer.workdir
                                          if rankers.proposer is not None else None),
-                       'mbr': bool(s.mbr),
-                       'previous_query_bias': float(s.previous_query_bias),
-                       'gain_from': s.gain_from, 'habit_rate': float(s.habit_rate),
+                       'mbr': bool(s.mbr), 'habit_rate': float(s.habit_rate),
                        'habit_min_past': int(s.habit_min_past)}
   return {'model': lists.pop('model'), **lists}, user_facing, top, extra
 

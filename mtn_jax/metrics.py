@@ -240,3 +240,44 @@ def suggestion_ranking(suggestions: Sequence[Sequence[str]], references: Sequenc
       exact_match=percent(ranks == 1), recall_at_5=percent(found & (ranks <= 5)),
       recall_at_10=percent(found), mrr_at_10=percent(np.where(found, 1.0 / np.maximum(
           ranks, 1), 0.0)), repeats_session=percent(repeats), pairs=len(references))
+
+
+# ---------------------------------------------------------------------------------------------
+# Corpus BLEU from n-gram counts (studies that sum many candidate lists' counts once)
+
+
+def match_matrix(texts: Sequence[str]) -> np.ndarray:
+  """float32 [MAX_NGRAM_ORDER, T, T] the clipped n-gram matches (METRICS.md) of every pair of
+  `texts`, n = 1..MAX_NGRAM_ORDER (symmetric: a match is the smaller count of a shared
+  n-gram)."""
+  words = [t.split() for t in texts]
+  out = np.zeros((MAX_NGRAM_ORDER, len(texts), len(texts)), np.float32)
+  for n in range(1, MAX_NGRAM_ORDER + 1):
+    index: dict[tuple[str, ...], int] = {}
+    rows, cols = [], []
+    for i, w in enumerate(words):
+      for j in range(len(w) - n + 1):
+        rows.append(i)
+        cols.append(index.setdefault(tuple(w[j:j + n]), len(index)))
+    if index:
+      counts = np.zeros((len(texts), len(index)), np.float32)
+      np.add.at(counts, (rows, cols), 1.0)
+      out[n - 1] = np.minimum(counts[:, None], counts[None]).sum(-1)
+  return out
+
+
+def ngram_totals(texts: Sequence[str]) -> np.ndarray:
+  """float64 [len(texts), MAX_NGRAM_ORDER] the n-grams each text holds (METRICS.md's
+  total_n)."""
+  lengths = np.array([len(t.split()) for t in texts], np.float64)
+  return np.maximum(lengths[:, None] - np.arange(MAX_NGRAM_ORDER), 0)
+
+
+def bleu_of_counts(matches: np.ndarray, ngrams: np.ndarray, reference_length: float) -> float:
+  """METRICS.md's BLEU of a corpus from its summed clipped matches and n-grams
+  [MAX_NGRAM_ORDER] and its references' length, by the engine of `bleu` (sacrebleu, its
+  settings)."""
+  return float(BLEU.compute_bleu(
+      correct=[int(m) for m in matches], total=[int(t) for t in ngrams], sys_len=int(ngrams[0]),
+      ref_len=int(reference_length), smooth_method='none',
+      max_ngram_order=MAX_NGRAM_ORDER).score)

@@ -37,7 +37,6 @@ import jax.numpy as jnp
 import ml_collections
 import numpy as np
 
-from mtn_jax import bleu_gain
 from mtn_jax import errors
 from mtn_jax import habits
 from mtn_jax import imdna_task
@@ -82,10 +81,6 @@ class Rankers:
     mbr: order the pooled candidates by their expected BLEU under the ranker's distribution
       (`mtn_jax.mbr`, p = softmax of the ranker's scores, as in its training loss) instead of
       by score.
-    previous_query_bias: added to the ranker's score of the query just before the
-      suggestion (see `config.suggest.previous_query_bias`).
-    gain: chooses the first suggestion of each reranked list by its expected gain in corpus
-      BLEU (`mtn_jax.bleu_gain`, `config.suggest.gain_from`); None: the ranker's first.
     habit_rate, habit_min_past: the user's habit query goes first where their habit rate is
       at least `habit_rate` over at least `habit_min_past` past queries (`mtn_jax.habits`);
       0: never.
@@ -98,8 +93,6 @@ class Rankers:
   proposed: int
   proposer: imdna_task.NextQueryProposer | None = None
   mbr: bool = False
-  previous_query_bias: float = 0.0
-  gain: bleu_gain.GainModel | None = None
   habit_rate: float = 0.0
   habit_min_past: int = 0
 
@@ -134,11 +127,8 @@ class Rankers:
             'candidates are the beam and the session\'s queries (name a Bi- or Poly-encoder '
             'in config.suggest.retriever_workdir to add pool entries).')
     proposer = _load_proposer(config, s.imdna_workdir, workdir) if s.imdna_workdir else None
-    gain = (bleu_gain.load_or_fit(s.gain_from, workdir, config.seed, log=log)
-            if s.gain_from else None)
     return cls(ranker, retriever, os.path.abspath(retriever_workdir), s.retrieved,
-               s.imdna_proposed, proposer, s.mbr, s.previous_query_bias, gain, s.habit_rate,
-               s.habit_min_past)
+               s.imdna_proposed, proposer, s.mbr, s.habit_rate, s.habit_min_past)
 
   def score_lists(self, sessions_queries: Sequence[Sequence[str]],
                   candidate_lists: Sequence[Sequence[Sequence[str]]], *,
@@ -182,16 +172,15 @@ class Rankers:
              sources: Sequence[Sequence[Sequence[Sequence[str]]]], *, batch_rows: int,
              exclude_session_queries: bool = False,
              histories: Sequence[Sequence[str]] | None = None) -> list[list[list[dict]]]:
-    """[R][t] every pooled candidate ({'query', 'score'}, and 'gain' with `gain`), best first.
+    """[R][t] every pooled candidate ({'query', 'score'}), best first.
 
     Args:
       sessions_queries: [R] each session's query texts.
       sources: each source's candidates [R][t] after position t (the generator's first: on
-        a tie its order stands, and `gain` reads it as the generator's suggestions); the
-        session's queries up to t are added last, then the user's habit query where it goes
-        first.
+        a tie its order stands); the session's queries up to t are added last, then the
+        user's habit query where it goes first.
       exclude_session_queries: drop the candidates the session holds up to t (the
-        user-facing protocol); the gain's first is then chosen among what is shown.
+        user-facing protocol).
       histories: [R] each session's user's earlier queries, oldest first (`habit_rate`).
     """
     return self._rerank(sessions_queries, sources, batch_rows, (exclude_session_queries,),
@@ -230,24 +219,18 @@ class Rankers:
       pooled.append(lists)
       habit_firsts.append(firsts)
     scores = self.score_lists(sessions_queries, pooled, batch_rows=batch_rows)
-    return [[[self._order(queries, t, sources[0][r][t], texts, values, exclude,
-                          habit_firsts[r][t])
+    return [[[self._order(queries, t, texts, values, exclude, habit_firsts[r][t])
               for t, (texts, values) in enumerate(zip(lists, session_scores))]
              for r, (queries, lists, session_scores) in enumerate(zip(sessions_queries, pooled,
                                                                       scores))]
             for exclude in protocols]
 
-  def _order(self, queries: Sequence[str], t: int, generated: Sequence[str],
-             texts: Sequence[str], values: np.ndarray, exclude_session_queries: bool,
-             habit_first: str | None) -> list[dict]:
+  def _order(self, queries: Sequence[str], t: int, texts: Sequence[str], values: np.ndarray,
+             exclude_session_queries: bool, habit_first: str | None) -> list[dict]:
     """The candidates `texts` after position t of the session `queries`, scored `values`
     [len(texts)], best first; with `exclude_session_queries` those the session does not hold
-    (MBR's evidence stays every candidate, as the generator's own MBR has it, while the
-    gain's first is chosen among what is shown); `habit_first` (never a query of the
-    session) before the rest."""
-    if self.previous_query_bias and queries[t] in texts:
-      values = values.copy()
-      values[texts.index(queries[t])] += self.previous_query_bias
+    (MBR's evidence stays every candidate, as the generator's own MBR has it);
+    `habit_first` (never a query of the session) before the rest."""
     # A stable sort: on a tie the generator's order stands.
     order = np.argsort(-values, kind='stable')
     ranked = [{'query': texts[i], 'score': float(values[i])} for i in order]
@@ -256,11 +239,6 @@ class Rankers:
     if exclude_session_queries:
       seen = set(queries[:t + 1])
       ranked = [c for c in ranked if c['query'] not in seen]
-    if self.gain is not None and ranked:
-      gains = self.gain.gains_after(queries[:t + 1], generated, [c['query'] for c in ranked])
-      ranked = [{**c, 'gain': float(g)} for c, g in zip(ranked, gains)]
-      first = int(np.argmax(gains))  # on a tie, the ranker's order
-      ranked = [ranked[first], *ranked[:first], *ranked[first + 1:]]
     if habit_first is not None:
       first = next(i for i, c in enumerate(ranked) if c['query'] == habit_first)
       ranked = [ranked[first], *ranked[:first], *ranked[first + 1:]]

@@ -44,10 +44,15 @@ def run(*args, cwd=cli.REPO):
     (('--config=configs/demo.py', '--mode=bogus'), '--mode=bogus: value should be one of'),
     (('--config=configs/demo.py', '--nosuchflag'), "Unknown command line flag 'nosuchflag'"),
     (('--config=configs/demo.py', 'stray'), 'unexpected arguments: stray'),
+    (('--config=configs/demo.py', '--config.suggest.gain_from=a,b'),
+     '--config.suggest.gain_from was removed: the expected-gain model chose the previous '
+     'query'),
+    (('--config=configs/demo.py', '--config.suggest.previous_query_bias=2.0'),
+     '--config.suggest.previous_query_bias was removed: the bias chosen on validation'),
 ], ids=['mistyped_key', 'mistyped_section', 'unknown_key', 'missing_config',
         'missing_config_with_variant', 'missing_config_with_override', 'bad_value_with_variant',
         'unknown_variant', 'bad_value', 'no_log', 'wrong_type', 'wrong_bool', 'unknown_mode',
-        'unknown_flag', 'stray_argument'])
+        'unknown_flag', 'stray_argument', 'retired_gain_from', 'retired_previous_query_bias'])
 def test_usage_errors_are_one_line_and_exit_2(tmp_path, args, message):
   result = run(*args, f'--workdir={tmp_path}')
   assert result.returncode == 2, result.stderr

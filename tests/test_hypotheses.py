@@ -1,5 +1,4 @@
-"""Cross-fitted generators' suggestions as a ranker's candidates (`mtn_jax.hypotheses`), and as
-the training contexts of the first suggestion's gain model (`mtn_jax.bleu_gain`).
+"""Cross-fitted generators' suggestions as a ranker's candidates (`mtn_jax.hypotheses`).
 
 The user folds and session selections they rest on, exactly; then the real command line: two
 generators trained without one fold of the users each, and a ranker that learns from their
@@ -7,13 +6,10 @@ suggestions, each training session's from the generator that never saw its user.
 """
 
 import json
-import subprocess
-import sys
 
 import numpy as np
 import pytest
 
-from mtn_jax import bleu_gain
 from mtn_jax import config_lib
 from mtn_jax import errors
 from mtn_jax import hypotheses
@@ -136,41 +132,3 @@ def test_ranker_learns_from_generators_that_never_saw_its_users(tmp_path):
   (everyone / 'config.json').write_text(json.dumps(saved))
   with pytest.raises(errors.Error, match='was trained on every training session'):
     hypotheses.generators(f'{everyone},{generators[1]}', data_dir)
-
-  # Reranking the first generator's beam for the validation users, the first suggestion
-  # chosen by its expected gain in corpus BLEU: the gain model is fitted on both generators'
-  # suggestions of the training sessions, then read back from its cache.
-  out = cli.run(generators[0], *USER_SPLIT, '--config.decode.max_eval_sessions=8',
-                '--config.decode.eval_split=valid', '--config.suggest.strategy=rerank',
-                f'--config.suggest.ranker_workdir={tmp_path / "ranker"}',
-                '--config.suggest.retrieved=0', f'--config.suggest.gain_from={both}',
-                mode='eval').stdout
-  assert out.count('Fitting the first suggestion\'s gain model') == 1
-  assert 'the training contexts cross-fitted' in out
-  eval_dir = generators[0] / 'eval'
-  results = json.loads((eval_dir / 'valid_rerank_results.json').read_text())
-  assert 'the first by its expected gain in corpus BLEU' in results['strategy']['label']
-  assert results['strategy']['gain_from'] == both
-  samples = [json.loads(line)
-             for line in (eval_dir / 'valid_rerank_samples.jsonl').read_text().splitlines()]
-  assert samples
-  for sample in samples:
-    listed = sample['suggestions']
-    # The best gain first, the rest in the ranker's order.
-    assert listed[0]['gain'] == max(c['gain'] for c in listed)
-    rest = [c['score'] for c in listed[1:]]
-    assert rest == sorted(rest, reverse=True)
-    assert sample['predicted'] == listed[0]['query']
-  logged = []
-  model = bleu_gain.load_or_fit(both, str(generators[0]), seed=0, log=logged.append)
-  assert not any('Fitting' in line for line in logged)  # the cache, not a second fit
-  assert model.figures['contexts'] == int((train.lengths - 1).sum())
-  # The held-out-fold check of the gain model runs on the same suggestions: each fold fitted
-  # and suggested for by the other, every setting the fit chooses among.
-  out = subprocess.run([sys.executable, 'launch/gain_folds.py', f'--workdir={generators[0]}',
-                        f'--gain_from={both}'], cwd=cli.REPO, env=cli.env(), check=True,
-                       capture_output=True, text=True).stdout
-  for a, b in ((0, 1), (1, 0)):
-    assert f'fitted on fold {a} (' in out and f'suggesting for fold {b} (' in out
-  assert sum(line.startswith('  ') and '%)' in line
-             for line in out.splitlines()) == 2 * len(bleu_gain.LENGTH_WEIGHTS)

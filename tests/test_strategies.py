@@ -9,11 +9,9 @@ from mtn_jax import mbr
 from mtn_jax import strategies
 
 
-def rankers_with_scores(scores: dict[str, float], use_mbr: bool,
-                        previous_query_bias: float = 0.0) -> strategies.Rankers:
+def rankers_with_scores(scores: dict[str, float], use_mbr: bool) -> strategies.Rankers:
   rankers = strategies.Rankers(ranker=None, retriever=None, retriever_workdir='', retrieved=0,
-                               proposed=0, proposer=None, mbr=use_mbr,
-                               previous_query_bias=previous_query_bias)
+                               proposed=0, proposer=None, mbr=use_mbr)
   rankers.score_lists = lambda sessions, lists, batch_rows: [
       [np.asarray([scores[q] for q in texts], np.float32) for texts in session_lists]
       for session_lists in lists]
@@ -56,40 +54,8 @@ def test_rerank_with_mbr_picks_the_consensus_of_the_rankers_distribution():
   assert {c['query'] for c in with_mbr} == {c['query'] for c in ranked}
 
 
-def test_previous_query_bias_lifts_only_the_query_before_the_suggestion():
-  # After position 1 the previous query is 'cheap flights paris' (score 1.0); + 1.15 puts it
-  # first, above 'paris hotel' (2.1) but leaves 'cheap flights' (position 0's) where it was.
-  biased = rankers_with_scores(SCORES, use_mbr=False, previous_query_bias=1.15).rerank(
-      [SESSION], [[BEAM], [OTHER]], batch_rows=1)[0]
-  assert [c['query'] for c in biased[1]] == ['cheap flights paris', 'paris hotel',
-                                             'cheap flights paris hotel',
-                                             'cheap flights paris hotels', 'cheap flights']
-  assert biased[1][0]['score'] == np.float32(1.0) + 1.15
-  # After position 0 the previous query is 'cheap flights' (0.2 + 1.15 > 0.5).
-  assert biased[0][0]['query'] == 'cheap flights'
-  # Excluded from the list, it is not brought back.
-  excluded = rankers_with_scores(SCORES, use_mbr=False, previous_query_bias=1.15).rerank(
-      [SESSION], [[BEAM], [OTHER]], batch_rows=1, exclude_session_queries=True)[0][1]
-  assert 'cheap flights paris' not in {c['query'] for c in excluded}
-
-
-class GainByText:
-  """A gain model whose gain of each candidate is given."""
-
-  def __init__(self, gains: dict[str, float]):
-    self.gains = gains
-
-  def gains_after(self, session, generated, candidates):
-    del session, generated
-    return np.asarray([self.gains[q] for q in candidates])
-
-
-def test_user_facing_lists_choose_among_what_is_shown_from_one_scoring():
-  # The gain prefers the previous query, then the second-scored beam hypothesis.
-  gains = {q: 0.0 for q in SCORES} | {'cheap flights paris': 3.0, 'cheap flights': 2.5,
-                                      'cheap flights paris hotel': 1.0}
+def test_both_protocols_come_from_one_scoring():
   rankers = rankers_with_scores(SCORES, use_mbr=False)
-  rankers.gain = GainByText(gains)
   scored = rankers.score_lists
   calls = []
   rankers.score_lists = lambda *args, **kwargs: calls.append(1) or scored(*args, **kwargs)
@@ -98,15 +64,12 @@ def test_user_facing_lists_choose_among_what_is_shown_from_one_scoring():
   assert full == rankers.rerank([SESSION], [[BEAM], [OTHER]], batch_rows=1)
   assert shown == rankers.rerank([SESSION], [[BEAM], [OTHER]], batch_rows=1,
                                  exclude_session_queries=True)
-  assert full[0][1][0]['query'] == 'cheap flights paris'
-  # Dropping the session's queries from the full list would show the ranker's first; the
-  # user-facing list puts the best gain among the rest first, then the ranker's order.
-  assert [c['query'] for c in shown[0][1]] == ['cheap flights paris hotel', 'paris hotel',
+  assert [c['query'] for c in shown[0][1]] == ['paris hotel', 'cheap flights paris hotel',
                                                'cheap flights paris hotels']
   assert [c['query'] for c in shown[0][0]] == ['cheap hotels', 'flights']
   # MBR's evidence is every candidate, as in the generator's own MBR: the user-facing list is
   # its order with the session's queries dropped.
-  rankers.gain, rankers.mbr = None, True
+  rankers.mbr = True
   with_mbr = rankers.rerank([SESSION], [[BEAM], [OTHER]], batch_rows=1)[0][1]
   assert rankers.rerank([SESSION], [[BEAM], [OTHER]], batch_rows=1,
                         exclude_session_queries=True)[0][1] == [
