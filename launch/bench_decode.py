@@ -38,7 +38,7 @@ from launch import synthetic_batches
 from mtn_jax import inference
 from mtn_jax import models
 from mtn_jax import parallel
-from mtn_jax import search
+from mtn_jax.decoding import search
 from mtn_jax import tasks
 from mtn_jax.data import preprocess
 from mtn_jax.data import sessions

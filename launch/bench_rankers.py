@@ -23,10 +23,10 @@ What is timed, per ranker, model size and pool size C, as a server would answer 
   above `--cross_measure` candidates are extrapolated linearly from its time (marked
   "extrap."), unless `--cross_direct`.
 - With `--index=usearch`, also the Bi-encoder through the approximate nearest-neighbour index
-  of `config.suggest.index='usearch'` (`ranking.usearch_index`, built beforehand from the
+  of `config.suggest.index='usearch'` (`retrieval.usearch_index`, built beforehand from the
   cached vectors, its build time reported): a call encodes the one context (jit-compiled)
-  and searches the index on the host (`ranking.search_index`, the top `--top_k` rescored
-  exactly), as `ranking.Retriever` does; its recall@k against the exact call's top k, over
+  and searches the index on the host (`retrieval.search_index`, the top `--top_k` rescored
+  exactly), as `retrieval.Retriever` does; its recall@k against the exact call's top k, over
   64 more synthetic contexts, is reported beside ("Bi-encoder (usearch)").
 Each is one jit-compiled function; `--warmup` calls (compilation included) are not timed,
 then `--repeats` calls, each ended by `block_until_ready`, of which the median and the mean
@@ -65,8 +65,8 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from launch import synthetic_batches
 from mtn_jax import models
 from mtn_jax import parallel
-from mtn_jax import ranking
-from mtn_jax import ranking_tasks
+from mtn_jax.inference import retrieval
+from mtn_jax.tasks import rankers
 from mtn_jax.models.base import session_sources
 # pylint: enable=g-import-not-at-top,wrong-import-position
 
@@ -115,7 +115,7 @@ _CPU_DEVICES = flags.DEFINE_integer(
     'context\'s latency wants; 0: one per core, as the trainer).')
 _JSON = flags.DEFINE_string('json', '', 'Also write the figures to this JSON file.')
 _INDEX = flags.DEFINE_enum(
-    'index', 'exact', ranking.INDEX_KINDS, "'usearch': also time the Bi-encoder's query on "
+    'index', 'exact', retrieval.INDEX_KINDS, "'usearch': also time the Bi-encoder's query on "
     "the usearch index (config.suggest.index='usearch') beside its exact scoring.")
 
 
@@ -193,9 +193,9 @@ def make_ranker(config, ranker: str, size, vocab_size: int, seed: int, pool: np.
     raise app.UsageError(f'bench_rankers times the flat context encoder, not '
                          f'config.model.context_encoder={cfg.context_encoder!r}')
   if ranker == 'cross':
-    task = ranking_tasks.CrossEncoderTask(cfg, pool_queries=pool[:16])
+    task = rankers.CrossEncoderTask(cfg, pool_queries=pool[:16])
   else:
-    task = ranking_tasks.DualEncoderTask(cfg)
+    task = rankers.DualEncoderTask(cfg)
   return task, jax.jit(task.init_params)(jax.random.PRNGKey(seed))
 
 
@@ -245,13 +245,13 @@ def check_flat_context(task, params, session: np.ndarray, cache) -> float:
 
 
 def usearch_function(task, index, vectors: np.ndarray, top_k: int):
-  """One context through the usearch index, as `ranking.Retriever` does: the context
+  """One context through the usearch index, as `retrieval.Retriever` does: the context
   vector on the device, then the index's top `top_k` on the host."""
   encode = jax.jit(lambda params, context: task.contexts(params, context[None])[0, 0, 0]
                    .astype(jnp.float32))
   def one_context(params, context):
     vector = np.asarray(encode(params, context))[None]  # [1, d]
-    return ranking.search_index(index, vectors, vector, top_k)
+    return retrieval.search_index(index, vectors, vector, top_k)
   return one_context
 
 
@@ -362,7 +362,7 @@ def usearch_row(task, params, base: dict, cache, contexts: list, recall_contexts
   vectors = np.asarray(cache, np.float32)
   with tempfile.TemporaryDirectory() as folder:
     started = time.perf_counter()
-    index = ranking.usearch_index(vectors, {'bench': len(vectors)}, folder,
+    index = retrieval.usearch_index(vectors, {'bench': len(vectors)}, folder,
                                   log=lambda *a, **kw: None)
     build_s = time.perf_counter() - started
   call = usearch_function(task, index, vectors, k)
@@ -373,7 +373,7 @@ def usearch_row(task, params, base: dict, cache, contexts: list, recall_contexts
   return {**base, 'ranker': 'bi_usearch', 'label': 'Bi-encoder (usearch)',
           'pool': len(vectors), 'extrapolated': False, **summary(times),
           'index_build_s': build_s, 'recall_at_k': recall,
-          'expansion_search': ranking.USEARCH_EXPANSION_SEARCH}
+          'expansion_search': retrieval.USEARCH_EXPANSION_SEARCH}
 
 
 def row_line(row: dict) -> str:

@@ -256,19 +256,19 @@ def run_mode(config, workdir: str, mode: str) -> str | None:
     from mtn_jax.data import preprocess
     preprocess.prepare(config, workdir, verbose=True)
   elif mode == 'train':
-    from mtn_jax import train
-    return train.train_and_evaluate(config, workdir)['stopped_by']
+    from mtn_jax import main_job
+    return main_job.train(config, workdir)['stopped_by']
   elif mode == 'eval':
-    from mtn_jax import evaluate
-    evaluate.evaluate(config, workdir)
+    from mtn_jax import main_job
+    main_job.evaluate(config, workdir)
   elif mode == 'decode':
-    from mtn_jax import suggest
+    from mtn_jax.inference import suggest
     suggest.decode_file(config, workdir)
   elif mode == 'suggest':
-    from mtn_jax import suggest
+    from mtn_jax.inference import suggest
     suggest.interactive(config, workdir)
   elif mode == 'report':
-    from mtn_jax import report
+    from mtn_jax.evaluation import report
     report.write_report(config, workdir)
   else:
     from mtn_jax import main_job

@@ -13,11 +13,12 @@ import os
 import jax
 import ml_collections
 
-from mtn_jax import checkpoints
-from mtn_jax import evaluate
-from mtn_jax import report
+from mtn_jax.training import checkpoints
+from mtn_jax.evaluation import evaluate as evaluation
+from mtn_jax.evaluation import report
+from mtn_jax.inference import hypotheses
 from mtn_jax import tasks
-from mtn_jax import train
+from mtn_jax.training import train as train_loop
 from mtn_jax.data import preprocess
 
 SAMPLES_SHOWN = 5
@@ -31,6 +32,20 @@ def print_samples(samples: list[dict], limit: int = SAMPLES_SHOWN) -> None:
           f'      -> {sample["predicted"] or "(empty)"} | {sample["actual"]}')
 
 
+def train(config: ml_collections.ConfigDict, workdir: str) -> dict:
+  """`--mode=train`: the files a ranker learns from generators' suggestions are made first
+  (`config.train.hypotheses_from`, for the splits training reads), then the run trains or
+  resumes; returns the trainer's summary."""
+  hypotheses.prepare(config, workdir, ('train', 'valid'))
+  return train_loop.train_and_evaluate(config, workdir)
+
+
+def evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict:
+  """`--mode=eval`: the generators' suggestions for the split it reads first, as `train`."""
+  hypotheses.prepare(config, workdir, (config.decode.eval_split,))
+  return evaluation.evaluate(config, workdir)
+
+
 def run_all(config: ml_collections.ConfigDict, workdir: str) -> dict:
   """Runs every stage; returns the evaluation results, or {'stopped_by': signal name} when a
   signal stopped training (after a checkpoint)."""
@@ -38,16 +53,16 @@ def run_all(config: ml_collections.ConfigDict, workdir: str) -> dict:
   print('== Preprocessing', flush=True)
   preprocess.prepare(config, workdir, verbose=True)
   print('== Training', flush=True)
-  summary = train.train_and_evaluate(config, workdir)
+  summary = train(config, workdir)
   if summary['interrupted']:
     print(f'Training was stopped at step {summary["step"]}; run the same command again to '
           'resume. Evaluation and report skipped.', flush=True)
     return {'stopped_by': summary['stopped_by']}
   print('== Evaluation', flush=True)
-  results = evaluate.evaluate(config, workdir)
+  results = evaluate(config, workdir)
   if jax.process_index() != 0:
     return results
-  if hasattr(tasks.task_class(config.model), 'evaluate'):  # its own measures, no report
+  if issubclass(tasks.task_class(config.model), tasks.BringsOwnData):  # its own measures, no report
     return results
   samples = report.load_run(workdir).samples
   print_samples(samples)

@@ -14,7 +14,7 @@ import pytest
 from configs import demo
 from mtn_jax import config_lib
 from mtn_jax import errors
-from mtn_jax import ranking
+from mtn_jax.inference import retrieval
 from mtn_jax.data import candidates
 from mtn_jax.data.vocab import SEP_ID
 from tests.test_polyencoder import N
@@ -42,14 +42,14 @@ def recording_log():
 def test_usearch_top_k_equals_the_exact_top_k(tmp_path):
   vectors = random_vectors(2000, 32, seed=0)
   queries = random_vectors(300, 32, seed=1)
-  index = ranking.usearch_index(vectors, KEY, str(tmp_path), log=lambda *a, **k: None)
+  index = retrieval.usearch_index(vectors, KEY, str(tmp_path), log=lambda *a, **k: None)
   expected_ids, expected_scores = exact_top_k(vectors, queries, 10)
   recall = lambda ids: np.mean([len(set(a) & set(b)) / 10 for a, b in zip(
       ids.tolist(), expected_ids.tolist())])
   # HNSW over inner products is approximate whatever the search list (measured: 0.995 to
   # 0.998 of this top-10 at 64 to 512): a tiny shortfall is allowed.
-  for expansion in (ranking.USEARCH_EXPANSION_SEARCH, 512):
-    ids, scores = ranking.search_index(index, vectors, queries, 10, expansion=expansion)
+  for expansion in (retrieval.USEARCH_EXPANSION_SEARCH, 512):
+    ids, scores = retrieval.search_index(index, vectors, queries, 10, expansion=expansion)
     assert recall(ids) >= 0.99, (expansion, recall(ids))
   assert ids.shape == scores.shape == (300, 10) and ids.dtype == np.int64
   # Where the index found the exact top 10, it gives them in the exact order, with the exact
@@ -64,12 +64,12 @@ def test_usearch_top_k_equals_the_exact_top_k(tmp_path):
                              rtol=1e-5, atol=1e-5)
   assert (np.diff(scores, axis=1) <= 0).all()
   # One query alone (usearch answers it in another shape), and k past the pool.
-  one_ids, _ = ranking.search_index(index, vectors, queries[:1], 10, expansion=512)
+  one_ids, _ = retrieval.search_index(index, vectors, queries[:1], 10, expansion=512)
   np.testing.assert_array_equal(one_ids, ids[:1])
   small = vectors[:5]
-  small_index = ranking.usearch_index(small, KEY, str(tmp_path / 'small'),
+  small_index = retrieval.usearch_index(small, KEY, str(tmp_path / 'small'),
                                       log=lambda *a, **k: None)
-  all_ids, all_scores = ranking.search_index(small_index, small, queries[:3], 7)
+  all_ids, all_scores = retrieval.search_index(small_index, small, queries[:3], 7)
   assert (all_ids[:, 5:] == -1).all() and np.isneginf(all_scores[:, 5:]).all()
   assert sorted(all_ids[0, :5].tolist()) == list(range(5))
 
@@ -79,8 +79,8 @@ def test_a_direction_all_candidates_share_costs_no_recall(tmp_path):
   # which moves every score of a query alike (plain inner products found 0.94 here).
   vectors = random_vectors(500, 16, seed=5) + 1
   queries = random_vectors(50, 16, seed=6)
-  index = ranking.usearch_index(vectors, KEY, str(tmp_path), log=lambda *a, **k: None)
-  ids, scores = ranking.search_index(index, vectors, queries, 10)
+  index = retrieval.usearch_index(vectors, KEY, str(tmp_path), log=lambda *a, **k: None)
+  ids, scores = retrieval.search_index(index, vectors, queries, 10)
   expected_ids, expected_scores = exact_top_k(vectors, queries, 10)
   assert np.mean([len(set(a) & set(b)) / 10 for a, b in zip(ids.tolist(),
                                                              expected_ids.tolist())]) >= 0.99
@@ -93,33 +93,33 @@ def test_usearch_index_round_trip_and_rebuild_on_a_new_key(tmp_path):
   vectors = random_vectors(500, 16, seed=2)
   queries = random_vectors(20, 16, seed=3)
   lines, log = recording_log()
-  first = ranking.usearch_index(vectors, KEY, str(tmp_path), log=log)
+  first = retrieval.usearch_index(vectors, KEY, str(tmp_path), log=log)
   assert len(lines) == 1  # built and written
   assert sorted(p.name for p in tmp_path.iterdir()) == ['usearch.index', 'usearch.json']
   assert not (tmp_path / 'usearch.index').read_bytes().startswith(b'\x80')  # no pickle
-  again = ranking.usearch_index(vectors, KEY, str(tmp_path), log=log)
+  again = retrieval.usearch_index(vectors, KEY, str(tmp_path), log=log)
   assert len(lines) == 1  # read back, not rebuilt
-  for a, b in zip(ranking.search_index(first, vectors, queries, 10),
-                  ranking.search_index(again, vectors, queries, 10)):
+  for a, b in zip(retrieval.search_index(first, vectors, queries, 10),
+                  retrieval.search_index(again, vectors, queries, 10)):
     np.testing.assert_array_equal(a, b)
   # A new checkpoint (the candidate cache's key): rebuilt from the new vectors.
   moved = random_vectors(500, 16, seed=4)
-  rebuilt = ranking.usearch_index(moved, {**KEY, 'step': 6}, str(tmp_path), log=log)
+  rebuilt = retrieval.usearch_index(moved, {**KEY, 'step': 6}, str(tmp_path), log=log)
   assert len(lines) == 2
   # It is the index of the new vectors (the old one finds 2% of their top 10; usearch
   # builds on several threads, so its recall varies a little from build to build).
-  ids, _ = ranking.search_index(rebuilt, moved, queries, 10)
+  ids, _ = retrieval.search_index(rebuilt, moved, queries, 10)
   expected = exact_top_k(moved, queries, 10)[0]
   assert np.mean([len(set(a) & set(b)) / 10 for a, b in zip(ids.tolist(),
                                                              expected.tolist())]) >= 0.9
-  ranking.usearch_index(moved, {**KEY, 'step': 6}, str(tmp_path), log=log)
+  retrieval.usearch_index(moved, {**KEY, 'step': 6}, str(tmp_path), log=log)
   assert len(lines) == 2
   # Vectors of another shape under the same key (a pool that changed) rebuild too.
-  ranking.usearch_index(moved[:400], {**KEY, 'step': 6}, str(tmp_path), log=log)
+  retrieval.usearch_index(moved[:400], {**KEY, 'step': 6}, str(tmp_path), log=log)
   assert len(lines) == 3
   # A damaged file under the right key is rebuilt, not trusted.
   (tmp_path / 'usearch.index').write_bytes(b'damaged')
-  ranking.usearch_index(moved[:400], {**KEY, 'step': 6}, str(tmp_path), log=log)
+  retrieval.usearch_index(moved[:400], {**KEY, 'step': 6}, str(tmp_path), log=log)
   assert len(lines) == 4
   assert sorted(p.name for p in tmp_path.iterdir()) == ['usearch.index', 'usearch.json']
 
@@ -139,7 +139,7 @@ def test_bi_encoder_pool_scores_are_inner_products_of_its_context_vectors(contex
   task, params = dual_task('biencoder', context_encoder)
   queries = sessions()
   cache = task.encode_candidates(params, queries.reshape(-1, N))
-  vectors = np.asarray(ranking.bi_contexts(params, {'queries': queries}, task=task))
+  vectors = np.asarray(retrieval.bi_contexts(params, {'queries': queries}, task=task))
   padded = np.concatenate([queries, np.zeros_like(queries[:, :1])], axis=1)
   np.testing.assert_allclose(np.einsum('bsd,cd->bsc', vectors, np.asarray(cache)),
                              task.score_pool(params, {'queries': padded}, cache),
@@ -149,12 +149,12 @@ def test_bi_encoder_pool_scores_are_inner_products_of_its_context_vectors(contex
 def test_retriever_suggests_through_the_index_what_exact_scoring_does(tmp_path, monkeypatch):
   task, params = dual_task('biencoder')
   pool = bi_encoder_pool(400)
-  monkeypatch.setattr(ranking.candidates, 'load_pool', lambda data_dir: pool)
+  monkeypatch.setattr(retrieval.candidates, 'load_pool', lambda data_dir: pool)
   trained = types.SimpleNamespace(task=task, params=params, cfg=task.cfg, step=5)
   lines, log = recording_log()
-  exact = ranking.Retriever(trained, str(tmp_path), log=log)
+  exact = retrieval.Retriever(trained, str(tmp_path), log=log)
   assert exact.index is None and len(lines) == 1  # the candidate cache alone
-  approximate = ranking.Retriever(trained, str(tmp_path), log=log, index='usearch')
+  approximate = retrieval.Retriever(trained, str(tmp_path), log=log, index='usearch')
   assert len(lines) == 2 and (tmp_path / 'candidate_cache' / 'usearch.index').exists()
   batch = {'queries': sessions()}
   texts = [['x', 'y', 'z'], ['x', 'y'], ['x', 'y', 'z']]  # row 3 is padding
@@ -166,11 +166,11 @@ def test_retriever_suggests_through_the_index_what_exact_scoring_does(tmp_path, 
       np.testing.assert_allclose([s['score'] for s in got_at],
                                  [s['score'] for s in want_at], rtol=1e-5, atol=1e-5)
   # The same checkpoint again reads the index; a new checkpoint rebuilds it.
-  ranking.Retriever(trained, str(tmp_path), log=log, index='usearch')
+  retrieval.Retriever(trained, str(tmp_path), log=log, index='usearch')
   assert len(lines) == 2
   later = types.SimpleNamespace(task=task, params=jax.tree.map(lambda x: x + 1, params),
                                 cfg=task.cfg, step=6)
-  ranking.Retriever(later, str(tmp_path), log=log, index='usearch')
+  retrieval.Retriever(later, str(tmp_path), log=log, index='usearch')
   assert len(lines) == 4  # the candidate cache and the index, both anew
 
 
@@ -178,10 +178,10 @@ def test_usearch_is_refused_for_a_poly_encoder(tmp_path):
   task, params = dual_task('polyencoder')
   trained = types.SimpleNamespace(task=task, params=params, cfg=task.cfg, step=5)
   with pytest.raises(errors.Error, match=r"index='usearch'.*'polyencoder'") as caught:
-    ranking.Retriever(trained, str(tmp_path), index='usearch')
+    retrieval.Retriever(trained, str(tmp_path), index='usearch')
   assert '\n' not in str(caught.value)
   with pytest.raises(errors.Error, match='config.suggest.index'):
-    ranking.check_index('faiss', trained, str(tmp_path))
+    retrieval.check_index('faiss', trained, str(tmp_path))
 
 
 def test_config_validation_of_the_index():

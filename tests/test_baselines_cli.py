@@ -22,7 +22,7 @@ import pytest
 
 from mtn_jax import config_lib
 from mtn_jax import models
-from mtn_jax import metric_writer
+from mtn_jax.training import metric_writer
 from tests import cli
 
 pytestmark = pytest.mark.slow
@@ -55,7 +55,7 @@ VARIANTS = {
                         'demo_cross'),
     'zam_aol': ('', 'zam', 'aem', 'hem', 'qem', 'demo', 'mtn', 'mtn_aem', 'mtn_zam'),
 }
-# The configs that `launch/compare.sh` runs against each other.
+# The configs that `experiments/compare.sh` runs against each other.
 COMPARED = ('aol:small', 'transformer_aol:small', 'transformer_aol:small,enc5dec5',
             'seq2seq_aol:small', 'hred_aol:small', 'mnsrf_aol:small')
 

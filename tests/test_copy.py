@@ -12,13 +12,15 @@ import pytest
 
 from configs import default
 from mtn_jax import inference
-from mtn_jax import losses
+from mtn_jax.tasks import losses
 from mtn_jax import models
-from mtn_jax import search
-from mtn_jax import suggest
+from mtn_jax.decoding import search
+from mtn_jax.inference import suggest
 from mtn_jax import tasks
 from mtn_jax.data import extended
-from mtn_jax.data.vocab import SPECIAL_TOKENS, UNK_ID, Vocab
+from mtn_jax.data.vocab import SPECIAL_TOKENS
+from mtn_jax.data.vocab import UNK_ID
+from mtn_jax.data.vocab import Vocab
 from mtn_jax.models import copying
 from mtn_jax.models.base import decoder_io
 

@@ -7,7 +7,11 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from mtn_jax.models.dropout import Dropout, random_uint16, threefry_2x32
+from mtn_jax.models.dropout import Dropout
+
+from mtn_jax.models.dropout import random_uint16
+
+from mtn_jax.models.dropout import threefry_2x32
 
 
 def test_threefry_is_jax_threefry_bit_for_bit():

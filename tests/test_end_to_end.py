@@ -10,8 +10,9 @@ import re
 
 import pytest
 
-from mtn_jax import evaluate
-from mtn_jax import metrics
+from mtn_jax.evaluation import evaluate
+from mtn_jax.evaluation import trivial
+from mtn_jax.evaluation import metrics
 from mtn_jax.data import sessions
 from tests import cli
 
@@ -124,7 +125,7 @@ def test_eval_on_the_validation_split_leaves_the_test_results_alone(mtn_run):
   assert f'on {valid["pairs"]:,} valid pairs' in result.stdout
   # The trivial suggester's line is that of the validation split's own pairs.
   previous, references = evaluate.pair_texts(sessions.load_split(workdir / 'data', 'valid'))
-  expected = str(metrics.bleu(evaluate.repeat_previous(previous), references))
+  expected = str(metrics.bleu(trivial.repeat_previous(previous), references))
   assert valid['scores']['repeat_previous']['line'] == expected
   assert expected in result.stdout
   samples = read_jsonl(workdir / 'eval' / 'valid_samples.jsonl')

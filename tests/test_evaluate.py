@@ -11,12 +11,15 @@ import ml_collections
 import numpy as np
 import pytest
 
-from mtn_jax import evaluate
-from mtn_jax import report
-from mtn_jax import search
-from mtn_jax import suggest
+from mtn_jax.evaluation import evaluate
+from mtn_jax.evaluation import trivial
+from mtn_jax.evaluation import report
+from mtn_jax.decoding import search
+from mtn_jax.inference import suggest
 from mtn_jax.data.sessions import SessionSplit
-from mtn_jax.data.vocab import SPECIAL_TOKENS, UNK_ID, Vocab
+from mtn_jax.data.vocab import SPECIAL_TOKENS
+from mtn_jax.data.vocab import UNK_ID
+from mtn_jax.data.vocab import Vocab
 
 
 def make_split(tmp_path, name, sessions):
@@ -59,10 +62,10 @@ def test_trivial_suggesters_exact_candidates(tmp_path):
   train = make_split(tmp_path, 'train', TRAIN)
   test = make_split(tmp_path, 'test', TEST)
   previous, _ = evaluate.pair_texts(test)
-  assert evaluate.repeat_previous(previous) == previous
+  assert trivial.repeat_previous(previous) == previous
   # a: b 2x, c 2x -> tie, b seen first. b: c 1x, a 1x -> c seen first. z: only followed by
   # w across a session boundary -> repeated. d: e 2x beats f. n, o: never seen -> repeated.
-  assert evaluate.most_frequent_next(train, previous) == ['b', 'c', 'z', 'e', 'n', 'o']
+  assert trivial.most_frequent_next(train, previous) == ['b', 'c', 'z', 'e', 'n', 'o']
 
 
 def test_most_frequent_next_reads_only_the_split_rows(tmp_path):
@@ -70,12 +73,12 @@ def test_most_frequent_next_reads_only_the_split_rows(tmp_path):
   full = make_split(tmp_path, 'train', [['a', 'b'], ['a', 'c'], ['a', 'c']])
   prefix = evaluate.prefix_split(full, 1)
   assert prefix.num_sessions == 1 and prefix.texts == ['a', 'b']
-  assert evaluate.most_frequent_next(prefix, ['a']) == ['b']
-  assert evaluate.most_frequent_next(full, ['a']) == ['c']
+  assert trivial.most_frequent_next(prefix, ['a']) == ['b']
+  assert trivial.most_frequent_next(full, ['a']) == ['c']
 
 
 def test_score_entry_holds_the_printed_line():
-  from mtn_jax import metrics  # pylint: disable=g-import-not-at-top
+  from mtn_jax.evaluation import metrics  # pylint: disable=g-import-not-at-top
   entry = evaluate.score_entry(metrics.bleu(['a b c d'], ['a b c d']))
   assert entry['line'] == 'BLEU = 100.00, 100.0/100.0/100.0/100.0'
   assert entry['precisions'] == [100.0] * 4 and entry['hyp_len'] == entry['ref_len'] == 4

@@ -8,8 +8,8 @@ import random
 import numpy as np
 import pytest
 
-from mtn_jax import habits
-from mtn_jax import strategies
+from mtn_jax.inference import habits
+from mtn_jax.inference import pipeline
 from mtn_jax.data import sessions
 
 
@@ -76,7 +76,7 @@ def test_past_queries_are_the_users_earlier_sessions_of_every_split(tmp_path):
 def test_rerank_puts_the_habit_query_first_where_the_rate_holds():
   scores = {'cheap hotels': 0.5, 'cheap flights': 0.2, 'paris hotel': 2.1,
             'cheap flights paris': 1.0, 'bank': -5.0, 'mail': -6.0, 'news': 0.0}
-  rankers = strategies.Rankers(ranker=None, retriever=None, retriever_workdir='', retrieved=0,
+  rankers = pipeline.Rankers(ranker=None, retriever=None, retriever_workdir='', retrieved=0,
                                proposed=0, habit_rate=0.5, habit_min_past=3)
   scored = []
 
@@ -160,7 +160,7 @@ def test_user_habits_script_suggests_the_habit_or_the_previous_query(tmp_path):
   references = ['cheap flights to rome italy', 'rome hotels', 'a b c d e',
                 'rome weather today in march', 'cheap flights']
   counts = user_habits.pair_counts(suggested, references)
-  from mtn_jax import metrics  # pylint: disable=g-import-not-at-top
+  from mtn_jax.evaluation import metrics  # pylint: disable=g-import-not-at-top
   for rows in ([0, 1, 2, 3, 4], [0, 1, 3], [2, 3, 4]):
     expected = metrics.bleu([suggested[i] for i in rows], [references[i] for i in rows]).bleu
     assert expected > 0

@@ -12,7 +12,7 @@ import pytest
 
 from mtn_jax import config_lib
 from mtn_jax import errors
-from mtn_jax import hypotheses
+from mtn_jax.data import hypotheses
 from mtn_jax.data import sessions
 from tests import cli
 
@@ -98,7 +98,7 @@ def test_ranker_learns_from_generators_that_never_saw_its_users(tmp_path):
   both = ','.join(str(g) for g in generators)
   out = ranker(tmp_path / 'ranker', both).stdout
   assert out.count('Decoding') == 3  # each generator its fold's training sessions; valid
-  from mtn_jax import metric_writer  # pylint: disable=g-import-not-at-top
+  from mtn_jax.training import metric_writer  # pylint: disable=g-import-not-at-top
   valid = metric_writer.read_metrics(str(tmp_path / 'ranker'), 'valid')
   assert valid and all(np.isfinite(r['loss']) for r in valid)
   # The cache: one header, then one list per query row of the sessions each one decoded.

@@ -12,11 +12,12 @@ import numpy as np
 import pytest
 
 from configs import imdna_movies
-from mtn_jax import evaluate
-from mtn_jax import imdna_task
-from mtn_jax import retrieval
-from mtn_jax import train
-from mtn_jax.data import movies
+from mtn_jax.evaluation import evaluate
+from mtn_jax.evaluation import imdna as imdna_evaluation
+from mtn_jax.tasks import imdna as imdna_task
+from mtn_jax.data import bm25
+from mtn_jax.training import train
+from mtn_jax.data.synthetic import movies
 from mtn_jax.models import imdna
 from tests import cli
 from tests.test_train import final_params
@@ -125,8 +126,8 @@ def test_multi_hot_ignores_padding():
 def test_hits_and_recall_at_k():
   ranked = np.array([[3, 1, 2], [0, 1, 2]])
   answers = np.array([[1, -1], [2, 5]])
-  assert imdna_task.hits_at(ranked, answers, (1, 2)) == {'hits_at_1': 0.0, 'hits_at_2': 50.0}
-  assert imdna_task.recall_at(ranked, answers, (3,)) == {'recall_at_3': 75.0}
+  assert imdna_evaluation.hits_at(ranked, answers, (1, 2)) == {'hits_at_1': 0.0, 'hits_at_2': 50.0}
+  assert imdna_evaluation.recall_at(ranked, answers, (3,)) == {'recall_at_3': 75.0}
 
 
 # ---------------------------------------------------------------------------------------------
@@ -182,26 +183,26 @@ def test_prepare_writes_once_and_splits_cover_every_question(tmp_path):
 def test_retrieval_cache_is_reused_and_invalidated(tmp_path):
   folder = str(tmp_path / 'index')
   documents = ['alpha beta', 'beta gamma delta', 'epsilon']
-  built = retrieval.open_index(folder, documents)
+  built = bm25.open_index(folder, documents)
   assert built.built
   ids, scores = built.top_k(['gamma', 'beta', 'zeta'], k=2)
   assert ids[0, 0] == 1 and ids[0, 1] == -1  # only one document holds 'gamma'
   assert set(ids[1]) == {0, 1} and (scores[1] > 0).all()
   assert (ids[2] == -1).all()  # no shared word, no document
-  reopened = retrieval.open_index(folder, documents)
+  reopened = bm25.open_index(folder, documents)
   assert not reopened.built
   np.testing.assert_array_equal(reopened.top_k(['gamma', 'beta', 'zeta'], k=2)[0], ids)
-  assert retrieval.open_index(folder, documents + ['gamma']).built  # another corpus
-  assert retrieval.open_index(folder, documents + ['gamma'], k1=2.0).built  # settings
-  index = retrieval.open_index(folder, documents)
+  assert bm25.open_index(folder, documents + ['gamma']).built  # another corpus
+  assert bm25.open_index(folder, documents + ['gamma'], k1=2.0).built  # settings
+  index = bm25.open_index(folder, documents)
   assert index.built  # the corpus changed back: the cache holds the last one only
-  first = retrieval.cached_top_k(index, 'q', ['beta'], 2)
+  first = bm25.cached_top_k(index, 'q', ['beta'], 2)
   path = os.path.join(folder, 'q.top_k.npz')
   stamp = os.stat(path).st_mtime_ns
-  np.testing.assert_array_equal(retrieval.cached_top_k(index, 'q', ['beta'], 2)[0], first[0])
+  np.testing.assert_array_equal(bm25.cached_top_k(index, 'q', ['beta'], 2)[0], first[0])
   assert os.stat(path).st_mtime_ns == stamp
   # Another exclusion is another key: the file is rewritten, without document 1.
-  excluded = retrieval.cached_top_k(index, 'q', ['beta'], 2,
+  excluded = bm25.cached_top_k(index, 'q', ['beta'], 2,
                                     exclude=lambda i, found: found == 1, exclusion='not 1')
   assert list(excluded[0][0]) == [0, -1]
 

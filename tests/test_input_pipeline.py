@@ -7,7 +7,7 @@ import cloudpickle
 import numpy as np
 import pytest
 
-from mtn_jax import input_pipeline
+from mtn_jax.data import input_pipeline
 from mtn_jax.data.sessions import SessionSplit
 
 QUERIES_PER_BATCH = 20  # buckets of 3, 4 and 5 queries get 6, 5 and 4 sessions (multiple_of 1)

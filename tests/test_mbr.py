@@ -4,7 +4,7 @@ import math
 
 import pytest
 
-from mtn_jax import mbr
+from mtn_jax.decoding import mbr
 
 
 def test_sentence_bleu_plus_one_exact_values():

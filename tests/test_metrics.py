@@ -8,7 +8,7 @@ import random
 import numpy as np
 import pytest
 
-from mtn_jax import metrics
+from mtn_jax.evaluation import metrics
 
 
 def _oracle_bleu(candidates, references):

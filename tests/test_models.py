@@ -13,8 +13,18 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from mtn_jax.data.vocab import BOS_ID, EOS_ID, PAD_ID, SEP_ID
-from mtn_jax.models import REGISTRY, ModelConfig, count_params, create_model, decoder_io
+from mtn_jax.data.vocab import BOS_ID
+
+from mtn_jax.data.vocab import EOS_ID
+
+from mtn_jax.data.vocab import PAD_ID
+
+from mtn_jax.data.vocab import SEP_ID
+from mtn_jax.models import REGISTRY
+from mtn_jax.models import ModelConfig
+from mtn_jax.models import count_params
+from mtn_jax.models import create_model
+from mtn_jax.models import decoder_io
 from mtn_jax.models import make_config
 from mtn_jax.models import layers
 from mtn_jax.models.base import session_sources

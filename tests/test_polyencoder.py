@@ -13,11 +13,13 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from mtn_jax import ranking
-from mtn_jax import ranking_tasks
+from mtn_jax import tasks
+from mtn_jax.inference import retrieval
+from mtn_jax.tasks import rankers
 from mtn_jax.data import candidates
 from mtn_jax.data import sessions as session_data
-from mtn_jax.data.vocab import SEP_ID, UNK_ID
+from mtn_jax.data.vocab import SEP_ID
+from mtn_jax.data.vocab import UNK_ID
 from mtn_jax.models import polyencoder
 from mtn_jax.models.base import session_sources
 
@@ -60,7 +62,7 @@ def init(task):
 
 
 def dual_task(name, context_encoder='flat', **changes):
-  task = ranking_tasks.DualEncoderTask(ranker_config(name, context_encoder=context_encoder,
+  task = rankers.DualEncoderTask(ranker_config(name, context_encoder=context_encoder,
                                                      **changes))
   return task, init(task)
 
@@ -121,8 +123,8 @@ def test_pool_scores_equal_explicit_candidate_scores_in_any_chunking(name, monke
   explicit = compiled(task.score_candidates, params, {'queries': queries},
                       jnp.broadcast_to(pool, (4, 2) + pool.shape))
   # Blocks of 2 candidates (11 of them, the last padded) for the Poly-encoder's scores.
-  monkeypatch.setattr(ranking_tasks, 'SCORE_BLOCK', 2 * 8 * 3)
-  monkeypatch.setattr(ranking_tasks, 'ENCODE_CHUNK', 4)
+  monkeypatch.setattr(rankers, 'SCORE_BLOCK', 2 * 8 * 3)
+  monkeypatch.setattr(rankers, 'ENCODE_CHUNK', 4)
   np.testing.assert_allclose(
       compiled(lambda p: task.score_pool(p, {'queries': queries},
                                          task.encode_candidates(p, pool)), params),
@@ -179,7 +181,7 @@ def test_pool_negatives_join_every_contexts_negatives_except_its_true_query(name
   queries = sessions()
   # The pool: the true next query of context 0 (masked for it), and other queries.
   pool = np.concatenate([queries[0, 1:2], sessions(seed=5).reshape(-1, N)[:7]])
-  task = ranking_tasks.DualEncoderTask(
+  task = rankers.DualEncoderTask(
       ranker_config(name, context_encoder='flat', pool_negatives=6), pool_queries=pool)
   params = init(task)
   sums = compiled(lambda p: task.loss_sums(p, {'queries': queries}, train=False), params)
@@ -194,7 +196,7 @@ def test_pool_negatives_join_every_contexts_negatives_except_its_true_query(name
   np.testing.assert_allclose(float(sums['loss']), total, rtol=1e-5)
   assert float(sums['correct']) == correct
   # Without pool negatives the loss is the in-batch one alone, and lower.
-  plain_task = ranking_tasks.DualEncoderTask(ranker_config(name, context_encoder='flat'))
+  plain_task = rankers.DualEncoderTask(ranker_config(name, context_encoder='flat'))
   plain = compiled(lambda p: plain_task.loss_sums(p, {'queries': queries}, train=False), params)
   assert float(plain['loss']) < float(sums['loss'])
   if name == 'polyencoder':
@@ -210,7 +212,7 @@ def test_cross_encoder_scores_the_joint_sequence_and_its_loss_masks_the_true_que
   cfg = ranker_config('crossencoder', cross_negatives=6)
   queries = sessions()
   pool = np.concatenate([queries[0, 1:2], sessions(seed=9).reshape(-1, N)[:5]])
-  task = ranking_tasks.CrossEncoderTask(cfg, pool_queries=pool)
+  task = rankers.CrossEncoderTask(cfg, pool_queries=pool)
   params = init(task)
   # The joint input of a context and a candidate: the session's words, <sep>, the candidate,
   # numbered as one compacted sequence.
@@ -261,20 +263,20 @@ def test_candidate_cache_round_trip_and_invalidation(tmp_path):
   trained = types.SimpleNamespace(task=task, params=params, cfg=task.cfg, step=5)
   lines = []
   log = lambda *args, **kwargs: lines.append(args[0])
-  first = ranking.candidate_cache(trained, pool, str(tmp_path), log=log)
+  first = retrieval.candidate_cache(trained, pool, str(tmp_path), log=log)
   assert len(lines) == 1  # computed and written
-  again = ranking.candidate_cache(trained, pool, str(tmp_path), log=log)
+  again = retrieval.candidate_cache(trained, pool, str(tmp_path), log=log)
   assert len(lines) == 1  # read back, not recomputed
   np.testing.assert_array_equal(again, first)
   assert again.dtype == np.float32 and again.shape == (3, 8)
   # Another checkpoint, another pool: recomputed each time.
   later = types.SimpleNamespace(task=task, params=jax.tree.map(lambda x: x + 1, params),
                                 cfg=task.cfg, step=6)
-  changed = ranking.candidate_cache(later, pool, str(tmp_path), log=log)
+  changed = retrieval.candidate_cache(later, pool, str(tmp_path), log=log)
   assert len(lines) == 2 and not np.allclose(changed, first)
   other_pool = candidates.CandidatePool(queries=sessions(seed=1)[0].copy(),
                                         counts=np.array([3, 2, 1]), texts=texts)
-  ranking.candidate_cache(later, other_pool, str(tmp_path), log=log)
+  retrieval.candidate_cache(later, other_pool, str(tmp_path), log=log)
   assert len(lines) == 3
   # Nothing of it is a pickle: the vectors load with pickling refused.
   with np.load(tmp_path / 'candidate_cache' / 'vectors.npz', allow_pickle=False) as stored:
@@ -282,9 +284,10 @@ def test_candidate_cache_round_trip_and_invalidation(tmp_path):
 
 
 def test_cross_encoder_has_no_cache_and_cannot_rank_the_whole_pool():
-  task = ranking_tasks.CrossEncoderTask(ranker_config('crossencoder'),
+  task = rankers.CrossEncoderTask(ranker_config('crossencoder'),
                                         pool_queries=sessions()[0])
-  assert task.encode_candidates(None, None) is None and task.score_pool is None
+  assert task.encode_candidates(None, None) is None
+  assert not isinstance(task, tasks.ScoresPool) and isinstance(task, tasks.ScoresCandidates)
 
 
 @pytest.mark.parametrize('candidate, reference, gain', [
@@ -298,11 +301,11 @@ def test_cross_encoder_has_no_cache_and_cannot_rank_the_whole_pool():
     ([0, 0, 0, 0], [0, 0, 0, 0], 0.0),
 ])
 def test_overlap_gain_exact_values(candidate, reference, gain):
-  value = ranking_tasks.overlap_gain(jnp.asarray(candidate), jnp.asarray(reference))
+  value = rankers.overlap_gain(jnp.asarray(candidate), jnp.asarray(reference))
   np.testing.assert_allclose(float(value), gain, rtol=1e-6)
   # Symmetric: the F1 of pooled unigrams and bigrams.
   np.testing.assert_allclose(
-      float(ranking_tasks.overlap_gain(jnp.asarray(reference), jnp.asarray(candidate))), gain,
+      float(rankers.overlap_gain(jnp.asarray(reference), jnp.asarray(candidate))), gain,
       rtol=1e-6)
 
 
@@ -346,7 +349,7 @@ def test_graded_session_candidates_loss_equals_a_hand_computation(name, extra, g
   hypotheses[3, 2, 1] = queries[3, 0]
   hypotheses[0, 1, 2] = hypotheses[0, 1, 1]
   hypotheses[2, 0, 1] = 0
-  task = ranking_tasks.DualEncoderTask(
+  task = rankers.DualEncoderTask(
       ranker_config(name, session_candidates=True, lexical_negatives=3 if lexical else 0),
       pool_queries=pool, hypotheses_from='folds' if generated else '')
   params = init(task)
@@ -438,7 +441,7 @@ def test_cross_encoder_graded_loss_scores_the_session_so_far(generated):
   hypotheses[3, 2, 1] = queries[3, 0]
   hypotheses[0, 1, 2] = hypotheses[0, 1, 1]
   hypotheses[2, 0, 1] = 0
-  task = ranking_tasks.CrossEncoderTask(cfg, pool_queries=pool,
+  task = rankers.CrossEncoderTask(cfg, pool_queries=pool,
                                         hypotheses_from='folds' if generated else '')
   batch = {'queries': queries, **({'hypotheses': hypotheses} if generated else {})}
   params = init(task)
@@ -492,8 +495,8 @@ def test_lexical_neighbours_share_words_and_leave_out_the_session(tmp_path):
   (tmp_path / 'split.txt').write_text('paris hotels\ncheap flights paris\nsnow\n')
   split = session_data.SessionSplit('valid', np.zeros((3, N), np.int32), np.array([0, 3]),
                                 text_path=str(tmp_path / 'split.txt'))
-  index = ranking_tasks.lexical_index(str(tmp_path))
-  found = ranking_tasks.lexical_neighbours(*index, split, 3)
+  index = rankers.lexical_index(str(tmp_path))
+  found = rankers.lexical_neighbours(*index, split, 3)
   assert found.shape == (3, 3) and found.dtype == np.int32
   # After 'paris hotels': 'cheap hotels rome' shares a word; the session's own queries (1, 0)
   # are left out even though they share more; nothing else shares a word.
@@ -503,6 +506,6 @@ def test_lexical_neighbours_share_words_and_leave_out_the_session(tmp_path):
   np.testing.assert_array_equal(found[2], [2, -1, -1])
   # The cached result is read back for the same contexts.
   np.testing.assert_array_equal(
-      ranking_tasks.lexical_neighbours(*ranking_tasks.lexical_index(str(tmp_path)), split, 3),
+      rankers.lexical_neighbours(*rankers.lexical_index(str(tmp_path)), split, 3),
       found)
   assert (tmp_path / 'pool_bm25' / 'valid.top_k.npz').exists()

@@ -43,7 +43,7 @@ def poly_run(tmp_path_factory):
 def test_poly_encoder_resumes_bit_for_bit(poly_run):
   workdir, straight, resumed = poly_run
   assert 'Resuming from' in resumed.stdout
-  from mtn_jax import metric_writer  # pylint: disable=g-import-not-at-top
+  from mtn_jax.training import metric_writer  # pylint: disable=g-import-not-at-top
   a = metric_writer.read_metrics(str(workdir), 'train')
   b = metric_writer.read_metrics(str(straight), 'train')
   assert [r['step'] for r in a] == [r['step'] for r in b] == list(range(1, TOTAL_STEPS + 1))
@@ -209,21 +209,25 @@ def test_imdna_proposes_what_its_own_evaluation_ranks(imdna_run, rerank_run):
   """The proposer reads a context (its documents: BM25 over the training sessions, the
   user's own left out) exactly as IMDNA's training and evaluation do."""
   from configs import imdna_aol  # pylint: disable=g-import-not-at-top
-  from mtn_jax import imdna_task, inference  # pylint: disable=g-import-not-at-top
-  from mtn_jax.data import sessions  # pylint: disable=g-import-not-at-top
+  # pylint: disable=g-import-not-at-top
+  from mtn_jax import inference
+  from mtn_jax.data import imdna_library
+  from mtn_jax.data import sessions
+  from mtn_jax.inference import imdna_proposer
+  from mtn_jax.tasks import imdna
   config = imdna_aol.get_config()
   trained = inference.load_trained(config, str(imdna_run))
-  proposer = imdna_task.NextQueryProposer(trained, str(imdna_run))
+  proposer = imdna_proposer.NextQueryProposer(trained, str(imdna_run))
   library = proposer.library
   questions = library.splits['valid']
   contexts = library.extra['valid']['contexts']
   split = sessions.load_split(str(rerank_run[0] / 'data'), 'valid')  # the generator's
-  from mtn_jax import evaluate  # pylint: disable=g-import-not-at-top
+  from mtn_jax.evaluation import evaluate  # pylint: disable=g-import-not-at-top
   session_of, position_of = evaluate.pair_session_positions(split)
   assert contexts == [split.session_texts(i)[:t + 1] for i, t in zip(session_of, position_of)]
-  probabilities = imdna_task.model_answer_scores(trained, library, questions, 16)
-  expected = [imdna_task._query_scores(  # pylint: disable=protected-access
-      imdna_task.following_queries(library, questions, i, c), probabilities[i],
+  probabilities = imdna.model_answer_scores(trained, library, questions, 16)
+  expected = [imdna_proposer.by_word_probability(
+      imdna_library.following_queries(library, questions, i, c), probabilities[i],
       library.vocab)[:3] for i, c in enumerate(contexts)]
   proposed = proposer.propose(contexts, 3, users=np.asarray(split.users)[session_of])
   assert proposed == expected
@@ -311,7 +315,7 @@ def test_rerank_oracle_script_prints_each_choice(rerank_run):
   import subprocess  # pylint: disable=g-import-not-at-top
   generator, poly, _ = rerank_run
   result = subprocess.run(
-      [sys.executable, 'launch/rerank_oracle.py', '--config=configs/demo.py',
+      [sys.executable, 'experiments/rerank_oracle.py', '--config=configs/demo.py',
        f'--workdir={generator}', *cli.TINY, *FEW, '--config.decode.eval_split=valid',
        '--config.suggest.strategy=rerank', f'--config.suggest.ranker_workdir={poly}'],
       cwd=cli.REPO, env=cli.env(), capture_output=True, text=True, timeout=300)
@@ -332,7 +336,7 @@ def test_graded_poly_encoder_with_lexical_negatives_trains_and_evaluates(tmp_pat
   run = lambda *args, mode='train': cli.run(tmp_path, *FEW, *graded, *args, mode=mode,
                                             config=RANKER_CONFIG)
   run('--config.train.max_steps=3')
-  from mtn_jax import metric_writer  # pylint: disable=g-import-not-at-top
+  from mtn_jax.training import metric_writer  # pylint: disable=g-import-not-at-top
   valid = metric_writer.read_metrics(str(tmp_path), 'valid')
   assert valid and all(np.isfinite(r['loss']) for r in valid)
   assert {p.name for p in (tmp_path / 'data' / 'pool_bm25').glob('*.top_k.npz')} == {

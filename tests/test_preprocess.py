@@ -14,12 +14,14 @@ import pytest
 
 from configs import default
 from mtn_jax import errors
-from mtn_jax import metrics
+from mtn_jax.evaluation import metrics
 from mtn_jax.data import aol_log
 from mtn_jax.data import candidates
 from mtn_jax.data import preprocess
 from mtn_jax.data import sessions as sessions_lib
-from mtn_jax.data.vocab import SPECIAL_TOKENS, UNK_ID, Vocab
+from mtn_jax.data.vocab import SPECIAL_TOKENS
+from mtn_jax.data.vocab import UNK_ID
+from mtn_jax.data.vocab import Vocab
 
 HEADER = 'AnonID\tQuery\tQueryTime\tItemRank\tClickURL'
 
@@ -511,10 +513,11 @@ def test_demo_source_writes_the_log_once(tmp_path, monkeypatch):
     write(path, [line(u, f'demo {u} {i}', f'10:0{i}:00') for u in range(num_users)
                  for i in range(3)])
 
-  fake = types.ModuleType('mtn_jax.data.demo_log')
+  fake = types.ModuleType('mtn_jax.data.synthetic.demo_log')
   fake.write_demo_log = write_demo_log
-  monkeypatch.setitem(sys.modules, 'mtn_jax.data.demo_log', fake)
-  monkeypatch.setattr(sys.modules['mtn_jax.data'], 'demo_log', fake, raising=False)
+  import mtn_jax.data.synthetic  # pylint: disable=g-import-not-at-top,unused-import
+  monkeypatch.setitem(sys.modules, 'mtn_jax.data.synthetic.demo_log', fake)
+  monkeypatch.setattr(sys.modules['mtn_jax.data.synthetic'], 'demo_log', fake, raising=False)
   workdir = str(tmp_path / 'w')
   c = config('', source='demo', demo_users=8, demo_seed=1, min_word_count=1,
              split_fractions=(0.5, 0.25, 0.25))

@@ -12,7 +12,8 @@ import pytest
 
 from mtn_jax.data.vocab import SEP_ID
 from mtn_jax.models import recurrent
-from mtn_jax.models.base import decoder_io, session_sources
+from mtn_jax.models.base import decoder_io
+from mtn_jax.models.base import session_sources
 
 
 VOCAB_SIZE = 23

@@ -7,11 +7,15 @@ import numpy as np
 import pytest
 
 from configs import default
-from mtn_jax import search
+from mtn_jax.decoding import search
 from mtn_jax.data import extended
 from mtn_jax.data import preprocess
 from mtn_jax.data import sessions as sessions_lib
-from mtn_jax.data.vocab import EOS_ID, SPECIAL_TOKENS, UNK_ID, SentencePieceVocab, Vocab
+from mtn_jax.data.vocab import EOS_ID
+from mtn_jax.data.vocab import SPECIAL_TOKENS
+from mtn_jax.data.vocab import UNK_ID
+from mtn_jax.data.vocab import SentencePieceVocab
+from mtn_jax.data.vocab import Vocab
 from mtn_jax.data.vocab import train_sentencepiece
 from tests import cli
 

@@ -5,12 +5,12 @@ from __future__ import annotations
 
 import numpy as np
 
-from mtn_jax import mbr
-from mtn_jax import strategies
+from mtn_jax.decoding import mbr
+from mtn_jax.inference import pipeline
 
 
-def rankers_with_scores(scores: dict[str, float], use_mbr: bool) -> strategies.Rankers:
-  rankers = strategies.Rankers(ranker=None, retriever=None, retriever_workdir='', retrieved=0,
+def rankers_with_scores(scores: dict[str, float], use_mbr: bool) -> pipeline.Rankers:
+  rankers = pipeline.Rankers(ranker=None, retriever=None, retriever_workdir='', retrieved=0,
                                proposed=0, proposer=None, mbr=use_mbr)
   rankers.score_lists = lambda sessions, lists, batch_rows: [
       [np.asarray([scores[q] for q in texts], np.float32) for texts in session_lists]

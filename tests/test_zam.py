@@ -14,12 +14,11 @@ import numpy as np
 import optax
 import pytest
 
-from mtn_jax import evaluate
-from mtn_jax import ranking
+from mtn_jax.evaluation import pool_ranking
 from mtn_jax.data import candidates
 from mtn_jax.models import user_memory
 from mtn_jax.models import zam
-from mtn_jax import personalisation
+from mtn_jax.tasks import zero_attention
 from tests import cli
 
 
@@ -72,8 +71,8 @@ def test_zero_attention_closes_when_the_history_is_unrelated_and_aem_cannot():
   _, aem_weights, _ = user_memory.UserMemory(1, False).apply({'params': params}, q, items, mask)
   np.testing.assert_allclose(aem_weights.sum(), 1.0, rtol=1e-6)
   # Without any history both give u = 0, and the weights are all zero (no NaN).
-  for zero_attention in (False, True):
-    u, weights, _ = user_memory.UserMemory(1, zero_attention).apply(
+  for with_zero_vector in (False, True):
+    u, weights, _ = user_memory.UserMemory(1, with_zero_vector).apply(
         {'params': params}, q, items, np.zeros((1, 3), bool))
     assert not np.asarray(u).any() and not np.asarray(weights).any()
 
@@ -96,7 +95,7 @@ def test_an_informative_history_is_learned_and_beats_no_user(user_model, tmp_pat
     model, _, _ = family_model(model_name)
     cfg = dataclasses.replace(model.config, num_items=8, max_session_queries=2)
     model = zam.ZeroAttentionModel(cfg)
-    task = personalisation.ZeroAttentionTask(cfg, data_dir=str(tmp_path),
+    task = zero_attention.ZeroAttentionTask(cfg, data_dir=str(tmp_path),
                                              word_noise=np.zeros(20, np.float32),
                                              train_users=users)
     params = model.init(jax.random.PRNGKey(0), batch)['params']
@@ -161,7 +160,7 @@ def test_each_family_members_training_objective_reads_the_history(user_model, tm
   """The sampled objective with a real history (M = 4 earlier queries of n words, not the
   batch's size): finite, and for HEM the user's vector learns from its history's words."""
   model, params, batch = family_model(user_model)
-  task = personalisation.ZeroAttentionTask(model.config, data_dir=str(tmp_path),
+  task = zero_attention.ZeroAttentionTask(model.config, data_dir=str(tmp_path),
                                            word_noise=np.zeros(20, np.float32),
                                            train_users=np.arange(3))
   history = jnp.array([[[5, 6, 0], [7, 0, 0], [0, 0, 0], [12, 13, 14]],
@@ -193,7 +192,7 @@ def test_validation_loss_is_the_exact_pool_cross_entropy(tmp_path):
   model, params, batch = family_model('aem')
   pool = candidates.CandidatePool(queries=np.zeros((7, 3), np.int32),
                                   counts=np.ones(7, np.int64), texts=[str(i) for i in range(7)])
-  task = personalisation.ZeroAttentionTask(model.config, data_dir=str(tmp_path),
+  task = zero_attention.ZeroAttentionTask(model.config, data_dir=str(tmp_path),
                                            word_noise=np.zeros(20, np.float32),
                                            train_users=np.arange(3))
   task.__dict__['pool'] = pool
@@ -219,7 +218,7 @@ def test_validation_loss_is_the_exact_pool_cross_entropy(tmp_path):
 def test_word_noise_is_the_unigram_to_the_three_quarters():
   pool = candidates.CandidatePool(queries=np.array([[5, 6], [5, 0]], np.int32),
                                   counts=np.array([3, 1], np.int64), texts=['a b', 'a'])
-  logits = personalisation.word_noise_logits(pool, 8)
+  logits = zero_attention.word_noise_logits(pool, 8)
   # word 5: 3 + 1 = 4 times, word 6: 3 times; padding and unseen words never drawn.
   np.testing.assert_allclose(logits[[5, 6]], 0.75 * np.log([4.0, 3.0]), rtol=1e-6)
   assert np.isneginf(logits[[0, 1, 7]]).all()
@@ -227,7 +226,7 @@ def test_word_noise_is_the_unigram_to_the_three_quarters():
 
 def test_drawn_noise_words_follow_the_noise_distribution_and_never_its_zeros():
   logits = np.log(np.array([0.0, 0.0, 1.0, 4.0, 0.0, 3.0, 0.0], np.float32))
-  drawn = np.asarray(personalisation.draw_words(jax.random.PRNGKey(0), logits, (200_000,)))
+  drawn = np.asarray(zero_attention.draw_words(jax.random.PRNGKey(0), logits, (200_000,)))
   frequencies = np.bincount(drawn, minlength=len(logits)) / len(drawn)
   # Words 2, 3, 5 with probabilities 1/8, 4/8, 3/8; padding and unseen words never.
   np.testing.assert_allclose(frequencies, [0, 0, 1 / 8, 4 / 8, 0, 3 / 8, 0], atol=4e-3)
@@ -235,21 +234,21 @@ def test_drawn_noise_words_follow_the_noise_distribution_and_never_its_zeros():
 
 
 def test_user_index_maps_training_users_and_unseen_ones_to_zero():
-  assert personalisation.user_index(np.array([30, 10, 20, 10]),
+  assert zero_attention.user_index(np.array([30, 10, 20, 10]),
                                     np.array([20, 99, 10, 5])).tolist() == [2, 0, 1, 0]
 
 
 def test_sampled_negatives_never_hold_the_next_query_and_are_seeded():
   pool_ids = np.array([0, 5, 9, -1])
-  drawn = ranking.sampled_negatives(pool_ids, 10, 99, seed=3)
+  drawn = pool_ranking.sampled_negatives(pool_ids, 10, 99, seed=3)
   assert drawn.shape == (4, 99) and drawn.min() >= 0 and drawn.max() < 10
   for row, target in zip(drawn, pool_ids):
     assert target not in row.tolist() or target < 0
-  np.testing.assert_array_equal(drawn, ranking.sampled_negatives(pool_ids, 10, 99, seed=3))
+  np.testing.assert_array_equal(drawn, pool_ranking.sampled_negatives(pool_ids, 10, 99, seed=3))
 
 
 def test_pool_figures_count_a_next_query_outside_the_pool_as_a_miss():
-  ranked = ranking.SplitRanking(suggestions=[[]] * 3, top_scores=np.zeros((3, 1)),
+  ranked = pool_ranking.SplitRanking(suggestions=[[]] * 3, top_scores=np.zeros((3, 1)),
                                 pool_ranks=np.array([1, 20, 101]),
                                 sampled_ranks=np.array([[1, 1], [3, 12], [0, 0]]),
                                 zero_weight=np.full(3, np.nan))
@@ -288,7 +287,7 @@ def zam_run(tmp_path_factory):
 def test_zam_resumes_bit_for_bit(zam_run):
   workdir, straight, resumed, _ = zam_run
   assert 'Resuming from' in resumed.stdout
-  from mtn_jax import metric_writer  # pylint: disable=g-import-not-at-top
+  from mtn_jax.training import metric_writer  # pylint: disable=g-import-not-at-top
   a = metric_writer.read_metrics(str(workdir), 'train')
   b = metric_writer.read_metrics(str(straight), 'train')
   assert [r['loss'] for r in a] == [r['loss'] for r in b]

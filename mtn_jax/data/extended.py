@@ -20,7 +20,8 @@ from collections.abc import Sequence
 import numpy as np
 
 from mtn_jax.data.sessions import SessionSplit
-from mtn_jax.data.vocab import UNK_ID, Vocab
+from mtn_jax.data.vocab import UNK_ID
+from mtn_jax.data.vocab import Vocab
 
 
 def oov_words(session_words: Sequence[Sequence[str]], vocab: Vocab) -> list[str]:

@@ -59,9 +59,11 @@ from mtn_jax import errors
 from mtn_jax.data import aol_log
 from mtn_jax.data import candidates
 from mtn_jax.data import sessions as sessions_lib
-from mtn_jax.data.vocab import SentencePieceVocab, Vocab, train_sentencepiece
+from mtn_jax.data.vocab import SentencePieceVocab
 
 # Part of the fingerprint: bump it when the files written here change meaning.
+from mtn_jax.data.vocab import Vocab
+from mtn_jax.data.vocab import train_sentencepiece
 # 2: queries lower-cased, Latin-1 lines kept, sessions' users and times; 3: Latin-1 read per
 # field, the dotted capital I lower-cased to 'i'; 4: each split's {split}.history.npy; 5: the
 # candidate pool (`mtn_jax.data.candidates`) and each split's {split}.history_items.npy.
@@ -97,7 +99,7 @@ def prepare(config: ml_collections.ConfigDict, workdir: str, verbose: bool = Fal
   """
   cfg = config.data
   if cfg.source == 'movies':  # a generated knowledge base, not a log
-    from mtn_jax.data import movies  # pylint: disable=g-import-not-at-top
+    from mtn_jax.data.synthetic import movies  # pylint: disable=g-import-not-at-top
     return movies.prepare(config, workdir, verbose)
   target = data_dir(workdir)
   paths = _input_paths(cfg, target)
@@ -217,7 +219,7 @@ def _input_paths(cfg: ml_collections.ConfigDict, target: str) -> list[str]:
 
 def _demo_log(target: str, num_users: int, seed: int) -> str:
   """Path of the demo log in `target`, written unless it exists for these users and seed."""
-  from mtn_jax.data import demo_log  # pylint: disable=g-import-not-at-top
+  from mtn_jax.data.synthetic import demo_log  # pylint: disable=g-import-not-at-top
 
   path = os.path.join(target, DEMO_LOG)
   info_path = os.path.join(target, _DEMO_LOG_INFO)

@@ -29,7 +29,10 @@ from mtn_jax.models import polyencoder
 from mtn_jax.models import recurrent
 from mtn_jax.models import transformer
 from mtn_jax.models import zam
-from mtn_jax.models.base import ModelConfig, count_params, decoder_io, size_mb
+from mtn_jax.models.base import ModelConfig
+from mtn_jax.models.base import count_params
+from mtn_jax.models.base import decoder_io
+from mtn_jax.models.base import size_mb
 from mtn_jax.models.encoder_decoder import EncoderDecoder
 from mtn_jax.models.layers import TransformerConfig
 
@@ -48,8 +51,6 @@ class ModelSpec:
     display_name: as logs, results and the report show it ("MTN").
     layer_label: (display name, saved model fields) -> the paper's Fig.-3 label, or None
       where the model has no layers to count.
-    task: the task class that trains and serves it, as 'module.Class' (`mtn_jax.tasks`;
-      named rather than imported because tasks import this registry).
   """
 
   name: str
@@ -57,7 +58,6 @@ class ModelSpec:
   config_class: type[ModelConfig]
   display_name: str
   layer_label: Callable[[str, dict], str] | None = None
-  task: str = 'mtn_jax.tasks.GenerationTask'
 
   def example_batch(self, cfg: ModelConfig) -> dict:
     """The smallest batch the model takes, for making (or shaping) its parameters: one
@@ -85,17 +85,14 @@ REGISTRY: dict[str, ModelSpec] = {s.name: s for s in (
     ModelSpec('hred', recurrent.HRED, recurrent.RecurrentConfig, 'H-LSTM'),
     ModelSpec('mnsrf', recurrent.MNSRF, recurrent.RecurrentConfig, 'M-NSRF'),
     ModelSpec('zam', zam.ZeroAttentionModel, zam.ZAMConfig, 'Zero attention family',
-              zam.layer_label, task='mtn_jax.personalisation.ZeroAttentionTask'),
+              zam.layer_label),
     ModelSpec('biencoder', polyencoder.DualEncoder, polyencoder.RankerConfig, 'Bi-encoder',
-              polyencoder.layer_label, task='mtn_jax.ranking_tasks.DualEncoderTask'),
+              polyencoder.layer_label),
     ModelSpec('polyencoder', functools.partial(polyencoder.DualEncoder, poly=True),
-              polyencoder.RankerConfig, 'Poly-encoder', polyencoder.layer_label,
-              task='mtn_jax.ranking_tasks.DualEncoderTask'),
+              polyencoder.RankerConfig, 'Poly-encoder', polyencoder.layer_label),
     ModelSpec('crossencoder', polyencoder.CrossEncoder, polyencoder.RankerConfig,
-              'Cross-encoder', polyencoder.layer_label,
-              task='mtn_jax.ranking_tasks.CrossEncoderTask'),
-    ModelSpec('imdna', imdna.create, imdna.IMDNAConfig, 'IMDNA',
-              task='mtn_jax.imdna_task.IMDNATask'),
+              'Cross-encoder', polyencoder.layer_label),
+    ModelSpec('imdna', imdna.create, imdna.IMDNAConfig, 'IMDNA'),
 )}
 
 

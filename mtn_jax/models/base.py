@@ -37,7 +37,13 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from mtn_jax.data.vocab import BOS_ID, EOS_ID, PAD_ID, SEP_ID
+from mtn_jax.data.vocab import BOS_ID
+
+from mtn_jax.data.vocab import EOS_ID
+
+from mtn_jax.data.vocab import PAD_ID
+
+from mtn_jax.data.vocab import SEP_ID
 
 Batch = Mapping[str, jax.Array]
 

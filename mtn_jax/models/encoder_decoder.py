@@ -44,7 +44,9 @@ from mtn_jax.data.vocab import UNK_ID
 from mtn_jax.models import copying
 from mtn_jax.models import layers
 from mtn_jax.models import user_memory
-from mtn_jax.models.base import Batch, SessionModel, word_embeddings
+from mtn_jax.models.base import Batch
+from mtn_jax.models.base import SessionModel
+from mtn_jax.models.base import word_embeddings
 
 
 class EncoderDecoder(SessionModel):

@@ -39,7 +39,9 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
-from mtn_jax.data.vocab import PAD_ID, SEP_ID
+from mtn_jax.data.vocab import PAD_ID
+
+from mtn_jax.data.vocab import SEP_ID
 from mtn_jax.models import layers
 from mtn_jax.models import mtn
 from mtn_jax.models import transformer

@@ -67,11 +67,12 @@ import jax.numpy as jnp
 import ml_collections
 import numpy as np
 
-from mtn_jax import hypotheses
-from mtn_jax import retrieval
-from mtn_jax import tasks
+from mtn_jax.data import hypotheses
+from mtn_jax.data import bm25
+from mtn_jax.tasks import base
 from mtn_jax.data import candidates as candidate_pool
-from mtn_jax.data.vocab import PAD_ID, UNK_ID
+from mtn_jax.data.vocab import PAD_ID
+from mtn_jax.data.vocab import UNK_ID
 from mtn_jax.models import polyencoder
 from mtn_jax.models.base import ModelConfig
 
@@ -228,14 +229,14 @@ def keep_generated(generated: jax.Array, next_queries: jax.Array,
   return keep
 
 
-def lexical_index(data_dir: str) -> tuple[candidate_pool.CandidatePool, retrieval.Bm25Index]:
+def lexical_index(data_dir: str) -> tuple[candidate_pool.CandidatePool, bm25.Bm25Index]:
   """The corpus folder's candidate pool and the BM25 index of its texts (`mtn_jax.retrieval`,
   kept in `<data_dir>/pool_bm25`, rebuilt when the pool changes)."""
   pool = candidate_pool.load_pool(data_dir)
-  return pool, retrieval.open_index(os.path.join(data_dir, 'pool_bm25'), pool.texts)
+  return pool, bm25.open_index(os.path.join(data_dir, 'pool_bm25'), pool.texts)
 
 
-def lexical_neighbours(pool: candidate_pool.CandidatePool, index: retrieval.Bm25Index, split,
+def lexical_neighbours(pool: candidate_pool.CandidatePool, index: bm25.Bm25Index, split,
                        k: int) -> np.ndarray:
   """The pool entries closest in words to each context of `split` (`lexical_negatives`).
 
@@ -257,7 +258,7 @@ def lexical_neighbours(pool: candidate_pool.CandidatePool, index: retrieval.Bm25
     texts = split.session_texts(i)
     contexts += [' '.join(texts[:t + 1]) for t in range(len(texts))]
     session_rows += [slice(split.starts[i], split.starts[i + 1])] * len(texts)
-  ids, _ = retrieval.cached_top_k(
+  ids, _ = bm25.cached_top_k(
       index, split.name, contexts, k,
       exclude=lambda i, found: np.isin(found, in_pool[session_rows[i]]),
       exclusion='the session\'s own queries')
@@ -265,7 +266,7 @@ def lexical_neighbours(pool: candidate_pool.CandidatePool, index: retrieval.Bm25
 
 
 @dataclasses.dataclass(frozen=True, eq=False)
-class DualEncoderTask(tasks.RankingTask):
+class DualEncoderTask(base.RankingTask):
   """The Bi-encoder (`poly_codes` unused) or the Poly-encoder: see the module docstring.
 
   Attributes:
@@ -449,7 +450,7 @@ class DualEncoderTask(tasks.RankingTask):
 
 
 @dataclasses.dataclass(frozen=True, eq=False)
-class CrossEncoderTask(tasks.RankingTask):
+class CrossEncoderTask(base.RankingTask):
   """The Cross-encoder: see the module docstring.
 
   Attributes:
@@ -462,8 +463,7 @@ class CrossEncoderTask(tasks.RankingTask):
   hypotheses_from: str = ''
 
   # Nothing of a candidate can be computed without its context: no cache, no pool scoring
-  # (it reranks the candidates of another ranker, or given ones).
-  score_pool = None
+  # (no `score_pool`: it reranks the candidates of another ranker, or given ones).
 
   @classmethod
   def from_config(cls, cfg: ModelConfig, train: ml_collections.ConfigDict,

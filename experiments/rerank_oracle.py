@@ -1,7 +1,7 @@
 """How good a first suggestion 'rerank' could pick: top-1 BLEU of the ranker's choice beside
 choices made knowing the logged next query, among the pooled candidates.
 
-  python launch/rerank_oracle.py --config=configs/aol.py:small --workdir=GENERATOR \
+  python experiments/rerank_oracle.py --config=configs/aol.py:small --workdir=GENERATOR \
       --config.data.raw_files=LOG --config.data.split_by=user \
       --config.suggest.strategy=rerank --config.suggest.ranker_workdir=RANKER \
       [--config.suggest.retrieved=0] [--config.decode.eval_split=valid]
@@ -37,8 +37,14 @@ def main(argv):
   del argv
   parallel.set_cpu_devices(0)  # the checkpoints' device layout: one device per core
   import numpy as np
-  from mtn_jax import evaluate, inference, mbr, metrics, search
-  from mtn_jax.data import preprocess, sessions
+  from mtn_jax.evaluation import evaluate
+  from mtn_jax import inference
+  from mtn_jax.inference import generate
+  from mtn_jax.decoding import mbr
+  from mtn_jax.evaluation import metrics
+  from mtn_jax.decoding import search
+  from mtn_jax.data import preprocess
+  from mtn_jax.data import sessions
 
   config = FLAGS.config
   trained = inference.load_trained(config, FLAGS.workdir)
@@ -48,7 +54,7 @@ def main(argv):
   settings = dataclasses.replace(search.SearchSettings.from_config(dc),
                                  exclude_session_queries=False, top_k=dc.beam_size)
   quiet = lambda *args, **kwargs: None
-  generated, _ = evaluate.decode_split(trained, split, settings, log=quiet,
+  generated, _ = generate.decode_split(trained, split, settings, log=quiet,
                                        queries_per_batch=dc.batch_sessions * 5)
   lists, _, _, extra = evaluate.strategy_suggestions(config, FLAGS.workdir, trained, split,
                                                      generated, np.zeros(0, np.int64), log=quiet)

@@ -54,14 +54,15 @@ import numpy as np
 
 from mtn_jax import errors
 from mtn_jax import inference
-from mtn_jax import personalisation
-from mtn_jax import ranking
-from mtn_jax import search
-from mtn_jax import strategies
+from mtn_jax.tasks import zero_attention
+from mtn_jax.inference import retrieval
+from mtn_jax.decoding import search
+from mtn_jax.inference import pipeline
 from mtn_jax import tasks
 from mtn_jax.data import aol_log
 from mtn_jax.data import extended
-from mtn_jax.data.vocab import UNK_ID, Vocab
+from mtn_jax.data.vocab import UNK_ID
+from mtn_jax.data.vocab import Vocab
 
 CHUNK_BATCHES = 8
 PROGRESS_SECONDS = 10.0  # at most one progress line per this many seconds
@@ -283,28 +284,30 @@ def encode_contexts(vocab: Vocab, contexts: Sequence[Context], rows: int, width:
   return {'queries': queries, 'oov': oov, 'history': history}, lengths
 
 
-def ranker_inputs(retriever: ranking.Retriever, contexts: Sequence[Context], rows: int,
+def ranker_inputs(retriever: retrieval.Retriever, contexts: Sequence[Context], rows: int,
                   history_queries: int) -> dict[str, np.ndarray]:
   """A ranker's per-session inputs beside `encode_contexts`': 'history_items' int32
   [rows, history_queries] (pool entries of the user's earlier queries, -1: none) and 'user'
   int32 [rows] (the training user a raw log's AnonID is, 0 for any other)."""
   items = np.full((rows, history_queries), -1, np.int32)
   users = np.zeros(rows, np.int32)
-  train_users = getattr(retriever.trained.task, 'train_users', None)
+  task = retriever.trained.task
+  train_users = (task.train_users if isinstance(task, zero_attention.ZeroAttentionTask)
+                 else None)
   for row, context in enumerate(contexts):
     earlier = context.history[-history_queries:] if history_queries else ()
     if earlier:
       items[row, history_queries - len(earlier):] = retriever.history_items(earlier)
     if train_users is not None and 'user' in context.info:
-      users[row] = personalisation.user_index(train_users, np.array([context.info['user']]))[0]
+      users[row] = zero_attention.user_index(train_users, np.array([context.info['user']]))[0]
   return {'history_items': items, 'user': users}
 
 
 def decode_contexts(trained: inference.Trained, contexts: Sequence[Context], *,
                     positions: str, batch_rows: int, settings: search.SearchSettings,
                     history_queries: int = 0, width: int | None = None,
-                    retriever: ranking.Retriever | None = None,
-                    rankers: strategies.Rankers | None = None) -> list[list[list[dict]]]:
+                    retriever: retrieval.Retriever | None = None,
+                    rankers: pipeline.Rankers | None = None) -> list[list[list[dict]]]:
   """Suggestions for each context (in order) after each of its output positions.
 
   Contexts are sorted by length and decoded `batch_rows` at a time, each batch padded to its
@@ -354,7 +357,7 @@ def decode_contexts(trained: inference.Trained, contexts: Sequence[Context], *,
 
 def _reranked(trained: inference.Trained, contexts: Sequence[Context], *, positions: str,
               batch_rows: int, settings: search.SearchSettings, history_queries: int,
-              width: int | None, rankers: strategies.Rankers) -> list[list[list[dict]]]:
+              width: int | None, rankers: pipeline.Rankers) -> list[list[list[dict]]]:
   """`decode_contexts` under the 'rerank' strategy: the top_k of the pooled candidates."""
   whole_lists = dataclasses.replace(settings, exclude_session_queries=False)
   common = dict(positions=positions, batch_rows=batch_rows, history_queries=history_queries,
@@ -383,7 +386,7 @@ def _reranked(trained: inference.Trained, contexts: Sequence[Context], *, positi
           for first, ranked in zip(firsts, reranked)]
 
 
-def _proposed(rankers: strategies.Rankers, contexts: Sequence[Context],
+def _proposed(rankers: pipeline.Rankers, contexts: Sequence[Context],
               firsts: Sequence[int]) -> list[list[list[str]]]:
   """[contexts][t] IMDNA's next queries after each output position t (none before
   firsts[i]); a context's 'user' (its info) keeps that user's own sessions out of reach."""
@@ -400,14 +403,14 @@ def _proposed(rankers: strategies.Rankers, contexts: Sequence[Context],
 
 
 def _strategy(config: ml_collections.ConfigDict, trained: inference.Trained, workdir: str
-              ) -> tuple[inference.Trained, ranking.Retriever | None,
-                         strategies.Rankers | None]:
+              ) -> tuple[inference.Trained, retrieval.Retriever | None,
+                         pipeline.Rankers | None]:
   """(the model that suggests, its retriever if it is a ranker, the rankers of 'rerank')
   under `config.suggest.strategy`."""
   strategy = config.suggest.strategy
   if strategy == 'generate':
     return trained, _retriever(trained, workdir, config.suggest.index), None
-  rankers = strategies.Rankers.load(config, workdir, trained.vocab)
+  rankers = pipeline.Rankers.load(config, workdir, trained.vocab)
   if strategy == 'retrieve':
     return rankers.retriever.trained, rankers.retriever, None
   if isinstance(trained.task, tasks.RankingTask):
@@ -417,15 +420,15 @@ def _strategy(config: ml_collections.ConfigDict, trained: inference.Trained, wor
 
 
 def _retriever(trained: inference.Trained, workdir: str,
-               index: str = 'exact') -> ranking.Retriever | None:
+               index: str = 'exact') -> retrieval.Retriever | None:
   """The pool and candidate vectors of a ranker; None for a generative model."""
   if not isinstance(trained.task, tasks.RankingTask):
     return None
-  return ranking.Retriever(trained, workdir, index=index)
+  return retrieval.Retriever(trained, workdir, index=index)
 
 
-def score_kind(config: ml_collections.ConfigDict, retriever: ranking.Retriever | None,
-               rankers: strategies.Rankers | None) -> str:
+def score_kind(config: ml_collections.ConfigDict, retriever: retrieval.Retriever | None,
+               rankers: pipeline.Rankers | None) -> str:
   """What a suggestion's 'score' is under `config`, in words (the lists' order)."""
   if rankers is not None:
     return 'expected BLEU (MBR)' if rankers.mbr else 'the ranker\'s score'

@@ -27,7 +27,7 @@ from matplotlib.figure import Figure
 
 from mtn_jax import errors
 from mtn_jax import models
-from mtn_jax.evaluate import TRIVIAL_SUGGESTERS
+from mtn_jax.evaluation import trivial
 
 SAMPLES_PER_MODEL = 10
 _REQUIRED_KEYS = ('model', 'model_config', 'size_mb', 'step', 'pairs', 'scores')
@@ -80,7 +80,7 @@ def load_run(workdir: str) -> EvaluatedRun:
   except (json.JSONDecodeError, UnicodeDecodeError) as e:
     raise ReportError(f'{results_path} is not valid JSON: {e}') from None
   missing = [k for k in _REQUIRED_KEYS if k not in results]
-  missing += [f'scores.{name}.{k}' for name in ('model', *TRIVIAL_SUGGESTERS)
+  missing += [f'scores.{name}.{k}' for name in ('model', *trivial.SUGGESTERS)
               for k in _SCORE_KEYS if k not in results.get('scores', {}).get(name, {})]
   if missing:
     raise ReportError(f'{results_path} lacks {", ".join(missing)}: re-run --mode=eval on '
@@ -151,7 +151,7 @@ def results_table(runs: Sequence[EvaluatedRun]) -> str:
                  f'{code_cell(run.workdir)} |')
   seen = set()
   for run in runs:
-    for key, name in TRIVIAL_SUGGESTERS.items():
+    for key, name in trivial.SUGGESTERS.items():
       score = run.results['scores'][key]
       identity = (key, score['line'], _pairs(run.results))
       if identity in seen:
@@ -186,7 +186,7 @@ def ranking_table(runs: Sequence[EvaluatedRun]) -> str:
   lines += [row(label, run.results, 'model') for label, run in ranked]
   seen = set()
   for _, run in ranked:
-    for key, name in TRIVIAL_SUGGESTERS.items():
+    for key, name in trivial.SUGGESTERS.items():
       identity = (key, run.results['scores'][key]['line'], _pairs(run.results))
       if identity not in seen:
         seen.add(identity)
@@ -273,7 +273,7 @@ def write_report(config: ml_collections.ConfigDict, workdir: str,
              [r.results['scores']['model'] for r in runs],
              'n-gram precision and BLEU on the test split',
              baselines=[(name, runs[0].results['scores'][key]['bleu'])
-                        for key, name in TRIVIAL_SUGGESTERS.items()])
+                        for key, name in trivial.SUGGESTERS.items()])
   sections = ['# Next-query suggestion: results', '',
               'n-gram precision (1/2/3/4-gram, %) and BLEU of the best checkpoint of each run '
               'on its test split (beam search; references are the raw next queries). Size: '

@@ -1,7 +1,7 @@
 """Do a user's own habits beat repeating the previous query, as the first suggestion?
 Measured on the training split's users (all, and each of two folds) and on held-out users.
 
-  python launch/user_habits.py --workdir=RUN [--split=valid]
+  python experiments/user_habits.py --workdir=RUN [--split=valid]
 
 RUN: any run on a corpus split by user (its data/ is read). Repeating the previous query is
 the strongest top-1 BLEU suggester on the AOL sample (docs/RESULTS.md), and no candidate
@@ -34,8 +34,8 @@ from absl import flags
 
 import numpy as np
 
-from mtn_jax import habits
-from mtn_jax import metrics
+from mtn_jax.inference import habits
+from mtn_jax.evaluation import metrics
 from mtn_jax.data import preprocess
 from mtn_jax.data import sessions
 

@@ -44,27 +44,24 @@ from collections.abc import Sequence
 import jax
 import ml_collections
 import numpy as np
-from jax.experimental import multihost_utils
 
 from mtn_jax import errors
-from mtn_jax import habits
+from mtn_jax.inference import habits
 from mtn_jax import inference
-from mtn_jax import input_pipeline
-from mtn_jax import metrics
+from mtn_jax.inference import generate
+from mtn_jax.evaluation import imdna
+from mtn_jax.evaluation import metrics
+from mtn_jax.evaluation import pool_ranking
+from mtn_jax.evaluation import trivial
 from mtn_jax import models
-from mtn_jax import parallel
-from mtn_jax import ranking
-from mtn_jax import search
-from mtn_jax import strategies
+from mtn_jax.decoding import search
+from mtn_jax.inference import pipeline
 from mtn_jax import tasks
+from mtn_jax.tasks import imdna as imdna_task
 from mtn_jax.data import preprocess
 from mtn_jax.data import sessions
 from mtn_jax.data.vocab import UNK_ID
-from mtn_jax.models.base import context_batch
 
-# The suggesters that learn nothing from sessions, by their key in results.json['scores'].
-TRIVIAL_SUGGESTERS = {'repeat_previous': 'Repeat previous query',
-                      'most_frequent_next': 'Most frequent next query (train)'}
 # Under config.suggest.strategy 'retrieve' or 'rerank', the sources it draws on, scored beside
 # it (`strategy_suggestions`).
 STRATEGY_SOURCES = {'generate': 'Generate (the workdir\'s model)',
@@ -75,7 +72,7 @@ PROGRESS_SECONDS = 10.0  # at most one progress line per this many seconds
 
 
 # ---------------------------------------------------------------------------------------------
-# Pairs and the trivial suggesters
+# Pairs
 
 
 def pair_session_positions(split: sessions.SessionSplit) -> tuple[np.ndarray, np.ndarray]:
@@ -94,46 +91,6 @@ def pair_texts(split: sessions.SessionSplit) -> tuple[list[str], list[str]]:
   rows = split.starts[session] + position
   texts = split.texts
   return [texts[r] for r in rows], [texts[r + 1] for r in rows]
-
-
-def repeat_previous(previous: Sequence[str]) -> list[str]:
-  """The trivial suggester that suggests the previous query again."""
-  return list(previous)
-
-
-def most_frequent_next_lists(train: sessions.SessionSplit, previous: Sequence[str],
-                             k: int = metrics.RANKING_CUTOFF) -> list[list[str]]:
-  """For each previous query, the `k` next queries that most often follow it in `train`.
-
-  Texts are compared raw, as logged. Ties go to the next query seen first in the training
-  split; a previous query never followed by anything in `train` is suggested again. The
-  training texts are streamed from their file: only pairs whose previous query is asked
-  about are counted, so memory stays small on the full AOL training split.
-  """
-  if train.text_path is None:
-    raise ValueError(f'split {train.name!r} has no text file')
-  wanted = set(previous)
-  follow_counts: dict[str, collections.Counter] = {}
-  session_start = np.zeros(len(train.queries) + 1, bool)
-  session_start[train.starts] = True
-  with open(train.text_path, encoding='utf-8') as f:
-    before = None
-    for row, line in enumerate(f):
-      if row >= len(train.queries):
-        break
-      text = line.rstrip('\n')
-      if not session_start[row] and before in wanted:
-        follow_counts.setdefault(before, collections.Counter())[text] += 1
-      before = text
-  # most_common is sorted by count, stably over insertion order: first seen wins a tie.
-  best = {p: [q for q, _ in counts.most_common(k)] for p, counts in follow_counts.items()}
-  return [best.get(p, [p]) for p in previous]
-
-
-def most_frequent_next(train: sessions.SessionSplit, previous: Sequence[str]) -> list[str]:
-  """For each previous query, the next query that most often follows it in `train` (the top
-  of `most_frequent_next_lists`)."""
-  return [ranked[0] for ranked in most_frequent_next_lists(train, previous, k=1)]
 
 
 def score_entry(score: metrics.BleuScore, ranking: metrics.RankingScore | None = None
@@ -180,72 +137,6 @@ def prefix_split(split: sessions.SessionSplit, num_sessions: int) -> sessions.Se
   return sessions.select_sessions(split, np.arange(num_sessions))
 
 
-def decode_split(trained: inference.Trained, split: sessions.SessionSplit,
-                 settings: search.SearchSettings, *, queries_per_batch: int,
-                 keep_top_for: np.ndarray | None = None, log=print
-                 ) -> tuple[list[str], dict[int, list[dict]]]:
-  """Beam-searches every pair of `split`.
-
-  Args:
-    trained: the model to decode with.
-    split: sessions to decode; each batch is [rows, S, n] of one session length.
-    settings: the search, and top_k for `keep_top_for`.
-    queries_per_batch: query slots per batch, as for the input pipeline.
-    keep_top_for: int [k] pair indices whose top_k suggestions are also returned.
-    log: where progress lines go.
-  Returns:
-    (suggestions [pairs]: the top_k suggestions of each pair, best first, each as words
-     joined by spaces (an empty beam slot left out),
-     {pair index: [{'query', 'score'}, ...] top_k, best first} for `keep_top_for`).
-  """
-  vocab = trained.vocab
-  mesh = parallel.make_mesh()
-  # Batches are split over every device, so the parameters go to every device too.
-  params = jax.device_put(trained.params, parallel.replicated(mesh))
-  first_pair = np.cumsum(split.lengths - 1) - (split.lengths - 1)
-  suggestions: list[list[str] | None] = [None] * split.num_pairs
-  wanted = set(() if keep_top_for is None else np.asarray(keep_top_for).tolist())
-  top: dict[int, list[dict]] = {}
-  done = 0
-  start = last_log = time.time()
-  for batch in input_pipeline.make_eval_iterator(
-      split, queries_per_batch=queries_per_batch, multiple_of=jax.device_count(),
-      process_index=jax.process_index(), process_count=jax.process_count(),
-      per_query=trained.task.per_query_inputs(split, vocab),
-      per_session=trained.task.per_session_inputs(split)):
-    # The last query of a session is only ever a reference here.
-    contexts = parallel.shard_batch(
-        context_batch({k: batch[k] for k in trained.task.input_keys}), mesh)
-    sequences, scores = trained.task.suggest(params, contexts, settings, positions='all')
-    # Every process decoded its rows of the global batch: gather them all, in row order.
-    sequences = multihost_utils.process_allgather(sequences, tiled=True)
-    scores = multihost_utils.process_allgather(scores, tiled=True)
-    session_ids = multihost_utils.process_allgather(batch['session_ids'], tiled=True)
-    for row, session in enumerate(session_ids.tolist()):
-      if session < 0:
-        continue
-      texts = split.session_texts(session)
-      copied = trained.copied_words(texts)
-      for t in range(sequences.shape[1]):
-        pair = int(first_pair[session]) + t
-        ranked = search.ranked_suggestions(
-            vocab, sequences[row, t], scores[row, t], settings,
-            session=texts[:t + 1],
-            oov_words=copied)
-        suggestions[pair] = [r['query'] for r in ranked]
-        if pair in wanted:
-          top[pair] = ranked
-      done += 1
-    if time.time() - last_log >= PROGRESS_SECONDS or done == split.num_sessions:
-      last_log = time.time()
-      log(f'  decoded {done:,}/{split.num_sessions:,} sessions '
-          f'({done / max(last_log - start, 1e-9):.1f} sessions/s)', flush=True)
-  missing = [i for i, c in enumerate(suggestions) if c is None]
-  if missing:
-    raise RuntimeError(f'{len(missing)} test pairs were not decoded (first: pair {missing[0]})')
-  return suggestions, top
-
-
 def strategy_suggestions(config: ml_collections.ConfigDict, workdir: str,
                          trained: inference.Trained, split: sessions.SessionSplit,
                          generated: list[list[str]], sample_pairs: np.ndarray, *, log=print
@@ -266,7 +157,7 @@ def strategy_suggestions(config: ml_collections.ConfigDict, workdir: str,
      {'strategy': its settings and label, and for 'retrieve' the ranker's 'pool' figures}).
   """
   s, dc = config.suggest, config.decode
-  rankers = strategies.Rankers.load(config, workdir, trained.vocab, log=log)
+  rankers = pipeline.Rankers.load(config, workdir, trained.vocab, log=log)
   queries_per_batch = dc.batch_sessions * config.data.max_session_queries
   lists = {'generate': generated}
   user_facing, extra = {}, {}
@@ -274,7 +165,7 @@ def strategy_suggestions(config: ml_collections.ConfigDict, workdir: str,
     # 'retrieve' keeps enough entries for the user-facing protocol, as a ranker's eval does.
     k = (metrics.RANKING_CUTOFF + config.data.max_session_queries if s.strategy == 'retrieve'
          else s.retrieved)
-    ranked = ranking.rank_split(rankers.retriever.trained, split, rankers.retriever_workdir,
+    ranked = pool_ranking.rank_split(rankers.retriever.trained, split, rankers.retriever_workdir,
                                 k=k, seed=config.seed, queries_per_batch=queries_per_batch,
                                 log=log)
     lists['retrieve'] = ranked.suggestions
@@ -369,8 +260,8 @@ def evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict:
   is_writer = jax.process_index() == 0
   log = print if is_writer else (lambda *a, **k: None)
   trained = inference.load_trained(config, workdir, which='best')
-  if hasattr(trained.task, 'evaluate'):  # a task with its own data and measures
-    return trained.task.evaluate(trained, config, workdir)
+  if isinstance(trained.task, imdna_task.IMDNATask):  # its own data and measures
+    return imdna.evaluate(trained, config, workdir)
   data_dir = preprocess.data_dir(workdir)
   split_name = config.decode.eval_split
   test, train = _load_split(data_dir, split_name), _load_split(data_dir, 'train')
@@ -407,17 +298,18 @@ def evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict:
   extra = {}
   queries_per_batch = dc.batch_sessions * config.data.max_session_queries
   strategy = config.suggest.strategy
-  if isinstance(trained.task, tasks.RankingTask) and trained.task.score_pool is None:
+  if isinstance(trained.task, tasks.RankingTask) and not isinstance(trained.task,
+                                                                   tasks.ScoresPool):
     # A Cross-encoder cannot score the whole pool: the sampled protocols alone; it suggests
     # only by reranking (config.suggest.strategy='rerank').
-    ranked = ranking.rank_sampled(trained, test, workdir, seed=config.seed,
+    ranked = pool_ranking.rank_sampled(trained, test, workdir, seed=config.seed,
                                   queries_per_batch=dc.batch_sessions, log=log)
     model_suggestions, top = ranked.suggestions, {p: [] for p in sample_pairs.tolist()}
     extra['pool'] = ranked.figures()
   elif isinstance(trained.task, tasks.RankingTask):
     # Enough entries that the user-facing protocol, which drops the session's own queries,
     # still has a full list.
-    ranked = ranking.rank_split(
+    ranked = pool_ranking.rank_split(
         trained, test, workdir, k=metrics.RANKING_CUTOFF + config.data.max_session_queries,
         seed=config.seed, queries_per_batch=queries_per_batch, log=log)
     model_suggestions = ranked.suggestions
@@ -427,7 +319,7 @@ def evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict:
     extra['pool'] = ranked.figures()
   else:
     ranked = None
-    model_suggestions, top = decode_split(
+    model_suggestions, top = generate.decode_split(
         trained, test,
         # Reranking orders the whole beam.
         dataclasses.replace(settings, top_k=dc.beam_size) if strategy == 'rerank'
@@ -440,8 +332,8 @@ def evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict:
     extra.update(strategy_extra)
   decode_seconds = time.time() - decode_start
 
-  suggestions.update({'repeat_previous': [[p] for p in repeat_previous(previous)],
-                      'most_frequent_next': most_frequent_next_lists(train, previous)})
+  suggestions.update({'repeat_previous': [[p] for p in trivial.repeat_previous(previous)],
+                      'most_frequent_next': trivial.most_frequent_next_lists(train, previous)})
   if not any(model_suggestions):  # a Cross-encoder's own evaluation: no suggestions
     del suggestions['model']
   protocols = {'scores': score_suggesters(suggestions, references, contexts,
@@ -479,7 +371,7 @@ def evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict:
   if strategy != 'generate':
     name = f'{strategy}: {extra["strategy"]["label"]}'
   labels = {key: label for key, label in
-            {'model': name, **STRATEGY_SOURCES, **TRIVIAL_SUGGESTERS}.items()
+            {'model': name, **STRATEGY_SOURCES, **trivial.SUGGESTERS}.items()
             if key in suggestions}
   width = max(len(n) for n in labels.values())
   for protocol, heading in (('scores', 'All suggestions'),
@@ -526,7 +418,7 @@ def pool_line(figures: dict) -> str:
   """'MRR 5.1, R@10 12.0, R@1/20 40.2, R@1/100 21.0 (700 of 734 next queries in the pool)'."""
   parts = ([f'MRR {figures["mrr"]:.1f}', f'R@10 {figures["recall_at_10"]:.1f}']
            if 'mrr' in figures else [])
-  parts += [f'R@1/{n} {figures[f"r1_of_{n}"]:.1f}' for n in ranking.SAMPLED_PROTOCOLS
+  parts += [f'R@1/{n} {figures[f"r1_of_{n}"]:.1f}' for n in pool_ranking.SAMPLED_PROTOCOLS
             if f'r1_of_{n}' in figures]
   return (', '.join(parts) + f' ({figures["pairs_in_pool"]:,} of {figures["pairs"]:,} next '
           'queries in the pool)')
@@ -538,7 +430,7 @@ MIN_HISTORY = 5
 
 def history_groups(split: sessions.SessionSplit, suggestions: dict[str, list[list[str]]],
                    references: Sequence[str], contexts: Sequence[Sequence[str]],
-                   ranked: ranking.SplitRanking | None) -> dict[str, dict]:
+                   ranked: pool_ranking.SplitRanking | None) -> dict[str, dict]:
   """The figures of pairs whose user has at least `MIN_HISTORY` earlier queries, of those
   with fewer, and of pairs whose user has none (`split.history`), for every suggester; for
   a ranker the pool figures too, and for a model with a zero-vector memory the mean weight

@@ -17,7 +17,7 @@ from typing import Any
 import flax.linen as nn
 import ml_collections
 
-from mtn_jax import checkpoints
+from mtn_jax.training import checkpoints
 from mtn_jax import errors
 from mtn_jax import models
 from mtn_jax import tasks

@@ -3,11 +3,11 @@
 # ZAM) and MTN without and with a user memory, on the same time-ordered split, each user's
 # history the 20 queries before the session (configs/zam_aol.py).
 #
-#   launch/compare_personal.sh RAW_LOG OUT_DIR [--config.KEY=VALUE ...]
+#   experiments/compare_personal.sh RAW_LOG OUT_DIR [--config.KEY=VALUE ...]
 #
 # Out: OUT_DIR/<variant>/ one workdir per variant, each evaluated on the validation split
 # (eval/valid_results.json) and the test split (eval/results.json), and OUT_DIR/table.md, the
-# figures by user history (launch/personal_table.py). Run from anywhere; the Python is
+# figures by user history (experiments/personal_table.py). Run from anywhere; the Python is
 # ${PYTHON:-python}. Running it again resumes unfinished training and redoes evaluation.
 
 set -euo pipefail
@@ -36,4 +36,4 @@ for variant in "${VARIANTS[@]}"; do
     "$PYTHON" -m mtn_jax.main "${args[@]}" --mode=eval --config.decode.eval_split=$split
   done
 done
-"$PYTHON" launch/personal_table.py "$OUT_DIR" "${VARIANTS[@]}" | tee "$OUT_DIR/table.md"
+"$PYTHON" experiments/personal_table.py "$OUT_DIR" "${VARIANTS[@]}" | tee "$OUT_DIR/table.md"

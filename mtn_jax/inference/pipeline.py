@@ -38,11 +38,11 @@ import ml_collections
 import numpy as np
 
 from mtn_jax import errors
-from mtn_jax import habits
-from mtn_jax import imdna_task
+from mtn_jax.inference import habits
+from mtn_jax.tasks import imdna
 from mtn_jax import inference
-from mtn_jax import mbr
-from mtn_jax import ranking
+from mtn_jax.decoding import mbr
+from mtn_jax.inference import retrieval
 from mtn_jax import tasks
 from mtn_jax.data import preprocess
 from mtn_jax.data.vocab import Vocab
@@ -87,11 +87,11 @@ class Rankers:
   """
 
   ranker: inference.Trained
-  retriever: ranking.Retriever | None
+  retriever: retrieval.Retriever | None
   retriever_workdir: str
   retrieved: int
   proposed: int
-  proposer: imdna_task.NextQueryProposer | None = None
+  proposer: imdna.NextQueryProposer | None = None
   mbr: bool = False
   habit_rate: float = 0.0
   habit_min_past: int = 0
@@ -102,7 +102,7 @@ class Rankers:
     """The rankers `config.suggest` names, checked against `vocab` (the workdir's)."""
     s = config.suggest
     ranker = _load(config, s.ranker_workdir, 'ranker_workdir')
-    if getattr(ranker.task, 'score_candidates', None) is None:
+    if not isinstance(ranker.task, tasks.ScoresCandidates):
       raise errors.Error(f'config.suggest.ranker_workdir={s.ranker_workdir} holds a '
                          f'{ranker.cfg.name!r} model, which cannot score given candidates: '
                          'name a Bi-, Poly- or Cross-encoder run')
@@ -114,9 +114,9 @@ class Rankers:
     else:
       retriever_trained = (ranker if not s.retriever_workdir
                            else _load(config, s.retriever_workdir, 'retriever_workdir'))
-      if getattr(retriever_trained.task, 'score_pool', None) is not None:
+      if isinstance(retriever_trained.task, tasks.ScoresPool):
         _check_vocab(retriever_trained, vocab, 'retriever_workdir', retriever_workdir, workdir)
-        retriever = ranking.Retriever(retriever_trained, retriever_workdir, log=log,
+        retriever = retrieval.Retriever(retriever_trained, retriever_workdir, log=log,
                                       index=s.index)
       elif s.strategy == 'retrieve' or s.retriever_workdir:
         raise errors.Error(f'config.suggest: {retriever_workdir} holds a '
@@ -246,17 +246,17 @@ class Rankers:
 
 
 def _load_proposer(config: ml_collections.ConfigDict, imdna_workdir: str,
-                   workdir: str) -> imdna_task.NextQueryProposer:
+                   workdir: str) -> imdna.NextQueryProposer:
   """The IMDNA run of `config.suggest.imdna_workdir`, checked to read `workdir`'s sessions."""
   if not os.path.isdir(imdna_workdir):
     raise errors.Error(f'config.suggest.imdna_workdir={imdna_workdir}: no such folder (a '
                        'trained configs/imdna_aol.py run)')
   _check_sessions(imdna_workdir, workdir)
   trained = inference.load_trained(config, imdna_workdir, which='best')
-  if not isinstance(trained.task, imdna_task.IMDNATask):
+  if not isinstance(trained.task, imdna.IMDNATask):
     raise errors.Error(f'config.suggest.imdna_workdir={imdna_workdir} holds a '
                        f'{trained.cfg.name!r} model, not an IMDNA run')
-  return imdna_task.NextQueryProposer(trained, imdna_workdir)
+  return imdna.NextQueryProposer(trained, imdna_workdir)
 
 
 def _check_sessions(imdna_workdir: str, workdir: str) -> None:

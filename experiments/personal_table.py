@@ -1,6 +1,6 @@
-"""The figures of launch/compare_personal.sh by user history, as Markdown tables.
+"""The figures of experiments/compare_personal.sh by user history, as Markdown tables.
 
-  python launch/personal_table.py OUT_DIR VARIANT [VARIANT ...]
+  python experiments/personal_table.py OUT_DIR VARIANT [VARIANT ...]
 
 For each split (valid, then test) and each group of pairs (users with at least 5 earlier
 queries; users with none): per variant, MRR@10, Recall@10 and exact match at 1 of its top-10

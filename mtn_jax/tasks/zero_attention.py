@@ -32,7 +32,7 @@ import ml_collections
 import numpy as np
 
 from mtn_jax import errors
-from mtn_jax import tasks
+from mtn_jax.tasks import base
 from mtn_jax.data import candidates
 from mtn_jax.data import sessions
 from mtn_jax.data.vocab import PAD_ID
@@ -73,7 +73,7 @@ def user_index(train_users: np.ndarray, users: np.ndarray) -> np.ndarray:
 
 
 @dataclasses.dataclass(frozen=True, eq=False)
-class ZeroAttentionTask(tasks.RankingTask):
+class ZeroAttentionTask(base.RankingTask):
   """See the module docstring.
 
   Attributes:

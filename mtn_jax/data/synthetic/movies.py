@@ -41,7 +41,8 @@ import ml_collections
 import numpy as np
 
 from mtn_jax import errors
-from mtn_jax.data.vocab import SPECIAL_TOKENS, Vocab
+from mtn_jax.data.vocab import SPECIAL_TOKENS
+from mtn_jax.data.vocab import Vocab
 
 TASKS = ('qa', 'recs')
 SPLITS = ('train', 'valid', 'test')

@@ -1,44 +1,167 @@
 """Tasks: what a kind of model learns, how it is measured in training, and how it suggests.
 
-A task wraps a model of `mtn_jax.models` and owns the three things that differ between kinds
-of model, so that the trainer, the evaluation and the suggestion modes never ask which model
-they hold:
-  `loss_sums(params, batch, *, train, rngs, groups)` -> float32 sums over the batch (the train
-    and eval steps divide and add them up);
-  `training_loss(sums)` -> the scalar the optimizer minimises;
-  `summarize(totals)` -> the validation figures of summed eval-step outputs;
-  `suggest(params, batch, settings, ...)` -> ranked hypotheses for each context;
-  `input_keys`: the batch keys its steps read, the ones put on the devices;
-  `init_params(rng)` / `abstract_params()`: the parameters, made from the model's example batch.
+A task wraps a model of `mtn_jax.models` and owns what differs between kinds of model, so
+that the trainer, the evaluation and the suggestion pipeline never ask which model they hold.
+Its contract is `Task` (below); what only some tasks can do is a capability of its own, a
+`typing.Protocol` checked with `isinstance` (or `issubclass` on a class):
+
+  `Suggests`          writes suggestions: `suggest(params, batch, settings, ...)` -> ranked
+                      hypotheses for each context (the generative models);
+  `ScoresCandidates`  scores candidates given by their words (Bi-, Poly-, Cross-encoders);
+  `ScoresPool`        scores the whole candidate pool from vectors cached per checkpoint
+                      (Bi- and Poly-encoders, the zero attention family);
+  `AttendsToMemory`   reports its attention on a user's memory (the zero attention family);
+  `BringsOwnData`     makes its own training data (`TrainingData`) in place of the session
+                      corpus, and is evaluated by its own measures (IMDNA).
 
 `GenerationTask` is next-query generation with teacher forcing (MTN, the Transformer and the
 recurrent baselines). `RankingTask` is the base of the rankers, which score candidate queries
-(the training split's distinct queries, `mtn_jax.data.candidates`) rather than write one;
-`mtn_jax.ranking` evaluates them and serves their suggestions. Each registered model names its
-task class (`models.ModelSpec.task`); `make_task` builds it.
+(the training split's distinct queries, `mtn_jax.data.candidates`) rather than write one.
+Which task serves which model is `mtn_jax.tasks.registry`'s table; `make_task` builds it.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import functools
-import importlib
 import math
-from collections.abc import Mapping
-from typing import Any
+from collections.abc import Callable, Iterable, Mapping
+from typing import Any, Protocol, runtime_checkable
 
 import flax.linen as nn
+import grain
 import jax
 import jax.numpy as jnp
 import ml_collections
 import numpy as np
 
 from mtn_jax import errors
-from mtn_jax import losses
 from mtn_jax import models
-from mtn_jax import search
 from mtn_jax.data import extended
+from mtn_jax.data.vocab import Vocab
+from mtn_jax.decoding import search
 from mtn_jax.models.base import ModelConfig
+from mtn_jax.tasks import losses
+
+
+class Task(Protocol):
+  """What every task does for the trainer, the evaluation and the pipeline.
+
+  Attributes:
+    cfg: the model's config; the model is built from it.
+    input_keys: the batch keys its steps read, the ones put on the devices.
+    model: the Linen module.
+  """
+
+  cfg: ModelConfig
+
+  @property
+  def input_keys(self) -> tuple[str, ...]: ...
+
+  @property
+  def model(self) -> nn.Module: ...
+
+  @classmethod
+  def from_config(cls, cfg: ModelConfig, train: ml_collections.ConfigDict,
+                  data_dir: str | None = None) -> Task: ...
+
+  def with_layout(self, scan_layers: bool | None) -> Task:
+    """This task with the model's layer stacks in the layout a checkpoint was saved in."""
+
+  def init_params(self, rng: jax.Array) -> Any: ...
+
+  def abstract_params(self) -> Any: ...
+
+  def per_query_inputs(self, split, vocab) -> dict[str, np.ndarray]:
+    """The input pipeline's per-query arrays of `split` beyond its queries."""
+
+  def per_session_inputs(self, split) -> dict[str, np.ndarray]:
+    """The input pipeline's per-session arrays of `split`."""
+
+  def loss_sums(self, params, batch: Mapping[str, jax.Array], *, train: bool, rngs=None,
+                groups: int = 1) -> dict[str, jax.Array]:
+    """float32 sums over the batch ('loss', 'nll', 'correct', 'tokens', 'pairs')."""
+
+  @staticmethod
+  def training_loss(sums: Mapping[str, jax.Array]) -> jax.Array:
+    """The scalar the optimizer minimises."""
+
+  @staticmethod
+  def summarize(totals: Mapping[str, Any]) -> dict[str, float]:
+    """The validation figures of summed eval-step outputs."""
+
+
+@runtime_checkable
+class Suggests(Protocol):
+  """Writes suggestions word by word."""
+
+  def suggest(self, params, batch: Mapping[str, jax.Array | np.ndarray],
+              settings: search.SearchSettings, *, positions: str = 'all',
+              lengths: np.ndarray | None = None) -> tuple[jax.Array, jax.Array]:
+    """(sequences int32 [B, P, beam, max_len], scores float32 [B, P, beam]), best first."""
+
+
+@runtime_checkable
+class ScoresCandidates(Protocol):
+  """Scores candidate next queries given by their words."""
+
+  def score_candidates(self, params, batch: Mapping[str, jax.Array],
+                       candidates: jax.Array) -> jax.Array:
+    """candidates int32 [B, S-1, K, n] -> float32 [B, S-1, K]."""
+
+
+@runtime_checkable
+class ScoresPool(Protocol):
+  """Scores every entry of the candidate pool from per-candidate vectors."""
+
+  def encode_candidates(self, params, candidates: jax.Array) -> jax.Array:
+    """candidates int32 [C, n] -> the part of the scoring that depends on them alone,
+    computed once per checkpoint (`mtn_jax.inference.retrieval.candidate_cache`)."""
+
+  def score_pool(self, params, batch: Mapping[str, jax.Array], cache: jax.Array) -> jax.Array:
+    """-> float32 [B, S-1, C], every pool candidate scored after each session prefix."""
+
+
+@runtime_checkable
+class AttendsToMemory(Protocol):
+  """Reports how its attention over a user's memory falls."""
+
+  def attention(self, params, batch: Mapping[str, jax.Array]) -> dict[str, jax.Array]:
+    """{'zero_weight': float32 [B, S-1], the mass on the zero vector, ...}."""
+
+
+@dataclasses.dataclass(frozen=True)
+class TrainingData:
+  """What the loop trains and validates on, whichever task supplies it.
+
+  Attributes:
+    vocab: the words the model reads (its fingerprint goes into every checkpoint).
+    task: the task, built for the data's sizes.
+    train: endless training batches (numpy dicts, a grain dataset whose iterator state
+      resumes exactly), each with `examples_key` (int32 [batch], -1 on padding rows).
+    steps_per_epoch: global batches per pass over the training data.
+    valid_batches: () -> one pass over the validation batches, padded like `train`'s.
+    description: what the data holds, for the run's first log line.
+    examples_key: the batch key that marks real rows.
+  """
+
+  vocab: Vocab
+  task: Any
+  train: grain.IterDataset
+  steps_per_epoch: int
+  valid_batches: Callable[[], Iterable[dict]]
+  description: str
+  examples_key: str = 'session_ids'
+
+
+@runtime_checkable
+class BringsOwnData(Protocol):
+  """Makes its own training data in place of the session corpus, and is evaluated by its
+  own measures (checked on the class: `issubclass(task_class, BringsOwnData)`)."""
+
+  @classmethod
+  def training_data(cls, config: ml_collections.ConfigDict, workdir: str) -> TrainingData:
+    """The trainer's data (`TrainingData`)."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -158,18 +281,6 @@ class GenerationTask:
                                   lengths=lengths)
 
 
-def task_class(cfg: ModelConfig) -> type:
-  """The task class the model's registry entry names ('module.Class')."""
-  module, _, name = models.spec(cfg.name).task.rpartition('.')
-  return getattr(importlib.import_module(module), name)
-
-
-def make_task(cfg: ModelConfig, train: ml_collections.ConfigDict, data_dir: str | None = None):
-  """The task of the model `cfg` describes. A ranking task reads the candidate pool (and
-  what else it learns from) in `data_dir`, the corpus's folder."""
-  return task_class(cfg).from_config(cfg, train, data_dir)
-
-
 @dataclasses.dataclass(frozen=True, eq=False)
 class RankingTask:
   """The base of the rankers: models that score candidate next queries.
@@ -178,21 +289,20 @@ class RankingTask:
   'loss', 'nll', 'correct', 'tokens', 'pairs' sums, 'tokens' counting the scored contexts so
   the trainer's per-token figures are per context), and how it scores candidates:
     `encode_candidates(params, candidates int32 [C, n])` -> the part of the pool's scoring
-      that depends on the candidates alone, computed once per checkpoint (`mtn_jax.ranking`
-      caches it), or None;
+      that depends on the candidates alone, computed once per checkpoint
+      (`mtn_jax.inference.retrieval` caches it), or None;
     `score_pool(params, batch, cache)` -> float32 [B, S-1, C], every pool candidate scored
       after each session prefix (position t predicts query t+1);
     `score_candidates(params, batch, candidates int32 [B, S-1, K, n])` -> float32
-      [B, S-1, K], for candidates given by their words (None where the model can only score
-      the pool's own entries).
+      [B, S-1, K], for candidates given by their words (a model that can only score the
+      pool's own entries does not define it).
+  Which of these a subclass defines are its capabilities (`ScoresPool`, `ScoresCandidates`).
 
   Attributes:
     cfg: the model's config.
   """
 
   cfg: ModelConfig
-
-  score_candidates = None
 
   @functools.cached_property
   def model(self) -> nn.Module:

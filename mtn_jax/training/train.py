@@ -28,7 +28,7 @@ import os
 import signal
 import threading
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Iterable
 from typing import Any
 
 import flax
@@ -40,17 +40,16 @@ import numpy as np
 import optax
 from jax.experimental import multihost_utils
 
-from mtn_jax import checkpoints
+from mtn_jax.training import checkpoints
 from mtn_jax import errors
-from mtn_jax import input_pipeline
-from mtn_jax import metric_writer
+from mtn_jax.data import input_pipeline
+from mtn_jax.training import metric_writer
 from mtn_jax import models
 from mtn_jax import parallel
 from mtn_jax import tasks
 from mtn_jax.data import candidates
 from mtn_jax.data import preprocess
 from mtn_jax.data import sessions
-from mtn_jax.data.vocab import Vocab
 from mtn_jax.models import layers
 from mtn_jax.models.base import ModelConfig
 
@@ -181,35 +180,11 @@ def _device_batches(dataset, keys: tuple[str, ...], mesh, prefetch: int,
       dataset.map(on_devices), prefetch_buffer_size=max(prefetch, 1)))
 
 
-@dataclasses.dataclass(frozen=True)
-class TrainingData:
-  """What the loop trains and validates on, whichever task supplies it.
-
-  Attributes:
-    vocab: the words the model reads (its fingerprint goes into every checkpoint).
-    task: the task, built for the data's sizes.
-    train: endless training batches (numpy dicts, a grain dataset whose iterator state
-      resumes exactly), each with `examples_key` (int32 [batch], -1 on padding rows).
-    steps_per_epoch: global batches per pass over the training data.
-    valid_batches: () -> one pass over the validation batches, padded like `train`'s.
-    description: what the data holds, for the run's first log line.
-    examples_key: the batch key that marks real rows.
-  """
-
-  vocab: Vocab
-  task: Any
-  train: grain.IterDataset
-  steps_per_epoch: int
-  valid_batches: Callable[[], Iterable[dict]]
-  description: str
-  examples_key: str = 'session_ids'
-
-
-def training_data(config: ml_collections.ConfigDict, workdir: str) -> TrainingData:
+def training_data(config: ml_collections.ConfigDict, workdir: str) -> tasks.TrainingData:
   """The run's data: the session corpus (`load_data`), or, for a task that brings its own
-  data (its class has `training_data`, e.g. `mtn_jax.imdna_task`), what that task makes."""
+  data (`tasks.BringsOwnData`, e.g. IMDNA), what that task makes."""
   task_class = tasks.task_class(config.model)
-  if hasattr(task_class, 'training_data'):
+  if issubclass(task_class, tasks.BringsOwnData):
     return task_class.training_data(config, workdir)
   vocab, splits = load_data(config, workdir)
   train_split, valid_split = splits['train'], splits['valid']
@@ -242,7 +217,7 @@ def training_data(config: ml_collections.ConfigDict, workdir: str) -> TrainingDa
       per_session=task.per_session_inputs(valid_split))
   steps = input_pipeline.steps_per_epoch(
       train_split, config.input.train_queries_per_batch, jax.device_count())
-  return TrainingData(vocab, task, train, steps, valid_batches,
+  return tasks.TrainingData(vocab, task, train, steps, valid_batches,
                       f'{train_split.num_sessions:,} training sessions '
                       f'({train_split.num_pairs:,} pairs){held_out}')
 

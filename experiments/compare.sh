@@ -2,9 +2,9 @@
 # The paper's model comparison (Table 2, Fig. 2 and the Fig.-3 layer ablation), re-run on one
 # AOL-format log: every model on the same corpus, with the same budget.
 #
-#   launch/compare.sh RAW_LOG OUT_DIR [EPOCHS [--config.KEY=VALUE ...]]
+#   experiments/compare.sh RAW_LOG OUT_DIR [EPOCHS [--config.KEY=VALUE ...]]
 #
-# e.g. launch/compare.sh ../shared/data/aol-sample/aol-500users.tsv.gz /tmp/compare 8
+# e.g. experiments/compare.sh ../shared/data/aol-sample/aol-500users.tsv.gz /tmp/compare 8
 #
 # In:  RAW_LOG, an AOL-format query log (plain or .gz; a glob or comma-separated list works
 #      too); EPOCHS for every model (default: the small configs' own); any further arguments

@@ -1,7 +1,7 @@
 """The slides' Figure 1 for a trained IMDNA run: the last inference step's attention on each
 token of a question's documents, as shades, and what removing a document does to the answers.
 
-  python launch/imdna_attention_figure.py --config=configs/imdna_movies.py --workdir=W \
+  python experiments/imdna_attention_figure.py --config=configs/imdna_movies.py --workdir=W \
       [--question='what does NAME act in'] [--output=docs/imdna_attention.png]
 
 Without --question the first test question of the form 'what does ... act in' with more than
@@ -27,7 +27,7 @@ from absl import app
 from absl import flags
 from ml_collections import config_flags
 
-from mtn_jax import imdna_task
+from mtn_jax.data import imdna_library
 from mtn_jax import inference
 
 config_flags.DEFINE_config_file('config', None, 'The run\'s config (path[:variant]).')
@@ -53,7 +53,7 @@ def main(argv):
   del argv
   config = FLAGS.config
   trained = inference.load_trained(config, FLAGS.workdir)
-  library = imdna_task.load_library(config, FLAGS.workdir)
+  library = imdna_library.load_library(config, FLAGS.workdir)
   questions = library.splits['test']
   if FLAGS.question:
     index = questions.texts.index(FLAGS.question)

@@ -1,0 +1,1 @@
+"""Generated data: the demo log and the movie knowledge base."""

@@ -1,0 +1,58 @@
+"""Writing files so that a reader never sees half of one: the one atomic-write helper.
+
+A crash, a Ctrl-C or a full disk in the middle of a write leaves the old file (or none), never
+a truncated one: the bytes go to a temporary file in the same folder, are flushed to disk, and
+the temporary file then replaces the target in one `os.replace` (atomic on POSIX and Windows
+within a file system). Folders are made as needed.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import tempfile
+from collections.abc import Iterator
+from typing import IO
+
+
+@contextlib.contextmanager
+def atomic_open(path: str | os.PathLike, mode: str = 'w', *, encoding: str | None = 'utf-8'
+                ) -> Iterator[IO]:
+  """Opens a temporary file beside `path` for writing; on a clean exit of the block it
+  replaces `path`, on an exception it is removed and `path` is untouched.
+
+  Args:
+    path: the file to write.
+    mode: 'w' (text, `encoding`) or 'wb' (bytes).
+  """
+  if mode not in ('w', 'wb'):
+    raise ValueError(f"atomic_open writes whole files: mode 'w' or 'wb', got {mode!r}")
+  path = os.fspath(path)
+  folder = os.path.dirname(os.path.abspath(path))
+  os.makedirs(folder, exist_ok=True)
+  # A unique name in the target's folder: two writers never share a temporary file, and the
+  # final rename stays within one file system.
+  handle, temporary = tempfile.mkstemp(dir=folder, prefix=f'.{os.path.basename(path)}.',
+                                       suffix='.tmp')
+  try:
+    with os.fdopen(handle, mode, encoding=None if 'b' in mode else encoding) as f:
+      yield f
+      f.flush()
+      os.fsync(f.fileno())
+    os.replace(temporary, path)
+  except BaseException:
+    with contextlib.suppress(FileNotFoundError):
+      os.remove(temporary)
+    raise
+
+
+def write_text(path: str | os.PathLike, text: str) -> None:
+  """Writes `text` (UTF-8) to `path` atomically."""
+  with atomic_open(path) as f:
+    f.write(text)
+
+
+def write_bytes(path: str | os.PathLike, data: bytes) -> None:
+  """Writes `data` to `path` atomically."""
+  with atomic_open(path, 'wb') as f:
+    f.write(data)

@@ -1,0 +1,10 @@
+"""Inference: a trained model loaded from its checkpoint (`trained`), and everything that turns
+it into suggestions: the suggestion pipeline, the retriever, IMDNA's proposer, a user's
+habits, reading decode input, and the decode and suggest modes. The names most callers need
+are re-exported here."""
+
+from mtn_jax.inference.trained import Trained
+from mtn_jax.inference.trained import load_trained
+from mtn_jax.inference.trained import saved_model_config
+
+__all__ = ['Trained', 'load_trained', 'saved_model_config']

@@ -1,0 +1,69 @@
+"""The preparation step of `config.train.hypotheses_from`: each cross-fitted generator decodes
+the sessions it suggests for, into the files the ranker's training and evaluation read
+(`mtn_jax.data.hypotheses`, which says why and how).
+
+Each generator decodes with its own run's `config.decode` (the settings `--mode=eval` with
+its config uses, and so the candidates reranking sees), whole beam kept. A file is made again
+only when what it depends on (checkpoint step, search settings, the sessions) changed.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+
+import ml_collections
+
+from mtn_jax import inference
+from mtn_jax.data import hypotheses
+from mtn_jax.data import preprocess
+from mtn_jax.data import sessions
+from mtn_jax.decoding import search
+from mtn_jax.inference import generate
+
+
+def settings(generator: hypotheses.Generator) -> search.SearchSettings:
+  # The full lists, as evaluation decodes them before any strategy drops a candidate.
+  return dataclasses.replace(search.SearchSettings.from_config(generator.config.decode),
+                             exclude_session_queries=False)
+
+
+def prepare(config: ml_collections.ConfigDict, workdir: str, split_names: tuple[str, ...],
+            log=print) -> None:
+  """Makes the suggestion files of `config.train.hypotheses_from` for the splits
+  `split_names` of `workdir`'s corpus (nothing without `hypotheses_from`)."""
+  if not config.train.get('hypotheses_from'):
+    return
+  data_dir = preprocess.data_dir(os.path.abspath(workdir))
+  found = hypotheses.generators(config.train.hypotheses_from, data_dir)
+  for name in split_names:
+    split = sessions.load_split(data_dir, name)
+    for generator, chosen in hypotheses.sessions_of(found, split):
+      part = split if len(chosen) == split.num_sessions else sessions.select_sessions(
+          split, chosen)
+      _decode(generator, part, log)
+
+
+def _decode(generator: hypotheses.Generator, split: sessions.SessionSplit, log) -> None:
+  path = generator.path(split.name)
+  trained = inference.load_trained(generator.config, generator.workdir, which='best')
+  search_settings = settings(generator)
+  header = {'checkpoint_step': int(trained.step), 'settings': search_settings.to_dict(),
+            'sessions': hypotheses.fingerprint(split)}
+  cached_header, cached = hypotheses.read(path)
+  if cached_header == header and len(cached) == len(split.queries):
+    return
+  log(f'Decoding {split.num_sessions:,} {split.name} sessions with {generator.workdir} (users '
+      f'of fold {generator.held_out} of {generator.folds} held out of its training) for the '
+      'ranker\'s candidates.', flush=True)
+  decode = generator.config.decode
+  by_pair, _ = generate.decode_split(
+      trained, split, search_settings,
+      queries_per_batch=decode.batch_sessions * generator.config.data.max_session_queries,
+      log=log)
+  rows: list[list[str]] = []
+  pair = 0
+  for length in split.lengths.tolist():
+    rows += by_pair[pair:pair + length - 1] + [[]]
+    pair += length - 1
+  hypotheses.write(path, header, rows)
