@@ -46,6 +46,26 @@ def atomic_open(path: str | os.PathLike, mode: str = 'w', *, encoding: str | Non
     raise
 
 
+@contextlib.contextmanager
+def atomic_path(path: str | os.PathLike, suffix: str = '') -> Iterator[str]:
+  """A temporary path beside `path` for a library that writes a file by its name (usearch,
+  a generator of its own); on a clean exit of the block it replaces `path`, on an exception
+  it is removed. `suffix`: the temporary name's ending, for writers that check it."""
+  path = os.fspath(path)
+  folder = os.path.dirname(os.path.abspath(path))
+  os.makedirs(folder, exist_ok=True)
+  handle, temporary = tempfile.mkstemp(dir=folder, prefix=f'.{os.path.basename(path)}.',
+                                       suffix=suffix + '.tmp' if not suffix else suffix)
+  os.close(handle)
+  try:
+    yield temporary
+    os.replace(temporary, path)
+  except BaseException:
+    with contextlib.suppress(FileNotFoundError):
+      os.remove(temporary)
+    raise
+
+
 def write_text(path: str | os.PathLike, text: str) -> None:
   """Writes `text` (UTF-8) to `path` atomically."""
   with atomic_open(path) as f:

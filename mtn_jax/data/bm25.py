@@ -30,6 +30,8 @@ from typing import Any
 
 import numpy as np
 
+from mtn_jax import files
+
 _FINGERPRINT = 'fingerprint.json'
 # Extra documents fetched per question to make up for excluded ones.
 _EXCLUSION_MARGIN = 64
@@ -131,8 +133,6 @@ def cached_top_k(index: Bm25Index, name: str, questions: Sequence[str], k: int,
       if str(cached['key']) == key:
         return cached['ids'], cached['scores']
   ids, scores = index.top_k(questions, k, exclude)
-  fd, tmp = tempfile.mkstemp(dir=index.folder, prefix='.partial-', suffix='.npz')
-  with os.fdopen(fd, 'wb') as f:
+  with files.atomic_open(path, 'wb') as f:
     np.savez(f, key=np.asarray(key), ids=ids, scores=scores)
-  os.replace(tmp, path)
   return ids, scores

@@ -56,6 +56,7 @@ import ml_collections
 import numpy as np
 
 from mtn_jax import errors
+from mtn_jax import files
 from mtn_jax.data import aol_log
 from mtn_jax.data import candidates
 from mtn_jax.data import sessions as sessions_lib
@@ -229,11 +230,9 @@ def _demo_log(target: str, num_users: int, seed: int) -> str:
       if json.load(f) == info:
         return path
   os.makedirs(target, exist_ok=True)
-  partial = os.path.join(target, '.partial-' + DEMO_LOG)
-  demo_log.write_demo_log(partial, num_users, seed)
-  os.replace(partial, path)
-  with open(info_path, 'w', encoding='utf-8') as f:
-    json.dump(info, f)
+  # The generator writes whole files (`files.atomic_open`).
+  demo_log.write_demo_log(path, num_users, seed)
+  files.write_text(info_path, json.dumps(info))
   return path
 
 

@@ -46,6 +46,7 @@ import ml_collections
 import numpy as np
 
 from mtn_jax import errors
+from mtn_jax import files
 from mtn_jax.inference import habits
 from mtn_jax import inference
 from mtn_jax.inference import generate
@@ -406,10 +407,10 @@ def evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict:
                       'actual': references[pair], 'suggestions': top[pair]})
     prefix = ('' if split_name == 'test' else f'{split_name}_') + (
         '' if strategy == 'generate' else f'{strategy}_')
-    _write_atomically(os.path.join(eval_dir, f'{prefix}samples.jsonl'),
+    files.write_text(os.path.join(eval_dir, f'{prefix}samples.jsonl'),
                       ''.join(json.dumps(s, ensure_ascii=False) + '\n' for s in samples))
     results_path = os.path.join(eval_dir, f'{prefix}results.json')
-    _write_atomically(results_path, json.dumps(results, indent=2, ensure_ascii=False) + '\n')
+    files.write_text(results_path, json.dumps(results, indent=2, ensure_ascii=False) + '\n')
     log(f'Results: {results_path}', flush=True)
   return results
 
@@ -468,11 +469,3 @@ def history_groups(split: sessions.SessionSplit, suggestions: dict[str, list[lis
                  if (~shares).any() else {})}
     groups[name] = group
   return groups
-
-
-def _write_atomically(path: str, text: str) -> None:
-  # A report never reads a half-written results file from an interrupted evaluation.
-  tmp = path + '.tmp'
-  with open(tmp, 'w', encoding='utf-8') as f:
-    f.write(text)
-  os.replace(tmp, path)

@@ -34,6 +34,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from mtn_jax import errors
+from mtn_jax import files
 from mtn_jax.data import candidates
 from mtn_jax.data import preprocess
 _CACHE_DIR = 'candidate_cache'
@@ -62,10 +63,7 @@ def _cache_key(trained, pool: candidates.CandidatePool) -> dict:
 
 
 def _write_json(path: str, value) -> None:
-  """`value` as JSON at `path`, written aside and renamed: a reader never sees half a file."""
-  with open(path + '.tmp', 'w', encoding='utf-8') as f:
-    json.dump(value, f)
-  os.replace(path + '.tmp', path)
+  files.write_text(path, json.dumps(value))
 
 
 def candidate_cache(trained, pool: candidates.CandidatePool, workdir: str, log=print):
@@ -95,9 +93,8 @@ def candidate_cache(trained, pool: candidates.CandidatePool, workdir: str, log=p
                                                           jnp.asarray(pool.queries)))
   os.makedirs(folder, exist_ok=True)
   flat = jax.tree.leaves(cache)
-  tmp = vectors_path + '.tmp.npz'
-  np.savez(tmp, **{f'leaf_{i}': np.asarray(a) for i, a in enumerate(flat)})
-  os.replace(tmp, vectors_path)
+  with files.atomic_open(vectors_path, 'wb') as f:
+    np.savez(f, **{f'leaf_{i}': np.asarray(a) for i, a in enumerate(flat)})
   _write_json(meta_path, key)
   log(f'Encoded the {len(pool):,} candidates in {time.time() - started:.1f} s '
       f'(cached in {folder}).', flush=True)
@@ -158,8 +155,8 @@ def usearch_index(vectors: np.ndarray, key: dict, folder: str, log=print):
   # vouches for the wrong index.
   if os.path.exists(meta_path):
     os.remove(meta_path)
-  index.save(path + '.tmp')
-  os.replace(path + '.tmp', path)
+  with files.atomic_path(path) as temporary:
+    index.save(temporary)
   _write_json(meta_path, expected)
   log(f'Indexed the {count:,} candidate vectors with usearch in '
       f'{time.time() - started:.1f} s (saved in {path}).', flush=True)

@@ -42,6 +42,7 @@ from jax.experimental import multihost_utils
 
 from mtn_jax.training import checkpoints
 from mtn_jax import errors
+from mtn_jax import files
 from mtn_jax.data import input_pipeline
 from mtn_jax.training import metric_writer
 from mtn_jax import models
@@ -416,10 +417,7 @@ class _TrainMonitor:
 
 
 def _save_json(path: str, obj) -> None:
-  tmp = path + '.tmp'
-  with open(tmp, 'w', encoding='utf-8') as f:
-    json.dump(obj, f, indent=2, sort_keys=True)
-  os.replace(tmp, path)
+  files.write_text(path, json.dumps(obj, indent=2, sort_keys=True))
 
 
 def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:

@@ -56,6 +56,8 @@ import re
 
 import numpy as np
 
+from mtn_jax import files
+
 HEADER = 'AnonID\tQuery\tQueryTime\tItemRank\tClickURL'
 
 _LOG_START = np.datetime64('2006-03-01T00:00:00', 's')
@@ -880,16 +882,9 @@ def write_demo_log(path: str | os.PathLike, num_users: int, seed: int) -> None:
   if not os.path.isdir(directory):
     raise FileNotFoundError(f'write_demo_log: no directory {directory} to write {path} in')
   user_seeds = np.random.SeedSequence(seed).spawn(num_users)
-  partial_path = f'{path}.{os.getpid()}.partial'
-  try:
-    with open(partial_path, 'wb') as raw:
-      if path.endswith('.gz'):
-        with gzip.GzipFile(filename='', mode='wb', fileobj=raw, mtime=0) as compressed:
-          _write_users(compressed, user_seeds)
-      else:
-        _write_users(raw, user_seeds)
-  except BaseException:
-    if os.path.exists(partial_path):
-      os.unlink(partial_path)
-    raise
-  os.replace(partial_path, path)
+  with files.atomic_open(path, 'wb') as raw:
+    if path.endswith('.gz'):
+      with gzip.GzipFile(filename='', mode='wb', fileobj=raw, mtime=0) as compressed:
+        _write_users(compressed, user_seeds)
+    else:
+      _write_users(raw, user_seeds)

@@ -34,13 +34,13 @@ import dataclasses
 import hashlib
 import json
 import os
-import tempfile
 from collections.abc import Iterable, Sequence
 
 import ml_collections
 import numpy as np
 
 from mtn_jax import errors
+from mtn_jax import files
 from mtn_jax.data.vocab import SPECIAL_TOKENS
 from mtn_jax.data.vocab import Vocab
 
@@ -301,11 +301,7 @@ def _manifest(settings: ml_collections.ConfigDict) -> dict:
 
 
 def _write_text(path: str, text: str) -> None:
-  """Written aside, then renamed: a file is there whole or not at all."""
-  fd, tmp = tempfile.mkstemp(dir=os.path.dirname(path), prefix='.partial-')
-  with os.fdopen(fd, 'w', encoding='utf-8') as f:
-    f.write(text)
-  os.replace(tmp, path)
+  files.write_text(path, text)
 
 
 def prepare(config: ml_collections.ConfigDict, workdir: str, verbose: bool = False) -> dict:

@@ -1,0 +1,46 @@
+"""The one atomic-write helper: a file is there whole or as it was, never half written."""
+
+import os
+
+import pytest
+
+from mtn_jax import files
+
+
+def test_write_replaces_the_whole_file_and_leaves_no_temporary(tmp_path):
+  path = tmp_path / 'sub' / 'results.json'
+  files.write_text(path, 'first\n')
+  files.write_text(path, 'second\n')
+  assert path.read_text() == 'second\n'
+  files.write_bytes(path, b'\x00\x01')
+  assert path.read_bytes() == b'\x00\x01'
+  assert os.listdir(path.parent) == ['results.json']
+
+
+def test_an_error_mid_write_keeps_the_old_file(tmp_path):
+  path = tmp_path / 'results.json'
+  files.write_text(path, 'old\n')
+  with pytest.raises(RuntimeError):
+    with files.atomic_open(path) as f:
+      f.write('half of the new')
+      raise RuntimeError('disk full')
+  assert path.read_text() == 'old\n'
+  with pytest.raises(KeyboardInterrupt):
+    with files.atomic_path(path) as temporary:
+      with open(temporary, 'w', encoding='utf-8') as f:
+        f.write('half')
+      raise KeyboardInterrupt
+  assert path.read_text() == 'old\n'
+  assert os.listdir(tmp_path) == ['results.json']
+
+
+def test_atomic_path_hands_a_writer_a_name_beside_the_target(tmp_path):
+  path = tmp_path / 'index.bin'
+  with files.atomic_path(path) as temporary:
+    assert os.path.dirname(temporary) == str(tmp_path) and not path.exists()
+    with open(temporary, 'wb') as f:
+      f.write(b'vectors')
+  assert path.read_bytes() == b'vectors'
+  with pytest.raises(ValueError, match='whole files'):
+    with files.atomic_open(path, 'a'):
+      pass
