@@ -27,8 +27,8 @@ from absl import app
 from absl import flags
 from ml_collections import config_flags
 
-from mtn_jax.data import imdna_library
 from mtn_jax import inference
+from mtn_jax.data import imdna_library
 
 config_flags.DEFINE_config_file('config', None, 'The run\'s config (path[:variant]).')
 flags.DEFINE_string('workdir', None, 'The trained run.')

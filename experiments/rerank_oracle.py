@@ -15,7 +15,6 @@ first".
 
 from __future__ import annotations
 
-import dataclasses
 import os
 import sys
 
@@ -37,27 +36,32 @@ def main(argv):
   del argv
   parallel.set_cpu_devices(0)  # the checkpoints' device layout: one device per core
   import numpy as np
-  from mtn_jax.evaluation import evaluate
-  from mtn_jax import inference
-  from mtn_jax.inference import generate
-  from mtn_jax.decoding import mbr
-  from mtn_jax.evaluation import metrics
-  from mtn_jax.decoding import search
   from mtn_jax.data import preprocess
   from mtn_jax.data import sessions
+  from mtn_jax.decoding import mbr
+  from mtn_jax.evaluation import evaluate
+  from mtn_jax.evaluation import metrics
+  from mtn_jax.evaluation import pool_ranking
+  from mtn_jax.inference import pipeline
 
   config = FLAGS.config
-  trained = inference.load_trained(config, FLAGS.workdir)
   split = sessions.load_split(preprocess.data_dir(os.path.abspath(FLAGS.workdir)),
                               config.decode.eval_split)
-  dc = config.decode
-  settings = dataclasses.replace(search.SearchSettings.from_config(dc),
-                                 exclude_session_queries=False, top_k=dc.beam_size)
   quiet = lambda *args, **kwargs: None
-  generated, _ = generate.decode_split(trained, split, settings, log=quiet,
-                                       queries_per_batch=dc.batch_sessions * 5)
-  lists, _, _, extra = evaluate.strategy_suggestions(config, FLAGS.workdir, trained, split,
-                                                     generated, np.zeros(0, np.int64), log=quiet)
+  suggestions = pipeline.Pipeline.load(config, FLAGS.workdir, log=quiet)
+  queries_per_batch = config.decode.batch_sessions * config.data.max_session_queries
+
+  def retrieve_split(retriever, k):
+    ranked = pool_ranking.rank_split(retriever.trained, split, retriever.workdir, k=k,
+                                     seed=config.seed, queries_per_batch=queries_per_batch,
+                                     log=quiet)
+    return ranked.suggestions, ranked.top_scores
+
+  split_lists = suggestions.split_lists(split, queries_per_batch=queries_per_batch,
+                                        retrieve_split=retrieve_split, log=quiet)
+  lists = {'model': [[c['query'] for c in ranked] for ranked in split_lists.ordered],
+           **split_lists.sources}
+  label = evaluate.strategy_record(suggestions)['label']
   previous, references = evaluate.pair_texts(split)
   session, position = evaluate.pair_session_positions(split)
   contexts = [split.session_texts(i)[:t + 1] for i, t in zip(session.tolist(),
@@ -79,7 +83,7 @@ def main(argv):
       'oracle: the previous query or the ranker\'s first': oracle(
           [[p, c[0]] for p, c in zip(previous, pooled)]),
   }
-  print(f'{extra["strategy"]["label"]}; {config.decode.eval_split}, {len(references)} pairs')
+  print(f'{label}; {config.decode.eval_split}, {len(references)} pairs')
   for name, firsts in rows.items():
     print(f'  {name:<50} BLEU {metrics.bleu(firsts, references).bleu:6.2f}')
   share = np.mean([c[0] == p for c, p in zip(pooled, previous)])

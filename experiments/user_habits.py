@@ -34,10 +34,10 @@ from absl import flags
 
 import numpy as np
 
-from mtn_jax.inference import habits
-from mtn_jax.evaluation import metrics
 from mtn_jax.data import preprocess
 from mtn_jax.data import sessions
+from mtn_jax.evaluation import metrics
+from mtn_jax.inference import habits
 
 FLAGS = flags.FLAGS
 

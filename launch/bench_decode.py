@@ -38,10 +38,10 @@ from launch import synthetic_batches
 from mtn_jax import inference
 from mtn_jax import models
 from mtn_jax import parallel
-from mtn_jax.decoding import search
 from mtn_jax import tasks
 from mtn_jax.data import preprocess
 from mtn_jax.data import sessions
+from mtn_jax.decoding import search
 # pylint: enable=g-import-not-at-top,wrong-import-position
 
 _CONFIG = config_flags.DEFINE_config_file('config', None, 'Config file (path[:variant]).',

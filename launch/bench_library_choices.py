@@ -94,11 +94,11 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 # pylint: disable=g-import-not-at-top,wrong-import-position
 from launch import bench_train
 from mtn_jax import config_lib
-from mtn_jax.data import input_pipeline
-from mtn_jax.training import metric_writer
 from mtn_jax import models
 from mtn_jax import parallel
+from mtn_jax.data import input_pipeline
 from mtn_jax.models import dropout as project_dropout
+from mtn_jax.training import metric_writer
 # pylint: enable=g-import-not-at-top,wrong-import-position
 
 SCRIPT = 'launch/bench_library_choices.py'

@@ -66,8 +66,8 @@ from launch import synthetic_batches
 from mtn_jax import models
 from mtn_jax import parallel
 from mtn_jax.inference import retrieval
-from mtn_jax.tasks import rankers
 from mtn_jax.models.base import session_sources
+from mtn_jax.tasks import rankers
 # pylint: enable=g-import-not-at-top,wrong-import-position
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))

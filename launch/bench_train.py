@@ -70,13 +70,13 @@ from ml_collections import config_flags
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 # pylint: disable=g-import-not-at-top,wrong-import-position
 from mtn_jax import config_lib
-from mtn_jax.data import input_pipeline
 from mtn_jax import models
 from mtn_jax import parallel
 from mtn_jax import tasks
-from mtn_jax.training import train
+from mtn_jax.data import input_pipeline
 from mtn_jax.data import preprocess
 from mtn_jax.data.sessions import SessionSplit
+from mtn_jax.training import train
 from launch.synthetic_batches import model_inputs, synthetic_queries
 from mtn_jax.models.base import ModelConfig
 # pylint: enable=g-import-not-at-top,wrong-import-position

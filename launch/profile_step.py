@@ -38,9 +38,9 @@ import numpy as np
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 # pylint: disable=g-import-not-at-top,wrong-import-position
 from launch import bench_train
-from mtn_jax.data import input_pipeline
 from mtn_jax import models
 from mtn_jax import parallel
+from mtn_jax.data import input_pipeline
 # pylint: enable=g-import-not-at-top,wrong-import-position
 
 _BUCKET = flags.DEFINE_integer('bucket', 4, 'Session length (queries) of the profiled batch.')

@@ -41,10 +41,10 @@ from torch import nn
 from mtn_jax import models
 from mtn_jax import parallel
 from mtn_jax import tasks
-from mtn_jax.training import train
 from mtn_jax.data.vocab import PAD_ID
 from mtn_jax.models import layers
 from mtn_jax.models.base import ModelConfig
+from mtn_jax.training import train
 
 # Flax's LayerNorm default; torch's is 1e-5.
 _LAYER_NORM_EPS = 1e-6

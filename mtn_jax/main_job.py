@@ -13,13 +13,13 @@ import os
 import jax
 import ml_collections
 
-from mtn_jax.training import checkpoints
+from mtn_jax import tasks
+from mtn_jax.data import preprocess
 from mtn_jax.evaluation import evaluate as evaluation
 from mtn_jax.evaluation import report
 from mtn_jax.inference import hypotheses
-from mtn_jax import tasks
+from mtn_jax.training import checkpoints
 from mtn_jax.training import train as train_loop
-from mtn_jax.data import preprocess
 
 SAMPLES_SHOWN = 5
 

@@ -14,11 +14,11 @@ import pytest
 from configs import demo
 from mtn_jax import config_lib
 from mtn_jax import errors
-from mtn_jax.inference import retrieval
 from mtn_jax.data import candidates
 from mtn_jax.data.vocab import SEP_ID
-from tests.test_polyencoder import N
+from mtn_jax.inference import retrieval
 from tests.test_polyencoder import dual_task
+from tests.test_polyencoder import N
 from tests.test_polyencoder import sessions
 
 KEY = {'step': 5, 'pool': 'abc', 'model': 'def'}

@@ -12,17 +12,18 @@ import pytest
 
 from configs import default
 from mtn_jax import inference
-from mtn_jax.tasks import losses
 from mtn_jax import models
-from mtn_jax.decoding import search
-from mtn_jax.inference import suggest
 from mtn_jax import tasks
 from mtn_jax.data import extended
 from mtn_jax.data.vocab import SPECIAL_TOKENS
 from mtn_jax.data.vocab import UNK_ID
 from mtn_jax.data.vocab import Vocab
+from mtn_jax.decoding import search
+from mtn_jax.inference import inputs
+from mtn_jax.inference import pipeline
 from mtn_jax.models import copying
 from mtn_jax.models.base import decoder_io
+from mtn_jax.tasks import losses
 
 
 VOCAB = Vocab(SPECIAL_TOKENS + tuple(f'w{i}' for i in range(32)))
@@ -132,9 +133,8 @@ def test_a_session_word_outside_the_vocabulary_is_suggested_verbatim(copy_model)
   # Two copyable words and no end token: exactly four suggestions of two words each.
   settings = search.SearchSettings(beam_size=4, max_len=2, length_penalty=0.0,
                                    emit_unk=False, top_k=4)
-  context = suggest.Context(('zzyzx quokka',), 0, {})
-  [[ranked]] = suggest.decode_contexts(trained, [context], positions='last', batch_rows=1,
-                                       settings=settings)
+  context = inputs.Context(('zzyzx quokka',), 0, {})
+  [[ranked]] = pipeline.generated(trained, [context], settings, positions='last', batch_rows=1)
   assert ranked
   for suggestion in ranked:
     words = suggestion['query'].split()
@@ -142,7 +142,7 @@ def test_a_session_word_outside_the_vocabulary_is_suggested_verbatim(copy_model)
   # The user-facing protocol drops a suggestion that repeats the session's query.
   assert sorted(s['query'] for s in ranked) == ['quokka quokka', 'quokka zzyzx',
                                                 'zzyzx quokka', 'zzyzx zzyzx']
-  [[user_facing]] = suggest.decode_contexts(
-      trained, [context], positions='last', batch_rows=1,
-      settings=dataclasses.replace(settings, exclude_session_queries=True))
+  [[user_facing]] = pipeline.generated(
+      trained, [context], dataclasses.replace(settings, exclude_session_queries=True),
+      positions='last', batch_rows=1)
   assert user_facing == [s for s in ranked if s['query'] != 'zzyzx quokka']

@@ -15,13 +15,13 @@ import numpy as np
 import pytest
 
 from configs import default
-from mtn_jax.decoding import search
 from mtn_jax import models
 from mtn_jax.data.vocab import EOS_ID
 from mtn_jax.data.vocab import PAD_ID
 from mtn_jax.data.vocab import SPECIAL_TOKENS
 from mtn_jax.data.vocab import UNK_ID
 from mtn_jax.data.vocab import Vocab
+from mtn_jax.decoding import search
 
 MODEL_NAMES = [n for n in ('mtn', 'transformer', 'seq2seq', 'hred', 'mnsrf')
                if n in models.REGISTRY]

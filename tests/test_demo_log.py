@@ -15,8 +15,8 @@ import statistics
 
 import pytest
 
-from mtn_jax.evaluation import metrics
 from mtn_jax.data.synthetic import demo_log
+from mtn_jax.evaluation import metrics
 
 DEMO_USERS = 1500  # configs/demo.py
 SESSION_GAP = datetime.timedelta(minutes=30)

@@ -10,10 +10,10 @@ import re
 
 import pytest
 
-from mtn_jax.evaluation import evaluate
-from mtn_jax.evaluation import trivial
-from mtn_jax.evaluation import metrics
 from mtn_jax.data import sessions
+from mtn_jax.evaluation import evaluate
+from mtn_jax.evaluation import metrics
+from mtn_jax.evaluation import trivial
 from tests import cli
 
 pytestmark = pytest.mark.slow

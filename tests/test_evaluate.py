@@ -11,15 +11,16 @@ import ml_collections
 import numpy as np
 import pytest
 
-from mtn_jax.evaluation import evaluate
-from mtn_jax.evaluation import trivial
-from mtn_jax.evaluation import report
-from mtn_jax.decoding import search
-from mtn_jax.inference import suggest
 from mtn_jax.data.sessions import SessionSplit
 from mtn_jax.data.vocab import SPECIAL_TOKENS
 from mtn_jax.data.vocab import UNK_ID
 from mtn_jax.data.vocab import Vocab
+from mtn_jax.decoding import search
+from mtn_jax.evaluation import evaluate
+from mtn_jax.evaluation import report
+from mtn_jax.evaluation import trivial
+from mtn_jax.inference import inputs
+from mtn_jax.inference import suggest
 
 
 def make_split(tmp_path, name, sessions):
@@ -92,7 +93,7 @@ VOCAB = Vocab(SPECIAL_TOKENS + ('cheap', 'flights', 'boston', 'hotels', 'red', '
 
 
 def make_reader(max_query_words=3, max_session_queries=3):
-  return suggest.QueryReader(VOCAB, max_query_words, max_session_queries)
+  return inputs.QueryReader(VOCAB, max_query_words, max_session_queries)
 
 
 def test_session_lines_tabs_empty_oov_and_long(tmp_path):
@@ -105,7 +106,7 @@ def test_session_lines_tabs_empty_oov_and_long(tmp_path):
       b'a\tb\tc\td\te\n'  # 5: longer than the 3-query table, 5 OOV of which 3 kept
       b'hotels')  # 6: no final newline
   reader = make_reader()
-  contexts = list(suggest.read_sessions_file(str(path), reader, strict=False))
+  contexts = list(inputs.read_sessions_file(str(path), reader, strict=False))
   assert [(c.info['line'], c.queries, c.first_output) for c in contexts] == [
       (1, ('cheap flights', 'boston'), 1),
       (4, ('red sox', 'cheap flights to'), 1),
@@ -123,7 +124,7 @@ def test_sessions_file_gzip_and_latin1(tmp_path):
     f.write(b'boston\thotels\ncaf\xe9 paris\tbrie\nred sox\n')
   for strict in (False, True):
     reader = make_reader()
-    contexts = list(suggest.read_sessions_file(str(path), reader, strict=strict))
+    contexts = list(inputs.read_sessions_file(str(path), reader, strict=strict))
     assert [c.queries for c in contexts] == [('boston', 'hotels'), ('caf\xe9 paris', 'brie'),
                                              ('red sox',)]
     assert reader.counts['latin1_lines'] == 1
@@ -143,25 +144,25 @@ RAW_HEADER = 'AnonID\tQuery\tQueryTime\tItemRank\tClickURL\n'
 def test_detect_format(tmp_path, first_line, expected):
   path = tmp_path / 'input.txt'
   path.write_text('\n\n' + first_line + 'more\n', encoding='utf-8')
-  assert suggest.detect_format(str(path)) == expected
+  assert inputs.detect_format(str(path)) == expected
 
 
 def test_detect_format_refuses_an_empty_file(tmp_path):
   path = tmp_path / 'empty.txt'
   path.write_text('\n \n', encoding='utf-8')
-  with pytest.raises(suggest.DecodeInputError, match='empty.txt: no session to decode'):
-    suggest.detect_format(str(path))
+  with pytest.raises(inputs.DecodeInputError, match='empty.txt: no session to decode'):
+    inputs.detect_format(str(path))
 
 
 def test_detect_format_names_a_binary_file_and_a_file_of_no_text(tmp_path):
   binary = tmp_path / 'random.bin'
   binary.write_bytes(np.random.default_rng(0).integers(0, 256, 20_000, np.uint8).tobytes())
-  with pytest.raises(suggest.DecodeInputError, match='random.bin: not a text file'):
-    suggest.detect_format(str(binary))
+  with pytest.raises(inputs.DecodeInputError, match='random.bin: not a text file'):
+    inputs.detect_format(str(binary))
   blank = tmp_path / 'blank.txt'
   blank.write_text('\n\n', encoding='utf-8')
-  with pytest.raises(suggest.DecodeInputError, match='empty but for 2 blank lines'):
-    suggest.detect_format(str(blank))
+  with pytest.raises(inputs.DecodeInputError, match='empty but for 2 blank lines'):
+    inputs.detect_format(str(blank))
 
 
 def data_config(gap=30.0):
@@ -181,7 +182,7 @@ def test_raw_log_is_sessionized_with_references(tmp_path):
       + '7\t-\t2006-03-01 10:36:00\t\t\n',  # the log's empty-query placeholder
       encoding='utf-8')
   reader = make_reader()
-  contexts = list(suggest.read_raw_log(str(path), reader, data_config(), chunk_sessions=2))
+  contexts = list(inputs.read_raw_log(str(path), reader, data_config(), chunk_sessions=2))
   assert [(c.info, c.queries, c.references, c.first_output) for c in contexts] == [
       ({'user': 7, 'session': 0}, ('cheap flights', 'flights to boston'),
        ('flights to boston', None), 0),
@@ -212,9 +213,9 @@ def test_raw_session_longer_than_the_table_keeps_its_last_queries():
 
 
 def test_encode_contexts_pads_queries_and_rows():
-  contexts = [suggest.Context(('cheap flights', 'zzz'), 1, {}),
-              suggest.Context(('boston',), 0, {})]
-  batch, lengths = suggest.encode_contexts(VOCAB, contexts, rows=3, width=2,
+  contexts = [inputs.Context(('cheap flights', 'zzz'), 1, {}),
+              inputs.Context(('boston',), 0, {})]
+  batch, lengths = inputs.encode_contexts(VOCAB, contexts, rows=3, width=2,
                                            max_query_words=3)
   ids = {w: VOCAB.id(w) for w in ('cheap', 'flights', 'boston')}
   np.testing.assert_array_equal(batch['queries'], [

@@ -8,9 +8,9 @@ import random
 import numpy as np
 import pytest
 
+from mtn_jax.data import sessions
 from mtn_jax.inference import habits
 from mtn_jax.inference import pipeline
-from mtn_jax.data import sessions
 
 
 def by_definition(past: list[str]) -> tuple[int, int]:
@@ -76,8 +76,7 @@ def test_past_queries_are_the_users_earlier_sessions_of_every_split(tmp_path):
 def test_rerank_puts_the_habit_query_first_where_the_rate_holds():
   scores = {'cheap hotels': 0.5, 'cheap flights': 0.2, 'paris hotel': 2.1,
             'cheap flights paris': 1.0, 'bank': -5.0, 'mail': -6.0, 'news': 0.0}
-  rankers = pipeline.Rankers(ranker=None, retriever=None, retriever_workdir='', retrieved=0,
-                               proposed=0, habit_rate=0.5, habit_min_past=3)
+  rankers = pipeline.Rankers(ranker=None, habit_rate=0.5, habit_min_past=3)
   scored = []
 
   def score_lists(sessions_, lists, batch_rows):
@@ -91,8 +90,8 @@ def test_rerank_puts_the_habit_query_first_where_the_rate_holds():
   beam = [['cheap hotels'], ['paris hotel']]
   habitual = ['bank', 'mail', 'bank', 'mail', 'bank']  # 3 hits of 4
   occasional = ['bank', 'mail', 'news', 'shop', 'bank']  # one hit of four
-  out = rankers.rerank([session, session], [[beam, beam]], batch_rows=2,
-                       histories=[habitual, occasional])
+  out = rankers.order([session, session], [[beam, beam]], batch_rows=2,
+                      histories=[habitual, occasional])
   # The habitual user's habit query joins the candidates (scored) and goes first, the rest in
   # the ranker's order; the other user's list is the ranker's.
   assert 'bank' in scored[0][0][1] and 'bank' not in scored[0][1][1]
@@ -101,21 +100,21 @@ def test_rerank_puts_the_habit_query_first_where_the_rate_holds():
   assert [c['query'] for c in out[1][1]] == ['paris hotel', 'cheap flights paris',
                                              'cheap flights']
   # The user-facing protocol keeps it first (it is never a query of the session).
-  shown = rankers.rerank([session], [[beam]], batch_rows=1, exclude_session_queries=True,
-                         histories=[habitual])[0][1]
+  shown = pipeline.show(rankers.order([session], [[beam]], batch_rows=1,
+                                      histories=[habitual])[0][1], session, True, top_k=10)
   assert [c['query'] for c in shown] == ['bank', 'paris hotel']
   # One user's sessions in a row, each past extending the last (the figures carried over),
   # then another user's: the lists of each session alone.
   later = ['news', 'paris hotel']
   pasts = [habitual[:3], habitual, habitual + session, occasional]
   queries = [session, session, later, session]
-  together = rankers.rerank(queries, [[beam] * 4], batch_rows=4, histories=pasts)
-  assert together == [rankers.rerank([q], [[beam]], batch_rows=1, histories=[h])[0]
+  together = rankers.order(queries, [[beam] * 4], batch_rows=4, histories=pasts)
+  assert together == [rankers.order([q], [[beam]], batch_rows=1, histories=[h])[0]
                       for q, h in zip(queries, pasts)]
   assert together[0][1][0]['query'] == 'paris hotel'  # a past of 2 later queries: too short
   assert together[2][1][0]['query'] == 'bank'
   with pytest.raises(ValueError, match='habit_rate'):
-    rankers.rerank([session], [[beam]], batch_rows=1)
+    rankers.order([session], [[beam]], batch_rows=1)
 
 
 def test_config_refuses_habits_outside_rerank_and_rates_outside_0_1():
@@ -137,7 +136,7 @@ def test_config_refuses_habits_outside_rerank_and_rates_outside_0_1():
 
 
 def test_user_habits_script_suggests_the_habit_or_the_previous_query(tmp_path):
-  from launch import user_habits  # pylint: disable=g-import-not-at-top
+  from experiments import user_habits  # pylint: disable=g-import-not-at-top
   # User 1 comes back to 'bank' and 'mail'; user 2 has a single earlier session.
   write_split(tmp_path, 'train', [['bank', 'mail'], ['bank', 'mail'], ['news', 'bank'],
                                   ['x', 'y'], ['y', 'z']],

@@ -12,13 +12,13 @@ import numpy as np
 import pytest
 
 from configs import imdna_movies
+from mtn_jax.data import bm25
+from mtn_jax.data.synthetic import movies
 from mtn_jax.evaluation import evaluate
 from mtn_jax.evaluation import imdna as imdna_evaluation
-from mtn_jax.tasks import imdna as imdna_task
-from mtn_jax.data import bm25
-from mtn_jax.training import train
-from mtn_jax.data.synthetic import movies
 from mtn_jax.models import imdna
+from mtn_jax.tasks import imdna as imdna_task
+from mtn_jax.training import train
 from tests import cli
 from tests.test_train import final_params
 

@@ -10,10 +10,10 @@ import numpy as np
 import optax
 import pytest
 
-from mtn_jax.tasks.losses import output_layer_losses, session_losses, token_losses
 from mtn_jax.models import create_model
 from mtn_jax.models import decoder_io
 from mtn_jax.models import make_config
+from mtn_jax.tasks.losses import output_layer_losses, session_losses, token_losses
 
 
 def test_plain_cross_entropy():

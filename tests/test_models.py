@@ -20,13 +20,13 @@ from mtn_jax.data.vocab import EOS_ID
 from mtn_jax.data.vocab import PAD_ID
 
 from mtn_jax.data.vocab import SEP_ID
-from mtn_jax.models import REGISTRY
-from mtn_jax.models import ModelConfig
 from mtn_jax.models import count_params
 from mtn_jax.models import create_model
 from mtn_jax.models import decoder_io
-from mtn_jax.models import make_config
 from mtn_jax.models import layers
+from mtn_jax.models import make_config
+from mtn_jax.models import ModelConfig
+from mtn_jax.models import REGISTRY
 from mtn_jax.models.base import session_sources
 from mtn_jax.models.mtn import MTNEncoder
 from mtn_jax.models.transformer import FlatSessionEncoder

@@ -14,14 +14,14 @@ import numpy as np
 import pytest
 
 from mtn_jax import tasks
-from mtn_jax.inference import retrieval
-from mtn_jax.tasks import rankers
 from mtn_jax.data import candidates
 from mtn_jax.data import sessions as session_data
 from mtn_jax.data.vocab import SEP_ID
 from mtn_jax.data.vocab import UNK_ID
+from mtn_jax.inference import retrieval
 from mtn_jax.models import polyencoder
 from mtn_jax.models.base import session_sources
+from mtn_jax.tasks import rankers
 
 N = 4  # tokens per query
 

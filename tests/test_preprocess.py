@@ -14,7 +14,6 @@ import pytest
 
 from configs import default
 from mtn_jax import errors
-from mtn_jax.evaluation import metrics
 from mtn_jax.data import aol_log
 from mtn_jax.data import candidates
 from mtn_jax.data import preprocess
@@ -22,6 +21,7 @@ from mtn_jax.data import sessions as sessions_lib
 from mtn_jax.data.vocab import SPECIAL_TOKENS
 from mtn_jax.data.vocab import UNK_ID
 from mtn_jax.data.vocab import Vocab
+from mtn_jax.evaluation import metrics
 
 HEADER = 'AnonID\tQuery\tQueryTime\tItemRank\tClickURL'
 

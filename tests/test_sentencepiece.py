@@ -7,16 +7,16 @@ import numpy as np
 import pytest
 
 from configs import default
-from mtn_jax.decoding import search
 from mtn_jax.data import extended
 from mtn_jax.data import preprocess
 from mtn_jax.data import sessions as sessions_lib
 from mtn_jax.data.vocab import EOS_ID
-from mtn_jax.data.vocab import SPECIAL_TOKENS
-from mtn_jax.data.vocab import UNK_ID
 from mtn_jax.data.vocab import SentencePieceVocab
-from mtn_jax.data.vocab import Vocab
+from mtn_jax.data.vocab import SPECIAL_TOKENS
 from mtn_jax.data.vocab import train_sentencepiece
+from mtn_jax.data.vocab import UNK_ID
+from mtn_jax.data.vocab import Vocab
+from mtn_jax.decoding import search
 from tests import cli
 
 TRAIN = ['cheap flights to paris', 'new york hotels', 'paris hotels', 'cheap new york flights',

@@ -1,5 +1,5 @@
-"""The pooling and ordering of 'rerank' (`mtn_jax.strategies.Rankers.rerank`), its ranker
-replaced by given scores."""
+"""The pooling and ordering of 'rerank' (`mtn_jax.inference.pipeline.Rankers.order`), its
+ranker replaced by given scores, and what is shown of it (`pipeline.show`)."""
 
 from __future__ import annotations
 
@@ -10,8 +10,7 @@ from mtn_jax.inference import pipeline
 
 
 def rankers_with_scores(scores: dict[str, float], use_mbr: bool) -> pipeline.Rankers:
-  rankers = pipeline.Rankers(ranker=None, retriever=None, retriever_workdir='', retrieved=0,
-                               proposed=0, proposer=None, mbr=use_mbr)
+  rankers = pipeline.Rankers(ranker=None, mbr=use_mbr)
   rankers.score_lists = lambda sessions, lists, batch_rows: [
       [np.asarray([scores[q] for q in texts], np.float32) for texts in session_lists]
       for session_lists in lists]
@@ -27,25 +26,27 @@ SCORES = {'cheap hotels': 0.5, 'flights': 0.1, 'cheap flights': 0.2,
 
 
 def test_rerank_pools_deduplicates_and_orders_by_score():
-  out = rankers_with_scores(SCORES, use_mbr=False).rerank([SESSION], [[BEAM], [OTHER]],
-                                                          batch_rows=1)
+  out = rankers_with_scores(SCORES, use_mbr=False).order([SESSION], [[BEAM], [OTHER]],
+                                                         batch_rows=1)
   first, second = out[0]
   assert [c['query'] for c in first] == ['cheap hotels', 'cheap flights', 'flights']
   # 'cheap flights paris' is in the beam and the session: once. Best score first.
   assert [c['query'] for c in second] == ['paris hotel', 'cheap flights paris hotel',
                                           'cheap flights paris hotels', 'cheap flights paris',
                                           'cheap flights']
-  excluded = rankers_with_scores(SCORES, use_mbr=False).rerank(
-      [SESSION], [[BEAM], [OTHER]], batch_rows=1, exclude_session_queries=True)[0][1]
-  assert {c['query'] for c in excluded} == {'paris hotel', 'cheap flights paris hotel',
-                                            'cheap flights paris hotels'}
+  excluded = pipeline.show(second, SESSION, True, top_k=10)
+  assert [c['query'] for c in excluded] == ['paris hotel', 'cheap flights paris hotel',
+                                            'cheap flights paris hotels']
+  # The paper's protocol shows the first top_k, the session's queries among them.
+  assert pipeline.show(second, SESSION, False, top_k=2) == second[:2]
+  assert pipeline.show(second, SESSION, True, top_k=2) == excluded[:2]
 
 
 def test_rerank_with_mbr_picks_the_consensus_of_the_rankers_distribution():
-  ranked = rankers_with_scores(SCORES, use_mbr=False).rerank([SESSION], [[BEAM], [OTHER]],
+  ranked = rankers_with_scores(SCORES, use_mbr=False).order([SESSION], [[BEAM], [OTHER]],
+                                                            batch_rows=1)[0][1]
+  with_mbr = rankers_with_scores(SCORES, use_mbr=True).order([SESSION], [[BEAM], [OTHER]],
                                                              batch_rows=1)[0][1]
-  with_mbr = rankers_with_scores(SCORES, use_mbr=True).rerank([SESSION], [[BEAM], [OTHER]],
-                                                              batch_rows=1)[0][1]
   assert with_mbr == mbr.rerank(ranked)
   # The best-scored 'paris hotel' shares little with the rest of the mass; the consensus of
   # the three 'cheap flights paris ...' candidates is chosen.
@@ -54,23 +55,10 @@ def test_rerank_with_mbr_picks_the_consensus_of_the_rankers_distribution():
   assert {c['query'] for c in with_mbr} == {c['query'] for c in ranked}
 
 
-def test_both_protocols_come_from_one_scoring():
-  rankers = rankers_with_scores(SCORES, use_mbr=False)
-  scored = rankers.score_lists
-  calls = []
-  rankers.score_lists = lambda *args, **kwargs: calls.append(1) or scored(*args, **kwargs)
-  full, shown = rankers.rerank_both_protocols([SESSION], [[BEAM], [OTHER]], batch_rows=1)
-  assert len(calls) == 1  # both protocols from one scoring
-  assert full == rankers.rerank([SESSION], [[BEAM], [OTHER]], batch_rows=1)
-  assert shown == rankers.rerank([SESSION], [[BEAM], [OTHER]], batch_rows=1,
-                                 exclude_session_queries=True)
-  assert [c['query'] for c in shown[0][1]] == ['paris hotel', 'cheap flights paris hotel',
-                                               'cheap flights paris hotels']
-  assert [c['query'] for c in shown[0][0]] == ['cheap hotels', 'flights']
+def test_what_is_shown_under_the_user_facing_protocol_is_the_order_with_the_session_dropped():
   # MBR's evidence is every candidate, as in the generator's own MBR: the user-facing list is
-  # its order with the session's queries dropped.
-  rankers.mbr = True
-  with_mbr = rankers.rerank([SESSION], [[BEAM], [OTHER]], batch_rows=1)[0][1]
-  assert rankers.rerank([SESSION], [[BEAM], [OTHER]], batch_rows=1,
-                        exclude_session_queries=True)[0][1] == [
-                            c for c in with_mbr if c['query'] not in SESSION]
+  # its order with the session's queries dropped, then cut.
+  rankers = rankers_with_scores(SCORES, use_mbr=True)
+  with_mbr = rankers.order([SESSION], [[BEAM], [OTHER]], batch_rows=1)[0][1]
+  assert pipeline.show(with_mbr, SESSION, True, top_k=10) == [
+      c for c in with_mbr if c['query'] not in SESSION]

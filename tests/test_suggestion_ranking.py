@@ -4,10 +4,10 @@ user-facing protocol that never repeats the session, and the trivial suggesters'
 import numpy as np
 import pytest
 
-from mtn_jax.evaluation import evaluate
-from mtn_jax.evaluation import trivial
-from mtn_jax.evaluation import metrics
 from mtn_jax.data.sessions import SessionSplit
+from mtn_jax.evaluation import evaluate
+from mtn_jax.evaluation import metrics
+from mtn_jax.evaluation import trivial
 
 
 def test_ranking_exact_values():

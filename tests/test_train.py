@@ -15,8 +15,8 @@ import numpy as np
 import orbax.checkpoint as ocp
 import pytest
 
-from mtn_jax.training import checkpoints
 from mtn_jax import config_lib
+from mtn_jax.training import checkpoints
 from mtn_jax.training import metric_writer
 from tests import cli
 

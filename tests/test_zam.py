@@ -14,8 +14,8 @@ import numpy as np
 import optax
 import pytest
 
-from mtn_jax.evaluation import pool_ranking
 from mtn_jax.data import candidates
+from mtn_jax.evaluation import pool_ranking
 from mtn_jax.models import user_memory
 from mtn_jax.models import zam
 from mtn_jax.tasks import zero_attention

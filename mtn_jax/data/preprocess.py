@@ -63,8 +63,8 @@ from mtn_jax.data import sessions as sessions_lib
 from mtn_jax.data.vocab import SentencePieceVocab
 
 # Part of the fingerprint: bump it when the files written here change meaning.
-from mtn_jax.data.vocab import Vocab
 from mtn_jax.data.vocab import train_sentencepiece
+from mtn_jax.data.vocab import Vocab
 # 2: queries lower-cased, Latin-1 lines kept, sessions' users and times; 3: Latin-1 read per
 # field, the dotted capital I lower-cased to 'i'; 4: each split's {split}.history.npy; 5: the
 # candidate pool (`mtn_jax.data.candidates`) and each split's {split}.history_items.npy.

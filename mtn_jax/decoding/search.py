@@ -38,13 +38,13 @@ import jax.numpy as jnp
 import ml_collections
 import numpy as np
 
-from mtn_jax.decoding import mbr
 from mtn_jax.data.vocab import BOS_ID
 from mtn_jax.data.vocab import EOS_ID
 from mtn_jax.data.vocab import PAD_ID
 from mtn_jax.data.vocab import SEP_ID
 from mtn_jax.data.vocab import UNK_ID
 from mtn_jax.data.vocab import Vocab
+from mtn_jax.decoding import mbr
 
 NEVER_EMITTED = (PAD_ID, BOS_ID, SEP_ID)
 

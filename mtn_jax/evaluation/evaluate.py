@@ -47,24 +47,23 @@ import numpy as np
 
 from mtn_jax import errors
 from mtn_jax import files
-from mtn_jax.inference import habits
 from mtn_jax import inference
-from mtn_jax.inference import generate
+from mtn_jax import models
+from mtn_jax import tasks
+from mtn_jax.data import preprocess
+from mtn_jax.data import sessions
+from mtn_jax.data.vocab import UNK_ID
+from mtn_jax.decoding import search
 from mtn_jax.evaluation import imdna
 from mtn_jax.evaluation import metrics
 from mtn_jax.evaluation import pool_ranking
 from mtn_jax.evaluation import trivial
-from mtn_jax import models
-from mtn_jax.decoding import search
+from mtn_jax.inference import habits
 from mtn_jax.inference import pipeline
-from mtn_jax import tasks
 from mtn_jax.tasks import imdna as imdna_task
-from mtn_jax.data import preprocess
-from mtn_jax.data import sessions
-from mtn_jax.data.vocab import UNK_ID
 
 # Under config.suggest.strategy 'retrieve' or 'rerank', the sources it draws on, scored beside
-# it (`strategy_suggestions`).
+# it.
 STRATEGY_SOURCES = {'generate': 'Generate (the workdir\'s model)',
                     'retrieve': 'Retrieve (the ranker\'s pool entries)',
                     'imdna': 'IMDNA (next queries of similar sessions)'}
@@ -138,101 +137,31 @@ def prefix_split(split: sessions.SessionSplit, num_sessions: int) -> sessions.Se
   return sessions.select_sessions(split, np.arange(num_sessions))
 
 
-def strategy_suggestions(config: ml_collections.ConfigDict, workdir: str,
-                         trained: inference.Trained, split: sessions.SessionSplit,
-                         generated: list[list[str]], sample_pairs: np.ndarray, *, log=print
-                         ) -> tuple[dict[str, list[list[str]]], dict[str, list[list[str]]],
-                                    dict[int, list[dict]], dict]:
-  """The suggestions of `config.suggest.strategy` ('retrieve' or 'rerank',
-  `mtn_jax.strategies`) for every pair of `split`, in pair order.
-
-  Args:
-    trained, generated: the workdir's model and its suggestions [pairs] (for 'rerank', its
-      whole beam).
-    sample_pairs: the pairs whose scored lists are kept for samples.jsonl.
-  Returns:
-    ({'model': the strategy's lists, 'generate': `generated`, 'retrieve': the retriever's
-     lists where there is one}, the lists of the user-facing protocol that are not the
-     former with the session's queries dropped ({'model': ...} for 'rerank', whose MBR
-     reads every candidate as evidence), {sample pair: [{'query', 'score'}] top_k},
-     {'strategy': its settings and label, and for 'retrieve' the ranker's 'pool' figures}).
-  """
-  s, dc = config.suggest, config.decode
-  rankers = pipeline.Rankers.load(config, workdir, trained.vocab, log=log)
-  queries_per_batch = dc.batch_sessions * config.data.max_session_queries
-  lists = {'generate': generated}
-  user_facing, extra = {}, {}
-  if rankers.retriever is not None:
-    # 'retrieve' keeps enough entries for the user-facing protocol, as a ranker's eval does.
-    k = (metrics.RANKING_CUTOFF + config.data.max_session_queries if s.strategy == 'retrieve'
-         else s.retrieved)
-    ranked = pool_ranking.rank_split(rankers.retriever.trained, split, rankers.retriever_workdir,
-                                k=k, seed=config.seed, queries_per_batch=queries_per_batch,
-                                log=log)
-    lists['retrieve'] = ranked.suggestions
-  ranker_label = models.spec(rankers.ranker.cfg.name).label(rankers.ranker.meta['model'])
+def strategy_record(pipe: pipeline.Pipeline) -> dict:
+  """results.json's 'strategy': the settings of 'retrieve' or 'rerank' and its label."""
+  s, dc = pipe.settings, pipe.settings.search
+  label_of = lambda trained: models.spec(trained.cfg.name).label(trained.meta['model'])
   if s.strategy == 'retrieve':
-    lists['model'] = ranked.suggestions
-    top = {pair: [{'query': q, 'score': float(v)} for q, v in
-                  zip(ranked.suggestions[pair][:dc.top_k], ranked.top_scores[pair])]
-           for pair in sample_pairs.tolist()}
-    extra['pool'] = ranked.figures()
-    label = f'{ranker_label} pool entries'
+    label = f'{label_of(pipe.suggester)} pool entries'
   else:
-    generator_label = models.spec(trained.cfg.name).label(trained.meta['model'])
-    retriever_label = ('' if rankers.retriever is None else ' + ' + models.spec(
-        rankers.retriever.trained.cfg.name).label(rankers.retriever.trained.meta['model'])
-                       + f' top {s.retrieved}')
-    label = f'{generator_label} beam {dc.beam_size}{retriever_label}'
-    first_pair = np.cumsum(split.lengths - 1) - (split.lengths - 1)
-    # Each session's contexts: its queries but the last (which only ever is a reference).
-    contexts = [split.session_texts(i)[:-1] for i in range(split.num_sessions)]
-    per_session = lambda pairs: [[pairs[first_pair[i] + t] for t in range(len(queries))]
-                                 for i, queries in enumerate(contexts)]
-    if rankers.proposer is not None:
-      started = time.time()
-      session_of, position_of = pair_session_positions(split)
-      lists['imdna'] = rankers.proposer.propose(
-          [contexts[i][:t + 1] for i, t in zip(session_of.tolist(), position_of.tolist())],
-          s.imdna_proposed,
-          users=None if split.users is None else np.asarray(split.users)[session_of])
+    label = f'{label_of(pipe.trained)} beam {dc.beam_size}'
+    if pipe.retriever is not None:
+      label += f' + {label_of(pipe.retriever.trained)} top {s.retrieved}'
+    if pipe.proposer is not None:
       label += f' + IMDNA top {s.imdna_proposed}'
-      log(f'  IMDNA proposed next queries for {len(lists["imdna"]):,} contexts in '
-          f'{time.time() - started:.1f} s', flush=True)
-    started = time.time()
-    histories = (habits.past_queries(preprocess.data_dir(os.path.abspath(workdir)), split)
-                 if s.habit_rate else None)
-    reranked, reranked_user_facing = rankers.rerank_both_protocols(
-        contexts, [per_session(lists[source]) for source in ('generate', 'retrieve', 'imdna')
-                   if source in lists], batch_rows=RERANK_SESSIONS, histories=histories)
-    label += f' + session queries, scored by {ranker_label}'
+    label += f' + session queries, scored by {label_of(pipe.rankers.ranker)}'
     if s.mbr:
       label += ', ordered by expected BLEU'
     if s.habit_rate:
       label += (f', the user\'s habit query first at a rate >= {s.habit_rate:g} over >= '
                 f'{s.habit_min_past} past queries')
-    by_pair = [ranked_list for session in reranked for ranked_list in session]
-    log(f'  reranked {len(by_pair):,} candidate lists in {time.time() - started:.1f} s',
-        flush=True)
-    lists['model'] = [[c['query'] for c in ranked_list] for ranked_list in by_pair]
-    user_facing['model'] = [[c['query'] for c in ranked_list] for session in
-                            reranked_user_facing for ranked_list in session]
-    top = {pair: by_pair[pair][:dc.top_k] for pair in sample_pairs.tolist()}
-  extra['strategy'] = {'strategy': s.strategy, 'label': label,
-                       'ranker_workdir': os.path.abspath(s.ranker_workdir),
-                       'retriever_workdir': (rankers.retriever_workdir
-                                             if rankers.retriever is not None else None),
-                       'retrieved': s.retrieved if rankers.retriever is not None else 0,
-                       'imdna_workdir': (rankers.proposer.workdir
-                                         if rankers.proposer is not None else None),
-                       'mbr': bool(s.mbr), 'habit_rate': float(s.habit_rate),
-                       'habit_min_past': int(s.habit_min_past)}
-  return {'model': lists.pop('model'), **lists}, user_facing, top, extra
-
-
-# Sessions whose candidate lists are scored at a time in reranking: a Cross-encoder encodes
-# sessions x positions x candidates joint sequences at once.
-RERANK_SESSIONS = 16
+  return {'strategy': s.strategy, 'label': label,
+          'ranker_workdir': os.path.abspath(s.ranker_workdir),
+          'retriever_workdir': pipe.retriever.workdir if pipe.retriever is not None else None,
+          'retrieved': s.retrieved if pipe.retriever is not None else 0,
+          'imdna_workdir': pipe.proposer.workdir if pipe.proposer is not None else None,
+          'mbr': bool(s.mbr), 'habit_rate': float(s.habit_rate),
+          'habit_min_past': int(s.habit_min_past)}
 
 
 # ---------------------------------------------------------------------------------------------
@@ -299,38 +228,53 @@ def evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict:
   extra = {}
   queries_per_batch = dc.batch_sessions * config.data.max_session_queries
   strategy = config.suggest.strategy
-  if isinstance(trained.task, tasks.RankingTask) and not isinstance(trained.task,
-                                                                   tasks.ScoresPool):
+  pool = None
+  if (strategy == 'generate' and isinstance(trained.task, tasks.RankingTask)
+      and not isinstance(trained.task, tasks.ScoresPool)):
     # A Cross-encoder cannot score the whole pool: the sampled protocols alone; it suggests
     # only by reranking (config.suggest.strategy='rerank').
-    ranked = pool_ranking.rank_sampled(trained, test, workdir, seed=config.seed,
-                                  queries_per_batch=dc.batch_sessions, log=log)
-    model_suggestions, top = ranked.suggestions, {p: [] for p in sample_pairs.tolist()}
-    extra['pool'] = ranked.figures()
-  elif isinstance(trained.task, tasks.RankingTask):
-    # Enough entries that the user-facing protocol, which drops the session's own queries,
-    # still has a full list.
-    ranked = pool_ranking.rank_split(
-        trained, test, workdir, k=metrics.RANKING_CUTOFF + config.data.max_session_queries,
-        seed=config.seed, queries_per_batch=queries_per_batch, log=log)
-    model_suggestions = ranked.suggestions
-    top = {pair: [{'query': q, 'score': float(v)} for q, v in
-                  zip(ranked.suggestions[pair][:dc.top_k], ranked.top_scores[pair])]
-           for pair in sample_pairs.tolist()}
-    extra['pool'] = ranked.figures()
+    pool = pool_ranking.rank_sampled(trained, test, workdir, seed=config.seed,
+                                     queries_per_batch=dc.batch_sessions, log=log)
+    extra['pool'] = pool.figures()
+    shown = {False: [[] for _ in contexts], True: [[] for _ in contexts]}
+    sources = {}
   else:
-    ranked = None
-    model_suggestions, top = generate.decode_split(
-        trained, test,
-        # Reranking orders the whole beam.
-        dataclasses.replace(settings, top_k=dc.beam_size) if strategy == 'rerank'
-        else settings, keep_top_for=sample_pairs, log=log,
-        queries_per_batch=queries_per_batch)
-  suggestions, user_facing = {'model': model_suggestions}, {}
-  if strategy != 'generate':
-    suggestions, user_facing, top, strategy_extra = strategy_suggestions(
-        config, workdir, trained, test, model_suggestions, sample_pairs, log=log)
-    extra.update(strategy_extra)
+    suggestions_of = pipeline.Pipeline.load(config, workdir, log=log, trained=trained)
+
+    def retrieve_split(retriever, k):
+      # The exact ranking of the whole pool: its suggestions, and its ranks for the figures.
+      nonlocal pool
+      pool = pool_ranking.rank_split(retriever.trained, test, retriever.workdir, k=k,
+                                     seed=config.seed, queries_per_batch=queries_per_batch,
+                                     log=log)
+      return pool.suggestions, pool.top_scores
+
+    histories = (habits.past_queries(data_dir, test)
+                 if suggestions_of.needs_whole_history else None)
+    lists = suggestions_of.split_lists(test, queries_per_batch=queries_per_batch,
+                                       retrieve_split=retrieve_split, histories=histories,
+                                       log=log)
+    # Both protocols from the same ordered lists, shown as decode and suggest show them.
+    shown = {exclude: [pipeline.show(ranked, context, exclude, dc.top_k)
+                       for ranked, context in zip(lists.ordered, contexts)]
+             for exclude in (False, True)}
+    sources = lists.sources
+    if suggestions_of.rankers is None and pool is not None:
+      extra['pool'] = pool.figures()
+    if strategy != 'generate':
+      extra['strategy'] = strategy_record(suggestions_of)
+  texts = lambda ranked_lists: [[c['query'] for c in ranked] for ranked in ranked_lists]
+  model_suggestions = texts(shown[False])
+  suggestions = {'model': model_suggestions}
+  user_facing = {'model': texts(shown[True])}
+  for source, source_lists in sources.items():
+    as_shown = lambda exclude: [
+        [c['query'] for c in pipeline.show([{'query': q} for q in ranked], context, exclude,
+                                           dc.top_k)]
+        for ranked, context in zip(source_lists, contexts)]
+    suggestions[source], user_facing[source] = as_shown(False), as_shown(True)
+  top = {pair: shown[False][pair] for pair in sample_pairs.tolist()}
+  ranked = pool if isinstance(trained.task, tasks.RankingTask) else None
   decode_seconds = time.time() - decode_start
 
   suggestions.update({'repeat_previous': [[p] for p in trivial.repeat_previous(previous)],

@@ -24,13 +24,13 @@ import jax.numpy as jnp
 import numpy as np
 
 from mtn_jax import parallel
+from mtn_jax import tasks
 from mtn_jax.data import candidates
 from mtn_jax.data import input_pipeline
 from mtn_jax.data import preprocess
 from mtn_jax.data import sessions
 from mtn_jax.evaluation import metrics
 from mtn_jax.inference import retrieval
-from mtn_jax import tasks
 
 SAMPLED_PROTOCOLS = (20, 100)  # R@1/N: the next query among N - 1 sampled negatives
 

@@ -3,8 +3,8 @@ it into suggestions: the suggestion pipeline, the retriever, IMDNA's proposer, a
 habits, reading decode input, and the decode and suggest modes. The names most callers need
 are re-exported here."""
 
-from mtn_jax.inference.trained import Trained
 from mtn_jax.inference.trained import load_trained
 from mtn_jax.inference.trained import saved_model_config
+from mtn_jax.inference.trained import Trained
 
 __all__ = ['Trained', 'load_trained', 'saved_model_config']

@@ -26,31 +26,27 @@ PROGRESS_SECONDS = 10.0  # at most one progress line per this many seconds
 
 
 def decode_split(trained: inference.Trained, split: sessions.SessionSplit,
-                 settings: search.SearchSettings, *, queries_per_batch: int,
-                 keep_top_for: np.ndarray | None = None, log=print
-                 ) -> tuple[list[str], dict[int, list[dict]]]:
+                 settings: search.SearchSettings, *, queries_per_batch: int, log=print
+                 ) -> list[list[dict]]:
   """Beam-searches every pair of `split`.
 
   Args:
     trained: the model to decode with.
     split: sessions to decode; each batch is [rows, S, n] of one session length.
-    settings: the search, and top_k for `keep_top_for`.
+    settings: the search, and how its hypotheses are ordered and cut
+      (`search.ranked_suggestions`).
     queries_per_batch: query slots per batch, as for the input pipeline.
-    keep_top_for: int [k] pair indices whose top_k suggestions are also returned.
     log: where progress lines go.
   Returns:
-    (suggestions [pairs]: the top_k suggestions of each pair, best first, each as words
-     joined by spaces (an empty beam slot left out),
-     {pair index: [{'query', 'score'}, ...] top_k, best first} for `keep_top_for`).
+    [pairs] each pair's suggestions [{'query', 'score', ...}], best first (words joined by
+    spaces, an empty beam slot left out).
   """
   vocab = trained.vocab
   mesh = parallel.make_mesh()
   # Batches are split over every device, so the parameters go to every device too.
   params = jax.device_put(trained.params, parallel.replicated(mesh))
   first_pair = np.cumsum(split.lengths - 1) - (split.lengths - 1)
-  suggestions: list[list[str] | None] = [None] * split.num_pairs
-  wanted = set(() if keep_top_for is None else np.asarray(keep_top_for).tolist())
-  top: dict[int, list[dict]] = {}
+  suggestions: list[list[dict] | None] = [None] * split.num_pairs
   done = 0
   start = last_log = time.time()
   for batch in input_pipeline.make_eval_iterator(
@@ -73,13 +69,9 @@ def decode_split(trained: inference.Trained, split: sessions.SessionSplit,
       copied = trained.copied_words(texts)
       for t in range(sequences.shape[1]):
         pair = int(first_pair[session]) + t
-        ranked = search.ranked_suggestions(
-            vocab, sequences[row, t], scores[row, t], settings,
-            session=texts[:t + 1],
+        suggestions[pair] = search.ranked_suggestions(
+            vocab, sequences[row, t], scores[row, t], settings, session=texts[:t + 1],
             oov_words=copied)
-        suggestions[pair] = [r['query'] for r in ranked]
-        if pair in wanted:
-          top[pair] = ranked
       done += 1
     if time.time() - last_log >= PROGRESS_SECONDS or done == split.num_sessions:
       last_log = time.time()
@@ -88,4 +80,4 @@ def decode_split(trained: inference.Trained, split: sessions.SessionSplit,
   missing = [i for i, c in enumerate(suggestions) if c is None]
   if missing:
     raise RuntimeError(f'{len(missing)} test pairs were not decoded (first: pair {missing[0]})')
-  return suggestions, top
+  return suggestions

@@ -57,13 +57,13 @@ def _decode(generator: hypotheses.Generator, split: sessions.SessionSplit, log) 
       f'of fold {generator.held_out} of {generator.folds} held out of its training) for the '
       'ranker\'s candidates.', flush=True)
   decode = generator.config.decode
-  by_pair, _ = generate.decode_split(
+  by_pair = generate.decode_split(
       trained, split, search_settings,
       queries_per_batch=decode.batch_sessions * generator.config.data.max_session_queries,
       log=log)
   rows: list[list[str]] = []
   pair = 0
   for length in split.lengths.tolist():
-    rows += by_pair[pair:pair + length - 1] + [[]]
+    rows += [[c['query'] for c in ranked] for ranked in by_pair[pair:pair + length - 1]] + [[]]
     pair += length - 1
   hypotheses.write(path, header, rows)

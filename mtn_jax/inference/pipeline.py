@@ -1,28 +1,35 @@
-"""Suggestion strategies (`config.suggest.strategy`): generate, retrieve, or generate then rerank.
+"""The one suggestion pipeline: a trained model turned into suggestions, for every mode.
 
-- 'generate': the workdir's own model, as it is (a generative model's beam, or a ranker's
-  retrieved pool entries).
-- 'retrieve': the pool entries a trained Bi- or Poly-encoder (`config.suggest.ranker_workdir`)
-  retrieves (`mtn_jax.ranking`): real logged queries, never an unknown word.
-- 'rerank': for each context, the candidates of its sources pooled -- the workdir's
-  generative beam (every hypothesis, `config.decode.beam_size`), the `config.suggest.retrieved`
-  best pool entries of a retriever (`config.suggest.retriever_workdir`, by default the ranker
-  itself when it can score the pool; 0: none), with `config.suggest.imdna_workdir` the
-  `config.suggest.imdna_proposed` best next queries of an IMDNA run on the same sessions (the
-  queries that follow in the most similar training sessions, `mtn_jax.imdna_task`), and the
-  session's own queries so far (a user often returns to one) and, with
-  `config.suggest.habit_rate`, the user's habit query where it goes first (`mtn_jax.habits`)
-  -- then deduplicated by text, scored by the ranker
-  (`task.score_candidates`: a Bi-, Poly- or Cross-encoder) and sorted, best first. The
-  generator proposes words the pool has never seen, the retriever well-formed logged queries,
-  IMDNA what followed in sessions like this one, and the ranker, which reads the whole
-  session against each candidate, decides.
+`Pipeline.load(config, workdir)` builds it once from `Settings` (config.suggest and
+config.decode, read in one place). It never trains or fits anything. Three stages:
+
+1. Candidate sources, for each context and position: the workdir's generative beam (every
+   hypothesis, in the generator's own order: beam score, or MBR with `config.decode.rerank`),
+   a ranker's best pool entries (`mtn_jax.inference.retrieval`), IMDNA's proposals (the
+   queries that follow in the most similar training sessions, `imdna_proposer`) and the
+   session's own queries.
+2. An order, by `config.suggest.strategy`:
+   - 'generate': the workdir's own model as it is (a generative model's beam, or a ranker's
+     retrieved pool entries);
+   - 'retrieve': the pool entries a trained Bi- or Poly-encoder (`config.suggest.ranker_workdir`)
+     retrieves: real logged queries, never an unknown word;
+   - 'rerank': the sources pooled and deduplicated by text, scored by the ranker
+     (`ScoresCandidates`: a Bi-, Poly- or Cross-encoder) and sorted, best first; then the
+     rules in turn: MBR under the ranker's softmax (`config.suggest.mbr`), a user's habit
+     query first (`config.suggest.habit_rate`, `habits`).
+3. What is shown (`show`): with the user-facing protocol (`exclude_session_queries`) the
+   queries the session holds are dropped, then the first `top_k` are kept.
+
+`suggest` runs the three stages on `Context`s (decode, suggest, a service); `split_lists`
+runs stages 1-2 on a whole split, its sources computed on every device (evaluation, which
+then shows both protocols with `show`): the same order and the same `show`, so evaluation
+scores exactly the lists decode and suggest write.
 
 The rankers must read the workdir's vocabulary (the same corpus, preprocessed alike): a
 candidate is given to the ranker as token ids, and ids of another vocabulary would be other
-words. `Rankers.load` refuses a mismatch with a one-line error naming both workdirs. IMDNA
-hands over texts, so its vocabulary may differ; its sessions may not (its documents are its
-training sessions, which must not hold the sessions being scored).
+words. `load` refuses a mismatch with a one-line error naming both workdirs. IMDNA hands over
+texts, so its vocabulary may differ; its sessions may not (its documents are its training
+sessions, which must not hold the sessions being scored).
 """
 
 from __future__ import annotations
@@ -30,6 +37,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import os
+import time
 from collections.abc import Sequence
 
 import jax
@@ -38,16 +46,81 @@ import ml_collections
 import numpy as np
 
 from mtn_jax import errors
-from mtn_jax.inference import habits
-from mtn_jax.tasks import imdna
 from mtn_jax import inference
-from mtn_jax.decoding import mbr
-from mtn_jax.inference import retrieval
 from mtn_jax import tasks
 from mtn_jax.data import preprocess
+from mtn_jax.data import sessions
 from mtn_jax.data.vocab import Vocab
+from mtn_jax.decoding import mbr
+from mtn_jax.decoding import search
+from mtn_jax.inference import generate
+from mtn_jax.inference import habits
+from mtn_jax.inference import imdna_proposer
+from mtn_jax.inference import inputs
+from mtn_jax.inference import retrieval
+from mtn_jax.inference.inputs import Context
+from mtn_jax.tasks import imdna
 
 CANDIDATE_BUCKET = 8  # candidate lists are padded to a multiple of this (fewer compilations)
+# Sessions whose candidate lists are scored at a time in reranking: a Cross-encoder encodes
+# sessions x positions x candidates joint sequences at once.
+RERANK_SESSIONS = 16
+STRATEGIES = ('generate', 'retrieve', 'rerank')
+
+
+@dataclasses.dataclass(frozen=True)
+class Settings:
+  """`config.suggest` and `config.decode`, read once (configs/default.py says what each is)."""
+
+  strategy: str
+  search: search.SearchSettings
+  ranker_workdir: str
+  retriever_workdir: str
+  retrieved: int
+  imdna_workdir: str
+  imdna_proposed: int
+  mbr: bool
+  habit_rate: float
+  habit_min_past: int
+  index: str
+  batch_sessions: int
+  history_queries: int
+
+  @classmethod
+  def from_config(cls, config: ml_collections.ConfigDict) -> Settings:
+    s = config.suggest
+    return cls(strategy=s.strategy, search=search.SearchSettings.from_config(config.decode),
+               ranker_workdir=s.ranker_workdir, retriever_workdir=s.retriever_workdir,
+               retrieved=s.retrieved, imdna_workdir=s.imdna_workdir,
+               imdna_proposed=s.imdna_proposed, mbr=bool(s.mbr),
+               habit_rate=float(s.habit_rate), habit_min_past=int(s.habit_min_past),
+               index=s.index, batch_sessions=config.decode.batch_sessions,
+               history_queries=config.data.history_queries)
+
+  @property
+  def top_k(self) -> int:
+    return self.search.top_k
+
+  @property
+  def exclude_session_queries(self) -> bool:
+    return self.search.exclude_session_queries
+
+  @property
+  def whole_beam(self) -> search.SearchSettings:
+    """The search keeping every hypothesis, in the generator's own order, nothing dropped:
+    the generator's candidates, which `show` (or reranking) cuts."""
+    return dataclasses.replace(self.search, exclude_session_queries=False,
+                               top_k=self.search.beam_size)
+
+
+def show(ranked: Sequence[dict], session_so_far: Sequence[str], exclude_session_queries: bool,
+         top_k: int) -> list[dict]:
+  """What is shown of an ordered list after the queries `session_so_far`: with the
+  user-facing protocol, none the session holds; then the first `top_k`."""
+  if exclude_session_queries:
+    seen = set(session_so_far)
+    ranked = [c for c in ranked if c['query'] not in seen]
+  return list(ranked[:top_k])
 
 
 @functools.partial(jax.jit, static_argnames=('task',))
@@ -67,68 +140,21 @@ def _check_vocab(ranker: inference.Trained, vocab: Vocab, key: str, where: str,
 
 @dataclasses.dataclass
 class Rankers:
-  """The trained rankers a strategy uses.
+  """The ranker of 'rerank' and the rules applied after its scores.
 
   Attributes:
-    ranker: scores candidates given by their words ('rerank'), and retrieves ('retrieve').
-    retriever: the pool entries added to the candidates ('rerank'); None where the ranker
-      cannot score the pool (a Cross-encoder) and no retriever is named.
-    retriever_workdir: where the retriever's pool and candidate cache are.
-    retrieved: the retriever's entries added to each context's candidates.
-    proposed: the proposer's next queries added to each context's candidates.
-    proposer: IMDNA's next queries added to the candidates ('rerank'); None unless
-      `config.suggest.imdna_workdir` names a run.
+    ranker: scores candidates given by their words.
     mbr: order the pooled candidates by their expected BLEU under the ranker's distribution
-      (`mtn_jax.mbr`, p = softmax of the ranker's scores, as in its training loss) instead of
-      by score.
+      (`mtn_jax.decoding.mbr`, p = softmax of the ranker's scores, as in its training loss)
+      instead of by score.
     habit_rate, habit_min_past: the user's habit query goes first where their habit rate is
-      at least `habit_rate` over at least `habit_min_past` past queries (`mtn_jax.habits`);
-      0: never.
+      at least `habit_rate` over at least `habit_min_past` past queries (`habits`); 0: never.
   """
 
   ranker: inference.Trained
-  retriever: retrieval.Retriever | None
-  retriever_workdir: str
-  retrieved: int
-  proposed: int
-  proposer: imdna.NextQueryProposer | None = None
   mbr: bool = False
   habit_rate: float = 0.0
   habit_min_past: int = 0
-
-  @classmethod
-  def load(cls, config: ml_collections.ConfigDict, workdir: str, vocab: Vocab,
-           log=print) -> Rankers:
-    """The rankers `config.suggest` names, checked against `vocab` (the workdir's)."""
-    s = config.suggest
-    ranker = _load(config, s.ranker_workdir, 'ranker_workdir')
-    if not isinstance(ranker.task, tasks.ScoresCandidates):
-      raise errors.Error(f'config.suggest.ranker_workdir={s.ranker_workdir} holds a '
-                         f'{ranker.cfg.name!r} model, which cannot score given candidates: '
-                         'name a Bi-, Poly- or Cross-encoder run')
-    _check_vocab(ranker, vocab, 'ranker_workdir', s.ranker_workdir, workdir)
-    retriever_workdir = s.retriever_workdir or s.ranker_workdir
-    retriever = None
-    if s.strategy == 'rerank' and s.retrieved == 0:
-      log('Note: config.suggest.retrieved=0: no pool entries join the candidates.')
-    else:
-      retriever_trained = (ranker if not s.retriever_workdir
-                           else _load(config, s.retriever_workdir, 'retriever_workdir'))
-      if isinstance(retriever_trained.task, tasks.ScoresPool):
-        _check_vocab(retriever_trained, vocab, 'retriever_workdir', retriever_workdir, workdir)
-        retriever = retrieval.Retriever(retriever_trained, retriever_workdir, log=log,
-                                      index=s.index)
-      elif s.strategy == 'retrieve' or s.retriever_workdir:
-        raise errors.Error(f'config.suggest: {retriever_workdir} holds a '
-                           f'{retriever_trained.cfg.name!r} model, which cannot retrieve from '
-                           'the pool: name a Bi- or Poly-encoder run')
-      else:
-        log(f'Note: {s.ranker_workdir} cannot retrieve from the pool (a Cross-encoder): the '
-            'candidates are the beam and the session\'s queries (name a Bi- or Poly-encoder '
-            'in config.suggest.retriever_workdir to add pool entries).')
-    proposer = _load_proposer(config, s.imdna_workdir, workdir) if s.imdna_workdir else None
-    return cls(ranker, retriever, os.path.abspath(retriever_workdir), s.retrieved,
-               s.imdna_proposed, proposer, s.mbr, s.habit_rate, s.habit_min_past)
 
   def score_lists(self, sessions_queries: Sequence[Sequence[str]],
                   candidate_lists: Sequence[Sequence[Sequence[str]]], *,
@@ -168,39 +194,20 @@ class Rankers:
         out.append([scores[row, t, :len(texts)] for t, texts in enumerate(candidate_lists[r])])
     return out
 
-  def rerank(self, sessions_queries: Sequence[Sequence[str]],
-             sources: Sequence[Sequence[Sequence[Sequence[str]]]], *, batch_rows: int,
-             exclude_session_queries: bool = False,
-             histories: Sequence[Sequence[str]] | None = None) -> list[list[list[dict]]]:
+  def order(self, sessions_queries: Sequence[Sequence[str]],
+            sources: Sequence[Sequence[Sequence[Sequence[str]]]], *, batch_rows: int,
+            histories: Sequence[Sequence[str]] | None = None) -> list[list[list[dict]]]:
     """[R][t] every pooled candidate ({'query', 'score'}), best first.
 
     Args:
       sessions_queries: [R] each session's query texts.
       sources: each source's candidates [R][t] after position t (the generator's first: on
         a tie its order stands); the session's queries up to t are added last, then the
-        user's habit query where it goes first.
-      exclude_session_queries: drop the candidates the session holds up to t (the
-        user-facing protocol).
+        user's habit query where it goes first. Every pooled candidate is scored, the
+        session's queries too: a candidate's score depends on the session and on it alone,
+        so what `show` drops changes no other score.
       histories: [R] each session's user's earlier queries, oldest first (`habit_rate`).
     """
-    return self._rerank(sessions_queries, sources, batch_rows, (exclude_session_queries,),
-                        histories)[0]
-
-  def rerank_both_protocols(self, sessions_queries: Sequence[Sequence[str]],
-                            sources: Sequence[Sequence[Sequence[Sequence[str]]]], *,
-                            batch_rows: int, histories: Sequence[Sequence[str]] | None = None
-                            ) -> tuple[list[list[list[dict]]], list[list[list[dict]]]]:
-    """`rerank`'s lists without and with `exclude_session_queries`, the candidates scored
-    once (evaluation scores both protocols)."""
-    return tuple(self._rerank(sessions_queries, sources, batch_rows, (False, True), histories))
-
-  def _rerank(self, sessions_queries: Sequence[Sequence[str]],
-              sources: Sequence[Sequence[Sequence[Sequence[str]]]], batch_rows: int,
-              protocols: Sequence[bool], histories: Sequence[Sequence[str]] | None
-              ) -> list[list[list[list[dict]]]]:
-    """`rerank`'s lists for each value of `exclude_session_queries` in `protocols`. Every
-    pooled candidate is scored, the session's queries too: a candidate's score depends on the
-    session and on it alone, so one scoring serves both protocols."""
     if self.habit_rate and histories is None:
       raise ValueError('config.suggest.habit_rate needs each session\'s user\'s history')
     pooled, habit_firsts = [], []
@@ -219,30 +226,332 @@ class Rankers:
       pooled.append(lists)
       habit_firsts.append(firsts)
     scores = self.score_lists(sessions_queries, pooled, batch_rows=batch_rows)
-    return [[[self._order(queries, t, texts, values, exclude, habit_firsts[r][t])
-              for t, (texts, values) in enumerate(zip(lists, session_scores))]
-             for r, (queries, lists, session_scores) in enumerate(zip(sessions_queries, pooled,
-                                                                      scores))]
-            for exclude in protocols]
+    return [[self._order(texts, values, habit_firsts[r][t])
+             for t, (texts, values) in enumerate(zip(lists, session_scores))]
+            for r, (lists, session_scores) in enumerate(zip(pooled, scores))]
 
-  def _order(self, queries: Sequence[str], t: int, texts: Sequence[str], values: np.ndarray,
-             exclude_session_queries: bool, habit_first: str | None) -> list[dict]:
-    """The candidates `texts` after position t of the session `queries`, scored `values`
-    [len(texts)], best first; with `exclude_session_queries` those the session does not hold
-    (MBR's evidence stays every candidate, as the generator's own MBR has it);
-    `habit_first` (never a query of the session) before the rest."""
+  def _order(self, texts: Sequence[str], values: np.ndarray,
+             habit_first: str | None) -> list[dict]:
+    """The candidates `texts` scored `values` [len(texts)], best first (MBR's evidence is
+    every candidate, as the generator's own MBR has it); `habit_first` (never a query of the
+    session) before the rest."""
     # A stable sort: on a tie the generator's order stands.
     order = np.argsort(-values, kind='stable')
     ranked = [{'query': texts[i], 'score': float(values[i])} for i in order]
     if self.mbr:
       ranked = mbr.rerank(ranked)
-    if exclude_session_queries:
-      seen = set(queries[:t + 1])
-      ranked = [c for c in ranked if c['query'] not in seen]
     if habit_first is not None:
       first = next(i for i, c in enumerate(ranked) if c['query'] == habit_first)
       ranked = [ranked[first], *ranked[:first], *ranked[first + 1:]]
     return ranked
+
+
+@dataclasses.dataclass
+class SplitLists:
+  """Every pair of a split through stages 1-2, in pair order (`evaluation` shows both
+  protocols of `ordered` with `show`).
+
+  Attributes:
+    ordered: [pairs] the strategy's whole ordered list ({'query', 'score', ...}).
+    sources: {source: [pairs] its candidates' texts in its own order} for 'rerank' and
+      'retrieve' (scored beside the strategy).
+    pool: the ranker's full-pool ranking of the split (its figures), where a ranker's
+      retrieval gives the lists ('generate' of a ranker, 'retrieve').
+  """
+
+  ordered: list[list[dict]]
+  sources: dict[str, list[list[str]]]
+  pool: object | None = None
+
+
+class Pipeline:
+  """The suggestion pipeline of one workdir (see the module docstring).
+
+  Attributes:
+    settings: what it was built with.
+    trained: the workdir's model.
+    suggester: the model whose candidates the strategy shows first ('retrieve': the
+      ranker; else the workdir's).
+    retriever: the pool entries of a ranker: the suggestions themselves ('generate' of a
+      ranker, 'retrieve'), or a source of 'rerank' (None where there is none).
+    rankers: the ranker and rules of 'rerank' (None for the other strategies).
+    proposer: IMDNA's next queries, a source of 'rerank' (None unless configured).
+  """
+
+  def __init__(self, settings: Settings, trained: inference.Trained,
+               suggester: inference.Trained, retriever: retrieval.Retriever | None,
+               rankers: Rankers | None, proposer: imdna_proposer.NextQueryProposer | None,
+               workdir: str):
+    self.settings, self.trained, self.suggester = settings, trained, suggester
+    self.retriever, self.rankers, self.proposer = retriever, rankers, proposer
+    self.workdir = os.path.abspath(workdir)
+
+  @classmethod
+  def load(cls, config: ml_collections.ConfigDict, workdir: str, log=print,
+           trained: inference.Trained | None = None) -> Pipeline:
+    """The pipeline `config` describes over the best checkpoint of `workdir` (or `trained`,
+    already loaded from it)."""
+    settings = Settings.from_config(config)
+    trained = trained or inference.load_trained(config, workdir, which='best')
+    if settings.strategy == 'generate':
+      retriever = (retrieval.Retriever(trained, workdir, log=log, index=settings.index)
+                   if isinstance(trained.task, tasks.ScoresPool) else None)
+      return cls(settings, trained, trained, retriever, None, None, workdir)
+    ranker = _load(config, settings.ranker_workdir, 'ranker_workdir')
+    if not isinstance(ranker.task, tasks.ScoresCandidates):
+      raise errors.Error(f'config.suggest.ranker_workdir={settings.ranker_workdir} holds a '
+                         f'{ranker.cfg.name!r} model, which cannot score given candidates: '
+                         'name a Bi-, Poly- or Cross-encoder run')
+    _check_vocab(ranker, trained.vocab, 'ranker_workdir', settings.ranker_workdir, workdir)
+    retriever_workdir = settings.retriever_workdir or settings.ranker_workdir
+    retriever = None
+    if settings.strategy == 'rerank' and settings.retrieved == 0:
+      log('Note: config.suggest.retrieved=0: no pool entries join the candidates.')
+    else:
+      retriever_trained = (ranker if not settings.retriever_workdir
+                           else _load(config, settings.retriever_workdir, 'retriever_workdir'))
+      if isinstance(retriever_trained.task, tasks.ScoresPool):
+        _check_vocab(retriever_trained, trained.vocab, 'retriever_workdir', retriever_workdir,
+                     workdir)
+        retriever = retrieval.Retriever(retriever_trained, retriever_workdir, log=log,
+                                        index=settings.index)
+      elif settings.strategy == 'retrieve' or settings.retriever_workdir:
+        raise errors.Error(f'config.suggest: {retriever_workdir} holds a '
+                           f'{retriever_trained.cfg.name!r} model, which cannot retrieve '
+                           'from the pool: name a Bi- or Poly-encoder run')
+      else:
+        log(f'Note: {settings.ranker_workdir} cannot retrieve from the pool (a '
+            'Cross-encoder): the candidates are the beam and the session\'s queries (name a '
+            'Bi- or Poly-encoder in config.suggest.retriever_workdir to add pool entries).')
+    if settings.strategy == 'retrieve':
+      return cls(settings, trained, retriever.trained, retriever, None, None, workdir)
+    if isinstance(trained.task, tasks.RankingTask):
+      raise errors.Error('config.suggest.strategy=\'rerank\' reranks a generative model\'s '
+                         f'beam: {workdir} holds a {trained.cfg.name!r} ranker')
+    proposer = (_load_proposer(config, settings.imdna_workdir, workdir)
+                if settings.imdna_workdir else None)
+    rankers = Rankers(ranker, settings.mbr, settings.habit_rate, settings.habit_min_past)
+    return cls(settings, trained, trained, retriever, rankers, proposer, workdir)
+
+  # -------------------------------------------------------------------------------------------
+  # What it is
+
+  @property
+  def needs_whole_history(self) -> bool:
+    """Whether a user's every earlier query is read (the habit rule), not only the model's
+    `history_queries`."""
+    return self.rankers is not None and bool(self.rankers.habit_rate)
+
+  def how(self) -> str:
+    s = self.settings
+    if self.rankers is not None:
+      return f'beam {s.search.beam_size}, reranked'
+    if self.retriever is not None:
+      return 'from the candidate pool'
+    return f'beam {s.search.beam_size}'
+
+  def score_kind(self) -> str:
+    """What a suggestion's 'score' is, in words (the lists' order)."""
+    if self.rankers is not None:
+      return 'expected BLEU (MBR)' if self.rankers.mbr else 'the ranker\'s score'
+    if self.retriever is not None:
+      return 'the ranker\'s score'
+    if self.settings.search.rerank != 'none':
+      return 'expected BLEU (MBR)'
+    return 'length-normalised log-probability'
+
+  # -------------------------------------------------------------------------------------------
+  # Contexts: decode, suggest, a service
+
+  def show(self, ranked: Sequence[dict], session_so_far: Sequence[str],
+           exclude_session_queries: bool | None = None) -> list[dict]:
+    """`show` with this pipeline's top_k (and protocol, unless given)."""
+    exclude = (self.settings.exclude_session_queries if exclude_session_queries is None
+               else exclude_session_queries)
+    return show(ranked, session_so_far, exclude, self.settings.top_k)
+
+  def suggest(self, contexts: Sequence[Context], *, positions: str,
+              batch_rows: int | None = None, width: int | None = None
+              ) -> list[list[list[dict]]]:
+    """The suggestions shown for each context (in order) after each of its output
+    positions ('last': its last query only; 'all': first_output onwards). Contexts are
+    decoded `batch_rows` at a time (default `config.decode.batch_sessions`); `width` pads
+    every batch to that many queries (one shape for every call)."""
+    ordered = self.ordered(contexts, positions=positions, batch_rows=batch_rows, width=width)
+    firsts = _firsts(contexts, positions)
+    return [[self.show(ranked, context.queries[:first + t + 1])
+             for t, ranked in enumerate(lists)]
+            for context, first, lists in zip(contexts, firsts, ordered)]
+
+  def ordered(self, contexts: Sequence[Context], *, positions: str,
+              batch_rows: int | None = None, width: int | None = None
+              ) -> list[list[list[dict]]]:
+    """Stages 1-2 for `contexts`: [context][output position] the whole ordered list."""
+    s = self.settings
+    common = dict(positions=positions, batch_rows=batch_rows or s.batch_sessions,
+                  history_queries=s.history_queries, width=width)
+    if self.rankers is None:
+      if self.retriever is not None:
+        return retrieved(self.retriever, contexts, k=self._retrieved_k(), **common)
+      return generated(self.trained, contexts, s.whole_beam, **common)
+    firsts = _firsts(contexts, positions)
+    full = lambda lists: [[[] for _ in range(first)] + [[c['query'] for c in at] for at in ranked]
+                          for first, ranked in zip(firsts, lists)]
+    sources = [full(generated(self.trained, contexts, s.whole_beam, **common))]
+    if self.retriever is not None:
+      sources.append(full(retrieved(self.retriever, contexts, k=s.retrieved, **common)))
+    if self.proposer is not None:
+      sources.append(self._proposed(contexts, firsts))
+    # One context (typed, or a lone request) is scored alone, not in a padded batch.
+    ordered = self.rankers.order([c.queries for c in contexts], sources,
+                                 batch_rows=1 if len(contexts) == 1 else RERANK_SESSIONS,
+                                 histories=[c.history for c in contexts])
+    return [lists[first:] for first, lists in zip(firsts, ordered)]
+
+  def _retrieved_k(self) -> int:
+    """Pool entries kept per position where they are the suggestions: enough that `show`
+    still has top_k after dropping the session's queries."""
+    return self.settings.top_k + self.suggester.cfg.max_session_queries
+
+  def _proposed(self, contexts: Sequence[Context], firsts: Sequence[int]
+                ) -> list[list[list[str]]]:
+    """[contexts][t] IMDNA's next queries after each output position t (none before
+    firsts[i]); a context's 'user' (its info) keeps that user's own sessions out of reach."""
+    at = [(i, t) for i, (c, first) in enumerate(zip(contexts, firsts))
+          for t in range(first, len(c.queries))]
+    users = [contexts[i].info.get('user') for i, _ in at]
+    proposed = self.proposer.propose(
+        [contexts[i].queries[:t + 1] for i, t in at], self.settings.imdna_proposed,
+        users=None if any(u is None for u in users) else users)
+    out = [[[] for _ in c.queries] for c in contexts]
+    for (i, t), queries in zip(at, proposed):
+      out[i][t] = queries
+    return out
+
+  # -------------------------------------------------------------------------------------------
+  # A whole split: evaluation
+
+  def split_lists(self, split: sessions.SessionSplit, *, queries_per_batch: int,
+                  retrieve_split, histories: Sequence[Sequence[str]] | None = None,
+                  log=print) -> SplitLists:
+    """Stages 1-2 for every (prefix -> next query) pair of `split`, in pair order, the
+    sources computed on every device.
+
+    Args:
+      split: the sessions; pair (i, t) predicts query t+1 of session i after 0..t.
+      queries_per_batch: query slots per batch of the generator's search.
+      retrieve_split: (retriever, k) -> ([pairs] texts, float [pairs, k] scores): the
+        retriever's best k pool entries for every pair of `split` (evaluation ranks the
+        whole pool exactly, and keeps the ranks for its figures).
+      histories: [sessions] each session's user's earlier queries (the habit rule).
+    """
+    s = self.settings
+    # Each session's contexts: its queries but the last (which only ever is a reference).
+    contexts = [split.session_texts(i)[:-1] for i in range(split.num_sessions)]
+    first_pair = np.cumsum(split.lengths - 1) - (split.lengths - 1)
+    per_session = lambda pairs: [[pairs[first_pair[i] + t] for t in range(len(queries))]
+                                 for i, queries in enumerate(contexts)]
+    texts = lambda lists: [[c['query'] for c in ranked] for ranked in lists]
+    sources: dict[str, list[list[str]]] = {}
+    generative = not isinstance(self.trained.task, tasks.RankingTask)
+    beams = (generate.decode_split(self.trained, split, s.whole_beam,
+                                   queries_per_batch=queries_per_batch, log=log)
+             if generative else None)
+    if self.rankers is None and self.retriever is None:
+      return SplitLists(beams, sources)
+    if beams is not None:
+      sources['generate'] = texts(beams)
+    if self.retriever is not None:
+      k = self._retrieved_k() if self.rankers is None else s.retrieved
+      found, scores = retrieve_split(self.retriever, k)
+      pool_lists = [[{'query': q, 'score': float(v)} for q, v in zip(row, row_scores)]
+                    for row, row_scores in zip(found, np.asarray(scores).tolist())]
+      if self.rankers is None:  # the ranker's entries are the suggestions
+        if s.strategy == 'retrieve':
+          sources['retrieve'] = texts(pool_lists)
+        return SplitLists(pool_lists, sources)
+      sources['retrieve'] = texts(pool_lists)
+    if self.proposer is not None:
+      lengths = split.lengths - 1
+      session_of = np.repeat(np.arange(split.num_sessions), lengths)
+      position_of = np.arange(len(session_of)) - first_pair[session_of]
+      started = time.time()
+      sources['imdna'] = self.proposer.propose(
+          [contexts[i][:t + 1] for i, t in zip(session_of.tolist(), position_of.tolist())],
+          s.imdna_proposed,
+          users=None if split.users is None else np.asarray(split.users)[session_of])
+      log(f'  IMDNA proposed next queries for {len(sources["imdna"]):,} contexts in '
+          f'{time.time() - started:.1f} s', flush=True)
+    started = time.time()
+    ordered = self.rankers.order(
+        contexts, [per_session(sources[name]) for name in ('generate', 'retrieve', 'imdna')
+                   if name in sources], batch_rows=RERANK_SESSIONS, histories=histories)
+    by_pair = [ranked for session in ordered for ranked in session]
+    log(f'  reranked {len(by_pair):,} candidate lists in {time.time() - started:.1f} s',
+        flush=True)
+    return SplitLists(by_pair, sources)
+
+
+def _firsts(contexts: Sequence[Context], positions: str) -> list[int]:
+  return [len(c.queries) - 1 if positions == 'last' else c.first_output for c in contexts]
+
+
+def generated(trained: inference.Trained, contexts: Sequence[Context],
+            settings: search.SearchSettings, *, positions: str, batch_rows: int,
+            history_queries: int = 0, width: int | None = None) -> list[list[list[dict]]]:
+  """A generative model's suggestions for each context (in order) after each of its output
+  positions, ordered and cut as `settings` says (`search.ranked_suggestions`).
+
+  Contexts are sorted by length and decoded `batch_rows` at a time, each batch padded to
+  its longest context (or to `width` queries, so that every batch has one shape): the
+  models are causal over queries, so trailing padding queries change no earlier position.
+  """
+  n = trained.cfg.max_query_words
+  order = sorted(range(len(contexts)), key=lambda i: len(contexts[i].queries))
+  out: list[list[list[dict]] | None] = [None] * len(contexts)
+  for start in range(0, len(order), batch_rows):
+    group = order[start:start + batch_rows]
+    group_contexts = [contexts[i] for i in group]
+    batch, lengths = inputs.encode_contexts(
+        trained.vocab, group_contexts, batch_rows,
+        width or max(len(c.queries) for c in group_contexts), n, history_queries)
+    sequences, scores = trained.task.suggest(
+        trained.params, {k: batch[k] for k in trained.task.input_keys}, settings,
+        positions=positions, lengths=lengths if positions == 'last' else None)
+    sequences, scores = np.asarray(sequences), np.asarray(scores)
+    for row, (i, context) in enumerate(zip(group, group_contexts)):
+      # (output column, the context position it suggests after)
+      kept = ([(0, len(context.queries) - 1)] if positions == 'last'
+              else [(t, t) for t in range(context.first_output, len(context.queries))])
+      copied = trained.copied_words(context.queries)
+      out[i] = [search.ranked_suggestions(trained.vocab, sequences[row, p], scores[row, p],
+                                          settings, context.queries[:t + 1], copied)
+                for p, t in kept]
+  return out
+
+
+def retrieved(retriever: retrieval.Retriever, contexts: Sequence[Context], *, k: int,
+              positions: str, batch_rows: int, history_queries: int = 0,
+              width: int | None = None) -> list[list[list[dict]]]:
+  """A ranker's `k` best pool entries for each context (in order) after each of its output
+  positions, nothing dropped (batched as `generated`)."""
+  trained = retriever.trained
+  n = trained.cfg.max_query_words
+  order = sorted(range(len(contexts)), key=lambda i: len(contexts[i].queries))
+  out: list[list[list[dict]] | None] = [None] * len(contexts)
+  for start in range(0, len(order), batch_rows):
+    group = order[start:start + batch_rows]
+    group_contexts = [contexts[i] for i in group]
+    batch, _ = inputs.encode_contexts(
+        trained.vocab, group_contexts, batch_rows,
+        width or max(len(c.queries) for c in group_contexts), n, history_queries)
+    batch.update(inputs.ranker_inputs(retriever, group_contexts, batch_rows, history_queries))
+    lists = retriever.suggestions(batch, k, [c.queries for c in group_contexts],
+                                  exclude_session_queries=False)
+    for row, (i, context) in enumerate(zip(group, group_contexts)):
+      first = len(context.queries) - 1 if positions == 'last' else context.first_output
+      out[i] = lists[row][first:]
+  return out
 
 
 def _load_proposer(config: ml_collections.ConfigDict, imdna_workdir: str,

@@ -236,6 +236,7 @@ class Retriever:
     usearch index of the cached vectors (`usearch_index`), built once per cache key."""
     check_index(index, trained, workdir)
     self.trained = trained
+    self.workdir = os.path.abspath(workdir)
     self.pool = candidates.load_pool(preprocess.data_dir(workdir))
     self.cache = candidate_cache(trained, self.pool, workdir, log=log)
     self.index = None

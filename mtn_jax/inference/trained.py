@@ -17,7 +17,6 @@ from typing import Any
 import flax.linen as nn
 import ml_collections
 
-from mtn_jax.training import checkpoints
 from mtn_jax import errors
 from mtn_jax import models
 from mtn_jax import tasks
@@ -27,6 +26,7 @@ from mtn_jax.data import sessions
 from mtn_jax.data.vocab import Vocab
 from mtn_jax.models import layers
 from mtn_jax.models.base import ModelConfig
+from mtn_jax.training import checkpoints
 
 
 @dataclasses.dataclass(frozen=True)

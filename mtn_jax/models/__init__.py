@@ -29,9 +29,9 @@ from mtn_jax.models import polyencoder
 from mtn_jax.models import recurrent
 from mtn_jax.models import transformer
 from mtn_jax.models import zam
-from mtn_jax.models.base import ModelConfig
 from mtn_jax.models.base import count_params
 from mtn_jax.models.base import decoder_io
+from mtn_jax.models.base import ModelConfig
 from mtn_jax.models.base import size_mb
 from mtn_jax.models.encoder_decoder import EncoderDecoder
 from mtn_jax.models.layers import TransformerConfig

@@ -67,14 +67,14 @@ import jax.numpy as jnp
 import ml_collections
 import numpy as np
 
-from mtn_jax.data import hypotheses
 from mtn_jax.data import bm25
-from mtn_jax.tasks import base
 from mtn_jax.data import candidates as candidate_pool
+from mtn_jax.data import hypotheses
 from mtn_jax.data.vocab import PAD_ID
 from mtn_jax.data.vocab import UNK_ID
 from mtn_jax.models import polyencoder
 from mtn_jax.models.base import ModelConfig
+from mtn_jax.tasks import base
 
 # Rows encoded at a time when the pool's candidate vectors are made, and the largest
 # [contexts, candidates, codes] block of Poly-encoder scores held at once when scoring it.

@@ -32,11 +32,11 @@ import ml_collections
 import numpy as np
 
 from mtn_jax import errors
-from mtn_jax.tasks import base
 from mtn_jax.data import candidates
 from mtn_jax.data import sessions
 from mtn_jax.data.vocab import PAD_ID
 from mtn_jax.models.base import ModelConfig
+from mtn_jax.tasks import base
 
 
 def word_noise_logits(pool: candidates.CandidatePool, vocab_size: int) -> np.ndarray:

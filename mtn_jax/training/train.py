@@ -40,19 +40,19 @@ import numpy as np
 import optax
 from jax.experimental import multihost_utils
 
-from mtn_jax.training import checkpoints
 from mtn_jax import errors
 from mtn_jax import files
-from mtn_jax.data import input_pipeline
-from mtn_jax.training import metric_writer
 from mtn_jax import models
 from mtn_jax import parallel
 from mtn_jax import tasks
 from mtn_jax.data import candidates
+from mtn_jax.data import input_pipeline
 from mtn_jax.data import preprocess
 from mtn_jax.data import sessions
 from mtn_jax.models import layers
 from mtn_jax.models.base import ModelConfig
+from mtn_jax.training import checkpoints
+from mtn_jax.training import metric_writer
 
 
 class NonFiniteLoss(errors.Error, RuntimeError):

@@ -1,0 +1,267 @@
+"""Reading sessions for suggestion: a file (`--mode=decode`), typed queries (`--mode=suggest`)
+or a request, into `Context`s the suggestion pipeline takes, and contexts into model batches.
+
+Decode input (plain or gzip, told by its first bytes) is in one of two forms, told apart by
+its first non-empty line:
+  sessions  one session a line, its queries separated by tabs; suggestions are made after the
+            LAST query of each line;
+  raw log   an AOL-format log (`AnonID` header line, or 3 or 5 tab-separated fields with a
+            `YYYY-MM-DD HH:MM:SS` time in the third): read and sessionized by
+            `mtn_jax.data.aol_log` with the data config's rules (session gap, successive
+            duplicates removed), over-long queries cut rather than dropped and sessions of any
+            length kept; suggestions are made after every query of every session, with the
+            next query as the reference where there is one.
+Queries are normalised as the corpus's are (`aol_log.normalize_query`: lower-cased, words on
+single spaces), and a line that is not UTF-8 is read as Latin-1 (counted). What the model
+cannot take is adapted and counted: empty lines and empty queries are skipped, words outside
+the vocabulary become `<unk>`, queries longer than the model's `max_query_words` are cut to
+their first words, and a context longer than the model's query-position table
+(`model.max_session_queries`) keeps its last queries.
+"""
+
+from __future__ import annotations
+
+import collections
+import dataclasses
+import gzip
+import re
+from collections.abc import Iterator, Sequence
+
+import ml_collections
+import numpy as np
+
+from mtn_jax import errors
+from mtn_jax.data import aol_log
+from mtn_jax.data import extended
+from mtn_jax.data.vocab import UNK_ID
+from mtn_jax.data.vocab import Vocab
+from mtn_jax.inference import retrieval
+from mtn_jax.tasks import zero_attention
+
+_TIME = re.compile(r'\d{4}-\d{2}-\d{2} \d{2}:\d{2}:\d{2}')
+_GZIP_MAGIC = b'\x1f\x8b'
+
+
+class DecodeInputError(errors.Error, ValueError):
+  """A decode input file that cannot be read; the message names the file (and line)."""
+
+
+@dataclasses.dataclass(frozen=True)
+class Context:
+  """One model input: a session's queries, and the positions to suggest after.
+
+  Attributes:
+    queries: the query texts the model reads (words joined by one space, each cut to
+      max_query_words), at most the model's max_session_queries of them.
+    first_output: suggestions are made after positions first_output..len(queries)-1.
+    info: copied into every output record (the input line, or the user and session).
+    first_position: the position in its session of queries[0] (> 0 when the context was cut).
+    references: for a raw log, the next query after each position (None after the last).
+    history: the user's earlier queries, oldest first (a raw log's earlier sessions of the
+      same user; the sessions typed before this one in `suggest`), for models that
+      personalise.
+  """
+
+  queries: tuple[str, ...]
+  first_output: int
+  info: dict
+  first_position: int = 0
+  references: tuple[str | None, ...] | None = None
+  history: tuple[str, ...] = ()
+
+
+class QueryReader:
+  """Cleans and cuts query texts the way the model needs them, counting every change."""
+
+  def __init__(self, vocab: Vocab, max_query_words: int, max_session_queries: int):
+    self.vocab = vocab
+    self.max_query_words = max_query_words
+    self.max_session_queries = max_session_queries
+    self.counts: collections.Counter = collections.Counter()
+
+  def query(self, text: str) -> str:
+    """A kept query's text: normalised as the corpus's queries are
+    (`aol_log.normalize_query`: lower-case, single spaces), cut to its first
+    max_query_words words (counted when cut, and its words outside the vocabulary counted)."""
+    words = aol_log.normalize_query(text).split(' ') if text.split() else []
+    if len(words) > self.max_query_words:
+      self.counts['long_queries'] += 1
+      words = words[:self.max_query_words]
+    if self.vocab.kind == 'word':  # subword pieces leave no word unknown
+      self.counts['oov_words'] += sum(self.vocab.id(w) == UNK_ID for w in words)
+    return ' '.join(words)
+
+  def session_line(self, line: str, number: int) -> Context | None:
+    """A sessions-file line -> a Context suggesting after its last query (None: empty)."""
+    texts = line.split('\t')
+    kept = [t for t in texts if t.split()]
+    if not kept:
+      self.counts['empty_lines'] += 1
+      return None
+    self.counts['empty_queries'] += len(texts) - len(kept)
+    if len(kept) > self.max_session_queries:
+      self.counts['long_sessions'] += 1
+      kept = kept[-self.max_session_queries:]
+    queries = tuple(self.query(t) for t in kept)
+    return Context(queries, first_output=len(queries) - 1, info={'line': number})
+
+  def raw_session(self, texts: Sequence[str], info: dict,
+                  history: tuple[str, ...] = ()) -> list[Context]:
+    """A sessionized raw-log session -> Contexts suggesting after each of its queries.
+
+    The first max_session_queries positions are decoded together from one context; each
+    later position gets its own context of the last max_session_queries queries.
+    """
+    queries = [self.query(t) for t in texts]
+    references = tuple(queries[1:]) + (None,)
+    window = self.max_session_queries
+    contexts = [Context(tuple(queries[:window]), 0, info, 0, references[:window], history)]
+    if len(queries) > window:
+      self.counts['long_sessions'] += 1
+    for last in range(window, len(queries)):
+      first = last - window + 1
+      contexts.append(Context(tuple(queries[first:last + 1]), window - 1, info, first,
+                              references[first:last + 1], history))
+    return contexts
+
+
+def is_raw_log_line(line: str) -> bool:
+  """Whether a line looks like an AOL log line or its header rather than a session."""
+  if line.startswith('AnonID\t'):
+    return True
+  fields = line.rstrip('\r\n').split('\t')
+  return (len(fields) in (3, 5) and fields[0].strip().isdigit()
+          and _TIME.fullmatch(fields[2].strip()) is not None)
+
+
+def _lines(path: str, strict: bool, counts: collections.Counter) -> Iterator[tuple[int, str]]:
+  """(line number, text without its line end) of a text file. A line that is not UTF-8 is
+  read as Latin-1, as the AOL log's few such queries are written, and counted
+  ('latin1_lines'); `strict` is accepted for the callers' symmetry with the log reader."""
+  del strict  # every byte string decodes as Latin-1: no line is skipped
+  opener = gzip.open if _is_gzip(path) else open
+  with opener(path, 'rb') as f:
+    for number, raw in enumerate(f, 1):
+      try:
+        yield number, raw.decode('utf-8').rstrip('\r\n')
+      except UnicodeDecodeError:
+        counts['latin1_lines'] += 1
+        yield number, raw.decode('latin-1').rstrip('\r\n')
+
+
+def _is_gzip(path: str) -> bool:
+  with open(path, 'rb') as f:
+    return f.read(2) == _GZIP_MAGIC
+
+
+def detect_format(path: str) -> str:
+  """'raw' for an AOL-format log, 'sessions' for a file of tab-separated sessions."""
+  opener = gzip.open if _is_gzip(path) else open
+  with opener(path, 'rb') as f:
+    if b'\0' in f.read(1 << 16):  # no text file holds a NUL byte; binary files mostly do
+      raise DecodeInputError(f'{path}: not a text file (it holds NUL bytes): expected one '
+                             'session a line (queries separated by tabs) or an AOL-format log')
+  lines = 0
+  for lines, line in _lines(path, strict=False, counts=collections.Counter()):
+    if line.strip():
+      return 'raw' if is_raw_log_line(line) else 'sessions'
+  raise DecodeInputError(f'{path}: no session to decode (the file is empty'
+                         + (f' but for {lines:,} blank lines)' if lines else ')'))
+
+
+def read_sessions_file(path: str, reader: QueryReader, strict: bool) -> Iterator[Context]:
+  """One Context per non-empty line of a sessions file."""
+  for number, line in _lines(path, strict, reader.counts):
+    context = reader.session_line(line, number)
+    if context is not None:
+      yield context
+
+
+def read_raw_log(path: str, reader: QueryReader, data: ml_collections.ConfigDict,
+                 chunk_sessions: int, whole_history: bool = False) -> Iterator[Context]:
+  """Contexts for every query of every session of an AOL-format log.
+
+  The log reader's line-level skips (header, malformed lines, empty queries) and removed
+  successive duplicates are added to `reader.counts`. Each context's history is its user's
+  last `data.history_queries` earlier queries, or all of them with `whole_history` (a user's
+  habit query, `mtn_jax.habits`).
+  """
+  try:
+    log = aol_log.read_log(path, strict=data.strict)
+  except aol_log.LogFormatError as e:
+    raise DecodeInputError(str(e)) from None
+  reader.counts['lines_read'] += log.lines_read
+  for reason, count in log.skipped.items():
+    if count:
+      reader.counts[f'skipped_{reason}'] += count
+  # Every query is kept: long ones are cut (by QueryReader, which counts them) and sessions
+  # of any length are suggested after.
+  found = aol_log.sessionize(log.records, gap_minutes=data.session_gap_minutes,
+                             max_query_words=reader.max_query_words, long_query='truncate',
+                             min_queries=1, max_queries=max(len(log.records), 1))
+  reader.counts['duplicate_queries'] += found.skipped['duplicate_query']
+  # Sessions come in user, then time order: a user's history is the queries of their
+  # sessions read so far, as preprocessing gives it (`data.history_queries` of them).
+  kept = None if whole_history else data.history_queries
+  user, earlier = None, collections.deque(maxlen=kept)
+  for first in range(0, found.num_sessions, chunk_sessions):
+    last = min(first + chunk_sessions, found.num_sessions)
+    rows = found.record_index[found.starts[first]:found.starts[last]]
+    texts = log.records.texts(rows)
+    users = log.records.user[rows]
+    for session in range(first, last):
+      begin = int(found.starts[session] - found.starts[first])
+      end = int(found.starts[session + 1] - found.starts[first])
+      if int(users[begin]) != user:
+        user = int(users[begin])
+        earlier.clear()
+      contexts = reader.raw_session(texts[begin:end], {'user': user, 'session': session},
+                                    tuple(earlier) if kept != 0 else ())
+      # The session's queries: the first context's, then each later context's last.
+      earlier.extend(contexts[0].queries + tuple(c.queries[-1] for c in contexts[1:]))
+      yield from contexts
+
+
+def encode_contexts(vocab: Vocab, contexts: Sequence[Context], rows: int, width: int,
+                    max_query_words: int, history_queries: int = 0
+                    ) -> tuple[dict[str, np.ndarray], np.ndarray]:
+  """(batch, lengths int64 [rows]): the batch's 'queries' and 'oov' (numbers of the words
+  outside the vocabulary, `mtn_jax.data.extended`) are int32 [rows, width, max_query_words],
+  'history' int32 [rows, history_queries, max_query_words] each context's last
+  `history_queries` earlier queries of its user (zero rows in front where there are fewer);
+  rows past the contexts are padding sessions of one all-padding query."""
+  queries = np.zeros((rows, width, max_query_words), np.int32)
+  oov = np.zeros((rows, width, max_query_words), np.int32)
+  history = np.zeros((rows, history_queries, max_query_words), np.int32)
+  lengths = np.ones(rows, np.int64)
+  for row, context in enumerate(contexts):
+    words = [text.split() for text in context.queries]
+    for t, text in enumerate(context.queries):
+      ids = vocab.encode_text(text)[:max_query_words]
+      queries[row, t, :len(ids)] = ids
+    earlier = context.history[-history_queries:] if history_queries else ()
+    for j, text in enumerate(earlier, history_queries - len(earlier)):
+      ids = vocab.encode_text(text)[:max_query_words]
+      history[row, j, :len(ids)] = ids
+    oov[row, :len(words)] = extended.oov_numbers(words, vocab, max_query_words)
+    lengths[row] = len(context.queries)
+  return {'queries': queries, 'oov': oov, 'history': history}, lengths
+
+
+def ranker_inputs(retriever: retrieval.Retriever, contexts: Sequence[Context], rows: int,
+                  history_queries: int) -> dict[str, np.ndarray]:
+  """A ranker's per-session inputs beside `encode_contexts`': 'history_items' int32
+  [rows, history_queries] (pool entries of the user's earlier queries, -1: none) and 'user'
+  int32 [rows] (the training user a raw log's AnonID is, 0 for any other)."""
+  items = np.full((rows, history_queries), -1, np.int32)
+  users = np.zeros(rows, np.int32)
+  task = retriever.trained.task
+  train_users = (task.train_users if isinstance(task, zero_attention.ZeroAttentionTask)
+                 else None)
+  for row, context in enumerate(contexts):
+    earlier = context.history[-history_queries:] if history_queries else ()
+    if earlier:
+      items[row, history_queries - len(earlier):] = retriever.history_items(earlier)
+    if train_users is not None and 'user' in context.info:
+      users[row] = zero_attention.user_index(train_users, np.array([context.info['user']]))[0]
+  return {'history_items': items, 'user': users}
