@@ -165,6 +165,25 @@ def test_detect_format_names_a_binary_file_and_a_file_of_no_text(tmp_path):
     inputs.detect_format(str(blank))
 
 
+def test_decode_input_errors_name_the_file_a_folder_and_corrupt_gzip(tmp_path):
+  with pytest.raises(inputs.DecodeInputError, match=f'{tmp_path}: a folder, not a decode input'):
+    inputs.detect_format(str(tmp_path))
+  # A gzip header, then garbage: the file is named, with what is wrong.
+  corrupt = tmp_path / 'sessions.txt.gz'
+  corrupt.write_bytes(gzip.compress(b'cheap flights\tparis\n' * 50)[:12] + b'\xff' * 40)
+  with pytest.raises(inputs.DecodeInputError, match='sessions.txt.gz: corrupt or truncated gzip'):
+    inputs.detect_format(str(corrupt))
+  # Corrupt after a good first block: found while reading, with the line reached.
+  good = gzip.compress(''.join(f'q{i}\tr{i}\n' for i in range(30000)).encode())
+  late = tmp_path / 'late.txt.gz'
+  late.write_bytes(good[:len(good) // 2])
+  reader = inputs.QueryReader(VOCAB, 10, 5)
+  assert inputs.detect_format(str(late)) == 'sessions'
+  with pytest.raises(inputs.DecodeInputError, match=r'late.txt.gz: corrupt or truncated gzip '
+                     r'data after line [\d,]+'):
+    list(inputs.read_sessions_file(str(late), reader, strict=False))
+
+
 def data_config(gap=30.0):
   return ml_collections.ConfigDict({'session_gap_minutes': gap, 'strict': False,
                                     'history_queries': 0})

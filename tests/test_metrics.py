@@ -8,6 +8,7 @@ import random
 import numpy as np
 import pytest
 
+from mtn_jax.evaluation import evaluate
 from mtn_jax.evaluation import metrics
 
 
@@ -275,7 +276,8 @@ def test_ranking_over_distinct_suggestions_by_hand():
   assert score.to_dict() == {
       'exact_match': score.exact_match, 'recall_at_5': score.recall_at_5,
       'recall_at_10': score.recall_at_10, 'mrr_at_10': score.mrr_at_10,
-      'repeats_session': score.repeats_session, 'pairs': 6}
+      'repeats_session': score.repeats_session, 'pairs': 6,
+      'longest_list': max(len(set(s)) for s in suggestions)}
   json.dumps(score.to_dict())
 
 
@@ -302,7 +304,22 @@ def test_ranking_cutoffs_count_distinct_suggestions_not_list_positions():
 def test_ranking_with_no_suggestions_at_all_scores_zero():
   score = metrics.suggestion_ranking([[], []], ['a', 'b'], [['a'], []])
   assert score.to_dict() == {'exact_match': 0, 'recall_at_5': 0, 'recall_at_10': 0,
-                             'mrr_at_10': 0, 'repeats_session': 0, 'pairs': 2}
+                             'mrr_at_10': 0, 'repeats_session': 0, 'pairs': 2,
+                             'longest_list': 0}
+
+
+def test_recall_at_a_rank_no_list_reaches_is_not_reported():
+  # Lists of at most 5 distinct suggestions: R@10 could only repeat R@5.
+  score = metrics.suggestion_ranking([['a', 'b', 'b', 'c', 'd', 'e'], ['x']], ['e', 'y'],
+                                     [[], []])
+  assert score.longest_list == 5 and score.recall_at_5 == score.recall_at_10 == 50
+  ranking = score.to_dict()
+  assert metrics.RankingScore.reaches(ranking, 5) and not metrics.RankingScore.reaches(ranking, 10)
+  line = evaluate.ranking_line(ranking)
+  assert 'R@5 50.0' in line and 'R@10 n/a (lists of 5)' in line
+  # Results written before the field existed are read as reaching every rank.
+  del ranking['longest_list']
+  assert 'R@10 50.0' in evaluate.ranking_line(ranking)
 
 
 def test_perfect_ranking_scores_one_hundred():

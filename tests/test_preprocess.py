@@ -383,7 +383,7 @@ def test_errors_are_one_line_and_name_the_input(tmp_path):
   cases.append((str(tmp_path / 'empty.tsv'), aol_log.LogFormatError, 'empty.tsv: empty file'))
   (tmp_path / 'header-only.tsv').write_text(HEADER + '\n')
   cases.append((str(tmp_path / 'header-only.tsv'), aol_log.LogFormatError,
-                'header-only.tsv: not an AOL query log'))
+                'header-only.tsv: the log holds no records: its 1 line is the AnonID header'))
   csv = tmp_path / 'table.csv'  # parsable lines after the first 1,000 do not make it a log
   csv.write_text('a,b,c\n' * 1000 + '\n'.join([HEADER] + [line(1, 'q', '10:00:00')] * 9))
   cases.append((str(csv), aol_log.LogFormatError,
@@ -398,7 +398,8 @@ def test_errors_are_one_line_and_name_the_input(tmp_path):
       preprocess.prepare(config(raw_files), workdir)
     assert '\n' not in str(error.value)
     assert isinstance(error.value, errors.Error)  # the command line prints it, no traceback
-  assert not os.path.exists(preprocess.data_dir(workdir))
+    # A workdir made for the failed build is not left behind, empty.
+    assert not os.path.exists(workdir)
 
 
 def _many_sessions_log(path, num_sessions=100):

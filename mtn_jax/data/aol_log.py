@@ -528,6 +528,9 @@ def read_log(path: str, strict: bool = False) -> LogLines:
     parts.append(records)
   if not lines_read:
     raise LogFormatError(f'{path}: empty file, not an AOL query log')
+  if counts[1 + LINE_REASONS.index('header')] == lines_read:
+    raise LogFormatError(f'{path}: the log holds no records: its {lines_read:,} line'
+                         f'{"s are" if lines_read > 1 else " is"} the AnonID header only')
   if not parsed_early:
     raise _not_a_log(path, lines_read)
   return LogLines(Records.concatenate(parts),

@@ -280,7 +280,10 @@ def _is_current(target: str, manifest: dict) -> bool:
 
 def _build(cfg: ml_collections.ConfigDict, paths: list[str], manifest: dict,
            workdir: str) -> dict:
-  """Writes the corpus into a fresh folder, then swaps it in for `data_dir(workdir)`."""
+  """Writes the corpus into a fresh folder, then swaps it in for `data_dir(workdir)`. A
+  workdir this made is removed again when the build fails (a log that holds no records
+  leaves nothing behind)."""
+  made_workdir = not os.path.exists(workdir)
   os.makedirs(workdir, exist_ok=True)
   _remove_stale_builds(workdir)
   build = tempfile.mkdtemp(prefix=_BUILD_PREFIX, dir=workdir)
@@ -291,6 +294,8 @@ def _build(cfg: ml_collections.ConfigDict, paths: list[str], manifest: dict,
     _replace_dir(build, data_dir(workdir))
   except BaseException:
     shutil.rmtree(build, ignore_errors=True)
+    if made_workdir and not os.listdir(workdir):
+      os.rmdir(workdir)
     raise
   return stats
 

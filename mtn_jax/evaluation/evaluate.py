@@ -104,9 +104,13 @@ def score_entry(score: metrics.BleuScore, ranking: metrics.RankingScore | None =
 
 
 def ranking_line(ranking: dict) -> str:
-  """'EM@1 3.1, R@5 9.0, R@10 12.4, MRR@10 5.2, repeats 41.0' (percent)."""
-  return (f'EM@1 {ranking["exact_match"]:.1f}, R@5 {ranking["recall_at_5"]:.1f}, '
-          f'R@10 {ranking["recall_at_10"]:.1f}, MRR@10 {ranking["mrr_at_10"]:.1f}, '
+  """'EM@1 3.1, R@5 9.0, R@10 12.4, MRR@10 5.2, repeats 41.0' (percent). A recall whose rank
+  no list reaches (`metrics.RankingScore.reaches`: 5 suggestions, R@10) is not given: it
+  would only repeat the one before."""
+  recalls = ', '.join(
+      f'R@{k} {ranking[f"recall_at_{k}"]:.1f}' if metrics.RankingScore.reaches(ranking, k)
+      else f'R@{k} n/a (lists of {ranking["longest_list"]})' for k in (5, 10))
+  return (f'EM@1 {ranking["exact_match"]:.1f}, {recalls}, MRR@10 {ranking["mrr_at_10"]:.1f}, '
           f'repeats session {ranking["repeats_session"]:.1f}')
 
 

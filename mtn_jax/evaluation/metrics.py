@@ -171,6 +171,9 @@ def without_session_queries(suggestions: Sequence[str], session: Sequence[str]) 
   return [s for s in suggestions if s not in seen]
 
 
+RANKING_CUTOFF = 10  # the deepest rank any ranking metric reads
+
+
 @dataclasses.dataclass(frozen=True)
 class RankingScore:
   """Ranked-suggestion metrics in percent, each a mean over all `pairs` (a pair without any
@@ -182,12 +185,20 @@ class RankingScore:
   mrr_at_10: float  # mean of 1 / rank within the first 10 distinct suggestions, else 0
   repeats_session: float  # the top suggestion is a query the session already holds
   pairs: int
+  # The most distinct suggestions any pair has (at most RANKING_CUTOFF): Recall@k for a
+  # larger k reads nothing more than Recall@longest_list and is not reported (`reaches`).
+  longest_list: int = RANKING_CUTOFF
 
   def to_dict(self) -> dict:
     return dataclasses.asdict(self)
 
+  @staticmethod
+  def reaches(ranking: dict, k: int) -> bool:
+    """Whether the lists behind a `to_dict()` reach rank k (results written before
+    `longest_list` existed are taken to)."""
+    return ranking.get('longest_list', RANKING_CUTOFF) >= k
 
-RANKING_CUTOFF = 10  # the deepest rank any ranking metric reads
+
 
 
 def _check_texts(name: str, texts: Sequence[str]) -> None:
@@ -228,9 +239,10 @@ def suggestion_ranking(suggestions: Sequence[Sequence[str]], references: Sequenc
       if isinstance(texts, str):
         raise TypeError(f'{name}[{i}] must be a list of strings, got the string {texts!r}')
       _check_texts(f'{name}[{i}]', texts)
-  ranks, repeats = [], []
+  ranks, repeats, longest = [], [], 0
   for ranked, reference, session in zip(suggestions, references, sessions):
     ranked = distinct(ranked)[:RANKING_CUTOFF]
+    longest = max(longest, len(ranked))
     ranks.append(ranked.index(reference) + 1 if reference in ranked else 0)
     repeats.append(bool(ranked) and ranked[0] in set(session))
   ranks = np.asarray(ranks)
@@ -239,7 +251,8 @@ def suggestion_ranking(suggestions: Sequence[Sequence[str]], references: Sequenc
   return RankingScore(
       exact_match=percent(ranks == 1), recall_at_5=percent(found & (ranks <= 5)),
       recall_at_10=percent(found), mrr_at_10=percent(np.where(found, 1.0 / np.maximum(
-          ranks, 1), 0.0)), repeats_session=percent(repeats), pairs=len(references))
+          ranks, 1), 0.0)), repeats_session=percent(repeats), pairs=len(references),
+      longest_list=longest)
 
 
 # ---------------------------------------------------------------------------------------------

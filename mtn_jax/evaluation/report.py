@@ -27,6 +27,7 @@ from matplotlib.figure import Figure
 
 from mtn_jax import errors
 from mtn_jax import models
+from mtn_jax.evaluation import metrics
 from mtn_jax.evaluation import trivial
 
 SAMPLES_PER_MODEL = 10
@@ -167,18 +168,24 @@ def ranking_table(runs: Sequence[EvaluatedRun]) -> str:
   """Ranked-suggestion metrics (%), models then trivial suggesters (once per distinct test
   set): exact match at 1, Recall@5/@10 and MRR@10 over the distinct suggestions, the share of
   top suggestions that repeat a session query, and BLEU and Recall@10 when no suggestion may
-  repeat a session query. Runs evaluated before these metrics existed are left out."""
+  repeat a session query ('-' for a recall at a rank no list reaches). Runs evaluated before
+  these metrics existed are left out."""
   lines = ['| Suggester | EM@1 | R@5 | R@10 | MRR@10 | top-1 repeats session | '
            'BLEU, never repeating | R@10, never repeating | Test pairs |',
            '|---|---:|---:|---:|---:|---:|---:|---:|---:|']
+
+  def recall(ranking: dict, k: int) -> str:
+    # '-' where no list reaches rank k: the figure would repeat the one before.
+    return (f'{ranking[f"recall_at_{k}"]:.1f}' if metrics.RankingScore.reaches(ranking, k)
+            else '-')
 
   def row(label: str, results: dict, key: str) -> str:
     rank = results['scores'][key]['ranking']
     user = results['scores_excluding_session'][key]
     return (f'| {markdown_cell(label)} | {rank["exact_match"]:.1f} | '
-            f'{rank["recall_at_5"]:.1f} | {rank["recall_at_10"]:.1f} | '
+            f'{recall(rank, 5)} | {recall(rank, 10)} | '
             f'{rank["mrr_at_10"]:.1f} | {rank["repeats_session"]:.1f} | {user["bleu"]:.2f} | '
-            f'{user["ranking"]["recall_at_10"]:.1f} | {_pairs(results)} |')
+            f'{recall(user["ranking"], 10)} | {_pairs(results)} |')
 
   ranked = [(label, r) for label, r in zip(_labels(runs), runs)
             if 'ranking' in r.results['scores']['model']

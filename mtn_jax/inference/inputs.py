@@ -24,7 +24,9 @@ from __future__ import annotations
 import collections
 import dataclasses
 import gzip
+import os
 import re
+import zlib
 from collections.abc import Iterator, Sequence
 
 import ml_collections
@@ -140,13 +142,18 @@ def _lines(path: str, strict: bool, counts: collections.Counter) -> Iterator[tup
   ('latin1_lines'); `strict` is accepted for the callers' symmetry with the log reader."""
   del strict  # every byte string decodes as Latin-1: no line is skipped
   opener = gzip.open if _is_gzip(path) else open
-  with opener(path, 'rb') as f:
-    for number, raw in enumerate(f, 1):
-      try:
-        yield number, raw.decode('utf-8').rstrip('\r\n')
-      except UnicodeDecodeError:
-        counts['latin1_lines'] += 1
-        yield number, raw.decode('latin-1').rstrip('\r\n')
+  number = 0
+  try:
+    with opener(path, 'rb') as f:
+      for number, raw in enumerate(f, 1):
+        try:
+          yield number, raw.decode('utf-8').rstrip('\r\n')
+        except UnicodeDecodeError:
+          counts['latin1_lines'] += 1
+          yield number, raw.decode('latin-1').rstrip('\r\n')
+  except (gzip.BadGzipFile, EOFError, zlib.error) as e:
+    raise DecodeInputError(f'{path}: corrupt or truncated gzip data after line {number:,} '
+                           f'({e})') from None
 
 
 def _is_gzip(path: str) -> bool:
@@ -156,9 +163,15 @@ def _is_gzip(path: str) -> bool:
 
 def detect_format(path: str) -> str:
   """'raw' for an AOL-format log, 'sessions' for a file of tab-separated sessions."""
+  if os.path.isdir(path):
+    raise DecodeInputError(f'{path}: a folder, not a decode input file')
   opener = gzip.open if _is_gzip(path) else open
   with opener(path, 'rb') as f:
-    if b'\0' in f.read(1 << 16):  # no text file holds a NUL byte; binary files mostly do
+    try:
+      head = f.read(1 << 16)
+    except (gzip.BadGzipFile, EOFError, zlib.error) as e:
+      raise DecodeInputError(f'{path}: corrupt or truncated gzip data ({e})') from None
+    if b'\0' in head:  # no text file holds a NUL byte; binary files mostly do
       raise DecodeInputError(f'{path}: not a text file (it holds NUL bytes): expected one '
                              'session a line (queries separated by tabs) or an AOL-format log')
   lines = 0

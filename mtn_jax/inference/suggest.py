@@ -99,7 +99,7 @@ def decode_file(config: ml_collections.ConfigDict, workdir: str) -> dict:
   if not dc.input:
     raise inputs.DecodeInputError('config.decode.input is empty: pass --config.decode.input=FILE '
                            '(one session a line, queries separated by tabs, or an AOL log)')
-  if not os.path.isfile(dc.input):
+  if not os.path.exists(dc.input):
     raise inputs.DecodeInputError(f'{dc.input}: no such decode input file')
   input_format = inputs.detect_format(dc.input)
   suggestions = pipeline.Pipeline.load(config, workdir)

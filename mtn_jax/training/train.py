@@ -386,6 +386,11 @@ class _TrainMonitor:
             + (good if good else 'No checkpoint was written yet.'))
     return fetched
 
+  def restart_pace(self) -> None:
+    """Starts the pace window afresh: the time just spent on validation and its checkpoint is
+    no training time (counting it made the time left jump after every epoch)."""
+    self._window_start, self._compile_seconds = time.time(), 0.0
+
   def write(self, step: int) -> None:
     """Checks the pending metrics and writes one log line over them."""
     if not self._pending:
@@ -524,6 +529,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
               f'{valid["loss"]:.4f}, {_figures(valid)} (best '
               f'{meta["best_valid_loss"]:.4f} at step {meta["best_step"]})', flush=True)
           save(valid_loss=valid['loss'])
+          monitor.restart_pace()
         elif _checkpoint_due(step, tc.checkpoint_every_steps) or stop.requested:
           monitor.check()
           save()
@@ -550,7 +556,10 @@ def _figures(valid: dict[str, float]) -> str:
   each of the task's own."""
   if 'perplexity' in valid:
     return f'perplexity {valid["perplexity"]:.2f}'
-  return ', '.join(f'{k.replace("_", " ")} {v:.4f}' for k, v in valid.items() if k != 'loss')
+  # Counts (questions, pairs) are whole numbers; rates and losses get four decimals.
+  return ', '.join(f'{k.replace("_", " ")} '
+                   + (f'{v:,.0f}' if k in ('questions', 'pairs') else f'{v:.4f}')
+                   for k, v in valid.items() if k != 'loss')
 
 
 def _duration(seconds: float) -> str:
