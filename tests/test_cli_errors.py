@@ -1,11 +1,16 @@
 """User errors end in one line on stderr naming the cause, no traceback, and exit code 2 for
 usage (flags, config files, config values) or 1 for data and checkpoints."""
 
+import re
 import subprocess
 import sys
 
 import pytest
 
+from configs import default
+from mtn_jax import config_lib
+from mtn_jax import errors
+from mtn_jax import models
 from tests import cli
 
 pytestmark = pytest.mark.slow
@@ -133,3 +138,69 @@ def test_data_errors_are_one_line_and_exit_1(tmp_path):
       'error: the valid split is empty: 3 sessions were kept and '
       'config.data.split_fractions=(0.95, 0.025, 0.025) gives it none of the sessions; use '
       'more data or a larger config.data.split_fractions[1]']
+
+
+# ---------------------------------------------------------------------------------------------
+# Config checks: each model family checks its own fields, config_lib the rules across sections
+
+
+def model_config(name, **model):
+  c = default.get_config()
+  c.data.raw_files, c.data.history_queries = 'log.tsv', 20
+  c.model.name = name
+  for key, value in model.items():
+    c.model[key] = value
+  return c
+
+
+@pytest.mark.parametrize('name, model, message', [
+    ('mtn', dict(num_levels=1), 'config.model.num_levels must be >= 2 for MTN, got 1'),
+    ('mtn', dict(num_heads=3), 'config.model.num_heads (3) must divide config.model.d_model'),
+    ('transformer', dict(remat='some'), "config.model.remat must be 'none', 'full' or 'dots'"),
+    ('transformer', dict(user_memory='both'),
+     "config.model.user_memory must be 'none', 'attention' or 'zero_attention', got 'both'"),
+    ('hred', dict(lstm_units=0), 'config.model.lstm_units must be positive, got 0'),
+    ('seq2seq', dict(user_memory='attention'),
+     "config.model.user_memory is an option of MTN and the Transformer; 'seq2seq' has none"),
+    ('zam', dict(user_model='xem'), "config.model.user_model must be 'qem', 'hem', 'aem' or"),
+    ('zam', dict(word_negatives=0), 'config.model.word_negatives must be positive, got 0'),
+    ('polyencoder', dict(context_encoder='mtn', num_levels=1),
+     'config.model.num_levels must be >= 2 for an MTN context encoder, got 1'),
+    ('crossencoder', dict(lexical_negatives=2),
+     'config.model.lexical_negatives is for the Bi- and Poly-encoders'),
+    ('biencoder', dict(user_memory='attention'), "'biencoder' has none (set it to 'none')"),
+    ('imdna', dict(reader='docs'), "config.model.reader must be 'attention' or 'embeddings'"),
+    ('imdna', dict(dropout=1.0), 'config.model.dropout must be in [0, 1), got 1.0'),
+])
+def test_each_model_checks_its_own_fields(name, model, message):
+  config = model_config(name, **model)
+  with pytest.raises(errors.ConfigError) as raised:
+    models.REGISTRY[name].config_class.check(config.model)
+  assert message in str(raised.value)
+  with pytest.raises(config_lib.ConfigError, match=re.escape(message)):
+    config_lib.validate(config)
+
+
+@pytest.mark.parametrize('name, model', [
+    ('mtn', dict(lstm_units=0)), ('hred', dict(num_heads=3, num_levels=1)),
+    ('zam', dict(context_encoder='deep')), ('crossencoder', dict(context_encoder='mtn',
+                                                                 num_levels=1)),
+])
+def test_a_field_the_model_does_not_read_is_not_its_rule(name, model):
+  config_lib.validate(model_config(name, **model))
+
+
+@pytest.mark.parametrize('name, model, message', [
+    ('zam', dict(user_model='hem'), 'config.data.history_queries is 0'),
+    ('mtn', dict(user_memory='attention'), 'config.data.history_queries is 0'),
+    ('transformer', dict(copy=True), 'config.train.entropy_weight is not defined'),
+])
+def test_rules_across_sections_ask_the_model_family(name, model, message):
+  config = model_config(name, **model)
+  config.train.entropy_weight = 0.1
+  config.data.history_queries = 0
+  with pytest.raises(config_lib.ConfigError, match=message):
+    config_lib.validate(config)
+  config.train.entropy_weight = 0.0
+  config.data.history_queries = 20
+  config_lib.validate(config)
