@@ -1,19 +1,22 @@
-"""What the command line says when it cannot start or a run fails.
+"""What the command line says when it cannot start or a run fails, and its `--help`.
 
 absl and ml_collections word their errors for their own developers: a repr of a key, a
 traceback of the config file, "Flag --x must have a value other than None". Here each becomes
 one line on stderr naming the flag, key, file or value at fault, with the exit code that tells
-usage (2) from data (1); `--verbosity=1` or more adds the traceback.
+usage (2) from data (1); `--verbosity=1` or more adds the traceback. `-h` and `--help` print
+the modes, the flags, the config's keys and the decode input formats, and exit 0.
 """
 
 from __future__ import annotations
 
 import ast
 import contextlib
+import importlib.util
 import os
 import re
 import signal
 import sys
+import textwrap
 import traceback
 
 from absl import flags
@@ -162,7 +165,11 @@ def _flag_error_message(error: BaseException, argv) -> str:
 def parse_flags(argv):
   """absl's flag parsing, with every error (an unknown flag or config key, a wrong type, a
   config file that is missing or fails to load, a missing required flag) as one line and
-  exit code 2; --verbosity=1 or more adds the traceback."""
+  exit code 2; --verbosity=1 or more adds the traceback. -h or --help prints `help_text`
+  and exits 0."""
+  if _asks_for_help(argv):
+    print(help_text())
+    sys.exit(0)
   try:
     return flags.FLAGS(argv)
   except Exception as e:  # pylint: disable=broad-except
@@ -220,3 +227,108 @@ def run_errors():
   except KeyboardInterrupt:
     print('interrupted', file=sys.stderr)
     sys.exit(EXIT_CODES['SIGINT'])
+
+
+# ------------------------------------------------------------------------------------------
+# --help
+
+_HELP_FLAGS = ('-h', '--h', '-help', '--help', '-helpshort', '--helpshort', '-?', '--?')
+
+_MODES = """\
+  all (default)  preprocess -> train -> eval -> sample suggestions -> report
+  preprocess     reads the raw log, writes <workdir>/data/ and prints a summary
+  train          trains, or resumes from the latest checkpoint in the workdir
+  eval           decodes config.decode.eval_split (test) with the best checkpoint: BLEU,
+                 n-gram precision and ranking figures in <workdir>/eval/
+  decode         offline suggestions for a file: --config.decode.input=FILE
+                 [--config.decode.output=OUT.jsonl] (formats below)
+  suggest        interactive: type a session's queries, see suggestions after each
+  report         tables, charts and samples over --config.report.workdirs=A,B"""
+
+_DECODE_INPUT = """\
+--mode=decode reads --config.decode.input=FILE, plain or gzip, in one of two formats told
+apart by its first non-empty line:
+  sessions file  one session a line, its queries separated by tabs; suggestions after the
+                 last query of each line.
+  raw log        an AOL-format log: an `AnonID` header line (AnonID, Query, QueryTime,
+                 ItemRank, ClickURL), or lines of 3 or 5 tab-separated fields with a
+                 YYYY-MM-DD HH:MM:SS time in the third; sessions are cut as preprocessing cuts
+                 them (config.data.session_gap_minutes) and suggestions are made after every
+                 query, with the next query as the reference.
+It writes one JSON line per suggestion point to config.decode.output (default
+<workdir>/decode/<input name>.suggestions.jsonl), the config.decode.top_k best first."""
+
+_EXIT_CODES = """\
+0 finished; 1 bad data, input file or checkpoint; 2 usage error (flag, config file or
+value); 130 and 143 training stopped by SIGINT or SIGTERM after saving a checkpoint (the
+same command resumes)."""
+
+
+def _asks_for_help(argv) -> bool:
+  for arg in argv[1:]:
+    if arg == '--':  # what follows is arguments, not flags
+      return False
+    if arg in _HELP_FLAGS:
+      return True
+  return False
+
+
+def help_text() -> str:
+  """What -h and --help print: usage, modes, flags, config keys, decode input formats."""
+  sections = [
+      'Next-query suggestion from search session logs (mtn_jax).',
+      'usage: python -m mtn_jax.main --config=FILE[:variant] --workdir=DIR [--mode=MODE]\n'
+      '                              [--config.SECTION.KEY=VALUE ...]\n\n'
+      '  python -m mtn_jax.main --config=configs/demo.py --workdir=/tmp/mtn_demo\n'
+      '  python -m mtn_jax.main --config=configs/aol.py:small --config.data.raw_files=LOG '
+      '--workdir=runs/mtn --mode=train',
+      'modes (--mode):\n' + _MODES,
+      'flags:\n' + _flags_help(),
+      'config keys:\n' + _config_keys(),
+      'decode input:\n' + _DECODE_INPUT,
+      'exit codes:\n' + _EXIT_CODES,
+  ]
+  return '\n\n'.join(sections)
+
+
+def _flags_help() -> str:
+  """The flags the command line defines (absl's own aside), in their order."""
+  lines = []
+  for module, module_flags in flags.FLAGS.flags_by_module_dict().items():
+    if module.startswith('absl'):
+      continue
+    for flag in module_flags:
+      name = f'--[no]{flag.name}' if flag.boolean else f'--{flag.name}'
+      default = '' if flag.default is None else f' (default: {flag.default_as_str})'
+      lines += [f'  {name}{default}',
+                textwrap.fill(flag.help, width=92, initial_indent=' ' * 6,
+                              subsequent_indent=' ' * 6)]
+  lines += ['  --verbosity=1 (-v 1)', '      An error also prints its traceback.',
+            '  --helpfull', "      absl's own flags too."]
+  return '\n'.join(lines)
+
+
+def _config_keys() -> str:
+  """Every section of configs/default.py's config and its keys, read from the file itself."""
+  intro = ('Every key of the config file can be overridden on the command line, e.g.\n'
+           '--config.model.num_heads=8 --config.decode.beam_size=10 (a config file is\n'
+           'configs/default.py with changes; default.py gives each key its meaning):')
+  path = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), 'configs',
+                      'default.py')
+  try:
+    spec = importlib.util.spec_from_file_location('_mtn_jax_default_config', path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    config = module.get_config()
+  except (OSError, AttributeError, ImportError):  # not beside a checkout of the repository
+    return intro
+  lines = [intro]
+  top = [key for key, value in config.items() if not hasattr(value, 'items')]
+  if top:
+    lines.append(f'  config.{", config.".join(top)}')
+  for section, value in config.items():
+    if hasattr(value, 'items'):
+      lines.append(textwrap.fill(', '.join(value.keys()), width=92,
+                                 initial_indent=f'  config.{section}: ',
+                                 subsequent_indent=' ' * 6))
+  return '\n'.join(lines)

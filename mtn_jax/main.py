@@ -4,7 +4,8 @@
   python -m mtn_jax.main --config=configs/aol.py:small --config.data.raw_files=LOG
       --workdir=W --mode=train --config.model.num_heads=8
 
-Errors are one line and an exit code (`mtn_jax.cli_errors`).
+`-h` or `--help` lists the modes, the flags, the config's keys and the decode input formats;
+errors are one line and an exit code (`mtn_jax.cli_errors`).
 """
 
 import sys
@@ -18,9 +19,9 @@ from mtn_jax import cli_errors
 from mtn_jax import config_lib
 
 FLAGS = flags.FLAGS
-config_flags.DEFINE_config_file('config', None, 'Config file (path[:variant]).',
+config_flags.DEFINE_config_file('config', None, 'Config file, path[:variant] (required).',
                                 lock_config=True)
-flags.DEFINE_string('workdir', None, 'Run folder: data cache, checkpoints, logs, results.')
+flags.DEFINE_string('workdir', None, 'Run folder (required): data, checkpoints, logs, results.')
 flags.DEFINE_enum('mode', 'all', config_lib.MODES,
                   'all: preprocess, train, eval, sample suggestions and report.')
 flags.DEFINE_bool('distributed', False,

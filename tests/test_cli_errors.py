@@ -82,6 +82,27 @@ def test_every_config_names_its_variants(tmp_path, config, known):
   assert 'bogus' in result.stderr and known in result.stderr, result.stderr
 
 
+@pytest.mark.parametrize('flag', ['--help', '-h'])
+def test_help_lists_modes_flags_config_keys_and_decode_formats(flag):
+  result = run(flag)  # no --config or --workdir needed
+  assert result.returncode == 0 and result.stderr == '', result.stderr
+  out = result.stdout
+  assert out.startswith('Next-query suggestion') and '\nusage: python -m mtn_jax.main ' in out
+  for mode in ('all', 'preprocess', 'train', 'eval', 'decode', 'suggest', 'report'):
+    assert re.search(rf'^  {mode} ', out, re.M), mode
+  for flag_name in ('--config', '--workdir', '--mode', '--cpu_devices', '--[no]distributed'):
+    assert f'\n  {flag_name}' in out, flag_name
+  # Every section of configs/default.py with its keys, and how a key is overridden.
+  assert '--config.model.num_heads=8' in out
+  for section, key in (('data', 'raw_files'), ('model', 'num_heads'), ('decode', 'input'),
+                       ('suggest', 'strategy'), ('report', 'workdirs')):
+    assert re.search(rf'^  config\.{section}: (.*\n)*?.*\b{key}\b', out, re.M), (section, key)
+  # Both decode input formats.
+  assert '--config.decode.input=FILE' in out and 'AnonID' in out and 'gzip' in out
+  assert 'queries separated by tabs' in out and 'YYYY-MM-DD HH:MM:SS' in out
+  assert '  ' not in out.splitlines()[2].strip()  # no stray spaces in the usage line
+
+
 def test_missing_required_flags(tmp_path):
   result = run()
   assert result.returncode == 2 and result.stderr == (
