@@ -243,7 +243,8 @@ _MODES = """\
   decode         offline suggestions for a file: --config.decode.input=FILE
                  [--config.decode.output=OUT.jsonl] (formats below)
   suggest        interactive: type a session's queries, see suggestions after each
-  report         tables, charts and samples over --config.report.workdirs=A,B"""
+  report         tables, charts and samples over --config.report.workdirs=A,B
+                 (default: the --workdir alone)"""
 
 _DECODE_INPUT = """\
 --mode=decode reads --config.decode.input=FILE, plain or gzip, in one of two formats told

@@ -44,6 +44,10 @@ def validate(config: ml_collections.ConfigDict, mode: str = 'all') -> None:
 def _check_data(config, mode: str) -> None:
   d = config.data
   _choice(config, 'data.source', ('aol', 'demo', 'movies'))
+  if d.source != 'aol' and d.raw_files:
+    raise ConfigError('config.data.raw_files is read only when config.data.source is '
+                      f"'aol', but it is {d.source!r}: leave raw_files empty, or use a config "
+                      'for a log (configs/aol.py)')
   if d.source == 'aol' and not d.raw_files and mode in ('all', 'preprocess', 'train'):
     raise ConfigError('config.data.raw_files is empty: pass --config.data.raw_files='
                       'PATH_OR_GLOB (AOL-format log files), or use configs/demo.py')
@@ -170,5 +174,6 @@ def _check_decode(config, mode: str) -> None:
   if dc.top_k > dc.beam_size:
     raise ConfigError(f'config.decode.top_k ({dc.top_k}) cannot exceed '
                       f'config.decode.beam_size ({dc.beam_size})')
-  if mode == 'report' and not config.report.workdirs:
-    raise ConfigError('config.report.workdirs is empty: pass --config.report.workdirs=A,B')
+  if mode == 'decode' and not dc.input:
+    raise ConfigError('config.decode.input is empty: pass --config.decode.input=FILE (one '
+                      'session a line, queries separated by tabs, or an AOL log)')

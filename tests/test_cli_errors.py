@@ -8,6 +8,7 @@ import sys
 import pytest
 
 from configs import default
+from configs import demo
 from mtn_jax import config_lib
 from mtn_jax import errors
 from mtn_jax import models
@@ -54,10 +55,15 @@ def run(*args, cwd=cli.REPO):
      'query'),
     (('--config=configs/demo.py', '--config.suggest.previous_query_bias=2.0'),
      '--config.suggest.previous_query_bias was removed: the bias chosen on validation'),
+    (('--config=configs/demo.py', '--mode=decode'),
+     'config.decode.input is empty: pass --config.decode.input=FILE'),
+    (('--config=configs/demo.py', '--config.data.raw_files=log.tsv'),
+     "config.data.raw_files is read only when config.data.source is 'aol', but it is 'demo'"),
 ], ids=['mistyped_key', 'mistyped_section', 'unknown_key', 'missing_config',
         'missing_config_with_variant', 'missing_config_with_override', 'bad_value_with_variant',
         'unknown_variant', 'bad_value', 'no_log', 'wrong_type', 'wrong_bool', 'unknown_mode',
-        'unknown_flag', 'stray_argument', 'retired_gain_from', 'retired_previous_query_bias'])
+        'unknown_flag', 'stray_argument', 'retired_gain_from', 'retired_previous_query_bias',
+        'no_decode_input', 'log_with_the_demo_source'])
 def test_usage_errors_are_one_line_and_exit_2(tmp_path, args, message):
   result = run(*args, f'--workdir={tmp_path}')
   assert result.returncode == 2, result.stderr
@@ -225,3 +231,16 @@ def test_rules_across_sections_ask_the_model_family(name, model, message):
   config.train.entropy_weight = 0.0
   config.data.history_queries = 20
   config_lib.validate(config)
+
+
+def test_validation_of_modes_that_read_an_input_or_other_runs():
+  config = demo.get_config()
+  config_lib.validate(config, 'report')  # no config.report.workdirs: the --workdir's report
+  with pytest.raises(config_lib.ConfigError, match='config.decode.input is empty'):
+    config_lib.validate(config, 'decode')
+  config.decode.input = 'sessions.tsv'
+  config_lib.validate(config, 'decode')
+  config.data.raw_files = 'log.tsv'
+  with pytest.raises(config_lib.ConfigError, match='config.data.raw_files is read only when '
+                     "config.data.source is 'aol', but it is 'demo'"):
+    config_lib.validate(config, 'preprocess')

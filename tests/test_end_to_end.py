@@ -285,6 +285,17 @@ def test_decode_uses_the_checkpoints_model_and_names_what_the_config_changes(mtn
   assert len(read_jsonl(output)) == 1
 
 
+def test_report_of_its_own_workdir_by_default(mtn_run, tmp_path):
+  workdir, _ = mtn_run
+  out_dir = tmp_path / 'report'
+  cli.run(workdir, *RUN, *MTN, f'--config.report.output={out_dir}', mode='report')
+  text = (out_dir / 'report.md').read_text(encoding='utf-8')
+  results = json.loads((workdir / 'eval' / 'results.json').read_text())
+  # One run of a model: the label is its name; layer counts tell runs of one model apart.
+  assert f'| MTN | {results["size_mb"]:.1f} |' in text
+  assert '## Sample suggestions: MTN' in text
+
+
 def test_main_job_again_resumes_and_redoes_eval_and_report(transformer_run):
   workdir, _ = transformer_run
   before = json.loads((workdir / 'eval' / 'results.json').read_text())
