@@ -61,6 +61,8 @@ def main(argv):
 
 # One function per mode; each returns the signal that stopped training early ('SIGINT',
 # 'SIGTERM') or None. Imports are per mode so that preprocessing does not pay for JAX start-up.
+# eval, decode and suggest use the workdir's model with the config it was trained with
+# (`inference.trained.check_config`); only the decoding settings may change.
 
 def preprocess(config, workdir):
   from mtn_jax.data import preprocess as preprocessing  # pylint: disable=g-import-not-at-top
@@ -74,16 +76,20 @@ def train(config, workdir):
 
 def evaluate(config, workdir):
   from mtn_jax import main_job  # pylint: disable=g-import-not-at-top
+  from mtn_jax.inference import trained  # pylint: disable=g-import-not-at-top
+  trained.check_config(config, workdir)
   main_job.evaluate(config, workdir)
 
 
 def decode(config, workdir):
-  from mtn_jax.inference import suggest  # pylint: disable=g-import-not-at-top
+  from mtn_jax.inference import suggest, trained  # pylint: disable=g-import-not-at-top
+  trained.check_config(config, workdir)
   suggest.decode_file(config, workdir)
 
 
 def interactive(config, workdir):
-  from mtn_jax.inference import suggest  # pylint: disable=g-import-not-at-top
+  from mtn_jax.inference import suggest, trained  # pylint: disable=g-import-not-at-top
+  trained.check_config(config, workdir)
   suggest.interactive(config, workdir)
 
 
