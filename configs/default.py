@@ -214,7 +214,7 @@ def get_config(variant: str = '') -> ml_collections.ConfigDict:
   c.suggest.index = 'exact'
 
   c.report = ml_collections.ConfigDict()
-  c.report.workdirs = ''  # comma-separated workdirs for --mode=report
+  c.report.workdirs = ''  # comma-separated workdirs for --mode=report ('': the --workdir)
   c.report.output = ''  # default: <workdir>/report
 
   # The generated movie knowledge base (data.source='movies', mtn_jax/data/movies.py).

@@ -1,0 +1,335 @@
+"""What the command line says when it cannot start or a run fails, and its `--help`.
+
+absl and ml_collections word their errors for their own developers: a repr of a key, a
+traceback of the config file, "Flag --x must have a value other than None". Here each becomes
+one line on stderr naming the flag, key, file or value at fault, with the exit code that tells
+usage (2) from data (1); `--verbosity=1` or more adds the traceback. `-h` and `--help` print
+the modes, the flags, the config's keys and the decode input formats, and exit 0.
+"""
+
+from __future__ import annotations
+
+import ast
+import contextlib
+import importlib.util
+import os
+import re
+import signal
+import sys
+import textwrap
+import traceback
+
+from absl import flags
+from ml_collections import config_flags
+
+from mtn_jax import config_lib
+from mtn_jax import errors
+
+USAGE_ERROR = 2  # a wrong flag, config file or config value
+DATA_ERROR = 1  # bad data, input file or checkpoint
+# A run stopped by a signal after saving exits as a shell reports a process killed by it, so
+# that a scheduler or a script can tell it from a finished one.
+EXIT_CODES = {'SIGINT': 128 + signal.SIGINT, 'SIGTERM': 128 + signal.SIGTERM}
+
+
+def _verbosity(argv) -> int:
+  """The --verbosity (-v) asked for on the command line, read from argv itself: flag parsing
+  may have failed before reaching it. Default -1 (absl's WARNING)."""
+  level = -1
+  args = list(argv[1:])
+  for i, arg in enumerate(args):
+    name, has_value, value = arg.lstrip('-').partition('=')
+    if not arg.startswith('-') or name not in ('v', 'verbosity'):
+      continue
+    if not has_value:
+      value = args[i + 1] if i + 1 < len(args) else ''
+    try:
+      level = int(value)
+    except ValueError:
+      pass
+  return level
+
+
+def _fail(message: str, code: int, argv=None) -> None:
+  """Exits with `code` and one line on stderr; --verbosity=1 or more first prints the
+  traceback of the exception being handled, if any."""
+  if _verbosity(sys.argv if argv is None else argv) >= 1 and sys.exc_info()[0] is not None:
+    traceback.print_exc()
+  print(f'error: {message}', file=sys.stderr)
+  sys.exit(code)
+
+
+def usage_error(message: str, argv=None) -> None:
+  """Exits with code 2 and one line naming what is wrong (and where help is)."""
+  _fail(f'{message} (see --help)', USAGE_ERROR, argv)
+
+
+def _unrepr(text: str) -> str:
+  """`text` itself where it is the repr of a string or of a tuple: ml_collections hands a
+  mistyped key's message as one ('\\'nmu_heads\\'\\nDid you mean "num_heads" ...'), absl a
+  wrong boolean as the other ("('Non-boolean argument to boolean flag', 'maybe')")."""
+  for _ in range(2):  # a repr in a repr
+    if len(text) < 2 or not ((text[0] == text[-1] and text[0] in '\'"')
+                             or (text[0], text[-1]) == ('(', ')')):
+      break
+    try:
+      value = ast.literal_eval(text)
+    except (ValueError, SyntaxError):
+      break
+    if isinstance(value, tuple):
+      return ': '.join(map(str, value))
+    text = str(value)
+  return text
+
+
+def _one_line(error: BaseException) -> str:
+  """An exception's message on one line. An error raised in a config file's get_config comes
+  with its whole traceback: only the exception's own line is kept."""
+  text = str(error)
+  flag = re.match(r'flag --\S*?: ', text)  # absl's prefix, naming the flag and its value
+  prefix = flag.group(0) if flag else ''
+  text = prefix + _unrepr(text[len(prefix):])
+  if 'Traceback (most recent call last)' in text:
+    head, _, trace = text.partition('Traceback (most recent call last)')
+    last = [line for line in trace.splitlines() if line.strip()][-1]
+    text = head.rstrip(': \n') + ': ' + last.strip()
+  return ' '.join(text.split())
+
+
+def _config_argument(argv) -> str | None:
+  """The --config value (path[:variant]) as written on the command line, or None."""
+  args = list(argv[1:])
+  for i, arg in enumerate(args):
+    match = re.fullmatch(r'--?config(=(.*))?', arg, re.DOTALL)
+    if match:
+      return match.group(2) if match.group(1) else (args[i + 1] if i + 1 < len(args) else None)
+  return None
+
+
+def _missing_config_file(config_argument: str | None) -> str | None:
+  """The message for a --config whose file does not exist, else None."""
+  if not config_argument:
+    return None
+  path = config_argument.split(':', 1)[0]  # path[:variant]
+  if os.path.isfile(path):
+    return None
+  return (f'--config: there is no file {path} (paths are relative to the current directory: '
+          'run from the repository root, or give the whole path)')
+
+
+# Config keys that once existed, and why they went: an override of one fails with this line.
+RETIRED_KEYS = {
+    'suggest.gain_from': 'the expected-gain model chose the previous query for 99.98 % of '
+                         'contexts (docs/RESULTS.md, "Retired")',
+    'suggest.previous_query_bias': 'the bias chosen on validation did not carry over to the '
+                                   'test split (docs/RESULTS.md, "Retired")',
+}
+
+_CONFIG_FILE_ERROR = re.compile(
+    r'^flag (--config=\S*): Error whilst parsing config file: (\w+): (.*)$')
+_REQUIRED = re.compile(r'Flag --(\w+) must have a value other than None')
+_EXAMPLE_VALUES = {'config': 'FILE[:variant]', 'workdir': 'DIR'}
+
+
+def _flag_error_message(error: BaseException, argv) -> str:
+  """One line naming the flag, key, file or value that made flag parsing fail."""
+  missing = _missing_config_file(_config_argument(argv))
+  if missing:  # overrides of a config that could not be read fail first with a worse message
+    return missing
+  text = _one_line(error)
+  required = _REQUIRED.findall(text)
+  if required:
+    return 'missing ' + ' and '.join(f'--{name}={_EXAMPLE_VALUES.get(name, "VALUE")}'
+                                     for name in required)
+  match = _CONFIG_FILE_ERROR.match(text)
+  if match:  # get_config raised: the file's own message, which names the file
+    flag, kind, message = match.groups()
+    return f'{flag}: {message}' if kind == 'ValueError' else f'{flag}: {kind}: {message}'
+  if isinstance(error, (KeyError, AttributeError)):
+    # A config key that does not exist: ml_collections names the key alone ('nmu_heads',
+    # perhaps with a 'Did you mean' line); the override on the command line says where.
+    key, _, hint = text.partition(' ')
+    key = key.strip('\'"')
+    for arg in argv[1:]:
+      name = arg.lstrip('-').split('=', 1)[0]
+      if name.removeprefix('config.') in RETIRED_KEYS:
+        return (f'--{name} was removed: {RETIRED_KEYS[name.removeprefix("config.")]}')
+      parts = name.split('.')
+      if parts[0] == 'config' and key in parts[1:]:
+        parent = '.'.join(parts[:parts.index(key, 1)])
+        return (f'--{name}: {parent} has no key {key!r}. '
+                + (hint or 'configs/default.py lists every key.'))
+  return text.removeprefix('flag ')
+
+
+def parse_flags(argv):
+  """absl's flag parsing, with every error (an unknown flag or config key, a wrong type, a
+  config file that is missing or fails to load, a missing required flag) as one line and
+  exit code 2; --verbosity=1 or more adds the traceback. -h or --help prints `help_text`
+  and exits 0."""
+  if _asks_for_help(argv):
+    print(help_text())
+    sys.exit(0)
+  try:
+    return flags.FLAGS(argv)
+  except Exception as e:  # pylint: disable=broad-except
+    usage_error(_flag_error_message(e, argv), argv)
+
+
+def checked_config(config_flag, mode: str):
+  """The config of --config once it exists and `config_lib.validate` accepts it for `mode`;
+  otherwise a usage error naming the file or key."""
+  # Without overrides a missing config file passes parsing (ml_collections defers the error).
+  missing = _missing_config_file(config_flags.get_config_filename(config_flag))
+  if missing:
+    usage_error(missing)
+  config = config_flag.value
+  try:
+    config_lib.validate(config, mode)
+  except config_lib.ConfigError as e:
+    usage_error(str(e))
+  except OSError as e:  # a config file that exists but could not be read
+    usage_error(f'--config: {_one_line(e)}')
+  return config
+
+
+def check_workdir(workdir: str) -> None:
+  """A usage error where --workdir cannot hold a run (a file, or no folder can be made)."""
+  problem = _workdir_problem(workdir)
+  if problem:
+    usage_error(problem)
+
+
+def _workdir_problem(workdir: str) -> str | None:
+  """Why --workdir cannot hold a run (a file, or no folder can be made there), else None."""
+  if os.path.exists(workdir):
+    return None if os.path.isdir(workdir) else f'--workdir={workdir} is a file, not a folder'
+  parent = os.path.dirname(os.path.abspath(workdir))
+  while not os.path.exists(parent):
+    parent = os.path.dirname(parent)
+  if not os.path.isdir(parent):
+    return f'--workdir={workdir}: {parent} is a file, not a folder'
+  if not os.access(parent, os.W_OK | os.X_OK):
+    return f'--workdir={workdir}: no permission to create it in {parent}'
+  return None
+
+
+@contextlib.contextmanager
+def run_errors():
+  """Around a mode: a problem with the input, config or checkpoint (`errors.Error`), or a
+  file the system refuses (missing, a folder, no permission, a full disk: `OSError`, whose
+  message names it), ends the run with its message on one line and exit code 1; Ctrl-C
+  outside the training loop, or a second one inside it, stops at once (130)."""
+  try:
+    yield
+  except (errors.Error, OSError) as e:
+    _fail(str(e), DATA_ERROR)
+  except KeyboardInterrupt:
+    print('interrupted', file=sys.stderr)
+    sys.exit(EXIT_CODES['SIGINT'])
+
+
+# ------------------------------------------------------------------------------------------
+# --help
+
+_HELP_FLAGS = ('-h', '--h', '-help', '--help', '-helpshort', '--helpshort', '-?', '--?')
+
+_MODES = """\
+  all (default)  preprocess -> train -> eval -> sample suggestions -> report
+  preprocess     reads the raw log, writes <workdir>/data/ and prints a summary
+  train          trains, or resumes from the latest checkpoint in the workdir
+  eval           decodes config.decode.eval_split (test) with the best checkpoint: BLEU,
+                 n-gram precision and ranking figures in <workdir>/eval/
+  decode         offline suggestions for a file: --config.decode.input=FILE
+                 [--config.decode.output=OUT.jsonl] (formats below)
+  suggest        interactive: type a session's queries, see suggestions after each
+  report         tables, charts and samples over --config.report.workdirs=A,B
+                 (default: the --workdir alone)"""
+
+_DECODE_INPUT = """\
+--mode=decode reads --config.decode.input=FILE, plain or gzip, in one of two formats told
+apart by its first non-empty line:
+  sessions file  one session a line, its queries separated by tabs; suggestions after the
+                 last query of each line.
+  raw log        an AOL-format log: an `AnonID` header line (AnonID, Query, QueryTime,
+                 ItemRank, ClickURL), or lines of 3 or 5 tab-separated fields with a
+                 YYYY-MM-DD HH:MM:SS time in the third; sessions are cut as preprocessing cuts
+                 them (config.data.session_gap_minutes) and suggestions are made after every
+                 query, with the next query as the reference.
+It writes one JSON line per suggestion point to config.decode.output (default
+<workdir>/decode/<input name>.suggestions.jsonl), the config.decode.top_k best first."""
+
+_EXIT_CODES = """\
+0 finished; 1 bad data, input file or checkpoint; 2 usage error (flag, config file or
+value); 130 and 143 training stopped by SIGINT or SIGTERM after saving a checkpoint (the
+same command resumes)."""
+
+
+def _asks_for_help(argv) -> bool:
+  for arg in argv[1:]:
+    if arg == '--':  # what follows is arguments, not flags
+      return False
+    if arg in _HELP_FLAGS:
+      return True
+  return False
+
+
+def help_text() -> str:
+  """What -h and --help print: usage, modes, flags, config keys, decode input formats."""
+  sections = [
+      'Next-query suggestion from search session logs (mtn_jax).',
+      'usage: python -m mtn_jax.main --config=FILE[:variant] --workdir=DIR [--mode=MODE]\n'
+      '                              [--config.SECTION.KEY=VALUE ...]\n\n'
+      '  python -m mtn_jax.main --config=configs/demo.py --workdir=/tmp/mtn_demo\n'
+      '  python -m mtn_jax.main --config=configs/aol.py:small --config.data.raw_files=LOG '
+      '--workdir=runs/mtn --mode=train',
+      'modes (--mode):\n' + _MODES,
+      'flags:\n' + _flags_help(),
+      'config keys:\n' + _config_keys(),
+      'decode input:\n' + _DECODE_INPUT,
+      'exit codes:\n' + _EXIT_CODES,
+  ]
+  return '\n\n'.join(sections)
+
+
+def _flags_help() -> str:
+  """The flags the command line defines (absl's own aside), in their order."""
+  lines = []
+  for module, module_flags in flags.FLAGS.flags_by_module_dict().items():
+    if module.startswith('absl'):
+      continue
+    for flag in module_flags:
+      name = f'--[no]{flag.name}' if flag.boolean else f'--{flag.name}'
+      default = '' if flag.default is None else f' (default: {flag.default_as_str})'
+      lines += [f'  {name}{default}',
+                textwrap.fill(flag.help, width=92, initial_indent=' ' * 6,
+                              subsequent_indent=' ' * 6)]
+  lines += ['  --verbosity=1 (-v 1)', '      An error also prints its traceback.',
+            '  --helpfull', "      absl's own flags too."]
+  return '\n'.join(lines)
+
+
+def _config_keys() -> str:
+  """Every section of configs/default.py's config and its keys, read from the file itself."""
+  intro = ('Every key of the config file can be overridden on the command line, e.g.\n'
+           '--config.model.num_heads=8 --config.decode.beam_size=10 (a config file is\n'
+           'configs/default.py with changes; default.py gives each key its meaning):')
+  path = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), 'configs',
+                      'default.py')
+  try:
+    spec = importlib.util.spec_from_file_location('_mtn_jax_default_config', path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    config = module.get_config()
+  except (OSError, AttributeError, ImportError):  # not beside a checkout of the repository
+    return intro
+  lines = [intro]
+  top = [key for key, value in config.items() if not hasattr(value, 'items')]
+  if top:
+    lines.append(f'  config.{", config.".join(top)}')
+  for section, value in config.items():
+    if hasattr(value, 'items'):
+      lines.append(textwrap.fill(', '.join(value.keys()), width=92,
+                                 initial_indent=f'  config.{section}: ',
+                                 subsequent_indent=' ' * 6))
+  return '\n'.join(lines)

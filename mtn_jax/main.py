@@ -1,29 +1,27 @@
 """Command line: flags, config, then one mode.
 
   python -m mtn_jax.main --config=configs/demo.py --workdir=/tmp/mtn_demo
-  python -m mtn_jax.main --config=configs/aol.py:small --config.data.raw_files=LOG \
+  python -m mtn_jax.main --config=configs/aol.py:small --config.data.raw_files=LOG
       --workdir=W --mode=train --config.model.num_heads=8
+
+`-h` or `--help` lists the modes, the flags, the config's keys and the decode input formats;
+errors are one line and an exit code (`mtn_jax.cli_errors`).
 """
 
-import ast
-import os
-import re
-import signal
 import sys
-import traceback
 
 from absl import app
 from absl import flags
 from absl import logging
 from ml_collections import config_flags
 
+from mtn_jax import cli_errors
 from mtn_jax import config_lib
-from mtn_jax import errors
 
 FLAGS = flags.FLAGS
-config_flags.DEFINE_config_file('config', None, 'Config file (path[:variant]).',
+config_flags.DEFINE_config_file('config', None, 'Config file, path[:variant] (required).',
                                 lock_config=True)
-flags.DEFINE_string('workdir', None, 'Run folder: data cache, checkpoints, logs, results.')
+flags.DEFINE_string('workdir', None, 'Run folder (required): data, checkpoints, logs, results.')
 flags.DEFINE_enum('mode', 'all', config_lib.MODES,
                   'all: preprocess, train, eval, sample suggestions and report.')
 flags.DEFINE_bool('distributed', False,
@@ -41,240 +39,73 @@ flags.register_validator('cpu_devices', lambda count: count >= 0,
 flags.mark_flags_as_required(['config', 'workdir'])
 
 
-USAGE_ERROR = 2  # a wrong flag, config file or config value
-DATA_ERROR = 1  # bad data, input file or checkpoint
-
-
-def _verbosity(argv) -> int:
-  """The --verbosity (-v) asked for on the command line, read from argv itself: flag parsing
-  may have failed before reaching it. Default -1 (absl's WARNING)."""
-  level = -1
-  args = list(argv[1:])
-  for i, arg in enumerate(args):
-    name, has_value, value = arg.lstrip('-').partition('=')
-    if not arg.startswith('-') or name not in ('v', 'verbosity'):
-      continue
-    if not has_value:
-      value = args[i + 1] if i + 1 < len(args) else ''
-    try:
-      level = int(value)
-    except ValueError:
-      pass
-  return level
-
-
-def _fail(message: str, code: int, argv=None) -> None:
-  """Exits with `code` and one line on stderr; --verbosity=1 or more first prints the
-  traceback of the exception being handled, if any."""
-  if _verbosity(sys.argv if argv is None else argv) >= 1 and sys.exc_info()[0] is not None:
-    traceback.print_exc()
-  print(f'error: {message}', file=sys.stderr)
-  sys.exit(code)
-
-
-def usage_error(message: str, argv=None) -> None:
-  """Exits with code 2 and one line naming what is wrong (and where help is)."""
-  _fail(f'{message} (see --help)', USAGE_ERROR, argv)
-
-
-def _unrepr(text: str) -> str:
-  """`text` itself where it is the repr of a string or of a tuple: ml_collections hands a
-  mistyped key's message as one ('\\'nmu_heads\\'\\nDid you mean "num_heads" ...'), absl a
-  wrong boolean as the other ("('Non-boolean argument to boolean flag', 'maybe')")."""
-  for _ in range(2):  # a repr in a repr
-    if len(text) < 2 or not ((text[0] == text[-1] and text[0] in '\'"')
-                             or (text[0], text[-1]) == ('(', ')')):
-      break
-    try:
-      value = ast.literal_eval(text)
-    except (ValueError, SyntaxError):
-      break
-    if isinstance(value, tuple):
-      return ': '.join(map(str, value))
-    text = str(value)
-  return text
-
-
-def _one_line(error: BaseException) -> str:
-  """An exception's message on one line. An error raised in a config file's get_config comes
-  with its whole traceback: only the exception's own line is kept."""
-  text = str(error)
-  flag = re.match(r'flag --\S*?: ', text)  # absl's prefix, naming the flag and its value
-  prefix = flag.group(0) if flag else ''
-  text = prefix + _unrepr(text[len(prefix):])
-  if 'Traceback (most recent call last)' in text:
-    head, _, trace = text.partition('Traceback (most recent call last)')
-    last = [line for line in trace.splitlines() if line.strip()][-1]
-    text = head.rstrip(': \n') + ': ' + last.strip()
-  return ' '.join(text.split())
-
-
-def _config_argument(argv) -> str | None:
-  """The --config value (path[:variant]) as written on the command line, or None."""
-  args = list(argv[1:])
-  for i, arg in enumerate(args):
-    match = re.fullmatch(r'--?config(=(.*))?', arg, re.DOTALL)
-    if match:
-      return match.group(2) if match.group(1) else (args[i + 1] if i + 1 < len(args) else None)
-  return None
-
-
-def _missing_config_file(config_argument: str | None) -> str | None:
-  """The message for a --config whose file does not exist, else None."""
-  if not config_argument:
-    return None
-  path = config_argument.split(':', 1)[0]  # path[:variant]
-  if os.path.isfile(path):
-    return None
-  return (f'--config: there is no file {path} (paths are relative to the current directory: '
-          'run from the repository root, or give the whole path)')
-
-
-# Config keys that once existed, and why they went: an override of one fails with this line.
-RETIRED_KEYS = {
-    'suggest.gain_from': 'the expected-gain model chose the previous query for 99.98 % of '
-                         'contexts (docs/RESULTS.md, "Retired")',
-    'suggest.previous_query_bias': 'the bias chosen on validation did not carry over to the '
-                                   'test split (docs/RESULTS.md, "Retired")',
-}
-
-_CONFIG_FILE_ERROR = re.compile(
-    r'^flag (--config=\S*): Error whilst parsing config file: (\w+): (.*)$')
-_REQUIRED = re.compile(r'Flag --(\w+) must have a value other than None')
-_EXAMPLE_VALUES = {'config': 'FILE[:variant]', 'workdir': 'DIR'}
-
-
-def _flag_error_message(error: BaseException, argv) -> str:
-  """One line naming the flag, key, file or value that made flag parsing fail."""
-  missing = _missing_config_file(_config_argument(argv))
-  if missing:  # overrides of a config that could not be read fail first with a worse message
-    return missing
-  text = _one_line(error)
-  required = _REQUIRED.findall(text)
-  if required:
-    return 'missing ' + ' and '.join(f'--{name}={_EXAMPLE_VALUES.get(name, "VALUE")}'
-                                     for name in required)
-  match = _CONFIG_FILE_ERROR.match(text)
-  if match:  # get_config raised: the file's own message, which names the file
-    flag, kind, message = match.groups()
-    return f'{flag}: {message}' if kind == 'ValueError' else f'{flag}: {kind}: {message}'
-  if isinstance(error, (KeyError, AttributeError)):
-    # A config key that does not exist: ml_collections names the key alone ('nmu_heads',
-    # perhaps with a 'Did you mean' line); the override on the command line says where.
-    key, _, hint = text.partition(' ')
-    key = key.strip('\'"')
-    for arg in argv[1:]:
-      name = arg.lstrip('-').split('=', 1)[0]
-      if name.removeprefix('config.') in RETIRED_KEYS:
-        return (f'--{name} was removed: {RETIRED_KEYS[name.removeprefix("config.")]}')
-      parts = name.split('.')
-      if parts[0] == 'config' and key in parts[1:]:
-        parent = '.'.join(parts[:parts.index(key, 1)])
-        return (f'--{name}: {parent} has no key {key!r}. '
-                + (hint or 'configs/default.py lists every key.'))
-  return text.removeprefix('flag ')
-
-
-def parse_flags(argv):
-  """absl's flag parsing, with every error (an unknown flag or config key, a wrong type, a
-  config file that is missing or fails to load, a missing required flag) as one line and
-  exit code 2; --verbosity=1 or more adds the traceback."""
-  try:
-    return FLAGS(argv)
-  except Exception as e:  # pylint: disable=broad-except
-    usage_error(_flag_error_message(e, argv), argv)
-
-
-def _workdir_problem(workdir: str) -> str | None:
-  """Why --workdir cannot hold a run (a file, or no folder can be made there), else None."""
-  if os.path.exists(workdir):
-    return None if os.path.isdir(workdir) else f'--workdir={workdir} is a file, not a folder'
-  parent = os.path.dirname(os.path.abspath(workdir))
-  while not os.path.exists(parent):
-    parent = os.path.dirname(parent)
-  if not os.path.isdir(parent):
-    return f'--workdir={workdir}: {parent} is a file, not a folder'
-  if not os.access(parent, os.W_OK | os.X_OK):
-    return f'--workdir={workdir}: no permission to create it in {parent}'
-  return None
-
-
 def main(argv):
   if len(argv) > 1:
-    usage_error(f'unexpected arguments: {" ".join(argv[1:])}')
+    cli_errors.usage_error(f'unexpected arguments: {" ".join(argv[1:])}')
   if not FLAGS['verbosity'].present:
     # Library INFO logs (orbax writes several per checkpoint) would bury the progress lines.
     logging.set_verbosity(logging.WARNING)
-  # Without overrides a missing config file passes parsing (ml_collections defers the error).
-  missing = _missing_config_file(config_flags.get_config_filename(FLAGS['config']))
-  if missing:
-    usage_error(missing)
-  config = FLAGS.config
-  workdir, mode = FLAGS.workdir, FLAGS.mode
-  try:
-    config_lib.validate(config, mode)
-  except config_lib.ConfigError as e:
-    usage_error(str(e))
-  except OSError as e:  # a config file that exists but could not be read
-    usage_error(f'--config: {_one_line(e)}')
-  problem = _workdir_problem(workdir)
-  if problem:
-    usage_error(problem)
-  if mode != 'preprocess':  # the one mode that runs without JAX
+  config = cli_errors.checked_config(FLAGS['config'], FLAGS.mode)
+  cli_errors.check_workdir(FLAGS.workdir)
+  if FLAGS.mode != 'preprocess':  # the one mode that runs without JAX
     from mtn_jax import parallel  # pylint: disable=g-import-not-at-top
     parallel.set_cpu_devices(FLAGS.cpu_devices)
   if FLAGS.distributed:
     import jax  # pylint: disable=g-import-not-at-top
     jax.distributed.initialize(coordinator_address=FLAGS.coordinator_address,
                                num_processes=FLAGS.num_processes, process_id=FLAGS.process_id)
-  try:
-    stopped_by = run_mode(config, workdir, mode)
-  except errors.Error as e:
-    # A problem with the input, config or checkpoint: its message is the whole story.
-    _fail(str(e), DATA_ERROR)
-  except OSError as e:
-    # A file the run reads or writes that the system refuses (missing, a folder, no
-    # permission, a full disk): the system's message names it.
-    _fail(str(e), DATA_ERROR)
-  except KeyboardInterrupt:
-    # Ctrl-C outside the training loop, or a second one inside it: stop at once.
-    print('interrupted', file=sys.stderr)
-    sys.exit(EXIT_CODES['SIGINT'])
-  sys.exit(EXIT_CODES.get(stopped_by, 0))
+  with cli_errors.run_errors():
+    stopped_by = MODES[FLAGS.mode](config, FLAGS.workdir)
+  sys.exit(cli_errors.EXIT_CODES.get(stopped_by, 0))
 
 
-# A run stopped by a signal after saving exits as a shell reports a process killed by it, so
-# that a scheduler or a script can tell it from a finished one.
-EXIT_CODES = {'SIGINT': 128 + signal.SIGINT, 'SIGTERM': 128 + signal.SIGTERM}
+# One function per mode; each returns the signal that stopped training early ('SIGINT',
+# 'SIGTERM') or None. Imports are per mode so that preprocessing does not pay for JAX start-up.
+# eval, decode and suggest use the workdir's model with the config it was trained with
+# (`inference.trained.check_config`); only the decoding settings may change.
+
+def preprocess(config, workdir):
+  from mtn_jax.data import preprocess as preprocessing  # pylint: disable=g-import-not-at-top
+  preprocessing.prepare(config, workdir, verbose=True)
 
 
-def run_mode(config, workdir: str, mode: str) -> str | None:
-  """Runs one mode; returns the signal that stopped training early ('SIGINT', 'SIGTERM'),
-  or None."""
-  # Imports are per mode so that preprocessing does not pay for JAX start-up.
-  if mode == 'preprocess':
-    from mtn_jax.data import preprocess
-    preprocess.prepare(config, workdir, verbose=True)
-  elif mode == 'train':
-    from mtn_jax import main_job
-    return main_job.train(config, workdir)['stopped_by']
-  elif mode == 'eval':
-    from mtn_jax import main_job
-    main_job.evaluate(config, workdir)
-  elif mode == 'decode':
-    from mtn_jax.inference import suggest
-    suggest.decode_file(config, workdir)
-  elif mode == 'suggest':
-    from mtn_jax.inference import suggest
-    suggest.interactive(config, workdir)
-  elif mode == 'report':
-    from mtn_jax.evaluation import report
-    report.write_report(config, workdir)
-  else:
-    from mtn_jax import main_job
-    return main_job.run_all(config, workdir).get('stopped_by')
-  return None
+def train(config, workdir):
+  from mtn_jax import main_job  # pylint: disable=g-import-not-at-top
+  return main_job.train(config, workdir)['stopped_by']
+
+
+def evaluate(config, workdir):
+  from mtn_jax import main_job  # pylint: disable=g-import-not-at-top
+  from mtn_jax.inference import trained  # pylint: disable=g-import-not-at-top
+  trained.check_config(config, workdir)
+  main_job.evaluate(config, workdir)
+
+
+def decode(config, workdir):
+  from mtn_jax.inference import suggest, trained  # pylint: disable=g-import-not-at-top
+  trained.check_config(config, workdir)
+  suggest.decode_file(config, workdir)
+
+
+def interactive(config, workdir):
+  from mtn_jax.inference import suggest, trained  # pylint: disable=g-import-not-at-top
+  trained.check_config(config, workdir)
+  suggest.interactive(config, workdir)
+
+
+def report(config, workdir):
+  from mtn_jax.evaluation import report as reporting  # pylint: disable=g-import-not-at-top
+  reporting.write_report(config, workdir)
+
+
+def run_all(config, workdir):
+  from mtn_jax import main_job  # pylint: disable=g-import-not-at-top
+  return main_job.run_all(config, workdir).get('stopped_by')
+
+
+MODES = {'all': run_all, 'preprocess': preprocess, 'train': train, 'eval': evaluate,
+         'decode': decode, 'suggest': interactive, 'report': report}
 
 
 if __name__ == '__main__':
-  app.run(main, flags_parser=parse_flags)
+  app.run(main, flags_parser=cli_errors.parse_flags)

@@ -186,6 +186,7 @@ def test_usearch_is_refused_for_a_poly_encoder(tmp_path):
 
 def test_config_validation_of_the_index():
   config = demo.get_config()
+  config.decode.input = 'sessions.tsv'
   config_lib.validate(config, 'decode')  # 'exact' by default
   config.suggest.index = 'hnsw'
   with pytest.raises(config_lib.ConfigError, match=r"config\.suggest\.index.*'hnsw'"):

@@ -163,7 +163,8 @@ def load_config(name: str, variant: str = ''):
   module = importlib.import_module(f'configs.{name}')
   config = module.get_config(variant) if variant else module.get_config()
   # Validation asks for a log only of configs that read one; any path will do here.
-  config.data.raw_files = config.data.raw_files or 'log.tsv'
+  if config.data.source == 'aol':
+    config.data.raw_files = config.data.raw_files or 'log.tsv'
   return config
 
 

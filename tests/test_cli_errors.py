@@ -1,11 +1,17 @@
 """User errors end in one line on stderr naming the cause, no traceback, and exit code 2 for
 usage (flags, config files, config values) or 1 for data and checkpoints."""
 
+import re
 import subprocess
 import sys
 
 import pytest
 
+from configs import default
+from configs import demo
+from mtn_jax import config_lib
+from mtn_jax import errors
+from mtn_jax import models
 from tests import cli
 
 pytestmark = pytest.mark.slow
@@ -49,10 +55,15 @@ def run(*args, cwd=cli.REPO):
      'query'),
     (('--config=configs/demo.py', '--config.suggest.previous_query_bias=2.0'),
      '--config.suggest.previous_query_bias was removed: the bias chosen on validation'),
+    (('--config=configs/demo.py', '--mode=decode'),
+     'config.decode.input is empty: pass --config.decode.input=FILE'),
+    (('--config=configs/demo.py', '--config.data.raw_files=log.tsv'),
+     "config.data.raw_files is read only when config.data.source is 'aol', but it is 'demo'"),
 ], ids=['mistyped_key', 'mistyped_section', 'unknown_key', 'missing_config',
         'missing_config_with_variant', 'missing_config_with_override', 'bad_value_with_variant',
         'unknown_variant', 'bad_value', 'no_log', 'wrong_type', 'wrong_bool', 'unknown_mode',
-        'unknown_flag', 'stray_argument', 'retired_gain_from', 'retired_previous_query_bias'])
+        'unknown_flag', 'stray_argument', 'retired_gain_from', 'retired_previous_query_bias',
+        'no_decode_input', 'log_with_the_demo_source'])
 def test_usage_errors_are_one_line_and_exit_2(tmp_path, args, message):
   result = run(*args, f'--workdir={tmp_path}')
   assert result.returncode == 2, result.stderr
@@ -75,6 +86,27 @@ def test_every_config_names_its_variants(tmp_path, config, known):
   assert result.stderr.startswith(f'error: --config=configs/{config}.py:bogus: configs/'
                                   f'{config}.py'), result.stderr
   assert 'bogus' in result.stderr and known in result.stderr, result.stderr
+
+
+@pytest.mark.parametrize('flag', ['--help', '-h'])
+def test_help_lists_modes_flags_config_keys_and_decode_formats(flag):
+  result = run(flag)  # no --config or --workdir needed
+  assert result.returncode == 0 and result.stderr == '', result.stderr
+  out = result.stdout
+  assert out.startswith('Next-query suggestion') and '\nusage: python -m mtn_jax.main ' in out
+  for mode in ('all', 'preprocess', 'train', 'eval', 'decode', 'suggest', 'report'):
+    assert re.search(rf'^  {mode} ', out, re.M), mode
+  for flag_name in ('--config', '--workdir', '--mode', '--cpu_devices', '--[no]distributed'):
+    assert f'\n  {flag_name}' in out, flag_name
+  # Every section of configs/default.py with its keys, and how a key is overridden.
+  assert '--config.model.num_heads=8' in out
+  for section, key in (('data', 'raw_files'), ('model', 'num_heads'), ('decode', 'input'),
+                       ('suggest', 'strategy'), ('report', 'workdirs')):
+    assert re.search(rf'^  config\.{section}: (.*\n)*?.*\b{key}\b', out, re.M), (section, key)
+  # Both decode input formats.
+  assert '--config.decode.input=FILE' in out and 'AnonID' in out and 'gzip' in out
+  assert 'queries separated by tabs' in out and 'YYYY-MM-DD HH:MM:SS' in out
+  assert '  ' not in out.splitlines()[2].strip()  # no stray spaces in the usage line
 
 
 def test_missing_required_flags(tmp_path):
@@ -133,3 +165,82 @@ def test_data_errors_are_one_line_and_exit_1(tmp_path):
       'error: the valid split is empty: 3 sessions were kept and '
       'config.data.split_fractions=(0.95, 0.025, 0.025) gives it none of the sessions; use '
       'more data or a larger config.data.split_fractions[1]']
+
+
+# ---------------------------------------------------------------------------------------------
+# Config checks: each model family checks its own fields, config_lib the rules across sections
+
+
+def model_config(name, **model):
+  c = default.get_config()
+  c.data.raw_files, c.data.history_queries = 'log.tsv', 20
+  c.model.name = name
+  for key, value in model.items():
+    c.model[key] = value
+  return c
+
+
+@pytest.mark.parametrize('name, model, message', [
+    ('mtn', dict(num_levels=1), 'config.model.num_levels must be >= 2 for MTN, got 1'),
+    ('mtn', dict(num_heads=3), 'config.model.num_heads (3) must divide config.model.d_model'),
+    ('transformer', dict(remat='some'), "config.model.remat must be 'none', 'full' or 'dots'"),
+    ('transformer', dict(user_memory='both'),
+     "config.model.user_memory must be 'none', 'attention' or 'zero_attention', got 'both'"),
+    ('hred', dict(lstm_units=0), 'config.model.lstm_units must be positive, got 0'),
+    ('seq2seq', dict(user_memory='attention'),
+     "config.model.user_memory is an option of MTN and the Transformer; 'seq2seq' has none"),
+    ('zam', dict(user_model='xem'), "config.model.user_model must be 'qem', 'hem', 'aem' or"),
+    ('zam', dict(word_negatives=0), 'config.model.word_negatives must be positive, got 0'),
+    ('polyencoder', dict(context_encoder='mtn', num_levels=1),
+     'config.model.num_levels must be >= 2 for an MTN context encoder, got 1'),
+    ('crossencoder', dict(lexical_negatives=2),
+     'config.model.lexical_negatives is for the Bi- and Poly-encoders'),
+    ('biencoder', dict(user_memory='attention'), "'biencoder' has none (set it to 'none')"),
+    ('imdna', dict(reader='docs'), "config.model.reader must be 'attention' or 'embeddings'"),
+    ('imdna', dict(dropout=1.0), 'config.model.dropout must be in [0, 1), got 1.0'),
+])
+def test_each_model_checks_its_own_fields(name, model, message):
+  config = model_config(name, **model)
+  with pytest.raises(errors.ConfigError) as raised:
+    models.REGISTRY[name].config_class.check(config.model)
+  assert message in str(raised.value)
+  with pytest.raises(config_lib.ConfigError, match=re.escape(message)):
+    config_lib.validate(config)
+
+
+@pytest.mark.parametrize('name, model', [
+    ('mtn', dict(lstm_units=0)), ('hred', dict(num_heads=3, num_levels=1)),
+    ('zam', dict(context_encoder='deep')), ('crossencoder', dict(context_encoder='mtn',
+                                                                 num_levels=1)),
+])
+def test_a_field_the_model_does_not_read_is_not_its_rule(name, model):
+  config_lib.validate(model_config(name, **model))
+
+
+@pytest.mark.parametrize('name, model, message', [
+    ('zam', dict(user_model='hem'), 'config.data.history_queries is 0'),
+    ('mtn', dict(user_memory='attention'), 'config.data.history_queries is 0'),
+    ('transformer', dict(copy=True), 'config.train.entropy_weight is not defined'),
+])
+def test_rules_across_sections_ask_the_model_family(name, model, message):
+  config = model_config(name, **model)
+  config.train.entropy_weight = 0.1
+  config.data.history_queries = 0
+  with pytest.raises(config_lib.ConfigError, match=message):
+    config_lib.validate(config)
+  config.train.entropy_weight = 0.0
+  config.data.history_queries = 20
+  config_lib.validate(config)
+
+
+def test_validation_of_modes_that_read_an_input_or_other_runs():
+  config = demo.get_config()
+  config_lib.validate(config, 'report')  # no config.report.workdirs: the --workdir's report
+  with pytest.raises(config_lib.ConfigError, match='config.decode.input is empty'):
+    config_lib.validate(config, 'decode')
+  config.decode.input = 'sessions.tsv'
+  config_lib.validate(config, 'decode')
+  config.data.raw_files = 'log.tsv'
+  with pytest.raises(config_lib.ConfigError, match='config.data.raw_files is read only when '
+                     "config.data.source is 'aol', but it is 'demo'"):
+    config_lib.validate(config, 'preprocess')

@@ -267,22 +267,50 @@ def test_report_over_both_models(mtn_run, transformer_run, tmp_path):
   assert (out_dir / 'bleu.png').exists() and not (out_dir / 'layers.png').exists()
 
 
-def test_decode_uses_the_checkpoints_model_and_names_what_the_config_changes(mtn_run,
-                                                                             tmp_path):
-  """Decoding rebuilds the model from the checkpoint's saved config: another architecture in
-  the config (or another model's fields) cannot make a checkpoint unloadable; what the
-  config would have changed is named."""
+def test_eval_decode_and_suggest_refuse_another_model_config(mtn_run, tmp_path):
+  """A run is evaluated, decoded and suggested from with the model config it was trained
+  with, as training resumes only under it: another one (another config file, or an override)
+  is refused in one line, exit code 1, before anything is written. The decoding settings, the
+  model's runtime fields (its layer layout) and other models' fields are free to differ."""
   workdir, _ = mtn_run
+  results = (workdir / 'eval' / 'results.json').read_bytes()
   input_file = tmp_path / 'one.tsv'
   input_file.write_text('a\tb\n', encoding='utf-8')
   output = tmp_path / 'out.jsonl'
-  result = cli.run(workdir, *RUN, *MTN, '--config.model.d_model=32',
-                   '--config.model.lstm_units=7', f'--config.decode.input={input_file}',
-                   f'--config.decode.output={output}', mode='decode')
-  assert 'Traceback' not in result.stderr
-  assert "config.model differs in d_model (32; the checkpoint has 16)" in result.stdout
-  assert 'lstm_units' not in result.stdout
-  assert len(read_jsonl(output)) == 1
+  decode = (f'--config.decode.input={input_file}', f'--config.decode.output={output}')
+  # configs/aol.py:small, sized as the tiny runs (cli.TINY), copies from the session.
+  other_file = cli.run(workdir, config='configs/aol.py:small', mode='eval', check=False)
+  overridden = [cli.run(workdir, *RUN, *MTN, '--config.model.d_model=32', *decode,
+                        mode='decode', check=False),
+                cli.run(workdir, *RUN, *MTN, '--config.model.d_model=32', mode='suggest',
+                        stdin='a\n', check=False)]
+  for refused in (other_file, *overridden):
+    assert refused.returncode == 1, refused.stderr[-3000:]
+    [line] = refused.stderr.strip().splitlines()
+    assert re.fullmatch(r'error: checkpoint \S+ holds another model \(.*\): use the config it '
+                        r'was trained with, or a new workdir', line), line
+  assert 'model.copy: checkpoint False vs config True' in other_file.stderr
+  for refused in overridden:
+    assert 'holds another model (model.d_model: checkpoint 16 vs config 32)' in refused.stderr
+  assert (workdir / 'eval' / 'results.json').read_bytes() == results
+  assert not output.exists()
+  result = cli.run(workdir, *RUN, *MTN, '--config.model.lstm_units=7',
+                   '--config.model.scan_layers=False', '--config.decode.beam_size=4',
+                   '--config.decode.top_k=2', *decode, mode='decode')
+  assert 'Traceback' not in result.stderr and 'differs' not in result.stdout
+  [record] = read_jsonl(output)
+  assert len(record['suggestions']) == 2
+
+
+def test_report_of_its_own_workdir_by_default(mtn_run, tmp_path):
+  workdir, _ = mtn_run
+  out_dir = tmp_path / 'report'
+  cli.run(workdir, *RUN, *MTN, f'--config.report.output={out_dir}', mode='report')
+  text = (out_dir / 'report.md').read_text(encoding='utf-8')
+  results = json.loads((workdir / 'eval' / 'results.json').read_text())
+  # One run of a model: the label is its name; layer counts tell runs of one model apart.
+  assert f'| MTN | {results["size_mb"]:.1f} |' in text
+  assert '## Sample suggestions: MTN' in text
 
 
 def test_main_job_again_resumes_and_redoes_eval_and_report(transformer_run):

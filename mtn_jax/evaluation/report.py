@@ -1,7 +1,8 @@
 """The paper's results section, made from evaluated workdirs (`--mode=report`).
 
-In:  `config.report.workdirs`, comma-separated; each a trained and evaluated workdir holding
-     `eval/results.json` and `eval/samples.jsonl` (written by `mtn_jax.evaluate`).
+In:  `config.report.workdirs`, comma-separated (default: the run's own workdir); each a
+     trained and evaluated workdir holding `eval/results.json` and `eval/samples.jsonl`
+     (written by `mtn_jax.evaluate`).
 Out, in `config.report.output` (default `<workdir>/report/`):
   `report.md`   a Table-2-style Markdown table (model, size MB, 1/2/3/4-gram precision, BLEU)
                 with the trivial suggesters' lines, the figures, and sample suggestions in the
@@ -262,13 +263,14 @@ def write_report(config: ml_collections.ConfigDict, workdir: str,
   """Writes the report; returns the path of report.md.
 
   Args:
-    config: its `report.workdirs` lists the runs unless `workdirs` is given; `report.output`
-      is where the report goes (default `<workdir>/report`).
+    config: its `report.workdirs` lists the runs (default: `workdir` alone) unless
+      `workdirs` is given; `report.output` is where the report goes (default
+      `<workdir>/report`).
     workdir: this run's workdir.
     workdirs: the evaluated workdirs to report on, overriding `config.report.workdirs`.
   """
   if workdirs is None:
-    workdirs = [w.strip() for w in config.report.workdirs.split(',') if w.strip()]
+    workdirs = [w.strip() for w in config.report.workdirs.split(',') if w.strip()] or [workdir]
   if not workdirs:
     raise ReportError('no workdirs to report on: pass --config.report.workdirs=A,B')
   runs = [load_run(os.path.abspath(w)) for w in workdirs]

@@ -5,6 +5,12 @@ The model is rebuilt from the checkpoint's own saved config, so a run's current
 parameters' meaning unchanged (`ModelConfig.RUNTIME_FIELDS`: dropout, compute dtype, remat,
 the layer layout) are taken from the current config, and a checkpoint trained with one layer
 layout (`scan_layers`) is converted to the other.
+
+A run's own workdir is evaluated, decoded and suggested from with the config it was trained
+with: `check_config` refuses another `config.model` as training refuses to resume under one
+(the decoding settings, `config.decode` and `config.suggest`, are free to change). Loading
+another workdir's model (a ranker, a generator) with the run's config only notes what the
+config would have changed.
 """
 
 from __future__ import annotations
@@ -71,14 +77,53 @@ def _note_config_differences(cfg: ModelConfig, model: ml_collections.ConfigDict,
           'not used.')
     return
   # The sizes the data decides are the checkpoint's, not differences.
-  data_sizes = {k: getattr(cfg, k) for k in ('vocab_size', 'max_query_words', 'num_items',
-                                             'num_users') if hasattr(cfg, k)}
+  data_sizes = {k: getattr(cfg, k) for k in DATA_SIZES if hasattr(cfg, k)}
   current = models.make_config(model, **data_sizes)
   diff = checkpoints.architecture_differences(checkpoints.architecture(cfg), current)
   if diff:
     print(f'Note: decoding with the model of {where}; config.model differs in '
           + ', '.join(f'{k} ({v!r}; the checkpoint has {c!r})' for k, (c, v) in diff.items())
           + '.')
+
+
+# Fields of a model's config that its data decides, not `config.model`.
+DATA_SIZES = ('vocab_size', 'max_query_words', 'num_items', 'num_users')
+
+
+def _step(manager, workdir: str, which: str) -> tuple[int, str]:
+  """The best (or, `which='latest'`, the latest) step, and the checkpoint's name."""
+  latest = manager.latest_step()
+  if latest is None:
+    raise errors.Error(f'no checkpoints in {checkpoints.checkpoint_dir(workdir)}: train first')
+  step = checkpoints.best_step(manager) if which == 'best' else latest
+  step = latest if step is None else step
+  return step, f'checkpoint {checkpoints.checkpoint_dir(workdir)}/{step}'
+
+
+def check_config(config: ml_collections.ConfigDict, workdir: str, which: str = 'best') -> None:
+  """Refuses `config.model` where it is not the model the checkpoint of `workdir` that
+  `load_trained` restores was trained with, in the words training refuses it with
+  (`checkpoints.check_model`): `eval`, `decode` and `suggest` of a run use its own config, so
+  that its results are never another config's. The settings that leave the parameters'
+  meaning unchanged may differ: `config.decode`, `config.suggest`, and the model's runtime
+  fields (`ModelConfig.RUNTIME_FIELDS`). A workdir without a checkpoint passes: loading it
+  says what is missing."""
+  workdir = os.path.abspath(workdir)
+  if not os.path.isdir(checkpoints.checkpoint_dir(workdir)):
+    return
+  manager = checkpoints.open_manager(workdir, read_only=True)
+  try:
+    if manager.latest_step() is None:
+      return
+    step, where = _step(manager, workdir, which)
+    meta = checkpoints.read_meta(manager, step)
+  finally:
+    manager.close()
+  saved = saved_model_config(meta, config.model)
+  config_class = models.spec(config.model.name).config_class
+  sizes = {k: getattr(saved, k, 0) for k in DATA_SIZES if k in config_class.field_names()}
+  checkpoints.check_model(meta['model'], config_class.from_fields(config.model, **sizes), where,
+                          ignore=DATA_SIZES)
 
 
 def load_trained(config: ml_collections.ConfigDict, workdir: str,
@@ -92,12 +137,7 @@ def load_trained(config: ml_collections.ConfigDict, workdir: str,
     raise errors.Error(f'no checkpoints in {workdir}: train first (--mode=train)')
   manager = checkpoints.open_manager(workdir, read_only=True)
   try:
-    latest = manager.latest_step()
-    if latest is None:
-      raise errors.Error(f'no checkpoints in {checkpoints.checkpoint_dir(workdir)}: train first')
-    step = checkpoints.best_step(manager) if which == 'best' else latest
-    step = latest if step is None else step
-    where = f'checkpoint {checkpoints.checkpoint_dir(workdir)}/{step}'
+    step, where = _step(manager, workdir, which)
     head = manager.restore(step, args=checkpoints.ocp.args.Composite(
         meta=checkpoints.ocp.args.JsonRestore(), vocab=checkpoints.ocp.args.JsonRestore()))
     vocab = Vocab.from_json(head['vocab'])

@@ -6,7 +6,8 @@ decoder reads `<s>` + next query and predicts next query + `</s>`, so its length
 
 - `ModelConfig`: the fields every model has; each model extends it with its own (one config
   per model, registered with it in `mtn_jax.models`), so a checkpoint records, and is checked
-  against, only the fields its model reads.
+  against, only the fields its model reads; its `check` refuses the values of `config.model`
+  its model cannot work with.
 - `decoder_io`: queries [B, S, n] -> decoder inputs, targets, weights [B, S-1, T].
 - `session_sources`: queries [B, S, n] -> `q_0 <sep> ... <sep> q_t` sources [B*S, L] and their
   lengths [B*S], L = S*(n+1) - 1: the flat source of the Transformer and Seq2Seq baselines.
@@ -37,12 +38,10 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from mtn_jax import errors
 from mtn_jax.data.vocab import BOS_ID
-
 from mtn_jax.data.vocab import EOS_ID
-
 from mtn_jax.data.vocab import PAD_ID
-
 from mtn_jax.data.vocab import SEP_ID
 
 Batch = Mapping[str, jax.Array]
@@ -69,6 +68,36 @@ class ModelConfig:
   # Fields that change neither the parameters nor their meaning: a checkpoint is restored
   # under any values of these (`mtn_jax.checkpoints.architecture`).
   RUNTIME_FIELDS = ('dropout', 'compute_dtype')
+  # Whether the model has a memory of the user's earlier queries (`config.model.user_memory`).
+  HAS_USER_MEMORY = False
+
+  @classmethod
+  def check(cls, model: Mapping[str, Any]) -> None:
+    """Raises `errors.ConfigError` naming the first key of `model` (the run's `config.model`,
+    which holds every model's keys) whose value this model cannot work with. Each model's
+    config adds its own fields' rules; rules that involve other sections are
+    `mtn_jax.config_lib.validate`'s."""
+    check_positive(model, 'emb_dim', 'max_session_queries')
+    if not 0 <= model.dropout < 1:
+      raise errors.ConfigError(f'config.model.dropout must be in [0, 1), got {model.dropout}')
+    check_choice(model, 'compute_dtype', ('float32', 'bfloat16'))
+    if cls.HAS_USER_MEMORY:
+      check_choice(model, 'user_memory', ('none', 'attention', 'zero_attention'))
+    elif model.user_memory != 'none':
+      raise errors.ConfigError('config.model.user_memory is an option of MTN and the '
+                               f"Transformer; {model.name!r} has none (set it to 'none')")
+
+  @classmethod
+  def reads_user_history(cls, model: Mapping[str, Any]) -> bool:
+    """Whether the model, as `model` sets it, reads each user's earlier queries
+    (`config.data.history_queries`)."""
+    return cls.HAS_USER_MEMORY and model.user_memory != 'none'
+
+  @classmethod
+  def copies(cls, model: Mapping[str, Any]) -> bool:
+    """Whether the model, as `model` sets it, mixes copied session words into its output."""
+    del model
+    return False
 
   @classmethod
   def field_names(cls) -> tuple[str, ...]:
@@ -96,6 +125,16 @@ class ModelConfig:
   @property
   def dtype(self):
     return jnp.bfloat16 if self.compute_dtype == 'bfloat16' else jnp.float32
+
+
+def check_positive(model: Mapping[str, Any], *keys: str) -> None:
+  """Refuses the first of `keys` of `config.model` that is not above 0."""
+  errors.check_positive(model, 'config.model', *keys)
+
+
+def check_choice(model: Mapping[str, Any], key: str, choices: tuple[str, ...]) -> None:
+  """Refuses `config.model.<key>` unless it is one of `choices`."""
+  errors.check_choice(model, 'config.model', key, choices)
 
 
 def decoder_io(queries: jax.Array) -> tuple[jax.Array, jax.Array, jax.Array]:

@@ -44,6 +44,8 @@ import jax.numpy as jnp
 
 from mtn_jax.data.vocab import PAD_ID
 from mtn_jax.models.base import ModelConfig
+from mtn_jax.models.base import check_choice
+from mtn_jax.models.base import check_positive
 from mtn_jax.models.dropout import Dropout
 
 READERS = ('attention', 'embeddings')
@@ -59,6 +61,12 @@ class IMDNAConfig(ModelConfig):
   inference_steps: int = 3  # T
   hidden_units: int = 4096  # u: the prediction network's hidden layer
   reader: str = 'attention'  # 'attention' (the model) | 'embeddings' (the baseline)
+
+  @classmethod
+  def check(cls, model) -> None:
+    super().check(model)
+    check_positive(model, 'state_dim', 'inference_steps', 'hidden_units')
+    check_choice(model, 'reader', READERS)
 
 
 def word_scores(attention: jax.Array, tokens: jax.Array, vocab_size: int) -> jax.Array:

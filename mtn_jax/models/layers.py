@@ -32,7 +32,10 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from mtn_jax import errors
 from mtn_jax.models.base import ModelConfig
+from mtn_jax.models.base import check_choice
+from mtn_jax.models.base import check_positive
 from mtn_jax.models.dropout import Dropout
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -64,6 +67,20 @@ class TransformerConfig(ModelConfig):
     return self.vocab_size + extra
 
   RUNTIME_FIELDS = ModelConfig.RUNTIME_FIELDS + ('remat', 'scan_layers')
+  HAS_USER_MEMORY = True
+
+  @classmethod
+  def check(cls, model) -> None:
+    super().check(model)
+    check_positive(model, 'd_model', 'num_heads', 'ff_dim', 'query_layers', 'decoder_layers')
+    if model.d_model % model.num_heads:
+      raise errors.ConfigError(f'config.model.num_heads ({model.num_heads}) must divide '
+                               f'config.model.d_model ({model.d_model})')
+    check_choice(model, 'remat', ('none', *REMAT_POLICIES))
+
+  @classmethod
+  def copies(cls, model) -> bool:
+    return bool(model.copy)
 
 
 REMAT_POLICIES = {

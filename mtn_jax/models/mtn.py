@@ -20,8 +20,10 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
+from mtn_jax import errors
 from mtn_jax.data.vocab import PAD_ID
 from mtn_jax.models import layers
+from mtn_jax.models.base import check_positive
 from mtn_jax.models.dropout import Dropout
 
 
@@ -31,6 +33,20 @@ class MTNConfig(layers.TransformerConfig):
 
   session_layers: int  # layers of each masked session encoder
   num_levels: int  # K: a K-level MTN stacks K-1 masked session encoders
+
+  @classmethod
+  def check(cls, model) -> None:
+    super().check(model)
+    check_session_levels(model, 'for MTN')
+
+
+def check_session_levels(model, what: str) -> None:
+  """Refuses session levels an MTN (`what`: 'for MTN', or an encoder built as one) cannot
+  have: no layers, or fewer than two levels (the query encoder is the first)."""
+  check_positive(model, 'session_layers')
+  if model.num_levels < 2:
+    raise errors.ConfigError(f'config.model.num_levels must be >= 2 {what}, '
+                             f'got {model.num_levels}')
 
 
 def layer_label(display_name: str, fields: dict) -> str:

@@ -39,12 +39,15 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
+from mtn_jax import errors
 from mtn_jax.data.vocab import PAD_ID
 
 from mtn_jax.data.vocab import SEP_ID
 from mtn_jax.models import layers
 from mtn_jax.models import mtn
 from mtn_jax.models import transformer
+from mtn_jax.models.base import check_choice
+from mtn_jax.models.base import check_positive
 from mtn_jax.models.base import session_sources
 from mtn_jax.models.dropout import Dropout
 
@@ -71,6 +74,28 @@ class RankerConfig(mtn.MTNConfig):
   # Bi- and Poly-encoders: the pool entries nearest in words to each context (BM25), its
   # hard negatives (`ranking_tasks.lexical_neighbours`).
   lexical_negatives: int = 0
+
+  HAS_USER_MEMORY = False  # the Transformer's field, which a ranker does not read
+
+  @classmethod
+  def check(cls, model) -> None:
+    super(mtn.MTNConfig, cls).check(model)  # the Transformer's rules; MTN's only as below
+    check_choice(model, 'context_encoder', CONTEXT_ENCODERS)
+    if model.context_encoder == 'mtn' and model.name != 'crossencoder':
+      mtn.check_session_levels(model, 'for an MTN context encoder')
+    check_positive(model, 'poly_codes', 'cross_negatives')
+    for key in ('pool_negatives', 'lexical_negatives'):
+      if model[key] < 0:
+        raise errors.ConfigError(f'config.model.{key} must be >= 0, got {model[key]}')
+    if model.lexical_negatives and model.name == 'crossencoder':
+      raise errors.ConfigError('config.model.lexical_negatives is for the Bi- and Poly-encoders '
+                               '(the Cross-encoder draws its negatives with '
+                               'config.model.cross_negatives)')
+
+  @classmethod
+  def copies(cls, model) -> bool:
+    del model
+    return False
 
 
 def layer_label(display_name: str, fields: dict) -> str:

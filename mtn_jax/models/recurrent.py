@@ -25,8 +25,8 @@ import jax.numpy as jnp
 from flax import linen as nn
 
 from mtn_jax.data.vocab import PAD_ID
-from mtn_jax.models.base import (Batch, ModelConfig, SessionModel, session_sources,
-                                 word_embeddings)
+from mtn_jax.models.base import (Batch, ModelConfig, SessionModel, check_positive,
+                                 session_sources, word_embeddings)
 from mtn_jax.models.dropout import Dropout
 
 
@@ -35,6 +35,11 @@ class RecurrentConfig(ModelConfig):
   """The recurrent baselines' fields beside the ones every model has."""
 
   lstm_units: int  # units per direction of the bidirectional encoders
+
+  @classmethod
+  def check(cls, model) -> None:
+    super().check(model)
+    check_positive(model, 'lstm_units')
 
 Carry = tuple[jax.Array, jax.Array]  # an LSTM state (c, h), each [rows, units]
 

@@ -33,6 +33,8 @@ import jax.numpy as jnp
 
 from mtn_jax.data.vocab import PAD_ID
 from mtn_jax.models.base import ModelConfig
+from mtn_jax.models.base import check_choice
+from mtn_jax.models.base import check_positive
 from mtn_jax.models.user_memory import UserMemory
 
 USER_MODELS = ('qem', 'hem', 'aem', 'zam')
@@ -50,6 +52,17 @@ class ZAMConfig(ModelConfig):
   word_negatives: int  # k words drawn from the unigram^0.75 distribution per word (eq. 14)
   num_items: int = 0
   num_users: int = 0
+
+  @classmethod
+  def check(cls, model) -> None:
+    super().check(model)
+    check_choice(model, 'user_model', USER_MODELS)
+    check_choice(model, 'query_from', ('last', 'session'))
+    check_positive(model, 'attention_hidden', 'item_negatives', 'word_negatives')
+
+  @classmethod
+  def reads_user_history(cls, model) -> bool:
+    return model.user_model != 'qem'  # QEM has no user
 
 
 def layer_label(display_name: str, fields: dict) -> str:

@@ -93,7 +93,14 @@ def check_compatible(meta: dict, cfg: ModelConfig, vocab: Vocab, where: str) -> 
         f'{where} was trained with another vocabulary (fingerprint {meta["vocab_fingerprint"]}, '
         f'{meta["vocab_size"]} words; this data has {vocab.fingerprint}, {len(vocab)} words): '
         'use the workdir it was trained in, or a new workdir')
-  diff = architecture_differences(meta['model'], cfg)
+  check_model(meta['model'], cfg, where)
+
+
+def check_model(saved: dict, cfg: ModelConfig, where: str, ignore: tuple[str, ...] = ()) -> None:
+  """Refuses a checkpoint whose saved architecture (`meta['model']`) differs from `cfg` in a
+  field outside `ignore`: training would not resume it, and evaluation, decoding and
+  suggestions would not be the config's (`inference.trained.check_config`)."""
+  diff = {k: v for k, v in architecture_differences(saved, cfg).items() if k not in ignore}
   if diff:
     detail = ', '.join(f'model.{k}: checkpoint {a!r} vs config {b!r}' for k, (a, b) in diff.items())
     raise CheckpointMismatch(f'{where} holds another model ({detail}): use the config it was '
