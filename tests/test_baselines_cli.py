@@ -21,7 +21,8 @@ import subprocess
 import pytest
 
 from mtn_jax import config_lib
-from mtn_jax import models
+from mtn_jax import tasks
+from mtn_jax.tasks import registry
 from mtn_jax.training import metric_writer
 from tests import cli
 
@@ -211,8 +212,8 @@ def test_compared_configs_share_data_and_budget():
     assert config.input.to_dict() == reference.input.to_dict(), spec
     assert config.decode.to_dict() == reference.decode.to_dict(), spec
   # Every generative model is compared (the rankers are evaluated on their own terms).
-  generative = [name for name, spec in models.REGISTRY.items()
-                if spec.task == 'mtn_jax.tasks.GenerationTask']
+  generative = [name for name, task in registry.TASKS.items()
+                if task is tasks.GenerationTask]
   assert sorted({c.model.name for c in configs.values()}) == sorted(generative)
 
 
