@@ -195,6 +195,11 @@ def get_config(variant: str = '') -> ml_collections.ConfigDict:
   # join the candidates.
   c.suggest.imdna_workdir = ''
   c.suggest.imdna_proposed = 10
+  # 'rerank' only: what the training log says without a model (mtn_jax/inference/popular.py)
+  # joins the candidates: the `popular` most popular next queries (MPC), and the
+  # `cooccurring` queries that most often followed the previous query, then MPC. 0: none.
+  c.suggest.popular = 0
+  c.suggest.cooccurring = 0
   # 'rerank': True orders the pooled candidates by expected BLEU under the ranker's softmax
   # (minimum Bayes risk, mtn_jax/mbr.py) instead of by the ranker's score.
   c.suggest.mbr = False

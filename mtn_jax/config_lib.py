@@ -106,8 +106,9 @@ def _check_suggest(config) -> None:
     raise ConfigError(f'config.suggest.strategy={s.strategy!r} needs a trained ranker: pass '
                       '--config.suggest.ranker_workdir=DIR (a Bi-, Poly- or Cross-encoder run)')
   if s.strategy == 'rerank':
-    if s.retrieved < 0:
-      raise ConfigError(f'config.suggest.retrieved must be >= 0, got {s.retrieved}')
+    for key in ('retrieved', 'popular', 'cooccurring'):
+      if s[key] < 0:
+        raise ConfigError(f'config.suggest.{key} must be >= 0, got {s[key]}')
     if s.imdna_workdir:
       _positive(config, ['suggest.imdna_proposed'])
     if not 0 <= s.habit_rate <= 1:
@@ -115,7 +116,7 @@ def _check_suggest(config) -> None:
     if s.habit_min_past < 0:
       raise ConfigError(f'config.suggest.habit_min_past must be >= 0, got {s.habit_min_past}')
   else:
-    for key in ('imdna_workdir', 'mbr', 'habit_rate'):
+    for key in ('imdna_workdir', 'mbr', 'habit_rate', 'popular', 'cooccurring'):
       if s[key]:
         raise ConfigError(f'config.suggest.{key} is read by \'rerank\' only, but '
                           f'config.suggest.strategy is {s.strategy!r}')

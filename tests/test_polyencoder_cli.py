@@ -13,7 +13,9 @@ import sys
 import numpy as np
 import pytest
 
+
 from mtn_jax.data import candidates
+from mtn_jax.evaluation import trivial
 from tests import cli
 
 # ---------------------------------------------------------------------------------------------
@@ -79,8 +81,7 @@ def read_jsonl(path) -> list[dict]:
 def test_rerank_eval_scores_the_strategy_beside_its_sources(rerank_run):
   generator, poly, reranked = rerank_run
   results = json.loads((generator / 'eval' / 'rerank_results.json').read_text())
-  assert set(results['scores']) == {'model', 'generate', 'retrieve', 'repeat_previous',
-                                    'most_frequent_next'}
+  assert set(results['scores']) == {'model', 'generate', 'retrieve', *trivial.SUGGESTERS}
   assert set(results['scores_excluding_session']) == set(results['scores'])
   strategy = results['strategy']
   assert strategy['strategy'] == 'rerank' and strategy['ranker_workdir'] == str(poly)
@@ -250,8 +251,7 @@ def test_rerank_adds_imdna_next_queries(imdna_run, rerank_run, tmp_path):
   assert 'IMDNA proposed next queries' in out.stdout
   results = json.loads((generator / 'eval' / 'rerank_results.json').read_text())
   # retrieved=0: no pool entries, IMDNA's instead.
-  assert set(results['scores']) == {'model', 'generate', 'imdna', 'repeat_previous',
-                                    'most_frequent_next'}
+  assert set(results['scores']) == {'model', 'generate', 'imdna', *trivial.SUGGESTERS}
   strategy = results['strategy']
   assert strategy['imdna_workdir'] == str(imdna_run) and strategy['retrieved'] == 0
   assert 'beam 5 + IMDNA top 3 + session queries, scored by Poly-encoder' in strategy['label']
@@ -344,3 +344,47 @@ def test_graded_poly_encoder_with_lexical_negatives_trains_and_evaluates(tmp_pat
   run(mode='eval')
   results = json.loads((tmp_path / 'eval' / 'results.json').read_text())
   assert results['pairs'] > 0 and '"r1_of_20"' in json.dumps(results)
+
+
+def assert_decode_writes_what_eval_scored(workdir, lists_path, tmp_path, *overrides,
+                                          config='configs/demo.py'):
+  """Every pair eval scored (its lists.jsonl), typed as a session whose last query is the
+  pair's context, decoded under both protocols: the same lists, the same scores."""
+  pairs = read_jsonl(lists_path)
+  assert pairs
+  sessions_file = tmp_path / f'{lists_path.stem}.sessions.txt'
+  sessions_file.write_text(''.join('\t'.join(p['context']) + '\n' for p in pairs))
+  for exclude, key in ((False, 'suggestions'), (True, 'suggestions_excluding_session')):
+    output = tmp_path / f'{lists_path.stem}.{key}.jsonl'
+    cli.run(workdir, *FEW, *overrides, f'--config.decode.input={sessions_file}',
+            f'--config.decode.output={output}',
+            f'--config.decode.exclude_session_queries={exclude}', mode='decode', config=config)
+    decoded = read_jsonl(output)
+    assert [r['context'] for r in decoded] == [p['context'] for p in pairs]
+    for record, pair in zip(decoded, pairs):
+      assert [s['query'] for s in record['suggestions']] == [s['query'] for s in pair[key]], (
+          exclude, pair['context'])
+      assert [s['score'] for s in record['suggestions']] == pytest.approx(
+          [s['score'] for s in pair[key]], abs=1e-4)
+    assert any(p['suggestions'] != p['suggestions_excluding_session'] for p in pairs)
+
+
+@pytest.mark.slow
+def test_eval_scores_exactly_what_decode_writes(rerank_run, poly_run, tmp_path):
+  """One pipeline: for generate, retrieve and rerank (with the training log's popular and
+  co-occurring queries among the sources), eval's scored lists are decode's output."""
+  generator, poly, _ = rerank_run
+  assert_decode_writes_what_eval_scored(generator, generator / 'eval' / 'lists.jsonl',
+                                        tmp_path)
+  rerank = ('--config.suggest.strategy=rerank', f'--config.suggest.ranker_workdir={poly}',
+            '--config.suggest.popular=3', '--config.suggest.cooccurring=3')
+  cli.run(generator, *FEW, *rerank, mode='eval')
+  results = json.loads((generator / 'eval' / 'rerank_results.json').read_text())
+  assert {'popular', 'cooccurring'} <= set(results['scores'])
+  assert 'the 3 most popular + the 3 most co-occurring' in results['strategy']['label']
+  assert_decode_writes_what_eval_scored(generator, generator / 'eval' / 'rerank_lists.jsonl',
+                                        tmp_path, *rerank)
+  # The ranker's own pool entries ('generate' of a ranker).
+  cli.run(poly_run[0], *FEW, mode='eval', config=RANKER_CONFIG)
+  assert_decode_writes_what_eval_scored(poly_run[0], poly_run[0] / 'eval' / 'lists.jsonl',
+                                        tmp_path, config=RANKER_CONFIG)

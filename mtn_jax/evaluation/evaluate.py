@@ -26,9 +26,12 @@ printed `line`, and under 'ranking' exact match at 1, Recall@5/@10, MRR@10 over 
 suggestions and the share of top suggestions that repeat a session query: `metrics`), the
 same under `scores_excluding_session` for the user-facing protocol that drops every
 suggestion repeating a query of the session, wall time and suggestions per second. The
-trivial suggesters' lists: the previous query alone; the 10 most frequent next queries. samples.jsonl: a seeded sample of pairs, one JSON object
-a line with the context queries, the predicted and the actual next query and the top
-suggestions with their scores, for the report's sample tables.
+trivial suggesters' lists: `mtn_jax.evaluation.trivial`. samples.jsonl: a seeded sample of
+pairs, one JSON object a line with the context queries, the predicted and the actual next
+query and the top suggestions with their scores, for the report's sample tables.
+lists.jsonl: every pair's scored lists, exactly what `--mode=decode` writes for the same
+context and settings under each protocol: {"session", "position", "context", "reference",
+"suggestions": [...], "suggestions_excluding_session": [...]}.
 """
 
 from __future__ import annotations
@@ -66,7 +69,9 @@ from mtn_jax.tasks import imdna as imdna_task
 # it.
 STRATEGY_SOURCES = {'generate': 'Generate (the workdir\'s model)',
                     'retrieve': 'Retrieve (the ranker\'s pool entries)',
-                    'imdna': 'IMDNA (next queries of similar sessions)'}
+                    'imdna': 'IMDNA (next queries of similar sessions)',
+                    'popular': 'Popular next queries (a source)',
+                    'cooccurring': 'Co-occurring next queries (a source)'}
 NUM_SAMPLES = 50
 PROGRESS_SECONDS = 10.0  # at most one progress line per this many seconds
 
@@ -153,6 +158,10 @@ def strategy_record(pipe: pipeline.Pipeline) -> dict:
       label += f' + {label_of(pipe.retriever.trained)} top {s.retrieved}'
     if pipe.proposer is not None:
       label += f' + IMDNA top {s.imdna_proposed}'
+    if s.popular:
+      label += f' + the {s.popular} most popular'
+    if s.cooccurring:
+      label += f' + the {s.cooccurring} most co-occurring'
     label += f' + session queries, scored by {label_of(pipe.rankers.ranker)}'
     if s.mbr:
       label += ', ordered by expected BLEU'
@@ -164,6 +173,7 @@ def strategy_record(pipe: pipeline.Pipeline) -> dict:
           'retriever_workdir': pipe.retriever.workdir if pipe.retriever is not None else None,
           'retrieved': s.retrieved if pipe.retriever is not None else 0,
           'imdna_workdir': pipe.proposer.workdir if pipe.proposer is not None else None,
+          'popular': s.popular, 'cooccurring': s.cooccurring,
           'mbr': bool(s.mbr), 'habit_rate': float(s.habit_rate),
           'habit_min_past': int(s.habit_min_past)}
 
@@ -281,8 +291,7 @@ def evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict:
   ranked = pool if isinstance(trained.task, tasks.RankingTask) else None
   decode_seconds = time.time() - decode_start
 
-  suggestions.update({'repeat_previous': [[p] for p in trivial.repeat_previous(previous)],
-                      'most_frequent_next': trivial.most_frequent_next_lists(train, previous)})
+  suggestions.update(trivial.lists(train, previous, contexts))
   if not any(model_suggestions):  # a Cross-encoder's own evaluation: no suggestions
     del suggestions['model']
   protocols = {'scores': score_suggesters(suggestions, references, contexts,
@@ -355,6 +364,13 @@ def evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict:
                       'actual': references[pair], 'suggestions': top[pair]})
     prefix = ('' if split_name == 'test' else f'{split_name}_') + (
         '' if strategy == 'generate' else f'{strategy}_')
+    with files.atomic_open(os.path.join(eval_dir, f'{prefix}lists.jsonl')) as f:
+      for pair, context in enumerate(contexts):
+        f.write(json.dumps({'session': int(session[pair]), 'position': int(position[pair]),
+                            'context': context, 'reference': references[pair],
+                            'suggestions': shown[False][pair],
+                            'suggestions_excluding_session': shown[True][pair]},
+                           ensure_ascii=False) + '\n')
     files.write_text(os.path.join(eval_dir, f'{prefix}samples.jsonl'),
                       ''.join(json.dumps(s, ensure_ascii=False) + '\n' for s in samples))
     results_path = os.path.join(eval_dir, f'{prefix}results.json')

@@ -82,7 +82,8 @@ def load_run(workdir: str) -> EvaluatedRun:
   except (json.JSONDecodeError, UnicodeDecodeError) as e:
     raise ReportError(f'{results_path} is not valid JSON: {e}') from None
   missing = [k for k in _REQUIRED_KEYS if k not in results]
-  missing += [f'scores.{name}.{k}' for name in ('model', *trivial.SUGGESTERS)
+  required = [name for name in trivial.SUGGESTERS if name not in trivial.OPTIONAL]
+  missing += [f'scores.{name}.{k}' for name in ('model', *required)
               for k in _SCORE_KEYS if k not in results.get('scores', {}).get(name, {})]
   if missing:
     raise ReportError(f'{results_path} lacks {", ".join(missing)}: re-run --mode=eval on '
@@ -154,6 +155,8 @@ def results_table(runs: Sequence[EvaluatedRun]) -> str:
   seen = set()
   for run in runs:
     for key, name in trivial.SUGGESTERS.items():
+      if key not in run.results['scores']:  # evaluated before this suggester existed
+        continue
       score = run.results['scores'][key]
       identity = (key, score['line'], _pairs(run.results))
       if identity in seen:
@@ -195,6 +198,8 @@ def ranking_table(runs: Sequence[EvaluatedRun]) -> str:
   seen = set()
   for _, run in ranked:
     for key, name in trivial.SUGGESTERS.items():
+      if key not in run.results['scores']:
+        continue
       identity = (key, run.results['scores'][key]['line'], _pairs(run.results))
       if identity not in seen:
         seen.add(identity)
@@ -282,7 +287,8 @@ def write_report(config: ml_collections.ConfigDict, workdir: str,
              [r.results['scores']['model'] for r in runs],
              'n-gram precision and BLEU on the test split',
              baselines=[(name, runs[0].results['scores'][key]['bleu'])
-                        for key, name in trivial.SUGGESTERS.items()])
+                        for key, name in trivial.SUGGESTERS.items()
+                        if key in runs[0].results['scores']])
   sections = ['# Next-query suggestion: results', '',
               'n-gram precision (1/2/3/4-gram, %) and BLEU of the best checkpoint of each run '
               'on its test split (beam search; references are the raw next queries). Size: '

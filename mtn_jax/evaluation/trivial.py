@@ -3,6 +3,10 @@
 - `repeat_previous`: the previous query again.
 - `most_frequent_next_lists`: the next queries that most often follow the previous query in
   the training split (by raw text; the previous query again when it never occurs there).
+- 'most_popular' (MPC): the 10 most frequent next queries of the training split, the same
+  for every session; 'cooccurrence': the previous query's most frequent successors, then
+  the popular list (`mtn_jax.inference.popular`). Under the user-facing protocol these two
+  are the bar a model has to clear: repeating is not allowed there.
 """
 
 from __future__ import annotations
@@ -14,10 +18,15 @@ import numpy as np
 
 from mtn_jax.data import sessions
 from mtn_jax.evaluation import metrics
+from mtn_jax.inference import popular
 
 # By their key in results.json['scores'].
 SUGGESTERS = {'repeat_previous': 'Repeat previous query',
-              'most_frequent_next': 'Most frequent next query (train)'}
+              'most_frequent_next': 'Most frequent next query (train)',
+              'most_popular': 'Most popular next queries (MPC, train)',
+              'cooccurrence': 'Co-occurring next queries, then MPC (train)'}
+# Results written before these existed lack them.
+OPTIONAL = ('most_popular', 'cooccurrence')
 
 
 def repeat_previous(previous: Sequence[str]) -> list[str]:
@@ -58,3 +67,13 @@ def most_frequent_next(train: sessions.SessionSplit, previous: Sequence[str]) ->
   """For each previous query, the next query that most often follows it in `train` (the top
   of `most_frequent_next_lists`)."""
   return [ranked[0] for ranked in most_frequent_next_lists(train, previous, k=1)]
+
+
+def lists(train: sessions.SessionSplit, previous: Sequence[str], contexts: Sequence[Sequence[str]],
+          k: int = metrics.RANKING_CUTOFF) -> dict[str, list[list[str]]]:
+  """{suggester: [pairs] its ranked list} of every suggester of `SUGGESTERS`."""
+  counts = popular.LogCounts(train)
+  return {'repeat_previous': [[p] for p in repeat_previous(previous)],
+          'most_frequent_next': most_frequent_next_lists(train, previous, k),
+          'most_popular': counts.lists(contexts, k, 'popular'),
+          'cooccurrence': counts.lists(contexts, k, 'cooccurring')}

@@ -57,6 +57,7 @@ from mtn_jax.inference import generate
 from mtn_jax.inference import habits
 from mtn_jax.inference import imdna_proposer
 from mtn_jax.inference import inputs
+from mtn_jax.inference import popular
 from mtn_jax.inference import retrieval
 from mtn_jax.inference.inputs import Context
 from mtn_jax.tasks import imdna
@@ -66,6 +67,9 @@ CANDIDATE_BUCKET = 8  # candidate lists are padded to a multiple of this (fewer 
 # sessions x positions x candidates joint sequences at once.
 RERANK_SESSIONS = 16
 STRATEGIES = ('generate', 'retrieve', 'rerank')
+# The candidate sources of 'rerank', in the order they are pooled (on a tie of the ranker's
+# scores the earlier stands), each named as evaluation scores it.
+SOURCES = ('generate', 'retrieve', 'imdna', 'popular', 'cooccurring')
 
 
 @dataclasses.dataclass(frozen=True)
@@ -79,6 +83,8 @@ class Settings:
   retrieved: int
   imdna_workdir: str
   imdna_proposed: int
+  popular: int
+  cooccurring: int
   mbr: bool
   habit_rate: float
   habit_min_past: int
@@ -92,7 +98,8 @@ class Settings:
     return cls(strategy=s.strategy, search=search.SearchSettings.from_config(config.decode),
                ranker_workdir=s.ranker_workdir, retriever_workdir=s.retriever_workdir,
                retrieved=s.retrieved, imdna_workdir=s.imdna_workdir,
-               imdna_proposed=s.imdna_proposed, mbr=bool(s.mbr),
+               imdna_proposed=s.imdna_proposed, popular=s.popular,
+               cooccurring=s.cooccurring, mbr=bool(s.mbr),
                habit_rate=float(s.habit_rate), habit_min_past=int(s.habit_min_past),
                index=s.index, batch_sessions=config.decode.batch_sessions,
                history_queries=config.data.history_queries)
@@ -276,6 +283,8 @@ class Pipeline:
       ranker, 'retrieve'), or a source of 'rerank' (None where there is none).
     rankers: the ranker and rules of 'rerank' (None for the other strategies).
     proposer: IMDNA's next queries, a source of 'rerank' (None unless configured).
+    log_counts: the training log's popular and co-occurring next queries, sources of
+      'rerank' (None unless `popular` or `cooccurring`).
   """
 
   def __init__(self, settings: Settings, trained: inference.Trained,
@@ -285,6 +294,9 @@ class Pipeline:
     self.settings, self.trained, self.suggester = settings, trained, suggester
     self.retriever, self.rankers, self.proposer = retriever, rankers, proposer
     self.workdir = os.path.abspath(workdir)
+    self.log_counts = (popular.LogCounts.of_workdir(workdir)
+                       if rankers is not None and (settings.popular or settings.cooccurring)
+                       else None)
 
   @classmethod
   def load(cls, config: ml_collections.ConfigDict, workdir: str, log=print,
@@ -402,11 +414,22 @@ class Pipeline:
       sources.append(full(retrieved(self.retriever, contexts, k=s.retrieved, **common)))
     if self.proposer is not None:
       sources.append(self._proposed(contexts, firsts))
+    sources += [[[[] for _ in range(first)] + self.log_counts.lists(
+                    [c.queries[:t + 1] for t in range(first, len(c.queries))], k, name)
+                  for c, first in zip(contexts, firsts)]
+                for name, k in self._log_sources()]
     # One context (typed, or a lone request) is scored alone, not in a padded batch.
     ordered = self.rankers.order([c.queries for c in contexts], sources,
                                  batch_rows=1 if len(contexts) == 1 else RERANK_SESSIONS,
                                  histories=[c.history for c in contexts])
     return [lists[first:] for first, lists in zip(firsts, ordered)]
+
+  def _log_sources(self) -> list[tuple[str, int]]:
+    """(LogCounts source, candidates) of the training log's sources in use."""
+    if self.log_counts is None:
+      return []
+    return [(name, k) for name, k in (('popular', self.settings.popular),
+                                      ('cooccurring', self.settings.cooccurring)) if k]
 
   def _retrieved_k(self) -> int:
     """Pool entries kept per position where they are the suggestions: enough that `show`
@@ -482,10 +505,17 @@ class Pipeline:
           users=None if split.users is None else np.asarray(split.users)[session_of])
       log(f'  IMDNA proposed next queries for {len(sources["imdna"]):,} contexts in '
           f'{time.time() - started:.1f} s', flush=True)
+    if self._log_sources():
+      session_of = np.repeat(np.arange(split.num_sessions), split.lengths - 1)
+      position_of = np.arange(len(session_of)) - first_pair[session_of]
+      pair_contexts = [contexts[i][:t + 1] for i, t in zip(session_of.tolist(),
+                                                            position_of.tolist())]
+      for name, k in self._log_sources():
+        sources[name] = self.log_counts.lists(pair_contexts, k, name)
     started = time.time()
     ordered = self.rankers.order(
-        contexts, [per_session(sources[name]) for name in ('generate', 'retrieve', 'imdna')
-                   if name in sources], batch_rows=RERANK_SESSIONS, histories=histories)
+        contexts, [per_session(sources[name]) for name in SOURCES if name in sources],
+        batch_rows=RERANK_SESSIONS, histories=histories)
     by_pair = [ranked for session in ordered for ranked in session]
     log(f'  reranked {len(by_pair):,} candidate lists in {time.time() - started:.1f} s',
         flush=True)

@@ -1,0 +1,76 @@
+"""What the training log says without a model: the most popular next queries (MPC, the
+standard first baseline of query suggestion and auto-completion, Bar-Yossef & Kraus 2011),
+and the queries that most often followed the previous one (co-occurrence, the "ADJ"
+candidates of HRED-qs, Sordoni et al. 2015), the popular list as its fallback.
+
+Both count the training split's NEXT queries (every query but a session's first, what a
+suggester has to predict), by their raw text as logged; ties go to the query seen first.
+They are candidate sources of the suggestion pipeline (`config.suggest.popular`,
+`config.suggest.cooccurring`) and suggesters of their own in every evaluation table.
+"""
+
+from __future__ import annotations
+
+import collections
+import os
+from collections.abc import Sequence
+
+import numpy as np
+
+from mtn_jax.data import preprocess
+from mtn_jax.data import sessions
+
+
+class LogCounts:
+  """The training split's next queries, counted once, and by the query before them.
+
+  Attributes:
+    popular: the next queries by how often they were logged, most first (ties: first seen).
+    following: {previous query: its next queries, most frequent first}.
+  """
+
+  def __init__(self, train: sessions.SessionSplit, keep: int = 100):
+    """Counts `train`'s pairs (its text file streamed). `keep`: the most popular kept, and
+    per previous query the most frequent kept (more than any list needs)."""
+    if train.text_path is None:
+      raise ValueError(f'split {train.name!r} has no text file')
+    issued: collections.Counter = collections.Counter()
+    after: dict[str, collections.Counter] = {}
+    session_start = np.zeros(len(train.queries) + 1, bool)
+    session_start[train.starts] = True
+    with open(train.text_path, encoding='utf-8') as f:
+      before = None
+      for row, line in enumerate(f):
+        if row >= len(train.queries):
+          break
+        text = line.rstrip('\n')
+        if not session_start[row]:
+          issued[text] += 1
+          after.setdefault(before, collections.Counter())[text] += 1
+        before = text
+    # most_common sorts by count, stably over insertion order: the first seen wins a tie.
+    self.popular = [q for q, _ in issued.most_common(keep)]
+    self.following = {p: [q for q, _ in c.most_common(keep)] for p, c in after.items()}
+
+  @classmethod
+  def of_workdir(cls, workdir: str) -> LogCounts:
+    """The counts of the training split of `workdir`'s corpus."""
+    return cls(sessions.load_split(preprocess.data_dir(os.path.abspath(workdir)), 'train'))
+
+  def most_popular(self, k: int) -> list[str]:
+    """MPC: the k most popular next queries, whatever the session."""
+    return self.popular[:k]
+
+  def cooccurring(self, previous: str, k: int) -> list[str]:
+    """The k queries that most often followed `previous`, then the most popular ones, each
+    text once."""
+    listed = list(dict.fromkeys(self.following.get(previous, [])[:k] + self.popular[:k]))
+    return listed[:k]
+
+  def lists(self, contexts: Sequence[Sequence[str]], k: int, source: str
+            ) -> list[list[str]]:
+    """[contexts] `source`'s ('popular' or 'cooccurring') k candidates after each context."""
+    if source == 'popular':
+      top = self.most_popular(k)
+      return [list(top) for _ in contexts]
+    return [self.cooccurring(context[-1], k) for context in contexts]

@@ -1,0 +1,45 @@
+"""The training log's suggesters without a model, by hand on a toy log: the most popular next
+queries (MPC) and the co-occurring ones with MPC as their fallback."""
+
+import numpy as np
+
+from mtn_jax.data.sessions import SessionSplit
+from mtn_jax.evaluation import trivial
+from mtn_jax.inference import popular
+
+
+def toy_split(tmp_path):
+  # Sessions: [a b], [a c], [a b], [x b c], [y d].
+  texts = ['a', 'b', 'a', 'c', 'a', 'b', 'x', 'b', 'c', 'y', 'd']
+  path = tmp_path / 'train.text.txt'
+  path.write_text(''.join(t + '\n' for t in texts), encoding='utf-8')
+  return SessionSplit('train', np.zeros((len(texts), 2), np.int32),
+                      np.array([0, 2, 4, 6, 9, 11]), str(path))
+
+
+def test_most_popular_counts_next_queries_only(tmp_path):
+  counts = popular.LogCounts(toy_split(tmp_path))
+  # Next queries: b (3: after a, a, x), c (2: after a, b), d (1). 'a', 'x' and 'y' only ever
+  # open a session, so they are never a next query.
+  assert counts.most_popular(10) == ['b', 'c', 'd']
+  assert counts.most_popular(2) == ['b', 'c']
+  assert counts.lists([['q'], ['a', 'z']], 2, 'popular') == [['b', 'c'], ['b', 'c']]
+
+
+def test_cooccurring_then_the_popular_list(tmp_path):
+  counts = popular.LogCounts(toy_split(tmp_path))
+  # After 'a': b twice, c once. After 'b': c once. 'q' never occurs: the popular list.
+  assert counts.cooccurring('a', 3) == ['b', 'c', 'd']
+  assert counts.cooccurring('b', 2) == ['c', 'b']
+  assert counts.cooccurring('q', 2) == ['b', 'c']
+  assert counts.lists([['x', 'a'], ['b']], 2, 'cooccurring') == [['b', 'c'], ['c', 'b']]
+
+
+def test_every_trivial_suggester_has_its_lists(tmp_path):
+  split = toy_split(tmp_path)
+  lists = trivial.lists(split, ['a', 'q'], [['a'], ['z', 'q']], k=2)
+  assert set(lists) == set(trivial.SUGGESTERS)
+  assert lists == {'repeat_previous': [['a'], ['q']],
+                   'most_frequent_next': [['b', 'c'], ['q']],
+                   'most_popular': [['b', 'c'], ['b', 'c']],
+                   'cooccurrence': [['b', 'c'], ['b', 'c']]}
