@@ -273,3 +273,35 @@ def test_two_processes_match_one(reference_run, tmp_path):
   manager = checkpoints.open_manager(str(tmp_path), read_only=True)
   assert manager.latest_step() == len(two)
   manager.close()
+
+
+def test_ctrl_c_during_validation_stops_at_once_and_the_resumed_run_validates_first(tmp_path):
+  """A validation of many small batches: Ctrl-C in it stops within a batch, saving the
+  checkpoint; the run that resumes validates that epoch first, and ends where an
+  uninterrupted run does (the same losses, the same best checkpoint)."""
+  long_validation = ('--config.data.split_fractions=(0.5,0.45,0.05)',
+                     '--config.input.eval_queries_per_batch=6', '--config.train.num_epochs=2',
+                     '--config.train.log_every_steps=1')
+  straight = tmp_path / 'straight'
+  cli.run(straight, *long_validation)
+  stopped = tmp_path / 'stopped'
+  proc = cli.popen(stopped, *long_validation)
+  read, steps_per_epoch = [], None
+  for line in proc.stdout:
+    read.append(line)
+    if steps_per_epoch is None and ' steps per epoch' in line:
+      steps_per_epoch = int(line.split(' steps per epoch')[0].rsplit('; ', 1)[1])
+    if steps_per_epoch and line.startswith(f'step {steps_per_epoch}/'):
+      proc.send_signal(signal.SIGINT)  # the first epoch's validation has begun
+      break
+  output = ''.join(read) + proc.communicate(timeout=120)[0]
+  assert proc.returncode == 130, output
+  assert (f'SIGINT: saved a checkpoint at step {steps_per_epoch} (its validation runs first '
+          'when it resumes)') in output, output
+  assert 'epoch 1: validation loss' not in output
+  resumed = cli.run(stopped, *long_validation).stdout
+  assert resumed.index('epoch 1: validation loss') < resumed.index(f'step {steps_per_epoch + 1}/')
+  valid = lambda w: [(r['step'], r['loss']) for r in metric_writer.read_metrics(str(w), 'valid')]
+  assert valid(stopped) == valid(straight) and len(valid(straight)) == 2
+  assert train_losses(stopped) == train_losses(straight)
+  assert_trees_equal(final_params(stopped)[1], final_params(straight)[1])

@@ -254,13 +254,17 @@ def model_config(config: ml_collections.ConfigDict, vocab, split,
 
 
 def evaluate_loss(params, batches: Iterable[dict], *, task: tasks.GenerationTask, mesh,
-                  eval_fn) -> dict[str, float]:
+                  eval_fn, should_stop=None) -> dict[str, float] | None:
   """The task's validation figures over one pass of `batches` (`task.summarize`).
 
   `eval_fn`: the jit-compiled eval step, (params, batch) -> sums (`make_steps`).
+  `should_stop`: () -> bool, asked before each batch; True abandons the pass (None is
+  returned), so that Ctrl-C stops a run within a batch wherever it is.
   """
   totals = None
   for batch in batches:
+    if should_stop is not None and should_stop():
+      return None
     sums = eval_fn(params, parallel.shard_batch({k: batch[k] for k in task.input_keys}, mesh))
     totals = sums if totals is None else jax.tree.map(jnp.add, totals, sums)
   return task.summarize(jax.device_get(totals))
@@ -460,7 +464,10 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
                                  saved_meta=saved_meta)
     train_iter.set_state(iter_state)
     meta.update({k: saved_meta[k] for k in ('valid', 'best_step', 'best_valid_loss')})
-    if latest >= total_steps:
+    pending = saved_meta.get('pending_validation')
+    if pending is not None:
+      meta['pending_validation'] = pending
+    if latest >= total_steps and pending is None:
       manager.close()
       train_iter.close()
       log(f'Training is already complete: {where} is step {latest} of {total_steps} (best '
@@ -502,11 +509,36 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
     checkpoints.save(manager, step, params=state.params, train_state=state.optimizer_part(),
                      data_iter=iter_state, meta=meta, vocab=vocab, valid_loss=valid_loss)
 
+  def validate() -> bool:
+    """The epoch's validation at `step`, recorded and saved with the checkpoint; False when a
+    stop request cut it short: the checkpoint is saved without it, and the run that resumes
+    from it validates first (`pending_validation`), as an uninterrupted run would have."""
+    valid = evaluate_loss(state.params, data.valid_batches(), task=task, mesh=mesh,
+                          eval_fn=eval_fn, should_stop=lambda: stop.requested)
+    if valid is None:
+      meta['pending_validation'] = step
+      save()
+      return False
+    writer.write(step, 'valid', valid)
+    _record_validation(meta, step, valid)
+    log(f'epoch {math.ceil(step / steps_per_epoch)}: validation loss '
+        f'{valid["loss"]:.4f}, {_figures(valid)} (best '
+        f'{meta["best_valid_loss"]:.4f} at step {meta["best_step"]})', flush=True)
+    if meta.pop('pending_validation', None) is not None:
+      # The checkpoint saved when validation was cut short, saved again with its result.
+      manager.wait_until_finished()
+      manager.delete(step)
+    save(valid_loss=valid['loss'])
+    monitor.restart_pace()
+    return True
+
   stop = _StopRequests()
   compiled_shapes = set()
   try:
     with stop:
-      while step < total_steps:
+      if meta.get('pending_validation') == step:
+        validate()
+      while step < total_steps and not stop.requested:
         batch, num_sessions = next(train_iter)
         iter_state = train_iter.get_state()
         shape = tuple((k, v.shape) for k, v in batch.items())
@@ -521,22 +553,17 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
           monitor.write(step)
         if step % steps_per_epoch == 0 or step == total_steps:
           monitor.write(step)
-          valid = evaluate_loss(state.params, data.valid_batches(), task=task, mesh=mesh,
-                                eval_fn=eval_fn)
-          writer.write(step, 'valid', valid)
-          _record_validation(meta, step, valid)
-          log(f'epoch {math.ceil(step / steps_per_epoch)}: validation loss '
-              f'{valid["loss"]:.4f}, {_figures(valid)} (best '
-              f'{meta["best_valid_loss"]:.4f} at step {meta["best_step"]})', flush=True)
-          save(valid_loss=valid['loss'])
-          monitor.restart_pace()
+          validate()
         elif _checkpoint_due(step, tc.checkpoint_every_steps) or stop.requested:
           monitor.check()
           save()
         if stop.requested:
-          log(f'{stop.signal_name}: saved a checkpoint at step {step}; run the same command '
-              'again to resume.', flush=True)
           break
+      if stop.requested:
+        pending = (' (its validation runs first when it resumes)'
+                   if meta.get('pending_validation') == step else '')
+        log(f'{stop.signal_name}: saved a checkpoint at step {step}{pending}; run the same '
+            'command again to resume.', flush=True)
   finally:
     train_iter.close()
     manager.wait_until_finished()
