@@ -17,6 +17,16 @@ from jax.sharding import PartitionSpec as P
 
 
 _XLA_DEVICE_COUNT_FLAG = '--xla_force_host_platform_device_count'
+_XLA_COLLECTIVE_TIMEOUT_FLAG = '--xla_cpu_collective_call_terminate_timeout_seconds'
+# How long a CPU device waits at a collective (the gradients' all-reduce, an all-gather) for
+# the other devices before XLA aborts the process (SIGABRT, exit 134, no checkpoint saved):
+# XLA's default is 40 s, counted after a 20 s "may be stuck" warning, a minute in all. With one
+# device per core on cores that other processes share, a device reaches a step's collectives
+# late (by seconds under load here; by over a minute in a user's run, which died at step ~50:
+# BUILD.md, "Collective timeout on a busy CPU"). 30 minutes is XLA's own limit for its
+# cross-process CPU collectives (xla_cpu_collective_timeout_seconds): a late device is waited
+# for, a real deadlock still ends.
+CPU_COLLECTIVE_TIMEOUT_SECONDS = 30 * 60
 
 
 def set_cpu_devices(count: int = 0) -> int:
@@ -29,10 +39,18 @@ def set_cpu_devices(count: int = 0) -> int:
   device count already set through XLA_FLAGS (`--xla_force_host_platform_device_count`) is
   kept; on a GPU host the setting only shapes the idle CPU backend. Returns the count set,
   or 0 when XLA_FLAGS decides.
+
+  It also raises the CPU collectives' abort timeout to `CPU_COLLECTIVE_TIMEOUT_SECONDS`,
+  through XLA_FLAGS (XLA reads it when its backend starts), unless XLA_FLAGS already sets
+  `--xla_cpu_collective_call_terminate_timeout_seconds`.
   """
   if count < 0:
     raise ValueError(f'cpu_devices must be >= 0 (0: one per core), got {count}')
-  if _XLA_DEVICE_COUNT_FLAG in os.environ.get('XLA_FLAGS', ''):
+  xla_flags = os.environ.get('XLA_FLAGS', '')
+  if _XLA_COLLECTIVE_TIMEOUT_FLAG not in xla_flags:
+    os.environ['XLA_FLAGS'] = (
+        f'{xla_flags} {_XLA_COLLECTIVE_TIMEOUT_FLAG}={CPU_COLLECTIVE_TIMEOUT_SECONDS}'.strip())
+  if _XLA_DEVICE_COUNT_FLAG in xla_flags:
     return 0
   count = count or len(os.sched_getaffinity(0))
   jax.config.update('jax_num_cpu_devices', count)

@@ -3,6 +3,7 @@
 Each run is a real subprocess of `python -m mtn_jax.main` on a tiny config.
 """
 
+import functools
 import json
 import math
 import os
@@ -16,6 +17,7 @@ import orbax.checkpoint as ocp
 import pytest
 
 from mtn_jax import config_lib
+from mtn_jax import parallel
 from mtn_jax.training import checkpoints
 from mtn_jax.training import metric_writer
 from tests import cli
@@ -192,26 +194,86 @@ def test_config_errors_fail_before_any_work(tmp_path, override, message):
   assert not (tmp_path / 'data').exists()
 
 
-def _cpu_devices_in_a_fresh_process(cpu_devices: int, xla_flags: str) -> tuple[int, int]:
-  """(what set_cpu_devices returns, jax.device_count()) in a new interpreter."""
+@functools.cache
+def _cpu_devices_in_a_fresh_process(cpu_devices: int, xla_flags: str) -> tuple[int, int, str]:
+  """(what set_cpu_devices returns, jax.device_count(), XLA_FLAGS after it) in a new
+  interpreter."""
   env = dict(os.environ, JAX_PLATFORMS='cpu')
   env.pop('XLA_FLAGS', None)
   if xla_flags:
     env['XLA_FLAGS'] = xla_flags
   code = (f'from mtn_jax import parallel; print(parallel.set_cpu_devices({cpu_devices})); '
-          'import jax; print(jax.device_count())')
+          'import os, jax; print(jax.device_count()); print(os.environ.get("XLA_FLAGS", ""))')
   out = subprocess.run([sys.executable, '-c', code], cwd=cli.REPO, env=env, check=True,
-                       capture_output=True, text=True).stdout.split()
-  return int(out[-2]), int(out[-1])
+                       capture_output=True, text=True).stdout.splitlines()
+  return int(out[-3]), int(out[-2]), out[-1]
 
 
 def test_cpu_hosts_get_one_device_per_core_unless_told():
   cores = len(os.sched_getaffinity(0))
-  assert _cpu_devices_in_a_fresh_process(0, '') == (cores, cores)
-  assert _cpu_devices_in_a_fresh_process(3, '') == (3, 3)
+  assert _cpu_devices_in_a_fresh_process(0, '')[:2] == (cores, cores)
+  assert _cpu_devices_in_a_fresh_process(3, '')[:2] == (3, 3)
   # A count set through XLA_FLAGS wins (the tests' own multi-device runs rely on it).
   assert _cpu_devices_in_a_fresh_process(
-      0, '--xla_force_host_platform_device_count=1') == (0, 1)
+      0, '--xla_force_host_platform_device_count=1')[:2] == (0, 1)
+
+
+def test_cpu_collectives_wait_long_for_a_late_device_unless_told(monkeypatch):
+  """XLA aborts a process whose CPU devices meet at a collective more than a minute apart
+  (its 40 s terminate timeout), which killed training runs on a busy machine: set_cpu_devices
+  raises that timeout, whether or not XLA_FLAGS sets the device count, and keeps a timeout
+  that XLA_FLAGS sets."""
+  timeout = ('--xla_cpu_collective_call_terminate_timeout_seconds='
+             f'{parallel.CPU_COLLECTIVE_TIMEOUT_SECONDS}')
+  assert parallel.CPU_COLLECTIVE_TIMEOUT_SECONDS >= 600
+  assert _cpu_devices_in_a_fresh_process(0, '')[2] == timeout
+  device_count = '--xla_force_host_platform_device_count=1'
+  assert _cpu_devices_in_a_fresh_process(0, device_count)[2] == f'{device_count} {timeout}'
+  # With the device count in XLA_FLAGS, set_cpu_devices leaves jax's config alone: safe here.
+  own = f'{device_count} --xla_cpu_collective_call_terminate_timeout_seconds=7'
+  monkeypatch.setenv('XLA_FLAGS', own)
+  assert parallel.set_cpu_devices(0) == 0
+  assert os.environ['XLA_FLAGS'] == own
+
+
+# Two CPU devices meet at a psum, the second 5 s late (a callback sleeps on it first).
+_LATE_DEVICE = '''
+import time
+from mtn_jax import parallel
+parallel.CPU_COLLECTIVE_TIMEOUT_SECONDS = 1
+parallel.set_cpu_devices(2)
+import jax
+import numpy as np
+from jax.sharding import PartitionSpec as P
+
+def late(x, index):
+  if int(index) == 1:
+    time.sleep(5)
+  return x
+
+mesh = jax.make_mesh((2,), ('d',), axis_types=(jax.sharding.AxisType.Auto,))
+
+@jax.jit
+@jax.shard_map(mesh=mesh, in_specs=P('d'), out_specs=P())
+def total(x):
+  x = jax.pure_callback(late, jax.ShapeDtypeStruct(x.shape, x.dtype), x,
+                        jax.lax.axis_index('d'))
+  return jax.lax.psum(x, 'd')
+
+print(np.asarray(total(np.arange(4.0, dtype=np.float32))))
+'''
+
+
+def test_the_collective_timeout_set_is_the_one_xla_obeys():
+  """The timeout set_cpu_devices writes reaches XLA's CPU collectives: made 1 s (and the stuck
+  warning before it 0 s), a device 5 s late aborts the process, where XLA's own timeouts (a
+  minute in all) would have waited for it."""
+  env = dict(os.environ, JAX_PLATFORMS='cpu',
+             XLA_FLAGS='--xla_cpu_collective_call_warn_stuck_timeout_seconds=0')
+  result = subprocess.run([sys.executable, '-c', _LATE_DEVICE], cwd=cli.REPO, env=env,
+                          capture_output=True, text=True, timeout=120)
+  assert result.returncode != 0, result.stdout
+  assert 'Termination timeout' in result.stderr and 'of 1 seconds exceeded' in result.stderr
 
 
 def test_importing_the_package_starts_no_jax_backend():
