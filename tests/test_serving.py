@@ -12,6 +12,7 @@ import concurrent.futures
 import json
 import os
 import re
+import shutil
 import signal
 import sqlite3
 import subprocess
@@ -23,6 +24,7 @@ import warnings
 
 import httpx
 import pytest
+import uvicorn
 
 with warnings.catch_warnings():  # starlette's TestClient asks for a package the project lacks
   warnings.simplefilter('ignore')
@@ -301,3 +303,293 @@ def test_admin_is_for_loopback_or_the_token(tmp_path):
                        headers={'Authorization': 'Bearer wrong'}).status_code == 401
     assert client.post('/admin/reload',
                        headers={'Authorization': 'Bearer s3cret'}).json()['reloaded']
+
+
+# ---------------------------------------------------------------------------------------------
+# Histories
+
+
+def test_a_users_earlier_sessions_are_their_history(service, client):
+  answers = [client.post('/v1/suggest', json={'session': s, 'user': 'ann'}).json()
+             for s in (['a'], ['a', 'b'], ['c'], ['c', 'd'])]
+  # The second request continues the first session; the third starts another.
+  assert [a['history'] for a in answers] == [0, 0, 2, 2]
+  assert service.store.earlier('ann') == ('a', 'b') and service.store.current('ann') == ('c', 'd')
+  # The model reads them: the same session without the user's history scores otherwise.
+  alone = client.post('/v1/suggest', json={'session': ['c', 'd']}).json()
+  assert [s['score'] for s in alone['suggestions']] != [
+      s['score'] for s in answers[-1]['suggestions']]
+
+
+def test_history_store_is_bounded_per_user_and_in_wal_mode(tmp_path):
+  path = str(tmp_path / 'h' / 'histories.sqlite')
+  store = history_lib.HistoryStore(path, per_user=3)
+  for session in (['a', 'b'], ['c'], ['d', 'e'], ['f']):
+    store.observe('ann', session)
+  store.observe('bob', ['x'])
+  assert store.earlier('ann') == ('c', 'd', 'e') and store.earlier('bob') == ()
+  assert store.observe('ann', ['f', 'g']) == ('c', 'd', 'e')  # the same session goes on
+  store.close()
+  again = history_lib.HistoryStore(path, per_user=3)
+  assert again.current('ann') == ('f', 'g') and again.earlier('ann') == ('c', 'd', 'e')
+  db = sqlite3.connect(path)
+  assert db.execute('PRAGMA journal_mode').fetchone()[0] == 'wal'
+  assert db.execute('SELECT COUNT(*) FROM queries WHERE user = ?', ('ann',)).fetchone()[0] == 3
+
+
+# ---------------------------------------------------------------------------------------------
+# Reloading
+
+
+def test_reload_swaps_in_a_new_best_checkpoint_without_failing_a_request(workdir, service,
+                                                                         client):
+  before = service.engine.step
+  cli.run(workdir, *MODEL, '--config.train.max_steps=4')  # two more steps: a better one
+  sessions = sessions_of_every_length(service, 6)
+  answers, done = [], threading.Event()
+
+  def keep_asking():
+    while not done.is_set():
+      answers.extend(suggest_all(client, [{'session': s} for s in sessions], 3))
+
+  asker = threading.Thread(target=keep_asking)
+  asker.start()
+  try:
+    reloaded = client.post('/admin/reload')
+  finally:
+    done.set()
+    asker.join()
+  assert reloaded.status_code == 200 and reloaded.json()['reloaded'], reloaded.text
+  assert reloaded.json()['previous_step'] == before and reloaded.json()['step'] == 4
+  assert answers and all(a.status_code == 200 for a in answers)
+  assert {a.json()['model']['step'] for a in answers} <= {before, 4}
+  after = client.post('/v1/suggest', json={'session': ['a']}).json()
+  assert after['model']['step'] == 4 == service.engine.step
+  assert f'mtn_serve_model_step 4.0' in client.get('/metrics').text
+
+
+# ---------------------------------------------------------------------------------------------
+# A process of its own: kill -9, restart, SIGHUP, SIGTERM
+
+
+class Server:
+  """`--mode=serve` in a subprocess on a free port; its output collected by a thread."""
+
+  def __init__(self, workdir, *overrides):
+    self.process = subprocess.Popen(
+        cli.command(workdir, *MODEL, *TRAIN, '--config.serve.port=0', *overrides,
+                    mode='serve'),
+        cwd=cli.REPO, env=cli.env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+        text=True)
+    self.lines: list[str] = []
+    self._url = threading.Event()
+    self.url = None
+    threading.Thread(target=self._read, daemon=True).start()
+    if not self._url.wait(300):
+      self.process.kill()
+      raise AssertionError('the server did not start:\n' + ''.join(self.lines))
+
+  def _read(self):
+    for line in self.process.stdout:
+      self.lines.append(line)
+      found = re.match(r'Serving on (http://\S+) ', line)
+      if found:
+        self.url = found.group(1)
+        self._url.set()
+    self._url.set()
+
+  def wait_for(self, text: str, timeout: float = 60) -> None:
+    end = time.time() + timeout
+    while not any(text in line for line in self.lines):
+      assert time.time() < end, f'no {text!r} in:\n' + ''.join(self.lines)
+      time.sleep(0.05)
+
+  def post(self, body, **kwargs):
+    return httpx.post(f'{self.url}/v1/suggest', json=body, timeout=30, **kwargs)
+
+
+def test_histories_survive_kill_9_and_sighup_reloads_and_sigterm_drains(workdir):
+  serve = ('--config.serve.max_batch=2', '--config.serve.queue_bound=500',
+           '--config.serve.deadline_ms=60000', '--config.serve.drain_seconds=10')
+  first = Server(workdir, *serve)
+  try:
+    answers = [first.post({'session': s, 'user': 'kim'}).json()['history']
+               for s in (['a'], ['a', 'b'], ['c'], ['c', 'd'])]
+    assert answers == [0, 0, 2, 2]
+  finally:
+    first.process.send_signal(signal.SIGKILL)
+    first.process.wait(30)
+  path = os.path.join(workdir, 'serve', 'histories.sqlite')
+  db = sqlite3.connect(path)
+  assert db.execute('PRAGMA integrity_check').fetchone()[0] == 'ok'
+  assert db.execute('PRAGMA journal_mode').fetchone()[0] == 'wal'
+  assert [q for (q,) in db.execute('SELECT query FROM queries WHERE user = ? ORDER BY id',
+                                   ('kim',))] == ['a', 'b']
+  db.close()
+
+  second = Server(workdir, *serve)
+  try:
+    # The restarted service reads what the killed one answered.
+    assert second.post({'session': ['e'], 'user': 'kim'}).json()['history'] == 4
+    second.process.send_signal(signal.SIGHUP)
+    second.wait_for('Reloaded: step')
+    assert second.post({'session': ['e', 'f']}).status_code == 200
+
+    async def drain():
+      async with httpx.AsyncClient(timeout=60, limits=httpx.Limits(max_connections=300)) as c:
+        body = {'session': ['a', 'b', 'c']}
+        flight = [asyncio.create_task(c.post(f'{second.url}/v1/suggest', json=body))
+                  for _ in range(150)]
+        while await queue_depth(c) < 10:  # requests are waiting for a batch
+          await asyncio.sleep(0.01)
+        signalled = time.monotonic()
+        second.process.send_signal(signal.SIGTERM)
+        ready = await c.get(f'{second.url}/readyz')
+        while ready.status_code == 200:
+          ready = await c.get(f'{second.url}/readyz')
+        refused = await c.post(f'{second.url}/v1/suggest', json=body)
+        answered = await asyncio.gather(*flight)
+        code = await asyncio.to_thread(second.process.wait, 30)
+        return ready, refused, answered, code, time.monotonic() - signalled
+
+    async def queue_depth(c):
+      metrics = (await c.get(f'{second.url}/metrics')).text
+      return float(re.search(r'^mtn_serve_queue_depth (\S+)$', metrics, re.M).group(1))
+
+    ready, refused, answered, code, seconds = asyncio.run(drain())
+    assert ready.status_code == 503
+    assert refused.status_code == 503 and refused.headers['retry-after'] == '1'
+    # Those waiting when the signal came are answered; any the service had not yet read are
+    # refused with a 503, none reset.
+    codes = [a.status_code for a in answered]
+    assert set(codes) <= {200, 503} and codes.count(200) >= 10, codes
+    assert code == 0 and seconds < 10, (code, seconds, ''.join(second.lines))
+    assert any('SIGTERM: draining' in line for line in second.lines)
+  finally:
+    if second.process.poll() is None:
+      second.process.kill()
+
+
+# ---------------------------------------------------------------------------------------------
+# The page, in a browser
+
+
+class ThreadServer:
+  """uvicorn serving `app` on a free loopback port from a thread of this process."""
+
+  def __init__(self, app):
+    sock = service_lib._bind('127.0.0.1', 0)  # pylint: disable=protected-access
+    self.url = 'http://127.0.0.1:%d' % sock.getsockname()[1]
+    self.server = uvicorn.Server(uvicorn.Config(app, log_level='warning', lifespan='on'))
+    self.thread = threading.Thread(target=self.server.run, kwargs={'sockets': [sock]})
+    self.thread.start()
+    end = time.time() + 30
+    while not self.server.started:
+      assert time.time() < end and self.thread.is_alive(), 'uvicorn did not start'
+      time.sleep(0.02)
+
+  def stop(self):
+    self.server.should_exit = True
+    self.thread.join(30)
+
+
+@pytest.fixture
+def browser():
+  chromium, driver = shutil.which('chromium'), shutil.which('chromedriver')
+  if not (chromium and driver):
+    pytest.skip('needs Debian\'s chromium and chromium-driver (.ci/run installs them)')
+  from selenium import webdriver  # pylint: disable=g-import-not-at-top
+  from selenium.webdriver.chrome.service import Service  # pylint: disable=g-import-not-at-top
+  options = webdriver.ChromeOptions()
+  options.binary_location = chromium
+  for argument in ('--headless=new', '--no-sandbox', '--disable-gpu', '--disable-dev-shm-usage',
+                   '--window-size=900,720'):
+    options.add_argument(argument)
+  chrome = webdriver.Chrome(service=Service(executable_path=driver), options=options)
+  chrome.implicitly_wait(0)
+  try:
+    yield chrome
+  finally:
+    chrome.quit()
+
+
+def _wait(condition, timeout: float = 30, chrome=None):
+  end = time.time() + timeout
+  while True:
+    value = condition()
+    if value:
+      return value
+    assert time.time() < end, 'the page did not get there' + (
+        f': session {_texts(chrome, "#session li")}, status {_texts(chrome, "#status")}, '
+        f'suggestions {_texts(chrome, "#suggestions .text")}' if chrome else '')
+    time.sleep(0.05)
+
+
+def _texts(chrome, selector):
+  """The text of every element `selector` finds, read at one moment."""
+  return chrome.execute_script(
+      'return Array.from(document.querySelectorAll(arguments[0]), e => e.textContent)', selector)
+
+
+def _type(chrome, text):
+  from selenium.webdriver.common.by import By  # pylint: disable=g-import-not-at-top
+  from selenium.webdriver.common.keys import Keys  # pylint: disable=g-import-not-at-top
+  chrome.find_element(By.ID, 'query').send_keys(text, Keys.ENTER)
+
+
+def test_the_page_types_two_queries_and_a_click_makes_the_third(service, browser, tmp_path):
+  from selenium.webdriver.common.by import By  # pylint: disable=g-import-not-at-top
+  settings = service_lib.ServeSettings(max_batch=4, deadline_ms=60_000)  # a busy machine
+  page_service = service_lib.Service(service.engine, settings, log=_quiet)
+  server = ThreadServer(app_lib.create_app(page_service))
+  try:
+    browser.get(server.url + '/')
+    _wait(lambda: 'checkpoint step' in browser.find_element(By.ID, 'model').text)
+    _type(browser, 'cheap flights')
+    answered = lambda: re.match(r'\d suggestions from mtn', _texts(browser, '#status')[0])
+    _wait(answered, chrome=browser)
+    first = _texts(browser, '#suggestions .text')
+    _type(browser, 'Cheap Flights Paris')
+    _wait(lambda: _texts(browser, '#session li') == ['cheap flights', 'cheap flights paris']
+          and answered(), chrome=browser)
+    second = _texts(browser, '#suggestions .text')
+    # Up to 5 (a hypothesis of no words is not shown), none of the session's queries.
+    assert first and second and len(second) <= 5 and all(q.strip() for q in second)
+    assert 'step' in browser.find_element(By.ID, 'status').text
+    assert not {'cheap flights', 'cheap flights paris'} & set(second)  # user-facing
+    browser.find_elements(By.CSS_SELECTOR, '#suggestions button')[0].click()
+    # The clicked suggestion is the third query (its first 10 words: all the model reads).
+    clicked = ' '.join(second[0].split()[:10])
+    # The click set the status to '…' before asking; the answer's line replaces it.
+    _wait(answered, chrome=browser)
+    assert _texts(browser, '#session li') == ['cheap flights', 'cheap flights paris', clicked]
+    third = _texts(browser, '#suggestions .text')
+    assert third and clicked not in third
+    shot = os.environ.get('MTN_SERVE_SCREENSHOT') or str(tmp_path / 'page.png')
+    assert browser.save_screenshot(shot)
+    with open(shot, 'rb') as f:
+      assert f.read(8) == b'\x89PNG\r\n\x1a\n'
+  finally:
+    server.stop()
+
+
+def test_the_page_shows_a_suggestion_as_text_never_html(browser):
+  from selenium.common.exceptions import NoAlertPresentException  # pylint: disable=g-import-not-at-top
+  payload = '<img src=x onerror=alert(1)>'
+  engine = SlowEngine(suggestions=[{'query': payload, 'score': 0.0},
+                                   {'query': '<b>bold</b> & "quoted"', 'score': -1.0}])
+  stub = service_lib.Service(engine, service_lib.ServeSettings(), compilations=lambda: 0,
+                             log=_quiet)
+  server = ThreadServer(app_lib.create_app(stub))
+  try:
+    browser.get(server.url + '/')
+    _type(browser, 'anything')
+    assert _wait(lambda: _texts(browser, '#suggestions .text')) == [
+        payload, '<b>bold</b> & "quoted"']
+    time.sleep(0.5)  # an image that failed to load would have fired its onerror by now
+    with pytest.raises(NoAlertPresentException):
+      browser.switch_to.alert.text  # pylint: disable=expression-not-assigned
+    assert browser.execute_script(
+        'return document.querySelectorAll("#suggestions img, #suggestions b").length') == 0
+  finally:
+    server.stop()

@@ -1,8 +1,9 @@
 """The HTTP application: the API, the page at `/`, and how every failure is answered.
 
   POST /v1/suggest  {"session": ["q1", ..., "qt"], "user": optional, "k": optional 1..20}
-                    -> {"suggestions": [{"query", "score"}, ...], "model": {"name", "step",
-                        "workdir"}, "ms": server time, "history": earlier queries read}
+                    -> {"suggestions": [{"query", "score"}, ...], "session": as read
+                        (normalised), "model": {"name", "step", "workdir"}, "ms": server
+                        time, "history": the user's earlier queries read (with a user)}
   GET  /v1/info     the model and the limits a request must keep
   GET  /healthz     200 while the process serves; /readyz 200 once warm and while not draining
   GET  /metrics     Prometheus metrics
@@ -78,6 +79,9 @@ class ModelInfo(pydantic.BaseModel):
 
 class SuggestResponse(pydantic.BaseModel):
   suggestions: list[Suggestion]
+  session: list[str] = pydantic.Field(description='The session as the model read it '
+                                      '(normalised as the training queries were: lower-case, '
+                                      'single spaces).')
   model: ModelInfo
   ms: float = pydantic.Field(description='Server time, from receiving the request to '
                              'answering it.')
@@ -146,6 +150,7 @@ class _Guard:
     headers = dict(scope.get('headers', []))
     length = headers.get(b'content-length')
     service.inflight += 1
+    service.last_request = time.monotonic()
     try:
       if length is not None and (not length.isdigit() or int(length) > limit):
         # Refused before any of the body is read; the connection is closed after it.
@@ -259,7 +264,7 @@ def create_app(service) -> fastapi.FastAPI:
     except batcher_lib.DeadlineExceeded:
       return _error(504, f'not answered within {service.settings.deadline_ms:g} ms '
                     '(config.serve.deadline_ms)', request)
-    return {'suggestions': ranked,
+    return {'suggestions': ranked, 'session': list(checked.session),
             'model': {k: info[k] for k in ('name', 'step', 'workdir')},
             'ms': round((time.monotonic() - received) * 1000, 3),
             'history': None if checked.user is None else history}

@@ -8,8 +8,9 @@
    thread of its own while the old model answers; then the new one is swapped in between
    two batches. A reload that fails leaves the old model serving (and says why).
 4. SIGTERM (or Ctrl-C): /readyz says 503, new requests get 503 with Retry-After, the queued
-   batches start at once, and once the requests in flight are answered (or
-   config.serve.drain_seconds have passed) the process exits 0. A second Ctrl-C stops at once.
+   batches start at once, and once the requests in flight are answered and none came for
+   half a second (or config.serve.drain_seconds have passed) the process exits 0. A second
+   Ctrl-C stops at once.
 """
 
 from __future__ import annotations
@@ -58,6 +59,10 @@ class ServeSettings:
     return cls(**{**values, 'user_facing': bool(values['user_facing'])})
 
 
+# Draining ends once no request came for this long (or config.serve.drain_seconds / 4).
+DRAIN_QUIET_SECONDS = 0.5
+
+
 def _say(text: str) -> None:
   print(text, flush=True)
 
@@ -87,6 +92,7 @@ class Service:
         on_depth=self.metrics.queue_depth.set)
     self.draining = False
     self.inflight = 0  # HTTP requests being answered (`app._Guard` counts them)
+    self.last_request = 0.0  # time.monotonic() when the latest request came
     self._reload_lock: asyncio.Lock | None = None
 
   async def start(self) -> None:
@@ -145,13 +151,19 @@ class Service:
     self.metrics.draining.set(1)
 
   async def drained(self, timeout: float) -> bool:
-    """Waits until no request is in flight (True) or `timeout` seconds pass (False)."""
+    """Waits until no request is in flight and none came for a moment (True), or `timeout`
+    seconds pass (False). The moment lets the connections already made (the listening
+    socket's backlog) be answered, with 503, rather than reset."""
     end = time.monotonic() + timeout
-    while self.inflight > 0 or self.batcher.depth or self.batcher.running:
-      if time.monotonic() >= end:
+    quiet = min(DRAIN_QUIET_SECONDS, timeout / 4)
+    while True:
+      now = time.monotonic()
+      busy = self.inflight > 0 or self.batcher.depth or self.batcher.running
+      if not busy and now - self.last_request >= quiet:
+        return True
+      if now >= end:
         return False
       await asyncio.sleep(0.02)
-    return True
 
 
 class _Server(uvicorn.Server):
