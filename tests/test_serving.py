@@ -14,6 +14,7 @@ import os
 import re
 import shutil
 import signal
+import socket
 import sqlite3
 import subprocess
 import sys
@@ -38,7 +39,6 @@ from mtn_jax.serving import history as history_lib
 from mtn_jax.serving import service as service_lib
 from tests import cli
 
-pytestmark = pytest.mark.slow
 
 # The model reads each user's last 4 earlier queries (a user is accepted); two steps of training.
 MODEL = ('--config.data.history_queries=4', '--config.model.user_memory=attention')
@@ -95,6 +95,7 @@ def suggest_all(client, bodies, threads: int = 8):
 # Suggestions, batching, compilation
 
 
+@pytest.mark.slow
 def test_suggestions_equal_decodes(workdir, service, client, tmp_path):
   """The service shows what --mode=decode writes for the same sessions: the user-facing
   protocol by default, the paper's with config.serve.user_facing=False."""
@@ -125,6 +126,7 @@ def test_suggestions_equal_decodes(workdir, service, client, tmp_path):
         assert not set(s['query'] for s in got) & set(session)
 
 
+@pytest.mark.slow
 def test_every_length_and_batch_size_compiles_nothing_new(service, client):
   """Warm-up compiled every shape: sessions of every allowed length, alone and in batches of
   every size, with and without a user, compile no program."""
@@ -145,6 +147,7 @@ def test_every_length_and_batch_size_compiles_nothing_new(service, client):
   assert served >= 3 * MAX_QUERIES and batches < served
 
 
+@pytest.mark.slow
 def test_response_health_readiness_and_metrics(service, client):
   response = client.post('/v1/suggest', json={'session': ['Cheap  FLIGHTS'], 'k': 2})
   assert response.status_code == 200, response.text
@@ -175,6 +178,7 @@ def test_response_health_readiness_and_metrics(service, client):
 # Faults
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize('body, status, field', [
     (b'{"session": ["a"', 400, 'body'),  # invalid JSON
     (b'[1, 2]', 422, 'body'),
@@ -202,12 +206,14 @@ def test_bad_input_is_a_4xx_naming_the_field(client, body, status, field):
   assert answer['field'] == field and answer['error'] and answer['request_id']
 
 
+@pytest.mark.slow
 def test_a_user_where_the_model_reads_none_is_refused(client, monkeypatch):
   monkeypatch.setattr(engine_lib.Engine, 'personalises', property(lambda self: False))
   response = client.post('/v1/suggest', json={'session': ['a'], 'user': 'ann'})
   assert response.status_code == 422 and response.json()['field'] == 'user', response.text
 
 
+@pytest.mark.slow
 def test_a_body_over_the_limit_is_refused_unread(client, service):
   limit = service.settings.max_body_bytes
   big = json.dumps({'session': ['x' * (limit + 10)]}).encode()
@@ -219,6 +225,7 @@ def test_a_body_over_the_limit_is_refused_unread(client, service):
   assert response.status_code == 413, response.text
 
 
+@pytest.mark.slow
 def test_an_internal_error_is_a_500_with_a_request_id_and_the_service_goes_on(service, client,
                                                                               monkeypatch):
   engine = service.engine
@@ -309,6 +316,7 @@ def test_admin_is_for_loopback_or_the_token(tmp_path):
 # Histories
 
 
+@pytest.mark.slow
 def test_a_users_earlier_sessions_are_their_history(service, client):
   answers = [client.post('/v1/suggest', json={'session': s, 'user': 'ann'}).json()
              for s in (['a'], ['a', 'b'], ['c'], ['c', 'd'])]
@@ -341,6 +349,7 @@ def test_history_store_is_bounded_per_user_and_in_wal_mode(tmp_path):
 # Reloading
 
 
+@pytest.mark.slow
 def test_reload_swaps_in_a_new_best_checkpoint_without_failing_a_request(workdir, service,
                                                                          client):
   before = service.engine.step
@@ -408,6 +417,7 @@ class Server:
     return httpx.post(f'{self.url}/v1/suggest', json=body, timeout=30, **kwargs)
 
 
+@pytest.mark.slow
 def test_histories_survive_kill_9_and_sighup_reloads_and_sigterm_drains(workdir):
   serve = ('--config.serve.max_batch=2', '--config.serve.queue_bound=500',
            '--config.serve.deadline_ms=60000', '--config.serve.drain_seconds=10')
@@ -537,6 +547,7 @@ def _type(chrome, text):
   chrome.find_element(By.ID, 'query').send_keys(text, Keys.ENTER)
 
 
+@pytest.mark.slow
 def test_the_page_types_two_queries_and_a_click_makes_the_third(service, browser, tmp_path):
   from selenium.webdriver.common.by import By  # pylint: disable=g-import-not-at-top
   settings = service_lib.ServeSettings(max_batch=4, deadline_ms=60_000)  # a busy machine
@@ -573,6 +584,7 @@ def test_the_page_types_two_queries_and_a_click_makes_the_third(service, browser
     server.stop()
 
 
+@pytest.mark.slow
 def test_the_page_shows_a_suggestion_as_text_never_html(browser):
   from selenium.common.exceptions import NoAlertPresentException  # pylint: disable=g-import-not-at-top
   payload = '<img src=x onerror=alert(1)>'
@@ -593,3 +605,29 @@ def test_the_page_shows_a_suggestion_as_text_never_html(browser):
         'return document.querySelectorAll("#suggestions img, #suggestions b").length') == 0
   finally:
     server.stop()
+
+
+def test_a_body_over_the_limit_is_refused_before_it_is_sent():
+  """413 is the answer to the headers alone: the service never waits for the body."""
+  stub = service_lib.Service(SlowEngine(), service_lib.ServeSettings(max_body_bytes=1000),
+                             compilations=lambda: 0, log=_quiet)
+  server = ThreadServer(app_lib.create_app(stub))
+  try:
+    port = int(server.url.rsplit(':', 1)[1])
+    with socket.create_connection(('127.0.0.1', port), timeout=10) as sock:
+      sock.sendall(b'POST /v1/suggest HTTP/1.1\r\nHost: localhost\r\nContent-Type: '
+                   b'application/json\r\nContent-Length: 1000000000\r\n\r\n{"session": [')
+      answer = sock.recv(65536)
+    assert answer.startswith(b'HTTP/1.1 413'), answer
+    assert b'max_body_bytes' in answer
+  finally:
+    server.stop()
+
+
+def test_serve_settings_are_checked_before_anything_starts():
+  from mtn_jax import config_lib  # pylint: disable=g-import-not-at-top
+  for override, key in (('--config.serve.max_batch=0', 'serve.max_batch'),
+                        ('--config.serve.port=70000', 'serve.port'),
+                        ('--config.serve.max_wait_ms=-1', 'serve.max_wait_ms')):
+    with pytest.raises(config_lib.ConfigError, match=re.escape(f'config.{key}')):
+      config_lib.validate(cli.config(override), 'serve')
