@@ -7,6 +7,11 @@ and `max_batch`), so the programs a request can need are known in advance: `warm
 each size once before the service says it is ready, and after that no request compiles. The
 models are causal over queries and rows are independent, so the padding changes no
 suggestion: the lists are those `--mode=decode` writes for the same session.
+
+This holds for config.suggest.strategy 'generate' (a generative model's beam, or a ranker's
+pool entries) and 'retrieve'. With 'rerank', the ranker scores candidate lists whose lengths
+vary with the request (`pipeline.Rankers.score_lists` pads them to multiples of 8), so a list
+longer than any seen so far still compiles once.
 """
 
 from __future__ import annotations
