@@ -60,8 +60,9 @@ _SECONDS = flags.DEFINE_float('seconds', 10.0, 'How long each rate is offered.')
 _OFFLINE = flags.DEFINE_integer('offline_contexts', 1024,
                                 'Contexts decoded offline (0: no offline measurement).')
 _SEED = flags.DEFINE_integer('seed', 0, 'Seed of the sessions chosen and the arrival times.')
-_CPU_DEVICES = flags.DEFINE_integer('cpu_devices', 1, 'JAX CPU devices of the service and the '
-                                    'offline run (--cpu_devices of the command line).')
+_CPU_DEVICES = flags.DEFINE_integer('cpu_devices', 0, 'JAX CPU devices of the service and the '
+                                    'offline run (--cpu_devices of the command line; 0: one '
+                                    'per core, as the workdir was most likely trained with).')
 flags.mark_flag_as_required('workdir')
 
 
