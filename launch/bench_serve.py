@@ -12,8 +12,10 @@ sessions, cut at random positions, are the requests.
    `--seconds` (arrivals of a Poisson process: a request is sent on time whatever the earlier
    ones are doing), then waits for the last answers (at most the deadline and a second).
    Per rate: latency p50/p95/p99 of the answered (200) requests, throughput (answers/s),
-   answers by status (and connection errors), and the batch sizes the service ran (its
-   /metrics before and after).
+   answers by status (connection errors by name; 'gave up': no answer within the deadline
+   and a second), and from the service's /metrics before and after: its own time per
+   request (from reading it to answering), the time per batch run, and the batch sizes.
+   Before the next rate the service runs out of what it still holds.
 3. The service is stopped (SIGTERM), and the same checkpoint decodes `--offline_contexts`
    contexts in this process through `Pipeline.suggest` (batches of config.decode.batch_sessions,
    as `--mode=decode` runs them), after one untimed warm-up pass: contexts/s, the median of
@@ -181,8 +183,17 @@ async def offer(url: str, sessions, rate: float, seconds: float, deadline_s: flo
         await asyncio.sleep(delay)
       tasks.append(asyncio.create_task(one(sessions[len(tasks) % len(sessions)])))
     sent_for = time.perf_counter() - start
-    await asyncio.wait(tasks, timeout=deadline_s + 1)
+    _, pending = await asyncio.wait(tasks, timeout=deadline_s + 1)
+    for task in pending:  # the client gives up: not answered within the deadline and a second
+      task.cancel()
+    if pending:
+      statuses['gave up'] = len(pending)
     elapsed = time.perf_counter() - start
+    # What the service still holds (requests it read before the client gave up) runs out
+    # before the next rate.
+    while metric((await client.get(f'{url}/metrics')).text, 'mtn_serve_queue_depth') > 0:
+      await asyncio.sleep(0.2)
+    await asyncio.sleep(1.0)
     after = (await client.get(f'{url}/metrics')).text
   batches = metric(after, 'mtn_serve_batch_size_count') - metric(before, 'mtn_serve_batch_size_count')
   requests = metric(after, 'mtn_serve_batch_size_sum') - metric(before, 'mtn_serve_batch_size_sum')
@@ -193,11 +204,17 @@ async def offer(url: str, sessions, rate: float, seconds: float, deadline_s: flo
     if le != '+Inf' and count - below > 0:
       spread[int(float(le))] = int(count - below)
     below = count
+  delta = lambda name: metric(after, name) - metric(before, name)
+  server_ms = 1000 * delta('mtn_serve_suggest_seconds_sum') / max(
+      delta('mtn_serve_suggest_seconds_count'), 1)
+  batch_ms = 1000 * delta('mtn_serve_batch_seconds_sum') / max(
+      delta('mtn_serve_batch_seconds_count'), 1)
   q = (lambda p: 1000 * float(np.percentile(latencies, p))) if latencies else (lambda p: 0.0)
   return {'rate': rate, 'sent': len(tasks), 'sent_for': sent_for, 'elapsed': elapsed,
           'ok': len(latencies), 'p50': q(50), 'p95': q(95), 'p99': q(99),
           'throughput': len(latencies) / sent_for, 'statuses': statuses,
-          'mean_batch': requests / batches if batches else 0.0, 'batches': spread}
+          'mean_batch': requests / batches if batches else 0.0, 'batches': spread,
+          'server_ms': server_ms, 'batch_ms': batch_ms}
 
 
 def offline(config, workdir: str, sessions) -> dict:
@@ -247,13 +264,14 @@ def main(argv):
         f'{s.queue_bound}, deadline_ms {s.deadline_ms:g}; {_SECONDS.value:g} s per rate, '
         'Poisson arrivals, sessions of the test split cut at random positions.')
   print('| offered/s | sent | answered/s | p50 ms | p95 ms | p99 ms | by status | '
-        'mean batch | batches by size |')
-  print('|---:|---:|---:|---:|---:|---:|---|---:|---|')
+        'in the app, mean ms | batch run, mean ms | mean batch | batches by size |')
+  print('|---:|---:|---:|---:|---:|---:|---|---:|---:|---:|---|')
   for r in rows:
     statuses = ', '.join(f'{k}: {v}' for k, v in sorted(r['statuses'].items()))
     spread = ', '.join(f'{k}: {v}' for k, v in sorted(r['batches'].items()))
     print(f'| {r["rate"]:g} | {r["sent"]} | {r["throughput"]:.1f} | {r["p50"]:.1f} | '
-          f'{r["p95"]:.1f} | {r["p99"]:.1f} | {statuses} | {r["mean_batch"]:.2f} | {spread} |')
+          f'{r["p95"]:.1f} | {r["p99"]:.1f} | {statuses} | {r["server_ms"]:.1f} | '
+          f'{r["batch_ms"]:.1f} | {r["mean_batch"]:.2f} | {spread} |')
   if _OFFLINE.value:
     o = offline(config, workdir, sessions[:_OFFLINE.value])
     print(f'\nOffline (Pipeline.suggest, batches of {o["batch"]}, as --mode=decode; median of '
