@@ -281,13 +281,13 @@ def stub_client(engine, **settings):
 
 
 def test_a_full_queue_is_503_with_retry_after_and_a_late_answer_504():
-  client, _ = stub_client(SlowEngine(0.4), max_batch=1, queue_bound=2, max_wait_ms=0,
-                          deadline_ms=1000)
+  client, _ = stub_client(SlowEngine(1.0), max_batch=1, queue_bound=2, max_wait_ms=0,
+                          deadline_ms=1500)
   with client:
     answers = suggest_all(client, [{'session': [f'q{i}']} for i in range(8)])
   codes = sorted(r.status_code for r in answers)
-  # One runs at a time, two wait: the rest are refused at once; of the waiting, those not
-  # started within the second time out.
+  # One runs at a time (a second each), two wait: the rest are refused at once; the waiting
+  # are not answered within a second and a half.
   assert codes.count(503) >= 4 and 200 in codes and 504 in codes, codes
   refused = next(r for r in answers if r.status_code == 503)
   assert refused.headers['retry-after'] == '1' and 'queue_bound' in refused.json()['error']
@@ -420,7 +420,7 @@ class Server:
 @pytest.mark.slow
 def test_histories_survive_kill_9_and_sighup_reloads_and_sigterm_drains(workdir):
   serve = ('--config.serve.max_batch=2', '--config.serve.queue_bound=500',
-           '--config.serve.deadline_ms=60000', '--config.serve.drain_seconds=10')
+           '--config.serve.deadline_ms=60000', '--config.serve.drain_seconds=30')
   first = Server(workdir, *serve)
   try:
     answers = [first.post({'session': s, 'user': 'kim'}).json()['history']
@@ -473,7 +473,7 @@ def test_histories_survive_kill_9_and_sighup_reloads_and_sigterm_drains(workdir)
     # refused with a 503, none reset.
     codes = [a.status_code for a in answered]
     assert set(codes) <= {200, 503} and codes.count(200) >= 10, codes
-    assert code == 0 and seconds < 10, (code, seconds, ''.join(second.lines))
+    assert code == 0 and seconds < 30, (code, seconds, ''.join(second.lines))
     assert any('SIGTERM: draining' in line for line in second.lines)
   finally:
     if second.process.poll() is None:

@@ -60,7 +60,9 @@ class SuggestRequest(pydantic.BaseModel):
                      'queries; refused by one that reads none.'))
   k: pydantic.StrictInt | None = pydantic.Field(
       None, ge=1, le=engine_lib.MAX_K,
-      description='Suggestions wanted (default: config.decode.top_k).')
+      description='Suggestions wanted (default: config.decode.top_k); a generative model has '
+      'at most its beam\'s hypotheses (config.decode.beam_size), fewer where the session\'s '
+      'queries are dropped.')
 
 
 class Suggestion(pydantic.BaseModel):
