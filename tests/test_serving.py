@@ -107,9 +107,12 @@ def test_suggestions_equal_decodes(workdir, service, client, tmp_path):
   paper = engine_lib.Engine(service.engine.pipeline, 4, exclude_session_queries=False)
   for exclude in (True, False):
     output = tmp_path / f'decoded-{exclude}.jsonl'
-    suggest.decode_file(_config(f'--config.decode.input={decode_input}',
-                                f'--config.decode.output={output}',
-                                f'--config.decode.exclude_session_queries={exclude}'), workdir)
+    settings = (f'--config.decode.input={decode_input}', f'--config.decode.output={output}',
+                f'--config.decode.exclude_session_queries={exclude}')
+    if exclude:  # the command line itself
+      cli.run(workdir, *MODEL, *TRAIN, *settings, mode='decode')
+    else:  # what it runs, in this process
+      suggest.decode_file(_config(*settings), workdir)
     decoded = [json.loads(line)['suggestions'] for line in output.read_text().splitlines()]
     assert len(decoded) == len(sessions)
     if exclude:
