@@ -218,6 +218,30 @@ def get_config(variant: str = '') -> ml_collections.ConfigDict:
   # fixed vectors: 'exact' only. Evaluation's ranking stays exact either way.
   c.suggest.index = 'exact'
 
+  # --mode=serve: an HTTP service of the workdir's best checkpoint (mtn_jax/serving/), with the
+  # suggestions --mode=decode writes for the same session (config.decode and config.suggest
+  # decide them). Every request is padded to the model's max_session_queries and batches to a
+  # power of two up to max_batch; each such shape is compiled before the service is ready.
+  c.serve = ml_collections.ConfigDict()
+  c.serve.host = '127.0.0.1'  # the address listened on ('0.0.0.0': every interface)
+  c.serve.port = 8080  # 0: any free port (the one taken is printed)
+  c.serve.max_batch = 8  # requests decoded together at most
+  c.serve.max_wait_ms = 5.0  # how long the first request of a batch waits for others
+  c.serve.queue_bound = 64  # requests waiting beyond this are refused: 503 with Retry-After
+  c.serve.deadline_ms = 2000.0  # a request not answered in this time gets 504
+  # SIGTERM: unready, new requests refused (503), those in flight answered, exit 0 within this.
+  c.serve.drain_seconds = 10.0
+  c.serve.max_body_bytes = 16384  # a larger request body is refused unread (413)
+  # SQLite file (relative to the workdir) of each user's earlier queries, for the models that
+  # read a user's history (config.data.history_queries) or the habit rule; '': none kept.
+  c.serve.history_db = 'serve/histories.sqlite'
+  c.serve.history_per_user = 1000  # a user's latest queries kept, the older deleted
+  # '': /admin/reload answers loopback clients only; else any client with this bearer token.
+  c.serve.admin_token = ''
+  # True: no query of the session is suggested again (the user-facing protocol); False: the
+  # paper's protocol (config.decode.exclude_session_queries is not read by the service).
+  c.serve.user_facing = True
+
   c.report = ml_collections.ConfigDict()
   c.report.workdirs = ''  # comma-separated workdirs for --mode=report ('': the --workdir)
   c.report.output = ''  # default: <workdir>/report

@@ -243,6 +243,8 @@ _MODES = """\
   decode         offline suggestions for a file: --config.decode.input=FILE
                  [--config.decode.output=OUT.jsonl] (formats below)
   suggest        interactive: type a session's queries, see suggestions after each
+  serve          an HTTP service of the best checkpoint (config.serve): POST /v1/suggest,
+                 a page at /, /healthz, /readyz, /metrics, OpenAPI at /docs
   report         tables, charts and samples over --config.report.workdirs=A,B
                  (default: the --workdir alone)"""
 

@@ -13,7 +13,7 @@ import ml_collections
 
 from mtn_jax import errors
 
-MODES = ('all', 'preprocess', 'train', 'eval', 'decode', 'suggest', 'report')
+MODES = ('all', 'preprocess', 'train', 'eval', 'decode', 'suggest', 'serve', 'report')
 RANKERS = ('biencoder', 'polyencoder', 'crossencoder')
 
 ConfigError = errors.ConfigError  # a config value that cannot work; the message names the key
@@ -39,6 +39,7 @@ def validate(config: ml_collections.ConfigDict, mode: str = 'all') -> None:
   _check_suggest(config)
   _check_train(config, model_class)
   _check_decode(config, mode)
+  _check_serve(config)
 
 
 def _check_data(config, mode: str) -> None:
@@ -178,3 +179,15 @@ def _check_decode(config, mode: str) -> None:
   if mode == 'decode' and not dc.input:
     raise ConfigError('config.decode.input is empty: pass --config.decode.input=FILE (one '
                       'session a line, queries separated by tabs, or an AOL log)')
+
+
+def _check_serve(config) -> None:
+  v = config.serve
+  _positive(config, ['serve.max_batch', 'serve.queue_bound', 'serve.deadline_ms',
+                     'serve.drain_seconds', 'serve.max_body_bytes', 'serve.history_per_user'])
+  if not 0 <= v.port <= 65535:
+    raise ConfigError(f'config.serve.port must be in 0..65535 (0: any free port), got {v.port}')
+  if v.max_wait_ms < 0:
+    raise ConfigError(f'config.serve.max_wait_ms must be >= 0, got {v.max_wait_ms}')
+  if not v.host:
+    raise ConfigError("config.serve.host is empty: give an address (e.g. '127.0.0.1')")

@@ -61,7 +61,7 @@ def main(argv):
 
 # One function per mode; each returns the signal that stopped training early ('SIGINT',
 # 'SIGTERM') or None. Imports are per mode so that preprocessing does not pay for JAX start-up.
-# eval, decode and suggest use the workdir's model with the config it was trained with
+# eval, decode, suggest and serve use the workdir's model with the config it was trained with
 # (`inference.trained.check_config`); only the decoding settings may change.
 
 def preprocess(config, workdir):
@@ -93,6 +93,13 @@ def interactive(config, workdir):
   suggest.interactive(config, workdir)
 
 
+def serve(config, workdir):
+  from mtn_jax.inference import trained  # pylint: disable=g-import-not-at-top
+  from mtn_jax.serving import service  # pylint: disable=g-import-not-at-top
+  trained.check_config(config, workdir)
+  service.serve(config, workdir)
+
+
 def report(config, workdir):
   from mtn_jax.evaluation import report as reporting  # pylint: disable=g-import-not-at-top
   reporting.write_report(config, workdir)
@@ -104,7 +111,7 @@ def run_all(config, workdir):
 
 
 MODES = {'all': run_all, 'preprocess': preprocess, 'train': train, 'eval': evaluate,
-         'decode': decode, 'suggest': interactive, 'report': report}
+         'decode': decode, 'suggest': interactive, 'serve': serve, 'report': report}
 
 
 if __name__ == '__main__':

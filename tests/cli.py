@@ -74,3 +74,26 @@ def run(workdir, *overrides, mode: str = 'train', config: str = 'configs/demo.py
 def popen(workdir, *overrides, mode: str = 'train', devices: int = 1) -> subprocess.Popen:
   return subprocess.Popen(command(workdir, *overrides, mode=mode), cwd=REPO, env=env(devices),
                           stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+
+
+def config(*overrides, name: str = 'demo', with_tiny: bool = True):
+  """configs/<name>.py with `TINY` (unless `with_tiny` is False) and `overrides` applied, as
+  the command line applies `--config.section.key=value`, for in-process runs."""
+  import ast  # pylint: disable=g-import-not-at-top
+  import importlib  # pylint: disable=g-import-not-at-top
+  c = importlib.import_module(f'configs.{name}').get_config()
+  for override in (*(TINY if with_tiny else ()), *overrides):
+    key, value = override.removeprefix('--config.').split('=', 1)
+    *sections, field = key.split('.')
+    node = c
+    for section in sections:
+      node = node[section]
+    old = node[field]
+    if isinstance(old, bool):
+      new = value.lower() in ('true', '1')
+    elif isinstance(old, str):
+      new = value
+    else:
+      new = type(old)(ast.literal_eval(value))
+    node[field] = new
+  return c

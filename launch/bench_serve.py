@@ -1,0 +1,284 @@
+"""The suggestion service under load, beside offline decoding of the same checkpoint.
+
+  python launch/bench_serve.py --workdir=/tmp/mtn_demo
+  python launch/bench_serve.py --workdir=/tmp/mtn_demo --rates=10,40,160 --seconds=10 \
+      --set=serve.max_batch=16 --set=serve.max_wait_ms=10
+
+In: a trained workdir and its config (`--config`, default configs/demo.py, with `--set
+section.key=value` overrides given to the service and the offline run alike). Its test split's
+sessions, cut at random positions, are the requests.
+1. `--mode=serve` is started in a process of its own on a free loopback port (127.0.0.1 only).
+2. For each rate of `--rates` (requests/s), an async client sends requests open-loop for
+   `--seconds` (arrivals of a Poisson process: a request is sent on time whatever the earlier
+   ones are doing), then waits for the last answers (at most the deadline and a second).
+   Per rate: latency p50/p95/p99 of the answered (200) requests, throughput (answers/s),
+   answers by status (connection errors by name; 'gave up': no answer within the deadline
+   and a second), and from the service's /metrics before and after: its own time per
+   request (from reading it to answering), the time per batch run, and the batch sizes.
+   Before the next rate the service runs out of what it still holds.
+3. The service is stopped (SIGTERM), and the same checkpoint decodes `--offline_contexts`
+   contexts in this process through `Pipeline.suggest` (batches of config.decode.batch_sessions,
+   as `--mode=decode` runs them), after one untimed warm-up pass: contexts/s, the median of
+   three passes.
+Out: the table on stdout, with the machine, the config and the date. The client and the
+service share the machine's cores: on a small machine the client's own CPU time is part of
+what limits the rate.
+"""
+
+from __future__ import annotations
+
+import ast
+import asyncio
+import datetime
+import importlib.util
+import os
+import platform
+import re
+import signal
+import statistics
+import subprocess
+import sys
+import threading
+import time
+
+from absl import app
+from absl import flags
+from absl import logging
+import httpx
+import numpy as np
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+# pylint: disable=g-import-not-at-top,wrong-import-position
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+# pylint: enable=g-import-not-at-top,wrong-import-position
+
+_WORKDIR = flags.DEFINE_string('workdir', None, 'A trained workdir (required).')
+_CONFIG = flags.DEFINE_string('config', 'configs/demo.py', 'Its config file (path[:variant]).')
+_SET = flags.DEFINE_multi_string('set', [], 'A config override section.key=value, for the '
+                                 'service and the offline run alike (repeatable).')
+_RATES = flags.DEFINE_list('rates', ['5', '10', '20', '40', '80', '160'],
+                           'Offered loads to measure, requests per second.')
+_SECONDS = flags.DEFINE_float('seconds', 10.0, 'How long each rate is offered.')
+_OFFLINE = flags.DEFINE_integer('offline_contexts', 1024,
+                                'Contexts decoded offline (0: no offline measurement).')
+_SEED = flags.DEFINE_integer('seed', 0, 'Seed of the sessions chosen and the arrival times.')
+_CPU_DEVICES = flags.DEFINE_integer('cpu_devices', 0, 'JAX CPU devices of the service and the '
+                                    'offline run (--cpu_devices of the command line; 0: one '
+                                    'per core, as the workdir was most likely trained with).')
+flags.mark_flag_as_required('workdir')
+
+
+def load_config(path: str, overrides):
+  """The config file with `section.key=value` overrides, as the command line applies them."""
+  name, _, variant = path.partition(':')
+  spec = importlib.util.spec_from_file_location('bench_config', os.path.join(REPO, name))
+  module = importlib.util.module_from_spec(spec)
+  sys.path.insert(0, REPO)
+  spec.loader.exec_module(module)
+  config = module.get_config(variant) if variant else module.get_config()
+  for override in overrides:
+    key, value = override.split('=', 1)
+    *sections, field = key.split('.')
+    node = config
+    for section in sections:
+      node = node[section]
+    old = node[field]
+    if isinstance(old, bool):
+      node[field] = value.lower() in ('true', '1')
+    elif isinstance(old, str):
+      node[field] = value
+    else:
+      node[field] = type(old)(ast.literal_eval(value))
+  return config
+
+
+def request_sessions(workdir: str, count: int, max_queries: int, seed: int) -> list[list[str]]:
+  """`count` sessions of the test split, each cut after a random position (at most
+  `max_queries` queries, the latest)."""
+  from mtn_jax.data import preprocess  # pylint: disable=g-import-not-at-top
+  from mtn_jax.data import sessions  # pylint: disable=g-import-not-at-top
+  split = sessions.load_split(preprocess.data_dir(os.path.abspath(workdir)), 'test')
+  rng = np.random.default_rng(seed)
+  out = []
+  for i in rng.integers(0, split.num_sessions, count):
+    texts = split.session_texts(int(i))
+    end = int(rng.integers(1, len(texts) + 1))
+    out.append(texts[:end][-max_queries:])
+  return out
+
+
+class ServiceProcess:
+  """`--mode=serve` on a free loopback port, its output kept."""
+
+  def __init__(self, workdir: str, config: str, overrides):
+    command = [sys.executable, '-m', 'mtn_jax.main', f'--config={config}',
+               f'--workdir={workdir}', '--mode=serve', f'--cpu_devices={_CPU_DEVICES.value}',
+               '--config.serve.host=127.0.0.1', '--config.serve.port=0',
+               *(f'--config.{o}' for o in overrides)]
+    self.process = subprocess.Popen(command, cwd=REPO, stdout=subprocess.PIPE,
+                                    stderr=subprocess.STDOUT, text=True,
+                                    env=dict(os.environ, PYTHONUNBUFFERED='1'))
+    self.lines, self.url = [], None
+    started = threading.Event()
+
+    def read():
+      for line in self.process.stdout:
+        self.lines.append(line)
+        print('  service: ' + line.rstrip(), flush=True)
+        found = re.match(r'Serving on (http://127\.0\.0\.1:\d+) ', line)
+        if found:
+          self.url = found.group(1)
+          started.set()
+      started.set()
+
+    threading.Thread(target=read, daemon=True).start()
+    started.wait(900)
+    if self.url is None:
+      self.process.kill()
+      raise SystemExit('the service did not start:\n' + ''.join(self.lines[-20:]))
+
+  def stop(self) -> int:
+    self.process.send_signal(signal.SIGTERM)
+    return self.process.wait(60)
+
+
+def metric(text: str, name: str) -> float:
+  found = re.search(rf'^{re.escape(name)} (\S+)$', text, re.M)
+  return float(found.group(1)) if found else 0.0
+
+
+def batch_histogram(text: str) -> dict[str, float]:
+  return {le: float(v) for le, v in
+          re.findall(r'^mtn_serve_batch_size_bucket\{le="([^"]+)"\} (\S+)$', text, re.M)}
+
+
+async def offer(url: str, sessions, rate: float, seconds: float, deadline_s: float,
+                rng: np.random.Generator) -> dict:
+  """Requests at `rate`/s (Poisson arrivals) for `seconds`; what came back."""
+  latencies, statuses = [], {}
+  limits = httpx.Limits(max_connections=2000, max_keepalive_connections=200)
+  async with httpx.AsyncClient(timeout=deadline_s + 5, limits=limits) as client:
+    before = (await client.get(f'{url}/metrics')).text
+
+    async def one(session):
+      sent = time.perf_counter()
+      try:
+        response = await client.post(f'{url}/v1/suggest', json={'session': session})
+        key = str(response.status_code)
+        if response.status_code == 200:
+          latencies.append(time.perf_counter() - sent)
+      except httpx.HTTPError as e:
+        key = type(e).__name__
+      statuses[key] = statuses.get(key, 0) + 1
+
+    tasks = []
+    start = time.perf_counter()
+    at = 0.0
+    while True:
+      at += rng.exponential(1 / rate)
+      if at >= seconds:
+        break
+      delay = start + at - time.perf_counter()
+      if delay > 0:
+        await asyncio.sleep(delay)
+      tasks.append(asyncio.create_task(one(sessions[len(tasks) % len(sessions)])))
+    sent_for = time.perf_counter() - start
+    _, pending = await asyncio.wait(tasks, timeout=deadline_s + 1)
+    for task in pending:  # the client gives up: not answered within the deadline and a second
+      task.cancel()
+    if pending:
+      statuses['gave up'] = len(pending)
+    elapsed = time.perf_counter() - start
+    # What the service still holds (requests it read before the client gave up) runs out
+    # before the next rate.
+    while metric((await client.get(f'{url}/metrics')).text, 'mtn_serve_queue_depth') > 0:
+      await asyncio.sleep(0.2)
+    await asyncio.sleep(1.0)
+    after = (await client.get(f'{url}/metrics')).text
+  batches = metric(after, 'mtn_serve_batch_size_count') - metric(before, 'mtn_serve_batch_size_count')
+  requests = metric(after, 'mtn_serve_batch_size_sum') - metric(before, 'mtn_serve_batch_size_sum')
+  hist_before, hist_after = batch_histogram(before), batch_histogram(after)
+  spread, below = {}, 0.0
+  for le in hist_after:
+    count = hist_after[le] - hist_before.get(le, 0.0)
+    if le != '+Inf' and count - below > 0:
+      spread[int(float(le))] = int(count - below)
+    below = count
+  delta = lambda name: metric(after, name) - metric(before, name)
+  server_ms = 1000 * delta('mtn_serve_suggest_seconds_sum') / max(
+      delta('mtn_serve_suggest_seconds_count'), 1)
+  batch_ms = 1000 * delta('mtn_serve_batch_seconds_sum') / max(
+      delta('mtn_serve_batch_seconds_count'), 1)
+  q = (lambda p: 1000 * float(np.percentile(latencies, p))) if latencies else (lambda p: 0.0)
+  return {'rate': rate, 'sent': len(tasks), 'sent_for': sent_for, 'elapsed': elapsed,
+          'ok': len(latencies), 'p50': q(50), 'p95': q(95), 'p99': q(99),
+          'throughput': len(latencies) / sent_for, 'statuses': statuses,
+          'mean_batch': requests / batches if batches else 0.0, 'batches': spread,
+          'server_ms': server_ms, 'batch_ms': batch_ms}
+
+
+def offline(config, workdir: str, sessions) -> dict:
+  from mtn_jax.inference import pipeline  # pylint: disable=g-import-not-at-top
+  from mtn_jax.inference.inputs import Context  # pylint: disable=g-import-not-at-top
+  suggestions = pipeline.Pipeline.load(config, workdir, log=lambda *a, **k: None)
+  contexts = [Context(tuple(s), len(s) - 1, {}) for s in sessions]
+  suggestions.suggest(contexts, positions='last')  # compiles every batch shape
+  times = []
+  for _ in range(3):
+    started = time.perf_counter()
+    suggestions.suggest(contexts, positions='last')
+    times.append(time.perf_counter() - started)
+  seconds = statistics.median(times)
+  return {'contexts': len(contexts), 'seconds': seconds,
+          'rate': len(contexts) / seconds, 'batch': config.decode.batch_sessions}
+
+
+def main(argv):
+  del argv
+  if not flags.FLAGS['verbosity'].present:
+    logging.set_verbosity(logging.WARNING)  # orbax's INFO lines per checkpoint read
+  workdir = os.path.abspath(_WORKDIR.value)
+  config = load_config(_CONFIG.value, _SET.value)
+  from mtn_jax import parallel  # pylint: disable=g-import-not-at-top
+  parallel.set_cpu_devices(_CPU_DEVICES.value)
+  rng = np.random.default_rng(_SEED.value)
+  print(f'bench_serve: {workdir} ({_CONFIG.value} {" ".join(_SET.value)}), '
+        f'{platform.machine()} {platform.system()}, {os.cpu_count()} cores, '
+        f'load average {" ".join(f"{x:.1f}" for x in os.getloadavg())}, Python '
+        f'{platform.python_version()}, {datetime.date.today()}', flush=True)
+  service = ServiceProcess(workdir, _CONFIG.value, _SET.value)
+  max_queries = httpx.get(f'{service.url}/v1/info').json()['max_session_queries']
+  sessions = request_sessions(workdir, max(_OFFLINE.value, 512), max_queries, _SEED.value)
+  rows = []
+  try:
+    for rate in (float(r) for r in _RATES.value):
+      rows.append(asyncio.run(offer(service.url, sessions, rate, _SECONDS.value,
+                                    config.serve.deadline_ms / 1000, rng)))
+      r = rows[-1]
+      print(f'  {rate:g}/s: {r["ok"]}/{r["sent"]} answered, p50 {r["p50"]:.1f} ms', flush=True)
+  finally:
+    code = service.stop()
+  print(f'The service exited {code} after SIGTERM.')
+  s = config.serve
+  print(f'\nService: max_batch {s.max_batch}, max_wait_ms {s.max_wait_ms:g}, queue_bound '
+        f'{s.queue_bound}, deadline_ms {s.deadline_ms:g}; {_SECONDS.value:g} s per rate, '
+        'Poisson arrivals, sessions of the test split cut at random positions.')
+  print('| offered/s | sent | answered/s | p50 ms | p95 ms | p99 ms | by status | '
+        'in the app, mean ms | batch run, mean ms | mean batch | batches by size |')
+  print('|---:|---:|---:|---:|---:|---:|---|---:|---:|---:|---|')
+  for r in rows:
+    statuses = ', '.join(f'{k}: {v}' for k, v in sorted(r['statuses'].items()))
+    spread = ', '.join(f'{k}: {v}' for k, v in sorted(r['batches'].items()))
+    print(f'| {r["rate"]:g} | {r["sent"]} | {r["throughput"]:.1f} | {r["p50"]:.1f} | '
+          f'{r["p95"]:.1f} | {r["p99"]:.1f} | {statuses} | {r["server_ms"]:.1f} | '
+          f'{r["batch_ms"]:.1f} | {r["mean_batch"]:.2f} | {spread} |')
+  if _OFFLINE.value:
+    o = offline(config, workdir, sessions[:_OFFLINE.value])
+    print(f'\nOffline (Pipeline.suggest, batches of {o["batch"]}, as --mode=decode; median of '
+          f'3 passes): {o["contexts"]} contexts in {o["seconds"]:.2f} s = {o["rate"]:.1f} '
+          'contexts/s.')
+  print(f'Load average after: {" ".join(f"{x:.1f}" for x in os.getloadavg())}')
+
+
+if __name__ == '__main__':
+  app.run(main)

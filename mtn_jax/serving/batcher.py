@@ -1,0 +1,154 @@
+"""Micro-batching: concurrent requests coalesced into batches, run off the event loop.
+
+A request waits in a bounded queue; the batch it joins starts once `max_batch` requests wait or
+the oldest has waited `max_wait` seconds (at once while draining). Batches run one at a time on
+one worker thread (JAX dispatch and the SQLite histories stay on it), so the event loop keeps
+accepting, refusing and timing out requests meanwhile. A request whose caller has stopped
+waiting (its deadline passed) is dropped before its batch runs. A batch that raises is run
+again one request at a time, so that one bad request fails alone.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import concurrent.futures
+import dataclasses
+import time
+from collections.abc import Callable, Sequence
+from typing import Any
+
+
+class QueueFull(Exception):
+  """The queue holds `queue_bound` requests: refuse (503) rather than wait."""
+
+
+class DeadlineExceeded(Exception):
+  """The request was not answered before its deadline (504)."""
+
+
+@dataclasses.dataclass
+class _Item:
+  request: Any
+  future: asyncio.Future
+  enqueued: float
+  deadline: float
+
+
+class Batcher:
+  """Runs `run(requests) -> results` (one result a request, in order) on batches of requests.
+
+  Args:
+    run: called on the worker thread with up to `max_batch` requests.
+    on_batch: called (on the event loop) with each batch's size and run time, e.g. metrics.
+    on_depth: called with the queue's depth whenever it changes.
+  """
+
+  def __init__(self, run: Callable[[Sequence[Any]], list], *, max_batch: int, max_wait: float,
+               queue_bound: int, on_batch: Callable[[int, float], None] = lambda n, s: None,
+               on_depth: Callable[[int], None] = lambda n: None):
+    self._run, self.max_batch, self.max_wait = run, max_batch, max_wait
+    self.queue_bound = queue_bound
+    self._on_batch, self._on_depth = on_batch, on_depth
+    self._queue: collections.deque[_Item] = collections.deque()
+    self._wake: asyncio.Event | None = None
+    self._task: asyncio.Task | None = None
+    self._executor = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix='suggest')
+    self.flush = False  # True: start each batch at once (draining)
+    self.running = 0  # requests in the batch being run
+
+  @property
+  def depth(self) -> int:
+    return len(self._queue)
+
+  def start(self) -> None:
+    self._wake = asyncio.Event()
+    self._task = asyncio.get_running_loop().create_task(self._loop(), name='batcher')
+
+  async def stop(self) -> None:
+    if self._task is not None:
+      self._task.cancel()
+      try:
+        await self._task
+      except asyncio.CancelledError:
+        pass
+    for item in self._queue:
+      if not item.future.done():
+        item.future.set_exception(DeadlineExceeded('the service stopped'))
+    self._queue.clear()
+    self._executor.shutdown(wait=True)
+
+  async def submit(self, request: Any, deadline: float) -> Any:
+    """The request's result; QueueFull at once when the queue is full, DeadlineExceeded
+    when `deadline` (time.monotonic()) passes first."""
+    if len(self._queue) >= self.queue_bound:
+      raise QueueFull(f'{len(self._queue)} requests are waiting')
+    future = asyncio.get_running_loop().create_future()
+    self._queue.append(_Item(request, future, time.monotonic(), deadline))
+    self._on_depth(len(self._queue))
+    self._wake.set()
+    try:
+      return await asyncio.wait_for(future, max(deadline - time.monotonic(), 0.0))
+    except (asyncio.TimeoutError, TimeoutError):
+      raise DeadlineExceeded('not answered before the deadline') from None
+
+  async def _loop(self) -> None:
+    loop = asyncio.get_running_loop()
+    while True:
+      while not self._queue:
+        self._wake.clear()
+        await self._wake.wait()
+      # Wait for batch-mates: until the batch is full or its oldest request has waited enough.
+      while len(self._queue) < self.max_batch and not self.flush:
+        left = self._queue[0].enqueued + self.max_wait - time.monotonic()
+        if left <= 0:
+          break
+        self._wake.clear()
+        try:
+          await asyncio.wait_for(self._wake.wait(), left)
+        except (asyncio.TimeoutError, TimeoutError):
+          break
+      items = []
+      now = time.monotonic()
+      while self._queue and len(items) < self.max_batch:
+        item = self._queue.popleft()
+        if item.future.done():  # its caller gave up (deadline)
+          continue
+        if item.deadline <= now:
+          item.future.set_exception(DeadlineExceeded('not answered before the deadline'))
+          continue
+        items.append(item)
+      self._on_depth(len(self._queue))
+      if not items:
+        continue
+      self.running = len(items)
+      started = time.monotonic()
+      try:
+        results = await loop.run_in_executor(self._executor, self._run_isolated,
+                                             [i.request for i in items])
+      finally:
+        self.running = 0
+      self._on_batch(len(items), time.monotonic() - started)
+      for item, result in zip(items, results):
+        if item.future.done():
+          continue
+        if isinstance(result, BaseException):
+          item.future.set_exception(result)
+        else:
+          item.future.set_result(result)
+
+  def _run_isolated(self, requests: Sequence[Any]) -> list:
+    """The batch's results; where the batch raises, each request run alone, a request that
+    still raises given its exception as its result."""
+    try:
+      return list(self._run(requests))
+    except Exception as e:  # pylint: disable=broad-except
+      if len(requests) == 1:
+        return [e]
+    results = []
+    for request in requests:
+      try:
+        results.extend(self._run([request]))
+      except Exception as e:  # pylint: disable=broad-except
+        results.append(e)
+    return results

@@ -1,0 +1,220 @@
+"""The model side of the service: a workdir's suggestion pipeline, warmed up for every batch
+shape it will run, and the checks a request's session must pass.
+
+Every context is padded to the model's `max_session_queries` queries (as `--mode=suggest`
+pads it) and every batch to one of a fixed set of sizes (the powers of two below `max_batch`,
+and `max_batch`), so the programs a request can need are known in advance: `warm_up` runs
+each size once before the service says it is ready, and after that no request compiles. The
+models are causal over queries and rows are independent, so the padding changes no
+suggestion: the lists are those `--mode=decode` writes for the same session.
+
+This holds for config.suggest.strategy 'generate' (a generative model's beam, or a ranker's
+pool entries) and 'retrieve'. With 'rerank', the ranker scores candidate lists whose lengths
+vary with the request (`pipeline.Rankers.score_lists` pads them to multiples of 8), so a list
+longer than any seen so far still compiles once.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import threading
+import time
+from collections.abc import Sequence
+
+import jax
+import ml_collections
+
+from mtn_jax.inference import inputs
+from mtn_jax.inference import pipeline as pipeline_lib
+from mtn_jax.inference.inputs import Context
+from mtn_jax.tasks import zero_attention
+
+MAX_K = 20  # the most suggestions a request may ask for
+
+# Every program JAX lowers for the first time (a new function, or a new shape of one) records
+# this event: their count is the number of compilations, the persistent cache's hits included.
+_LOWERING_EVENT = '/jax/core/compile/jaxpr_to_mlir_module_duration'
+_compilations = 0
+_listening = False
+_lock = threading.Lock()
+
+
+def _count(event: str, duration: float, **kwargs) -> None:
+  del duration, kwargs
+  global _compilations
+  if event == _LOWERING_EVENT:
+    with _lock:
+      _compilations += 1
+
+
+def compilations() -> int:
+  """Programs JAX has compiled in this process since the first engine was made."""
+  return _compilations
+
+
+def _listen() -> None:
+  global _listening
+  with _lock:
+    if not _listening:
+      jax.monitoring.register_event_duration_secs_listener(_count)
+      _listening = True
+
+
+class BadInput(ValueError):
+  """A request the model cannot take; `field` names the part at fault ('session[2]', 'k')."""
+
+  def __init__(self, field: str, message: str):
+    super().__init__(f'{field}: {message}')
+    self.field, self.message = field, message
+
+
+def batch_sizes(max_batch: int) -> tuple[int, ...]:
+  """The batch sizes run: the powers of two below `max_batch`, then `max_batch`."""
+  sizes, size = [], 1
+  while size < max_batch:
+    sizes.append(size)
+    size *= 2
+  return (*sizes, max_batch)
+
+
+@dataclasses.dataclass(frozen=True)
+class Request:
+  """One checked request: its session as the model reads it (normalised), the suggestions
+  asked for, its user and the user's earlier queries (oldest first)."""
+
+  session: tuple[str, ...]
+  k: int
+  user: str | None = None
+  history: tuple[str, ...] = ()
+
+
+class Engine:
+  """A workdir's pipeline and the batch sizes it runs (see the module docstring).
+
+  Attributes:
+    pipeline: the suggestion pipeline (`mtn_jax.inference.pipeline`).
+    sizes: the batch sizes, ascending; every batch is padded to the first that holds it.
+    exclude_session_queries: the user-facing protocol (True) or the paper's.
+    warm_seconds: how long `warm_up` took.
+  """
+
+  def __init__(self, pipeline: pipeline_lib.Pipeline, max_batch: int,
+               exclude_session_queries: bool):
+    self.pipeline = pipeline
+    self.sizes = batch_sizes(max_batch)
+    self.exclude_session_queries = exclude_session_queries
+    self.warm_seconds = 0.0
+    cfg = pipeline.trained.cfg
+    self.max_session_queries = cfg.max_session_queries
+    self.max_query_words = cfg.max_query_words
+    # Normalises and cuts queries as decode's reader does; its counts are not read.
+    self._reader = inputs.QueryReader(pipeline.trained.vocab, cfg.max_query_words,
+                                      cfg.max_session_queries)
+
+  @classmethod
+  def load(cls, config: ml_collections.ConfigDict, workdir: str, log=print) -> Engine:
+    """The pipeline of `workdir`'s best checkpoint, warmed up for every batch size."""
+    _listen()
+    pipeline = pipeline_lib.Pipeline.load(config, workdir, log=log)
+    engine = cls(pipeline, config.serve.max_batch, bool(config.serve.user_facing))
+    engine.warm_up()
+    return engine
+
+  # -------------------------------------------------------------------------------------------
+  # What it is
+
+  @property
+  def step(self) -> int:
+    return int(self.pipeline.suggester.step)
+
+  @property
+  def workdir(self) -> str:
+    return self.pipeline.workdir
+
+  @property
+  def top_k(self) -> int:
+    return self.pipeline.settings.top_k
+
+  @property
+  def personalises(self) -> bool:
+    """Whether the model reads a user: their earlier queries (`config.data.history_queries`,
+    the habit rule) or, for a zero-attention ranker, the training user they are."""
+    p = self.pipeline
+    return (p.settings.history_queries > 0 or p.needs_whole_history
+            or (p.retriever is not None
+                and isinstance(p.retriever.trained.task, zero_attention.ZeroAttentionTask)))
+
+  def info(self) -> dict:
+    """What the page and the responses say of the model."""
+    return {'name': self.pipeline.suggester.cfg.name, 'step': self.step,
+            'workdir': self.workdir, 'score': self.pipeline.score_kind(),
+            'how': self.pipeline.how(), 'top_k': self.top_k,
+            'max_session_queries': self.max_session_queries,
+            'max_query_words': self.max_query_words, 'personalises': self.personalises,
+            'user_facing': self.exclude_session_queries}
+
+  # -------------------------------------------------------------------------------------------
+  # Requests
+
+  def check(self, session: Sequence[str], k: int | None, user: str | None) -> Request:
+    """The request as the model reads it, or BadInput naming the field at fault. Unlike
+    decode, which adapts a file's sessions (and counts what it changed), a request the model
+    would have to change is refused."""
+    if not session:
+      raise BadInput('session', 'empty: give the session\'s queries so far, oldest first')
+    if len(session) > self.max_session_queries:
+      raise BadInput('session', f'{len(session)} queries; the model reads at most '
+                     f'{self.max_session_queries}: send the latest {self.max_session_queries}')
+    queries = []
+    for i, text in enumerate(session):
+      if not text.split():
+        raise BadInput(f'session[{i}]', 'an empty query')
+      words = text.split()
+      if len(words) > self.max_query_words:
+        raise BadInput(f'session[{i}]', f'{len(words)} words; the model reads at most '
+                       f'{self.max_query_words} a query')
+      queries.append(self._reader.query(text))
+    if k is not None and not 1 <= k <= MAX_K:
+      raise BadInput('k', f'{k} is out of range 1..{MAX_K}')
+    if user is not None and not self.personalises:
+      raise BadInput('user', 'this model reads no user (it was trained without users\' '
+                     'histories): leave the user out')
+    return Request(tuple(queries), self.top_k if k is None else k, user)
+
+  def batch_size(self, n: int) -> int:
+    """The padded size of a batch of `n` requests (n <= max_batch)."""
+    return next(size for size in self.sizes if size >= n)
+
+  def run(self, requests: Sequence[Request]) -> list[list[dict]]:
+    """The suggestions shown for each request ({'query', 'score', ...}, best first), in
+    batches of at most `max_batch`."""
+    most = self.sizes[-1]
+    if len(requests) > most:
+      return [shown for start in range(0, len(requests), most)
+              for shown in self.run(requests[start:start + most])]
+    if not requests:
+      return []
+    contexts = [Context(r.session, first_output=len(r.session) - 1, info=self._info(r),
+                        history=r.history) for r in requests]
+    ordered = self.pipeline.ordered(contexts, positions='last',
+                                    batch_rows=self.batch_size(len(contexts)),
+                                    width=self.max_session_queries)
+    return [pipeline_lib.show(lists[-1], r.session, self.exclude_session_queries, r.k)
+            for r, lists in zip(requests, ordered)]
+
+  @staticmethod
+  def _info(request: Request) -> dict:
+    # A zero-attention ranker knows its training users by their log's numeric ids.
+    if request.user is not None and request.user.isdigit():
+      return {'user': int(request.user)}
+    return {}
+
+  def warm_up(self) -> None:
+    """Runs every batch size once, on sessions of every length, so that every program a
+    request can need is compiled before the service is ready."""
+    started = time.time()
+    for size in self.sizes:
+      self.run([Request(('warm up',) * (1 + i % self.max_session_queries), 1,
+                        None if not self.personalises else 'warm-up', ('warm up',) * i)
+                for i in range(size)])
+    self.warm_seconds = time.time() - started

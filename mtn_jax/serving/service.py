@@ -1,0 +1,272 @@
+"""`--mode=serve`: the service's life, from loading the model to the last answer.
+
+1. `Engine.load`: the workdir's best checkpoint through the suggestion pipeline, every batch
+   size run once (compiled) before anything listens.
+2. uvicorn serves `app.create_app(Service)` on config.serve.host:port (0: a free port; the
+   line `Serving on http://HOST:PORT` says which, once connections are accepted).
+3. SIGHUP, or POST /admin/reload: the workdir's best checkpoint is loaded and warmed up on a
+   thread of its own while the old model answers; then the new one is swapped in between
+   two batches. A reload that fails leaves the old model serving (and says why).
+4. SIGTERM (or Ctrl-C): /readyz says 503, new requests get 503 with Retry-After, the queued
+   batches start at once, and once the requests in flight are answered and none came for
+   half a second (or config.serve.drain_seconds have passed) the process exits 0. A second
+   Ctrl-C stops at once.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import dataclasses
+import os
+import signal
+import socket
+import sys
+import threading
+import time
+from collections.abc import Callable, Sequence
+
+import ml_collections
+import uvicorn
+
+from mtn_jax.serving import app as app_lib
+from mtn_jax.serving import batcher as batcher_lib
+from mtn_jax.serving import engine as engine_lib
+from mtn_jax.serving import history as history_lib
+from mtn_jax.serving import metrics as metrics_lib
+
+
+@dataclasses.dataclass(frozen=True)
+class ServeSettings:
+  """config.serve, read once (configs/default.py says what each is)."""
+
+  host: str = '127.0.0.1'
+  port: int = 8080
+  max_batch: int = 8
+  max_wait_ms: float = 5.0
+  queue_bound: int = 64
+  deadline_ms: float = 2000.0
+  drain_seconds: float = 10.0
+  max_body_bytes: int = 16384
+  history_db: str = 'serve/histories.sqlite'
+  history_per_user: int = 1000
+  admin_token: str = ''
+  user_facing: bool = True
+
+  @classmethod
+  def from_config(cls, config: ml_collections.ConfigDict) -> ServeSettings:
+    values = {f.name: config.serve[f.name] for f in dataclasses.fields(cls)}
+    return cls(**{**values, 'user_facing': bool(values['user_facing'])})
+
+
+# Draining ends once no request came for this long (or config.serve.drain_seconds / 4).
+DRAIN_QUIET_SECONDS = 0.5
+
+
+def _say(text: str) -> None:
+  print(text, flush=True)
+
+
+class Service:
+  """The engine answering, its batcher, the users' histories, the metrics, and the state a
+  reload or SIGTERM changes.
+
+  Args:
+    engine: answers batches (`engine.Engine`, or anything with its `check`, `run`, `info`,
+      `step`, `personalises` and `sizes`).
+    loader: () -> a new warmed-up engine, for reloads (None: reloads are refused).
+    store: the users' histories (None: none kept).
+  """
+
+  def __init__(self, engine, settings: ServeSettings,
+               store: history_lib.HistoryStore | None = None,
+               loader: Callable[[], object] | None = None,
+               compilations: Callable[[], int] = engine_lib.compilations, log=_say):
+    self.engine, self.settings, self.store = engine, settings, store
+    self.loader, self.log = loader, log
+    self.metrics = metrics_lib.Metrics(settings.max_batch, compilations)
+    self.metrics.model_step.set(engine.step)
+    self.batcher = batcher_lib.Batcher(
+        self._run, max_batch=settings.max_batch, max_wait=settings.max_wait_ms / 1000,
+        queue_bound=settings.queue_bound, on_batch=self._on_batch,
+        on_depth=self.metrics.queue_depth.set)
+    self.draining = False
+    self.inflight = 0  # HTTP requests being answered (`app._Guard` counts them)
+    self.last_request = 0.0  # time.monotonic() when the latest request came
+    self._reload_lock: asyncio.Lock | None = None
+
+  async def start(self) -> None:
+    self._reload_lock = asyncio.Lock()
+    self.batcher.start()
+
+  async def stop(self) -> None:
+    await self.batcher.stop()
+    if self.store is not None:
+      self.store.close()
+
+  def _on_batch(self, size: int, seconds: float) -> None:
+    self.metrics.batch_size.observe(size)
+    self.metrics.batch_seconds.observe(seconds)
+
+  def _run(self, requests: Sequence[engine_lib.Request]) -> list[tuple[list, dict, int]]:
+    """On the worker thread: each request's user's history read (and its session recorded),
+    then the batch run by the engine answering now."""
+    engine = self.engine  # a reload swaps it between batches
+    info = engine.info()
+    histories = []
+    checked = []
+    for request in requests:
+      history = ()
+      if request.user is not None and self.store is not None:
+        history = self.store.observe(request.user, request.session)
+      histories.append(len(history))
+      checked.append(dataclasses.replace(request, history=history))
+    return [(ranked, info, n) for ranked, n in zip(engine.run(checked), histories)]
+
+  async def reload(self) -> dict:
+    """Loads and warms a new engine off the event loop, then swaps it in."""
+    if self.loader is None:
+      return {'reloaded': False, 'error': 'this service has no loader'}
+    async with self._reload_lock:
+      old, started = self.engine, time.monotonic()
+      self.log(f'Reloading the best checkpoint of {old.workdir} ...')
+      try:
+        # A thread of its own: the batches keep running on the worker thread meanwhile.
+        new = await asyncio.to_thread(self.loader)
+      except Exception as e:  # pylint: disable=broad-except
+        self.metrics.reloads.labels('failed').inc()
+        self.log(f'Reload failed, step {old.step} still serving: {e}')
+        return {'reloaded': False, 'step': old.step, 'error': str(e)}
+      self.engine = new
+      self.metrics.model_step.set(new.step)
+      self.metrics.reloads.labels('ok').inc()
+      seconds = time.monotonic() - started
+      self.log(f'Reloaded: step {old.step} -> {new.step} in {seconds:.1f} s.')
+      return {'reloaded': True, 'previous_step': old.step, 'step': new.step,
+              'seconds': round(seconds, 3)}
+
+  def begin_drain(self) -> None:
+    self.draining = True
+    self.batcher.flush = True
+    self.metrics.draining.set(1)
+
+  async def drained(self, timeout: float) -> bool:
+    """Waits until no request is in flight and none came for a moment (True), or `timeout`
+    seconds pass (False). The moment lets the connections already made (the listening
+    socket's backlog) be answered, with 503, rather than reset."""
+    end = time.monotonic() + timeout
+    quiet = min(DRAIN_QUIET_SECONDS, timeout / 4)
+    while True:
+      now = time.monotonic()
+      busy = self.inflight > 0 or self.batcher.depth or self.batcher.running
+      if not busy and now - self.last_request >= quiet:
+        return True
+      if now >= end:
+        return False
+      await asyncio.sleep(0.02)
+
+
+class _Server(uvicorn.Server):
+  """uvicorn, with SIGTERM and SIGINT draining the service and SIGHUP reloading it."""
+
+  def __init__(self, config: uvicorn.Config, service: Service, url: str):
+    super().__init__(config)
+    self.service, self.url = service, url
+    self._tasks: set[asyncio.Task] = set()
+
+  @contextlib.contextmanager
+  def capture_signals(self):
+    if threading.current_thread() is not threading.main_thread():
+      yield
+      return
+    loop = asyncio.get_running_loop()
+    handled = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
+    for sig in handled:
+      loop.add_signal_handler(sig, self._signal, sig)
+    try:
+      yield
+    finally:
+      for sig in handled:
+        loop.remove_signal_handler(sig)
+
+  def _spawn(self, coroutine) -> None:
+    task = asyncio.get_running_loop().create_task(coroutine)
+    self._tasks.add(task)
+    task.add_done_callback(self._tasks.discard)
+
+  def _signal(self, sig: int) -> None:
+    if sig == signal.SIGHUP:
+      self._spawn(self.service.reload())
+      return
+    if self.service.draining:
+      if sig == signal.SIGINT:  # a second Ctrl-C: stop now
+        self.should_exit = self.force_exit = True
+      return
+    self._spawn(self._drain(signal.Signals(sig).name))
+
+  async def _drain(self, name: str) -> None:
+    service, limit = self.service, self.service.settings.drain_seconds
+    started = time.monotonic()
+    service.log(f'{name}: draining (up to {limit:g} s): no new requests, answering '
+                f'{service.inflight} in flight.')
+    service.begin_drain()
+    # Keep a little of the time for closing the connections and the history database.
+    done = await service.drained(max(limit * 0.9 - 0.1, 0.0))
+    left = max(limit - (time.monotonic() - started), 0.1)
+    self.config.timeout_graceful_shutdown = left
+    if not done:
+      service.log(f'{service.inflight} request(s) still in flight after {limit:g} s: '
+                  'stopping anyway.')
+    self.should_exit = True
+
+  async def startup(self, sockets=None) -> None:
+    await super().startup(sockets=sockets)
+    if self.started:
+      self.service.log(f'Serving on {self.url} (POST /v1/suggest, the page at /, /docs).')
+
+
+def _bind(host: str, port: int) -> socket.socket:
+  family, kind, proto, _, address = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM,
+                                                      flags=socket.AI_PASSIVE)[0]
+  sock = socket.socket(family, kind, proto)
+  sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+  sock.bind(address)
+  sock.set_inheritable(True)
+  return sock
+
+
+def build(config: ml_collections.ConfigDict, workdir: str, log=_say) -> Service:
+  """The service of `workdir`'s best checkpoint, warmed up (not yet serving)."""
+  settings = ServeSettings.from_config(config)
+  started = time.time()
+  engine = engine_lib.Engine.load(config, workdir, log=log)
+  info = engine.info()
+  protocol = 'the user-facing' if settings.user_facing else "the paper's"
+  log(f'{info["name"]} (checkpoint step {info["step"]}; {info["how"]}; score = '
+      f'{info["score"]}), batch sizes {", ".join(map(str, engine.sizes))} compiled in '
+      f'{time.time() - started:.1f} s ({engine_lib.compilations()} programs); '
+      f'{protocol} protocol.')
+  store = None
+  if settings.history_db and engine.personalises:
+    path = os.path.join(os.path.abspath(workdir), settings.history_db)
+    store = history_lib.HistoryStore(path, settings.history_per_user)
+    log(f'Users\' histories: {path}')
+  return Service(engine, settings, store,
+                 loader=lambda: engine_lib.Engine.load(config, workdir, log=log), log=log)
+
+
+def serve(config: ml_collections.ConfigDict, workdir: str) -> None:
+  """`--mode=serve` (see the module docstring); returns once drained."""
+  service = build(config, workdir)
+  settings = service.settings
+  sock = _bind(settings.host, settings.port)
+  host, port = sock.getsockname()[:2]
+  url = f'http://{host if ":" not in host else f"[{host}]"}:{port}'
+  uv_config = uvicorn.Config(app_lib.create_app(service), log_level='warning',
+                             access_log=False, lifespan='on',
+                             timeout_graceful_shutdown=settings.drain_seconds,
+                             timeout_keep_alive=5)
+  server = _Server(uv_config, service, url)
+  server.run(sockets=[sock])
+  service.log('Stopped.')
+  sys.stdout.flush()

@@ -1,0 +1,636 @@
+"""The suggestion service (--mode=serve, mtn_jax/serving/).
+
+One tiny personalising MTN (it reads a user's earlier queries) is trained once for the module;
+most tests talk to the service in this process (FastAPI's TestClient, the model warmed up once),
+and only what needs a process of its own (SIGTERM, kill -9, the page in a browser) starts one.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import json
+import os
+import re
+import shutil
+import signal
+import socket
+import sqlite3
+import subprocess
+import sys
+import threading
+import time
+
+import warnings
+
+import httpx
+import pytest
+import uvicorn
+
+with warnings.catch_warnings():  # starlette's TestClient asks for a package the project lacks
+  warnings.simplefilter('ignore')
+  from fastapi.testclient import TestClient  # pylint: disable=g-import-not-at-top
+
+from mtn_jax.inference import suggest
+from mtn_jax.serving import app as app_lib
+from mtn_jax.serving import batcher as batcher_lib
+from mtn_jax.serving import engine as engine_lib
+from mtn_jax.serving import history as history_lib
+from mtn_jax.serving import service as service_lib
+from tests import cli
+
+
+# The model reads each user's last 4 earlier queries (a user is accepted); two steps of training.
+MODEL = ('--config.data.history_queries=4', '--config.model.user_memory=attention')
+TRAIN = ('--config.train.max_steps=2',)
+SERVE = ('--config.serve.max_batch=4', '--config.serve.max_wait_ms=20')
+MAX_QUERIES = 16  # the model's max_session_queries (configs/default.py)
+LOOPBACK = ('127.0.0.1', 50000)
+
+
+def _quiet(*args, **kwargs):
+  del args, kwargs
+
+
+@pytest.fixture(scope='module')
+def workdir(tmp_path_factory):
+  path = tmp_path_factory.mktemp('serve') / 'run'
+  cli.run(path, *MODEL, *TRAIN)
+  return str(path)
+
+
+def _config(*overrides):
+  return cli.config(*MODEL, *TRAIN, *SERVE, *overrides)
+
+
+@pytest.fixture(scope='module')
+def service(workdir):
+  return service_lib.build(_config(), workdir, log=_quiet)
+
+
+@pytest.fixture(scope='module')
+def client(service):
+  app = app_lib.create_app(service)
+  with TestClient(app, client=LOOPBACK, raise_server_exceptions=False) as test_client:
+    yield test_client
+
+
+def sessions_of_every_length(service, count: int = MAX_QUERIES) -> list[list[str]]:
+  """Sessions of 1..count queries of the vocabulary's words (and one unknown word)."""
+  words = [w for w in service.engine.pipeline.trained.vocab.words[5:]]
+  out = []
+  for length in range(1, count + 1):
+    out.append([' '.join(words[(7 * length + 3 * t + j) % len(words)] for j in range(1 + t % 3))
+                for t in range(length)])
+  out[2][-1] += ' zzzunknownzzz'
+  return out
+
+
+def suggest_all(client, bodies, threads: int = 8):
+  with concurrent.futures.ThreadPoolExecutor(threads) as pool:
+    return list(pool.map(lambda body: client.post('/v1/suggest', json=body), bodies))
+
+
+# ---------------------------------------------------------------------------------------------
+# Suggestions, batching, compilation
+
+
+@pytest.mark.slow
+def test_suggestions_equal_decodes(workdir, service, client, tmp_path):
+  """The service shows what --mode=decode writes for the same sessions: the user-facing
+  protocol by default, the paper's with config.serve.user_facing=False."""
+  sessions = sessions_of_every_length(service)
+  decode_input = tmp_path / 'sessions.txt'
+  decode_input.write_text(''.join('\t'.join(s) + '\n' for s in sessions))
+  served = suggest_all(client, [{'session': s} for s in sessions])
+  assert all(r.status_code == 200 for r in served), [r.text for r in served]
+  paper = engine_lib.Engine(service.engine.pipeline, 4, exclude_session_queries=False)
+  for exclude in (True, False):
+    output = tmp_path / f'decoded-{exclude}.jsonl'
+    settings = (f'--config.decode.input={decode_input}', f'--config.decode.output={output}',
+                f'--config.decode.exclude_session_queries={exclude}')
+    if exclude:  # the command line itself
+      cli.run(workdir, *MODEL, *TRAIN, *settings, mode='decode')
+    else:  # what it runs, in this process
+      suggest.decode_file(_config(*settings), workdir)
+    decoded = [json.loads(line)['suggestions'] for line in output.read_text().splitlines()]
+    assert len(decoded) == len(sessions)
+    if exclude:
+      answers = [r.json()['suggestions'] for r in served]
+    else:
+      reader = service.engine._reader  # pylint: disable=protected-access
+      answers = paper.run([engine_lib.Request(tuple(reader.query(q) for q in s), 5)
+                           for s in sessions])
+    for session, want, got in zip(sessions, decoded, answers):
+      assert [s['query'] for s in got] == [s['query'] for s in want], session
+      assert [s['score'] for s in got] == pytest.approx([s['score'] for s in want], abs=1e-4)
+      assert len(got) == 5
+      if exclude:
+        assert not set(s['query'] for s in got) & set(session)
+
+
+@pytest.mark.slow
+def test_every_length_and_batch_size_compiles_nothing_new(service, client):
+  """Warm-up compiled every shape: sessions of every allowed length, alone and in batches of
+  every size, with and without a user, compile no program."""
+  sessions = sessions_of_every_length(service)
+  before = engine_lib.compilations()
+  assert before > 0
+  for threads in (1, 3, 8):
+    bodies = [{'session': s, 'k': 1 + i % engine_lib.MAX_K,
+               **({'user': f'u{i % 3}'} if i % 2 else {})} for i, s in enumerate(sessions)]
+    answers = suggest_all(client, bodies, threads)
+    assert [r.status_code for r in answers] == [200] * len(bodies), [r.text for r in answers]
+  assert engine_lib.compilations() == before
+  metrics = client.get('/metrics').text
+  assert f'mtn_serve_compilations {float(before)}' in metrics
+  # Concurrent requests were coalesced: some batch held more than one request.
+  batches = float(re.search(r'^mtn_serve_batch_size_count (\S+)$', metrics, re.M).group(1))
+  served = float(re.search(r'^mtn_serve_batch_size_sum (\S+)$', metrics, re.M).group(1))
+  assert served >= 3 * MAX_QUERIES and batches < served
+
+
+@pytest.mark.slow
+def test_response_health_readiness_and_metrics(service, client):
+  response = client.post('/v1/suggest', json={'session': ['Cheap  FLIGHTS'], 'k': 2})
+  assert response.status_code == 200, response.text
+  body = response.json()
+  assert len(body['suggestions']) == 2 and body['ms'] > 0
+  assert set(body['suggestions'][0]) == {'query', 'score'}
+  assert body['model'] == {'name': 'mtn', 'step': service.engine.step,
+                           'workdir': service.engine.workdir}
+  assert 'history' not in body
+  assert re.fullmatch(r'[0-9a-f]{16}', response.headers['x-request-id'])
+  assert client.get('/healthz').json() == {'status': 'ok'}
+  assert client.get('/readyz').json() == {'ready': True, 'step': service.engine.step}
+  info = client.get('/v1/info').json()
+  assert info['max_session_queries'] == MAX_QUERIES and info['personalises']
+  metrics = client.get('/metrics').text
+  for name in ('mtn_serve_requests_total{route="/v1/suggest",status="200"}',
+               'mtn_serve_suggest_seconds_bucket', 'mtn_serve_batch_size_bucket',
+               'mtn_serve_queue_depth', f'mtn_serve_model_step {float(service.engine.step)}'):
+    assert name in metrics, name
+  assert client.get('/docs').status_code == 200
+  schema = client.get('/openapi.json').json()
+  assert {'/v1/suggest', '/healthz', '/readyz'} <= set(schema['paths'])
+  page = client.get('/')
+  assert page.status_code == 200 and 'textContent' in page.text and 'innerHTML' not in page.text
+
+
+# ---------------------------------------------------------------------------------------------
+# Faults
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize('body, status, field', [
+    (b'{"session": ["a"', 400, 'body'),  # invalid JSON
+    (b'[1, 2]', 422, 'body'),
+    ({'session': []}, 422, 'session'),
+    ({}, 422, 'session'),
+    ({'session': ['q'] * (MAX_QUERIES + 1)}, 422, 'session'),
+    ({'session': ['a', ' '.join(['w'] * 11)]}, 422, 'session[1]'),
+    ({'session': ['a', '   ']}, 422, 'session[1]'),
+    ({'session': ['a', 7]}, 422, 'session[1]'),
+    ({'session': 'a b'}, 422, 'session'),
+    ({'session': ['a'], 'k': 0}, 422, 'k'),
+    ({'session': ['a'], 'k': 21}, 422, 'k'),
+    ({'session': ['a'], 'k': '3'}, 422, 'k'),
+    ({'session': ['a'], 'user': 5}, 422, 'user'),
+    ({'session': ['a'], 'extra': 1}, 422, 'extra'),
+])
+def test_bad_input_is_a_4xx_naming_the_field(client, body, status, field):
+  if isinstance(body, bytes):
+    response = client.post('/v1/suggest', content=body,
+                           headers={'content-type': 'application/json'})
+  else:
+    response = client.post('/v1/suggest', json=body)
+  assert response.status_code == status, response.text
+  answer = response.json()
+  assert answer['field'] == field and answer['error'] and answer['request_id']
+
+
+@pytest.mark.slow
+def test_a_user_where_the_model_reads_none_is_refused(client, monkeypatch):
+  monkeypatch.setattr(engine_lib.Engine, 'personalises', property(lambda self: False))
+  response = client.post('/v1/suggest', json={'session': ['a'], 'user': 'ann'})
+  assert response.status_code == 422 and response.json()['field'] == 'user', response.text
+
+
+@pytest.mark.slow
+def test_a_body_over_the_limit_is_refused_unread(client, service):
+  limit = service.settings.max_body_bytes
+  big = json.dumps({'session': ['x' * (limit + 10)]}).encode()
+  response = client.post('/v1/suggest', content=big, headers={'content-type': 'application/json'})
+  assert response.status_code == 413 and response.json()['field'] == 'body'
+  # Without a Content-Length (chunked), reading stops at the limit.
+  response = client.post('/v1/suggest', content=(big[i:i + 1000] for i in range(0, len(big), 1000)),
+                         headers={'content-type': 'application/json'})
+  assert response.status_code == 413, response.text
+
+
+@pytest.mark.slow
+def test_an_internal_error_is_a_500_with_a_request_id_and_the_service_goes_on(service, client,
+                                                                              monkeypatch):
+  engine = service.engine
+  real_run = engine.run
+
+  def run(requests):
+    if any('explode' in r.session[-1] for r in requests):
+      raise RuntimeError('the model exploded')
+    return real_run(requests)
+
+  monkeypatch.setattr(engine, 'run', run)
+  answers = suggest_all(client, [{'session': ['a', 'explode']}] + [{'session': ['a', f'b{i}']}
+                                                                   for i in range(5)])
+  assert [r.status_code for r in answers] == [500] + [200] * 5, [r.text for r in answers]
+  failed = answers[0]
+  assert failed.json()['request_id'] == failed.headers['x-request-id']
+  assert 'exploded' not in failed.text  # the log has it, not the client
+  # An error outside the batch (in the check) too.
+  monkeypatch.setattr(engine, 'check', lambda *a: 1 / 0)
+  failed = client.post('/v1/suggest', json={'session': ['a']})
+  assert failed.status_code == 500 and failed.json()['request_id']
+  monkeypatch.undo()
+  assert client.post('/v1/suggest', json={'session': ['a']}).status_code == 200
+
+
+class SlowEngine:
+  """An engine without a model: each batch takes `seconds`; suggestions echo the session."""
+
+  step, workdir, personalises, sizes = 7, '/nowhere', False, (1, 2)
+
+  def __init__(self, seconds: float = 0.0, suggestions=None):
+    self.seconds, self.suggestions = seconds, suggestions
+
+  def info(self):
+    return {'name': 'stub', 'step': self.step, 'workdir': self.workdir, 'score': 'none',
+            'how': 'stub', 'top_k': 5, 'max_session_queries': 4, 'max_query_words': 10,
+            'personalises': False, 'user_facing': True}
+
+  def check(self, session, k, user):
+    return engine_lib.Request(tuple(session), k or 5, user)
+
+  def run(self, requests):
+    time.sleep(self.seconds)
+    return [self.suggestions or [{'query': r.session[-1] + ' more', 'score': 0.0}]
+            for r in requests]
+
+
+def stub_client(engine, **settings):
+  service = service_lib.Service(engine, service_lib.ServeSettings(**settings),
+                                compilations=lambda: 0, log=_quiet)
+  return TestClient(app_lib.create_app(service), client=LOOPBACK,
+                    raise_server_exceptions=False), service
+
+
+def test_a_full_queue_is_503_with_retry_after_and_a_late_answer_504():
+  client, _ = stub_client(SlowEngine(1.0), max_batch=1, queue_bound=2, max_wait_ms=0,
+                          deadline_ms=1500)
+  with client:
+    answers = suggest_all(client, [{'session': [f'q{i}']} for i in range(8)])
+  codes = sorted(r.status_code for r in answers)
+  # One runs at a time (a second each), two wait: the rest are refused at once; the waiting
+  # are not answered within a second and a half.
+  assert codes.count(503) >= 4 and 200 in codes and 504 in codes, codes
+  refused = next(r for r in answers if r.status_code == 503)
+  assert refused.headers['retry-after'] == '1' and 'queue_bound' in refused.json()['error']
+  late = next(r for r in answers if r.status_code == 504)
+  assert 'deadline_ms' in late.json()['error']
+
+
+def test_admin_is_for_loopback_or_the_token(tmp_path):
+  client, service = stub_client(SlowEngine())
+  service.loader = SlowEngine
+  with client:
+    assert client.post('/admin/reload').json()['reloaded']
+  far = TestClient(app_lib.create_app(service), client=('192.0.2.7', 4000))
+  assert far.post('/admin/reload').status_code == 403
+  client, service = stub_client(SlowEngine(), admin_token='s3cret')
+  service.loader = SlowEngine
+  with client:
+    assert client.post('/admin/reload').status_code == 401
+    assert client.post('/admin/reload',
+                       headers={'Authorization': 'Bearer wrong'}).status_code == 401
+    assert client.post('/admin/reload',
+                       headers={'Authorization': 'Bearer s3cret'}).json()['reloaded']
+
+
+# ---------------------------------------------------------------------------------------------
+# Histories
+
+
+@pytest.mark.slow
+def test_a_users_earlier_sessions_are_their_history(service, client):
+  answers = [client.post('/v1/suggest', json={'session': s, 'user': 'ann'}).json()
+             for s in (['a'], ['a', 'b'], ['c'], ['c', 'd'])]
+  # The second request continues the first session; the third starts another.
+  assert [a['history'] for a in answers] == [0, 0, 2, 2]
+  assert service.store.earlier('ann') == ('a', 'b') and service.store.current('ann') == ('c', 'd')
+  # The model reads them: the same session without the user's history scores otherwise.
+  alone = client.post('/v1/suggest', json={'session': ['c', 'd']}).json()
+  assert [s['score'] for s in alone['suggestions']] != [
+      s['score'] for s in answers[-1]['suggestions']]
+
+
+def test_history_store_is_bounded_per_user_and_in_wal_mode(tmp_path):
+  path = str(tmp_path / 'h' / 'histories.sqlite')
+  store = history_lib.HistoryStore(path, per_user=3)
+  for session in (['a', 'b'], ['c'], ['d', 'e'], ['f']):
+    store.observe('ann', session)
+  store.observe('bob', ['x'])
+  assert store.earlier('ann') == ('c', 'd', 'e') and store.earlier('bob') == ()
+  assert store.observe('ann', ['f', 'g']) == ('c', 'd', 'e')  # the same session goes on
+  store.close()
+  again = history_lib.HistoryStore(path, per_user=3)
+  assert again.current('ann') == ('f', 'g') and again.earlier('ann') == ('c', 'd', 'e')
+  db = sqlite3.connect(path)
+  assert db.execute('PRAGMA journal_mode').fetchone()[0] == 'wal'
+  assert db.execute('SELECT COUNT(*) FROM queries WHERE user = ?', ('ann',)).fetchone()[0] == 3
+
+
+# ---------------------------------------------------------------------------------------------
+# Reloading
+
+
+@pytest.mark.slow
+def test_reload_swaps_in_a_new_best_checkpoint_without_failing_a_request(workdir, service,
+                                                                         client):
+  before = service.engine.step
+  cli.run(workdir, *MODEL, '--config.train.max_steps=4')  # two more steps: a better one
+  sessions = sessions_of_every_length(service, 6)
+  answers, done = [], threading.Event()
+
+  def keep_asking():
+    while not done.is_set():
+      answers.extend(suggest_all(client, [{'session': s} for s in sessions], 3))
+
+  asker = threading.Thread(target=keep_asking)
+  asker.start()
+  try:
+    reloaded = client.post('/admin/reload')
+  finally:
+    done.set()
+    asker.join()
+  assert reloaded.status_code == 200 and reloaded.json()['reloaded'], reloaded.text
+  assert reloaded.json()['previous_step'] == before and reloaded.json()['step'] == 4
+  assert answers and all(a.status_code == 200 for a in answers)
+  assert {a.json()['model']['step'] for a in answers} <= {before, 4}
+  after = client.post('/v1/suggest', json={'session': ['a']}).json()
+  assert after['model']['step'] == 4 == service.engine.step
+  assert f'mtn_serve_model_step 4.0' in client.get('/metrics').text
+
+
+# ---------------------------------------------------------------------------------------------
+# A process of its own: kill -9, restart, SIGHUP, SIGTERM
+
+
+class Server:
+  """`--mode=serve` in a subprocess on a free port; its output collected by a thread."""
+
+  def __init__(self, workdir, *overrides):
+    self.process = subprocess.Popen(
+        cli.command(workdir, *MODEL, *TRAIN, '--config.serve.port=0', *overrides,
+                    mode='serve'),
+        cwd=cli.REPO, env=cli.env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+        text=True)
+    self.lines: list[str] = []
+    self._url = threading.Event()
+    self.url = None
+    threading.Thread(target=self._read, daemon=True).start()
+    if not self._url.wait(300):
+      self.process.kill()
+      raise AssertionError('the server did not start:\n' + ''.join(self.lines))
+
+  def _read(self):
+    for line in self.process.stdout:
+      self.lines.append(line)
+      found = re.match(r'Serving on (http://\S+) ', line)
+      if found:
+        self.url = found.group(1)
+        self._url.set()
+    self._url.set()
+
+  def wait_for(self, text: str, timeout: float = 60) -> None:
+    end = time.time() + timeout
+    while not any(text in line for line in self.lines):
+      assert time.time() < end, f'no {text!r} in:\n' + ''.join(self.lines)
+      time.sleep(0.05)
+
+  def post(self, body, **kwargs):
+    return httpx.post(f'{self.url}/v1/suggest', json=body, timeout=30, **kwargs)
+
+
+@pytest.mark.slow
+def test_histories_survive_kill_9_and_sighup_reloads_and_sigterm_drains(workdir):
+  serve = ('--config.serve.max_batch=2', '--config.serve.queue_bound=500',
+           '--config.serve.deadline_ms=60000', '--config.serve.drain_seconds=30')
+  first = Server(workdir, *serve)
+  try:
+    answers = [first.post({'session': s, 'user': 'kim'}).json()['history']
+               for s in (['a'], ['a', 'b'], ['c'], ['c', 'd'])]
+    assert answers == [0, 0, 2, 2]
+  finally:
+    first.process.send_signal(signal.SIGKILL)
+    first.process.wait(30)
+  path = os.path.join(workdir, 'serve', 'histories.sqlite')
+  db = sqlite3.connect(path)
+  assert db.execute('PRAGMA integrity_check').fetchone()[0] == 'ok'
+  assert db.execute('PRAGMA journal_mode').fetchone()[0] == 'wal'
+  assert [q for (q,) in db.execute('SELECT query FROM queries WHERE user = ? ORDER BY id',
+                                   ('kim',))] == ['a', 'b']
+  db.close()
+
+  second = Server(workdir, *serve)
+  try:
+    # The restarted service reads what the killed one answered.
+    assert second.post({'session': ['e'], 'user': 'kim'}).json()['history'] == 4
+    second.process.send_signal(signal.SIGHUP)
+    second.wait_for('Reloaded: step')
+    assert second.post({'session': ['e', 'f']}).status_code == 200
+
+    async def drain():
+      async with httpx.AsyncClient(timeout=60, limits=httpx.Limits(max_connections=300)) as c:
+        body = {'session': ['a', 'b', 'c']}
+        flight = [asyncio.create_task(c.post(f'{second.url}/v1/suggest', json=body))
+                  for _ in range(150)]
+        while await queue_depth(c) < 10:  # requests are waiting for a batch
+          await asyncio.sleep(0.01)
+        signalled = time.monotonic()
+        second.process.send_signal(signal.SIGTERM)
+        ready = await c.get(f'{second.url}/readyz')
+        while ready.status_code == 200:
+          ready = await c.get(f'{second.url}/readyz')
+        refused = await c.post(f'{second.url}/v1/suggest', json=body)
+        answered = await asyncio.gather(*flight)
+        code = await asyncio.to_thread(second.process.wait, 30)
+        return ready, refused, answered, code, time.monotonic() - signalled
+
+    async def queue_depth(c):
+      metrics = (await c.get(f'{second.url}/metrics')).text
+      return float(re.search(r'^mtn_serve_queue_depth (\S+)$', metrics, re.M).group(1))
+
+    ready, refused, answered, code, seconds = asyncio.run(drain())
+    assert ready.status_code == 503
+    assert refused.status_code == 503 and refused.headers['retry-after'] == '1'
+    # Those waiting when the signal came are answered; any the service had not yet read are
+    # refused with a 503, none reset.
+    codes = [a.status_code for a in answered]
+    assert set(codes) <= {200, 503} and codes.count(200) >= 10, codes
+    assert code == 0 and seconds < 30, (code, seconds, ''.join(second.lines))
+    assert any('SIGTERM: draining' in line for line in second.lines)
+  finally:
+    if second.process.poll() is None:
+      second.process.kill()
+
+
+# ---------------------------------------------------------------------------------------------
+# The page, in a browser
+
+
+class ThreadServer:
+  """uvicorn serving `app` on a free loopback port from a thread of this process."""
+
+  def __init__(self, app):
+    sock = service_lib._bind('127.0.0.1', 0)  # pylint: disable=protected-access
+    self.url = 'http://127.0.0.1:%d' % sock.getsockname()[1]
+    self.server = uvicorn.Server(uvicorn.Config(app, log_level='warning', lifespan='on'))
+    self.thread = threading.Thread(target=self.server.run, kwargs={'sockets': [sock]})
+    self.thread.start()
+    end = time.time() + 30
+    while not self.server.started:
+      assert time.time() < end and self.thread.is_alive(), 'uvicorn did not start'
+      time.sleep(0.02)
+
+  def stop(self):
+    self.server.should_exit = True
+    self.thread.join(30)
+
+
+@pytest.fixture
+def browser():
+  chromium, driver = shutil.which('chromium'), shutil.which('chromedriver')
+  if not (chromium and driver):
+    pytest.skip('needs Debian\'s chromium and chromium-driver (.ci/run installs them)')
+  from selenium import webdriver  # pylint: disable=g-import-not-at-top
+  from selenium.webdriver.chrome.service import Service  # pylint: disable=g-import-not-at-top
+  options = webdriver.ChromeOptions()
+  options.binary_location = chromium
+  for argument in ('--headless=new', '--no-sandbox', '--disable-gpu', '--disable-dev-shm-usage',
+                   '--window-size=900,720'):
+    options.add_argument(argument)
+  chrome = webdriver.Chrome(service=Service(executable_path=driver), options=options)
+  chrome.implicitly_wait(0)
+  try:
+    yield chrome
+  finally:
+    chrome.quit()
+
+
+def _wait(condition, timeout: float = 30, chrome=None):
+  end = time.time() + timeout
+  while True:
+    value = condition()
+    if value:
+      return value
+    assert time.time() < end, 'the page did not get there' + (
+        f': session {_texts(chrome, "#session li")}, status {_texts(chrome, "#status")}, '
+        f'suggestions {_texts(chrome, "#suggestions .text")}' if chrome else '')
+    time.sleep(0.05)
+
+
+def _texts(chrome, selector):
+  """The text of every element `selector` finds, read at one moment."""
+  return chrome.execute_script(
+      'return Array.from(document.querySelectorAll(arguments[0]), e => e.textContent)', selector)
+
+
+def _type(chrome, text):
+  from selenium.webdriver.common.by import By  # pylint: disable=g-import-not-at-top
+  from selenium.webdriver.common.keys import Keys  # pylint: disable=g-import-not-at-top
+  chrome.find_element(By.ID, 'query').send_keys(text, Keys.ENTER)
+
+
+@pytest.mark.slow
+def test_the_page_types_two_queries_and_a_click_makes_the_third(service, browser, tmp_path):
+  from selenium.webdriver.common.by import By  # pylint: disable=g-import-not-at-top
+  settings = service_lib.ServeSettings(max_batch=4, deadline_ms=60_000)  # a busy machine
+  page_service = service_lib.Service(service.engine, settings, log=_quiet)
+  server = ThreadServer(app_lib.create_app(page_service))
+  try:
+    browser.get(server.url + '/')
+    _wait(lambda: 'checkpoint step' in browser.find_element(By.ID, 'model').text)
+    _type(browser, 'cheap flights')
+    answered = lambda: re.match(r'\d suggestions from mtn', _texts(browser, '#status')[0])
+    _wait(answered, chrome=browser)
+    first = _texts(browser, '#suggestions .text')
+    _type(browser, 'Cheap Flights Paris')
+    _wait(lambda: _texts(browser, '#session li') == ['cheap flights', 'cheap flights paris']
+          and answered(), chrome=browser)
+    second = _texts(browser, '#suggestions .text')
+    # Up to 5 (a hypothesis of no words is not shown), none of the session's queries.
+    assert first and second and len(second) <= 5 and all(q.strip() for q in second)
+    assert 'step' in browser.find_element(By.ID, 'status').text
+    assert not {'cheap flights', 'cheap flights paris'} & set(second)  # user-facing
+    browser.find_elements(By.CSS_SELECTOR, '#suggestions button')[0].click()
+    # The clicked suggestion is the third query (its first 10 words: all the model reads).
+    clicked = ' '.join(second[0].split()[:10])
+    # The click set the status to '…' before asking; the answer's line replaces it.
+    _wait(answered, chrome=browser)
+    assert _texts(browser, '#session li') == ['cheap flights', 'cheap flights paris', clicked]
+    third = _texts(browser, '#suggestions .text')
+    assert third and clicked not in third
+    shot = os.environ.get('MTN_SERVE_SCREENSHOT') or str(tmp_path / 'page.png')
+    assert browser.save_screenshot(shot)
+    with open(shot, 'rb') as f:
+      assert f.read(8) == b'\x89PNG\r\n\x1a\n'
+  finally:
+    server.stop()
+
+
+@pytest.mark.slow
+def test_the_page_shows_a_suggestion_as_text_never_html(browser):
+  from selenium.common.exceptions import NoAlertPresentException  # pylint: disable=g-import-not-at-top
+  payload = '<img src=x onerror=alert(1)>'
+  engine = SlowEngine(suggestions=[{'query': payload, 'score': 0.0},
+                                   {'query': '<b>bold</b> & "quoted"', 'score': -1.0}])
+  stub = service_lib.Service(engine, service_lib.ServeSettings(), compilations=lambda: 0,
+                             log=_quiet)
+  server = ThreadServer(app_lib.create_app(stub))
+  try:
+    browser.get(server.url + '/')
+    _type(browser, 'anything')
+    assert _wait(lambda: _texts(browser, '#suggestions .text')) == [
+        payload, '<b>bold</b> & "quoted"']
+    time.sleep(0.5)  # an image that failed to load would have fired its onerror by now
+    with pytest.raises(NoAlertPresentException):
+      browser.switch_to.alert.text  # pylint: disable=expression-not-assigned
+    assert browser.execute_script(
+        'return document.querySelectorAll("#suggestions img, #suggestions b").length') == 0
+  finally:
+    server.stop()
+
+
+def test_a_body_over_the_limit_is_refused_before_it_is_sent():
+  """413 is the answer to the headers alone: the service never waits for the body."""
+  stub = service_lib.Service(SlowEngine(), service_lib.ServeSettings(max_body_bytes=1000),
+                             compilations=lambda: 0, log=_quiet)
+  server = ThreadServer(app_lib.create_app(stub))
+  try:
+    port = int(server.url.rsplit(':', 1)[1])
+    with socket.create_connection(('127.0.0.1', port), timeout=10) as sock:
+      sock.sendall(b'POST /v1/suggest HTTP/1.1\r\nHost: localhost\r\nContent-Type: '
+                   b'application/json\r\nContent-Length: 1000000000\r\n\r\n{"session": [')
+      answer = sock.recv(65536)
+    assert answer.startswith(b'HTTP/1.1 413'), answer
+    assert b'max_body_bytes' in answer
+  finally:
+    server.stop()
+
+
+def test_serve_settings_are_checked_before_anything_starts():
+  from mtn_jax import config_lib  # pylint: disable=g-import-not-at-top
+  for override, key in (('--config.serve.max_batch=0', 'serve.max_batch'),
+                        ('--config.serve.port=70000', 'serve.port'),
+                        ('--config.serve.max_wait_ms=-1', 'serve.max_wait_ms')):
+    with pytest.raises(config_lib.ConfigError, match=re.escape(f'config.{key}')):
+      config_lib.validate(cli.config(override), 'serve')
