@@ -7,4 +7,8 @@ from mtn_jax.inference.trained import load_trained
 from mtn_jax.inference.trained import saved_model_config
 from mtn_jax.inference.trained import Trained
 
-__all__ = ['Trained', 'load_trained', 'saved_model_config']
+__all__ = [
+    'Trained',
+    'load_trained',
+    'saved_model_config',
+]

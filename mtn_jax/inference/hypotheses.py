@@ -34,6 +34,9 @@ def prepare(config: ml_collections.ConfigDict, workdir: str, split_names: tuple[
   `split_names` of `workdir`'s corpus (nothing without `hypotheses_from`)."""
   if not config.train.get('hypotheses_from'):
     return
+  # The run's corpus first (built, or reused when current): the generators are checked
+  # against it and decode its sessions.
+  preprocess.prepare(config, workdir)
   data_dir = preprocess.data_dir(os.path.abspath(workdir))
   found = hypotheses.generators(config.train.hypotheses_from, data_dir)
   for name in split_names:

@@ -57,9 +57,11 @@ class NextQueryProposer:
         documents=ids, document_scores=scores,
         answers=np.full((len(contexts), 1), -1, np.int32), texts=texts,
         answer_texts=[''] * len(contexts))
-    probabilities = imdna.model_answer_scores(self.trained, library, questions, settings.batch_size)
-    return [by_word_probability(imdna_library.following_queries(library, questions, i, c), probabilities[i],
-                          library.vocab)[:k] for i, c in enumerate(contexts)]
+    probabilities = imdna.model_answer_scores(self.trained, library, questions,
+                                              settings.batch_size)
+    return [by_word_probability(imdna_library.following_queries(library, questions, i, c),
+                                probabilities[i], library.vocab)[:k]
+            for i, c in enumerate(contexts)]
 
 
 def by_word_probability(candidates: Sequence[str], word_probabilities: np.ndarray,

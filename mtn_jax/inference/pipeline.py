@@ -585,7 +585,7 @@ def retrieved(retriever: retrieval.Retriever, contexts: Sequence[Context], *, k:
 
 
 def _load_proposer(config: ml_collections.ConfigDict, imdna_workdir: str,
-                   workdir: str) -> imdna.NextQueryProposer:
+                   workdir: str) -> imdna_proposer.NextQueryProposer:
   """The IMDNA run of `config.suggest.imdna_workdir`, checked to read `workdir`'s sessions."""
   if not os.path.isdir(imdna_workdir):
     raise errors.Error(f'config.suggest.imdna_workdir={imdna_workdir}: no such folder (a '
@@ -595,7 +595,7 @@ def _load_proposer(config: ml_collections.ConfigDict, imdna_workdir: str,
   if not isinstance(trained.task, imdna.IMDNATask):
     raise errors.Error(f'config.suggest.imdna_workdir={imdna_workdir} holds a '
                        f'{trained.cfg.name!r} model, not an IMDNA run')
-  return imdna.NextQueryProposer(trained, imdna_workdir)
+  return imdna_proposer.NextQueryProposer(trained, imdna_workdir)
 
 
 def _check_sessions(imdna_workdir: str, workdir: str) -> None:

@@ -14,4 +14,16 @@ from mtn_jax.tasks.base import TrainingData
 from mtn_jax.tasks.registry import make_task
 from mtn_jax.tasks.registry import task_class
 
-__all__ = ['AttendsToMemory', 'BringsOwnData', 'GenerationTask', 'RankingTask', 'ScoresCandidates', 'ScoresPool', 'Suggests', 'Task', 'TrainingData', 'make_task', 'task_class']
+__all__ = [
+    'AttendsToMemory',
+    'BringsOwnData',
+    'GenerationTask',
+    'RankingTask',
+    'ScoresCandidates',
+    'ScoresPool',
+    'Suggests',
+    'Task',
+    'TrainingData',
+    'make_task',
+    'task_class',
+]

@@ -68,7 +68,8 @@ class IMDNATask:
     batch_size = max(jax.device_count(),
                      config.imdna.batch_size // jax.device_count() * jax.device_count())
     train = library.splits['train']
-    batches = imdna_library.question_batches(train, library.document_tokens, batch_size, config.seed)
+    batches = imdna_library.question_batches(train, library.document_tokens, batch_size,
+                                             config.seed)
     valid = functools.partial(imdna_library.question_batches, library.splits['valid'],
                               library.document_tokens, batch_size)
     return base.TrainingData(
