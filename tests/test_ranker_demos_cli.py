@@ -1,6 +1,7 @@
 """The demo rankers through the real command line: `configs/polyencoder_aol.py:demo` and
 `:demo_bi`, with their own learning settings (learning rate, warm-up, d_model and so the
-schedule's peak, scaled scores), rank the logged next query far above chance.
+schedule's peak, scaled scores), rank the logged next query far above chance; `:demo_cross`
+runs every stage of its default mode.
 
 Before `config.model.scaled_scores`, both trained to exit 0 and learned nothing: the
 candidate vectors collapsed to one, the validation loss stayed at chance and 8 queries were
@@ -46,3 +47,14 @@ def test_demo_ranker_ranks_the_next_query_far_above_chance(variant, tmp_path):
             for pair in read_jsonl(tmp_path / 'eval' / 'lists.jsonl')]
   assert len(firsts) == pool['pairs'] and len(set(firsts)) >= len(firsts) // 2, firsts
 
+
+@pytest.mark.slow
+def test_demo_cross_encoder_runs_every_stage_and_exits_0(tmp_path):
+  """The default mode of `:demo_cross`: a Cross-encoder makes no suggestions of its own (it
+  reranks), so after its evaluation (R@1/20 and R@1/100) there is nothing to report, and the
+  run ends there instead of failing on the report."""
+  result = cli.run(tmp_path, '--config.train.max_steps=2', '--config.decode.max_eval_sessions=8',
+                   mode='all', config='configs/polyencoder_aol.py:demo_cross')
+  assert 'R@1/20' in result.stdout and 'No report' in result.stdout
+  assert json.loads((tmp_path / 'eval' / 'results.json').read_text())['pool']['r1_of_20'] >= 0
+  assert not (tmp_path / 'report').exists()
