@@ -120,6 +120,10 @@ def get_config(variant: str = '') -> ml_collections.ConfigDict:
   # Bi- and Poly-encoders: the K pool entries sharing the most words with each context's
   # session (BM25, its own queries left out) as its hard negatives.
   c.model.lexical_negatives = 0
+  # Bi- and Poly-encoders: True divides the final score y_ctx . y_cand by sqrt(d_model), for
+  # encoders trained from scratch (mtn_jax/models/polyencoder.py: with the plain dot product
+  # the demo's tiny encoders collapsed to one candidate vector); False is the paper's score.
+  c.model.scaled_scores = False
 
   c.train = ml_collections.ConfigDict()
   c.train.num_epochs = 5  # model selection = best validation loss within these epochs

@@ -15,11 +15,18 @@ Trained for reranking (docs/RESULTS.md, "Rankers trained for reranking"):
                                            --config.train.user_folds=2
                                            --config.train.held_out_fold=0, then 1)
 
-Every variant has the size of `configs/aol.py:small` (d_model 128, 4 heads, feed-forward 256;
-2 context-encoder layers, 2 candidate-encoder layers) and reads the same corpus as the
+Every AOL variant has the size of `configs/aol.py:small` (d_model 128, 4 heads, feed-forward
+256; 2 context-encoder layers, 2 candidate-encoder layers) and reads the same corpus as the
 generative models (`config.data` is the default's: session split, 5-query sessions), so the
 figures compare with theirs (docs/RESULTS.md). Candidates are the training split's distinct
 queries (`mtn_jax.data.candidates`).
+
+The demo variants are smaller, to train in a minute or two on a CPU: the generated demo log
+of 600 users (words seen twice), d_model 32, 2 heads, feed-forward 64, the same 2 + 2
+layers, 4 Poly-encoder codes, 3 epochs (the Cross-encoder: 60 steps); the Bi- and
+Poly-encoders score with `config.model.scaled_scores` (y_ctx . y_cand / sqrt(d)), without
+which these encoders, trained from scratch, collapsed to one candidate vector and learned
+nothing (docs/RESULTS.md, "The demo rankers").
 """
 
 from configs import default
@@ -74,5 +81,16 @@ def get_config(variant: str = ''):
     c.model.poly_codes = 4
     c.train.num_epochs = 3
     c.train.warmup_steps = 50
-    c.train.learning_rate = 0.5
+    c.train.learning_rate = 0.5  # peak 1.25e-2 at step 50, at d_model 32
+    # With the paper's plain dot product the scores of these fresh encoders start spread by
+    # several units, and the optimiser's way down was to give every candidate the same
+    # vector: chance loss, and the same few suggestions for every session. Lower rates only
+    # made the collapse and the way out of it slower (docs/RESULTS.md, "The demo rankers").
+    # The Cross-encoder's score is a learned layer's output, which needs no scaling.
+    c.model.scaled_scores = c.model.name != 'crossencoder'
+    if c.model.name == 'crossencoder':
+      # 16 (context, candidate) pairs encoded jointly per context: 3 epochs are 345 steps of
+      # ~0.8 s on 2 cores; 60 (half an epoch) put the next query first among 20 for 27 % of
+      # the test pairs (docs/RESULTS.md, "The demo rankers").
+      c.train.max_steps = 60
   return c

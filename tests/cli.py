@@ -35,9 +35,12 @@ TINY = (
 )
 
 
-def command(workdir, *overrides, mode: str = 'train', config: str = 'configs/demo.py'):
+def command(workdir, *overrides, mode: str = 'train', config: str = 'configs/demo.py',
+            with_tiny: bool = True):
+  """The command line of a run: `TINY`'s sizes and learning settings, then `overrides`;
+  without `with_tiny`, the config's own (for what a config itself learns)."""
   return [sys.executable, '-m', 'mtn_jax.main', f'--config={config}', f'--workdir={workdir}',
-          f'--mode={mode}', *TINY, *overrides]
+          f'--mode={mode}', *(TINY if with_tiny else ()), *overrides]
 
 
 # The tests' models are tiny: LLVM's optimisation of the code XLA generates for them costs
@@ -61,10 +64,11 @@ def env(devices: int | None = 1) -> dict[str, str]:
 
 def run(workdir, *overrides, mode: str = 'train', config: str = 'configs/demo.py',
         devices: int | None = 1, timeout: float = 300, check: bool = True,
-        stdin: str | None = None) -> subprocess.CompletedProcess:
-  result = subprocess.run(command(workdir, *overrides, mode=mode, config=config), cwd=REPO,
-                          env=env(devices), capture_output=True, text=True, timeout=timeout,
-                          input=stdin)
+        stdin: str | None = None, with_tiny: bool = True) -> subprocess.CompletedProcess:
+  result = subprocess.run(command(workdir, *overrides, mode=mode, config=config,
+                                  with_tiny=with_tiny),
+                          cwd=REPO, env=env(devices), capture_output=True, text=True,
+                          timeout=timeout, input=stdin)
   if check and result.returncode != 0:
     raise AssertionError(f'exit {result.returncode}\nstdout:\n{result.stdout[-3000:]}\n'
                          f'stderr:\n{result.stderr[-5000:]}')

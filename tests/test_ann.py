@@ -133,10 +133,13 @@ def bi_encoder_pool(count, seed=0):
                                   texts=[f'q{i}' for i in range(len(rows))])
 
 
-@pytest.mark.parametrize('context_encoder', ['flat', 'mtn'])
-def test_bi_encoder_pool_scores_are_inner_products_of_its_context_vectors(context_encoder):
-  # What the index relies on: score_pool after every query = bi_contexts . y_cand.
-  task, params = dual_task('biencoder', context_encoder)
+@pytest.mark.parametrize('context_encoder,scaled', [('flat', False), ('mtn', False),
+                                                    ('flat', True)])
+def test_bi_encoder_pool_scores_are_inner_products_of_its_context_vectors(context_encoder,
+                                                                          scaled):
+  # What the index relies on: score_pool after every query = bi_contexts . y_cand (with
+  # scaled_scores too: the context vector carries the 1/sqrt(d)).
+  task, params = dual_task('biencoder', context_encoder, scaled_scores=scaled)
   queries = sessions()
   cache = task.encode_candidates(params, queries.reshape(-1, N))
   vectors = np.asarray(retrieval.bi_contexts(params, {'queries': queries}, task=task))

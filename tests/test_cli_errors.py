@@ -195,6 +195,8 @@ def model_config(name, **model):
      'config.model.num_levels must be >= 2 for an MTN context encoder, got 1'),
     ('crossencoder', dict(lexical_negatives=2),
      'config.model.lexical_negatives is for the Bi- and Poly-encoders'),
+    ('crossencoder', dict(scaled_scores=True),
+     'config.model.scaled_scores is for the Bi- and Poly-encoders'),
     ('biencoder', dict(user_memory='attention'), "'biencoder' has none (set it to 'none')"),
     ('imdna', dict(reader='docs'), "config.model.reader must be 'attention' or 'embeddings'"),
     ('imdna', dict(dropout=1.0), 'config.model.dropout must be in [0, 1), got 1.0'),

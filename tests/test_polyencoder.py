@@ -131,23 +131,25 @@ def test_pool_scores_equal_explicit_candidate_scores_in_any_chunking(name, monke
       explicit, rtol=1e-5, atol=1e-5)
 
 
-def in_batch_loss_by_hand(contexts, targets, ids, poly, drawn=(), drawn_vectors=()):
+def in_batch_loss_by_hand(contexts, targets, ids, poly, drawn=(), drawn_vectors=(),
+                          scale=1.0):
   """The in-batch cross-entropy of every real context, written out pair by pair; `drawn`
   pool entries (with their vectors) are negatives of every context they are not the true
-  next query of."""
+  next query of; every score is multiplied by `scale`."""
+  score = lambda i, vector: scale * float(polyencoder.dual_scores(contexts[i], vector[None],
+                                                                  poly=poly)[0])
   total, correct, count = 0.0, 0, 0
   for i in range(len(ids)):
     if not ids[i].any():
       continue
     count += 1
-    logits = [float(polyencoder.dual_scores(contexts[i], targets[i][None], poly=poly)[0])]
+    logits = [score(i, targets[i])]
     for j in range(len(ids)):
       if j != i and ids[j].any() and not (ids[j] == ids[i]).all():
-        logits.append(float(polyencoder.dual_scores(contexts[i], targets[j][None],
-                                                    poly=poly)[0]))
+        logits.append(score(i, targets[j]))
     for entry, vector in zip(drawn, drawn_vectors):
       if not (entry == ids[i]).all():
-        logits.append(float(polyencoder.dual_scores(contexts[i], vector[None], poly=poly)[0]))
+        logits.append(score(i, vector))
     logits = np.array(logits)
     total += np.log(np.exp(logits - logits.max()).sum()) + logits.max() - logits[0]
     correct += logits[0] >= logits.max()
@@ -174,6 +176,39 @@ def test_in_batch_loss_equals_a_hand_computation(name, groups):
   assert count == 7 and float(sums['tokens']) == float(sums['pairs']) == count
   np.testing.assert_allclose(float(sums['loss']), total, rtol=1e-5)
   assert float(sums['correct']) == correct
+
+
+@pytest.mark.parametrize('name', ['biencoder', 'polyencoder'])
+def test_scaled_scores_divide_every_score_by_sqrt_d_and_the_loss_reads_them(name):
+  """`scaled_scores`: the same parameters give every candidate 1/sqrt(d) of its plain score,
+  in the pool and given by its words (so no ranking moves), and the loss is the softmax
+  cross-entropy of the scaled scores."""
+  plain, params = dual_task(name)
+  scaled = rankers.DualEncoderTask(ranker_config(name, scaled_scores=True))
+  assert jax.tree.map(jnp.shape, init(scaled)) == jax.tree.map(jnp.shape, params)
+  queries = sessions()
+  pool = jnp.asarray(sessions(seed=5, batch=7).reshape(-1, N))
+  d = plain.cfg.d_model
+  for method in ('score_pool', 'score_candidates'):
+    if method == 'score_pool':
+      scores = lambda task: compiled(lambda p: task.score_pool(
+          p, {'queries': queries}, task.encode_candidates(p, pool)), params)
+    else:
+      scores = lambda task: compiled(task.score_candidates, params, {'queries': queries},
+                                     jnp.broadcast_to(pool, (4, 2) + pool.shape))
+    np.testing.assert_allclose(scores(scaled), np.asarray(scores(plain)) / np.sqrt(d),
+                               rtol=1e-5, atol=1e-6)
+  sums = {task: compiled(lambda p, task=task: task.loss_sums(p, {'queries': queries},
+                                                             train=False), params)
+          for task in (plain, scaled)}
+  contexts = np.asarray(compiled(scaled.contexts, params, queries))
+  targets = np.asarray(apply(scaled.model, params, queries[:, 1:], method='candidates'))
+  total, _, count = in_batch_loss_by_hand(
+      contexts.reshape(-1, *contexts.shape[2:]), targets.reshape(-1, targets.shape[-1]),
+      queries[:, 1:].reshape(-1, N), scaled.poly, scale=d**-0.5)
+  assert count == 7
+  np.testing.assert_allclose(float(sums[scaled]['loss']), total, rtol=1e-5)
+  assert abs(float(sums[plain]['loss']) - total) > 1e-3
 
 
 @pytest.mark.parametrize('name', ['biencoder', 'polyencoder'])

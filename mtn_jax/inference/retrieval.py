@@ -37,6 +37,8 @@ from mtn_jax import errors
 from mtn_jax import files
 from mtn_jax.data import candidates
 from mtn_jax.data import preprocess
+from mtn_jax.models import polyencoder
+
 _CACHE_DIR = 'candidate_cache'
 INDEX_KINDS = ('exact', 'usearch')  # config.suggest.index
 # The usearch index's HNSW graph: neighbours kept per vector, and the candidate lists while
@@ -223,9 +225,11 @@ def _pad_one_query(batch: dict) -> dict:
 @functools.partial(jax.jit, static_argnames=('task',))
 def bi_contexts(params, batch, *, task) -> jax.Array:
   """A Bi-encoder's context vector after EVERY query of each session: float32 [B, S, d]
-  (batch as `retrieve`'s); its score of a candidate is the inner product with y_cand."""
+  (batch as `retrieve`'s); its score of a candidate is the inner product with y_cand. With
+  `scaled_scores` the vector carries the score's 1/sqrt(d), so that the inner product is the
+  score still."""
   contexts = task.contexts(params, _pad_one_query(batch)['queries'])  # [B, S, 1, d]
-  return contexts[..., 0, :].astype(jnp.float32)
+  return contexts[..., 0, :].astype(jnp.float32) * polyencoder.score_scale(task.cfg)
 
 
 class Retriever:

@@ -27,6 +27,17 @@ saturation the paper met (Sec. 5.3) with vectors of norm ~sqrt(d) after LayerNor
 score is the plain dot product, as in the paper. So a Poly-encoder with one code of zeros
 attends uniformly and IS the Bi-encoder with the same encoder weights (tests check it).
 
+`scaled_scores` divides the final score by sqrt(d) too (s = y_ctx . y_cand / sqrt(d)), for
+encoders trained from scratch: the paper's encoders were pretrained, while here both vectors
+are means of freshly initialised LayerNorm outputs, of norm ~sqrt(d) and sharing much of
+their direction, so the plain dot products of one context with different candidates start
+spread by several units (std 2.8 at the demo's d = 32: the loss starts 3 nats above chance).
+The quickest way down for the optimiser is then to make every candidate vector the same,
+which reaches chance and leaves almost no gradient; the demo configs stayed there (8 queries
+were the first suggestion of all 280 test pairs). Scaled, the scores start within about one
+unit and training tells candidates apart within the first epoch. A constant factor changes
+no ranking, only the softmax the loss (and anything reading the scores as logits) sees.
+
 Shapes: `queries` int32 [B, S, n] (0 = padding); position t of a session is the context after
 query t, which predicts query t+1. d = `d_model`, m = `poly_codes`.
 """
@@ -74,6 +85,8 @@ class RankerConfig(mtn.MTNConfig):
   # Bi- and Poly-encoders: the pool entries nearest in words to each context (BM25), its
   # hard negatives (`ranking_tasks.lexical_neighbours`).
   lexical_negatives: int = 0
+  # Bi- and Poly-encoders: the final score divided by sqrt(d) (module docstring).
+  scaled_scores: bool = False
 
   HAS_USER_MEMORY = False  # the Transformer's field, which a ranker does not read
 
@@ -91,6 +104,10 @@ class RankerConfig(mtn.MTNConfig):
       raise errors.ConfigError('config.model.lexical_negatives is for the Bi- and Poly-encoders '
                                '(the Cross-encoder draws its negatives with '
                                'config.model.cross_negatives)')
+    if model.scaled_scores and model.name == 'crossencoder':
+      raise errors.ConfigError('config.model.scaled_scores is for the Bi- and Poly-encoders (the '
+                               "Cross-encoder's score is a learned layer's output, not a dot "
+                               'product)')
 
   @classmethod
   def copies(cls, model) -> bool:
@@ -176,7 +193,7 @@ class DualEncoder(nn.Module):
 
   def score(self, contexts: jax.Array, candidates: jax.Array) -> jax.Array:
     """contexts [..., m, d] x candidates [..., C, d] -> float32 scores [..., C]."""
-    return dual_scores(contexts, candidates, poly=self.poly)
+    return dual_scores(contexts, candidates, poly=self.poly, scale=score_scale(self.config))
 
   def __call__(self, batch, *, train: bool = False) -> dict[str, jax.Array]:
     queries = batch['queries']
@@ -184,23 +201,34 @@ class DualEncoder(nn.Module):
             'candidates': self.candidates(queries, train=train)}
 
 
-def dual_scores(contexts: jax.Array, candidates: jax.Array, *, poly: bool) -> jax.Array:
+def score_scale(cfg: RankerConfig) -> float:
+  """The factor on the final score: 1 (the paper's plain dot product), or 1/sqrt(d) with
+  `scaled_scores`."""
+  return cfg.d_model**-0.5 if cfg.scaled_scores else 1.0
+
+
+def dual_scores(contexts: jax.Array, candidates: jax.Array, *, poly: bool,
+                scale: float = 1.0) -> jax.Array:
   """The Bi- or Poly-encoder's score of every candidate for every context.
 
   Args:
     contexts: [..., m, d] (m = 1 for the Bi-encoder).
     candidates: [..., C, d], the same leading axes (or broadcastable to them).
+    poly: the Poly-encoder's score (each candidate attends over the m context vectors).
+    scale: a factor on the final score (`score_scale`); the Poly-encoder's attention over
+      the codes keeps its own 1/sqrt(d) whatever it is.
   Returns:
-    float32 [..., C]: y_ctx . y_cand, y_ctx attended by each candidate for the Poly-encoder.
+    float32 [..., C]: scale * y_ctx . y_cand, y_ctx attended by each candidate for the
+    Poly-encoder.
   """
   per_code = jnp.einsum('...md,...cd->...cm', contexts, candidates,
                         preferred_element_type=jnp.float32)  # y_cand . y_ctx^i
   if not poly:
-    return per_code[..., 0]
+    return scale * per_code[..., 0]
   # s = (sum_i w_i y_ctx^i) . y_cand = sum_i w_i (y_ctx^i . y_cand): the weighted context
   # vector is never built, so scoring C candidates costs [C, m] dot products and no [C, d].
   weights = jax.nn.softmax(per_code / jnp.sqrt(float(contexts.shape[-1])), axis=-1)
-  return (weights * per_code).sum(-1)
+  return scale * (weights * per_code).sum(-1)
 
 
 def cross_inputs(sources: jax.Array, candidates: jax.Array) -> tuple[jax.Array, jax.Array]:

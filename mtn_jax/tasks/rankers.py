@@ -322,6 +322,12 @@ class DualEncoderTask(base.RankingTask):
   def poly(self) -> bool:
     return self.model.poly
 
+  def scores(self, contexts: jax.Array, candidates: jax.Array) -> jax.Array:
+    """contexts [..., m, d] x candidates [..., C, d] -> float32 [..., C]: the model's
+    `polyencoder.dual_scores`, scaled as its config says."""
+    return polyencoder.dual_scores(contexts, candidates, poly=self.poly,
+                                   scale=polyencoder.score_scale(self.cfg))
+
   def contexts(self, params, queries: jax.Array) -> jax.Array:
     """queries int32 [B, S, n] -> the contexts of positions 0..S-2 [B, S-1, m, d]."""
     return self.model.apply({'params': params}, queries[:, :-1], method='contexts')
@@ -372,7 +378,7 @@ class DualEncoderTask(base.RankingTask):
     ids = next_queries.reshape(groups, -1, next_queries.shape[-1])  # [G, N, n]
     real = (ids != PAD_ID).any(-1)  # [G, N]
     # logits[g, i, j]: context i against the next query of context j, both of group g.
-    logits = polyencoder.dual_scores(contexts, targets[:, None], poly=self.poly)
+    logits = self.scores(contexts, targets[:, None])
     count = ids.shape[1]
     negative = real[:, None, :] & ~jnp.eye(count, dtype=bool) & ~same_query(
         ids[:, :, None], ids[:, None, :])
@@ -390,23 +396,22 @@ class DualEncoderTask(base.RankingTask):
               (logits, negative, jnp.broadcast_to(ids[:, None], logits.shape + ids.shape[-1:]))]
     by_context = lambda *block: tuple(x.reshape((groups, count) + x.shape[2:]) for x in block)
     if drawn is not None:
-      from_pool = polyencoder.dual_scores(contexts, drawn_vectors[None, None],
-                                          poly=self.poly)  # [G, N, K]
+      from_pool = self.scores(contexts, drawn_vectors[None, None])  # [G, N, K]
       blocks.append((from_pool, ~same_query(ids[:, :, None], drawn[None, None]),
                      jnp.broadcast_to(drawn, from_pool.shape + drawn.shape[-1:])))
     if lexical is not None:
       blocks.append(by_context(
-          polyencoder.dual_scores(session_contexts, lexical_vectors, poly=self.poly),
+          self.scores(session_contexts, lexical_vectors),
           keep_lexical, lexical))
     if graded:
       # Context (b, t) against queries 0..t of session b.
       so_far, keep = session_so_far(queries)  # [B, P, P, n], [B, P, P]
       blocks.append(by_context(
-          polyencoder.dual_scores(session_contexts, encoded[:, None, :-1], poly=self.poly),
+          self.scores(session_contexts, encoded[:, None, :-1]),
           keep, so_far))
     if generated is not None:
       blocks.append(by_context(
-          polyencoder.dual_scores(session_contexts, generated_vectors, poly=self.poly),
+          self.scores(session_contexts, generated_vectors),
           keep_generated(generated, next_queries, *((so_far, keep) if graded else ())),
           generated))
     logits = jnp.concatenate([jnp.where(kept, scores, -jnp.inf) for scores, kept, _ in blocks],
@@ -430,13 +435,13 @@ class DualEncoderTask(base.RankingTask):
     contexts = self.contexts(params, batch['queries'])  # [B, P, m, d]
     cache = cache.astype(contexts.dtype)
     if not self.poly:
-      return polyencoder.dual_scores(contexts, cache, poly=False)
+      return self.scores(contexts, cache)
     num_contexts = math.prod(contexts.shape[:2])
     num_candidates = cache.shape[0]
     chunk = max(1, min(num_candidates, SCORE_BLOCK // (num_contexts * contexts.shape[2])))
     blocks = -(-num_candidates // chunk)
     padded = jnp.pad(cache, ((0, blocks * chunk - num_candidates), (0, 0)))
-    scores = jax.lax.map(lambda block: polyencoder.dual_scores(contexts, block, poly=True),
+    scores = jax.lax.map(lambda block: self.scores(contexts, block),
                          padded.reshape(blocks, chunk, -1))  # [blocks, B, P, chunk]
     scores = jnp.moveaxis(scores, 0, 2).reshape(contexts.shape[:2] + (-1,))
     return scores[..., :num_candidates]
@@ -446,7 +451,7 @@ class DualEncoderTask(base.RankingTask):
     """candidates int32 [B, S-1, K, n] -> float32 [B, S-1, K]."""
     contexts = self.contexts(params, batch['queries'])
     vectors = self.model.apply({'params': params}, candidates, method='candidates')
-    return polyencoder.dual_scores(contexts, vectors, poly=self.poly)
+    return self.scores(contexts, vectors)
 
 
 @dataclasses.dataclass(frozen=True, eq=False)
