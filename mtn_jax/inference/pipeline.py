@@ -526,6 +526,22 @@ def _firsts(contexts: Sequence[Context], positions: str) -> list[int]:
   return [len(c.queries) - 1 if positions == 'last' else c.first_output for c in contexts]
 
 
+def _batches(trained: inference.Trained, contexts: Sequence[Context], batch_rows: int,
+             width: int | None, history_queries: int):
+  """(context indices, contexts, batch, lengths) of `contexts` sorted by length, `batch_rows`
+  at a time, each batch padded to its longest context or to `width` queries
+  (`inputs.encode_contexts`)."""
+  order = sorted(range(len(contexts)), key=lambda i: len(contexts[i].queries))
+  for start in range(0, len(order), batch_rows):
+    group = order[start:start + batch_rows]
+    group_contexts = [contexts[i] for i in group]
+    batch, lengths = inputs.encode_contexts(
+        trained.vocab, group_contexts, batch_rows,
+        width or max(len(c.queries) for c in group_contexts), trained.cfg.max_query_words,
+        history_queries)
+    yield group, group_contexts, batch, lengths
+
+
 def generated(trained: inference.Trained, contexts: Sequence[Context],
             settings: search.SearchSettings, *, positions: str, batch_rows: int,
             history_queries: int = 0, width: int | None = None) -> list[list[list[dict]]]:
@@ -536,15 +552,9 @@ def generated(trained: inference.Trained, contexts: Sequence[Context],
   its longest context (or to `width` queries, so that every batch has one shape): the
   models are causal over queries, so trailing padding queries change no earlier position.
   """
-  n = trained.cfg.max_query_words
-  order = sorted(range(len(contexts)), key=lambda i: len(contexts[i].queries))
   out: list[list[list[dict]] | None] = [None] * len(contexts)
-  for start in range(0, len(order), batch_rows):
-    group = order[start:start + batch_rows]
-    group_contexts = [contexts[i] for i in group]
-    batch, lengths = inputs.encode_contexts(
-        trained.vocab, group_contexts, batch_rows,
-        width or max(len(c.queries) for c in group_contexts), n, history_queries)
+  for group, group_contexts, batch, lengths in _batches(trained, contexts, batch_rows, width,
+                                                        history_queries):
     sequences, scores = trained.task.suggest(
         trained.params, {k: batch[k] for k in trained.task.input_keys}, settings,
         positions=positions, lengths=lengths if positions == 'last' else None)
@@ -565,16 +575,9 @@ def retrieved(retriever: retrieval.Retriever, contexts: Sequence[Context], *, k:
               width: int | None = None) -> list[list[list[dict]]]:
   """A ranker's `k` best pool entries for each context (in order) after each of its output
   positions, nothing dropped (batched as `generated`)."""
-  trained = retriever.trained
-  n = trained.cfg.max_query_words
-  order = sorted(range(len(contexts)), key=lambda i: len(contexts[i].queries))
   out: list[list[list[dict]] | None] = [None] * len(contexts)
-  for start in range(0, len(order), batch_rows):
-    group = order[start:start + batch_rows]
-    group_contexts = [contexts[i] for i in group]
-    batch, _ = inputs.encode_contexts(
-        trained.vocab, group_contexts, batch_rows,
-        width or max(len(c.queries) for c in group_contexts), n, history_queries)
+  for group, group_contexts, batch, _ in _batches(retriever.trained, contexts, batch_rows,
+                                                  width, history_queries):
     batch.update(inputs.ranker_inputs(retriever, group_contexts, batch_rows, history_queries))
     lists = retriever.suggestions(batch, k, [c.queries for c in group_contexts],
                                   exclude_session_queries=False)
