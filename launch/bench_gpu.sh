@@ -37,7 +37,7 @@ flax.__version__, jax.devices())'; } >"$out/machine.txt" 2>&1
 cat "$out/machine.txt"
 # Fail fast: if the project does not import here, no step can run.
 step imports 120 python3 -c 'import grain, bm25s, usearch
-from mtn_jax import train, ranking, evaluate, main; print("imports ok")' || exit 1
+from mtn_jax import main; from mtn_jax.training import train; from mtn_jax.evaluation import evaluate; print("imports ok")' || exit 1
 
 step rankers 110 python3 launch/bench_rankers.py --pools=1000,100000 --cross_direct \
   --repeats=20 --warmup=2 --json="$out/rankers.json"

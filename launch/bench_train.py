@@ -112,6 +112,9 @@ _SESSION_LENGTHS = flags.DEFINE_list(
     'session_lengths', ['3', '4', '5'], 'Session-length buckets to time (of 3, 4, 5); the '
     'epoch mix is renormalised over them.')
 _STEPS = flags.DEFINE_integer('steps', 20, 'Steps per timed run.')
+_STEPS_PER_CALL = flags.DEFINE_integer(
+    'steps_per_call', 1, 'Optimizer steps per compiled call: k > 1 scans the step over k '
+    'batches of a bucket stacked [k, ...], so the host dispatches once per k steps.')
 _REPEATS = flags.DEFINE_integer('repeats', 5, 'Timed runs per bucket; the median counts.')
 _PEER = flags.DEFINE_bool('peer', False, 'Also time the PyTorch peer on the same batches.')
 _PEER_THREADS = flags.DEFINE_integer(
@@ -298,33 +301,55 @@ def per_step_times(run_steps: Callable[[], None], steps: int) -> tuple[float, fl
 
 
 class JaxStep:
-  """`train.train_step` jit-compiled as the trainer compiles it, per batch shape, ahead of time."""
+  """`train.train_step` jit-compiled as the trainer compiles it, per batch shape, ahead of time.
 
-  def __init__(self, config: ml_collections.ConfigDict, cfg: ModelConfig, seed: int):
+  With `steps_per_call` k > 1, one compiled call runs k optimizer steps: a `lax.scan` of the
+  same step over k batches stacked on a leading axis ([k, B, ...], the batch axis still split
+  over the devices), so the host dispatches one program per k steps instead of one per step.
+  """
+
+  def __init__(self, config: ml_collections.ConfigDict, cfg: ModelConfig, seed: int,
+               steps_per_call: int = 1):
+    if steps_per_call < 1:
+      raise ValueError(f'steps_per_call must be positive, got {steps_per_call}')
     task = tasks.make_task(cfg, config.train)
     self.task, self.history_queries = task, config.data.history_queries
     self.model = task.model
     self.mesh = parallel.make_mesh()
+    self.steps_per_call = steps_per_call
     optimizer = train.make_optimizer(config.train, config.model.d_model)
     self.state = train.create_state(task, optimizer, seed, self.mesh)
     replicated = parallel.replicated(self.mesh)
-    self._step = jax.jit(step_function(task, optimizer),
-                         in_shardings=(replicated, parallel.batch_sharding(self.mesh)),
+    one_step = step_function(task, optimizer)
+    if steps_per_call == 1:
+      step, batch_sharding = one_step, parallel.batch_sharding(self.mesh)
+    else:
+      def step(state, batches):
+        return jax.lax.scan(one_step, state, batches)  # sums stacked [k, ...]
+      batch_sharding = jax.sharding.NamedSharding(self.mesh,
+                                                  jax.sharding.PartitionSpec(None, 'data'))
+    self._batch_sharding = batch_sharding
+    self._step = jax.jit(step, in_shardings=(replicated, batch_sharding),
                          out_shardings=(replicated, replicated), donate_argnums=0)
     self._compiled = {}
 
   def put(self, queries: np.ndarray) -> dict[str, jax.Array]:
     """The batch dict of `queries` int32 [B, S, n] (and what else the model reads:
-    `model_inputs`), sharded over the devices."""
-    return parallel.shard_batch(model_inputs(self.task, queries, self.history_queries),
-                                self.mesh)
+    `model_inputs`), sharded over the devices; with k steps per call, k copies of it stacked
+    [k, B, ...] (the same cost as k different batches of that shape)."""
+    inputs = model_inputs(self.task, queries, self.history_queries)
+    if self.steps_per_call == 1:
+      return parallel.shard_batch(inputs, self.mesh)
+    return {name: jax.make_array_from_process_local_data(
+                self._batch_sharding, np.stack([value] * self.steps_per_call))
+            for name, value in inputs.items()}
 
   def compile(self, batch: dict[str, jax.Array]) -> float:
     """Compiles the step for this batch shape and runs it once; returns the compile seconds."""
     start = time.perf_counter()
     self._compiled[batch['queries'].shape] = self._step.lower(self.state, batch).compile()
     seconds = time.perf_counter() - start
-    self.run(batch, 1)
+    self.run(batch, self.steps_per_call)
     return seconds
 
   def compiled_text(self, batch: dict[str, jax.Array]) -> str:
@@ -332,11 +357,15 @@ class JaxStep:
     return self._compiled[batch['queries'].shape].as_text()
 
   def run(self, batch: dict[str, jax.Array], steps: int) -> tuple[float, float]:
-    """(wall, process CPU) seconds per step over `steps` steps on this batch."""
+    """(wall, process CPU) seconds per step over `steps` steps (a multiple of the steps per
+    call) on this batch."""
+    if steps % self.steps_per_call:
+      raise ValueError(f'{steps} steps are not a whole number of calls of '
+                       f'{self.steps_per_call} steps')
     step = self._compiled[batch['queries'].shape]
 
     def steps_done():
-      for _ in range(steps):
+      for _ in range(steps // self.steps_per_call):
         self.state, sums = step(self.state, batch)
       jax.block_until_ready((self.state, sums))
     return per_step_times(steps_done, steps)
@@ -402,7 +431,8 @@ def measure_train(config: ml_collections.ConfigDict, *, vocab_size: int, batch_q
                   session_lengths: list[int], steps: int, repeats: int, peer: bool,
                   peer_modes: list[str] | None, peer_threads: int, check_equivalence: bool,
                   peak_flops_override: float, epoch_pairs: int, pipeline_sessions: int,
-                  pipeline_batches: int, seed: int) -> dict[str, Any]:
+                  pipeline_batches: int, seed: int, steps_per_call: int = 1
+                  ) -> dict[str, Any]:
   """Every figure of `--what=train` (see the module docstring), as a JSON-ready dict."""
   if steps < 1 or repeats < 1:
     raise ValueError(f'--steps and --repeats must be positive, got {steps} and {repeats}')
@@ -420,7 +450,7 @@ def measure_train(config: ml_collections.ConfigDict, *, vocab_size: int, batch_q
     result['equivalence'] = torch_mtn.check_equivalence(config, cfg, batches[min(mix)],
                                                         step_function, seed)
 
-  jax_step = JaxStep(config, cfg, seed)
+  jax_step = JaxStep(config, cfg, seed, steps_per_call)
   buckets: dict[int, dict] = {}
   on_device = {}
   for k, queries in batches.items():
@@ -481,6 +511,7 @@ def measure_train(config: ml_collections.ConfigDict, *, vocab_size: int, batch_q
                 'compute_dtype': cfg.compute_dtype, 'scan_layers': cfg.scan_layers,
                 'remat': cfg.remat, 'max_query_words': cfg.max_query_words},
       'batch_queries': batch_queries, 'steps': steps, 'repeats': repeats,
+      'steps_per_call': steps_per_call,
       'buckets': {str(k): b for k, b in buckets.items()}, 'epoch_mix': mixed,
       'peak_flops_per_device': flops_peak, 'memory': memory,
       'load_average_1min_after': round(os.getloadavg()[0], 2),
@@ -567,7 +598,8 @@ def print_train_report(result: dict[str, Any]) -> None:
         f'scan_layers {m["scan_layers"]}, remat {m["remat"]}')
   print(f'batch: {result["batch_queries"]} query slots; sessions of 3/4/5 queries in the mix '
         f'55/27/18 % (2.63 pairs per session), {m["max_query_words"]} token slots per query; '
-        f'median of {result["repeats"]} runs of {result["steps"]} steps per bucket')
+        f'median of {result["repeats"]} runs of {result["steps"]} steps per bucket, '
+        f'{result["steps_per_call"]} per compiled call')
   if 'equivalence' in result:
     e = result['equivalence']
     print(f'equivalence (dropout off): loss JAX {e["jax_loss_before_step"]:.6f} / PyTorch '
@@ -664,7 +696,8 @@ def run() -> dict[str, Any]:
         peer_threads=_PEER_THREADS.value,
         check_equivalence=_CHECK_EQUIVALENCE.value, peak_flops_override=_PEAK_FLOPS.value,
         epoch_pairs=_EPOCH_PAIRS.value, pipeline_sessions=_PIPELINE_SESSIONS.value,
-        pipeline_batches=_PIPELINE_BATCHES.value, seed=_SEED.value)
+        pipeline_batches=_PIPELINE_BATCHES.value, seed=_SEED.value,
+        steps_per_call=_STEPS_PER_CALL.value)
     print_train_report(report['train'])
   if what in ('decode', 'all'):
     report['decode'] = _run_script('bench_decode.py', [

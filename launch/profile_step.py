@@ -63,17 +63,94 @@ PARTS = (
 )
 _INSTRUCTION = re.compile(r'^\s*(?:ROOT )?%?([\w.\-]+) = (\S+) ')
 _OP_NAME = re.compile(r'op_name="([^"]*)"')
+# The opcode: the first `word(` after the result shape (a tuple shape holds spaces and
+# parentheses of its own, so it is skipped by balancing them).
+_OPCODE = re.compile(r'([a-z][a-z0-9\-]*)\(')
+_COLLECTIVES = ('all-reduce', 'all-gather', 'reduce-scatter', 'collective-permute',
+                'all-to-all')
+_DATA_MOVEMENT = ('copy', 'copy-start', 'copy-done', 'transpose', 'dynamic-slice',
+                  'dynamic-update-slice', 'slice', 'concatenate', 'pad', 'broadcast',
+                  'gather', 'scatter')
 
 
-def instruction_metadata(hlo_text: str) -> dict[str, tuple[str, str]]:
-  """HLO instruction name -> (result shape, op_name or '') for every instruction."""
-  metadata = {}
+def _opcode(line: str) -> str:
+  rest = line.split(' = ', 1)[1]
+  if rest.startswith('('):  # tuple shape: skip to its closing parenthesis
+    depth = 0
+    for i, char in enumerate(rest):
+      depth += {'(': 1, ')': -1}.get(char, 0)
+      if depth == 0:
+        rest = rest[i + 1:]
+        break
+  match = _OPCODE.search(rest)
+  return match.group(1) if match else ''
+
+
+_CALLS = re.compile(r'calls=%?([\w.\-]+)')
+
+
+def computations_with_products(hlo_text: str) -> set[str]:
+  """Names of the HLO computations whose body holds a dot or a convolution."""
+  names, current = set(), None
+  for line in hlo_text.split('\n'):
+    if line and not line[0].isspace() and line.rstrip().endswith('{'):
+      current = line.split()[1 if line.startswith('ENTRY') else 0].lstrip('%')
+    elif current and (' dot(' in line or ' convolution(' in line):
+      names.add(current)
+  return names
+
+
+def kernel_kind(opcode: str, line: str, with_products: set[str] = frozenset()) -> str:
+  """The kind of kernel an HLO instruction runs as: matrix products (dots, fusions around
+  one -- cuBLAS / Triton GEMM on a GPU, YNNPACK / oneDNN on a CPU -- and GEMM custom calls),
+  other fusions, data movement, collectives, control flow (a loop's own time: its condition
+  and, on a GPU, the host's round trip), other."""
+  calls = _CALLS.search(line)
+  gemm = (any(word in line for word in ('gemm', 'cublas', '__cudnn'))
+          or bool(calls and calls.group(1) in with_products))
+  if opcode in ('dot', 'convolution') or (opcode in ('fusion', 'custom-call') and gemm):
+    return 'matmul'
+  if opcode == 'fusion':
+    return 'fusion'
+  if opcode.startswith(_COLLECTIVES):
+    return 'collective'
+  if opcode in _DATA_MOVEMENT:
+    return 'copy / data movement'
+  if opcode in ('while', 'conditional', 'call'):
+    return 'control flow'
+  return 'other'
+
+
+def instruction_metadata(hlo_text: str) -> dict[str, tuple[str, str, str]]:
+  """HLO instruction name -> (result shape, op_name or '', kernel kind) for every
+  instruction."""
+  metadata, with_products = {}, computations_with_products(hlo_text)
   for line in hlo_text.split('\n'):
     match = _INSTRUCTION.match(line)
     if match:
       op_name = _OP_NAME.search(line)
-      metadata[match.group(1)] = (match.group(2), op_name.group(1) if op_name else '')
+      metadata[match.group(1)] = (match.group(2), op_name.group(1) if op_name else '',
+                                  kernel_kind(_opcode(line), line, with_products))
   return metadata
+
+
+def busy_us(events: list[dict]) -> tuple[float, float]:
+  """(span, busy) µs of `events`: from the first start to the last end, and the time in it
+  when at least one of them ran (the union of their intervals). span - busy is the time the
+  device waited: host dispatch, synchronisation, gaps between kernels."""
+  if not events:
+    return 0.0, 0.0
+  intervals = sorted((e['ts'], e['ts'] + e['dur']) for e in events)
+  busy, (start, end) = 0.0, intervals[0]
+  span_start, span_end = start, max(stop for _, stop in intervals)
+  for lo, hi in intervals[1:]:
+    if lo > end:
+      busy += end - start
+      start, end = lo, hi
+    else:
+      end = max(end, hi)
+  busy += end - start
+  return span_end - span_start, busy
 
 
 def part_of(op_name: str) -> str:
@@ -118,12 +195,18 @@ def _trace_events(trace_dir: str) -> list[dict]:
     raise RuntimeError(f'jax.profiler wrote no trace under {trace_dir}')
   with gzip.open(max(paths, key=os.path.getmtime)) as f:
     trace = json.load(f)
+  process_names = {e['pid']: e.get('args', {}).get('name', '') for e in trace['traceEvents']
+                   if e.get('ph') == 'M' and e.get('name') == 'process_name'}
   events = []
   for e in trace['traceEvents']:
     if e.get('ph') == 'X' and 'dur' in e:
       # GPU kernels name their HLO operation in args; CPU thunks are named after it.
-      events.append({**e, 'name': e.get('args', {}).get('hlo_op', e['name'])})
-  return events
+      events.append({**e, 'name': e.get('args', {}).get('hlo_op', e['name']),
+                     'pid_name': process_names.get(e.get('pid'), '')})
+  # On a GPU the host's threads also record the operations they launch: only the device's
+  # own events count there, or each operation would count twice.
+  on_gpu = [e for e in events if 'GPU' in e['pid_name']]
+  return on_gpu or events
 
 
 def profile(config, *, vocab_size: int, batch_queries: int, bucket: int, steps: int,
@@ -143,14 +226,19 @@ def profile(config, *, vocab_size: int, batch_queries: int, bucket: int, steps: 
   step.run(on_device, steps)
   jax.profiler.stop_trace()
   metadata = instruction_metadata(step.compiled_text(on_device))
-  times = {name: us / steps for name, us in self_times(_trace_events(trace_dir)).items()
-           if name in metadata}
+  events = [e for e in _trace_events(trace_dir) if e['name'] in metadata]
+  times = {name: us / steps for name, us in self_times(events).items()}
   parts: collections.Counter = collections.Counter()
+  kinds: collections.Counter = collections.Counter()
   for name, us in times.items():
     parts[part_of(metadata[name][1])] += us
-  top = [{'op': name, 'us': us, 'shape': metadata[name][0], 'op_name': metadata[name][1]}
+    kinds[metadata[name][2]] += us
+  span, busy = busy_us(events)  # on a GPU its kernels' streams; on a CPU every thread
+  top = [{'op': name, 'us': us, 'shape': metadata[name][0], 'op_name': metadata[name][1],
+          'kind': metadata[name][2]}
          for name, us in sorted(times.items(), key=lambda item: -item[1])]
   return {'shape': list(queries.shape), 'wall_step_s': wall, 'parts_us': dict(parts),
+          'kinds_us': dict(kinds), 'span_us': span / steps, 'busy_us': busy / steps,
           'ops': top}
 
 
@@ -178,6 +266,13 @@ def main(argv):
   print(f'{"part":>40} {"ms/step":>9} {"share":>7}')
   for part, us in sorted(result['parts_us'].items(), key=lambda item: -item[1]):
     print(f'{part:>40} {us / 1e3:9.2f} {us / traced:7.1%}')
+  print(f'\n{"kernel kind":>40} {"ms/step":>9} {"share":>7}')
+  for kind, us in sorted(result['kinds_us'].items(), key=lambda item: -item[1]):
+    print(f'{kind:>40} {us / 1e3:9.2f} {us / traced:7.1%}')
+  idle = result['span_us'] - result['busy_us']
+  print(f'{"device idle in the traced steps":>40} {idle / 1e3:9.2f} '
+        f'{idle / max(result["span_us"], 1e-9):7.1%} of {result["span_us"] / 1e3:.2f} ms '
+        '(host dispatch, synchronisation, gaps between kernels)')
   print(f'\n{"ms/step":>8}  {"operation":<40} {"shape":<34} op_name')
   for op in result['ops'][:_TOP.value]:
     print(f'{op["us"] / 1e3:8.2f}  {op["op"][:40]:<40} {op["shape"][:34]:<34} '
