@@ -38,6 +38,9 @@ def get_config(variant: str = '') -> ml_collections.ConfigDict:
   # 'time': valid and test get users' latest sessions, so a user's history is the past.
   c.data.split_by = 'session'
   c.data.split_seed = 0
+  # split_by='user' only: train on this many of the training users (a seeded choice), the
+  # validation and test users unchanged: a learning curve. 0: all of them.
+  c.data.train_users = 0
   # M > 0: each session keeps its user's M most recent earlier queries as its history
   # (any split's, never a later one's), for personalisation.
   c.data.history_queries = 0

@@ -45,6 +45,10 @@ from mtn_jax.data import input_pipeline
 
 _BUCKET = flags.DEFINE_integer('bucket', 4, 'Session length (queries) of the profiled batch.')
 _TOP = flags.DEFINE_integer('top', 25, 'Most expensive operations listed.')
+_FROM_TRACE = flags.DEFINE_string(
+    'from_trace', '', 'Summarise a kept trace (a .trace.json.gz of --steps steps) by kernel '
+    'kind from the kernels\' names alone, without compiling anything (no HLO at hand: parts '
+    'of the model are not told apart).')
 _TRACE_DIR = flags.DEFINE_string('trace_dir', '', 'Keep the trace here (default: a temporary '
                                  'folder, removed).')
 
@@ -118,6 +122,30 @@ def kernel_kind(opcode: str, line: str, with_products: set[str] = frozenset()) -
     return 'copy / data movement'
   if opcode in ('while', 'conditional', 'call'):
     return 'control flow'
+  return 'other'
+
+
+_MOVEMENT_WORDS = ('memcpy', 'memset', 'copy', 'dynamic_update_slice', 'transpose',
+                   'concatenate', 'pad', 'slice', 'broadcast', 'scatter', 'gather')
+
+
+def kind_of_kernel(kernel: str) -> str:
+  """The kind of a GPU kernel from its name alone, for kernels that name no HLO instruction
+  (library GEMMs, and kernels run inside a command buffer, a CUDA graph, whose events name
+  the buffer): XLA names a fusion's kernel after it ('loop_add_fusion_44',
+  'input_reduce_fusion', 'gemm_fusion_dot_12'); cuBLAS's GEMMs are 'nvjet_...' and
+  '..._xmma_gemm_...'."""
+  name = kernel.lower()
+  if any(word in name for word in ('gemm', 'nvjet', 'xmma', 'cutlass', 'cublas')):
+    return 'matmul'
+  if name.startswith(('all_reduce', 'all-reduce', 'nccl')):
+    return 'collective'
+  if any(word in name for word in _MOVEMENT_WORDS):
+    return 'copy / data movement'
+  if 'reduce' in name:
+    return 'fusion (with a reduction)'
+  if 'fusion' in name or name.startswith(('wrapped_', 'loop_', 'input_')):
+    return 'fusion'
   return 'other'
 
 
@@ -202,6 +230,7 @@ def _trace_events(trace_dir: str) -> list[dict]:
     if e.get('ph') == 'X' and 'dur' in e:
       # GPU kernels name their HLO operation in args; CPU thunks are named after it.
       events.append({**e, 'name': e.get('args', {}).get('hlo_op', e['name']),
+                     'kernel': e['name'],
                      'pid_name': process_names.get(e.get('pid'), '')})
   # On a GPU the host's threads also record the operations they launch: only the device's
   # own events count there, or each operation would count twice.
@@ -226,14 +255,25 @@ def profile(config, *, vocab_size: int, batch_queries: int, bucket: int, steps: 
   step.run(on_device, steps)
   jax.profiler.stop_trace()
   metadata = instruction_metadata(step.compiled_text(on_device))
-  events = [e for e in _trace_events(trace_dir) if e['name'] in metadata]
+  # A GPU kernel run inside a command buffer names the buffer as its operation; its own name
+  # is the instruction's with '.' as '_'. Library kernels (cuBLAS) name none.
+  by_kernel_name = {name.replace('.', '_'): name for name in metadata}
+  events, unmatched = [], []
+  for e in _trace_events(trace_dir):
+    name = e['name'] if e['name'] in metadata else by_kernel_name.get(
+        e.get('kernel', e['name']).replace('.', '_'))
+    (events if name else unmatched).append({**e, 'name': name or e.get('kernel', e['name'])})
   times = {name: us / steps for name, us in self_times(events).items()}
   parts: collections.Counter = collections.Counter()
   kinds: collections.Counter = collections.Counter()
   for name, us in times.items():
     parts[part_of(metadata[name][1])] += us
     kinds[metadata[name][2]] += us
-  span, busy = busy_us(events)  # on a GPU its kernels' streams; on a CPU every thread
+  for e in unmatched:
+    parts['no HLO instruction named (library kernels)'] += e['dur'] / steps
+    kinds[kind_of_kernel(e['name'])] += e['dur'] / steps
+  # On a GPU its kernels' streams; on a CPU every thread.
+  span, busy = busy_us(events + unmatched)
   top = [{'op': name, 'us': us, 'shape': metadata[name][0], 'op_name': metadata[name][1],
           'kind': metadata[name][2]}
          for name, us in sorted(times.items(), key=lambda item: -item[1])]
@@ -242,11 +282,40 @@ def profile(config, *, vocab_size: int, batch_queries: int, bucket: int, steps: 
           'ops': top}
 
 
+def summarise_trace(path: str, steps: int) -> None:
+  """Prints a kept trace's time per step by kernel kind (`kind_of_kernel`) and the device's
+  idle time."""
+  with gzip.open(path) as f:
+    trace = json.load(f)
+  names = {e['pid']: e.get('args', {}).get('name', '') for e in trace['traceEvents']
+           if e.get('ph') == 'M' and e.get('name') == 'process_name'}
+  events = [e for e in trace['traceEvents'] if e.get('ph') == 'X' and 'dur' in e
+            and 'GPU' in names.get(e.get('pid'), '')]
+  if not events:
+    raise app.UsageError(f'{path}: no GPU kernels in this trace')
+  kinds: collections.Counter = collections.Counter()
+  for e in events:
+    kinds[kind_of_kernel(e['name'])] += e['dur'] / steps
+  total = sum(kinds.values())
+  span, busy = busy_us(events)
+  print(f'{path}: {len(events):,} kernels, {total / 1e3:.2f} ms of kernels per step')
+  print(f'{"kernel kind":>40} {"ms/step":>9} {"share":>7}')
+  for kind, us in kinds.most_common():
+    print(f'{kind:>40} {us / 1e3:9.2f} {us / total:7.1%}')
+  print(f'{"device idle in the traced steps":>40} {(span - busy) / steps / 1e3:9.2f} '
+        f'{(span - busy) / span:7.1%} of {span / steps / 1e3:.2f} ms per step')
+
+
 def main(argv):
   if len(argv) > 1:
     raise app.UsageError(f'unexpected arguments: {argv[1:]}')
+  if _FROM_TRACE.value:
+    summarise_trace(_FROM_TRACE.value, flags.FLAGS.steps)
+    return
   parallel.set_cpu_devices(flags.FLAGS.cpu_devices)
   config = bench_train.CONFIG_FLAG.value
+  if config is None:
+    raise app.UsageError('--config is required (or --from_trace)')
   vocab_size = flags.FLAGS.vocab_size or bench_train.default_vocab_size(config)
   batch_queries = flags.FLAGS.batch_queries or config.input.train_queries_per_batch
   trace_dir = _TRACE_DIR.value or tempfile.mkdtemp(prefix='profile_step_')
@@ -285,5 +354,4 @@ def main(argv):
 
 
 if __name__ == '__main__':
-  flags.mark_flags_as_required(['config'])
   app.run(main)

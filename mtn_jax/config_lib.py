@@ -71,6 +71,9 @@ def _check_data(config, mode: str) -> None:
   if d.history_queries < 0:
     raise ConfigError(f'config.data.history_queries must be >= 0, got {d.history_queries}')
   _choice(config, 'data.split_by', ('session', 'user', 'time'))
+  if d.train_users < 0 or (d.train_users and d.split_by != 'user'):
+    raise ConfigError(f'config.data.train_users={d.train_users}: a number of training users '
+                      ">= 0, with config.data.split_by='user' only (0: all of them)")
   fractions = tuple(d.split_fractions)
   if len(fractions) != 3 or min(fractions) < 0 or abs(sum(fractions) - 1) > 1e-6:
     raise ConfigError('config.data.split_fractions must be three non-negative numbers '

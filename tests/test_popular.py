@@ -35,6 +35,16 @@ def test_cooccurring_then_the_popular_list(tmp_path):
   assert counts.lists([['x', 'a'], ['b']], 2, 'cooccurring') == [['b', 'c'], ['c', 'b']]
 
 
+def test_counts_of_given_sessions_equal_the_split_file_counts(tmp_path):
+  split = toy_split(tmp_path)
+  from_file = popular.LogCounts(split)
+  given = popular.LogCounts.of_sessions(split.session_texts(i) for i in range(5))
+  assert (given.popular, given.following) == (from_file.popular, from_file.following)
+  # Some sessions only (a user's held out): [a c] and [y d] alone.
+  some = popular.LogCounts.of_sessions([['a', 'c'], ['y', 'd']])
+  assert some.most_popular(5) == ['c', 'd'] and some.cooccurring('a', 2) == ['c', 'd']
+
+
 def test_every_trivial_suggester_has_its_lists(tmp_path):
   split = toy_split(tmp_path)
   lists = trivial.lists(split, ['a', 'q'], [['a'], ['z', 'q']], k=2)

@@ -9,6 +9,7 @@ import os
 import sys
 import types
 
+import ml_collections
 import numpy as np
 import pytest
 
@@ -603,6 +604,28 @@ def test_user_split_end_to_end_saves_users_and_times(tmp_path):
   # The start time of a session is its first query's: 2006-03-01 10:00, 12:00 or 14:00.
   assert (train.start_times[0] - 1141207200) % 7200 == 0 and first.endswith('s' + str(
       (train.start_times[0] - 1141207200) // 7200))
+
+
+def test_train_users_keeps_that_many_training_users_and_the_other_splits(tmp_path):
+  rows = [line(u, f'topic{u % 5} q{i} s{k}', f'{10 + 2 * k:02d}:0{i}:00')
+          for u in range(40) for k in range(3) for i in range(3)]
+  log = write(tmp_path / 'log.tsv', rows)
+  kw = dict(split_fractions=(0.6, 0.2, 0.2), min_word_count=1, split_by='user')
+  full = preprocess.prepare(config(log, **kw), str(tmp_path / 'all'))
+  some = preprocess.prepare(config(log, train_users=5, **kw), str(tmp_path / 'five'))
+  load = lambda w, s: sessions_lib.load_split(preprocess.data_dir(str(tmp_path / w)), s)
+  assert len(set(load('five', 'train').users.tolist())) == 5
+  assert set(load('five', 'train').users.tolist()) < set(load('all', 'train').users.tolist())
+  assert some['train']['sessions'] == 15 and full['train']['sessions'] == 72
+  # 24 users of 3 sessions in training: 5 kept, 19 left out with their 57 sessions.
+  assert some['train_users'] == {'kept': 5, 'left_out': 19, 'left_out_sessions': 57}
+  for split in ('valid', 'test'):
+    assert np.array_equal(load('five', split).users, load('all', split).users)
+  # 0 (every user) keeps the corpus fingerprint of a config without the key.
+  without = config(log, **kw).data.to_dict()
+  del without['train_users']
+  assert (preprocess._manifest(ml_collections.ConfigDict(without), [str(log)])['fingerprint']
+          == preprocess._manifest(config(log, **kw).data, [str(log)])['fingerprint'])
 
 
 def test_a_log_too_small_to_split_fails_at_preprocessing(tmp_path):

@@ -155,6 +155,19 @@ def split_users(session_users: np.ndarray, fractions, seed: int) -> list[np.ndar
   return [np.flatnonzero(part == k) for k in range(len(fractions))]
 
 
+def keep_train_users(train_sessions: np.ndarray, session_users: np.ndarray, keep: int,
+                     seed: int) -> tuple[np.ndarray, dict]:
+  """The training sessions of `keep` of the training users (a seeded random choice; every
+  user when there are fewer), for a learning curve: the validation and test users stay as
+  they are. Returns (their session ids in order, {'kept', 'left_out' users,
+  'left_out_sessions'})."""
+  users = np.unique(session_users[train_sessions])
+  chosen = np.random.default_rng([seed, 1]).permutation(users)[:keep]
+  kept = train_sessions[np.isin(session_users[train_sessions], chosen)]
+  return kept, {'kept': int(len(chosen)), 'left_out': int(len(users) - len(chosen)),
+                'left_out_sessions': int(len(train_sessions) - len(kept))}
+
+
 def split_by_time(session_users: np.ndarray, session_times: np.ndarray, fractions,
                   seed: int) -> list[np.ndarray]:
   """Session ids of (train, valid, test) such that every valid or test session is later
@@ -198,6 +211,11 @@ def summary(stats: dict, where: str) -> str:
   lines = [f'Corpus in {where}', f'{"":<8}{"sessions":>12}{"pairs":>14}']
   for split in sessions_lib.SPLITS:
     lines.append(f'{split:<8}{stats[split]["sessions"]:>12,}{stats[split]["pairs"]:>14,}')
+  if 'train_users' in stats:
+    t = stats['train_users']
+    lines.append(f'training users: {t["kept"]:,} kept of {t["kept"] + t["left_out"]:,} '
+                 f'(config.data.train_users); {t["left_out_sessions"]:,} sessions of the '
+                 'others left out')
   lines.append(f'vocabulary: {stats["vocab_size"]:,} words, special tokens included')
   if 'candidates' in stats:
     lines.append(f'candidate pool: {stats["candidates"]:,} distinct training queries')
@@ -242,7 +260,10 @@ def _manifest(cfg: ml_collections.ConfigDict, paths: list[str]) -> dict:
     st = os.stat(path)
     inputs.append({'path': os.path.realpath(path), 'size': st.st_size,
                    'mtime_ns': st.st_mtime_ns})
-  data_config = {k: v for k, v in cfg.to_dict().items() if k != 'strict'}
+  # train_users=0 (every user) is left out so that corpora built before it existed stay
+  # current.
+  data_config = {k: v for k, v in cfg.to_dict().items()
+                 if k != 'strict' and not (k == 'train_users' and not v)}
   manifest = {'format': CORPUS_FORMAT, 'inputs': inputs, 'data_config': data_config}
   manifest['fingerprint'] = hashlib.sha256(
       json.dumps(manifest, sort_keys=True).encode()).hexdigest()
@@ -328,6 +349,9 @@ def _write_corpus(cfg: ml_collections.ConfigDict, paths: list[str], folder: str)
   fractions = tuple(cfg.split_fractions)
   if cfg.split_by == 'user':
     parts = split_users(session_users, fractions, cfg.split_seed)
+    if cfg.train_users:
+      parts[0], stats['train_users'] = keep_train_users(parts[0], session_users,
+                                                        cfg.train_users, cfg.split_seed)
   elif cfg.split_by == 'time':
     parts = split_by_time(session_users, session_times, fractions, cfg.split_seed)
   else:
@@ -348,6 +372,9 @@ def _write_corpus(cfg: ml_collections.ConfigDict, paths: list[str], folder: str)
                               cfg.max_query_words)
     split_words[split] = np.minimum(split_words[split], cfg.max_query_words)
     split_starts[split] = np.concatenate([[0], np.cumsum(lengths)])
+  # Every kept query's row, the sessions of training users left out (`train_users`) too:
+  # they only hold the place of rows no kept user's history reads.
+  num_rows = len(sessions.record_index)
   del log, sessions  # the largest arrays: free them before the encoding
 
   if cfg.tokenizer == 'sentencepiece':
@@ -368,7 +395,7 @@ def _write_corpus(cfg: ml_collections.ConfigDict, paths: list[str], folder: str)
       encoded[split] = _encode(split_texts[split], split_words[split], vocab,
                                cfg.max_query_words)
   # Every kept query's ids in the global (user, time) order, for the histories.
-  all_queries = np.zeros((sum(len(q) for q in encoded.values()), token_slots(cfg)), np.int32)
+  all_queries = np.zeros((num_rows, token_slots(cfg)), np.int32)
   for split in sessions_lib.SPLITS:
     all_queries[split_rows[split]] = encoded[split]
   pool, train_pool_ids = candidates.build_pool(split_texts['train'], encoded['train'])

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import collections
 import os
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 
 import numpy as np
 
@@ -34,20 +34,34 @@ class LogCounts:
     per previous query the most frequent kept (more than any list needs)."""
     if train.text_path is None:
       raise ValueError(f'split {train.name!r} has no text file')
-    issued: collections.Counter = collections.Counter()
-    after: dict[str, collections.Counter] = {}
     session_start = np.zeros(len(train.queries) + 1, bool)
     session_start[train.starts] = True
-    with open(train.text_path, encoding='utf-8') as f:
-      before = None
-      for row, line in enumerate(f):
-        if row >= len(train.queries):
-          break
-        text = line.rstrip('\n')
-        if not session_start[row]:
-          issued[text] += 1
-          after.setdefault(before, collections.Counter())[text] += 1
-        before = text
+
+    def pairs():
+      with open(train.text_path, encoding='utf-8') as f:
+        before = None
+        for row, line in enumerate(f):
+          if row >= len(train.queries):
+            break
+          text = line.rstrip('\n')
+          if not session_start[row]:
+            yield before, text
+          before = text
+    self._count(pairs(), keep)
+
+  @classmethod
+  def of_sessions(cls, session_texts: Iterable[Sequence[str]], keep: int = 100) -> LogCounts:
+    """The counts of sessions given as their query texts (e.g. some users' sessions only)."""
+    counts = cls.__new__(cls)
+    counts._count(((s[t], s[t + 1]) for s in session_texts for t in range(len(s) - 1)), keep)
+    return counts
+
+  def _count(self, pairs: Iterable[tuple[str, str]], keep: int) -> None:
+    issued: collections.Counter = collections.Counter()
+    after: dict[str, collections.Counter] = {}
+    for before, text in pairs:
+      issued[text] += 1
+      after.setdefault(before, collections.Counter())[text] += 1
     # most_common sorts by count, stably over insertion order: the first seen wins a tie.
     self.popular = [q for q, _ in issued.most_common(keep)]
     self.following = {p: [q for q, _ in c.most_common(keep)] for p, c in after.items()}
