@@ -210,6 +210,11 @@ def get_config(variant: str = '') -> ml_collections.ConfigDict:
   # 'rerank': True orders the pooled candidates by expected BLEU under the ranker's softmax
   # (minimum Bayes risk, mtn_jax/mbr.py) instead of by the ranker's score.
   c.suggest.mbr = False
+  # 'blend': the generator's beam and the training log's lists by quotas, in order: the first
+  # N of each SOURCE (generate: the beam; popular: the most popular next queries;
+  # cooccurring: the queries that most often followed the previous one), then the rest of
+  # each. A query of the session counts towards no quota (mtn_jax/inference/pipeline.py).
+  c.suggest.blend = 'popular:5,generate:10'
   # 'rerank': the user's habit query (the query of their past they issued most, the session's
   # queries left out) goes first where their past shows it right often enough: at least this
   # share of their past queries were the habit query of their moment, over at least

@@ -53,7 +53,6 @@ from mtn_jax.inference import popular
 # pylint: enable=wrong-import-position
 
 TOP_K = 10
-DEPTH = 30  # candidates read from each training-log list
 SOURCES = ('generate', 'popular', 'cooccurring')
 RANK_BINS = (1, 2, 3, 4, 5, 6, 8, 11, 16, 31)  # calibration bins: ranks [1], [2], ..., [16, 30]
 
@@ -64,8 +63,9 @@ def make_pair(session: int, context: list[str], reference: str, beam: list[str],
   seen = set(context)
   fresh = lambda queries: [q for q in dict.fromkeys(queries) if q not in seen]
   return {'session': session, 'reference': reference, 'generate': fresh(beam),
-          'popular': fresh(counts.most_popular(DEPTH)),
-          'cooccurring': fresh(counts.following.get(context[-1], [])[:DEPTH])}
+          # As deep as the pipeline reads them: top_k once the session's queries are dropped.
+          'popular': fresh(counts.most_popular(TOP_K + len(context))),
+          'cooccurring': fresh(counts.followers(context[-1], TOP_K + len(context)))}
 
 
 def read_pairs(path: str, counts: popular.LogCounts) -> list[dict]:
@@ -116,7 +116,8 @@ def chained(*lists: list[str]) -> list[str]:
 
 
 def quota(pair: dict, plan: tuple[tuple[str, int], ...]) -> list[str]:
-  """The first n of each source in `plan`'s order (a text once), then the rest of each."""
+  """The first n of each source in `plan`'s order (a text once), then the rest of each: what
+  the pipeline's 'blend' shows (`pipeline.blended`, the session's queries dropped)."""
   first = chained(*(pair[s][:n] for s, n in plan))
   return chained(first, *(pair[s] for s, _ in plan))
 

@@ -105,8 +105,14 @@ def _check_model(config):
 
 def _check_suggest(config) -> None:
   s, name = config.suggest, config.model.name
-  _choice(config, 'suggest.strategy', ('generate', 'retrieve', 'rerank'))
-  if s.strategy != 'generate' and not s.ranker_workdir:
+  _choice(config, 'suggest.strategy', ('generate', 'retrieve', 'rerank', 'blend'))
+  if s.strategy == 'blend':
+    from mtn_jax.inference import pipeline  # pylint: disable=g-import-not-at-top
+    try:
+      pipeline.parse_blend(s.blend)
+    except ValueError as e:
+      raise ConfigError(f'config.suggest.blend={s.blend!r}: {e}') from None
+  if s.strategy not in ('generate', 'blend') and not s.ranker_workdir:
     raise ConfigError(f'config.suggest.strategy={s.strategy!r} needs a trained ranker: pass '
                       '--config.suggest.ranker_workdir=DIR (a Bi-, Poly- or Cross-encoder run)')
   if s.strategy == 'rerank':

@@ -73,6 +73,17 @@ def pool_texts(workdir) -> set[str]:
   return set(candidates.load_pool(str(workdir / 'data')).texts)
 
 
+def popular_order(workdir) -> list[str]:
+  """The most popular next queries of the workdir's training split, counted here by hand."""
+  from mtn_jax.data import sessions  # pylint: disable=g-import-not-at-top
+  train = sessions.load_split(str(workdir / 'data'), 'train')
+  counts = {}
+  for i in range(train.num_sessions):
+    for query in train.session_texts(i)[1:]:
+      counts[query] = counts.get(query, 0) + 1
+  return sorted(counts, key=lambda q: -counts[q])  # stable: the first seen wins a tie
+
+
 def read_jsonl(path) -> list[dict]:
   return [json.loads(line) for line in path.read_text().splitlines()]
 
@@ -386,6 +397,20 @@ def test_eval_scores_exactly_what_decode_writes(rerank_run, poly_run, tmp_path):
   assert 'the 3 most popular + the 3 most co-occurring' in results['strategy']['label']
   assert_decode_writes_what_eval_scored(generator, generator / 'eval' / 'rerank_lists.jsonl',
                                         tmp_path, *rerank)
+  # The generator's beam blended with the training log's lists by quotas.
+  blend = ('--config.suggest.strategy=blend',
+           '--config.suggest.blend=popular:2,generate:2,cooccurring:2')
+  cli.run(generator, *FEW, *blend, mode='eval')
+  results = json.loads((generator / 'eval' / 'blend_results.json').read_text())
+  assert {'generate', 'popular', 'cooccurring'} <= set(results['scores'])
+  assert results['strategy']['blend'] == 'popular:2,generate:2,cooccurring:2'
+  lists = read_jsonl(generator / 'eval' / 'blend_lists.jsonl')
+  for pair in lists:  # the two most popular next queries the session does not hold, first
+    shown = [s['query'] for s in pair['suggestions_excluding_session']]
+    assert [s['source'] for s in pair['suggestions_excluding_session'][:2]] == ['popular'] * 2
+    assert shown[:2] == [q for q in popular_order(generator) if q not in pair['context']][:2]
+  assert_decode_writes_what_eval_scored(generator, generator / 'eval' / 'blend_lists.jsonl',
+                                        tmp_path, *blend)
   # The ranker's own pool entries ('generate' of a ranker).
   cli.run(poly_run[0], *FEW, mode='eval', config=RANKER_CONFIG)
   assert_decode_writes_what_eval_scored(poly_run[0], poly_run[0] / 'eval' / 'lists.jsonl',

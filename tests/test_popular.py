@@ -2,6 +2,7 @@
 queries (MPC) and the co-occurring ones with MPC as their fallback."""
 
 import numpy as np
+import pytest
 
 from mtn_jax.data.sessions import SessionSplit
 from mtn_jax.evaluation import trivial
@@ -43,6 +44,25 @@ def test_counts_of_given_sessions_equal_the_split_file_counts(tmp_path):
   # Some sessions only (a user's held out): [a c] and [y d] alone.
   some = popular.LogCounts.of_sessions([['a', 'c'], ['y', 'd']])
   assert some.most_popular(5) == ['c', 'd'] and some.cooccurring('a', 2) == ['c', 'd']
+
+
+def test_blend_fills_each_quota_with_queries_the_session_does_not_hold():
+  from mtn_jax.inference import pipeline  # pylint: disable=g-import-not-at-top
+  sources = {'generate': ['a', 's1', 'b', 'c'], 'popular': ['p', 'a', 'q'],
+             'cooccurring': ['x']}
+  plan = pipeline.parse_blend('popular:2,generate:2,cooccurring:1')
+  ranked = pipeline.blended(sources, plan, session_so_far=['s1'])
+  # popular's first 2 (p, a); generate's first 2 not in the session (a again, s1 kept in
+  # place but not counted, b); cooccurring's x; then the rest: q, c.
+  assert [r['query'] for r in ranked] == ['p', 'a', 's1', 'b', 'x', 'q', 'c']
+  assert [r['source'] for r in ranked] == ['popular', 'popular', 'generate', 'generate',
+                                           'cooccurring', 'popular', 'generate']
+  assert [r['score'] for r in ranked] == [1 / k for k in range(1, 8)]
+  shown = pipeline.show(ranked, ['s1'], exclude_session_queries=True, top_k=4)
+  assert [r['query'] for r in shown] == ['p', 'a', 'b', 'x']
+  for bad in ('popular', 'popular:0', 'nope:2', 'popular:1,popular:2'):
+    with pytest.raises(ValueError):
+      pipeline.parse_blend(bad)
 
 
 def test_every_trivial_suggester_has_its_lists(tmp_path):

@@ -147,9 +147,14 @@ def prefix_split(split: sessions.SessionSplit, num_sessions: int) -> sessions.Se
 
 
 def strategy_record(pipe: pipeline.Pipeline) -> dict:
-  """results.json's 'strategy': the settings of 'retrieve' or 'rerank' and its label."""
+  """results.json's 'strategy': the settings of 'retrieve', 'rerank' or 'blend' and its
+  label."""
   s, dc = pipe.settings, pipe.settings.search
   label_of = lambda trained: models.spec(trained.cfg.name).label(trained.meta['model'])
+  if s.strategy == 'blend':
+    plan = ','.join(f'{name}:{n}' for name, n in s.blend)
+    return {'strategy': s.strategy, 'blend': plan,
+            'label': f'{label_of(pipe.trained)} beam {dc.beam_size} blended, {plan}'}
   if s.strategy == 'retrieve':
     label = f'{label_of(pipe.suggester)} pool entries'
   else:

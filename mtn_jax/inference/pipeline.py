@@ -16,7 +16,10 @@ config.decode, read in one place). It never trains or fits anything. Three stage
    - 'rerank': the sources pooled and deduplicated by text, scored by the ranker
      (`ScoresCandidates`: a Bi-, Poly- or Cross-encoder) and sorted, best first; then the
      rules in turn: MBR under the ranker's softmax (`config.suggest.mbr`), a user's habit
-     query first (`config.suggest.habit_rate`, `habits`).
+     query first (`config.suggest.habit_rate`, `habits`);
+   - 'blend': the generator's beam and the training log's lists (`popular`: the most popular
+     next queries; `cooccurring`: those that followed the previous query) by quotas,
+     `config.suggest.blend` (`blended`).
 3. What is shown (`show`): with the user-facing protocol (`exclude_session_queries`) the
    queries the session holds are dropped, then the first `top_k` are kept.
 
@@ -66,7 +69,9 @@ CANDIDATE_BUCKET = 8  # candidate lists are padded to a multiple of this (fewer 
 # Sessions whose candidate lists are scored at a time in reranking: a Cross-encoder encodes
 # sessions x positions x candidates joint sequences at once.
 RERANK_SESSIONS = 16
-STRATEGIES = ('generate', 'retrieve', 'rerank')
+STRATEGIES = ('generate', 'retrieve', 'rerank', 'blend')
+# The sources a blend draws from (config.suggest.blend).
+BLEND_SOURCES = ('generate', 'popular', 'cooccurring')
 # The candidate sources of 'rerank', in the order they are pooled (on a tie of the ranker's
 # scores the earlier stands), each named as evaluation scores it.
 SOURCES = ('generate', 'retrieve', 'imdna', 'popular', 'cooccurring')
@@ -91,6 +96,7 @@ class Settings:
   index: str
   batch_sessions: int
   history_queries: int
+  blend: tuple[tuple[str, int], ...] = ()
 
   @classmethod
   def from_config(cls, config: ml_collections.ConfigDict) -> Settings:
@@ -102,7 +108,8 @@ class Settings:
                cooccurring=s.cooccurring, mbr=bool(s.mbr),
                habit_rate=float(s.habit_rate), habit_min_past=int(s.habit_min_past),
                index=s.index, batch_sessions=config.decode.batch_sessions,
-               history_queries=config.data.history_queries)
+               history_queries=config.data.history_queries,
+               blend=parse_blend(s.blend) if s.strategy == 'blend' else ())
 
   @property
   def top_k(self) -> int:
@@ -118,6 +125,43 @@ class Settings:
     the generator's candidates, which `show` (or reranking) cuts."""
     return dataclasses.replace(self.search, exclude_session_queries=False,
                                top_k=self.search.beam_size)
+
+
+def parse_blend(plan: str) -> tuple[tuple[str, int], ...]:
+  """'popular:2,generate:7,cooccurring:10' -> (('popular', 2), ('generate', 7), ...).
+
+  Raises:
+    ValueError: not such a list of BLEND_SOURCES, each once, with positive counts.
+  """
+  out = []
+  for item in plan.split(','):
+    name, _, count = item.strip().partition(':')
+    if name not in BLEND_SOURCES or not count.strip().isdigit() or int(count) < 1:
+      raise ValueError(f'{item.strip()!r} is not SOURCE:N with SOURCE one of '
+                       f'{", ".join(BLEND_SOURCES)} and N >= 1')
+    out.append((name, int(count)))
+  if len({name for name, _ in out}) != len(out):
+    raise ValueError(f'{plan!r} names a source twice')
+  return tuple(out)
+
+
+def blended(sources: dict[str, Sequence[str]], plan: Sequence[tuple[str, int]],
+            session_so_far: Sequence[str]) -> list[dict]:
+  """The candidates of `sources` by quotas: the first n of each source of `plan` in turn
+  (one another source gave already stays where it first came), then the rest of each in the
+  same order, each text once. A query of the session counts towards no quota (what is shown under the user-facing protocol is the quotas' exactly) but
+  keeps its place for the paper's protocol. 'score' is 1 / rank in the blend."""
+  seen, order = set(session_so_far), {}
+  for with_quota in (True, False):
+    for name, quota in plan:
+      fresh = 0
+      for query in sources[name]:
+        if with_quota and fresh == quota:
+          break
+        order.setdefault(query, name)
+        fresh += query not in seen
+  return [{'query': q, 'score': 1 / rank, 'source': name}
+          for rank, (q, name) in enumerate(order.items(), 1)]
 
 
 def show(ranked: Sequence[dict], session_so_far: Sequence[str], exclude_session_queries: bool,
@@ -294,9 +338,9 @@ class Pipeline:
     self.settings, self.trained, self.suggester = settings, trained, suggester
     self.retriever, self.rankers, self.proposer = retriever, rankers, proposer
     self.workdir = os.path.abspath(workdir)
-    self.log_counts = (popular.LogCounts.of_workdir(workdir)
-                       if rankers is not None and (settings.popular or settings.cooccurring)
-                       else None)
+    needs_counts = (settings.strategy == 'blend' or rankers is not None
+                    and (settings.popular or settings.cooccurring))
+    self.log_counts = popular.LogCounts.of_workdir(workdir) if needs_counts else None
 
   @classmethod
   def load(cls, config: ml_collections.ConfigDict, workdir: str, log=print,
@@ -305,6 +349,11 @@ class Pipeline:
     already loaded from it)."""
     settings = Settings.from_config(config)
     trained = trained or inference.load_trained(config, workdir, which='best')
+    if settings.strategy == 'blend':
+      if isinstance(trained.task, tasks.RankingTask):
+        raise errors.Error('config.suggest.strategy=\'blend\' blends a generative model\'s '
+                           f'beam: {workdir} holds a {trained.cfg.name!r} ranker')
+      return cls(settings, trained, trained, None, None, None, workdir)
     if settings.strategy == 'generate':
       retriever = (retrieval.Retriever(trained, workdir, log=log, index=settings.index)
                    if isinstance(trained.task, tasks.ScoresPool) else None)
@@ -356,6 +405,8 @@ class Pipeline:
 
   def how(self) -> str:
     s = self.settings
+    if s.strategy == 'blend':
+      return f'beam {s.search.beam_size} blended with the training log\'s lists'
     if self.rankers is not None:
       return f'beam {s.search.beam_size}, reranked'
     if self.retriever is not None:
@@ -364,6 +415,8 @@ class Pipeline:
 
   def score_kind(self) -> str:
     """What a suggestion's 'score' is, in words (the lists' order)."""
+    if self.settings.strategy == 'blend':
+      return '1 / rank in the blend'
     if self.rankers is not None:
       return 'expected BLEU (MBR)' if self.rankers.mbr else 'the ranker\'s score'
     if self.retriever is not None:
@@ -402,6 +455,12 @@ class Pipeline:
     s = self.settings
     common = dict(positions=positions, batch_rows=batch_rows or s.batch_sessions,
                   history_queries=s.history_queries, width=width)
+    if self.settings.strategy == 'blend':
+      firsts = _firsts(contexts, positions)
+      beams = generated(self.trained, contexts, s.whole_beam, **common)
+      return [[self._blend([c['query'] for c in beam], context.queries[:first + t + 1])
+               for t, beam in enumerate(lists)]
+              for context, first, lists in zip(contexts, firsts, beams)]
     if self.rankers is None:
       if self.retriever is not None:
         return retrieved(self.retriever, contexts, k=self._retrieved_k(), **common)
@@ -423,6 +482,16 @@ class Pipeline:
                                  batch_rows=1 if len(contexts) == 1 else RERANK_SESSIONS,
                                  histories=[c.history for c in contexts])
     return [lists[first:] for first, lists in zip(firsts, ordered)]
+
+  def _blend_sources(self, beam: list[str], context: Sequence[str]) -> dict[str, list[str]]:
+    """The sources of 'blend' after `context`: the beam, and the training log's lists deep
+    enough to fill top_k once the session's queries are dropped."""
+    depth = self.settings.top_k + len(context)
+    return {'generate': beam, 'popular': self.log_counts.most_popular(depth),
+            'cooccurring': self.log_counts.followers(context[-1], depth)}
+
+  def _blend(self, beam: list[str], context: Sequence[str]) -> list[dict]:
+    return blended(self._blend_sources(beam, context), self.settings.blend, context)
 
   def _log_sources(self) -> list[tuple[str, int]]:
     """(LogCounts source, candidates) of the training log's sources in use."""
@@ -480,6 +549,17 @@ class Pipeline:
     beams = (generate.decode_split(self.trained, split, s.whole_beam,
                                    queries_per_batch=queries_per_batch, log=log)
              if generative else None)
+    if s.strategy == 'blend':
+      session_of = np.repeat(np.arange(split.num_sessions), split.lengths - 1)
+      position_of = np.arange(len(session_of)) - first_pair[session_of]
+      pair_contexts = [contexts[i][:t + 1] for i, t in zip(session_of.tolist(),
+                                                            position_of.tolist())]
+      by_source = [self._blend_sources(beam, context)
+                   for beam, context in zip(texts(beams), pair_contexts)]
+      for name in BLEND_SOURCES:
+        sources[name] = [pair[name] for pair in by_source]
+      return SplitLists([blended(pair, s.blend, context)
+                         for pair, context in zip(by_source, pair_contexts)], sources)
     if self.rankers is None and self.retriever is None:
       return SplitLists(beams, sources)
     if beams is not None:

@@ -75,6 +75,11 @@ class LogCounts:
     """MPC: the k most popular next queries, whatever the session."""
     return self.popular[:k]
 
+  def followers(self, previous: str, k: int) -> list[str]:
+    """The k queries that most often followed `previous` (fewer, or none, where it was
+    rarely or never followed), no fallback."""
+    return self.following.get(previous, [])[:k]
+
   def cooccurring(self, previous: str, k: int) -> list[str]:
     """The k queries that most often followed `previous`, then the most popular ones, each
     text once."""
