@@ -384,8 +384,9 @@ def assert_decode_writes_what_eval_scored(workdir, lists_path, tmp_path, *overri
 
 @pytest.mark.slow
 def test_eval_scores_exactly_what_decode_writes(rerank_run, poly_run, tmp_path):
-  """One pipeline: for generate, retrieve and rerank (with the training log's popular and
-  co-occurring queries among the sources), eval's scored lists are decode's output."""
+  """One pipeline: for generate, retrieve, rerank (with the training log's popular and
+  co-occurring queries among the sources) and blend, and a ranker's own pool entries, eval's
+  scored lists are decode's output."""
   generator, poly, _ = rerank_run
   assert_decode_writes_what_eval_scored(generator, generator / 'eval' / 'lists.jsonl',
                                         tmp_path)
@@ -397,6 +398,12 @@ def test_eval_scores_exactly_what_decode_writes(rerank_run, poly_run, tmp_path):
   assert 'the 3 most popular + the 3 most co-occurring' in results['strategy']['label']
   assert_decode_writes_what_eval_scored(generator, generator / 'eval' / 'rerank_lists.jsonl',
                                         tmp_path, *rerank)
+  # The Poly-encoder's pool entries for the generator's sessions ('retrieve').
+  retrieve = ('--config.suggest.strategy=retrieve', f'--config.suggest.ranker_workdir={poly}')
+  cli.run(generator, *FEW, *retrieve, mode='eval')
+  assert_decode_writes_what_eval_scored(generator,
+                                        generator / 'eval' / 'retrieve_lists.jsonl',
+                                        tmp_path, *retrieve)
   # The generator's beam blended with the training log's lists by quotas.
   blend = ('--config.suggest.strategy=blend',
            '--config.suggest.blend=popular:2,generate:2,cooccurring:2')
