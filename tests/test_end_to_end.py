@@ -36,8 +36,9 @@ def mtn_run(tmp_path_factory):
 @pytest.fixture(scope='module')
 def transformer_run(tmp_path_factory):
   workdir = tmp_path_factory.mktemp('transformer')
-  cli.run(workdir, *RUN, *TRANSFORMER, mode='train')
-  # Evaluated on two (simulated) devices; the main job re-evaluates it on one.
+  # Trained and evaluated on two (simulated) devices; the main job re-evaluates it on one,
+  # loading checkpoints saved with another device count.
+  cli.run(workdir, *RUN, *TRANSFORMER, mode='train', devices=2)
   return workdir, cli.run(workdir, *RUN, *TRANSFORMER, mode='eval', devices=2)
 
 

@@ -6,7 +6,12 @@ candidates of HRED-qs, Sordoni et al. 2015), the popular list as its fallback.
 Both count the training split's NEXT queries (every query but a session's first, what a
 suggester has to predict), by their raw text as logged; ties go to the query seen first.
 They are candidate sources of the suggestion pipeline (`config.suggest.popular`,
-`config.suggest.cooccurring`) and suggesters of their own in every evaluation table.
+`config.suggest.cooccurring`, `config.suggest.strategy='blend'`) and suggesters of their own
+in every evaluation table.
+
+Every pair is counted (a service is asked after any query): on an AOL-size training split
+(4,283,517 pairs, 1,904,926 distinct previous queries; synthetic texts), counting took 44 s
+and 0.82 GiB on the 2-core CPU machine (2026-11-26).
 """
 
 from __future__ import annotations

@@ -21,10 +21,12 @@ from collections.abc import Sequence
 from typing import Any
 
 import flax.linen as nn
+import jax
 import ml_collections
 
 from mtn_jax import errors
 from mtn_jax import models
+from mtn_jax import parallel
 from mtn_jax import tasks
 from mtn_jax.data import extended
 from mtn_jax.data import preprocess
@@ -154,8 +156,13 @@ def load_trained(config: ml_collections.ConfigDict, workdir: str,
     _note_config_differences(cfg, config.model, where)
     task = tasks.make_task(cfg, config.train, data_dir)
     saved_task = task.with_layout(checkpoints.saved_scan_layers(meta))
-    params = checkpoints.restore(manager, step,
-                                 abstract_params=saved_task.abstract_params())['params']
+    # Replicated on this process's devices, whatever devices the run was trained on (the
+    # saved sharding names the training machine's: another device count would not load).
+    on_devices = parallel.replicated(parallel.make_mesh())
+    abstract_params = jax.tree.map(
+        lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=on_devices),
+        saved_task.abstract_params())
+    params = checkpoints.restore(manager, step, abstract_params=abstract_params)['params']
     if saved_task is not task:
       params = layers.convert_layer_layout(params, scan_layers=cfg.scan_layers)
   finally:

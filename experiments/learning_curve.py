@@ -1,0 +1,83 @@
+"""Does the model gain on the most-popular list as the training log grows? A learning curve
+for users never seen in training, under the user-facing protocol.
+
+  python experiments/learning_curve.py --workdirs=W100,W200,WALL --figure=docs/learning_curve.png
+
+In: workdirs of `configs/aol.py:small` with `config.data.split_by='user'`, each trained on
+some of the training users (`config.data.train_users`; the validation and test users are the
+same in all), each evaluated on test twice: as it is (`--mode=eval`: eval/results.json, MTN
+alone, and beside it the most popular next queries, MPC) and with the blend strategy
+(`--config.suggest.strategy=blend`: eval/blend_results.json).
+Out: a table (stdout) of R@10 and MRR@10 (user-facing, %) per number of training users, and
+the figure (matplotlib, PNG).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+
+import matplotlib
+
+matplotlib.use('Agg')
+import matplotlib.pyplot as plt  # pylint: disable=g-import-not-at-top,wrong-import-position
+import numpy as np  # pylint: disable=g-import-not-at-top,wrong-import-position
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+# pylint: disable=g-import-not-at-top,wrong-import-position
+from mtn_jax.data import preprocess
+from mtn_jax.data import sessions
+# pylint: enable=g-import-not-at-top,wrong-import-position
+
+# (label, results file, suggester key in its 'scores_excluding_session')
+CURVES = (('MTN + copy alone', 'results.json', 'model'),
+          ('MPC (most popular next queries)', 'results.json', 'most_popular'),
+          ('blend (config.suggest.blend)', 'blend_results.json', 'model'))
+
+
+def training_users(workdir: str) -> int:
+  split = sessions.load_split(preprocess.data_dir(os.path.abspath(workdir)), 'train')
+  return len(np.unique(split.users))
+
+
+def ranking(workdir: str, results: str, key: str) -> dict:
+  with open(os.path.join(workdir, 'eval', results), encoding='utf-8') as f:
+    return json.load(f)['scores_excluding_session'][key]['ranking']
+
+
+def main() -> None:
+  parser = argparse.ArgumentParser(description=__doc__.split('\n')[0])
+  parser.add_argument('--workdirs', required=True, help='comma-separated, fewest users first')
+  parser.add_argument('--figure', required=True, help='the PNG to write')
+  args = parser.parse_args()
+  workdirs = [w for w in args.workdirs.split(',') if w]
+  users = [training_users(w) for w in workdirs]
+  figures = {label: [ranking(w, results, key) for w in workdirs]
+             for label, results, key in CURVES}
+  print('| training users | ' + ' | '.join(f'{label} R@10 / MRR@10' for label, _, _ in CURVES)
+        + ' |')
+  print('|---:|' + '---:|' * len(CURVES))
+  for i, n in enumerate(users):
+    print(f'| {n} | ' + ' | '.join(
+        f'{figures[label][i]["recall_at_10"]:.2f} / {figures[label][i]["mrr_at_10"]:.2f}'
+        for label, _, _ in CURVES) + ' |')
+  pairs = ranking(workdirs[0], 'results.json', 'model')['pairs']
+  fig, axes = plt.subplots(1, 2, figsize=(9, 3.4))
+  for ax, metric, title in zip(axes, ('recall_at_10', 'mrr_at_10'), ('R@10 (%)', 'MRR@10 (%)')):
+    for label, _, _ in CURVES:
+      ax.plot(users, [f[metric] for f in figures[label]], marker='o', label=label)
+    ax.set_xlabel('training users')
+    ax.set_title(title)
+    ax.set_ylim(bottom=0)
+    ax.grid(alpha=0.3)
+  axes[0].legend(fontsize=8)
+  fig.suptitle(f'Unseen users, user-facing protocol (test split, {pairs} pairs)', fontsize=10)
+  fig.tight_layout()
+  fig.savefig(args.figure, dpi=120)
+  print(f'wrote {args.figure}')
+
+
+if __name__ == '__main__':
+  main()
