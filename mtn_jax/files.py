@@ -35,6 +35,7 @@ def atomic_open(path: str | os.PathLike, mode: str = 'w', *, encoding: str | Non
   handle, temporary = tempfile.mkstemp(dir=folder, prefix=f'.{os.path.basename(path)}.',
                                        suffix='.tmp')
   try:
+    _as_created(handle)
     with os.fdopen(handle, mode, encoding=None if 'b' in mode else encoding) as f:
       yield f
       f.flush()
@@ -56,7 +57,10 @@ def atomic_path(path: str | os.PathLike, suffix: str = '') -> Iterator[str]:
   os.makedirs(folder, exist_ok=True)
   handle, temporary = tempfile.mkstemp(dir=folder, prefix=f'.{os.path.basename(path)}.',
                                        suffix=suffix + '.tmp' if not suffix else suffix)
-  os.close(handle)
+  try:
+    _as_created(handle)
+  finally:
+    os.close(handle)
   try:
     yield temporary
     os.replace(temporary, path)
@@ -64,6 +68,27 @@ def atomic_path(path: str | os.PathLike, suffix: str = '') -> Iterator[str]:
     with contextlib.suppress(FileNotFoundError):
       os.remove(temporary)
     raise
+
+
+def _umask() -> int:
+  """The process's umask, read without setting it where Linux shows it (setting it to read
+  it would, for a moment, change it for every thread)."""
+  try:
+    with open('/proc/self/status', encoding='ascii') as f:
+      for line in f:
+        if line.startswith('Umask:'):
+          return int(line.split()[1], 8)
+  except (OSError, ValueError):
+    pass
+  umask = os.umask(0o022)
+  os.umask(umask)
+  return umask
+
+
+def _as_created(handle: int) -> None:
+  """The permissions a plain `open` gives a new file (0o666 less the umask): mkstemp makes
+  its file private, which would leave results and data unreadable to the user's group."""
+  os.fchmod(handle, 0o666 & ~_umask())
 
 
 def write_text(path: str | os.PathLike, text: str) -> None:

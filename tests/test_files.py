@@ -1,6 +1,7 @@
 """The one atomic-write helper: a file is there whole or as it was, never half written."""
 
 import os
+import stat
 
 import pytest
 
@@ -44,3 +45,14 @@ def test_atomic_path_hands_a_writer_a_name_beside_the_target(tmp_path):
   with pytest.raises(ValueError, match='whole files'):
     with files.atomic_open(path, 'a'):
       pass
+
+
+def test_written_files_get_the_permissions_of_a_plain_open(tmp_path):
+  plain = tmp_path / 'plain.txt'
+  plain.write_text('x')
+  files.write_text(tmp_path / 'atomic.txt', 'x')
+  with files.atomic_path(tmp_path / 'by_name.bin') as name:
+    with open(name, 'wb') as f:
+      f.write(b'x')
+  mode = lambda p: stat.S_IMODE(os.stat(p).st_mode)
+  assert mode(tmp_path / 'atomic.txt') == mode(plain) == mode(tmp_path / 'by_name.bin')
