@@ -14,7 +14,6 @@ from __future__ import annotations
 import collections
 from collections.abc import Sequence
 
-import numpy as np
 
 from mtn_jax.data import sessions
 from mtn_jax.evaluation import metrics
@@ -43,21 +42,11 @@ def most_frequent_next_lists(train: sessions.SessionSplit, previous: Sequence[st
   training texts are streamed from their file: only pairs whose previous query is asked
   about are counted, so memory stays small on the full AOL training split.
   """
-  if train.text_path is None:
-    raise ValueError(f'split {train.name!r} has no text file')
   wanted = set(previous)
   follow_counts: dict[str, collections.Counter] = {}
-  session_start = np.zeros(len(train.queries) + 1, bool)
-  session_start[train.starts] = True
-  with open(train.text_path, encoding='utf-8') as f:
-    before = None
-    for row, line in enumerate(f):
-      if row >= len(train.queries):
-        break
-      text = line.rstrip('\n')
-      if not session_start[row] and before in wanted:
-        follow_counts.setdefault(before, collections.Counter())[text] += 1
-      before = text
+  for before, text in popular.next_query_pairs(train):
+    if before in wanted:
+      follow_counts.setdefault(before, collections.Counter())[text] += 1
   # most_common is sorted by count, stably over insertion order: first seen wins a tie.
   best = {p: [q for q, _ in counts.most_common(k)] for p, counts in follow_counts.items()}
   return [best.get(p, [p]) for p in previous]

@@ -18,12 +18,30 @@ from __future__ import annotations
 
 import collections
 import os
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 
 import numpy as np
 
 from mtn_jax.data import preprocess
 from mtn_jax.data import sessions
+
+
+def next_query_pairs(train: sessions.SessionSplit) -> Iterator[tuple[str, str]]:
+  """(previous query, next query) of every pair of `train`, by raw text as logged, its text
+  file streamed (the full AOL training split's texts are never all in memory)."""
+  if train.text_path is None:
+    raise ValueError(f'split {train.name!r} has no text file')
+  session_start = np.zeros(len(train.queries) + 1, bool)
+  session_start[train.starts] = True
+  with open(train.text_path, encoding='utf-8') as f:
+    before = None
+    for row, line in enumerate(f):
+      if row >= len(train.queries):
+        break
+      text = line.rstrip('\n')
+      if not session_start[row]:
+        yield before, text
+      before = text
 
 
 class LogCounts:
@@ -37,22 +55,7 @@ class LogCounts:
   def __init__(self, train: sessions.SessionSplit, keep: int = 100):
     """Counts `train`'s pairs (its text file streamed). `keep`: the most popular kept, and
     per previous query the most frequent kept (more than any list needs)."""
-    if train.text_path is None:
-      raise ValueError(f'split {train.name!r} has no text file')
-    session_start = np.zeros(len(train.queries) + 1, bool)
-    session_start[train.starts] = True
-
-    def pairs():
-      with open(train.text_path, encoding='utf-8') as f:
-        before = None
-        for row, line in enumerate(f):
-          if row >= len(train.queries):
-            break
-          text = line.rstrip('\n')
-          if not session_start[row]:
-            yield before, text
-          before = text
-    self._count(pairs(), keep)
+    self._count(next_query_pairs(train), keep)
 
   @classmethod
   def of_sessions(cls, session_texts: Iterable[Sequence[str]], keep: int = 100) -> LogCounts:
