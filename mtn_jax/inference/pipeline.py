@@ -149,8 +149,9 @@ def blended(sources: dict[str, Sequence[str]], plan: Sequence[tuple[str, int]],
             session_so_far: Sequence[str]) -> list[dict]:
   """The candidates of `sources` by quotas: the first n of each source of `plan` in turn
   (one another source gave already stays where it first came), then the rest of each in the
-  same order, each text once. A query of the session counts towards no quota (what is shown under the user-facing protocol is the quotas' exactly) but
-  keeps its place for the paper's protocol. 'score' is 1 / rank in the blend."""
+  same order, each text once. A query of the session counts towards no quota (what the
+  user-facing protocol shows is the quotas' exactly) but keeps its place for the paper's
+  protocol. 'score' is 1 / rank in the blend."""
   seen, order = set(session_so_far), {}
   for with_quota in (True, False):
     for name, quota in plan:
@@ -338,8 +339,8 @@ class Pipeline:
     self.settings, self.trained, self.suggester = settings, trained, suggester
     self.retriever, self.rankers, self.proposer = retriever, rankers, proposer
     self.workdir = os.path.abspath(workdir)
-    needs_counts = (settings.strategy == 'blend' or rankers is not None
-                    and (settings.popular or settings.cooccurring))
+    needs_counts = (settings.strategy == 'blend'
+                    or (rankers is not None and bool(settings.popular or settings.cooccurring)))
     self.log_counts = popular.LogCounts.of_workdir(workdir) if needs_counts else None
 
   @classmethod
