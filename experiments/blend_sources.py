@@ -52,6 +52,7 @@ from mtn_jax.data import hypotheses
 from mtn_jax.data import preprocess
 from mtn_jax.data import sessions
 from mtn_jax.inference import hypotheses as inference_hypotheses
+from mtn_jax.inference import pipeline
 from mtn_jax.inference import popular
 # pylint: enable=wrong-import-position
 
@@ -140,10 +141,9 @@ def chained(*lists: list[str]) -> list[str]:
 
 
 def quota(pair: dict, plan: tuple[tuple[str, int], ...]) -> list[str]:
-  """The first n of each source in `plan`'s order (a text once), then the rest of each: what
-  the pipeline's 'blend' shows (`pipeline.blended`, the session's queries dropped)."""
-  first = chained(*(pair[s][:n] for s, n in plan))
-  return chained(first, *(pair[s] for s, _ in plan))
+  """The first n of each source in `plan`'s order (a text once), then the rest of each: the
+  pipeline's 'blend' itself (`pipeline.blended`) on lists the session's queries are out of."""
+  return [c['query'] for c in pipeline.blended(pair, plan, session_so_far=())]
 
 
 def _bin(rank: int) -> int:

@@ -545,22 +545,24 @@ class Pipeline:
     per_session = lambda pairs: [[pairs[first_pair[i] + t] for t in range(len(queries))]
                                  for i, queries in enumerate(contexts)]
     texts = lambda lists: [[c['query'] for c in ranked] for ranked in lists]
+    # Each pair's session and position in it, and its context (built where a source reads it).
+    session_of = np.repeat(np.arange(split.num_sessions), split.lengths - 1)
+    position_of = np.arange(len(session_of)) - first_pair[session_of]
+    pair_contexts = lambda: [contexts[i][:t + 1] for i, t in zip(session_of.tolist(),
+                                                                 position_of.tolist())]
     sources: dict[str, list[list[str]]] = {}
     generative = not isinstance(self.trained.task, tasks.RankingTask)
     beams = (generate.decode_split(self.trained, split, s.whole_beam,
                                    queries_per_batch=queries_per_batch, log=log)
              if generative else None)
     if s.strategy == 'blend':
-      session_of = np.repeat(np.arange(split.num_sessions), split.lengths - 1)
-      position_of = np.arange(len(session_of)) - first_pair[session_of]
-      pair_contexts = [contexts[i][:t + 1] for i, t in zip(session_of.tolist(),
-                                                            position_of.tolist())]
+      at_pairs = pair_contexts()
       by_source = [self._blend_sources(beam, context)
-                   for beam, context in zip(texts(beams), pair_contexts)]
+                   for beam, context in zip(texts(beams), at_pairs)]
       for name in BLEND_SOURCES:
         sources[name] = [pair[name] for pair in by_source]
       return SplitLists([blended(pair, s.blend, context)
-                         for pair, context in zip(by_source, pair_contexts)], sources)
+                         for pair, context in zip(by_source, at_pairs)], sources)
     if self.rankers is None and self.retriever is None:
       return SplitLists(beams, sources)
     if beams is not None:
@@ -576,23 +578,16 @@ class Pipeline:
         return SplitLists(pool_lists, sources)
       sources['retrieve'] = texts(pool_lists)
     if self.proposer is not None:
-      lengths = split.lengths - 1
-      session_of = np.repeat(np.arange(split.num_sessions), lengths)
-      position_of = np.arange(len(session_of)) - first_pair[session_of]
       started = time.time()
       sources['imdna'] = self.proposer.propose(
-          [contexts[i][:t + 1] for i, t in zip(session_of.tolist(), position_of.tolist())],
-          s.imdna_proposed,
+          pair_contexts(), s.imdna_proposed,
           users=None if split.users is None else np.asarray(split.users)[session_of])
       log(f'  IMDNA proposed next queries for {len(sources["imdna"]):,} contexts in '
           f'{time.time() - started:.1f} s', flush=True)
     if self._log_sources():
-      session_of = np.repeat(np.arange(split.num_sessions), split.lengths - 1)
-      position_of = np.arange(len(session_of)) - first_pair[session_of]
-      pair_contexts = [contexts[i][:t + 1] for i, t in zip(session_of.tolist(),
-                                                            position_of.tolist())]
+      at_pairs = pair_contexts()
       for name, k in self._log_sources():
-        sources[name] = self.log_counts.lists(pair_contexts, k, name)
+        sources[name] = self.log_counts.lists(at_pairs, k, name)
     started = time.time()
     ordered = self.rankers.order(
         contexts, [per_session(sources[name]) for name in SOURCES if name in sources],
