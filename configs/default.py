@@ -243,6 +243,9 @@ def get_config(variant: str = '') -> ml_collections.ConfigDict:
   c.serve.deadline_ms = 2000.0  # a request not answered in this time gets 504
   # SIGTERM: unready, new requests refused (503), those in flight answered, exit 0 within this.
   c.serve.drain_seconds = 10.0
+  # Draining ends once no request came for this long: a load balancer that polls /readyz sends
+  # requests until it sees the 503; those are answered 503 rather than reset.
+  c.serve.drain_quiet_seconds = 0.5
   c.serve.max_body_bytes = 16384  # a larger request body is refused unread (413)
   # SQLite file (relative to the workdir) of each user's earlier queries, for the models that
   # read a user's history (config.data.history_queries) or the habit rule; '': none kept.

@@ -196,7 +196,8 @@ def _check_serve(config) -> None:
                      'serve.drain_seconds', 'serve.max_body_bytes', 'serve.history_per_user'])
   if not 0 <= v.port <= 65535:
     raise ConfigError(f'config.serve.port must be in 0..65535 (0: any free port), got {v.port}')
-  if v.max_wait_ms < 0:
-    raise ConfigError(f'config.serve.max_wait_ms must be >= 0, got {v.max_wait_ms}')
+  for key in ('max_wait_ms', 'drain_quiet_seconds'):
+    if v[key] < 0:
+      raise ConfigError(f'config.serve.{key} must be >= 0, got {v[key]}')
   if not v.host:
     raise ConfigError("config.serve.host is empty: give an address (e.g. '127.0.0.1')")

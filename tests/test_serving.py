@@ -423,7 +423,10 @@ class Server:
 @pytest.mark.slow
 def test_histories_survive_kill_9_and_sighup_reloads_and_sigterm_drains(workdir):
   serve = ('--config.serve.max_batch=2', '--config.serve.queue_bound=500',
-           '--config.serve.deadline_ms=60000', '--config.serve.drain_seconds=30')
+           '--config.serve.deadline_ms=60000', '--config.serve.drain_seconds=30',
+           # Long enough that the service is still there for the request after /readyz's 503
+           # on a busy machine (with the default 0.5 s, a stall of the test ends the drain).
+           '--config.serve.drain_quiet_seconds=5')
   first = Server(workdir, *serve)
   try:
     answers = [first.post({'session': s, 'user': 'kim'}).json()['history']
@@ -631,6 +634,7 @@ def test_serve_settings_are_checked_before_anything_starts():
   from mtn_jax import config_lib  # pylint: disable=g-import-not-at-top
   for override, key in (('--config.serve.max_batch=0', 'serve.max_batch'),
                         ('--config.serve.port=70000', 'serve.port'),
-                        ('--config.serve.max_wait_ms=-1', 'serve.max_wait_ms')):
+                        ('--config.serve.max_wait_ms=-1', 'serve.max_wait_ms'),
+                        ('--config.serve.drain_quiet_seconds=-1', 'serve.drain_quiet_seconds')):
     with pytest.raises(config_lib.ConfigError, match=re.escape(f'config.{key}')):
       config_lib.validate(cli.config(override), 'serve')

@@ -9,8 +9,8 @@
    two batches. A reload that fails leaves the old model serving (and says why).
 4. SIGTERM (or Ctrl-C): /readyz says 503, new requests get 503 with Retry-After, the queued
    batches start at once, and once the requests in flight are answered and none came for
-   half a second (or config.serve.drain_seconds have passed) the process exits 0. A second
-   Ctrl-C stops at once.
+   config.serve.drain_quiet_seconds (or config.serve.drain_seconds have passed) the process
+   exits 0. A second Ctrl-C stops at once.
 """
 
 from __future__ import annotations
@@ -47,6 +47,7 @@ class ServeSettings:
   queue_bound: int = 64
   deadline_ms: float = 2000.0
   drain_seconds: float = 10.0
+  drain_quiet_seconds: float = 0.5
   max_body_bytes: int = 16384
   history_db: str = 'serve/histories.sqlite'
   history_per_user: int = 1000
@@ -57,10 +58,6 @@ class ServeSettings:
   def from_config(cls, config: ml_collections.ConfigDict) -> ServeSettings:
     values = {f.name: config.serve[f.name] for f in dataclasses.fields(cls)}
     return cls(**{**values, 'user_facing': bool(values['user_facing'])})
-
-
-# Draining ends once no request came for this long (or config.serve.drain_seconds / 4).
-DRAIN_QUIET_SECONDS = 0.5
 
 
 def _say(text: str) -> None:
@@ -155,7 +152,7 @@ class Service:
     seconds pass (False). The moment lets the connections already made (the listening
     socket's backlog) be answered, with 503, rather than reset."""
     end = time.monotonic() + timeout
-    quiet = min(DRAIN_QUIET_SECONDS, timeout / 4)
+    quiet = min(self.settings.drain_quiet_seconds, timeout / 4)
     while True:
       now = time.monotonic()
       busy = self.inflight > 0 or self.batcher.depth or self.batcher.running
