@@ -115,7 +115,7 @@ def get_config(variant: str = '') -> ml_collections.ConfigDict:
   c.model.poly_codes = 16  # m, the Poly-encoder's learned codes (16, 64, 360 in the paper)
   c.model.cross_negatives = 15  # pool entries drawn per context to train the Cross-encoder
   # Bi- and Poly-encoders: pool entries drawn uniformly per batch as negatives of every
-  # context, beside the batch's own next queries (mtn_jax/ranking_tasks.py).
+  # context, beside the batch's own next queries (mtn_jax/tasks/rankers.py).
   c.model.pool_negatives = 0
   # Every ranker: the session's queries so far are candidates too, and every candidate's
   # target is graded by its n-gram overlap with the true next query.
@@ -154,7 +154,8 @@ def get_config(variant: str = '') -> ml_collections.ConfigDict:
   # Rankers: comma-separated workdirs of K generators trained with
   # train.user_folds=K, one per held-out fold; each context's candidates then include the
   # suggestions of the generator that never saw its user (valid: the first one's), decoded
-  # with each generator's own config.decode and cached in its workdir (mtn_jax/hypotheses.py).
+  # with each generator's own config.decode and cached in its workdir
+  # (mtn_jax/inference/hypotheses.py).
   c.train.hypotheses_from = ''
   c.train.log_every_steps = 100
   c.train.checkpoint_every_steps = 1000
@@ -173,7 +174,7 @@ def get_config(variant: str = '') -> ml_collections.ConfigDict:
   c.decode.block_repeats = False
   # 'none': the beam's order; 'mbr': its suggestions reordered by minimum Bayes risk (expected
   # BLEU against the beam); 'mbr+session': the session's queries are candidates too
-  # (mtn_jax/mbr.py).
+  # (mtn_jax/decoding/mbr.py).
   c.decode.rerank = 'none'
   # True: decode and suggest never offer a query the session already holds (evaluation
   # reports the paper's protocol and this one side by side, whatever this says).
@@ -208,7 +209,7 @@ def get_config(variant: str = '') -> ml_collections.ConfigDict:
   c.suggest.popular = 0
   c.suggest.cooccurring = 0
   # 'rerank': True orders the pooled candidates by expected BLEU under the ranker's softmax
-  # (minimum Bayes risk, mtn_jax/mbr.py) instead of by the ranker's score.
+  # (minimum Bayes risk, mtn_jax/decoding/mbr.py) instead of by the ranker's score.
   c.suggest.mbr = False
   # 'blend': the generator's beam and the training log's lists by quotas, in order: the first
   # N of each SOURCE (generate: the beam; popular: the most popular next queries;
@@ -218,16 +219,17 @@ def get_config(variant: str = '') -> ml_collections.ConfigDict:
   # 'rerank': the user's habit query (the query of their past they issued most, the session's
   # queries left out) goes first where their past shows it right often enough: at least this
   # share of their past queries were the habit query of their moment, over at least
-  # habit_min_past of them (mtn_jax/habits.py). 0: never. On the AOL sample's training users,
-  # 0.15 and 5 raise top-1 BLEU from 11.87 (the previous query) to 13.54 (docs/RESULTS.md,
-  # "A user's habits"); a raw log given to decode is read with every earlier session of a user.
+  # habit_min_past of them (mtn_jax/inference/habits.py). 0: never. On the AOL sample's
+  # training users, 0.15 and 5 raise top-1 BLEU from 11.87 (the previous query) to 13.54
+  # (docs/RESULTS.md, "A user's habits"); a raw log given to decode is read with every earlier
+  # session of a user.
   c.suggest.habit_rate = 0.0
   c.suggest.habit_min_past = 5
   # How a Bi-encoder retriever finds its best pool entries (decode, suggest, and the retriever
   # of 'rerank'): 'exact' scores the whole pool; 'usearch' searches an approximate
-  # nearest-neighbour index of the cached candidate vectors (mtn_jax/ranking.py), for pools
-  # too large to score exhaustively. A Poly- or Cross-encoder's score is no inner product of
-  # fixed vectors: 'exact' only. Evaluation's ranking stays exact either way.
+  # nearest-neighbour index of the cached candidate vectors (mtn_jax/inference/retrieval.py),
+  # for pools too large to score exhaustively. A Poly- or Cross-encoder's score is no inner
+  # product of fixed vectors: 'exact' only. Evaluation's ranking stays exact either way.
   c.suggest.index = 'exact'
 
   # --mode=serve: an HTTP service of the workdir's best checkpoint (mtn_jax/serving/), with the
@@ -261,13 +263,13 @@ def get_config(variant: str = '') -> ml_collections.ConfigDict:
   c.report.workdirs = ''  # comma-separated workdirs for --mode=report ('': the --workdir)
   c.report.output = ''  # default: <workdir>/report
 
-  # The generated movie knowledge base (data.source='movies', mtn_jax/data/movies.py).
+  # The generated movie knowledge base (data.source='movies', mtn_jax/data/synthetic/movies.py).
   c.movies = ml_collections.ConfigDict()
   c.movies.num_movies = 1000
   c.movies.num_users = 3000  # one recommendation question each
   c.movies.seed = 0
 
-  # The IMDNA task (mtn_jax/imdna_task.py): 'qa' or 'recs' on the movie knowledge base, or
+  # The IMDNA task (mtn_jax/tasks/imdna.py): 'qa' or 'recs' on the movie knowledge base, or
   # 'aol' (a session corpus); K documents retrieved by BM25 (k1, b) per question; documents
   # and questions cut to these many words; questions per batch.
   c.imdna = ml_collections.ConfigDict()
