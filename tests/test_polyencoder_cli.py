@@ -7,6 +7,7 @@ worker, take about as long."""
 
 from __future__ import annotations
 
+import datetime
 import json
 import sys
 
@@ -278,24 +279,42 @@ def test_rerank_adds_imdna_next_queries(imdna_run, rerank_run, tmp_path):
     assert queries <= beam | pool | set(sample['context'])
     taken_from_imdna += len(queries - beam - set(sample['context']))
   assert taken_from_imdna > 0
-  # decode: the same sources for sessions typed in a file (no user: nothing left out).
-  contexts = [s['context'] for s in read_jsonl(generator / 'eval' / 'rerank_samples.jsonl')[:3]]
-  sessions_file = tmp_path / 'sessions.txt'
-  sessions_file.write_text(''.join('\t'.join(c) + '\n' for c in contexts))
-  beam_out, reranked_out = tmp_path / 'beam.jsonl', tmp_path / 'reranked.jsonl'
-  cli.run(generator, *FEW, f'--config.decode.input={sessions_file}',
-          f'--config.decode.output={beam_out}', mode='decode')
-  cli.run(generator, *FEW, f'--config.decode.input={sessions_file}',
-          f'--config.decode.output={reranked_out}', '--config.suggest.strategy=rerank',
-          f'--config.suggest.ranker_workdir={poly}', '--config.suggest.retrieved=0',
-          f'--config.suggest.imdna_workdir={imdna_run}', mode='decode')
-  records = read_jsonl(reranked_out)
-  assert [r['context'] for r in records] == contexts
-  for record, beam in zip(records, read_jsonl(beam_out)):
-    queries = [s['query'] for s in record['suggestions']]
-    assert 0 < len(queries) == len(set(queries)) <= 5
-    assert set(queries) <= ({s['query'] for s in beam['suggestions']} | pool
-                            | set(record['context']))
+
+
+# The habit rule at a rate the demo users reach: 4 of the test split's 24 contexts get a habit.
+HABITS = ('--config.suggest.habit_rate=0.01', '--config.suggest.habit_min_past=1')
+
+
+@pytest.mark.slow
+def test_rerank_with_imdna_and_habits_decodes_what_eval_scored(imdna_run, rerank_run,
+                                                               tmp_path):
+  """Every rule of 'rerank' at once (the Poly-encoder's scores, IMDNA's next queries, a
+  user's habit query first): eval's lists, for users, are what decode writes for a log of
+  those users' sessions, under both protocols."""
+  import shutil  # pylint: disable=g-import-not-at-top
+  from mtn_jax.data import sessions  # pylint: disable=g-import-not-at-top
+  from mtn_jax.inference import habits  # pylint: disable=g-import-not-at-top
+  generator = tmp_path / 'generator'
+  shutil.copytree(rerank_run[0], generator)
+  rerank = ('--config.suggest.strategy=rerank', f'--config.suggest.ranker_workdir={rerank_run[1]}',
+            '--config.suggest.imdna_proposed=3', f'--config.suggest.imdna_workdir={imdna_run}',
+            *HABITS)
+  cli.run(generator, *FEW, *rerank, mode='eval')
+  lists = generator / 'eval' / 'rerank_lists.jsonl'
+  # The habit rule decided some of these lists: where it names a query, that query is first.
+  test = sessions.load_split(str(generator / 'data'), 'test')
+  firsts = [[user.first(test.session_texts(i)[:t + 1], 0.01, 1)
+             for t in range(test.lengths[i] - 1)]  # read before `carried` moves on
+            for i, user in enumerate(habits.carried(
+                habits.past_queries(str(generator / 'data'), test)))]
+  habit_firsts = 0
+  for pair in read_jsonl(lists):
+    first = firsts[pair['session']][pair['position']]
+    if first:
+      habit_firsts += 1
+      assert pair['suggestions'][0]['query'] == first
+  assert habit_firsts > 0
+  assert_raw_log_decode_writes_what_eval_scored(generator, lists, tmp_path, *rerank)
 
 
 @pytest.mark.slow
@@ -355,6 +374,52 @@ def test_graded_poly_encoder_with_lexical_negatives_trains_and_evaluates(tmp_pat
   run(mode='eval')
   results = json.loads((tmp_path / 'eval' / 'results.json').read_text())
   assert results['pairs'] > 0 and '"r1_of_20"' in json.dumps(results)
+
+
+def assert_raw_log_decode_writes_what_eval_scored(workdir, lists_path, tmp_path, *overrides):
+  """Eval's lists for users (the habit rule reads each user's past; IMDNA leaves each user's
+  own sessions out of its documents) against decode of an AOL-format log that holds every
+  session of those users, from every split, in the same order: the user's earlier sessions in
+  the log are the past that evaluation reads from the corpus. Both protocols, the same lists
+  and scores."""
+  from mtn_jax.data import sessions  # pylint: disable=g-import-not-at-top
+  results = json.loads(lists_path.with_name(
+      lists_path.name.replace('lists.jsonl', 'results.json')).read_text())
+  data = str(workdir / 'data')
+  split = sessions.load_split(data, results['split'])
+  pairs = read_jsonl(lists_path)
+  users = {int(split.users[p['session']]) for p in pairs}
+  by_user = {}  # user -> [(start time, split name, index)]
+  for name in sessions.SPLITS:
+    other = split if name == split.name else sessions.load_split(data, name)
+    for i in range(other.num_sessions):
+      if int(other.users[i]) in users:
+        by_user.setdefault(int(other.users[i]), []).append(
+            (int(other.start_times[i]), name, i, other.session_texts(i)))
+  rows, number = [], {}  # (split name, index) -> the session's number in the log (decode's)
+  start = datetime.datetime(2006, 3, 1)
+  for user in sorted(by_user):
+    for k, (_, name, i, texts) in enumerate(sorted(by_user[user])):
+      number[name, i] = len(number)
+      for t, text in enumerate(texts):  # an hour between sessions, a minute between queries
+        when = start + datetime.timedelta(hours=k, minutes=t)
+        rows.append(f'{user}\t{text}\t{when:%Y-%m-%d %H:%M:%S}\t\t\n')
+  log = tmp_path / f'{lists_path.stem}.log.tsv'
+  log.write_text('AnonID\tQuery\tQueryTime\tItemRank\tClickURL\n' + ''.join(rows))
+  for exclude, key in ((False, 'suggestions'), (True, 'suggestions_excluding_session')):
+    output = tmp_path / f'{lists_path.stem}.raw.{key}.jsonl'
+    cli.run(workdir, *FEW, *overrides, f'--config.decode.input={log}',
+            f'--config.decode.output={output}',
+            f'--config.decode.exclude_session_queries={exclude}', mode='decode')
+    decoded = {(r['session'], r['position']): r for r in read_jsonl(output)}
+    for pair in pairs:
+      record = decoded[number[split.name, pair['session']], pair['position']]
+      assert record['context'] == pair['context']
+      assert record['user'] == int(split.users[pair['session']])
+      assert [s['query'] for s in record['suggestions']] == [s['query'] for s in pair[key]], (
+          exclude, pair['context'])
+      assert [s['score'] for s in record['suggestions']] == pytest.approx(
+          [s['score'] for s in pair[key]], abs=1e-4)
 
 
 def assert_decode_writes_what_eval_scored(workdir, lists_path, tmp_path, *overrides,
