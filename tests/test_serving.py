@@ -130,6 +130,42 @@ def test_suggestions_equal_decodes(workdir, service, client, tmp_path):
 
 
 @pytest.mark.slow
+def test_a_users_suggestions_equal_decode_of_their_log(workdir, service, client, tmp_path):
+  """A user who types three sessions, a query at a time: after each query the service shows
+  what --mode=decode writes for an AOL-format log of those sessions, where the user's earlier
+  sessions are the history the model reads (the service keeps it in SQLite)."""
+  words = list(service.engine.pipeline.trained.vocab.words[5:40])
+  typed = [[words[0], f'{words[1]} {words[2]}', words[3]], [words[4], words[5]],
+           [f'{words[6]} {words[0]}', words[7], f'{words[8]} {words[1]}']]
+  user = 'types-a-log'  # no other test's user
+  served, histories = [], []
+  for queries in typed:
+    for t in range(len(queries)):
+      answer = client.post('/v1/suggest', json={'session': queries[:t + 1], 'user': user})
+      assert answer.status_code == 200, answer.text
+      served.append(answer.json()['suggestions'])
+      histories.append(answer.json()['history'])
+  # Earlier queries read: none in the first session, then the queries of those before.
+  assert histories == [0, 0, 0, 3, 3, 5, 5, 5]
+  log, rows = tmp_path / 'log.tsv', []
+  for k, queries in enumerate(typed):  # an hour between sessions, a minute between queries
+    rows += [f'7\t{q}\t2006-03-01 {10 + k:02d}:{t:02d}:00\t\t\n' for t, q in enumerate(queries)]
+  log.write_text('AnonID\tQuery\tQueryTime\tItemRank\tClickURL\n' + ''.join(rows))
+  output = tmp_path / 'decoded.jsonl'
+  suggest.decode_file(_config(f'--config.decode.input={log}', f'--config.decode.output={output}',
+                              '--config.decode.exclude_session_queries=True'), workdir)
+  decoded = [json.loads(line) for line in output.read_text().splitlines()]
+  assert [r['context'] for r in decoded] == [q[:t + 1] for q in typed for t in range(len(q))]
+  for record, got in zip(decoded, served):
+    want = record['suggestions']
+    assert [s['query'] for s in got] == [s['query'] for s in want], record['context']
+    assert [s['score'] for s in got] == pytest.approx([s['score'] for s in want], abs=1e-4)
+  # The history changed what the model suggests: the same session without the user differs.
+  alone = client.post('/v1/suggest', json={'session': typed[2]}).json()['suggestions']
+  assert alone != served[-1]
+
+
+@pytest.mark.slow
 def test_every_length_and_batch_size_compiles_nothing_new(service, client):
   """Warm-up compiled every shape: sessions of every allowed length, alone and in batches of
   every size, with and without a user, compile no program."""
