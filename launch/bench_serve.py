@@ -15,7 +15,10 @@ sessions, cut at random positions, are the requests.
    answers by status (connection errors by name; 'gave up': no answer within the deadline
    and a second), and from the service's /metrics before and after: its own time per
    request (from reading it to answering), the time per batch run, and the batch sizes.
-   Before the next rate the service runs out of what it still holds.
+   Before the next rate the service runs out of what it still holds. With `--faults_rate`,
+   that rate is offered twice more: with a reload (SIGHUP) a third of the way in, and with a
+   SIGTERM half-way through, after which nothing more is sent (the drain's row: every request
+   sent before it answered, none failed).
 3. The service is stopped (SIGTERM), and the same checkpoint decodes `--offline_contexts`
    contexts in this process through `Pipeline.suggest` (batches of config.decode.batch_sessions,
    as `--mode=decode` runs them), after one untimed warm-up pass: contexts/s, the median of
@@ -59,6 +62,9 @@ _SET = flags.DEFINE_multi_string('set', [], 'A config override section.key=value
 _RATES = flags.DEFINE_list('rates', ['5', '10', '20', '40', '80', '160'],
                            'Offered loads to measure, requests per second.')
 _SECONDS = flags.DEFINE_float('seconds', 10.0, 'How long each rate is offered.')
+_FAULTS_RATE = flags.DEFINE_float('faults_rate', 0.0, 'After the rates: this rate once more '
+                                  'with a reload (SIGHUP) a third of the way in, and once with '
+                                  'a SIGTERM drain half-way through (0: neither).')
 _OFFLINE = flags.DEFINE_integer('offline_contexts', 1024,
                                 'Contexts decoded offline (0: no offline measurement).')
 _SEED = flags.DEFINE_integer('seed', 0, 'Seed of the sessions chosen and the arrival times.')
@@ -153,8 +159,12 @@ def batch_histogram(text: str) -> dict[str, float]:
 
 
 async def offer(url: str, sessions, rate: float, seconds: float, deadline_s: float,
-                rng: np.random.Generator) -> dict:
-  """Requests at `rate`/s (Poisson arrivals) for `seconds`; what came back."""
+                rng: np.random.Generator, signal_at: float | None = None,
+                send_signal=None, stop_sending: bool = False) -> dict:
+  """Requests at `rate`/s (Poisson arrivals) for `seconds`; what came back. With `signal_at`,
+  `send_signal()` is called that many seconds in (SIGHUP: a reload under load; SIGTERM: a
+  drain, after which no request is sent with `stop_sending`, as a load balancer that saw
+  /readyz turn unready would)."""
   latencies, statuses = [], {}
   limits = httpx.Limits(max_connections=2000, max_keepalive_connections=200)
   async with httpx.AsyncClient(timeout=deadline_s + 5, limits=limits) as client:
@@ -178,6 +188,11 @@ async def offer(url: str, sessions, rate: float, seconds: float, deadline_s: flo
       at += rng.exponential(1 / rate)
       if at >= seconds:
         break
+      if signal_at is not None and at >= signal_at:
+        send_signal()
+        signal_at = None
+        if stop_sending:
+          break
       delay = start + at - time.perf_counter()
       if delay > 0:
         await asyncio.sleep(delay)
@@ -189,12 +204,15 @@ async def offer(url: str, sessions, rate: float, seconds: float, deadline_s: flo
     if pending:
       statuses['gave up'] = len(pending)
     elapsed = time.perf_counter() - start
-    # What the service still holds (requests it read before the client gave up) runs out
-    # before the next rate.
-    while metric((await client.get(f'{url}/metrics')).text, 'mtn_serve_queue_depth') > 0:
-      await asyncio.sleep(0.2)
-    await asyncio.sleep(1.0)
-    after = (await client.get(f'{url}/metrics')).text
+    if stop_sending:  # drained: the service is gone, its figures with it
+      after = before
+    else:
+      # What the service still holds (requests it read before the client gave up) runs out
+      # before the next rate.
+      while metric((await client.get(f'{url}/metrics')).text, 'mtn_serve_queue_depth') > 0:
+        await asyncio.sleep(0.2)
+      await asyncio.sleep(1.0)
+      after = (await client.get(f'{url}/metrics')).text
   batches = metric(after, 'mtn_serve_batch_size_count') - metric(before, 'mtn_serve_batch_size_count')
   requests = metric(after, 'mtn_serve_batch_size_sum') - metric(before, 'mtn_serve_batch_size_sum')
   hist_before, hist_after = batch_histogram(before), batch_histogram(after)
@@ -210,7 +228,7 @@ async def offer(url: str, sessions, rate: float, seconds: float, deadline_s: flo
   batch_ms = 1000 * delta('mtn_serve_batch_seconds_sum') / max(
       delta('mtn_serve_batch_seconds_count'), 1)
   q = (lambda p: 1000 * float(np.percentile(latencies, p))) if latencies else (lambda p: 0.0)
-  return {'rate': rate, 'sent': len(tasks), 'sent_for': sent_for, 'elapsed': elapsed,
+  return {'rate': f'{rate:g}', 'sent': len(tasks), 'sent_for': sent_for, 'elapsed': elapsed,
           'ok': len(latencies), 'p50': q(50), 'p95': q(95), 'p99': q(99),
           'throughput': len(latencies) / sent_for, 'statuses': statuses,
           'mean_batch': requests / batches if batches else 0.0, 'batches': spread,
@@ -256,8 +274,19 @@ def main(argv):
                                     config.serve.deadline_ms / 1000, rng)))
       r = rows[-1]
       print(f'  {rate:g}/s: {r["ok"]}/{r["sent"]} answered, p50 {r["p50"]:.1f} ms', flush=True)
+    if _FAULTS_RATE.value:
+      # A reload (SIGHUP) a third of the way in, then a drain (SIGTERM) half-way through:
+      # under load neither may fail a request (a 503 after the drain began is a refusal).
+      rate, deadline = _FAULTS_RATE.value, config.serve.deadline_ms / 1000
+      for name, sig, at, stop in (('reload', signal.SIGHUP, _SECONDS.value / 3, False),
+                                  ('drain', signal.SIGTERM, _SECONDS.value / 2, True)):
+        rows.append(asyncio.run(offer(
+            service.url, sessions, rate, _SECONDS.value, deadline, rng, signal_at=at,
+            send_signal=lambda sig=sig: service.process.send_signal(sig), stop_sending=stop)))
+        rows[-1]['rate'] = f'{rate:g}, {name} at {at:g} s'
+        print(f'  {name} under {rate:g}/s: {rows[-1]["statuses"]}', flush=True)
   finally:
-    code = service.stop()
+    code = service.stop() if service.process.poll() is None else service.process.wait(60)
   print(f'The service exited {code} after SIGTERM.')
   s = config.serve
   print(f'\nService: max_batch {s.max_batch}, max_wait_ms {s.max_wait_ms:g}, queue_bound '
@@ -269,9 +298,11 @@ def main(argv):
   for r in rows:
     statuses = ', '.join(f'{k}: {v}' for k, v in sorted(r['statuses'].items()))
     spread = ', '.join(f'{k}: {v}' for k, v in sorted(r['batches'].items()))
-    print(f'| {r["rate"]:g} | {r["sent"]} | {r["throughput"]:.1f} | {r["p50"]:.1f} | '
-          f'{r["p95"]:.1f} | {r["p99"]:.1f} | {statuses} | {r["server_ms"]:.1f} | '
-          f'{r["batch_ms"]:.1f} | {r["mean_batch"]:.2f} | {spread} |')
+    # After a drain the service's own figures went with it.
+    own = (f'{r["server_ms"]:.1f} | {r["batch_ms"]:.1f} | {r["mean_batch"]:.2f} | {spread}'
+           if r['mean_batch'] else '- | - | - | -')
+    print(f'| {r["rate"]} | {r["sent"]} | {r["throughput"]:.1f} | {r["p50"]:.1f} | '
+          f'{r["p95"]:.1f} | {r["p99"]:.1f} | {statuses} | {own} |')
   if _OFFLINE.value:
     o = offline(config, workdir, sessions[:_OFFLINE.value])
     print(f'\nOffline (Pipeline.suggest, batches of {o["batch"]}, as --mode=decode; median of '
