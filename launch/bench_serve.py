@@ -283,7 +283,7 @@ def main(argv):
         rows.append(asyncio.run(offer(
             service.url, sessions, rate, _SECONDS.value, deadline, rng, signal_at=at,
             send_signal=lambda sig=sig: service.process.send_signal(sig), stop_sending=stop)))
-        rows[-1]['rate'] = f'{rate:g}, {name} at {at:g} s'
+        rows[-1]['rate'] = f'{rate:g}, {name} at {at:.3g} s'
         print(f'  {name} under {rate:g}/s: {rows[-1]["statuses"]}', flush=True)
   finally:
     code = service.stop() if service.process.poll() is None else service.process.wait(60)
