@@ -80,6 +80,22 @@ def popen(workdir, *overrides, mode: str = 'train', devices: int = 1) -> subproc
                           stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
 
 
+def write_log(path, sessions_by_user) -> None:
+  """An AOL-format log at `path` of `sessions_by_user` ([(user, [[query, ...], ...]), ...],
+  each user's sessions oldest first): an hour between a user's sessions (any gap of 30
+  minutes starts a new one), a minute between the queries of a session."""
+  import datetime  # pylint: disable=g-import-not-at-top
+  from mtn_jax.data.synthetic import demo_log  # pylint: disable=g-import-not-at-top
+  start, rows = datetime.datetime(2006, 3, 1), [demo_log.HEADER + '\n']
+  for user, user_sessions in sessions_by_user:
+    for k, queries in enumerate(user_sessions):
+      for t, query in enumerate(queries):
+        when = start + datetime.timedelta(hours=k, minutes=t)
+        rows.append(f'{user}\t{query}\t{when:%Y-%m-%d %H:%M:%S}\t\t\n')
+  with open(path, 'w', encoding='utf-8') as f:
+    f.writelines(rows)
+
+
 def config(*overrides, name: str = 'demo', with_tiny: bool = True):
   """configs/<name>.py with `TINY` (unless `with_tiny` is False) and `overrides` applied, as
   the command line applies `--config.section.key=value`, for in-process runs."""

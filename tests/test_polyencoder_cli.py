@@ -7,7 +7,6 @@ worker, take about as long."""
 
 from __future__ import annotations
 
-import datetime
 import json
 import sys
 
@@ -177,14 +176,10 @@ def test_rerank_decode_of_a_raw_log_puts_a_habitual_users_habit_query_first(rera
   habit, the most issued query outside the session goes first. The two are words no model
   here can write (outside the vocabulary, never in the session when suggested)."""
   generator, poly, _ = rerank_run
-  rows = []
-  for day, (first, second) in enumerate([('qqbank', 'qqmail')] * 3
-                                        + [('weather boston', 'weather boston hourly')]):
-    rows += [f'7\t{first}\t2006-03-0{day + 1} 10:00:00\t\t\n',
-             f'7\t{second}\t2006-03-0{day + 1} 10:01:00\t\t\n']
-  rows.append('8\tweather boston\t2006-03-09 10:00:00\t\t\n')
   log = tmp_path / 'log.tsv'
-  log.write_text('AnonID\tQuery\tQueryTime\tItemRank\tClickURL\n' + ''.join(rows))
+  cli.write_log(log, [(7, [['qqbank', 'qqmail']] * 3 + [['weather boston',
+                                                        'weather boston hourly']]),
+                      (8, [['weather boston']])])
   output = tmp_path / 'habits.jsonl'
   cli.run(generator, *FEW, f'--config.decode.input={log}', f'--config.decode.output={output}',
           '--config.suggest.strategy=rerank', f'--config.suggest.ranker_workdir={poly}',
@@ -389,23 +384,20 @@ def assert_raw_log_decode_writes_what_eval_scored(workdir, lists_path, tmp_path,
   split = sessions.load_split(data, results['split'])
   pairs = read_jsonl(lists_path)
   users = {int(split.users[p['session']]) for p in pairs}
-  by_user = {}  # user -> [(start time, split name, index)]
+  by_user = {}  # user -> [(start time, split name, index, texts)]
   for name in sessions.SPLITS:
     other = split if name == split.name else sessions.load_split(data, name)
     for i in range(other.num_sessions):
       if int(other.users[i]) in users:
         by_user.setdefault(int(other.users[i]), []).append(
             (int(other.start_times[i]), name, i, other.session_texts(i)))
-  rows, number = [], {}  # (split name, index) -> the session's number in the log (decode's)
-  start = datetime.datetime(2006, 3, 1)
+  number = {}  # (split name, index) -> the session's number in the log (decode's)
   for user in sorted(by_user):
-    for k, (_, name, i, texts) in enumerate(sorted(by_user[user])):
+    by_user[user].sort()
+    for _, name, i, _ in by_user[user]:
       number[name, i] = len(number)
-      for t, text in enumerate(texts):  # an hour between sessions, a minute between queries
-        when = start + datetime.timedelta(hours=k, minutes=t)
-        rows.append(f'{user}\t{text}\t{when:%Y-%m-%d %H:%M:%S}\t\t\n')
   log = tmp_path / f'{lists_path.stem}.log.tsv'
-  log.write_text('AnonID\tQuery\tQueryTime\tItemRank\tClickURL\n' + ''.join(rows))
+  cli.write_log(log, [(user, [texts for *_, texts in by_user[user]]) for user in sorted(by_user)])
   for exclude, key in ((False, 'suggestions'), (True, 'suggestions_excluding_session')):
     output = tmp_path / f'{lists_path.stem}.raw.{key}.jsonl'
     cli.run(workdir, *FEW, *overrides, f'--config.decode.input={log}',

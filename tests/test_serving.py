@@ -147,10 +147,8 @@ def test_a_users_suggestions_equal_decode_of_their_log(workdir, service, client,
       histories.append(answer.json()['history'])
   # Earlier queries read: none in the first session, then the queries of those before.
   assert histories == [0, 0, 0, 3, 3, 5, 5, 5]
-  log, rows = tmp_path / 'log.tsv', []
-  for k, queries in enumerate(typed):  # an hour between sessions, a minute between queries
-    rows += [f'7\t{q}\t2006-03-01 {10 + k:02d}:{t:02d}:00\t\t\n' for t, q in enumerate(queries)]
-  log.write_text('AnonID\tQuery\tQueryTime\tItemRank\tClickURL\n' + ''.join(rows))
+  log = tmp_path / 'log.tsv'
+  cli.write_log(log, [(7, typed)])
   output = tmp_path / 'decoded.jsonl'
   suggest.decode_file(_config(f'--config.decode.input={log}', f'--config.decode.output={output}',
                               '--config.decode.exclude_session_queries=True'), workdir)
