@@ -240,7 +240,10 @@ def get_config(variant: str = '') -> ml_collections.ConfigDict:
   c.serve.host = '127.0.0.1'  # the address listened on ('0.0.0.0': every interface)
   c.serve.port = 8080  # 0: any free port (the one taken is printed)
   c.serve.max_batch = 8  # requests decoded together at most
-  c.serve.max_wait_ms = 5.0  # how long the first request of a batch waits for others
+  # How long the first request of a batch waits for others. 0: a batch starts as soon as the
+  # worker is free, and the requests that come while it runs make the next one (batches
+  # still grow with the load; a lone demo request: p50 10.8 ms against 17.5 at 5 ms).
+  c.serve.max_wait_ms = 0.0
   c.serve.queue_bound = 64  # requests waiting beyond this are refused: 503 with Retry-After
   c.serve.deadline_ms = 2000.0  # a request not answered in this time gets 504
   # SIGTERM: unready, new requests refused (503), those in flight answered, exit 0 within this.

@@ -34,6 +34,7 @@ import ast
 import asyncio
 import datetime
 import importlib.util
+import json
 import os
 import platform
 import re
@@ -43,11 +44,12 @@ import subprocess
 import sys
 import threading
 import time
+import urllib.request
 
 from absl import app
 from absl import flags
 from absl import logging
-import httpx
+import aiohttp
 import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -68,9 +70,9 @@ _FAULTS_RATE = flags.DEFINE_float('faults_rate', 0.0, 'After the rates: this rat
 _OFFLINE = flags.DEFINE_integer('offline_contexts', 1024,
                                 'Contexts decoded offline (0: no offline measurement).')
 _SEED = flags.DEFINE_integer('seed', 0, 'Seed of the sessions chosen and the arrival times.')
-_CPU_DEVICES = flags.DEFINE_integer('cpu_devices', 0, 'JAX CPU devices of the service and the '
-                                    'offline run (--cpu_devices of the command line; 0: one '
-                                    'per core, as the workdir was most likely trained with).')
+_CPU_DEVICES = flags.DEFINE_integer('cpu_devices', None, 'JAX CPU devices of the service and '
+                                    'the offline run (--cpu_devices of the command line; '
+                                    'default: as --mode=serve and --mode=decode, one).')
 flags.mark_flag_as_required('workdir')
 
 
@@ -118,7 +120,8 @@ class ServiceProcess:
 
   def __init__(self, workdir: str, config: str, overrides):
     command = [sys.executable, '-m', 'mtn_jax.main', f'--config={config}',
-               f'--workdir={workdir}', '--mode=serve', f'--cpu_devices={_CPU_DEVICES.value}',
+               f'--workdir={workdir}', '--mode=serve',
+               *([] if _CPU_DEVICES.value is None else [f'--cpu_devices={_CPU_DEVICES.value}']),
                '--config.serve.host=127.0.0.1', '--config.serve.port=0',
                *(f'--config.{o}' for o in overrides)]
     self.process = subprocess.Popen(command, cwd=REPO, stdout=subprocess.PIPE,
@@ -148,6 +151,13 @@ class ServiceProcess:
     return self.process.wait(60)
 
 
+def resident_mib(pid: int) -> float:
+  """The process's resident memory (VmRSS), MiB: flat from rate to rate when the queue
+  bound holds under overload."""
+  with open(f'/proc/{pid}/status', encoding='ascii') as f:
+    return next(int(line.split()[1]) for line in f if line.startswith('VmRSS:')) / 1024
+
+
 def metric(text: str, name: str) -> float:
   found = re.search(rf'^{re.escape(name)} (\S+)$', text, re.M)
   return float(found.group(1)) if found else 0.0
@@ -166,18 +176,28 @@ async def offer(url: str, sessions, rate: float, seconds: float, deadline_s: flo
   drain, after which no request is sent with `stop_sending`, as a load balancer that saw
   /readyz turn unready would)."""
   latencies, statuses = [], {}
-  limits = httpx.Limits(max_connections=2000, max_keepalive_connections=200)
-  async with httpx.AsyncClient(timeout=deadline_s + 5, limits=limits) as client:
-    before = (await client.get(f'{url}/metrics')).text
+  # aiohttp, not httpx: on a 2-core machine the client shares the cores with the service,
+  # and httpx's client saturated its core at ~160 requests/s while the service used a fifth
+  # of the other (2026-11-27); aiohttp's C parser costs a fraction of that per request.
+  connector = aiohttp.TCPConnector(limit=2000, limit_per_host=2000)
+  timeout = aiohttp.ClientTimeout(total=deadline_s + 5)
+  async with aiohttp.ClientSession(connector=connector, timeout=timeout) as client:
+
+    async def get(path: str) -> str:
+      async with client.get(f'{url}{path}') as response:
+        return await response.text()
+
+    before = await get('/metrics')
 
     async def one(session):
       sent = time.perf_counter()
       try:
-        response = await client.post(f'{url}/v1/suggest', json={'session': session})
-        key = str(response.status_code)
-        if response.status_code == 200:
-          latencies.append(time.perf_counter() - sent)
-      except httpx.HTTPError as e:
+        async with client.post(f'{url}/v1/suggest', json={'session': session}) as response:
+          await response.read()
+          key = str(response.status)
+          if response.status == 200:
+            latencies.append(time.perf_counter() - sent)
+      except (aiohttp.ClientError, asyncio.TimeoutError) as e:
         key = type(e).__name__
       statuses[key] = statuses.get(key, 0) + 1
 
@@ -209,10 +229,10 @@ async def offer(url: str, sessions, rate: float, seconds: float, deadline_s: flo
     else:
       # What the service still holds (requests it read before the client gave up) runs out
       # before the next rate.
-      while metric((await client.get(f'{url}/metrics')).text, 'mtn_serve_queue_depth') > 0:
+      while metric(await get('/metrics'), 'mtn_serve_queue_depth') > 0:
         await asyncio.sleep(0.2)
       await asyncio.sleep(1.0)
-      after = (await client.get(f'{url}/metrics')).text
+      after = await get('/metrics')
   batches = metric(after, 'mtn_serve_batch_size_count') - metric(before, 'mtn_serve_batch_size_count')
   requests = metric(after, 'mtn_serve_batch_size_sum') - metric(before, 'mtn_serve_batch_size_sum')
   hist_before, hist_after = batch_histogram(before), batch_histogram(after)
@@ -258,14 +278,15 @@ def main(argv):
   workdir = os.path.abspath(_WORKDIR.value)
   config = load_config(_CONFIG.value, _SET.value)
   from mtn_jax import parallel  # pylint: disable=g-import-not-at-top
-  parallel.set_cpu_devices(_CPU_DEVICES.value)
+  parallel.set_cpu_devices(parallel.cpu_devices_for('decode', _CPU_DEVICES.value))
   rng = np.random.default_rng(_SEED.value)
   print(f'bench_serve: {workdir} ({_CONFIG.value} {" ".join(_SET.value)}), '
         f'{platform.machine()} {platform.system()}, {os.cpu_count()} cores, '
         f'load average {" ".join(f"{x:.1f}" for x in os.getloadavg())}, Python '
         f'{platform.python_version()}, {datetime.date.today()}', flush=True)
   service = ServiceProcess(workdir, _CONFIG.value, _SET.value)
-  max_queries = httpx.get(f'{service.url}/v1/info').json()['max_session_queries']
+  with urllib.request.urlopen(f'{service.url}/v1/info') as response:
+    max_queries = json.load(response)['max_session_queries']
   sessions = request_sessions(workdir, max(_OFFLINE.value, 512), max_queries, _SEED.value)
   rows = []
   try:
@@ -273,6 +294,7 @@ def main(argv):
       rows.append(asyncio.run(offer(service.url, sessions, rate, _SECONDS.value,
                                     config.serve.deadline_ms / 1000, rng)))
       r = rows[-1]
+      r['rss'] = resident_mib(service.process.pid)
       print(f'  {rate:g}/s: {r["ok"]}/{r["sent"]} answered, p50 {r["p50"]:.1f} ms', flush=True)
     if _FAULTS_RATE.value:
       # A reload (SIGHUP) a third of the way in, then a drain (SIGTERM) half-way through:
@@ -293,16 +315,17 @@ def main(argv):
         f'{s.queue_bound}, deadline_ms {s.deadline_ms:g}; {_SECONDS.value:g} s per rate, '
         'Poisson arrivals, sessions of the test split cut at random positions.')
   print('| offered/s | sent | answered/s | p50 ms | p95 ms | p99 ms | by status | '
-        'in the app, mean ms | batch run, mean ms | mean batch | batches by size |')
-  print('|---:|---:|---:|---:|---:|---:|---|---:|---:|---:|---|')
+        'in the app, mean ms | batch run, mean ms | mean batch | batches by size | service RSS MiB |')
+  print('|---:|---:|---:|---:|---:|---:|---|---:|---:|---:|---|---:|')
   for r in rows:
     statuses = ', '.join(f'{k}: {v}' for k, v in sorted(r['statuses'].items()))
     spread = ', '.join(f'{k}: {v}' for k, v in sorted(r['batches'].items()))
     # After a drain the service's own figures went with it.
+    rss = f'{r["rss"]:.0f}' if 'rss' in r else '-'
     own = (f'{r["server_ms"]:.1f} | {r["batch_ms"]:.1f} | {r["mean_batch"]:.2f} | {spread}'
            if r['mean_batch'] else '- | - | - | -')
     print(f'| {r["rate"]} | {r["sent"]} | {r["throughput"]:.1f} | {r["p50"]:.1f} | '
-          f'{r["p95"]:.1f} | {r["p99"]:.1f} | {statuses} | {own} |')
+          f'{r["p95"]:.1f} | {r["p99"]:.1f} | {statuses} | {own} | {rss} |')
   if _OFFLINE.value:
     o = offline(config, workdir, sessions[:_OFFLINE.value])
     print(f'\nOffline (Pipeline.suggest, batches of {o["batch"]}, as --mode=decode; median of '

@@ -30,11 +30,12 @@ flags.DEFINE_bool('distributed', False,
 flags.DEFINE_string('coordinator_address', None, 'host:port of process 0 (with --distributed).')
 flags.DEFINE_integer('num_processes', None, 'Number of processes (with --distributed).')
 flags.DEFINE_integer('process_id', None, 'This process, 0..num_processes-1 (with --distributed).')
-flags.DEFINE_integer('cpu_devices', 0,
-                     'JAX devices of a CPU-only host: 0 = one per core (training and evaluation '
-                     'run data parallel over the cores), N = N devices. XLA_FLAGS\' '
-                     '--xla_force_host_platform_device_count takes precedence.')
-flags.register_validator('cpu_devices', lambda count: count >= 0,
+flags.DEFINE_integer('cpu_devices', None,
+                     'JAX devices of a CPU-only host: 0 = one per core, N = N devices. Default: '
+                     'one per core for training and evaluation (data parallel over the cores), '
+                     'one for decode, suggest and serve (parallel.cpu_devices_for says why). '
+                     'XLA_FLAGS\' --xla_force_host_platform_device_count takes precedence.')
+flags.register_validator('cpu_devices', lambda count: count is None or count >= 0,
                          message='--cpu_devices must be >= 0 (0: one per core)')
 flags.mark_flags_as_required(['config', 'workdir'])
 
@@ -49,7 +50,7 @@ def main(argv):
   cli_errors.check_workdir(FLAGS.workdir)
   if FLAGS.mode != 'preprocess':  # the one mode that runs without JAX
     from mtn_jax import parallel  # pylint: disable=g-import-not-at-top
-    parallel.set_cpu_devices(FLAGS.cpu_devices)
+    parallel.set_cpu_devices(parallel.cpu_devices_for(FLAGS.mode, FLAGS.cpu_devices))
   if FLAGS.distributed:
     import jax  # pylint: disable=g-import-not-at-top
     jax.distributed.initialize(coordinator_address=FLAGS.coordinator_address,

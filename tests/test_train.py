@@ -209,6 +209,14 @@ def _cpu_devices_in_a_fresh_process(cpu_devices: int, xla_flags: str) -> tuple[i
   return int(out[-3]), int(out[-2]), out[-1]
 
 
+def test_modes_that_run_batches_whole_get_one_cpu_device_unless_told():
+  from mtn_jax import parallel  # pylint: disable=g-import-not-at-top
+  assert [parallel.cpu_devices_for(mode, None) for mode in ('all', 'train', 'eval')] == [0] * 3
+  assert [parallel.cpu_devices_for(mode, None) for mode in ('decode', 'suggest', 'serve')
+          ] == [1] * 3
+  assert parallel.cpu_devices_for('serve', 0) == 0 and parallel.cpu_devices_for('train', 3) == 3
+
+
 def test_cpu_hosts_get_one_device_per_core_unless_told():
   cores = len(os.sched_getaffinity(0))
   assert _cpu_devices_in_a_fresh_process(0, '')[:2] == (cores, cores)

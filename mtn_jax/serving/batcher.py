@@ -1,11 +1,12 @@
 """Micro-batching: concurrent requests coalesced into batches, run off the event loop.
 
 A request waits in a bounded queue; the batch it joins starts once `max_batch` requests wait or
-the oldest has waited `max_wait` seconds (at once while draining). Batches run one at a time on
-one worker thread (JAX dispatch and the SQLite histories stay on it), so the event loop keeps
-accepting, refusing and timing out requests meanwhile. A request whose caller has stopped
-waiting (its deadline passed) is dropped before its batch runs. A batch that raises is run
-again one request at a time, so that one bad request fails alone.
+the oldest has waited `max_wait` seconds (at once while draining; with `max_wait` 0 as soon as
+the worker is free, the requests that arrive while a batch runs making the next one). Batches
+run one at a time on one worker thread (JAX dispatch and the SQLite histories stay on it), so
+the event loop keeps accepting, refusing and timing out requests meanwhile. A request whose
+caller has stopped waiting (its deadline passed) is dropped before its batch runs. A batch
+that raises is run again one request at a time, so that one bad request fails alone.
 """
 
 from __future__ import annotations

@@ -43,7 +43,7 @@ class ServeSettings:
   host: str = '127.0.0.1'
   port: int = 8080
   max_batch: int = 8
-  max_wait_ms: float = 5.0
+  max_wait_ms: float = 0.0
   queue_bound: int = 64
   deadline_ms: float = 2000.0
   drain_seconds: float = 10.0
