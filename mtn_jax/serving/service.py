@@ -18,6 +18,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
+import gc
 import os
 import signal
 import socket
@@ -264,6 +265,11 @@ def serve(config: ml_collections.ConfigDict, workdir: str) -> None:
                              timeout_graceful_shutdown=settings.drain_seconds,
                              timeout_keep_alive=5)
   server = _Server(uv_config, service, url)
+  # Everything loaded so far (JAX, the model, the compiled programs: millions of objects)
+  # lives as long as the process: out of the collector's sight, a full collection no longer
+  # walks them in the middle of a request.
+  gc.collect()
+  gc.freeze()
   server.run(sockets=[sock])
   service.log('Stopped.')
   sys.stdout.flush()
