@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import pathlib
 import subprocess
@@ -68,7 +69,7 @@ _FIGURES = ('split', 'sessions', 'pairs', 'scores', 'scores_excluding_session', 
             'answers', 'by_history')
 
 
-def _evaluated(workdir: pathlib.Path, prefix: str = '') -> dict:
+def evaluated(workdir: pathlib.Path, prefix: str = '') -> dict:
   results = json.loads((workdir / 'eval' / f'{prefix}results.json').read_text())
   record = {key: results[key] for key in _FIGURES if key in results}
   for name in ('lists', 'samples'):
@@ -116,25 +117,31 @@ def record(repo: str, root: pathlib.Path, ranker_args: list[str]) -> dict:
     started = time.time()
     _run(repo, generator, *TINY, *args, mode='eval')
     prefix = '' if name == 'generate' else f'{name.split("_")[0]}_'
-    out[name] = {'eval': _evaluated(generator, prefix)}
+    out[name] = {'eval': evaluated(generator, prefix)}
     for exclude in (False, True):
       out[name][f'decode_exclude_{exclude}'] = _decoded(
           repo, generator, sessions_file, f'{name}_{exclude}', *args,
           f'--config.decode.exclude_session_queries={exclude}')
     print(f'{name}: {time.time() - started:.0f} s', flush=True)
   _run(repo, poly, *TINY, *ranker_args, mode='eval', config=RANKER)
-  out['ranker'] = {'eval': _evaluated(poly)}
+  out['ranker'] = {'eval': evaluated(poly)}
   _run(repo, imdna, *TINY, *IMDNA, mode='eval', config='configs/imdna_aol.py')
-  out['imdna'] = {'eval': _evaluated(imdna)}
+  out['imdna'] = {'eval': evaluated(imdna)}
   _run(repo, zam, *ZAM, mode='eval', config='configs/zam_aol.py:demo')
-  out['zam'] = {'eval': _evaluated(zam)}
+  out['zam'] = {'eval': evaluated(zam)}
   return out
 
 
-def compare(before: dict, after: dict) -> tuple[list[str], list[str]]:
+def compare(before: dict, after: dict, rel_tol: float = 0.0) -> tuple[list[str], list[str]]:
   """(changed, added): where the records differ (a path into them and the two values, or
-  what only `before` holds), and what only `after` holds (a figure or file added since)."""
+  what only `before` holds), and what only `after` holds (a figure or file added since).
+  Two floats within `rel_tol` of each other (relative to the larger) are the same."""
   changed, added = [], []
+
+  def same(a, b) -> bool:
+    if isinstance(a, float) and isinstance(b, float) and rel_tol:
+      return math.isclose(a, b, rel_tol=rel_tol)
+    return a == b
 
   def walk(a, b, path):
     if isinstance(a, dict) and isinstance(b, dict):
@@ -148,7 +155,7 @@ def compare(before: dict, after: dict) -> tuple[list[str], list[str]]:
     elif isinstance(a, list) and isinstance(b, list) and len(a) == len(b):
       for i, (x, y) in enumerate(zip(a, b)):
         walk(x, y, f'{path}[{i}]')
-    elif a != b:
+    elif not same(a, b):
       changed.append(f'{path}: {json.dumps(a)[:200]} != {json.dumps(b)[:200]}')
 
   walk(before, after, '')

@@ -1,21 +1,11 @@
 """experiments/golden_outputs.py's comparison: a changed value or a lost one fails it, a figure
 added since does not."""
 
-import importlib.util
-
-from tests.conftest import REPO
-
-
-def _module():
-  spec = importlib.util.spec_from_file_location('golden_outputs',
-                                                REPO / 'experiments' / 'golden_outputs.py')
-  module = importlib.util.module_from_spec(spec)
-  spec.loader.exec_module(module)
-  return module
+from tests import golden
 
 
 def test_changes_and_losses_are_told_apart_from_additions():
-  compare = _module().compare
+  compare = golden.golden_outputs().compare
   before = {'generate': {'eval': {'scores': {'bleu': 9.37}, 'lists': [['a', 'b'], ['c']]},
                          'gone': 1}}
   same = {'generate': {'eval': {'scores': {'bleu': 9.37, 'mpc': 1.0},
@@ -28,3 +18,8 @@ def test_changes_and_losses_are_told_apart_from_additions():
   assert added == []
   # Lists of another length differ as a whole.
   assert compare({'x': [1, 2]}, {'x': [1]})[0] == ['/x: [1, 2] != [1]']
+  # Floats within a relative tolerance are the same; other values never are.
+  assert compare({'x': [1.0, 'a']}, {'x': [1.0 + 1e-7, 'a']}, rel_tol=1e-6) == ([], [])
+  assert compare({'x': [1.0]}, {'x': [1.0 + 1e-5]}, rel_tol=1e-6)[0] == [
+      '/x[0]: 1.0 != 1.00001']
+  assert compare({'x': 1.0}, {'x': 1.0 + 1e-7})[0] == ['/x: 1.0 != 1.0000001']

@@ -8,6 +8,7 @@ worker, take about as long."""
 from __future__ import annotations
 
 import json
+import shutil
 import sys
 
 import numpy as np
@@ -17,6 +18,7 @@ import pytest
 from mtn_jax.data import candidates
 from mtn_jax.evaluation import trivial
 from tests import cli
+from tests import golden
 
 # ---------------------------------------------------------------------------------------------
 # Through the command line: a Poly-encoder resumed bit for bit, and reranking a generative
@@ -64,6 +66,9 @@ def rerank_run(poly_run, tmp_path_factory):
   # top_k = beam_size (5, the default): the samples of the plain evaluation hold the whole
   # beam, the generator's share of each reranked list.
   run(mode='eval')
+  # As evaluated now, for the comparison with the code before the move (later tests evaluate
+  # the same workdir with other settings).
+  shutil.copytree(generator / 'eval', generator / 'first_eval' / 'eval')
   reranked = run('--config.suggest.strategy=rerank', f'--config.suggest.ranker_workdir={poly}',
                  mode='eval')
   return generator, poly, reranked
@@ -437,6 +442,25 @@ def assert_decode_writes_what_eval_scored(workdir, lists_path, tmp_path, *overri
           [s['score'] for s in pair[key]], abs=1e-4)
   for pair in pairs:
     assert not {s['query'] for s in pair['suggestions_excluding_session']} & set(pair['context'])
+
+
+@pytest.mark.slow
+def test_generate_suggests_and_scores_what_the_code_before_the_move_did(rerank_run):
+  """The generator (the same run as the record's: tiny sizes, 4 steps) is evaluated as the
+  code before the role packages evaluated it, figure for figure and list for list, and its
+  lists under both protocols are the ones that code's `--mode=decode` wrote for the same
+  contexts (tests/golden.py)."""
+  evaluated = rerank_run[0] / 'first_eval'
+  assert golden.changes_since_the_move('generate', evaluated) == []
+  before = golden.before_move()['generate']
+  pairs = read_jsonl(evaluated / 'eval' / 'lists.jsonl')
+  for exclude, key in ((False, 'suggestions'), (True, 'suggestions_excluding_session')):
+    decoded = before[f'decode_exclude_{exclude}']
+    assert [r['context'] for r in decoded] == [p['context'] for p in pairs]
+    for record, pair in zip(decoded, pairs):
+      assert [s['query'] for s in record['suggestions']] == [s['query'] for s in pair[key]]
+      assert [s['score'] for s in record['suggestions']] == pytest.approx(
+          [s['score'] for s in pair[key]], rel=golden.FLOAT_ROUNDING)
 
 
 @pytest.mark.slow

@@ -20,6 +20,7 @@ from mtn_jax.models import user_memory
 from mtn_jax.models import zam
 from mtn_jax.tasks import zero_attention
 from tests import cli
+from tests import golden
 
 
 def memory_params(dim=4, hidden=3, seed=0):
@@ -281,6 +282,16 @@ def zam_run(tmp_path_factory):
   cli.run(straight, *FAMILY, f'--config.train.max_steps={TOTAL_STEPS}',
           config='configs/zam_aol.py:demo')
   return workdir, straight, resumed, evaluated
+
+
+@pytest.mark.slow
+def test_zam_evaluates_as_the_code_before_the_move_did(tmp_path):
+  """ZAM trained as the record's run (its sizes, not the suite's: 6 steps) scores and lists
+  what the code before the role packages did, figure for figure (tests/golden.py)."""
+  record = golden.golden_outputs()
+  for mode in ('train', 'eval'):
+    cli.run(tmp_path, *record.ZAM, mode=mode, config='configs/zam_aol.py:demo', with_tiny=False)
+  assert golden.changes_since_the_move('zam', tmp_path) == []
 
 
 @pytest.mark.slow
