@@ -376,6 +376,14 @@ def test_graded_poly_encoder_with_lexical_negatives_trains_and_evaluates(tmp_pat
   assert results['pairs'] > 0 and '"r1_of_20"' in json.dumps(results)
 
 
+def assert_same_list(shown, scored, where, **tolerance):
+  """A decoded list is the one eval scored: the same queries in the same order, the scores
+  within `tolerance` (pytest.approx's `abs` or `rel`); `where` names the list on failure."""
+  assert [s['query'] for s in shown] == [s['query'] for s in scored], where
+  assert [s['score'] for s in shown] == pytest.approx([s['score'] for s in scored],
+                                                      **tolerance), where
+
+
 def assert_raw_log_decode_writes_what_eval_scored(workdir, lists_path, tmp_path, *overrides):
   """Eval's lists for users (the habit rule reads each user's past; IMDNA leaves each user's
   own sessions out of its documents) against decode of an AOL-format log that holds every
@@ -413,10 +421,7 @@ def assert_raw_log_decode_writes_what_eval_scored(workdir, lists_path, tmp_path,
       record = decoded[number[split.name, pair['session']], pair['position']]
       assert record['context'] == pair['context']
       assert record['user'] == int(split.users[pair['session']])
-      assert [s['query'] for s in record['suggestions']] == [s['query'] for s in pair[key]], (
-          exclude, pair['context'])
-      assert [s['score'] for s in record['suggestions']] == pytest.approx(
-          [s['score'] for s in pair[key]], abs=1e-4)
+      assert_same_list(record['suggestions'], pair[key], (exclude, pair['context']), abs=1e-4)
 
 
 def assert_decode_writes_what_eval_scored(workdir, lists_path, tmp_path, *overrides,
@@ -436,10 +441,7 @@ def assert_decode_writes_what_eval_scored(workdir, lists_path, tmp_path, *overri
     decoded = read_jsonl(output)
     assert [r['context'] for r in decoded] == [p['context'] for p in pairs]
     for record, pair in zip(decoded, pairs):
-      assert [s['query'] for s in record['suggestions']] == [s['query'] for s in pair[key]], (
-          exclude, pair['context'])
-      assert [s['score'] for s in record['suggestions']] == pytest.approx(
-          [s['score'] for s in pair[key]], abs=1e-4)
+      assert_same_list(record['suggestions'], pair[key], (exclude, pair['context']), abs=1e-4)
   for pair in pairs:
     assert not {s['query'] for s in pair['suggestions_excluding_session']} & set(pair['context'])
 
@@ -458,9 +460,8 @@ def test_generate_suggests_and_scores_what_the_code_before_the_move_did(rerank_r
     decoded = before[f'decode_exclude_{exclude}']
     assert [r['context'] for r in decoded] == [p['context'] for p in pairs]
     for record, pair in zip(decoded, pairs):
-      assert [s['query'] for s in record['suggestions']] == [s['query'] for s in pair[key]]
-      assert [s['score'] for s in record['suggestions']] == pytest.approx(
-          [s['score'] for s in pair[key]], rel=golden.FLOAT_ROUNDING)
+      assert_same_list(record['suggestions'], pair[key], (exclude, pair['context']),
+                       rel=golden.FLOAT_ROUNDING)
 
 
 @pytest.mark.slow
