@@ -18,6 +18,7 @@ need a ranker trained as before the demo rankers' `scaled_scores` (e369863): the
 compares them (docs/RESULTS.md), the suite does not.
 """
 
+import functools
 import importlib.util
 import json
 
@@ -26,6 +27,7 @@ from tests.conftest import REPO
 BEFORE_MOVE = REPO / 'tests' / 'goldens' / 'before_move.json'
 
 
+@functools.cache
 def golden_outputs():
   """experiments/golden_outputs.py as a module (a script, not part of the package)."""
   spec = importlib.util.spec_from_file_location('golden_outputs',
@@ -35,7 +37,9 @@ def golden_outputs():
   return module
 
 
+@functools.cache
 def before_move() -> dict:
+  """The record (read once; not to be changed by its readers)."""
   return json.loads(BEFORE_MOVE.read_text())
 
 
