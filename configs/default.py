@@ -80,6 +80,9 @@ def get_config(variant: str = '') -> ml_collections.ConfigDict:
   c.model.pre_norm = False  # the paper is post-norm
   c.model.learned_positions = False  # sinusoidal position encodings, as in Vaswani et al.
   c.model.scan_layers = True  # nn.scan over layer stacks: flat compile time with depth
+  # Under scan_layers, layers per iteration of the compiled loop: the stacks' depth unrolls it
+  # (same parameters and random draws, one loop's overhead less; compile time grows with depth).
+  c.model.scan_unroll = 1
   c.model.remat = 'none'  # 'none' | 'full' | 'dots': nn.remat policy inside the scan
   c.model.compute_dtype = 'float32'  # 'bfloat16': bf16 compute, fp32 params and loss
   # MTN and Transformer: a copy head mixes the session's words (those outside the vocabulary

@@ -509,7 +509,8 @@ def measure_train(config: ml_collections.ConfigDict, *, vocab_size: int, batch_q
                 'layers': {'query': cfg.query_layers, 'session': cfg.session_layers,
                            'levels': cfg.num_levels, 'decoder': cfg.decoder_layers},
                 'compute_dtype': cfg.compute_dtype, 'scan_layers': cfg.scan_layers,
-                'remat': cfg.remat, 'max_query_words': cfg.max_query_words},
+                'scan_unroll': cfg.scan_unroll, 'remat': cfg.remat,
+                'max_query_words': cfg.max_query_words},
       'batch_queries': batch_queries, 'steps': steps, 'repeats': repeats,
       'steps_per_call': steps_per_call,
       'buckets': {str(k): b for k, b in buckets.items()}, 'epoch_mix': mixed,
@@ -595,7 +596,7 @@ def print_train_report(result: dict[str, Any]) -> None:
         f'd_model {m["d_model"]} (emb {m["emb_dim"]}, ff {m["ff_dim"]}, {m["num_heads"]} '
         f'heads), layers {m["layers"]["query"]}Q/{m["layers"]["session"]}S x '
         f'{m["layers"]["levels"] - 1}/{m["layers"]["decoder"]}D, {m["compute_dtype"]}, '
-        f'scan_layers {m["scan_layers"]}, remat {m["remat"]}')
+        f'scan_layers {m["scan_layers"]} (unroll {m["scan_unroll"]}), remat {m["remat"]}')
   print(f'batch: {result["batch_queries"]} query slots; sessions of 3/4/5 queries in the mix '
         f'55/27/18 % (2.63 pairs per session), {m["max_query_words"]} token slots per query; '
         f'median of {result["repeats"]} runs of {result["steps"]} steps per bucket, '

@@ -268,6 +268,35 @@ def test_remat_keeps_values_and_gradients():
     jax.tree.map(functools.partial(np.testing.assert_allclose, atol=1e-5), grads, base_grads)
 
 
+def test_unrolled_scan_draws_the_same_parameters_and_dropout_masks():
+  """`scan_unroll` changes how the compiled loop runs, not what it computes: the same initial
+  parameters bit for bit, and with dropout on the same outputs and gradients up to float
+  rounding (another dropout mask would move them by far more)."""
+  rng = np.random.default_rng(4)
+  x, weights = (jnp.asarray(rng.normal(size=(3, 4, 16)), jnp.float32) for _ in range(2))
+  mask = layers.padding_mask(jnp.arange(4) < jnp.array([[4], [2], [1]]))
+
+  def init_and_train(unroll, dropout_seed=1):
+    stack = layers.LayerStack(BASE.replace(scan_unroll=unroll), 3)
+    params = stack.init(jax.random.key(0), x, mask, train=False)['params']
+
+    def loss(params):
+      y = stack.apply({'params': params}, x, mask, train=True,
+                      rngs={'dropout': jax.random.key(dropout_seed)})
+      return jnp.sum(y * weights)  # not y * y: a post-norm stack's output has a fixed norm
+    return params, jax.jit(jax.value_and_grad(loss))(params)
+
+  params, (base_loss, base_grads) = init_and_train(1)
+  for unroll in (2, 3):
+    unrolled_params, (loss, grads) = init_and_train(unroll)
+    assert jax.tree.all(jax.tree.map(np.array_equal, unrolled_params, params))
+    np.testing.assert_allclose(loss, base_loss, rtol=1e-6)
+    jax.tree.map(functools.partial(np.testing.assert_allclose, rtol=1e-5, atol=1e-6), grads,
+                 base_grads)
+  _, (other_masks_loss, _) = init_and_train(1, dropout_seed=2)
+  assert abs(other_masks_loss - base_loss) > 1e-3 * abs(base_loss)
+
+
 def test_bfloat16_compute_returns_float32_logits_close_to_float32():
   cfg = MTN2.replace(compute_dtype='bfloat16')
   assert all(p.dtype == jnp.float32 for p in jax.tree.leaves(param_shapes(cfg)))

@@ -50,6 +50,9 @@ class TransformerConfig(ModelConfig):
   pre_norm: bool
   learned_positions: bool
   scan_layers: bool  # one layout of the parameters or the other: see `loop_to_scan_params`
+  # Under `scan_layers`, the layers one iteration of the compiled loop runs (`jax.lax.scan`'s
+  # `unroll`): the parameters, their initialisation and the dropout masks stay the scan's.
+  scan_unroll: int = 1
   remat: str
   # A copy head mixes session words into the output (`copying`); checkpoints from before it
   # existed have none.
@@ -66,13 +69,14 @@ class TransformerConfig(ModelConfig):
     extra = self.max_session_queries * self.max_query_words if self.copy else 0
     return self.vocab_size + extra
 
-  RUNTIME_FIELDS = ModelConfig.RUNTIME_FIELDS + ('remat', 'scan_layers')
+  RUNTIME_FIELDS = ModelConfig.RUNTIME_FIELDS + ('remat', 'scan_layers', 'scan_unroll')
   HAS_USER_MEMORY = True
 
   @classmethod
   def check(cls, model) -> None:
     super().check(model)
-    check_positive(model, 'd_model', 'num_heads', 'ff_dim', 'query_layers', 'decoder_layers')
+    check_positive(model, 'd_model', 'num_heads', 'ff_dim', 'query_layers', 'decoder_layers',
+                   'scan_unroll')
     if model.d_model % model.num_heads:
       raise errors.ConfigError(f'config.model.num_heads ({model.num_heads}) must divide '
                                f'config.model.d_model ({model.d_model})')
@@ -305,8 +309,10 @@ class LayerStack(nn.Module):
   """`num_layers` TransformerLayers: [B, T, d] -> [B, T, d] (+ final LayerNorm when pre-norm).
 
   With `config.scan_layers` the layers run under `nn.scan` (parameters and cache stacked on a
-  leading layer axis under 'layers'), so compile time stays flat as depth grows; otherwise a
-  Python loop ('layers_0', 'layers_1', ...). `config.remat` rematerialises each layer in
+  leading layer axis under 'layers'), so compile time stays flat as depth grows, and
+  `config.scan_unroll` of them run per iteration of the compiled loop; otherwise a Python
+  loop ('layers_0', 'layers_1', ...), whose parameters draw other initial values and dropout
+  masks (each layer's random keys follow from its name, not from the scan's split). `config.remat` rematerialises each layer in
   training. Both layouts compute the same function; see `loop_to_scan_params`.
   """
 
@@ -330,7 +336,8 @@ class LayerStack(nn.Module):
     if cfg.scan_layers:
       scanned = nn.scan(layer_cls, variable_axes={'params': 0, 'cache': 0},
                         split_rngs={'params': True, 'dropout': True},
-                        in_axes=(nn.broadcast,) * len(layer_args), length=self.num_layers)
+                        in_axes=(nn.broadcast,) * len(layer_args), length=self.num_layers,
+                        unroll=cfg.scan_unroll)
       x, _ = scanned(**layer_kwargs, name='layers')(x, *layer_args)
     else:
       for i in range(self.num_layers):
