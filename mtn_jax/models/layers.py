@@ -312,8 +312,9 @@ class LayerStack(nn.Module):
   leading layer axis under 'layers'), so compile time stays flat as depth grows, and
   `config.scan_unroll` of them run per iteration of the compiled loop; otherwise a Python
   loop ('layers_0', 'layers_1', ...), whose parameters draw other initial values and dropout
-  masks (each layer's random keys follow from its name, not from the scan's split). `config.remat` rematerialises each layer in
-  training. Both layouts compute the same function; see `loop_to_scan_params`.
+  masks (each layer's random keys follow from its name, not from the scan's split).
+  `config.remat` rematerialises each layer in training. Both layouts compute the same
+  function of the same parameters; see `loop_to_scan_params`.
   """
 
   config: TransformerConfig
