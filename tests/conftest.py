@@ -27,6 +27,33 @@ jax.config.update('jax_persistent_cache_min_compile_time_secs',
                   float(cli.env()['JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS']))
 
 
+# The test files that take longest (seconds of one worker's time, `pytest --durations=0` on
+# the 2-core CPU, 2026-11-27), started first. Each file runs on one worker (`--dist
+# loadfile`), and a worker takes the next file when it is nearly done with its own: one long
+# file left to the end would run alone while the other core idles. pytest.ini turns off
+# xdist's own order (by the number of tests in a file), which put these last.
+LONGEST_FIRST = (
+    'test_polyencoder_cli.py',
+    'test_train.py',
+    'test_end_to_end.py',
+    'test_zam.py',
+    'test_baselines_cli.py',
+    'test_ranker_demos_cli.py',
+    'test_serving.py',
+    'test_hypotheses.py',
+    'test_imdna.py',
+    'test_old_workdirs.py',
+    'test_bench_library_choices.py',
+    'test_sentencepiece.py',
+    'test_bench_smoke.py',
+)
+
+
+def pytest_collection_modifyitems(items):
+  rank = {name: i for i, name in enumerate(LONGEST_FIRST)}
+  items.sort(key=lambda item: rank.get(item.path.name, len(rank)))  # stable: files stay whole
+
+
 @pytest.fixture
 def aol_sample() -> pathlib.Path:
   """The real 500-user AOL slice that lives beside the project; skips when absent."""

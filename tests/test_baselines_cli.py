@@ -76,15 +76,6 @@ def run_baseline(model: str, workdir: pathlib.Path, *overrides: str,
   return cli.run(workdir, *RUN, *overrides, mode=mode, config=f'configs/{model}_aol.py:small')
 
 
-@pytest.fixture(scope='module', autouse=True)
-def quick_compilation():
-  """XLA compilation, not the few tiny steps, is what these runs spend their time on: it
-  does little optimisation here (JAX's own switch for programs that run only briefly)."""
-  with pytest.MonkeyPatch.context() as patch:
-    patch.setenv('JAX_DISABLE_MOST_OPTIMIZATIONS', '1')
-    yield
-
-
 @pytest.fixture(scope='module', params=BASELINES)
 def baseline(request, tmp_path_factory) -> BaselineRun:
   """Trains FIRST_STEPS steps, re-runs the command to TOTAL_STEPS, evaluates."""
