@@ -11,6 +11,7 @@ import signal
 import subprocess
 import sys
 import tempfile
+import threading
 
 from tests.conftest import REPO  # re-exported for tests
 
@@ -100,6 +101,7 @@ class _ForkServer:
     os.close(to_server)
     os.close(from_server)
     self._send = os.fdopen(self._requests, 'w')
+    self._lock = threading.Lock()  # one run at a time: the server answers them in turn
 
   def serves(self, run_env: dict[str, str]) -> bool:
     """Whether a run in `run_env` starts as it would in a fresh process: the interpreter,
@@ -111,7 +113,7 @@ class _ForkServer:
 
   def run(self, args, run_env, timeout: float, stdin: str | None
           ) -> subprocess.CompletedProcess:
-    with tempfile.TemporaryDirectory(prefix='mtn_jax-run-') as streams:
+    with self._lock, tempfile.TemporaryDirectory(prefix='mtn_jax-run-') as streams:
       paths = {name: os.path.join(streams, name) for name in ('stdin', 'stdout', 'stderr')}
       with open(paths['stdin'], 'w', encoding='utf-8') as f:
         f.write(stdin or '')

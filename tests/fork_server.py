@@ -8,8 +8,13 @@ so that no device count, XLA flag or compilation has happened yet -- and forks a
 run. The child takes the run's working directory, environment, arguments and standard
 streams, then runs `mtn_jax.main` as `python -m` would (`runpy`, as `__main__`): its exit
 code, uncaught exceptions and interpreter shutdown (threads joined, `atexit`) are the real
-ones. The standard library's `multiprocessing.forkserver` cannot stand in: its children run
-a function, not a `__main__` module with its own `sys.argv` and standard streams.
+ones. What children share, unlike fresh interpreters: the string-hash seed (so the order of
+a set of strings) and NumPy's unseeded global generator (the package draws from seeded ones;
+Python's `random` reseeds itself in a forked child). The resume tests of test_train.py start
+their first run as a fresh process (`cli.popen`), so a result that hung on the hash seed
+would still differ there. The standard library's `multiprocessing.forkserver` cannot stand
+in: its children run a function, not a `__main__` module with its own `sys.argv` and
+standard streams.
 
 Protocol (one JSON line each way, on two pipes whose descriptors are this script's
 arguments): a request {arguments (those after `-m mtn_jax.main`), env, cwd, stdin, stdout,
