@@ -1,6 +1,7 @@
 """Bi-, Poly- and Cross-encoders through the real command line: a Poly-encoder resumed bit for
 bit, a generative model's beam reranked with it (eval and decode, IMDNA's next queries as a
-third source), and a graded Poly-encoder trained with lexical negatives and evaluated.
+third source), a graded Poly-encoder trained with lexical negatives and evaluated, and every
+strategy evaluated as the code before the role packages did (tests/golden.py).
 
 Apart from the unit tests in test_polyencoder.py so that the two files, each on one test
 worker, take about as long."""
@@ -462,6 +463,55 @@ def test_generate_suggests_and_scores_what_the_code_before_the_move_did(rerank_r
     for record, pair in zip(decoded, pairs):
       assert_same_list(record['suggestions'], pair[key], (exclude, pair['context']),
                        rel=golden.FLOAT_ROUNDING)
+
+
+# The record's Poly-encoder (tests/golden.py): the demo ranker as it was before its scores were
+# scaled, 6 steps in one go.
+UNSCALED = ('--config.model.scaled_scores=False', '--config.train.max_steps=6')
+# The record's strategies (experiments/golden_outputs.py), for the ranker's workdir `{poly}`
+# and IMDNA's `{imdna}`.
+RECORDED_STRATEGIES = {
+    'retrieve': ('--config.suggest.strategy=retrieve', '--config.suggest.ranker_workdir={poly}'),
+    'rerank': ('--config.suggest.strategy=rerank', '--config.suggest.ranker_workdir={poly}'),
+    'rerank_imdna': ('--config.suggest.strategy=rerank', '--config.suggest.ranker_workdir={poly}',
+                     '--config.suggest.retrieved=0', '--config.suggest.imdna_proposed=3',
+                     '--config.suggest.imdna_workdir={imdna}'),
+    'rerank_habits': ('--config.suggest.strategy=rerank',
+                      '--config.suggest.ranker_workdir={poly}', *HABITS),
+}
+
+
+@pytest.fixture(scope='module')
+def unscaled_poly(tmp_path_factory):
+  """The record's Poly-encoder, trained and evaluated (its pool entries)."""
+  workdir = tmp_path_factory.mktemp('poly-unscaled')
+  cli.run(workdir, *FEW, *UNSCALED, config=RANKER_CONFIG)
+  cli.run(workdir, *FEW, *UNSCALED, mode='eval', config=RANKER_CONFIG)
+  return workdir
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize('strategy', RECORDED_STRATEGIES)
+def test_each_strategy_scores_what_the_code_before_the_move_did(strategy, rerank_run,
+                                                                 unscaled_poly, imdna_run,
+                                                                 tmp_path):
+  """Retrieve, rerank, rerank with IMDNA's proposals and with habits, on the record's runs:
+  eval's figures and lists are the record's (tests/golden.py)."""
+  generator = tmp_path / 'generator'
+  shutil.copytree(rerank_run[0], generator)
+  args = [a.format(poly=unscaled_poly, imdna=imdna_run) for a in RECORDED_STRATEGIES[strategy]]
+  cli.run(generator, *FEW, *args, mode='eval')
+  prefix = strategy.split('_')[0] + '_'
+  assert golden.changes_since_the_move(strategy, generator, prefix, ranker=True) == []
+
+
+@pytest.mark.slow
+def test_ranker_and_imdna_evaluate_as_the_code_before_the_move_did(unscaled_poly, imdna_run):
+  """The Poly-encoder's own evaluation (its pool entries as suggestions) and IMDNA's (its
+  answers) are the record's (tests/golden.py)."""
+  assert golden.changes_since_the_move('ranker', unscaled_poly, ranker=True) == []
+  cli.run(imdna_run, *FEW, *IMDNA_TINY, mode='eval', config='configs/imdna_aol.py')
+  assert golden.changes_since_the_move('imdna', imdna_run) == []
 
 
 @pytest.mark.slow
