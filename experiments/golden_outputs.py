@@ -28,6 +28,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Mapping
 
 # The sizes of the tests (tests/cli.py), written out: the record must not move with them.
 TINY = ('--config.data.demo_users=150', '--config.data.max_session_queries=3',
@@ -79,6 +80,28 @@ def evaluated(workdir: pathlib.Path, prefix: str = '') -> dict:
   return record
 
 
+def strategies(poly, imdna) -> dict[str, tuple[str, ...]]:
+  """The recorded strategies, by name: the generator's command-line settings for each, with
+  the Poly-encoder's workdir `poly` and IMDNA's `imdna`."""
+  return {
+      'generate': (),
+      'retrieve': ('--config.suggest.strategy=retrieve',
+                   f'--config.suggest.ranker_workdir={poly}'),
+      'rerank': ('--config.suggest.strategy=rerank', f'--config.suggest.ranker_workdir={poly}'),
+      'rerank_imdna': ('--config.suggest.strategy=rerank',
+                       f'--config.suggest.ranker_workdir={poly}', '--config.suggest.retrieved=0',
+                       '--config.suggest.imdna_proposed=3',
+                       f'--config.suggest.imdna_workdir={imdna}'),
+      'rerank_habits': ('--config.suggest.strategy=rerank',
+                        f'--config.suggest.ranker_workdir={poly}', *HABITS),
+  }
+
+
+def eval_prefix(strategy: str) -> str:
+  """The prefix of the files a strategy's eval writes ('' for generate, 'rerank_', ...)."""
+  return '' if strategy == 'generate' else f'{strategy.split("_")[0]}_'
+
+
 def _decoded(repo, workdir: pathlib.Path, sessions_file: pathlib.Path, tag: str,
              *args: str) -> list:
   output = workdir / f'decoded_{tag}.jsonl'
@@ -101,23 +124,10 @@ def record(repo: str, root: pathlib.Path, ranker_args: list[str]) -> dict:
   sessions_file = root / 'sessions.txt'
   sessions_file.write_text(''.join('\t'.join(c) + '\n' for c in contexts))
 
-  strategies = {
-      'generate': (),
-      'retrieve': ('--config.suggest.strategy=retrieve',
-                   f'--config.suggest.ranker_workdir={poly}'),
-      'rerank': ('--config.suggest.strategy=rerank', f'--config.suggest.ranker_workdir={poly}'),
-      'rerank_imdna': ('--config.suggest.strategy=rerank',
-                       f'--config.suggest.ranker_workdir={poly}', '--config.suggest.retrieved=0',
-                       '--config.suggest.imdna_proposed=3',
-                       f'--config.suggest.imdna_workdir={imdna}'),
-      'rerank_habits': ('--config.suggest.strategy=rerank',
-                        f'--config.suggest.ranker_workdir={poly}', *HABITS),
-  }
-  for name, args in strategies.items():
+  for name, args in strategies(poly, imdna).items():
     started = time.time()
     _run(repo, generator, *TINY, *args, mode='eval')
-    prefix = '' if name == 'generate' else f'{name.split("_")[0]}_'
-    out[name] = {'eval': evaluated(generator, prefix)}
+    out[name] = {'eval': evaluated(generator, eval_prefix(name))}
     for exclude in (False, True):
       out[name][f'decode_exclude_{exclude}'] = _decoded(
           repo, generator, sessions_file, f'{name}_{exclude}', *args,
@@ -132,18 +142,28 @@ def record(repo: str, root: pathlib.Path, ranker_args: list[str]) -> dict:
   return out
 
 
-def compare(before: dict, after: dict, rel_tol: float = 0.0) -> tuple[list[str], list[str]]:
+def compare(before: dict, after: dict, rel_tol: float = 0.0,
+            abs_tol: Mapping[str, float] | None = None, skip: tuple[str, ...] = ()
+            ) -> tuple[list[str], list[str]]:
   """(changed, added): where the records differ (a path into them and the two values, or
   what only `before` holds), and what only `after` holds (a figure or file added since).
-  Two floats within `rel_tol` of each other (relative to the larger) are the same."""
+  Two floats within `rel_tol` of each other (relative to the larger) are the same, and so
+  are two whose key has a tolerance in `abs_tol` ({key: absolute tolerance}) within it;
+  paths that end with one of `skip` are not compared."""
   changed, added = [], []
+  abs_tol = abs_tol or {}
 
-  def same(a, b) -> bool:
-    if isinstance(a, float) and isinstance(b, float) and rel_tol:
-      return math.isclose(a, b, rel_tol=rel_tol)
+  def same(a, b, key) -> bool:
+    if isinstance(a, float) and isinstance(b, float):
+      if key in abs_tol:
+        return abs(a - b) <= abs_tol[key]
+      if rel_tol:
+        return math.isclose(a, b, rel_tol=rel_tol)
     return a == b
 
   def walk(a, b, path):
+    if path.endswith(skip):
+      return
     if isinstance(a, dict) and isinstance(b, dict):
       for key in dict.fromkeys([*a, *b]):
         if key not in b:
@@ -155,7 +175,7 @@ def compare(before: dict, after: dict, rel_tol: float = 0.0) -> tuple[list[str],
     elif isinstance(a, list) and isinstance(b, list) and len(a) == len(b):
       for i, (x, y) in enumerate(zip(a, b)):
         walk(x, y, f'{path}[{i}]')
-    elif not same(a, b):
+    elif not same(a, b, path.rsplit('/', 1)[-1]):
       changed.append(f'{path}: {json.dumps(a)[:200]} != {json.dumps(b)[:200]}')
 
   walk(before, after, '')

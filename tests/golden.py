@@ -67,17 +67,7 @@ def changes_since_the_move(family: str, workdir, prefix: str = '',
   module = golden_outputs()
   changed, _ = module.compare({family: {'eval': before_move()[family]['eval']}},
                               {family: {'eval': module.evaluated(workdir, prefix)}},
-                              rel_tol=FLOAT_ROUNDING)
-  return [change for change in changed if not (ranker and _known_ranker_change(change))]
-
-
-def _known_ranker_change(change: str) -> bool:
-  """`change` ('path: before != after', as `compare` writes it) is one that RANKER_SCORE_
-  ROUNDING or RETIRED_FIGURES allows."""
-  path, values = change.split(': ', 1)
-  if path.endswith(RETIRED_FIGURES):
-    return True
-  if not path.endswith('/score'):
-    return False
-  before, after = (float(v) for v in values.split(' != '))
-  return abs(before - after) <= RANKER_SCORE_ROUNDING
+                              rel_tol=FLOAT_ROUNDING,
+                              abs_tol={'score': RANKER_SCORE_ROUNDING} if ranker else None,
+                              skip=RETIRED_FIGURES if ranker else ())
+  return changed

@@ -468,17 +468,8 @@ def test_generate_suggests_and_scores_what_the_code_before_the_move_did(rerank_r
 # The record's Poly-encoder (tests/golden.py): the demo ranker as it was before its scores were
 # scaled, 6 steps in one go.
 UNSCALED = ('--config.model.scaled_scores=False', '--config.train.max_steps=6')
-# The record's strategies (experiments/golden_outputs.py), for the ranker's workdir `{poly}`
-# and IMDNA's `{imdna}`.
-RECORDED_STRATEGIES = {
-    'retrieve': ('--config.suggest.strategy=retrieve', '--config.suggest.ranker_workdir={poly}'),
-    'rerank': ('--config.suggest.strategy=rerank', '--config.suggest.ranker_workdir={poly}'),
-    'rerank_imdna': ('--config.suggest.strategy=rerank', '--config.suggest.ranker_workdir={poly}',
-                     '--config.suggest.retrieved=0', '--config.suggest.imdna_proposed=3',
-                     '--config.suggest.imdna_workdir={imdna}'),
-    'rerank_habits': ('--config.suggest.strategy=rerank',
-                      '--config.suggest.ranker_workdir={poly}', *HABITS),
-}
+# The record's strategies of a ranker (experiments/golden_outputs.py's).
+RECORDED_STRATEGIES = ('retrieve', 'rerank', 'rerank_imdna', 'rerank_habits')
 
 
 @pytest.fixture(scope='module')
@@ -499,10 +490,10 @@ def test_each_strategy_scores_what_the_code_before_the_move_did(strategy, rerank
   eval's figures and lists are the record's (tests/golden.py)."""
   generator = tmp_path / 'generator'
   shutil.copytree(rerank_run[0], generator)
-  args = [a.format(poly=unscaled_poly, imdna=imdna_run) for a in RECORDED_STRATEGIES[strategy]]
-  cli.run(generator, *FEW, *args, mode='eval')
-  prefix = strategy.split('_')[0] + '_'
-  assert golden.changes_since_the_move(strategy, generator, prefix, ranker=True) == []
+  record = golden.golden_outputs()
+  cli.run(generator, *FEW, *record.strategies(unscaled_poly, imdna_run)[strategy], mode='eval')
+  assert golden.changes_since_the_move(strategy, generator, record.eval_prefix(strategy),
+                                       ranker=True) == []
 
 
 @pytest.mark.slow
