@@ -109,7 +109,7 @@ class _ForkServer:
     flags excepted: read when the run starts JAX's backend, after the fork)."""
     read_at_import = lambda e: {k: v for k, v in e.items()
                                 if k.startswith(IMPORT_TIME_PREFIXES) and k != 'XLA_FLAGS'}
-    return self.alive() and read_at_import(run_env) == read_at_import(self.env)
+    return read_at_import(run_env) == read_at_import(self.env)
 
   def run(self, args, run_env, timeout: float, stdin: str | None
           ) -> subprocess.CompletedProcess:
