@@ -41,10 +41,13 @@ from tests import cli
 
 
 # The model reads each user's last 4 earlier queries (a user is accepted); two steps of training.
-MODEL = ('--config.data.history_queries=4', '--config.model.user_memory=attention')
+# Sessions of up to 6 queries: padded to 1, 2, 4 or 6 (engine.padded_sizes), every kind of
+# session-length bucket with fewer programs to compile than the default's 16.
+MODEL = ('--config.data.history_queries=4', '--config.model.user_memory=attention',
+         '--config.model.max_session_queries=6')
 TRAIN = ('--config.train.max_steps=2',)
 SERVE = ('--config.serve.max_batch=4', '--config.serve.max_wait_ms=20')
-MAX_QUERIES = 16  # the model's max_session_queries (configs/default.py)
+MAX_QUERIES = 6  # the model's max_session_queries (MODEL)
 LOOPBACK = ('127.0.0.1', 50000)
 
 

@@ -437,25 +437,26 @@ class Pipeline:
     return show(ranked, session_so_far, exclude, self.settings.top_k)
 
   def suggest(self, contexts: Sequence[Context], *, positions: str,
-              batch_rows: int | None = None, width: int | None = None
+              batch_rows: int | None = None, widths: Sequence[int] | None = None
               ) -> list[list[list[dict]]]:
     """The suggestions shown for each context (in order) after each of its output
     positions ('last': its last query only; 'all': first_output onwards). Contexts are
-    decoded `batch_rows` at a time (default `config.decode.batch_sessions`); `width` pads
-    every batch to that many queries (one shape for every call)."""
-    ordered = self.ordered(contexts, positions=positions, batch_rows=batch_rows, width=width)
+    decoded `batch_rows` at a time (default `config.decode.batch_sessions`), each batch
+    padded to its longest context, or with `widths` (ascending) to the first of them that
+    holds it (a fixed set of shapes, e.g. one for every call)."""
+    ordered = self.ordered(contexts, positions=positions, batch_rows=batch_rows, widths=widths)
     firsts = _firsts(contexts, positions)
     return [[self.show(ranked, context.queries[:first + t + 1])
              for t, ranked in enumerate(lists)]
             for context, first, lists in zip(contexts, firsts, ordered)]
 
   def ordered(self, contexts: Sequence[Context], *, positions: str,
-              batch_rows: int | None = None, width: int | None = None
+              batch_rows: int | None = None, widths: Sequence[int] | None = None
               ) -> list[list[list[dict]]]:
     """Stages 1-2 for `contexts`: [context][output position] the whole ordered list."""
     s = self.settings
     common = dict(positions=positions, batch_rows=batch_rows or s.batch_sessions,
-                  history_queries=s.history_queries, width=width)
+                  history_queries=s.history_queries, widths=widths)
     if self.settings.strategy == 'blend':
       firsts = _firsts(contexts, positions)
       beams = generated(self.trained, contexts, s.whole_beam, **common)
@@ -603,33 +604,34 @@ def _firsts(contexts: Sequence[Context], positions: str) -> list[int]:
 
 
 def _batches(trained: inference.Trained, contexts: Sequence[Context], batch_rows: int,
-             width: int | None, history_queries: int):
+             widths: Sequence[int] | None, history_queries: int):
   """(context indices, contexts, batch, lengths) of `contexts` sorted by length, `batch_rows`
-  at a time, each batch padded to its longest context or to `width` queries
-  (`inputs.encode_contexts`)."""
+  at a time, each batch padded to its longest context or to the first of `widths` that holds
+  it (`inputs.encode_contexts`)."""
   order = sorted(range(len(contexts)), key=lambda i: len(contexts[i].queries))
   for start in range(0, len(order), batch_rows):
     group = order[start:start + batch_rows]
     group_contexts = [contexts[i] for i in group]
-    batch, lengths = inputs.encode_contexts(
-        trained.vocab, group_contexts, batch_rows,
-        width or max(len(c.queries) for c in group_contexts), trained.cfg.max_query_words,
-        history_queries)
+    longest = max(len(c.queries) for c in group_contexts)
+    width = longest if widths is None else next(w for w in widths if w >= longest)
+    batch, lengths = inputs.encode_contexts(trained.vocab, group_contexts, batch_rows, width,
+                                            trained.cfg.max_query_words, history_queries)
     yield group, group_contexts, batch, lengths
 
 
 def generated(trained: inference.Trained, contexts: Sequence[Context],
             settings: search.SearchSettings, *, positions: str, batch_rows: int,
-            history_queries: int = 0, width: int | None = None) -> list[list[list[dict]]]:
+            history_queries: int = 0, widths: Sequence[int] | None = None
+            ) -> list[list[list[dict]]]:
   """A generative model's suggestions for each context (in order) after each of its output
   positions, ordered and cut as `settings` says (`search.ranked_suggestions`).
 
   Contexts are sorted by length and decoded `batch_rows` at a time, each batch padded to
-  its longest context (or to `width` queries, so that every batch has one shape): the
+  its longest context (or to the first of `widths` that holds it, a fixed set of shapes): the
   models are causal over queries, so trailing padding queries change no earlier position.
   """
   out: list[list[list[dict]] | None] = [None] * len(contexts)
-  for group, group_contexts, batch, lengths in _batches(trained, contexts, batch_rows, width,
+  for group, group_contexts, batch, lengths in _batches(trained, contexts, batch_rows, widths,
                                                         history_queries):
     sequences, scores = trained.task.suggest(
         trained.params, {k: batch[k] for k in trained.task.input_keys}, settings,
@@ -648,12 +650,12 @@ def generated(trained: inference.Trained, contexts: Sequence[Context],
 
 def retrieved(retriever: retrieval.Retriever, contexts: Sequence[Context], *, k: int,
               positions: str, batch_rows: int, history_queries: int = 0,
-              width: int | None = None) -> list[list[list[dict]]]:
+              widths: Sequence[int] | None = None) -> list[list[list[dict]]]:
   """A ranker's `k` best pool entries for each context (in order) after each of its output
   positions, nothing dropped (batched as `generated`)."""
   out: list[list[list[dict]] | None] = [None] * len(contexts)
   for group, group_contexts, batch, _ in _batches(retriever.trained, contexts, batch_rows,
-                                                  width, history_queries):
+                                                  widths, history_queries):
     batch.update(inputs.ranker_inputs(retriever, group_contexts, batch_rows, history_queries))
     lists = retriever.suggestions(batch, k, [c.queries for c in group_contexts],
                                   exclude_session_queries=False)

@@ -195,7 +195,7 @@ def interactive(config: ml_collections.ConfigDict, workdir: str, stdin: TextIO =
     context = Context(tuple(session), first_output=len(session) - 1, info={},
                       history=tuple(earlier))
     [[ranked]] = suggestions.suggest([context], positions='last', batch_rows=1,
-                                     width=cfg.max_session_queries)
+                                     widths=(cfg.max_session_queries,))
     unknown = reader.counts['oov_words'] - oov_before
     notes = [f'{unknown} word(s) outside the vocabulary read as <unk>'] if unknown else []
     if reader.counts['long_queries'] > long_before:
