@@ -241,7 +241,8 @@ def build(config: ml_collections.ConfigDict, workdir: str, log=_say) -> Service:
   info = engine.info()
   protocol = 'the user-facing' if settings.user_facing else "the paper's"
   log(f'{info["name"]} (checkpoint step {info["step"]}; {info["how"]}; score = '
-      f'{info["score"]}), batch sizes {", ".join(map(str, engine.sizes))} compiled in '
+      f'{info["score"]}), batch sizes {", ".join(map(str, engine.sizes))} x session lengths '
+      f'{", ".join(map(str, engine.widths))} compiled in '
       f'{time.time() - started:.1f} s ({engine_lib.compilations()} programs); '
       f'{protocol} protocol.')
   store = None
