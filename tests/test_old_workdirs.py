@@ -30,6 +30,9 @@ def old_code(tmp_path_factory):
 
 
 def run(code, workdir, *overrides, mode):
+  """The command line of the code in folder `code` (today's: through `cli.run`)."""
+  if code == cli.REPO:
+    return cli.run(workdir, *overrides, mode=mode)
   result = subprocess.run(
       [sys.executable, '-m', 'mtn_jax.main', '--config=configs/demo.py',
        f'--workdir={workdir}', f'--mode={mode}', *cli.TINY, *overrides],

@@ -41,13 +41,13 @@ from tests import cli
 
 
 # The model reads each user's last 4 earlier queries (a user is accepted); two steps of training.
-# Sessions of up to 6 queries: padded to 1, 2, 4 or 6 (engine.padded_sizes), every kind of
-# session-length bucket with fewer programs to compile than the default's 16.
+# Sessions of up to 4 queries (padded to 1, 2 or 4: engine.padded_sizes), so that every
+# service a test starts compiles 3 session lengths rather than the default model's 5.
 MODEL = ('--config.data.history_queries=4', '--config.model.user_memory=attention',
-         '--config.model.max_session_queries=6')
+         '--config.model.max_session_queries=4')
 TRAIN = ('--config.train.max_steps=2',)
 SERVE = ('--config.serve.max_batch=4', '--config.serve.max_wait_ms=20')
-MAX_QUERIES = 6  # the model's max_session_queries (MODEL)
+MAX_QUERIES = 4  # the model's max_session_queries (MODEL)
 LOOPBACK = ('127.0.0.1', 50000)
 
 
@@ -164,6 +164,12 @@ def test_a_users_suggestions_equal_decode_of_their_log(workdir, service, client,
   # The history changed what the model suggests: the same session without the user differs.
   alone = client.post('/v1/suggest', json={'session': typed[2]}).json()['suggestions']
   assert alone != served[-1]
+
+
+def test_batches_and_sessions_are_padded_to_powers_of_two_then_the_most():
+  assert engine_lib.padded_sizes(1) == (1,)
+  assert engine_lib.padded_sizes(6) == (1, 2, 4, 6)
+  assert engine_lib.padded_sizes(16) == (1, 2, 4, 8, 16)
 
 
 @pytest.mark.slow
@@ -394,7 +400,7 @@ def test_reload_swaps_in_a_new_best_checkpoint_without_failing_a_request(workdir
                                                                          client):
   before = service.engine.step
   cli.run(workdir, *MODEL, '--config.train.max_steps=4')  # two more steps: a better one
-  sessions = sessions_of_every_length(service, 6)
+  sessions = sessions_of_every_length(service)
   answers, done = [], threading.Event()
 
   def keep_asking():
