@@ -465,7 +465,10 @@ class Server:
 
 @pytest.mark.slow
 def test_histories_survive_kill_9_and_sighup_reloads_and_sigterm_drains(workdir):
-  serve = ('--config.serve.max_batch=2', '--config.serve.queue_bound=500',
+  # Batches of 2 and a beam of 20: slow enough that a burst of requests waits in the queue
+  # when SIGTERM comes (the drain below needs waiting requests to answer).
+  serve = ('--config.serve.max_batch=2', '--config.decode.beam_size=20',
+           '--config.serve.queue_bound=500',
            '--config.serve.deadline_ms=60000', '--config.serve.drain_seconds=30',
            # Long enough that the service is still there for the request after /readyz's 503
            # on a busy machine (with the default 0.5 s, a stall of the test ends the drain).
@@ -500,6 +503,7 @@ def test_histories_survive_kill_9_and_sighup_reloads_and_sigterm_drains(workdir)
         flight = [asyncio.create_task(c.post(f'{second.url}/v1/suggest', json=body))
                   for _ in range(150)]
         while await queue_depth(c) < 10:  # requests are waiting for a batch
+          assert not all(f.done() for f in flight), 'all answered before 10 waited at once'
           await asyncio.sleep(0.01)
         signalled = time.monotonic()
         second.process.send_signal(signal.SIGTERM)

@@ -483,7 +483,7 @@ def search_sessions(model, params, batch: Mapping[str, jax.Array | np.ndarray],
     scores: float32 [B, P, beam_size], best first.
   """
   # No eager jax.numpy op on the way (each is a slow dispatch of its own; a lone served request
-  # spent a quarter of its time in them): host arrays go to the compiled calls as they are,
+  # spent about a fifth of its time in them): host arrays go to the compiled calls as they are,
   # device arrays (a sharded evaluation batch) stay where they are.
   queries = batch['queries']
   if not isinstance(queries, jax.Array):
