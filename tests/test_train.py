@@ -133,7 +133,8 @@ def test_stop_signals_save_a_checkpoint_exit_non_zero_and_resume_exactly(referen
     manager = checkpoints.open_manager(str(tmp_path), read_only=True)
     saved = manager.latest_step()
     manager.close()
-    assert saved is not None and saved >= at_step
+    listing = sorted(os.listdir(checkpoints.checkpoint_dir(str(tmp_path))))
+    assert saved is not None and saved >= at_step, f'{listing}\n{output}'
   cli.run(tmp_path, *SHORT, no_periodic)
   assert_trees_equal(final_params(tmp_path)[1], final_params(ref_dir)[1])
 

@@ -65,14 +65,18 @@ def architecture(cfg: ModelConfig) -> dict[str, Any]:
 
 def save(manager: ocp.CheckpointManager, step: int, *, params, train_state, data_iter: dict,
          meta: dict, vocab: Vocab, valid_loss: float | None = None) -> None:
-  """Saves asynchronously; `valid_loss` marks an end-of-epoch checkpoint as a best candidate."""
-  manager.save(step, args=ocp.args.Composite(
+  """Saves asynchronously; `valid_loss` marks an end-of-epoch checkpoint as a best candidate.
+  The trainer decides when to save (`force`: Orbax's own interval policy is not consulted), and
+  a save Orbax declines anyway is an error, never a checkpoint silently missing."""
+  saved = manager.save(step, force=True, args=ocp.args.Composite(
       params=ocp.args.StandardSave(params),
       train=ocp.args.StandardSave(train_state),
       data_iter=ocp.args.JsonSave(data_iter),
       meta=ocp.args.JsonSave(meta),
       vocab=ocp.args.JsonSave(vocab.to_json())),
       metrics=None if valid_loss is None else {'valid_loss': float(valid_loss)})
+  if not saved:
+    raise RuntimeError(f'Orbax did not save step {step} in {manager.directory}')
 
 
 def architecture_differences(saved: dict, cfg: ModelConfig) -> dict[str, tuple[Any, Any]]:

@@ -516,8 +516,9 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
     valid = evaluate_loss(state.params, data.valid_batches(), task=task, mesh=mesh,
                           eval_fn=eval_fn, should_stop=lambda: stop.requested)
     if valid is None:
-      meta['pending_validation'] = step
-      save()
+      if meta.get('pending_validation') != step:  # else this step's checkpoint says so already
+        meta['pending_validation'] = step
+        save()
       return False
     writer.write(step, 'valid', valid)
     _record_validation(meta, step, valid)
@@ -534,8 +535,10 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
 
   stop = _StopRequests()
   compiled_shapes = set()
-  try:
-    with stop:
+  # The stop handlers stay installed until the last checkpoint is written (`finally`): a
+  # second SIGTERM there would otherwise kill the process before its checkpoint is complete.
+  with stop:
+    try:
       if meta.get('pending_validation') == step:
         validate()
       while step < total_steps and not stop.requested:
@@ -560,15 +563,16 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
         if stop.requested:
           break
       if stop.requested:
+        manager.wait_until_finished()  # "saved" is said once the checkpoint is complete
         pending = (' (its validation runs first when it resumes)'
                    if meta.get('pending_validation') == step else '')
         log(f'{stop.signal_name}: saved a checkpoint at step {step}{pending}; run the same '
             'command again to resume.', flush=True)
-  finally:
-    train_iter.close()
-    manager.wait_until_finished()
-    manager.close()
-    writer.close()
+    finally:
+      train_iter.close()
+      manager.wait_until_finished()
+      manager.close()
+      writer.close()
   return _summary(step, total_steps, meta, stop.signal_name)
 
 
