@@ -19,6 +19,7 @@ The record's Poly-encoder was trained before the demo rankers' `scaled_scores` (
 the tests train theirs with `--config.model.scaled_scores=False`, the record's model.
 """
 
+import copy
 import functools
 import importlib.util
 import json
@@ -51,11 +52,34 @@ FLOAT_ROUNDING = 1e-6
 # The rankers' scores: the record's ranker computed them before `scaled_scores` existed, today's
 # code with the scaling off, and here without XLA's backend optimisations: at most 3.3e-6
 # apart (1.2e-4 of the smallest scores, 0.028), 2026-11-27 (6.6e-6 of a score with the
-# optimisations: docs/RESULTS.md); no list's order changes. An absolute tolerance.
-RANKER_SCORE_ROUNDING = 1e-5
+# optimisations: docs/RESULTS.md); no list's order changes. On an AVX-512 CPU (AMD family 26)
+# the same tiny training rounds otherwise: 1.6e-5 apart, every list and figure the same
+# (2026-11-27). An absolute tolerance, with room for the CPUs a run may meet.
+RANKER_SCORE_ROUNDING = 1e-4
 # R@10 and MRR@10 of the 5-long lists of retrieve and rerank: a hit at rank 10 of the
 # record's longer ranking counted there; since 7bc102a only what a list shows does.
 RETIRED_FIGURES = ('/ranking/recall_at_10', '/ranking/mrr_at_10')
+# IMDNA's BM25 baseline ranks the answer words by the summed scores of the documents that hold
+# them; words of equal scores (every word of the 'gout' question of sample 12, whose documents
+# hold none) were ordered by numpy's argpartition, whose order of ties depends on the CPU
+# (79.2 % hits at 100 in the record, 87.5 % with the same code on an AVX-512 CPU). Since
+# `data.top_k` ties go to the lower id on any CPU: these values, in place of the record's.
+TIES_TO_THE_LOWER_ID = {
+    'imdna': {
+        ('answers', 'bm25', 'hits_at_100'): 83.33333333333334,
+        ('answers', 'bm25', 'recall_at_100'): 77.63888888888889,
+        ('samples', 12, 'bm25'): ['in', 'for', 'cheap', 'online', 'free'],
+    },
+}
+
+
+def _record(family: str) -> dict:
+  """The record's evaluation of `family`, with `TIES_TO_THE_LOWER_ID`'s values."""
+  record = copy.deepcopy(before_move()[family]['eval'])
+  for path, value in TIES_TO_THE_LOWER_ID.get(family, {}).items():
+    *parents, last = path
+    functools.reduce(lambda node, key: node[key], parents, record)[last] = value
+  return record
 
 
 def changes_since_the_move(family: str, workdir, prefix: str = '',
@@ -65,7 +89,7 @@ def changes_since_the_move(family: str, workdir, prefix: str = '',
   changed or lost values; figures added since are not changes. For a family that a ranker
   scores (`ranker`), its scores to RANKER_SCORE_ROUNDING and RETIRED_FIGURES left out."""
   module = golden_outputs()
-  changed, _ = module.compare({family: {'eval': before_move()[family]['eval']}},
+  changed, _ = module.compare({family: {'eval': _record(family)}},
                               {family: {'eval': module.evaluated(workdir, prefix)}},
                               rel_tol=FLOAT_ROUNDING,
                               abs_tol={'score': RANKER_SCORE_ROUNDING} if ranker else None,

@@ -13,6 +13,7 @@ import pytest
 
 from configs import imdna_movies
 from mtn_jax.data import bm25
+from mtn_jax.data import top_k
 from mtn_jax.data.synthetic import movies
 from mtn_jax.evaluation import evaluate
 from mtn_jax.evaluation import imdna as imdna_evaluation
@@ -205,6 +206,26 @@ def test_retrieval_cache_is_reused_and_invalidated(tmp_path):
   excluded = bm25.cached_top_k(index, 'q', ['beta'], 2,
                                     exclude=lambda i, found: found == 1, exclusion='not 1')
   assert list(excluded[0][0]) == [0, -1]
+
+
+def test_ties_go_to_the_lower_id_whatever_the_cpus_sort(tmp_path):
+  """numpy's partition and sort place equal values by the CPU's algorithm; the top k here
+  never depends on it: of tied scores the lower ids make the list, in id order."""
+  scores = np.array([1.0, 3.0, 2.0, 3.0, 2.0, 2.0, 0.5, 2.0], np.float32)
+  np.testing.assert_array_equal(top_k.best_first(scores, 4), [1, 3, 2, 4])
+  np.testing.assert_array_equal(top_k.best_first(scores, 20), [1, 3, 2, 4, 5, 7, 0, 6])
+  assert top_k.best_first(scores, 0).shape == (0,)
+  rng = np.random.default_rng(0)
+  many = rng.integers(0, 5, size=(50, 300)).astype(np.float32)  # ties everywhere
+  ranked = top_k.best_first_rows(many, 40)
+  for row, ids in zip(many, ranked):
+    expected = sorted(range(300), key=lambda j: (-row[j], j))[:40]
+    assert list(ids) == expected
+  # BM25: identical documents score the same; the lower ids are the ones read.
+  index = bm25.open_index(str(tmp_path / 'index'), ['alpha'] * 3 + ['beta'] * 40)
+  ids, scores = index.top_k(['beta'], k=4)
+  assert (scores[0] == scores[0, 0]).all() and scores[0, 0] > 0
+  assert list(ids[0]) == [3, 4, 5, 6]
 
 
 # ---------------------------------------------------------------------------------------------

@@ -31,6 +31,7 @@ from typing import Any
 import numpy as np
 
 from mtn_jax import files
+from mtn_jax.data import top_k
 
 _FINGERPRINT = 'fingerprint.json'
 # Extra documents fetched per question to make up for excluded ones.
@@ -76,14 +77,15 @@ class Bm25Index:
     if n == 0:
       return ids, scores
     fetch = min(self.num_documents, k + (_EXCLUSION_MARGIN if exclude else 0))
-    found, found_scores = self.retriever.retrieve(
-        [q.split() or [''] for q in questions], k=fetch, show_progress=False,
-        n_threads=1)
-    for i in range(n):
-      keep = found_scores[i] > 0
+    for i, question in enumerate(questions):
+      # bm25s' own `retrieve` picks among tied documents by CPU (`top_k.best_first`).
+      all_scores = self.retriever.get_scores(question.split() or [''])
+      found = top_k.best_first(all_scores, fetch)
+      found_scores = all_scores[found]
+      keep = found_scores > 0
       if exclude is not None:
-        keep &= ~exclude(i, found[i])
-      row, row_scores = found[i][keep][:k], found_scores[i][keep][:k]
+        keep &= ~exclude(i, found)
+      row, row_scores = found[keep][:k], found_scores[keep][:k]
       ids[i, :len(row)], scores[i, :len(row)] = row, row_scores
     return ids, scores
 
@@ -126,7 +128,8 @@ def cached_top_k(index: Bm25Index, name: str, questions: Sequence[str], k: int,
                  exclusion: str = 'none') -> tuple[np.ndarray, np.ndarray]:
   """`index.top_k`, kept in `<index folder>/<name>.top_k.npz` for these questions, k and
   `exclusion` (a description of `exclude`, part of the key) and the index's fingerprint."""
-  key = _hash(index.fingerprint, list(questions), k, exclusion)
+  # 'ties to the lower id': results cached before ties were broken so (by the CPU) are redone.
+  key = _hash(index.fingerprint, list(questions), k, exclusion, 'ties to the lower id')
   path = os.path.join(index.folder, f'{name}.top_k.npz')
   if os.path.exists(path):
     with np.load(path) as cached:

@@ -24,6 +24,7 @@ from mtn_jax import models
 from mtn_jax.data import imdna_library
 from mtn_jax.data.imdna_library import Library
 from mtn_jax.data.imdna_library import QuestionSet
+from mtn_jax.data import top_k
 from mtn_jax.data.vocab import SPECIAL_TOKENS
 from mtn_jax.evaluation import metrics
 from mtn_jax.evaluation import trivial
@@ -83,14 +84,6 @@ def bm25_answer_scores(library: Library, questions: QuestionSet,
   return scores
 
 
-def ranked_answers(scores: np.ndarray, k: int) -> np.ndarray:
-  """int64 [N, k]: the k best candidates of each row, best first (ties: lower id first)."""
-  k = min(k, scores.shape[1])
-  top = np.argpartition(-scores, k - 1, axis=1)[:, :k]
-  order = np.lexsort((top, -np.take_along_axis(scores, top, 1)), axis=1)
-  return np.take_along_axis(top, order, 1)
-
-
 def evaluate(trained, config: ml_collections.ConfigDict, workdir: str) -> dict:
   """Scores the best checkpoint and BM25 alone on `config.decode.eval_split`; writes
   `<workdir>/eval/[valid_]results.json` and returns its dict."""
@@ -110,7 +103,7 @@ def evaluate(trained, config: ml_collections.ConfigDict, workdir: str) -> dict:
                                          config.imdna.batch_size),
             'bm25': bm25_answer_scores(library, questions,
                                        exclude_question_words=task_name != 'aol')}
-  ranked = {name: ranked_answers(s, depth) for name, s in scores.items()}
+  ranked = {name: top_k.best_first_rows(s, depth) for name, s in scores.items()}
   figures = {name: hits_at(r, questions.answers) for name, r in ranked.items()}
   if task_name == 'aol':
     for name, r in ranked.items():
