@@ -260,6 +260,10 @@ def get_config(variant: str = '') -> ml_collections.ConfigDict:
   # read a user's history (config.data.history_queries) or the habit rule; '': none kept.
   c.serve.history_db = 'serve/histories.sqlite'
   c.serve.history_per_user = 1000  # a user's latest queries kept, the older deleted
+  # Folder (relative to the workdir) of XLA's compiled programs, kept across starts: a restart
+  # or a reload of the same model is ready without compiling again; '': none kept. A cache set
+  # for the process (JAX_COMPILATION_CACHE_DIR) is used instead.
+  c.serve.compile_cache = 'serve/compile_cache'
   # '': /admin/reload answers loopback clients only; else any client with this bearer token.
   c.serve.admin_token = ''
   # True: no query of the session is suggested again (the user-facing protocol); False: the

@@ -430,11 +430,11 @@ def test_reload_swaps_in_a_new_best_checkpoint_without_failing_a_request(workdir
 class Server:
   """`--mode=serve` in a subprocess on a free port; its output collected by a thread."""
 
-  def __init__(self, workdir, *overrides):
+  def __init__(self, workdir, *overrides, env=None):
     self.process = subprocess.Popen(
         cli.command(workdir, *MODEL, *TRAIN, '--config.serve.port=0', *overrides,
                     mode='serve'),
-        cwd=cli.REPO, env=cli.env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+        cwd=cli.REPO, env=env or cli.env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
         text=True)
     self.lines: list[str] = []
     self._url = threading.Event()
@@ -473,7 +473,10 @@ def test_histories_survive_kill_9_and_sighup_reloads_and_sigterm_drains(workdir)
            # Long enough that the service is still there for the request after /readyz's 503
            # on a busy machine (with the default 0.5 s, a stall of the test ends the drain).
            '--config.serve.drain_quiet_seconds=5')
-  first = Server(workdir, *serve)
+  # Without the tests' shared compilation cache: the service keeps its own in the workdir,
+  # which the restarted one reads back.
+  own_cache = {k: v for k, v in cli.env().items() if k != 'JAX_COMPILATION_CACHE_DIR'}
+  first = Server(workdir, *serve, env=own_cache)
   try:
     answers = [first.post({'session': s, 'user': 'kim'}).json()['history']
                for s in (['a'], ['a', 'b'], ['c'], ['c', 'd'])]
@@ -489,8 +492,13 @@ def test_histories_survive_kill_9_and_sighup_reloads_and_sigterm_drains(workdir)
                                    ('kim',))] == ['a', 'b']
   db.close()
 
-  second = Server(workdir, *serve)
+  assert os.listdir(os.path.join(workdir, 'serve', 'compile_cache'))
+  second = Server(workdir, *serve, env=own_cache)
   try:
+    warmed = next(line for line in second.lines if 'compiled in' in line)
+    compiled, read_back = map(int, re.search(
+        r'\((\d+) programs, (\d+) read from the compilation cache\)', warmed).groups())
+    assert 0 < read_back <= compiled, warmed
     # The restarted service reads what the killed one answered.
     assert second.post({'session': ['e'], 'user': 'kim'}).json()['history'] == 4
     second.process.send_signal(signal.SIGHUP)

@@ -38,7 +38,10 @@ MAX_K = 20  # the most suggestions a request may ask for
 # Every program JAX lowers for the first time (a new function, or a new shape of one) records
 # this event: their count is the number of compilations, the persistent cache's hits included.
 _LOWERING_EVENT = '/jax/core/compile/jaxpr_to_mlir_module_duration'
+# And each program read back from the persistent compilation cache instead of compiled.
+_CACHE_HIT_EVENT = '/jax/compilation_cache/cache_hits'
 _compilations = 0
+_cache_hits = 0
 _listening = False
 _lock = threading.Lock()
 
@@ -51,9 +54,22 @@ def _count(event: str, duration: float, **kwargs) -> None:
       _compilations += 1
 
 
+def _count_hit(event: str, **kwargs) -> None:
+  del kwargs
+  global _cache_hits
+  if event == _CACHE_HIT_EVENT:
+    with _lock:
+      _cache_hits += 1
+
+
 def compilations() -> int:
   """Programs JAX has compiled in this process since the first engine was made."""
   return _compilations
+
+
+def cache_hits() -> int:
+  """Of `compilations()`, those read back from the persistent compilation cache."""
+  return _cache_hits
 
 
 def _listen() -> None:
@@ -61,6 +77,7 @@ def _listen() -> None:
   with _lock:
     if not _listening:
       jax.monitoring.register_event_duration_secs_listener(_count)
+      jax.monitoring.register_event_listener(_count_hit)
       _listening = True
 
 

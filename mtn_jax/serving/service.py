@@ -27,6 +27,8 @@ import threading
 import time
 from collections.abc import Callable, Sequence
 
+import jax
+from jax.experimental.compilation_cache import compilation_cache
 import ml_collections
 import uvicorn
 
@@ -52,6 +54,7 @@ class ServeSettings:
   max_body_bytes: int = 16384
   history_db: str = 'serve/histories.sqlite'
   history_per_user: int = 1000
+  compile_cache: str = 'serve/compile_cache'
   admin_token: str = ''
   user_facing: bool = True
 
@@ -233,9 +236,25 @@ def _bind(host: str, port: int) -> socket.socket:
   return sock
 
 
+def _keep_compiled_programs(settings: ServeSettings, workdir: str, log) -> None:
+  """JAX's persistent compilation cache in `<workdir>/<serve.compile_cache>`, unless the
+  process has one already: the warm-up compiles a program per batch size and session length
+  (about a minute on a 2-core CPU), which a restart then reads back instead. Every program is
+  kept, however fast it compiled (JAX keeps only those over a second by default)."""
+  if not settings.compile_cache or jax.config.jax_compilation_cache_dir:
+    return
+  folder = os.path.join(os.path.abspath(workdir), settings.compile_cache)
+  compilation_cache.set_cache_dir(folder)
+  jax.config.update('jax_persistent_cache_min_compile_time_secs', 0.0)
+  # JAX decides whether to use a cache at its first compilation, which may have come before.
+  compilation_cache.reset_cache()
+  log(f'Compiled programs kept in {folder}')
+
+
 def build(config: ml_collections.ConfigDict, workdir: str, log=_say) -> Service:
   """The service of `workdir`'s best checkpoint, warmed up (not yet serving)."""
   settings = ServeSettings.from_config(config)
+  _keep_compiled_programs(settings, workdir, log)
   started = time.time()
   engine = engine_lib.Engine.load(config, workdir, log=log)
   info = engine.info()
@@ -243,7 +262,8 @@ def build(config: ml_collections.ConfigDict, workdir: str, log=_say) -> Service:
   log(f'{info["name"]} (checkpoint step {info["step"]}; {info["how"]}; score = '
       f'{info["score"]}), batch sizes {", ".join(map(str, engine.sizes))} x session lengths '
       f'{", ".join(map(str, engine.widths))} compiled in '
-      f'{time.time() - started:.1f} s ({engine_lib.compilations()} programs); '
+      f'{time.time() - started:.1f} s ({engine_lib.compilations()} programs, '
+      f'{engine_lib.cache_hits()} read from the compilation cache); '
       f'{protocol} protocol.')
   store = None
   if settings.history_db and engine.personalises:
