@@ -403,3 +403,28 @@ def test_sinusoid_matches_vaswani():
   encodings = layers.sinusoid(jnp.arange(3), 4)
   expected = [[np.sin(p), np.sin(p / 100), np.cos(p), np.cos(p / 100)] for p in range(3)]
   np.testing.assert_allclose(encodings, expected, atol=1e-6)
+
+
+def test_parameter_shapes_are_traced_once_per_task_class_and_model_config(monkeypatch):
+  """Loading a checkpoint restores into the parameters' shapes; tracing the model's init for
+  them was most of a service's reload. They are a function of the model's config: traced
+  once per (task class, config), each caller given a tree of its own."""
+  from mtn_jax.tasks import base  # pylint: disable=g-import-not-at-top
+  traced = []
+  real = jax.eval_shape
+  def counted(f, *args):
+    if getattr(f, '__name__', '') == 'init_params':  # (flax calls it too, inside an init)
+      traced.append(f)
+    return real(f, *args)
+  monkeypatch.setattr(jax, 'eval_shape', counted)
+  cfg = MTN3.replace(ff_dim=24)  # a config no other test has traced in this process
+  first = base.GenerationTask(cfg).abstract_params()
+  again = base.GenerationTask(make_config(dataclasses.asdict(cfg))).abstract_params()
+  assert len(traced) == 1
+  assert again is not first and jax.tree.structure(again) == jax.tree.structure(first)
+  assert jax.tree.leaves(again) == jax.tree.leaves(first)
+  wider = base.GenerationTask(cfg.replace(ff_dim=40)).abstract_params()
+  assert len(traced) == 2
+  assert jax.tree.leaves(wider) != jax.tree.leaves(first)
+  expected = jax.eval_shape(base.GenerationTask(cfg).init_params, jax.random.PRNGKey(0))
+  assert jax.tree.leaves(first) == jax.tree.leaves(expected)

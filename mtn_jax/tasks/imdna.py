@@ -94,7 +94,7 @@ class IMDNATask:
     return self.model.init({'params': rng}, self.example_batch(), train=False)['params']
 
   def abstract_params(self) -> Any:
-    return jax.eval_shape(self.init_params, jax.random.PRNGKey(0))
+    return base.shapes_of_params(self)
 
   def loss_sums(self, params, batch: Mapping[str, jax.Array], *, train: bool, rngs=None,
                 groups: int = 1) -> dict[str, jax.Array]:
