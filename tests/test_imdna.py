@@ -215,6 +215,8 @@ def test_ties_go_to_the_lower_id_whatever_the_cpus_sort(tmp_path):
   np.testing.assert_array_equal(top_k.best_first(scores, 4), [1, 3, 2, 4])
   np.testing.assert_array_equal(top_k.best_first(scores, 20), [1, 3, 2, 4, 5, 7, 0, 6])
   assert top_k.best_first(scores, 0).shape == (0,)
+  with_nan = np.array([np.nan, 1.0, np.nan, 2.0], np.float32)
+  np.testing.assert_array_equal(top_k.best_first(with_nan, 4), [3, 1, 0, 2])
   rng = np.random.default_rng(0)
   many = rng.integers(0, 5, size=(50, 300)).astype(np.float32)  # ties everywhere
   ranked = top_k.best_first_rows(many, 40)

@@ -14,7 +14,7 @@ import numpy as np
 
 def best_first(scores: np.ndarray, k: int) -> np.ndarray:
   """int64 [k'] (k' = min(k, M)): the ids of the k highest of `scores` (float [M]), highest
-  first, ties to the lower id.
+  first, ties to the lower id (NaN the lowest of all).
 
   The k-th highest value (a value: the same whatever the partition's algorithm) bounds the
   candidates; only those (every tie included) are sorted.
@@ -22,6 +22,8 @@ def best_first(scores: np.ndarray, k: int) -> np.ndarray:
   k = min(k, scores.shape[0])
   if k <= 0:
     return np.zeros((0,), np.int64)
+  # A NaN (a diverged model's score) ranks last, as the worst score, not out of the list.
+  scores = np.where(np.isnan(scores), -np.inf, scores)
   threshold = np.partition(scores, scores.shape[0] - k)[scores.shape[0] - k]
   candidates = np.flatnonzero(scores >= threshold)
   order = np.lexsort((candidates, -scores[candidates]))  # lexsort is stable: a fixed order
