@@ -22,9 +22,9 @@ from mtn_jax import errors
 from mtn_jax import files
 from mtn_jax import models
 from mtn_jax.data import imdna_library
+from mtn_jax.data import top_k
 from mtn_jax.data.imdna_library import Library
 from mtn_jax.data.imdna_library import QuestionSet
-from mtn_jax.data import top_k
 from mtn_jax.data.vocab import SPECIAL_TOKENS
 from mtn_jax.evaluation import metrics
 from mtn_jax.evaluation import trivial
