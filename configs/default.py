@@ -244,7 +244,11 @@ def get_config(variant: str = '') -> ml_collections.ConfigDict:
   c.serve.host = '127.0.0.1'  # the address listened on ('0.0.0.0': every interface)
   c.serve.port = 8080  # 0: any free port (the one taken is printed)
   c.serve.max_batch = 8  # requests decoded together at most
-  # How long the first request of a batch waits for others. 0: a batch starts as soon as the
+  # Batches run at once, each on a thread of its own: the model's compiled programs release
+  # Python's lock, so a second batch runs on another core while the first does (on the 2-core
+  # CPU the saturation of configs/aol.py:small 297 -> ~400 requests/s; docs/PERFORMANCE.md).
+  c.serve.workers = 2
+  # How long the first request of a batch waits for others. 0: a batch starts as soon as a
   # worker is free, and the requests that come while it runs make the next one (batches
   # still grow with the load; a lone demo request: p50 10.8 ms against 17.5 at 5 ms).
   c.serve.max_wait_ms = 0.0

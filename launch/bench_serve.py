@@ -69,6 +69,10 @@ _FAULTS_RATE = flags.DEFINE_float('faults_rate', 0.0, 'After the rates: this rat
                                   'a SIGTERM drain half-way through (0: neither).')
 _OFFLINE = flags.DEFINE_integer('offline_contexts', 1024,
                                 'Contexts decoded offline (0: no offline measurement).')
+_OFFLINE_BATCHES = flags.DEFINE_list(
+    'offline_batches', [], 'Offline batch sizes to measure besides config.decode.batch_sessions '
+    '(e.g. the service\'s max_batch: on a CPU a beam search over small batches can be faster, '
+    'its rows ending sooner).')
 _SEED = flags.DEFINE_integer('seed', 0, 'Seed of the sessions chosen and the arrival times.')
 _CPU_DEVICES = flags.DEFINE_integer('cpu_devices', None, 'JAX CPU devices of the service and '
                                     'the offline run (--cpu_devices of the command line; '
@@ -255,20 +259,24 @@ async def offer(url: str, sessions, rate: float, seconds: float, deadline_s: flo
           'server_ms': server_ms, 'batch_ms': batch_ms}
 
 
-def offline(config, workdir: str, sessions) -> dict:
+def offline(config, workdir: str, sessions, batches: list[int]) -> list[dict]:
+  """Offline decoding of `sessions`' last positions in batches of each of `batches`."""
   from mtn_jax.inference import pipeline  # pylint: disable=g-import-not-at-top
   from mtn_jax.inference.inputs import Context  # pylint: disable=g-import-not-at-top
   suggestions = pipeline.Pipeline.load(config, workdir, log=lambda *a, **k: None)
   contexts = [Context(tuple(s), len(s) - 1, {}) for s in sessions]
-  suggestions.suggest(contexts, positions='last')  # compiles every batch shape
-  times = []
-  for _ in range(3):
-    started = time.perf_counter()
-    suggestions.suggest(contexts, positions='last')
-    times.append(time.perf_counter() - started)
-  seconds = statistics.median(times)
-  return {'contexts': len(contexts), 'seconds': seconds,
-          'rate': len(contexts) / seconds, 'batch': config.decode.batch_sessions}
+  rows = []
+  for batch in batches:
+    suggestions.suggest(contexts, positions='last', batch_rows=batch)  # compiles every shape
+    times = []
+    for _ in range(3):
+      started = time.perf_counter()
+      suggestions.suggest(contexts, positions='last', batch_rows=batch)
+      times.append(time.perf_counter() - started)
+    seconds = statistics.median(times)
+    rows.append({'contexts': len(contexts), 'seconds': seconds,
+                 'rate': len(contexts) / seconds, 'batch': batch})
+  return rows
 
 
 def main(argv):
@@ -311,7 +319,7 @@ def main(argv):
     code = service.stop() if service.process.poll() is None else service.process.wait(60)
   print(f'The service exited {code} after SIGTERM.')
   s = config.serve
-  print(f'\nService: max_batch {s.max_batch}, max_wait_ms {s.max_wait_ms:g}, queue_bound '
+  print(f'\nService: max_batch {s.max_batch}, workers {s.workers}, max_wait_ms {s.max_wait_ms:g}, queue_bound '
         f'{s.queue_bound}, deadline_ms {s.deadline_ms:g}; {_SECONDS.value:g} s per rate, '
         'Poisson arrivals, sessions of the test split cut at random positions.')
   print('| offered/s | sent | answered/s | p50 ms | p95 ms | p99 ms | by status | '
@@ -327,10 +335,12 @@ def main(argv):
     print(f'| {r["rate"]} | {r["sent"]} | {r["throughput"]:.1f} | {r["p50"]:.1f} | '
           f'{r["p95"]:.1f} | {r["p99"]:.1f} | {statuses} | {own} | {rss} |')
   if _OFFLINE.value:
-    o = offline(config, workdir, sessions[:_OFFLINE.value])
-    print(f'\nOffline (Pipeline.suggest, batches of {o["batch"]}, as --mode=decode; median of '
-          f'3 passes): {o["contexts"]} contexts in {o["seconds"]:.2f} s = {o["rate"]:.1f} '
-          'contexts/s.')
+    batches = [config.decode.batch_sessions, *(int(b) for b in _OFFLINE_BATCHES.value)]
+    for o in offline(config, workdir, sessions[:_OFFLINE.value], batches):
+      how = ('as --mode=decode' if o['batch'] == config.decode.batch_sessions else
+             f'--config.decode.batch_sessions={o["batch"]}')
+      print(f'Offline (Pipeline.suggest, batches of {o["batch"]}, {how}; median of 3 passes): '
+            f'{o["contexts"]} contexts in {o["seconds"]:.2f} s = {o["rate"]:.1f} contexts/s.')
   print(f'Load average after: {" ".join(f"{x:.1f}" for x in os.getloadavg())}')
 
 

@@ -192,8 +192,9 @@ def _check_decode(config, mode: str) -> None:
 
 def _check_serve(config) -> None:
   v = config.serve
-  _positive(config, ['serve.max_batch', 'serve.queue_bound', 'serve.deadline_ms',
-                     'serve.drain_seconds', 'serve.max_body_bytes', 'serve.history_per_user'])
+  _positive(config, ['serve.max_batch', 'serve.workers', 'serve.queue_bound',
+                     'serve.deadline_ms', 'serve.drain_seconds', 'serve.max_body_bytes',
+                     'serve.history_per_user'])
   if not 0 <= v.port <= 65535:
     raise ConfigError(f'config.serve.port must be in 0..65535 (0: any free port), got {v.port}')
   for key in ('max_wait_ms', 'drain_quiet_seconds'):

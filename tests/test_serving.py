@@ -327,8 +327,8 @@ def stub_client(engine, **settings):
 
 
 def test_a_full_queue_is_503_with_retry_after_and_a_late_answer_504():
-  client, _ = stub_client(SlowEngine(1.0), max_batch=1, queue_bound=2, max_wait_ms=0,
-                          deadline_ms=1500)
+  client, _ = stub_client(SlowEngine(1.0), max_batch=1, workers=1, queue_bound=2,
+                          max_wait_ms=0, deadline_ms=1500)
   with client:
     answers = suggest_all(client, [{'session': [f'q{i}']} for i in range(8)])
   codes = sorted(r.status_code for r in answers)
@@ -339,6 +339,65 @@ def test_a_full_queue_is_503_with_retry_after_and_a_late_answer_504():
   assert refused.headers['retry-after'] == '1' and 'queue_bound' in refused.json()['error']
   late = next(r for r in answers if r.status_code == 504)
   assert 'deadline_ms' in late.json()['error']
+
+
+def run_batcher(batcher: batcher_lib.Batcher, requests, spacing: float = 0.02) -> list:
+  """Each request's result (or exception) from `batcher`, the requests submitted `spacing`
+  seconds apart."""
+
+  async def main():
+    batcher.start()
+    try:
+      async def one(i, request):
+        await asyncio.sleep(i * spacing)
+        return await batcher.submit(request, time.monotonic() + 10)
+      return await asyncio.gather(*(one(i, r) for i, r in enumerate(requests)),
+                                  return_exceptions=True)
+    finally:
+      await batcher.stop()
+
+  return asyncio.run(main())
+
+
+def test_batches_run_at_once_on_the_workers():
+  # Each batch waits for another to run beside it: with one worker the barrier breaks.
+  for workers, expected in ((2, ['a!', 'b!']), (1, [threading.BrokenBarrierError] * 2)):
+    barrier = threading.Barrier(2, timeout=1.0)
+
+    def run(requests, barrier=barrier):
+      barrier.wait()
+      return [r + '!' for r in requests]
+
+    results = run_batcher(batcher_lib.Batcher(run, max_batch=1, max_wait=0, queue_bound=8,
+                                              workers=workers), ['a', 'b'])
+    assert [r if isinstance(r, str) else type(r) for r in results] == expected, workers
+
+
+def test_prepare_sees_the_batches_in_the_order_they_came():
+  # The first batch's preparation is slow and its run slower: the second batch is prepared
+  # after it all the same, and finishes first; each request gets its own answer.
+  prepared, finished = [], []
+
+  def prepare(requests):
+    if requests == ['a']:
+      time.sleep(0.3)
+    if requests == ['c']:
+      raise ValueError('c cannot be prepared')
+    prepared.append(list(requests))
+    return [r.upper() for r in requests]
+
+  def run(requests):
+    time.sleep(0.5 if requests == ['A'] else 0.0)
+    finished.append(list(requests))
+    return [r + '!' for r in requests]
+
+  batcher = batcher_lib.Batcher(run, prepare=prepare, max_batch=1, max_wait=0, queue_bound=8,
+                                workers=2)
+  results = run_batcher(batcher, ['a', 'b', 'c', 'd'])
+  assert results[:2] + results[3:] == ['A!', 'B!', 'D!']
+  assert isinstance(results[2], ValueError)
+  assert prepared == [['a'], ['b'], ['d']]
+  assert finished[0] == ['B'] and finished[-1] == ['A'], finished
 
 
 def test_admin_is_for_loopback_or_the_token(tmp_path):
@@ -688,6 +747,7 @@ def test_a_body_over_the_limit_is_refused_before_it_is_sent():
 def test_serve_settings_are_checked_before_anything_starts():
   from mtn_jax import config_lib  # pylint: disable=g-import-not-at-top
   for override, key in (('--config.serve.max_batch=0', 'serve.max_batch'),
+                        ('--config.serve.workers=0', 'serve.workers'),
                         ('--config.serve.port=70000', 'serve.port'),
                         ('--config.serve.max_wait_ms=-1', 'serve.max_wait_ms'),
                         ('--config.serve.drain_quiet_seconds=-1', 'serve.drain_quiet_seconds')):

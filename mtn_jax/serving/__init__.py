@@ -2,7 +2,7 @@
 
   engine    the model side: the pipeline loaded and warmed up for every batch shape it will
             run, requests checked against what the model reads, batches run;
-  batcher   concurrent requests coalesced into batches, run on one worker thread;
+  batcher   concurrent requests coalesced into batches, run on worker threads;
   history   each user's earlier queries in SQLite, for the models that read them;
   metrics   the Prometheus metrics and the count of programs JAX compiled;
   app       the FastAPI application: the API, the page at /, the errors;

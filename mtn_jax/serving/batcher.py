@@ -1,12 +1,17 @@
 """Micro-batching: concurrent requests coalesced into batches, run off the event loop.
 
-A request waits in a bounded queue; the batch it joins starts once `max_batch` requests wait or
-the oldest has waited `max_wait` seconds (at once while draining; with `max_wait` 0 as soon as
-the worker is free, the requests that arrive while a batch runs making the next one). Batches
-run one at a time on one worker thread (JAX dispatch and the SQLite histories stay on it), so
-the event loop keeps accepting, refusing and timing out requests meanwhile. A request whose
-caller has stopped waiting (its deadline passed) is dropped before its batch runs. A batch
-that raises is run again one request at a time, so that one bad request fails alone.
+A request waits in a bounded queue; the batch it joins starts once a worker is free and
+`max_batch` requests wait or the oldest has waited `max_wait` seconds (at once while
+draining; with `max_wait` 0 as soon as a worker is free, the requests that arrive while the
+batches run making the next one). Up to `workers` batches run at once, each on a thread of
+its own: the model's compiled programs release Python's lock while they run, so on a CPU a
+second batch runs on another core while the first does, and the event loop keeps accepting,
+refusing and timing out requests meanwhile. An optional `prepare` step (the users'
+histories) runs first on one thread of its own, batch after batch in the order the batches
+formed, so that a user's requests are seen in the order they came even when their batches
+overlap. A request whose caller has stopped waiting (its
+deadline passed) is dropped before its batch runs. A batch that raises is run again one
+request at a time, so that one bad request fails alone.
 """
 
 from __future__ import annotations
@@ -37,26 +42,36 @@ class _Item:
 
 
 class Batcher:
-  """Runs `run(requests) -> results` (one result a request, in order) on batches of requests.
+  """Runs `run(prepare(requests)) -> results` (one result a request, in order) on batches.
 
   Args:
-    run: called on the worker thread with up to `max_batch` requests.
+    run: called on a worker thread with up to `max_batch` (prepared) requests.
+    prepare: None, or called before `run` with the batch's requests, on one thread, batches
+      in the order they formed: one prepared request a request.
+    workers: batches run at once.
     on_batch: called (on the event loop) with each batch's size and run time, e.g. metrics.
     on_depth: called with the queue's depth whenever it changes.
   """
 
   def __init__(self, run: Callable[[Sequence[Any]], list], *, max_batch: int, max_wait: float,
-               queue_bound: int, on_batch: Callable[[int, float], None] = lambda n, s: None,
+               queue_bound: int, workers: int = 1,
+               prepare: Callable[[Sequence[Any]], list] | None = None,
+               on_batch: Callable[[int, float], None] = lambda n, s: None,
                on_depth: Callable[[int], None] = lambda n: None):
-    self._run, self.max_batch, self.max_wait = run, max_batch, max_wait
+    self._run, self._prepare = run, prepare
+    self.max_batch, self.max_wait, self.workers = max_batch, max_wait, workers
     self.queue_bound = queue_bound
     self._on_batch, self._on_depth = on_batch, on_depth
     self._queue: collections.deque[_Item] = collections.deque()
     self._wake: asyncio.Event | None = None
+    self._free: asyncio.Semaphore | None = None  # workers not running a batch
     self._task: asyncio.Task | None = None
-    self._executor = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix='suggest')
+    self._batches: dict[asyncio.Task, list[_Item]] = {}  # the batches running
+    self._executor = concurrent.futures.ThreadPoolExecutor(workers, thread_name_prefix='suggest')
+    self._in_order = (None if prepare is None else
+                      concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix='prepare'))
     self.flush = False  # True: start each batch at once (draining)
-    self.running = 0  # requests in the batch being run
+    self.running = 0  # requests in the batches being run
 
   @property
   def depth(self) -> int:
@@ -64,6 +79,7 @@ class Batcher:
 
   def start(self) -> None:
     self._wake = asyncio.Event()
+    self._free = asyncio.Semaphore(self.workers)
     self._task = asyncio.get_running_loop().create_task(self._loop(), name='batcher')
 
   async def stop(self) -> None:
@@ -73,11 +89,16 @@ class Batcher:
         await self._task
       except asyncio.CancelledError:
         pass
-    for item in self._queue:
+    for task in self._batches:
+      task.cancel()
+    waiting = [item for items in self._batches.values() for item in items]
+    for item in [*self._queue, *waiting]:
       if not item.future.done():
         item.future.set_exception(DeadlineExceeded('the service stopped'))
     self._queue.clear()
     self._executor.shutdown(wait=True)
+    if self._in_order is not None:
+      self._in_order.shutdown(wait=True)
 
   async def submit(self, request: Any, deadline: float) -> Any:
     """The request's result; QueueFull at once when the queue is full, DeadlineExceeded
@@ -99,6 +120,7 @@ class Batcher:
       while not self._queue:
         self._wake.clear()
         await self._wake.wait()
+      await self._free.acquire()
       # Wait for batch-mates: until the batch is full or its oldest request has waited enough.
       while len(self._queue) < self.max_batch and not self.flush:
         left = self._queue[0].enqueued + self.max_wait - time.monotonic()
@@ -121,35 +143,53 @@ class Batcher:
         items.append(item)
       self._on_depth(len(self._queue))
       if not items:
+        self._free.release()
         continue
-      self.running = len(items)
-      started = time.monotonic()
-      try:
-        results = await loop.run_in_executor(self._executor, self._run_isolated,
-                                             [i.request for i in items])
-      finally:
-        self.running = 0
-      self._on_batch(len(items), time.monotonic() - started)
-      for item, result in zip(items, results):
-        if item.future.done():
-          continue
-        if isinstance(result, BaseException):
-          item.future.set_exception(result)
-        else:
-          item.future.set_result(result)
+      # The batch's first step (handing it to `prepare`'s thread) runs before the next
+      # batch's: tasks start in the order they are made.
+      task = loop.create_task(self._run_batch(items))
+      self._batches[task] = items
+      task.add_done_callback(self._batches.pop)
 
-  def _run_isolated(self, requests: Sequence[Any]) -> list:
-    """The batch's results; where the batch raises, each request run alone, a request that
-    still raises given its exception as its result."""
+  async def _run_batch(self, items: list[_Item]) -> None:
+    loop = asyncio.get_running_loop()
+    self.running += len(items)
+    started = time.monotonic()
     try:
-      return list(self._run(requests))
+      results = [i.request for i in items]
+      if self._prepare is not None:
+        results = await loop.run_in_executor(self._in_order, _isolated, self._prepare, results)
+      ready = [i for i, r in enumerate(results) if not isinstance(r, BaseException)]
+      if ready:
+        answers = await loop.run_in_executor(self._executor, _isolated, self._run,
+                                             [results[i] for i in ready])
+        for i, answer in zip(ready, answers):
+          results[i] = answer
+    finally:
+      self.running -= len(items)
+      self._free.release()
+    self._on_batch(len(items), time.monotonic() - started)
+    for item, result in zip(items, results):
+      if item.future.done():
+        continue
+      if isinstance(result, BaseException):
+        item.future.set_exception(result)
+      else:
+        item.future.set_result(result)
+
+
+def _isolated(function: Callable[[Sequence[Any]], list], inputs: Sequence[Any]) -> list:
+  """`function(inputs)`; where it raises, each input run alone, an input that still raises
+  given its exception as its result."""
+  try:
+    return list(function(inputs))
+  except Exception as e:  # pylint: disable=broad-except
+    if len(inputs) == 1:
+      return [e]
+  results = []
+  for one in inputs:
+    try:
+      results.extend(function([one]))
     except Exception as e:  # pylint: disable=broad-except
-      if len(requests) == 1:
-        return [e]
-    results = []
-    for request in requests:
-      try:
-        results.extend(self._run([request]))
-      except Exception as e:  # pylint: disable=broad-except
-        results.append(e)
-    return results
+      results.append(e)
+  return results

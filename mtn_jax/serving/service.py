@@ -46,6 +46,7 @@ class ServeSettings:
   host: str = '127.0.0.1'
   port: int = 8080
   max_batch: int = 8
+  workers: int = 2
   max_wait_ms: float = 0.0
   queue_bound: int = 64
   deadline_ms: float = 2000.0
@@ -88,9 +89,10 @@ class Service:
     self.metrics = metrics_lib.Metrics(settings.max_batch, compilations)
     self.metrics.model_step.set(engine.step)
     self.batcher = batcher_lib.Batcher(
-        self._run, max_batch=settings.max_batch, max_wait=settings.max_wait_ms / 1000,
-        queue_bound=settings.queue_bound, on_batch=self._on_batch,
-        on_depth=self.metrics.queue_depth.set)
+        self._run, prepare=None if store is None else self._with_histories,
+        max_batch=settings.max_batch, workers=settings.workers,
+        max_wait=settings.max_wait_ms / 1000, queue_bound=settings.queue_bound,
+        on_batch=self._on_batch, on_depth=self.metrics.queue_depth.set)
     self.draining = False
     self.inflight = 0  # HTTP requests being answered (`app._Guard` counts them)
     self.last_request = 0.0  # time.monotonic() when the latest request came
@@ -109,20 +111,22 @@ class Service:
     self.metrics.batch_size.observe(size)
     self.metrics.batch_seconds.observe(seconds)
 
+  def _with_histories(self, requests: Sequence[engine_lib.Request]
+                      ) -> list[engine_lib.Request]:
+    """On the batcher's `prepare` thread, batches in the order they came: each request's
+    user's earlier queries read, and its session recorded."""
+    return [request if request.user is None else
+            dataclasses.replace(request, history=self.store.observe(request.user,
+                                                                    request.session))
+            for request in requests]
+
   def _run(self, requests: Sequence[engine_lib.Request]) -> list[tuple[list, dict, int]]:
-    """On the worker thread: each request's user's history read (and its session recorded),
-    then the batch run by the engine answering now."""
+    """On a worker thread: the batch run by the engine answering now, with the model's
+    info and the number of earlier queries each request's user had."""
     engine = self.engine  # a reload swaps it between batches
     info = engine.info()
-    histories = []
-    checked = []
-    for request in requests:
-      history = ()
-      if request.user is not None and self.store is not None:
-        history = self.store.observe(request.user, request.session)
-      histories.append(len(history))
-      checked.append(dataclasses.replace(request, history=history))
-    return [(ranked, info, n) for ranked, n in zip(engine.run(checked), histories)]
+    return [(ranked, info, len(request.history))
+            for ranked, request in zip(engine.run(requests), requests)]
 
   async def reload(self) -> dict:
     """Loads and warms a new engine off the event loop, then swaps it in."""
@@ -132,7 +136,7 @@ class Service:
       old, started = self.engine, time.monotonic()
       self.log(f'Reloading the best checkpoint of {old.workdir} ...')
       try:
-        # A thread of its own: the batches keep running on the worker thread meanwhile.
+        # A thread of its own: the batches keep running on the worker threads meanwhile.
         new = await asyncio.to_thread(self.loader)
       except Exception as e:  # pylint: disable=broad-except
         self.metrics.reloads.labels('failed').inc()
