@@ -87,26 +87,26 @@ def simulate(times: dict[int, float], rate: float, workers: int, count: int,
 
 def main(argv):
   del argv
-  config = bench_serve.load_config(bench_serve._CONFIG.value, bench_serve._SET.value)  # pylint: disable=protected-access
+  # The benchmark's flags (--workdir, --config, --set, --seed) are this study's too.
+  flag = flags.FLAGS
+  config = bench_serve.load_config(flag.config, flag.set)
   from mtn_jax import parallel  # pylint: disable=g-import-not-at-top
   parallel.set_cpu_devices(1)  # as --mode=serve
   from mtn_jax.serving import engine as engine_lib  # pylint: disable=g-import-not-at-top
-  workdir = os.path.abspath(bench_serve._WORKDIR.value)  # pylint: disable=protected-access
+  workdir = os.path.abspath(flag.workdir)
   engine = engine_lib.Engine.load(config, workdir, log=lambda *a, **k: None)
-  sessions = bench_serve.request_sessions(workdir, 512, engine.max_session_queries,
-                                          bench_serve._SEED.value)  # pylint: disable=protected-access
+  sessions = bench_serve.request_sessions(workdir, 512, engine.max_session_queries, flag.seed)
   times = batch_times(engine, sessions, _REPEATS.value)
   most = max(times)
   saturation = _WORKERS.value * most / times[most]
   rate = saturation / 2
-  print(f'{workdir} ({bench_serve._CONFIG.value}), {os.cpu_count()} cores, '  # pylint: disable=protected-access
+  print(f'{workdir} ({flag.config}), {os.cpu_count()} cores, '
         f'{time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())}')
   print('batch times: ' + ', '.join(f'{n}: {1000 * t:.2f} ms ({1000 * t / n:.2f} a request)'
                                     for n, t in times.items()))
   print(f'model saturation {saturation:.0f}/s ({_WORKERS.value} worker(s)); arrivals at half '
         f'of it, {rate:.0f}/s, {_REQUESTS.value} requests')
-  latencies = 1000 * simulate(times, rate, _WORKERS.value, _REQUESTS.value,
-                              bench_serve._SEED.value)  # pylint: disable=protected-access
+  latencies = 1000 * simulate(times, rate, _WORKERS.value, _REQUESTS.value, flag.seed)
   lone = 1000 * times[1]
   for overhead in sorted({0.0, _OVERHEAD.value}):
     p50, p99 = (float(np.percentile(latencies, q)) + overhead for q in (50, 99))

@@ -319,9 +319,10 @@ def main(argv):
     code = service.stop() if service.process.poll() is None else service.process.wait(60)
   print(f'The service exited {code} after SIGTERM.')
   s = config.serve
-  print(f'\nService: max_batch {s.max_batch}, workers {s.workers}, max_wait_ms {s.max_wait_ms:g}, queue_bound '
-        f'{s.queue_bound}, deadline_ms {s.deadline_ms:g}; {_SECONDS.value:g} s per rate, '
-        'Poisson arrivals, sessions of the test split cut at random positions.')
+  print(f'\nService: max_batch {s.max_batch}, workers {s.workers}, max_wait_ms '
+        f'{s.max_wait_ms:g}, queue_bound {s.queue_bound}, deadline_ms {s.deadline_ms:g}; '
+        f'{_SECONDS.value:g} s per rate, Poisson arrivals, sessions of the test split cut at '
+        'random positions.')
   print('| offered/s | sent | answered/s | p50 ms | p95 ms | p99 ms | by status | '
         'in the app, mean ms | batch run, mean ms | mean batch | batches by size | service RSS MiB |')
   print('|---:|---:|---:|---:|---:|---:|---|---:|---:|---:|---|---:|')
