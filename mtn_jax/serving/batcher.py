@@ -71,11 +71,15 @@ class Batcher:
     self._in_order = (None if prepare is None else
                       concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix='prepare'))
     self.flush = False  # True: start each batch at once (draining)
-    self.running = 0  # requests in the batches being run
 
   @property
   def depth(self) -> int:
     return len(self._queue)
+
+  @property
+  def running(self) -> int:
+    """Requests in the batches being run."""
+    return sum(len(items) for items in self._batches.values())
 
   def start(self) -> None:
     self._wake = asyncio.Event()
@@ -153,7 +157,6 @@ class Batcher:
 
   async def _run_batch(self, items: list[_Item]) -> None:
     loop = asyncio.get_running_loop()
-    self.running += len(items)
     started = time.monotonic()
     try:
       results = [i.request for i in items]
@@ -166,7 +169,6 @@ class Batcher:
         for i, answer in zip(ready, answers):
           results[i] = answer
     finally:
-      self.running -= len(items)
       self._free.release()
     self._on_batch(len(items), time.monotonic() - started)
     for item, result in zip(items, results):
