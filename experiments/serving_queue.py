@@ -1,7 +1,7 @@
 """How short a tail can any service with the batcher's policy have, on this machine's CPU?
 
-Issue "a suggestion service" asks for a p99 latency at half the saturation rate of at most
-2.5x a lone request's p50. This study separates what the queue costs from what the HTTP path
+The service's latency target is a p99 at half the saturation rate of at most 2.5x a lone
+request's p50 (docs/PERFORMANCE.md, "Serving"). This study separates what the queue costs from what the HTTP path
 and the shared cores cost:
 1. It measures, in this process, the time of one batch of each padded size through the
    service's own `Engine.run` (sessions of the test split cut at random positions, as
