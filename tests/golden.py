@@ -82,16 +82,17 @@ def _record(family: str) -> dict:
   return record
 
 
-def changes_since_the_move(family: str, workdir, prefix: str = '',
-                           ranker: bool = False) -> list[str]:
-  """Where `workdir`'s evaluation (its eval/ directory, as the record reads it: the files
-  named `prefix`results.json, ...) differs from the record's `family` before the move:
-  changed or lost values; figures added since are not changes. For a family that a ranker
-  scores (`ranker`), its scores to RANKER_SCORE_ROUNDING and RETIRED_FIGURES left out."""
+def assert_unchanged_since_the_move(family: str, workdir, prefix: str = '',
+                                    ranker: bool = False) -> None:
+  """Fails, listing each change, where `workdir`'s evaluation (its eval/ directory, as the
+  record reads it: the files named `prefix`results.json, ...) differs from the record's
+  `family` before the move: changed or lost values; figures added since are not changes. For
+  a family that a ranker scores (`ranker`), its scores to RANKER_SCORE_ROUNDING and
+  RETIRED_FIGURES left out."""
   module = golden_outputs()
   changed, _ = module.compare({family: {'eval': _record(family)}},
                               {family: {'eval': module.evaluated(workdir, prefix)}},
                               rel_tol=FLOAT_ROUNDING,
                               abs_tol={'score': RANKER_SCORE_ROUNDING} if ranker else None,
                               skip=RETIRED_FIGURES if ranker else ())
-  return changed
+  assert not changed, f'{family} changed since the move:\n' + '\n'.join(changed)

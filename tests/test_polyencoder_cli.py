@@ -454,7 +454,7 @@ def test_generate_suggests_and_scores_what_the_code_before_the_move_did(rerank_r
   lists under both protocols are the ones that code's `--mode=decode` wrote for the same
   contexts (tests/golden.py)."""
   evaluated = rerank_run[0] / 'first_eval'
-  assert not (changed := golden.changes_since_the_move('generate', evaluated)), '\n'.join(changed)
+  golden.assert_unchanged_since_the_move('generate', evaluated)
   before = golden.before_move()['generate']
   pairs = read_jsonl(evaluated / 'eval' / 'lists.jsonl')
   for exclude, key in ((False, 'suggestions'), (True, 'suggestions_excluding_session')):
@@ -492,17 +492,17 @@ def test_each_strategy_scores_what_the_code_before_the_move_did(strategy, rerank
   shutil.copytree(rerank_run[0], generator)
   record = golden.golden_outputs()
   cli.run(generator, *FEW, *record.strategies(unscaled_poly, imdna_run)[strategy], mode='eval')
-  assert not (changed := golden.changes_since_the_move(strategy, generator, record.eval_prefix(strategy),
-                                       ranker=True)), '\n'.join(changed)
+  golden.assert_unchanged_since_the_move(strategy, generator, record.eval_prefix(strategy),
+                                         ranker=True)
 
 
 @pytest.mark.slow
 def test_ranker_and_imdna_evaluate_as_the_code_before_the_move_did(unscaled_poly, imdna_run):
   """The Poly-encoder's own evaluation (its pool entries as suggestions) and IMDNA's (its
   answers) are the record's (tests/golden.py)."""
-  assert not (changed := golden.changes_since_the_move('ranker', unscaled_poly, ranker=True)), '\n'.join(changed)
+  golden.assert_unchanged_since_the_move('ranker', unscaled_poly, ranker=True)
   cli.run(imdna_run, *FEW, *IMDNA_TINY, mode='eval', config='configs/imdna_aol.py')
-  assert not (changed := golden.changes_since_the_move('imdna', imdna_run)), '\n'.join(changed)
+  golden.assert_unchanged_since_the_move('imdna', imdna_run)
 
 
 @pytest.mark.slow

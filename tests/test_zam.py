@@ -291,7 +291,7 @@ def test_zam_evaluates_as_the_code_before_the_move_did(tmp_path):
   record = golden.golden_outputs()
   for mode in ('train', 'eval'):
     cli.run(tmp_path, *record.ZAM, mode=mode, config='configs/zam_aol.py:demo', with_tiny=False)
-  assert not (changed := golden.changes_since_the_move('zam', tmp_path)), '\n'.join(changed)
+  golden.assert_unchanged_since_the_move('zam', tmp_path)
 
 
 @pytest.mark.slow
