@@ -219,6 +219,19 @@ def get_config(variant: str = '') -> ml_collections.ConfigDict:
   # cooccurring: the queries that most often followed the previous one), then the rest of
   # each. A query of the session counts towards no quota (mtn_jax/inference/pipeline.py).
   c.suggest.blend = 'popular:5,generate:10'
+  # 'learned': the sources pooled (SOURCE:N, the generator first: it scores every candidate;
+  # mtn_jax/inference/sources.py) and ordered by gradient-boosted trees learned at
+  # --mode=train from cross-fitted candidates: `ranker_folds` generators, each trained without
+  # one fold of the training users (in <workdir>/folds/), `ranker_rounds` boosting rounds
+  # (mtn_jax/inference/learned.py). A workdir without a ranker suggests by `blend`.
+  c.suggest.sources = 'generate:10,popular:20,cooccurring:20,templates:20'
+  c.suggest.ranker_folds = 2
+  c.suggest.ranker_rounds = 300
+  # 'learned': the first `session_first` places go to candidates sharing a word with the
+  # session (head queries after them); `attested_only` keeps out candidates that neither the
+  # training log holds nor its word pairs support (word salad).
+  c.suggest.session_first = 5
+  c.suggest.attested_only = True
   # 'rerank': the user's habit query (the query of their past they issued most, the session's
   # queries left out) goes first where their past shows it right often enough: at least this
   # share of their past queries were the habit query of their moment, over at least

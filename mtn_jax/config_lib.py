@@ -105,14 +105,26 @@ def _check_model(config):
 
 def _check_suggest(config) -> None:
   s, name = config.suggest, config.model.name
-  _choice(config, 'suggest.strategy', ('generate', 'retrieve', 'rerank', 'blend'))
-  if s.strategy == 'blend':
+  _choice(config, 'suggest.strategy', ('generate', 'retrieve', 'rerank', 'blend', 'learned'))
+  if s.strategy in ('blend', 'learned'):  # 'learned' falls back to the blend without a ranker
     from mtn_jax.inference import pipeline  # pylint: disable=g-import-not-at-top
     try:
       pipeline.parse_blend(s.blend)
     except ValueError as e:
       raise ConfigError(f'config.suggest.blend={s.blend!r}: {e}') from None
-  if s.strategy not in ('generate', 'blend') and not s.ranker_workdir:
+  if s.strategy == 'learned':
+    from mtn_jax.inference import learned  # pylint: disable=g-import-not-at-top
+    try:
+      learned.parse_sources(s.sources)
+    except ValueError as e:
+      raise ConfigError(f'config.suggest.sources={s.sources!r}: {e}') from None
+    _positive(config, ['suggest.ranker_folds', 'suggest.ranker_rounds'])
+    if s.ranker_folds < 2:
+      raise ConfigError(f'config.suggest.ranker_folds must be >= 2 (cross-fitting), got '
+                        f'{s.ranker_folds}')
+    if s.session_first < 0:
+      raise ConfigError(f'config.suggest.session_first must be >= 0, got {s.session_first}')
+  if s.strategy not in ('generate', 'blend', 'learned') and not s.ranker_workdir:
     raise ConfigError(f'config.suggest.strategy={s.strategy!r} needs a trained ranker: pass '
                       '--config.suggest.ranker_workdir=DIR (a Bi-, Poly- or Cross-encoder run)')
   if s.strategy == 'rerank':

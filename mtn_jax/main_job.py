@@ -13,11 +13,13 @@ import os
 import jax
 import ml_collections
 
+from mtn_jax import inference
 from mtn_jax import tasks
 from mtn_jax.data import preprocess
 from mtn_jax.evaluation import evaluate as evaluation
 from mtn_jax.evaluation import report
 from mtn_jax.inference import hypotheses
+from mtn_jax.inference import learned
 from mtn_jax.training import checkpoints
 from mtn_jax.training import train as train_loop
 
@@ -37,7 +39,36 @@ def train(config: ml_collections.ConfigDict, workdir: str) -> dict:
   (`config.train.hypotheses_from`, for the splits training reads), then the run trains or
   resumes; returns the trainer's summary."""
   hypotheses.prepare(config, workdir, ('train', 'valid'))
-  return train_loop.train_and_evaluate(config, workdir)
+  if not learns_ranker(config):
+    return train_loop.train_and_evaluate(config, workdir)
+  folds = config.suggest.ranker_folds
+  parts = folds + 2
+  print(f'== [1/{parts}] The generator', flush=True)
+  summary = train_loop.train_and_evaluate(config, workdir)
+  if summary['interrupted']:
+    return summary
+  for k in range(folds):
+    print(f'== [{k + 2}/{parts}] The generator without the training users of fold {k} of '
+          f'{folds} (the learned ranker\'s candidates for them)', flush=True)
+    fold = train_loop.train_and_evaluate(learned.fold_config(config, k),
+                                         learned.fold_workdir(workdir, k))
+    if fold['interrupted']:
+      return fold
+  print(f'== [{parts}/{parts}] The learned ranker', flush=True)
+  trained = inference.load_trained(config, workdir, which='best')
+  if learned.LearnedRanker.is_current(workdir, trained, config):
+    print(f'The learned ranker in {learned.ranker_dir(workdir)} is current.', flush=True)
+  else:
+    learned.fit(config, workdir)
+  return summary
+
+
+def learns_ranker(config: ml_collections.ConfigDict) -> bool:
+  """Whether training makes a learned ranker: the strategy is 'learned' and the model is a
+  generator trained on the session corpus."""
+  task_class = tasks.task_class(config.model)
+  return (config.suggest.strategy == 'learned'
+          and not issubclass(task_class, (tasks.BringsOwnData, tasks.RankingTask)))
 
 
 def evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict:

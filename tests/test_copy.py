@@ -134,7 +134,7 @@ def test_a_session_word_outside_the_vocabulary_is_suggested_verbatim(copy_model)
   settings = search.SearchSettings(beam_size=4, max_len=2, length_penalty=0.0,
                                    emit_unk=False, top_k=4)
   context = inputs.Context(('zzyzx quokka',), 0, {})
-  [[ranked]] = pipeline.generated(trained, [context], settings, positions='last', batch_rows=1)
+  [[ranked]] = sources.generated(trained, [context], settings, positions='last', batch_rows=1)
   assert ranked
   for suggestion in ranked:
     words = suggestion['query'].split()
@@ -142,7 +142,7 @@ def test_a_session_word_outside_the_vocabulary_is_suggested_verbatim(copy_model)
   # The user-facing protocol drops a suggestion that repeats the session's query.
   assert sorted(s['query'] for s in ranked) == ['quokka quokka', 'quokka zzyzx',
                                                 'zzyzx quokka', 'zzyzx zzyzx']
-  [[user_facing]] = pipeline.generated(
+  [[user_facing]] = sources.generated(
       trained, [context], dataclasses.replace(settings, exclude_session_queries=True),
       positions='last', batch_rows=1)
   assert user_facing == [s for s in ranked if s['query'] != 'zzyzx quokka']

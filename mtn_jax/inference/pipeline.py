@@ -60,8 +60,10 @@ from mtn_jax.inference import generate
 from mtn_jax.inference import habits
 from mtn_jax.inference import imdna_proposer
 from mtn_jax.inference import inputs
+from mtn_jax.inference import learned
 from mtn_jax.inference import popular
 from mtn_jax.inference import retrieval
+from mtn_jax.inference import sources as inference_sources
 from mtn_jax.inference.inputs import Context
 from mtn_jax.tasks import imdna
 
@@ -69,7 +71,7 @@ CANDIDATE_BUCKET = 8  # candidate lists are padded to a multiple of this (fewer 
 # Sessions whose candidate lists are scored at a time in reranking: a Cross-encoder encodes
 # sessions x positions x candidates joint sequences at once.
 RERANK_SESSIONS = 16
-STRATEGIES = ('generate', 'retrieve', 'rerank', 'blend')
+STRATEGIES = ('generate', 'retrieve', 'rerank', 'blend', 'learned')
 # The sources a blend draws from (config.suggest.blend).
 BLEND_SOURCES = ('generate', 'popular', 'cooccurring')
 # The candidate sources of 'rerank', in the order they are pooled (on a tie of the ranker's
@@ -97,6 +99,8 @@ class Settings:
   batch_sessions: int
   history_queries: int
   blend: tuple[tuple[str, int], ...] = ()
+  session_first: int = 0
+  attested_only: bool = False
 
   @classmethod
   def from_config(cls, config: ml_collections.ConfigDict) -> Settings:
@@ -109,7 +113,8 @@ class Settings:
                habit_rate=float(s.habit_rate), habit_min_past=int(s.habit_min_past),
                index=s.index, batch_sessions=config.decode.batch_sessions,
                history_queries=config.data.history_queries,
-               blend=parse_blend(s.blend) if s.strategy == 'blend' else ())
+               blend=parse_blend(s.blend) if s.strategy in ('blend', 'learned') else (),
+               session_first=int(s.session_first), attested_only=bool(s.attested_only))
 
   @property
   def top_k(self) -> int:
@@ -335,13 +340,17 @@ class Pipeline:
   def __init__(self, settings: Settings, trained: inference.Trained,
                suggester: inference.Trained, retriever: retrieval.Retriever | None,
                rankers: Rankers | None, proposer: imdna_proposer.NextQueryProposer | None,
-               workdir: str):
+               workdir: str, ranker: learned.LearnedRanker | None = None):
     self.settings, self.trained, self.suggester = settings, trained, suggester
     self.retriever, self.rankers, self.proposer = retriever, rankers, proposer
+    self.ranker = ranker
     self.workdir = os.path.abspath(workdir)
-    needs_counts = (settings.strategy == 'blend'
+    needs_counts = (settings.strategy in ('blend', 'learned')
                     or (rankers is not None and bool(settings.popular or settings.cooccurring)))
     self.log_counts = popular.LogCounts.of_workdir(workdir) if needs_counts else None
+    self.sources = (learned.build_sources(ranker.sources, trained, self.log_counts,
+                                          settings.search, settings.history_queries)
+                    if ranker is not None else [])
 
   @classmethod
   def load(cls, config: ml_collections.ConfigDict, workdir: str, log=print,
@@ -350,6 +359,16 @@ class Pipeline:
     already loaded from it)."""
     settings = Settings.from_config(config)
     trained = trained or inference.load_trained(config, workdir, which='best')
+    if settings.strategy == 'learned':
+      if isinstance(trained.task, tasks.RankingTask):
+        raise errors.Error('config.suggest.strategy=\'learned\' ranks a generative model\'s '
+                           f'candidates: {workdir} holds a {trained.cfg.name!r} ranker')
+      ranker = learned.LearnedRanker.load(workdir, trained)
+      if ranker is not None:
+        return cls(settings, trained, trained, None, None, None, workdir, ranker)
+      log(f'Note: {workdir} has no learned ranker ({learned.RANKER_DIR}/ranker.json, made by '
+          f'--mode=train): suggesting by the blend {config.suggest.blend!r} instead.')
+      settings = dataclasses.replace(settings, strategy='blend')
     if settings.strategy == 'blend':
       if isinstance(trained.task, tasks.RankingTask):
         raise errors.Error('config.suggest.strategy=\'blend\' blends a generative model\'s '
@@ -406,6 +425,8 @@ class Pipeline:
 
   def how(self) -> str:
     s = self.settings
+    if self.ranker is not None:
+      return f'{", ".join(n for n, _ in self.ranker.sources)}, by the learned ranker'
     if s.strategy == 'blend':
       return f'beam {s.search.beam_size} blended with the training log\'s lists'
     if self.rankers is not None:
@@ -416,6 +437,8 @@ class Pipeline:
 
   def score_kind(self) -> str:
     """What a suggestion's 'score' is, in words (the lists' order)."""
+    if self.ranker is not None:
+      return 'the learned ranker\'s score'
     if self.settings.strategy == 'blend':
       return '1 / rank in the blend'
     if self.rankers is not None:
@@ -456,34 +479,60 @@ class Pipeline:
     """Stages 1-2 for `contexts`: [context][output position] the whole ordered list."""
     s = self.settings
     common = dict(positions=positions, batch_rows=batch_rows or s.batch_sessions,
-                  history_queries=s.history_queries, widths=widths)
+                  widths=widths)
+    if self.ranker is not None:
+      return self._learned(contexts, positions=positions,
+                           batch_rows=batch_rows or s.batch_sessions, widths=widths)[0]
     if self.settings.strategy == 'blend':
       firsts = _firsts(contexts, positions)
-      beams = generated(self.trained, contexts, s.whole_beam, **common)
+      beams = self._generate().propose(contexts, **common)
       return [[self._blend([c['query'] for c in beam], context.queries[:first + t + 1])
                for t, beam in enumerate(lists)]
               for context, first, lists in zip(contexts, firsts, beams)]
     if self.rankers is None:
       if self.retriever is not None:
-        return retrieved(self.retriever, contexts, k=self._retrieved_k(), **common)
-      return generated(self.trained, contexts, s.whole_beam, **common)
+        return inference_sources.Retrieve(self.retriever, self._retrieved_k(),
+                                          s.history_queries).propose(contexts, **common)
+      return self._generate().propose(contexts, **common)
     firsts = _firsts(contexts, positions)
-    full = lambda lists: [[[] for _ in range(first)] + [[c['query'] for c in at] for at in ranked]
-                          for first, ranked in zip(firsts, lists)]
-    sources = [full(generated(self.trained, contexts, s.whole_beam, **common))]
-    if self.retriever is not None:
-      sources.append(full(retrieved(self.retriever, contexts, k=s.retrieved, **common)))
-    if self.proposer is not None:
-      sources.append(self._proposed(contexts, firsts))
-    sources += [[[[] for _ in range(first)] + self.log_counts.lists(
-                    [c.queries[:t + 1] for t in range(first, len(c.queries))], k, name)
-                  for c, first in zip(contexts, firsts)]
-                for name, k in self._log_sources()]
+    lists = inference_sources.propose_all(self.rerank_sources(), contexts, **common)
+    # Each source's texts at every position of the session (none before the first output).
+    sources = [[[[] for _ in range(first)] + [[c['query'] for c in at] for at in ranked]
+                for first, ranked in zip(firsts, by_context)] for by_context in lists.values()]
     # One context (typed, or a lone request) is scored alone, not in a padded batch.
     ordered = self.rankers.order([c.queries for c in contexts], sources,
                                  batch_rows=1 if len(contexts) == 1 else RERANK_SESSIONS,
                                  histories=[c.history for c in contexts])
     return [lists[first:] for first, lists in zip(firsts, ordered)]
+
+  def _learned(self, contexts: Sequence[Context], *, positions: str, batch_rows: int,
+               widths: Sequence[int] | None = None
+               ) -> tuple[list[list[list[dict]]], dict[str, list[list[list[dict]]]]]:
+    """The learned ranker's order of the pooled candidates, as `presented`, and each
+    source's own lists: ([context][position] ordered, {source: [context][position] list})."""
+    s = self.settings
+    by_source, pools = learned.lists_and_features(
+        self.trained, contexts, self.sources, self.log_counts, positions=positions,
+        batch_rows=batch_rows, max_candidates=sum(k for _, k in self.ranker.sources),
+        history_queries=s.history_queries, widths=widths)
+    so_far = inference_sources.sessions_so_far(contexts, positions)
+    # Each candidate's first source (the earliest in the plan that proposes it).
+    first_source = lambda i, p: {c['query']: name for name in reversed(list(by_source))
+                                 for c in by_source[name][i][p]}
+    out = []
+    for i, context_pools in enumerate(pools):
+      lists = []
+      for p, pool in enumerate(context_pools):
+        values = self.ranker.scores(pool.features)
+        origin = first_source(i, p)
+        ranked = [{'query': pool.texts[j], 'score': float(values[j]),
+                   'source': origin[pool.texts[j]]}
+                  for j in np.argsort(-values, kind='stable')]
+        lists.append(learned.presented(ranked, so_far[i][p], self.log_counts,
+                                       session_first=s.session_first,
+                                       attested_only=s.attested_only))
+      out.append(lists)
+    return out, by_source
 
   def _blend_sources(self, beam: list[str], context: Sequence[str]) -> dict[str, list[str]]:
     """The sources of 'blend' after `context`: the beam, and the training log's lists deep
@@ -507,19 +556,20 @@ class Pipeline:
     still has top_k after dropping the session's queries."""
     return self.settings.top_k + self.suggester.cfg.max_session_queries
 
-  def _proposed(self, contexts: Sequence[Context], firsts: Sequence[int]
-                ) -> list[list[list[str]]]:
-    """[contexts][t] IMDNA's next queries after each output position t (none before
-    firsts[i]); a context's 'user' (its info) keeps that user's own sessions out of reach."""
-    at = [(i, t) for i, (c, first) in enumerate(zip(contexts, firsts))
-          for t in range(first, len(c.queries))]
-    users = [contexts[i].info.get('user') for i, _ in at]
-    proposed = self.proposer.propose(
-        [contexts[i].queries[:t + 1] for i, t in at], self.settings.imdna_proposed,
-        users=None if any(u is None for u in users) else users)
-    out = [[[] for _ in c.queries] for c in contexts]
-    for (i, t), queries in zip(at, proposed):
-      out[i][t] = queries
+  def _generate(self) -> inference_sources.Generate:
+    return inference_sources.Generate(self.trained, self.settings.whole_beam,
+                                      self.settings.history_queries)
+
+  def rerank_sources(self) -> list[inference_sources.Source]:
+    """The candidate sources of 'rerank', in the order they are pooled (`SOURCES`)."""
+    s = self.settings
+    out: list[inference_sources.Source] = [self._generate()]
+    if self.retriever is not None:
+      out.append(inference_sources.Retrieve(self.retriever, s.retrieved, s.history_queries))
+    if self.proposer is not None:
+      out.append(inference_sources.IMDNA(self.proposer, s.imdna_proposed))
+    out += [inference_sources.LOG_SOURCES[name](self.log_counts, k)
+            for name, k in self._log_sources()]
     return out
 
   # -------------------------------------------------------------------------------------------
@@ -552,6 +602,13 @@ class Pipeline:
     pair_contexts = lambda: [contexts[i][:t + 1] for i, t in zip(session_of.tolist(),
                                                                  position_of.tolist())]
     sources: dict[str, list[list[str]]] = {}
+    if self.ranker is not None:
+      ordered, by_source = self._learned(
+          learned.session_contexts(split, range(split.num_sessions)), positions='all',
+          batch_rows=max(1, queries_per_batch // split.lengths.max()))
+      flat = lambda lists: [at for session in lists for at in session]
+      return SplitLists(flat(ordered), {name: texts(flat(lists))
+                                        for name, lists in by_source.items()})
     generative = not isinstance(self.trained.task, tasks.RankingTask)
     beams = (generate.decode_split(self.trained, split, s.whole_beam,
                                    queries_per_batch=queries_per_batch, log=log)
@@ -601,68 +658,6 @@ class Pipeline:
 
 def _firsts(contexts: Sequence[Context], positions: str) -> list[int]:
   return [len(c.queries) - 1 if positions == 'last' else c.first_output for c in contexts]
-
-
-def _batches(trained: inference.Trained, contexts: Sequence[Context], batch_rows: int,
-             widths: Sequence[int] | None, history_queries: int):
-  """(context indices, contexts, batch, lengths) of `contexts` sorted by length, `batch_rows`
-  at a time, each batch padded to its longest context or to the first of `widths` that holds
-  it (`inputs.encode_contexts`)."""
-  order = sorted(range(len(contexts)), key=lambda i: len(contexts[i].queries))
-  for start in range(0, len(order), batch_rows):
-    group = order[start:start + batch_rows]
-    group_contexts = [contexts[i] for i in group]
-    longest = max(len(c.queries) for c in group_contexts)
-    width = longest if widths is None else next(w for w in widths if w >= longest)
-    batch, lengths = inputs.encode_contexts(trained.vocab, group_contexts, batch_rows, width,
-                                            trained.cfg.max_query_words, history_queries)
-    yield group, group_contexts, batch, lengths
-
-
-def generated(trained: inference.Trained, contexts: Sequence[Context],
-            settings: search.SearchSettings, *, positions: str, batch_rows: int,
-            history_queries: int = 0, widths: Sequence[int] | None = None
-            ) -> list[list[list[dict]]]:
-  """A generative model's suggestions for each context (in order) after each of its output
-  positions, ordered and cut as `settings` says (`search.ranked_suggestions`).
-
-  Contexts are sorted by length and decoded `batch_rows` at a time, each batch padded to
-  its longest context (or to the first of `widths` that holds it, a fixed set of shapes): the
-  models are causal over queries, so trailing padding queries change no earlier position.
-  """
-  out: list[list[list[dict]] | None] = [None] * len(contexts)
-  for group, group_contexts, batch, lengths in _batches(trained, contexts, batch_rows, widths,
-                                                        history_queries):
-    sequences, scores = trained.task.suggest(
-        trained.params, {k: batch[k] for k in trained.task.input_keys}, settings,
-        positions=positions, lengths=lengths if positions == 'last' else None)
-    sequences, scores = np.asarray(sequences), np.asarray(scores)
-    for row, (i, context) in enumerate(zip(group, group_contexts)):
-      # (output column, the context position it suggests after)
-      kept = ([(0, len(context.queries) - 1)] if positions == 'last'
-              else [(t, t) for t in range(context.first_output, len(context.queries))])
-      copied = trained.copied_words(context.queries)
-      out[i] = [search.ranked_suggestions(trained.vocab, sequences[row, p], scores[row, p],
-                                          settings, context.queries[:t + 1], copied)
-                for p, t in kept]
-  return out
-
-
-def retrieved(retriever: retrieval.Retriever, contexts: Sequence[Context], *, k: int,
-              positions: str, batch_rows: int, history_queries: int = 0,
-              widths: Sequence[int] | None = None) -> list[list[list[dict]]]:
-  """A ranker's `k` best pool entries for each context (in order) after each of its output
-  positions, nothing dropped (batched as `generated`)."""
-  out: list[list[list[dict]] | None] = [None] * len(contexts)
-  for group, group_contexts, batch, _ in _batches(retriever.trained, contexts, batch_rows,
-                                                  widths, history_queries):
-    batch.update(inputs.ranker_inputs(retriever, group_contexts, batch_rows, history_queries))
-    lists = retriever.suggestions(batch, k, [c.queries for c in group_contexts],
-                                  exclude_session_queries=False)
-    for row, (i, context) in enumerate(zip(group, group_contexts)):
-      first = len(context.queries) - 1 if positions == 'last' else context.first_output
-      out[i] = lists[row][first:]
-  return out
 
 
 def _load_proposer(config: ml_collections.ConfigDict, imdna_workdir: str,

@@ -24,6 +24,7 @@ import numpy as np
 
 from mtn_jax.data import preprocess
 from mtn_jax.data import sessions
+from mtn_jax.inference import templates
 
 
 def next_query_pairs(train: sessions.SessionSplit) -> Iterator[tuple[str, str]]:
@@ -44,12 +45,22 @@ def next_query_pairs(train: sessions.SessionSplit) -> Iterator[tuple[str, str]]:
       before = text
 
 
+def word_bigrams(text: str) -> list[tuple[str, str]]:
+  """The query's consecutive word pairs, its start ('<s>') and end ('</s>') included."""
+  words = ['<s>', *text.split(), '</s>']
+  return list(zip(words, words[1:]))
+
+
 class LogCounts:
   """The training split's next queries, counted once, and by the query before them.
 
   Attributes:
     popular: the next queries by how often they were logged, most first (ties: first seen).
     following: {previous query: its next queries, most frequent first}.
+    issued: {next query: times logged}; after: {previous query: {next query: times}};
+    pairs: the pairs counted; templates: their reformulation templates (`templates`);
+    bigrams: {(word, word): times in the logged next queries} (`word_bigrams`);
+    bigram_starts: {word: times it starts a bigram}.
   """
 
   def __init__(self, train: sessions.SessionSplit, keep: int = 100):
@@ -67,12 +78,25 @@ class LogCounts:
   def _count(self, pairs: Iterable[tuple[str, str]], keep: int) -> None:
     issued: collections.Counter = collections.Counter()
     after: dict[str, collections.Counter] = {}
+    edits: collections.Counter = collections.Counter()
+    total = 0
     for before, text in pairs:
       issued[text] += 1
       after.setdefault(before, collections.Counter())[text] += 1
+      edits.update(templates.templates_of(before, text))
+      total += 1
     # most_common sorts by count, stably over insertion order: the first seen wins a tie.
     self.popular = [q for q, _ in issued.most_common(keep)]
     self.following = {p: [q for q, _ in c.most_common(keep)] for p, c in after.items()}
+    # The counts themselves, for the learned ranker's features.
+    self.issued, self.after, self.pairs = issued, after, total
+    self.templates = templates.Templates.of_counts(edits, total)
+    self.bigrams: collections.Counter = collections.Counter()
+    self.bigram_starts: collections.Counter = collections.Counter()
+    for text, count in issued.items():
+      for pair in word_bigrams(text):
+        self.bigrams[pair] += count
+        self.bigram_starts[pair[0]] += count
 
   @classmethod
   def of_workdir(cls, workdir: str) -> LogCounts:

@@ -1,0 +1,563 @@
+"""The learned ranker (`config.suggest.strategy='learned'`): gradient-boosted trees with a
+ranking objective over the pooled candidates of every source.
+
+Each (context, candidate) is described by `FEATURE_GROUPS`: each source's rank and score; the
+generator's length-normalised log-probability of the candidate given the session (teacher
+forced: it scores candidates it did not write, `candidate_log_probs`); how well formed the
+candidate is as a query (the training log's word bigrams, whether the log holds it); its
+popularity and co-occurrence with the previous query; its template's frequency; its word
+overlap with the previous query and the session; its length and the position in the session.
+LightGBM's lambdarank learns the order (a library: boosted trees with a listwise objective are
+the standard learning-to-rank model, and its text model files load without pickle).
+
+Learning (`fit`, run by `--mode=train`): cross-fitted, as a service meets unseen users. The
+training users are dealt into `config.suggest.ranker_folds` folds; a generator trained
+without each fold (`<workdir>/folds/fold<k>`, `config.train.user_folds`) proposes and scores
+that fold's contexts, and the training log's counts come from the other folds' users only.
+
+What is shown (`presented`): candidates that neither the log holds nor its word bigrams
+support are kept out (`config.suggest.attested_only`: word salad such as "harry city potter"
+has bigrams no query of the log has), and the first `config.suggest.session_first` places go
+to candidates that share a word with the session, so that head queries ("google") fill the
+list only after them, or where the session gives nothing to go on.
+
+The ranker lives beside the checkpoint, `<workdir>/ranker/model.txt` (LightGBM's text
+format) and `ranker.json` (what it was trained for: the checkpoint step, the vocabulary's
+fingerprint, the sources and their depths, the features, their importances).
+"""
+
+from __future__ import annotations
+
+import collections
+import dataclasses
+import datetime
+import json
+import math
+import os
+import re
+import time
+from collections.abc import Sequence
+
+import jax
+import ml_collections
+import numpy as np
+
+from mtn_jax import errors
+from mtn_jax import files
+from mtn_jax import inference
+from mtn_jax.data import preprocess
+from mtn_jax.data import sessions
+from mtn_jax.data.vocab import EOS_ID
+from mtn_jax.data.vocab import UNK_ID
+from mtn_jax.decoding import search
+from mtn_jax.inference import popular
+from mtn_jax.inference import sources as sources_lib
+from mtn_jax.inference.inputs import Context
+
+RANKER_DIR = 'ranker'
+CANDIDATE_BUCKET = 8  # candidate lists are padded to a multiple of this (fewer compilations)
+_SITE = re.compile(r'^(?:www\.)?(.+?)(?:\.(?:com|org|net))?$')
+
+
+def parse_sources(plan: str) -> tuple[tuple[str, int], ...]:
+  """'generate:10,popular:20' -> (('generate', 10), ('popular', 20)).
+
+  Raises:
+    ValueError: not such a list of sources the learned ranker can read, each once, N >= 1.
+  """
+  readable = ('generate',) + tuple(sources_lib.LOG_SOURCES)
+  out = []
+  for item in plan.split(','):
+    name, _, count = item.strip().partition(':')
+    if name not in readable or not count.strip().isdigit() or int(count) < 1:
+      raise ValueError(f'{item.strip()!r} is not SOURCE:N with SOURCE one of '
+                       f'{", ".join(readable)} and N >= 1')
+    out.append((name, int(count)))
+  if len({name for name, _ in out}) != len(out):
+    raise ValueError(f'{plan!r} names a source twice')
+  if out[0][0] != 'generate':
+    raise ValueError(f'{plan!r}: the generator comes first (it scores every candidate)')
+  return tuple(out)
+
+
+def feature_groups(source_names: Sequence[str]) -> dict[str, list[str]]:
+  """{group: its features}, in the order of the feature matrix's columns."""
+  return {
+      'sources': [f'{s}_{what}' for s in source_names for what in ('rank', 'score')]
+                 + ['num_sources'],
+      'generator': ['generator_log_prob', 'generator_token_log_prob', 'unknown_words'],
+      'well_formed': ['logged', 'unseen_bigrams', 'bigram_log_prob', 'min_bigram_count'],
+      'popularity': ['popularity', 'cooccurrence', 'previous_followed'],
+      'template': ['template_frequency'],
+      'overlap': ['shares_previous', 'overlap_previous', 'overlap_session', 'extends_previous'],
+      'shape': ['words', 'characters', 'position', 'previous_words'],
+  }
+
+
+def feature_names(source_names: Sequence[str]) -> list[str]:
+  return [name for group in feature_groups(source_names).values() for name in group]
+
+
+def site_words(text: str) -> set[str]:
+  """A query's words, a site's name standing for its address ("www.ebay.com" -> "ebay")."""
+  return {_SITE.match(w).group(1) for w in text.split()}
+
+
+def attested(text: str, counts: popular.LogCounts, so_far: Sequence[str]) -> bool:
+  """Whether the log holds `text`, or every word pair of it (its start and end included)
+  occurs in the log's queries or the session's."""
+  if counts.issued.get(text):
+    return True
+  seen = {pair for q in so_far for pair in popular.word_bigrams(q)}
+  return all(counts.bigrams.get(pair) or pair in seen for pair in popular.word_bigrams(text))
+
+
+def presented(ranked: Sequence[dict], so_far: Sequence[str], counts: popular.LogCounts, *,
+              session_first: int, attested_only: bool) -> list[dict]:
+  """What is shown of `ranked` after the session `so_far`: without the unattested candidates
+  (`attested_only`), the first `session_first` places to the best candidates sharing a word
+  with the session, then the rest in order."""
+  if attested_only:
+    ranked = [c for c in ranked if attested(c['query'], counts, so_far)]
+  if not session_first:
+    return list(ranked)
+  session = set().union(*(site_words(q) for q in so_far))
+  related = [c for c in ranked if site_words(c['query']) & session][:session_first]
+  chosen = {id(c) for c in related}
+  return related + [c for c in ranked if id(c) not in chosen]
+
+
+# ---------------------------------------------------------------------------------------------
+# The generator as a scorer
+
+
+def _candidate_ids(vocab, text: str, copied: Sequence[str], length: int) -> list[int]:
+  """A candidate's token ids for teacher forcing: its words (a copying model's words outside
+  the vocabulary by extended id), then `</s>`, cut to `length`."""
+  if vocab.kind == 'word':
+    extended = {w: len(vocab) + k for k, w in enumerate(copied)}
+    ids = [vocab.id(w) if vocab.id(w) != UNK_ID else extended.get(w, UNK_ID)
+           for w in text.split()]
+  else:
+    ids = vocab.encode_text(text)
+  return ids[:length - 1] + [EOS_ID]
+
+
+# Candidate sequences teacher-forced at a time: bounds the [sequences, tokens, vocabulary]
+# logits of one call.
+SCORED_SEQUENCES = 2048
+
+
+def candidate_log_probs(trained: inference.Trained, contexts: Sequence[Context],
+                        candidates: Sequence[Sequence[Sequence[str]]], *, positions: str,
+                        batch_rows: int, width: int = 1, history_queries: int = 0,
+                        widths: Sequence[int] | None = None) -> list[list[np.ndarray]]:
+  """The generator's teacher-forced log-probability of given candidates.
+
+  Args:
+    trained: a generative model.
+    contexts: the sessions.
+    candidates: [context][output position] candidate texts.
+    positions: 'last' or 'all', as for `sources.generated`.
+    batch_rows: contexts per batch; width: candidates per position are padded to a multiple
+      of this (one compiled shape per batch shape when it holds every list).
+  Returns:
+    [context][output position] float32 [candidates, 2]: the sum of log p over the
+    candidate's tokens and `</s>`, and that sum per token.
+  """
+  task, params, vocab = trained.task, trained.params, trained.vocab
+  length = trained.cfg.target_len
+  out: list = [None] * len(contexts)
+  for group, group_contexts, batch, lengths in sources_lib.batches(
+      trained, contexts, batch_rows, widths, history_queries):
+    num_queries = batch['queries'].shape[1]
+    if positions == 'last':
+      rows = np.arange(batch_rows) * num_queries + lengths - 1
+    else:
+      rows = np.arange(batch_rows * num_queries)
+    most = max((len(c) for i in group for c in candidates[i]), default=1)
+    k = -(-max(most, 1, width) // CANDIDATE_BUCKET) * CANDIDATE_BUCKET
+    ids = np.zeros((len(rows), k, length), np.int32)
+    where = {}
+    for row, (i, context) in enumerate(zip(group, group_contexts)):
+      first = len(context.queries) - 1 if positions == 'last' else context.first_output
+      copied = trained.copied_words(context.queries)
+      for p, texts in enumerate(candidates[i]):
+        t = first + p
+        r = row if positions == 'last' else row * num_queries + t
+        where[(i, p)] = r
+        for j, text in enumerate(texts):
+          tokens = _candidate_ids(vocab, text, copied, length)
+          ids[r, j, :len(tokens)] = tokens
+    memory = search.encode_sessions(task.model, params,
+                                    {key: batch[key] for key in task.input_keys},
+                                    rows.astype(np.int32))
+    # Rows a call at a time, the last chunk padded: one compiled shape per (rows, k).
+    chunk = max(1, min(len(rows), SCORED_SEQUENCES // k))
+    sums = np.zeros((len(rows), k), np.float32)
+    for start in range(0, len(rows), chunk):
+      take = np.minimum(np.arange(start, start + chunk), len(rows) - 1)
+      part = jax.tree.map(lambda x, take=take: x[take], memory)
+      got = np.asarray(search.sequence_log_prob(task.model, params, part, ids[take]))
+      sums[start:start + chunk] = got[:len(rows) - start]
+    counted = (np.cumsum(ids == EOS_ID, axis=-1) == 0).sum(-1) + (ids == EOS_ID).any(-1)
+    per_token = sums / np.maximum(counted, 1.0)
+    for i, context in zip(group, group_contexts):
+      out[i] = [np.stack([sums[where[(i, p)], :len(texts)],
+                          per_token[where[(i, p)], :len(texts)]], axis=-1)
+                for p, texts in enumerate(candidates[i])]
+  return out
+
+
+# ---------------------------------------------------------------------------------------------
+# Features
+
+
+@dataclasses.dataclass
+class Pool:
+  """One context position's pooled candidates and their features.
+
+  Attributes:
+    texts: [C] the candidates, in the sources' order (first proposal first), each once.
+    features: float32 [C, F], columns `feature_names`.
+  """
+
+  texts: list[str]
+  features: np.ndarray
+
+
+def pool_texts(by_source: dict[str, list[dict]], so_far: Sequence[str],
+               drop_session: bool) -> list[str]:
+  """The distinct non-empty candidates of every source in order (none of the session's with
+  `drop_session`)."""
+  session = set(so_far) if drop_session else set()
+  return [q for q in dict.fromkeys(c['query'] for lst in by_source.values() for c in lst)
+          if q.strip() and q not in session]
+
+
+def features(texts: Sequence[str], by_source: dict[str, list[dict]], so_far: Sequence[str],
+             position: int, counts: popular.LogCounts, generator: np.ndarray,
+             source_names: Sequence[str], vocab) -> np.ndarray:
+  """float32 [len(texts), F]: the features (`feature_names(source_names)`) of each candidate
+  after the session `so_far` (its last query at `position` of the session).
+
+  Args:
+    generator: float32 [len(texts), 2], `candidate_log_probs`' figures of the texts.
+  """
+  nan = float('nan')
+  previous = so_far[-1]
+  previous_words = set(previous.split())
+  session_words = set(' '.join(so_far).split())
+  after = counts.after.get(previous, {})
+  followed = sum(after.values())
+  template_of = {c['query']: c['score'] for c in by_source.get('templates', [])}
+  rank_of = {name: {} for name in source_names}
+  for name in source_names:
+    for rank, c in enumerate(by_source.get(name, []), 1):
+      rank_of[name].setdefault(c['query'], (rank, c['score']))
+  log_pairs = math.log(counts.pairs + 1)
+  rows = []
+  for text, (log_prob, token_log_prob) in zip(texts, generator.tolist()):
+    words = text.split()
+    bigrams = popular.word_bigrams(text)
+    seen = [counts.bigrams.get(pair, 0) for pair in bigrams]
+    bigram_log_prob = sum(math.log((n + 0.1) / (counts.bigram_starts.get(pair[0], 0) + 1.0))
+                          for n, pair in zip(seen, bigrams)) / len(bigrams)
+    row = []
+    for name in source_names:
+      rank, score = rank_of[name].get(text, (nan, nan))
+      row += [rank, score]
+    row.append(sum(text in rank_of[name] for name in source_names))
+    row += [log_prob, token_log_prob,
+            float(sum(vocab.id(w) == UNK_ID for w in words)) if vocab.kind == 'word' else 0.0]
+    row += [float(bool(counts.issued.get(text))), float(sum(n == 0 for n in seen)),
+            bigram_log_prob, math.log1p(min(seen))]
+    row += [math.log(counts.issued.get(text, 0) + 1) - log_pairs,
+            math.log(after.get(text, 0) + 1) - math.log(followed + 1), math.log1p(followed)]
+    row.append(math.log(template_of[text] + 1) - log_pairs if text in template_of else nan)
+    shared = previous_words & set(words)
+    row += [float(bool(shared)), len(shared) / max(len(previous_words | set(words)), 1),
+            len(set(words) & session_words) / max(len(set(words)), 1),
+            float(text.startswith(previous + ' ') or text.endswith(' ' + previous))]
+    row += [len(words), len(text), position, len(previous.split())]
+    rows.append(row)
+  return np.asarray(rows, np.float32).reshape(len(texts), -1)
+
+
+# ---------------------------------------------------------------------------------------------
+# The ranker
+
+
+@dataclasses.dataclass
+class LearnedRanker:
+  """A trained ranker and what it was trained for (`ranker.json`)."""
+
+  booster: object  # lightgbm.Booster
+  meta: dict
+
+  @property
+  def sources(self) -> tuple[tuple[str, int], ...]:
+    return tuple((name, int(k)) for name, k in self.meta['sources'])
+
+  @property
+  def source_names(self) -> list[str]:
+    return [name for name, _ in self.sources]
+
+  def scores(self, matrix: np.ndarray) -> np.ndarray:
+    """float [rows]: the ranker's score of each feature row (higher first)."""
+    if not len(matrix):
+      return np.zeros(0)
+    return self.booster.predict(matrix, num_threads=1)
+
+  @staticmethod
+  def read_meta(workdir: str) -> dict | None:
+    """`<workdir>/ranker/ranker.json`, or None where there is none."""
+    path = os.path.join(ranker_dir(workdir), 'ranker.json')
+    if not os.path.exists(path):
+      return None
+    with open(path, encoding='utf-8') as f:
+      return json.load(f)
+
+  @classmethod
+  def is_current(cls, workdir: str, trained: inference.Trained,
+                 config: ml_collections.ConfigDict) -> bool:
+    """Whether `workdir`'s ranker was trained for its best checkpoint with `config`'s
+    sources, folds and rounds."""
+    meta = cls.read_meta(workdir)
+    return bool(meta) and (
+        meta.get('checkpoint_step') == int(trained.step)
+        and meta.get('vocab_fingerprint') == trained.vocab.fingerprint
+        and [tuple(x) for x in meta.get('sources', [])] == list(
+            parse_sources(config.suggest.sources))
+        and meta.get('folds') == config.suggest.ranker_folds
+        and meta.get('rounds') == config.suggest.ranker_rounds)
+
+  @classmethod
+  def load(cls, workdir: str, trained: inference.Trained) -> LearnedRanker | None:
+    """`workdir`'s ranker (None where it has none), refused in one line when it was trained
+    for another checkpoint or vocabulary."""
+    folder = ranker_dir(workdir)
+    meta_path = os.path.join(folder, 'ranker.json')
+    meta = cls.read_meta(workdir)
+    if meta is None:
+      return None
+    import lightgbm  # pylint: disable=import-outside-toplevel
+    if (meta.get('checkpoint_step') != int(trained.step)
+        or meta.get('vocab_fingerprint') != trained.vocab.fingerprint):
+      raise errors.Error(
+          f'{meta_path}: the ranker was trained for checkpoint step '
+          f'{meta.get("checkpoint_step")} and vocabulary {meta.get("vocab_fingerprint")}, '
+          f'not for this workdir\'s best checkpoint (step {trained.step}, vocabulary '
+          f'{trained.vocab.fingerprint}): run --mode=train again to retrain it')
+    return cls(lightgbm.Booster(model_file=os.path.join(folder, 'model.txt')), meta)
+
+
+def lists_and_features(trained: inference.Trained, contexts: Sequence[Context],
+                       candidate_sources: Sequence[sources_lib.Source],
+                       counts: popular.LogCounts, *, positions: str, batch_rows: int,
+                       max_candidates: int = 1, history_queries: int = 0,
+                       widths: Sequence[int] | None = None, drop_session: bool = False):
+  """The sources' lists and every position's `Pool` for `contexts`.
+
+  Returns:
+    (by_source {name: [context][position] lists}, pools [context][position] Pool).
+  """
+  names = [s.name for s in candidate_sources]
+  by_source = sources_lib.propose_all(candidate_sources, contexts, positions=positions,
+                                      batch_rows=batch_rows, widths=widths)
+  so_far = sources_lib.sessions_so_far(contexts, positions)
+  firsts = sources_lib.first_outputs(contexts, positions)
+  texts = [[pool_texts({n: by_source[n][i][p] for n in names}, so_far[i][p], drop_session)
+            for p in range(len(so_far[i]))] for i in range(len(contexts))]
+  # Every pool padded to `max_candidates` (the most the sources give): one compiled shape.
+  scored = candidate_log_probs(trained, contexts, texts, positions=positions,
+                               batch_rows=batch_rows, width=max_candidates,
+                               history_queries=history_queries, widths=widths)
+  pools = [[Pool(texts[i][p], features(texts[i][p], {n: by_source[n][i][p] for n in names},
+                                       so_far[i][p], firsts[i] + p + contexts[i].first_position,
+                                       counts, scored[i][p], names, trained.vocab))
+            for p in range(len(so_far[i]))] for i in range(len(contexts))]
+  return by_source, pools
+
+
+# ---------------------------------------------------------------------------------------------
+# Learning
+
+
+def ranker_dir(workdir: str) -> str:
+  return os.path.join(os.path.abspath(workdir), RANKER_DIR)
+
+
+def fold_workdir(workdir: str, fold: int) -> str:
+  """Where the generator trained without the users of `fold` lives."""
+  return os.path.join(os.path.abspath(workdir), 'folds', f'fold{fold}')
+
+
+def fold_config(config: ml_collections.ConfigDict, fold: int) -> ml_collections.ConfigDict:
+  """`config` for the generator trained without the users of `fold`."""
+  c = ml_collections.ConfigDict(config.to_dict())
+  c.train.user_folds = config.suggest.ranker_folds
+  c.train.held_out_fold = fold
+  return c
+
+
+def build_sources(plan: Sequence[tuple[str, int]], trained: inference.Trained,
+                  counts: popular.LogCounts, settings: search.SearchSettings,
+                  history_queries: int = 0) -> list[sources_lib.Source]:
+  """The learned ranker's sources: the generator's whole beam (`settings.beam_size` is the
+  plan's depth) and the training log's."""
+  out: list[sources_lib.Source] = []
+  for name, k in plan:
+    if name == 'generate':
+      beam = dataclasses.replace(settings, exclude_session_queries=False, beam_size=k, top_k=k)
+      out.append(sources_lib.Generate(trained, beam, history_queries))
+    else:
+      out.append(sources_lib.LOG_SOURCES[name](counts, k))
+  return out
+
+
+def session_contexts(split: sessions.SessionSplit, chosen: Sequence[int]) -> list[Context]:
+  """A context of each chosen session: its queries but the last, suggested after each."""
+  out = []
+  for i in chosen:
+    texts = split.session_texts(int(i))
+    info = {'session': int(i)}
+    if split.users is not None:
+      info['user'] = int(split.users[int(i)])
+    out.append(Context(tuple(texts[:-1]), 0, info, 0, tuple(texts[1:])))
+  return out
+
+
+@dataclasses.dataclass
+class Groups:
+  """Learning-to-rank data: one group per (context, position).
+
+  Attributes:
+    features: float32 [rows, F]; labels: int32 [rows], 1 for the logged next query.
+    sizes: int [groups] rows per group; folds: int [groups] the fold of each group's user.
+    texts, references, sessions: [groups] the candidates, the logged next query, the
+      session so far; lists: [groups] {source: its candidate texts} (each source alone).
+  """
+
+  features: np.ndarray
+  labels: np.ndarray
+  sizes: np.ndarray
+  folds: np.ndarray
+  texts: list[list[str]]
+  references: list[str]
+  sessions: list[tuple[str, ...]]
+  lists: list[dict[str, list[str]]]
+
+
+def cross_fitted_groups(config: ml_collections.ConfigDict, workdir: str, log=print) -> Groups:
+  """Every training pair's candidates and features, cross-fitted: the pairs of fold k's
+  users proposed and scored by the generator trained without them, the log's counts taken
+  from the other folds' users."""
+  folds = config.suggest.ranker_folds
+  plan = parse_sources(config.suggest.sources)
+  data_dir = preprocess.data_dir(os.path.abspath(workdir))
+  train = sessions.load_split(data_dir, 'train')
+  fold_of = sessions.session_folds(train, folds, config.data.split_seed)
+  settings = search.SearchSettings.from_config(config.decode)
+  out = collections.defaultdict(list)
+  started = time.time()
+  for k in range(folds):
+    trained = inference.load_trained(fold_config(config, k), fold_workdir(workdir, k),
+                                     which='best')
+    others = [train.session_texts(i) for i in np.flatnonzero(fold_of != k).tolist()]
+    counts = popular.LogCounts.of_sessions(others)
+    contexts = session_contexts(train, np.flatnonzero(fold_of == k).tolist())
+    fold_started = time.time()
+    by_source, pools = lists_and_features(
+        trained, contexts, build_sources(plan, trained, counts, settings), counts,
+        positions='all', batch_rows=config.decode.batch_sessions,
+        max_candidates=sum(n for _, n in plan), drop_session=True)
+    for i, context in enumerate(contexts):
+      for p, pool in enumerate(pools[i]):
+        reference = context.references[p]
+        out['features'].append(pool.features)
+        out['labels'].append(np.array([t == reference for t in pool.texts], np.int32))
+        out['sizes'].append(len(pool.texts))
+        out['folds'].append(k)
+        out['texts'].append(pool.texts)
+        out['references'].append(reference)
+        out['sessions'].append(context.queries[:p + 1])
+        out['lists'].append({name: [c['query'] for c in lists[i][p]]
+                             for name, lists in by_source.items()})
+    done = k + 1
+    log(f'  ranker data: fold {k} ({len(contexts):,} sessions) in '
+        f'{time.time() - fold_started:.0f} s; ETA {(time.time() - started) / done * (folds - done):.0f} s',
+        flush=True)
+  return Groups(np.concatenate(out['features']), np.concatenate(out['labels']),
+                np.asarray(out['sizes']), np.asarray(out['folds']), out['texts'],
+                out['references'], out['sessions'], out['lists'])
+
+
+def lightgbm_params(config: ml_collections.ConfigDict) -> dict:
+  return {'objective': 'lambdarank', 'metric': 'ndcg', 'eval_at': [10],
+          'learning_rate': 0.05, 'num_leaves': 31, 'min_data_in_leaf': 50,
+          'feature_fraction': 0.9, 'lambdarank_truncation_level': 20,
+          'num_threads': os.cpu_count() or 1, 'seed': config.seed, 'deterministic': True,
+          'force_row_wise': True, 'verbosity': -1}
+
+
+def train_booster(groups: Groups, chosen: np.ndarray, config: ml_collections.ConfigDict,
+                  names: Sequence[str], columns: Sequence[int] | None = None):
+  """A LightGBM lambdarank model on the groups `chosen` (bool [groups]) that hold the logged
+  next query (the others carry no ranking signal); `columns`: the features used (all)."""
+  import lightgbm  # pylint: disable=import-outside-toplevel
+  ends = np.cumsum(groups.sizes)
+  starts = ends - groups.sizes
+  positive = np.add.reduceat(groups.labels, starts) > 0 if len(starts) else np.zeros(0, bool)
+  positive &= groups.sizes > 0
+  keep = chosen & positive
+  rows = np.concatenate([np.arange(s, e) for s, e in zip(starts[keep], ends[keep])])
+  x = groups.features[rows]
+  if columns is not None:
+    x = x[:, columns]
+    names = [names[c] for c in columns]
+  data = lightgbm.Dataset(x, groups.labels[rows], group=groups.sizes[keep],
+                          feature_name=list(names), free_raw_data=True)
+  return lightgbm.train(lightgbm_params(config), data,
+                        num_boost_round=config.suggest.ranker_rounds)
+
+
+def fit(config: ml_collections.ConfigDict, workdir: str, log=print) -> dict:
+  """Trains the workdir's learned ranker on the cross-fitted training pairs and writes it to
+  `<workdir>/ranker/`; returns its record (ranker.json)."""
+  plan = parse_sources(config.suggest.sources)
+  names = feature_names([name for name, _ in plan])
+  trained = inference.load_trained(config, workdir, which='best')
+  started = time.time()
+  log('Learned ranker: candidates and features of the training users\' pairs, each fold '
+      'by the generator that never saw it.', flush=True)
+  groups = cross_fitted_groups(config, workdir, log)
+  booster = train_booster(groups, np.ones(len(groups.sizes), bool), config, names)
+  importance = booster.feature_importance(importance_type='gain')
+  total = float(importance.sum()) or 1.0
+  meta = {
+      'checkpoint_step': int(trained.step),
+      'vocab_fingerprint': trained.vocab.fingerprint,
+      'sources': [list(item) for item in plan],
+      'features': names,
+      'importance': {n: round(float(v) / total, 4) for n, v in
+                     sorted(zip(names, importance.tolist()), key=lambda kv: -kv[1])},
+      'folds': config.suggest.ranker_folds,
+      'rounds': config.suggest.ranker_rounds,
+      'groups': int(len(groups.sizes)),
+      'rows': int(len(groups.labels)),
+      'candidate_recall': float(np.mean([r in t for r, t in zip(groups.references,
+                                                                  groups.texts)])),
+      'seconds': round(time.time() - started, 1),
+      'date': datetime.datetime.now(datetime.timezone.utc).isoformat(timespec='seconds'),
+  }
+  folder = ranker_dir(workdir)
+  os.makedirs(folder, exist_ok=True)
+  with files.atomic_path(os.path.join(folder, 'model.txt')) as path:
+    booster.save_model(path)
+  files.write_text(os.path.join(folder, 'ranker.json'), json.dumps(meta, indent=1) + '\n')
+  top = ', '.join(f'{n} {v:.2f}' for n, v in list(meta['importance'].items())[:5])
+  log(f'Learned ranker: {meta["groups"]:,} contexts, {meta["rows"]:,} candidates (the next '
+      f'query among them for {100 * meta["candidate_recall"]:.1f} %), {meta["seconds"]:.0f} s; '
+      f'most important: {top}. Written to {folder}', flush=True)
+  return meta

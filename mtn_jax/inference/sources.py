@@ -1,0 +1,269 @@
+"""Candidate sources: where the suggestion pipeline's candidates come from, behind one protocol.
+
+A source proposes, for each context (`inputs.Context`) and each of its output positions, its
+candidate next queries, best first, each with the source's own score:
+
+    source.propose(contexts, positions=..., batch_rows=..., widths=...)
+        -> [context][output position] [{'query': text, 'score': float}, ...]
+
+'positions' is 'last' (after each context's last query) or 'all' (after first_output
+onwards); `batch_rows` and `widths` say how a model-backed source batches its contexts (as
+`generated` does); the others ignore them. `propose_all` is the one executor: every source of
+a pipeline over the same contexts, for eval, decode, suggest and the service alike.
+
+The sources:
+  generate      the workdir's generative beam, in the generator's own order (`generated`);
+  retrieve      a Bi- or Poly-encoder's best pool entries (`retrieval.Retriever`);
+  imdna         the next queries of the most similar training sessions (`imdna_proposer`);
+  popular       the training log's most popular next queries (MPC);
+  cooccurring   the queries that most often followed the previous one in the training log;
+  templates     reformulations of the previous query by the training log's most frequent
+                edits (`templates`);
+  session       the session's own queries so far, latest first.
+A new source is a class with a `name` and `propose`, and its entry in `LOG_SOURCES` (or its
+own construction in `pipeline.Pipeline.load` where it needs a model of its own).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Sequence
+from typing import Protocol, runtime_checkable
+
+import numpy as np
+
+from mtn_jax import inference
+from mtn_jax.decoding import search
+from mtn_jax.inference import imdna_proposer
+from mtn_jax.inference import inputs
+from mtn_jax.inference import popular
+from mtn_jax.inference import retrieval
+from mtn_jax.inference import templates as templates_lib
+from mtn_jax.inference.inputs import Context
+
+Lists = list[list[list[dict]]]  # [context][output position] candidates, best first
+
+
+@runtime_checkable
+class Source(Protocol):
+  """Proposes candidates (see the module docstring)."""
+
+  name: str
+
+  def propose(self, contexts: Sequence[Context], *, positions: str, batch_rows: int,
+              widths: Sequence[int] | None = None) -> Lists:
+    """[context][output position] its candidates ({'query', 'score'}), best first."""
+
+
+def first_outputs(contexts: Sequence[Context], positions: str) -> list[int]:
+  """Each context's first output position."""
+  return [len(c.queries) - 1 if positions == 'last' else c.first_output for c in contexts]
+
+
+def sessions_so_far(contexts: Sequence[Context], positions: str) -> list[list[tuple[str, ...]]]:
+  """[context][output position] the queries up to and including that position."""
+  return [[c.queries[:t + 1] for t in range(first, len(c.queries))]
+          for c, first in zip(contexts, first_outputs(contexts, positions))]
+
+
+def propose_all(sources: Sequence[Source], contexts: Sequence[Context], *, positions: str,
+                batch_rows: int, widths: Sequence[int] | None = None) -> dict[str, Lists]:
+  """{source name: its lists} of every source over `contexts`, in the sources' order."""
+  return {s.name: s.propose(contexts, positions=positions, batch_rows=batch_rows,
+                            widths=widths) for s in sources}
+
+
+# ---------------------------------------------------------------------------------------------
+# Model-backed sources
+
+
+def batches(trained: inference.Trained, contexts: Sequence[Context], batch_rows: int,
+            widths: Sequence[int] | None, history_queries: int):
+  """(context indices, contexts, batch, lengths) of `contexts` sorted by length, `batch_rows`
+  at a time, each batch padded to its longest context or to the first of `widths` that holds
+  it (`inputs.encode_contexts`)."""
+  order = sorted(range(len(contexts)), key=lambda i: len(contexts[i].queries))
+  for start in range(0, len(order), batch_rows):
+    group = order[start:start + batch_rows]
+    group_contexts = [contexts[i] for i in group]
+    longest = max(len(c.queries) for c in group_contexts)
+    width = longest if widths is None else next(w for w in widths if w >= longest)
+    batch, lengths = inputs.encode_contexts(trained.vocab, group_contexts, batch_rows, width,
+                                            trained.cfg.max_query_words, history_queries)
+    yield group, group_contexts, batch, lengths
+
+
+def generated(trained: inference.Trained, contexts: Sequence[Context],
+              settings: search.SearchSettings, *, positions: str, batch_rows: int,
+              history_queries: int = 0, widths: Sequence[int] | None = None) -> Lists:
+  """A generative model's suggestions for each context (in order) after each of its output
+  positions, ordered and cut as `settings` says (`search.ranked_suggestions`).
+
+  Contexts are sorted by length and decoded `batch_rows` at a time, each batch padded to
+  its longest context (or to the first of `widths` that holds it, a fixed set of shapes): the
+  models are causal over queries, so trailing padding queries change no earlier position.
+  """
+  out: list = [None] * len(contexts)
+  for group, group_contexts, batch, lengths in batches(trained, contexts, batch_rows, widths,
+                                                       history_queries):
+    sequences, scores = trained.task.suggest(
+        trained.params, {k: batch[k] for k in trained.task.input_keys}, settings,
+        positions=positions, lengths=lengths if positions == 'last' else None)
+    sequences, scores = np.asarray(sequences), np.asarray(scores)
+    for row, (i, context) in enumerate(zip(group, group_contexts)):
+      # (output column, the context position it suggests after)
+      kept = ([(0, len(context.queries) - 1)] if positions == 'last'
+              else [(t, t) for t in range(context.first_output, len(context.queries))])
+      copied = trained.copied_words(context.queries)
+      out[i] = [search.ranked_suggestions(trained.vocab, sequences[row, p], scores[row, p],
+                                          settings, context.queries[:t + 1], copied)
+                for p, t in kept]
+  return out
+
+
+def retrieved(retriever: retrieval.Retriever, contexts: Sequence[Context], *, k: int,
+              positions: str, batch_rows: int, history_queries: int = 0,
+              widths: Sequence[int] | None = None) -> Lists:
+  """A ranker's `k` best pool entries for each context (in order) after each of its output
+  positions, nothing dropped (batched as `generated`)."""
+  out: list = [None] * len(contexts)
+  for group, group_contexts, batch, _ in batches(retriever.trained, contexts, batch_rows,
+                                                 widths, history_queries):
+    batch.update(inputs.ranker_inputs(retriever, group_contexts, batch_rows, history_queries))
+    lists = retriever.suggestions(batch, k, [c.queries for c in group_contexts],
+                                  exclude_session_queries=False)
+    for row, (i, context) in enumerate(zip(group, group_contexts)):
+      first = len(context.queries) - 1 if positions == 'last' else context.first_output
+      out[i] = lists[row][first:]
+  return out
+
+
+@dataclasses.dataclass
+class Generate:
+  """The workdir's generative beam, every hypothesis in the generator's own order."""
+
+  trained: inference.Trained
+  settings: search.SearchSettings  # the whole beam: `Settings.whole_beam`
+  history_queries: int = 0
+  name: str = 'generate'
+
+  def propose(self, contexts, *, positions, batch_rows, widths=None) -> Lists:
+    return generated(self.trained, contexts, self.settings, positions=positions,
+                     batch_rows=batch_rows, history_queries=self.history_queries,
+                     widths=widths)
+
+
+@dataclasses.dataclass
+class Retrieve:
+  """A Bi- or Poly-encoder's `k` best pool entries."""
+
+  retriever: retrieval.Retriever
+  k: int
+  history_queries: int = 0
+  name: str = 'retrieve'
+
+  def propose(self, contexts, *, positions, batch_rows, widths=None) -> Lists:
+    return retrieved(self.retriever, contexts, k=self.k, positions=positions,
+                     batch_rows=batch_rows, history_queries=self.history_queries,
+                     widths=widths)
+
+
+@dataclasses.dataclass
+class IMDNA:
+  """IMDNA's `k` next queries after each position; a context's 'user' (its info) keeps that
+  user's own sessions out of reach."""
+
+  proposer: imdna_proposer.NextQueryProposer
+  k: int
+  name: str = 'imdna'
+
+  def propose(self, contexts, *, positions, batch_rows, widths=None) -> Lists:
+    del batch_rows, widths
+    at = [(i, t) for i, (c, first) in enumerate(zip(contexts, first_outputs(contexts, positions)))
+          for t in range(first, len(c.queries))]
+    users = [contexts[i].info.get('user') for i, _ in at]
+    proposed = self.proposer.propose(
+        [contexts[i].queries[:t + 1] for i, t in at], self.k,
+        users=None if any(u is None for u in users) else users)
+    out: Lists = [[] for _ in contexts]
+    for (i, _), queries in zip(at, proposed):
+      out[i].append([{'query': q, 'score': -rank} for rank, q in enumerate(queries, 1)])
+    return out
+
+
+# ---------------------------------------------------------------------------------------------
+# Sources read from the training log
+
+
+def _per_position(contexts, positions, propose_one) -> Lists:
+  return [[propose_one(so_far) for so_far in session]
+          for session in sessions_so_far(contexts, positions)]
+
+
+@dataclasses.dataclass
+class Popular:
+  """The training log's `k` most popular next queries (MPC); score: the times logged."""
+
+  counts: popular.LogCounts
+  k: int
+  name: str = 'popular'
+
+  def propose(self, contexts, *, positions, batch_rows=0, widths=None) -> Lists:
+    top = [{'query': q, 'score': float(self.counts.issued[q])}
+           for q in self.counts.most_popular(self.k)]
+    return _per_position(contexts, positions, lambda so_far: list(top))
+
+
+@dataclasses.dataclass
+class Cooccurring:
+  """The `k` queries that most often followed the previous one in the training log, then the
+  most popular; score: the times that pair was logged (0 for the popular fallback)."""
+
+  counts: popular.LogCounts
+  k: int
+  name: str = 'cooccurring'
+
+  def propose(self, contexts, *, positions, batch_rows=0, widths=None) -> Lists:
+    def one(so_far):
+      after = self.counts.after.get(so_far[-1], {})
+      return [{'query': q, 'score': float(after.get(q, 0))}
+              for q in self.counts.cooccurring(so_far[-1], self.k)]
+    return _per_position(contexts, positions, one)
+
+
+@dataclasses.dataclass
+class Templates:
+  """The previous query rewritten by the training log's `k` most frequent applicable edits;
+  score: how many training pairs the edit rewrote."""
+
+  templates: templates_lib.Templates
+  k: int
+  name: str = 'templates'
+
+  def propose(self, contexts, *, positions, batch_rows=0, widths=None) -> Lists:
+    return _per_position(contexts, positions, lambda so_far: [
+        {'query': q, 'score': float(n), 'template': t}
+        for q, t, n in self.templates.propose(so_far[-1], self.k)])
+
+
+@dataclasses.dataclass
+class Session:
+  """The session's own queries so far, latest first; score: minus the steps back."""
+
+  name: str = 'session'
+
+  def propose(self, contexts, *, positions, batch_rows=0, widths=None) -> Lists:
+    return _per_position(contexts, positions, lambda so_far: [
+        {'query': q, 'score': -float(back)}
+        for back, q in enumerate(dict.fromkeys(reversed(so_far)))])
+
+
+# The sources built from the training log alone: name -> (LogCounts, depth) -> the source.
+LOG_SOURCES = {
+    'popular': lambda counts, k: Popular(counts, k),
+    'cooccurring': lambda counts, k: Cooccurring(counts, k),
+    'templates': lambda counts, k: Templates(counts.templates, k),
+    'session': lambda counts, k: Session(),
+}
+MODEL_SOURCES = ('generate', 'retrieve', 'imdna')
+NAMES = MODEL_SOURCES + tuple(LOG_SOURCES)
