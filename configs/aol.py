@@ -17,22 +17,22 @@ def get_config(variant: str = ''):
   c.train.warmup_steps = 4000
   c.input.train_queries_per_batch = 2048
   c.input.eval_queries_per_batch = 4096
-  # Cross-entropy over 76,604 words in chunks of 2048 target slots: large matmuls for a GPU,
-  # [2048, 76604] fp32 logits (0.6 GB) alive at a time instead of the batch's.
+  # Cross-entropy over the vocabulary in chunks of 2048 target slots: large matmuls for a GPU,
+  # one chunk's logits alive at a time instead of the batch's.
   c.train.loss_chunk_tokens = 2048
-  # Layer stacks as Python loops on a GPU: 1.16x the step of nn.scan on an H200 in bfloat16
-  # (24.46 -> 21.08 ms, no stacking of activations for the backward pass, 5.6 -> 4.4 GiB),
-  # for 10 s more compilation per bucket (docs/PERFORMANCE.md, "against the hardware's
-  # limit"). Checkpoints of either layout load in the other.
+  # Layer stacks as Python loops on a GPU: a faster step than nn.scan's, with no stacking of
+  # activations for the backward pass and less memory, for a longer compilation
+  # (docs/PERFORMANCE.md, "The step against the hardware's limit"). Checkpoints of either
+  # layout load in the other.
   c.model.scan_layers = False
   if variant == 'small':
     apply_small(c)
     # Suggestions for users never seen in training: the 3 most popular next queries of the
     # training log, the 5 that most often followed the previous query, then the beam (none
     # the session holds counting towards a quota). Chosen on the training users, each scored
-    # by a generator trained without them (27,464 pairs); on the user split's test, under the
-    # user-facing protocol: R@10 1.9 -> 3.2 and MRR@10 1.1 -> 1.3 against the most popular
-    # list (docs/RESULTS.md, "Users never seen"). --config.suggest.strategy=generate gives
+    # by a generator trained without them; on the user split's test, under the user-facing
+    # protocol, it ranks the next query above the most popular list alone (docs/RESULTS.md,
+    # "Users never seen"). --config.suggest.strategy=generate gives
     # the model's own beam, as every table taken before 2026-11-26 evening.
     c.suggest.strategy = 'blend'
     c.suggest.blend = 'popular:3,cooccurring:5,generate:10'
@@ -51,9 +51,9 @@ def apply_small(c):
   c.model.lstm_units = 64
   c.train.num_epochs = 10
   c.train.warmup_steps = 200
-  # Peak 1.6e-3 after 200 warm-up steps at d_model 128. Chosen on the 500-user sample's
-  # validation split over 0.5 and 0.25: best perplexity in 10 epochs MTN 35.6 -> 33.6,
-  # Transformer 4+4 45.0 -> 35.6, 5+5 diverged -> 43.1 (docs/RESULTS.md).
+  # Chosen against 0.5 on the 500-user sample's validation split: a lower perplexity for every
+  # attention model, and the 5+5 Transformer no longer diverges
+  # (docs/notes/2026-11-23-paper-comparison.md, "What was tuned").
   c.train.learning_rate = 0.25
   c.train.log_every_steps = 20
   c.train.checkpoint_every_steps = 200
@@ -61,15 +61,15 @@ def apply_small(c):
   c.input.eval_queries_per_batch = 1024
   c.train.loss_chunk_tokens = 256  # the CPU's best chunk (docs/PERFORMANCE.md)
   c.decode.batch_sessions = 128
-  # Shared by every compared model. Chosen on the sample's validation split over 0.6: mean
-  # BLEU of the six models 3.40 -> 3.62, better for four of them (docs/RESULTS.md); for MTN
-  # with copying, 1.2 against 2.0 and 3.0 (BLEU 8.09, 7.26, 2.41).
+  # Shared by every compared model. Chosen on the sample's validation split against 0.6 (a
+  # higher mean BLEU of the six models) and, for MTN with copying, against 2.0 and 3.0
+  # (docs/notes/2026-11-23-paper-comparison.md, "What was tuned"; "What was tried" in
+  # docs/notes/2026-11-24-copying-and-the-trivial-suggesters.md).
   c.decode.length_penalty = 1.2
-  # The best validated MTN setup on the sample (docs/RESULTS.md, "What helped"): copying from
-  # the session (validation BLEU 4.25 -> 8.09, Recall@10 12.7 -> 14.1), no word twice in a
-  # suggestion, suggestions reordered by minimum Bayes risk with the session's queries among
-  # the candidates (BLEU 8.09 -> 9.37, Recall@10 14.1 -> 14.5), and 10 of them
-  # for Recall@10.
+  # The best validated MTN setup on the sample (docs/RESULTS.md, "Against the trivial
+  # suggesters: copying"): copying from the session, no word twice in a suggestion,
+  # suggestions reordered by minimum Bayes risk with the session's queries among the
+  # candidates (each raised validation BLEU and Recall@10), and 10 of them for Recall@10.
   c.model.copy = True
   c.decode.block_repeats = True
   c.decode.rerank = 'mbr+session'

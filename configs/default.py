@@ -236,7 +236,7 @@ def get_config(variant: str = '') -> ml_collections.ConfigDict:
   # queries left out) goes first where their past shows it right often enough: at least this
   # share of their past queries were the habit query of their moment, over at least
   # habit_min_past of them (mtn_jax/inference/habits.py). 0: never. On the AOL sample's
-  # training users, 0.15 and 5 raise top-1 BLEU from 11.87 (the previous query) to 13.54
+  # training users, 0.15 and 5 raise top-1 BLEU above repeating the previous query
   # (docs/RESULTS.md, "A user's habits"); a raw log given to decode is read with every earlier
   # session of a user.
   c.suggest.habit_rate = 0.0
@@ -258,12 +258,12 @@ def get_config(variant: str = '') -> ml_collections.ConfigDict:
   c.serve.port = 8080  # 0: any free port (the one taken is printed)
   c.serve.max_batch = 8  # requests decoded together at most
   # Batches run at once, each on a thread of its own: the model's compiled programs release
-  # Python's lock, so a second batch runs on another core while the first does (on the 2-core
-  # CPU the saturation of configs/aol.py:small 297 -> ~400 requests/s; docs/PERFORMANCE.md).
+  # Python's lock, so a second batch runs on another core while the first does (it raises the
+  # saturation on a 2-core CPU: docs/PERFORMANCE.md, "Serving").
   c.serve.workers = 2
   # How long the first request of a batch waits for others. 0: a batch starts as soon as a
   # worker is free, and the requests that come while it runs make the next one (batches
-  # still grow with the load; a lone demo request: p50 10.8 ms against 17.5 at 5 ms).
+  # still grow with the load, and a lone request waits for nothing).
   c.serve.max_wait_ms = 0.0
   c.serve.queue_bound = 64  # requests waiting beyond this are refused: 503 with Retry-After
   c.serve.deadline_ms = 2000.0  # a request not answered in this time gets 504

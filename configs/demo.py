@@ -23,8 +23,9 @@ def get_config(variant: str = ''):
   c.model.session_layers = 1
   c.model.decoder_layers = 2
   c.model.lstm_units = 32
-  # The 2-layer stacks' loops unrolled: the same parameters, masks and function, 1.2x faster on
-  # a 2-core CPU (docs/PERFORMANCE.md); results move only by float rounding.
+  # The 2-layer stacks' loops unrolled: the same parameters, masks and function, faster on a
+  # 2-core CPU (docs/PERFORMANCE.md, "Training on a 2-core CPU"); results move only by float
+  # rounding.
   c.model.scan_unroll = 2
   c.train.num_epochs = 8
   c.train.warmup_steps = 100

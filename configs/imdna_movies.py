@@ -36,8 +36,8 @@ def get_config(variant: str = ''):
 
   apply_training(c)
   c.train.num_epochs = 8
-  # The supervised-embedding baseline: 1e-2, chosen on the validation splits (QA HITS@1 2.6
-  # -> 23.4, Recs HITS@100 10.3 -> 80.3 against 1e-3; docs/RESULTS.md, IMDNA).
+  # The supervised-embedding baseline: 1e-2, chosen on the validation splits against 1e-3,
+  # which leaves it undertrained (docs/notes/2026-11-25-imdna.md).
   if reader == 'embeddings':
     c.train.learning_rate = 1e-2
 

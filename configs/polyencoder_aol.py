@@ -6,7 +6,7 @@
   --config=configs/polyencoder_aol.py:cross                                  Cross-encoder
   --config=configs/polyencoder_aol.py:demo | :demo_bi | :demo_cross          the demo log
 
-Trained for reranking (docs/RESULTS.md, "Rankers trained for reranking"):
+Trained for reranking (docs/notes/2026-11-25-candidate-rankers.md, "Rankers trained for reranking"):
   --config.model.session_candidates=True   the session's queries as candidates, targets graded
                                            by n-gram overlap with the next query
   --config.model.lexical_negatives=K       K BM25-nearest pool entries as hard negatives
@@ -26,7 +26,7 @@ of 600 users (words seen twice), d_model 32, 2 heads, feed-forward 64, the same 
 layers, 4 Poly-encoder codes, 3 epochs (the Cross-encoder: 60 steps); the Bi- and
 Poly-encoders score with `config.model.scaled_scores` (y_ctx . y_cand / sqrt(d)), without
 which these encoders, trained from scratch, collapsed to one candidate vector and learned
-nothing (docs/RESULTS.md, "The demo rankers").
+nothing (docs/notes/2026-11-26-demo-rankers.md).
 """
 
 from configs import default
@@ -51,7 +51,8 @@ def get_config(variant: str = ''):
   c.model.query_layers = 2
   c.model.session_layers = 1
   # 'flat' over 'mtn': on the sample's validation split the flat context (every word of the
-  # session so far) ranks better (docs/RESULTS.md, "Rankers").
+  # session so far) ranks better (docs/notes/2026-11-25-candidate-rankers.md, "Rankers
+  # trained for reranking").
   c.model.context_encoder = 'flat'
   c.model.cross_negatives = 15
   c.train.num_epochs = 10
@@ -85,12 +86,12 @@ def get_config(variant: str = ''):
     # With the paper's plain dot product the scores of these fresh encoders start spread by
     # several units, and the optimiser's way down was to give every candidate the same
     # vector: chance loss, and the same few suggestions for every session. Lower rates only
-    # made the collapse and the way out of it slower (docs/RESULTS.md, "The demo rankers").
+    # made the collapse and the way out of it slower (docs/notes/2026-11-26-demo-rankers.md).
     # The Cross-encoder's score is a learned layer's output, which needs no scaling.
     c.model.scaled_scores = c.model.name != 'crossencoder'
     if c.model.name == 'crossencoder':
-      # 16 (context, candidate) pairs encoded jointly per context: 3 epochs are 345 steps of
-      # ~0.8 s on 2 cores; 60 (half an epoch) put the next query first among 20 for 27 % of
-      # the test pairs (docs/RESULTS.md, "The demo rankers").
+      # 16 (context, candidate) pairs encoded jointly per context make 3 epochs too long for
+      # a demo; 60 steps (half an epoch) already rank the next query well above chance
+      # (docs/notes/2026-11-26-demo-rankers.md).
       c.train.max_steps = 60
   return c

@@ -42,9 +42,9 @@ def recurrent_config(model_name: str, variant: str, config_file: str
   c.train.loss_chunk_tokens = 2048  # as configs/aol.py
   if variant == 'small':
     aol.apply_small(c)
-    # Tuned on the sample's validation split: after 2 epochs 0.003 reaches a validation
-    # perplexity of 49-55 against 70-75 at 0.001, for each of the three models, and Seq2Seq's
-    # best over 10 epochs is 31.1 at 0.003 against 37.2 at 0.001 (docs/RESULTS.md).
+    # Tuned on the sample's validation split against 0.001: a lower validation perplexity
+    # for each of the three recurrent models (docs/notes/2026-11-23-paper-comparison.md,
+    # "What was tuned").
     c.train.learning_rate = 0.003
   elif variant:
     raise ValueError(f'{config_file}: unknown variant {variant!r} (expected "" or "small")')

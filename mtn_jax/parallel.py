@@ -23,7 +23,7 @@ _XLA_COLLECTIVE_TIMEOUT_FLAG = '--xla_cpu_collective_call_terminate_timeout_seco
 # XLA's default is 40 s, counted after a 20 s "may be stuck" warning, a minute in all. With one
 # device per core on cores that other processes share, a device reaches a step's collectives
 # late (by seconds under load here; by over a minute in a user's run, which died at step ~50:
-# BUILD.md, "Collective timeout on a busy CPU"). 30 minutes is XLA's own limit for its
+# docs/notes/2026-11-26-collective-timeout-on-a-busy-cpu.md). 30 minutes is XLA's own limit for its
 # cross-process CPU collectives (xla_cpu_collective_timeout_seconds): a late device is waited
 # for, a real deadlock still ends.
 CPU_COLLECTIVE_TIMEOUT_SECONDS = 30 * 60
@@ -31,8 +31,8 @@ CPU_COLLECTIVE_TIMEOUT_SECONDS = 30 * 60
 
 # Modes that run each batch whole: their parameters are replicated on every device and a
 # batch is not split, so every further CPU device computes the same batch again on another
-# core (1,024 demo contexts decoded in batches of 128: 1.50 s on one CPU device, 2.19 s on
-# two, 2-core VM, 2026-11-27), and a service's other cores are its HTTP loop's.
+# core, which makes them slower, not faster (docs/notes/2026-11-26-serving.md), and a
+# service's other cores are its HTTP loop's.
 WHOLE_BATCH_MODES = ('decode', 'suggest', 'serve')
 
 

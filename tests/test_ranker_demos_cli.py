@@ -5,7 +5,7 @@ runs every stage of its default mode.
 
 Before `config.model.scaled_scores`, both trained to exit 0 and learned nothing: the
 candidate vectors collapsed to one, the validation loss stayed at chance and 8 queries were
-the first suggestion of all 280 test pairs (docs/RESULTS.md, "The demo rankers"). Apart from
+the first suggestion of all 280 test pairs (docs/notes/2026-11-26-demo-rankers.md). Apart from
 test_polyencoder_cli.py so that the two files run on two test workers."""
 
 from __future__ import annotations

@@ -227,7 +227,7 @@ def _bar_chart(path: str, labels: Sequence[str], scores: Sequence[dict], title: 
   4-gram precision of 0 sends every BLEU to 0, as on small corpora. `scores` are the
   results' score entries; each of `baselines` (label, BLEU) is drawn as a dashed line.
   """
-  # Imported here: matplotlib costs every run of the command line 0.7 s to import, and only
+  # Imported here: matplotlib's import would slow every run of the command line, and only
   # the report draws. A bare Figure with the Agg canvas: no pyplot global state, no display.
   from matplotlib.backends.backend_agg import FigureCanvasAgg  # pylint: disable=g-import-not-at-top
   from matplotlib.figure import Figure  # pylint: disable=g-import-not-at-top

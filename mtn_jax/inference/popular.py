@@ -9,9 +9,8 @@ They are candidate sources of the suggestion pipeline (`config.suggest.popular`,
 `config.suggest.cooccurring`, `config.suggest.strategy='blend'`) and suggesters of their own
 in every evaluation table.
 
-Every pair is counted (a service is asked after any query): on an AOL-size training split
-(4,283,517 pairs, 1,904,926 distinct previous queries; synthetic texts), counting took 44 s
-and 0.82 GiB on the 2-core CPU machine (2026-11-26).
+Every pair is counted (a service is asked after any query); what that costs on an AOL-size
+training split: docs/notes/2026-11-27-figures-from-code-comments.md.
 """
 
 from __future__ import annotations

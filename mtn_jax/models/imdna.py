@@ -192,12 +192,11 @@ class IMDNA(nn.Module):
     z = word_scores(document_attention[-1], flat_documents, self.config.vocab_size)
     # The network reads z times N, the number of document tokens: uniform attention gives
     # every word of the documents 1, a word the attention favours more. The slides' z (one
-    # softmax over all N tokens) is about 1/N (1/700 here), an input that moved the network
-    # by lr * z per Adam step: it barely trained (movie QA: validation HITS@1 1.3 after an
-    # epoch). z / max_w z, tried next, trains QA but leaves the network a single word once
-    # the attention peaks: on Recs the attention settled on a relation name every document
-    # holds, and every question got the same answers (validation HITS@100 13.7 against 89.7
-    # with z * N, docs/RESULTS.md).
+    # softmax over all N tokens) is about 1/N, an input that moved the network by lr * z per
+    # Adam step: it barely trained on movie QA. z / max_w z, tried next, trains QA but leaves
+    # the network a single word once the attention peaks: on Recs the attention settled on a
+    # relation name every document holds, and every question got the same answers
+    # (docs/notes/2026-11-25-imdna.md, "What did not work").
     scaled = z * (flat_documents != PAD_ID).sum(-1, keepdims=True)
     hidden = self.dropout(nn.relu(self.hidden(scaled)), deterministic=not train)
     return {'query_attention': query_attention.transpose(1, 0, 2),

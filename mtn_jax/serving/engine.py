@@ -7,10 +7,9 @@ the model's `max_session_queries`, and that), the first that holds its longest s
 the programs a request can need are known in advance: `warm_up` runs each pair once before
 the service says it is ready, and after that no request compiles. Padding a session of 3
 queries to 4 rather than to the model's 16 makes the encoders and the copy attention of each
-beam step read a quarter of the slots (a batch of 8 on `configs/aol.py:small`: 148 -> 93 ms
-on the 2-core CPU). The models are causal over queries and rows are independent, so the
-padding changes no suggestion: the lists are those `--mode=decode` writes for the same
-session.
+beam step read a quarter of the slots (docs/notes/2026-11-27-figures-from-code-comments.md).
+The models are causal over queries and rows are independent, so the padding changes no
+suggestion: the lists are those `--mode=decode` writes for the same session.
 
 This holds for config.suggest.strategy 'generate' (a generative model's beam, or a ranker's
 pool entries) and 'retrieve'. With 'rerank', the ranker scores candidate lists whose lengths

@@ -290,10 +290,10 @@ def serve(config: ml_collections.ConfigDict, workdir: str) -> None:
                              timeout_graceful_shutdown=settings.drain_seconds,
                              timeout_keep_alive=5)
   server = _Server(uv_config, service, url)
-  # Everything loaded so far (JAX, the model, the compiled programs: ~176,000 objects for the
-  # demo model) lives as long as the process: out of the collector's sight, a full collection
-  # no longer walks them in the middle of a request (at 240 requests/s on 2 cores: p99 399 ->
-  # 113 ms, docs/PERFORMANCE.md).
+  # Everything loaded so far (JAX, the model, the compiled programs: a great many objects)
+  # lives as long as the process: out of the collector's sight, a full collection no longer
+  # walks them in the middle of a request, which held up the tail latency
+  # (docs/notes/2026-11-27-figures-from-code-comments.md).
   gc.collect()
   gc.freeze()
   server.run(sockets=[sock])

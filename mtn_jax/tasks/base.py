@@ -166,8 +166,8 @@ class BringsOwnData(Protocol):
 
 # (task class, model config) -> the parameters' shapes and dtypes. A parameter tree is a
 # function of the model's config alone (every task's example batch is), and tracing a model's
-# init is most of loading a checkpoint: 0.28 s of a 0.35 s reload of the demo model on the
-# 2-core CPU, time the service's batches wait for (the interpreter is shared).
+# init is most of loading a checkpoint, time the service's batches wait for during a reload
+# (the interpreter is shared; docs/notes/2026-11-27-figures-from-code-comments.md).
 _ABSTRACT_PARAMS: dict[tuple[type, ModelConfig], Any] = {}
 
 
