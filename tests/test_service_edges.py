@@ -279,3 +279,33 @@ def test_a_drain_answers_503_for_the_quiet_time_before_it_stops_listening():
   finally:
     if process.poll() is None:
       process.kill()
+
+
+# ---------------------------------------------------------------------------------------------
+# The page, in a browser (skipped without Debian's chromium and chromium-driver)
+
+from tests.test_serving import ThreadServer, _texts, _type, _wait, browser  # pylint: disable=g-import-not-at-top,wrong-import-position,unused-import
+
+
+def test_the_page_shows_ranks_and_says_what_it_dropped_and_why_fewer(browser):  # pylint: disable=redefined-outer-name
+  from selenium.webdriver.common.by import By  # pylint: disable=g-import-not-at-top
+  app, service = stub_app()
+  server = ThreadServer(app)
+  try:
+    browser.get(server.url + '/')
+    _wait(lambda: 'checkpoint step' in browser.find_element(By.ID, 'model').text)
+    header = browser.find_element(By.ID, 'model').text
+    assert service.engine.workdir not in header, header
+    assert browser.execute_script(
+        'return document.querySelector("link[rel=icon]").getAttribute("href")') == '/favicon.ico'
+    for i in range(5):  # the stub reads 4 queries
+      _type(browser, f'query {i}')
+      _wait(lambda i=i: _texts(browser, '#session li')[-1:] == [f'query {i}']
+            and 'suggestions from stub' in _texts(browser, '#status')[0], chrome=browser)
+    status = _texts(browser, '#status')[0]
+    assert _texts(browser, '#session li') == [f'query {i}' for i in range(1, 5)]
+    assert 'the oldest query ("query 0") was dropped: the model reads the last 4' in status
+    assert '5 asked: the model has no more' in status  # the stub has one suggestion
+    assert _texts(browser, '#suggestions .rank') == ['1.']  # an order, not a score
+  finally:
+    server.stop()
