@@ -179,9 +179,11 @@ def get_config(variant: str = '') -> ml_collections.ConfigDict:
   # BLEU against the beam); 'mbr+session': the session's queries are candidates too
   # (mtn_jax/decoding/mbr.py).
   c.decode.rerank = 'none'
-  # True: decode and suggest never offer a query the session already holds (evaluation
-  # reports the paper's protocol and this one side by side, whatever this says).
-  c.decode.exclude_session_queries = False
+  # True: never offer a query the session already holds (the user-facing protocol); False:
+  # the paper's protocol (a session's query may come back). Unset: per mode, --mode=suggest
+  # user-facing (as --mode=serve), --mode=decode the paper's. Evaluation reports both
+  # protocols side by side, whatever this says.
+  c.decode.exclude_session_queries = ml_collections.config_dict.placeholder(bool)
   c.decode.batch_sessions = 64
   c.decode.input = ''
   c.decode.output = ''

@@ -34,17 +34,37 @@ def print_samples(samples: list[dict], limit: int = SAMPLES_SHOWN) -> None:
           f'      -> {sample["predicted"] or "(empty)"} | {sample["actual"]}')
 
 
-def train(config: ml_collections.ConfigDict, workdir: str) -> dict:
-  """`--mode=train`: the files a ranker learns from generators' suggestions are made first
-  (`config.train.hypotheses_from`, for the splits training reads), then the run trains or
-  resumes; returns the trainer's summary."""
+# What a workdir's top-level files are, for the closing summary of --mode=train.
+WORKDIR_FILES = {
+    'data': 'the corpus (--mode=preprocess)',
+    'checkpoints': 'the model, one folder a saved step',
+    'metrics.jsonl': 'training and validation figures, a line each',
+    'tensorboard': 'the same for TensorBoard',
+    'config.json': 'the config trained with',
+    'hypotheses': 'the generators\' suggestions a ranker learns from',
+    'eval': 'evaluation results (--mode=eval)',
+    'report': 'the report (--mode=report)',
+    'decode': 'suggestions written by --mode=decode',
+    'serve': 'the service\'s users\' histories and compiled programs',
+    'folds': 'the generators trained without one fold of the users each (learned ranker)',
+    'ranker': 'the learned ranker (config.suggest.strategy=learned)',
+}
+
+
+def train(config: ml_collections.ConfigDict, workdir: str, preprocessed: bool = False) -> dict:
+  """`--mode=train`: the corpus is built (its summary printed) where it is not already, the
+  files a ranker learns from generators' suggestions are made (`config.train.hypotheses_from`,
+  for the splits training reads), then the run trains or resumes; returns the trainer's
+  summary, after a closing summary (the best checkpoint, the workdir's files)."""
+  if not preprocessed and jax.process_index() == 0:
+    preprocess.prepare(config, workdir, verbose=True)
   hypotheses.prepare(config, workdir, ('train', 'valid'))
   if not learns_ranker(config):
-    return train_loop.train_and_evaluate(config, workdir)
+    return _train_one(config, workdir)
   folds = config.suggest.ranker_folds
   parts = folds + 2
   print(f'== [1/{parts}] The generator', flush=True)
-  summary = train_loop.train_and_evaluate(config, workdir)
+  summary = _train_one(config, workdir)
   if summary['interrupted']:
     return summary
   for k in range(folds):
@@ -63,12 +83,34 @@ def train(config: ml_collections.ConfigDict, workdir: str) -> dict:
   return summary
 
 
+def _train_one(config: ml_collections.ConfigDict, workdir: str) -> dict:
+  summary = train_loop.train_and_evaluate(config, workdir)
+  if not summary['interrupted'] and jax.process_index() == 0:
+    print(training_summary(summary, workdir), flush=True)
+  return summary
+
+
 def learns_ranker(config: ml_collections.ConfigDict) -> bool:
   """Whether training makes a learned ranker: the strategy is 'learned' and the model is a
   generator trained on the session corpus."""
   task_class = tasks.task_class(config.model)
   return (config.suggest.strategy == 'learned'
           and not issubclass(task_class, (tasks.BringsOwnData, tasks.RankingTask)))
+
+
+def training_summary(summary: dict, workdir: str) -> str:
+  """The lines printed when training ends: the best checkpoint and the workdir's files."""
+  workdir = os.path.abspath(workdir)
+  lines = [f'Training done at step {summary["step"]:,} of {summary["total_steps"]:,}.']
+  if summary.get('best_step') is not None:
+    lines.append(f'Best checkpoint: step {summary["best_step"]:,}, validation loss '
+                 f'{summary["best_valid_loss"]:.4f} (what eval, decode, suggest and serve '
+                 f'load), in {checkpoints.checkpoint_dir(workdir)}')
+  lines.append(f'The workdir, {workdir}:')
+  for name in sorted(os.listdir(workdir)):
+    shown = name + ('/' if os.path.isdir(os.path.join(workdir, name)) else '')
+    lines.append(f'  {shown:<16} {WORKDIR_FILES.get(name, "")}'.rstrip())
+  return '\n'.join(lines)
 
 
 def evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict:
@@ -84,7 +126,7 @@ def run_all(config: ml_collections.ConfigDict, workdir: str) -> dict:
   print('== Preprocessing', flush=True)
   preprocess.prepare(config, workdir, verbose=True)
   print('== Training', flush=True)
-  summary = train(config, workdir)
+  summary = train(config, workdir, preprocessed=True)
   if summary['interrupted']:
     print(f'Training was stopped at step {summary["step"]}; run the same command again to '
           'resume. Evaluation and report skipped.', flush=True)

@@ -194,12 +194,12 @@ def config(*overrides, name: str = 'demo', with_tiny: bool = True):
     node = c
     for section in sections:
       node = node[section]
-    old = node[field]
-    if isinstance(old, bool):
+    kind = node.get_type(field)  # a placeholder's (None) type too
+    if kind is bool:
       new = value.lower() in ('true', '1')
-    elif isinstance(old, str):
+    elif kind is str:
       new = value
     else:
-      new = type(old)(ast.literal_eval(value))
+      new = kind(ast.literal_eval(value))
     node[field] = new
   return c

@@ -218,9 +218,15 @@ def test_interactive_suggestions_from_piped_stdin(mtn_run):
   assert heads == [w[0], f'{w[0]} | {w[1]} {w[2]}',
                    f'{w[3]} zzqqunknown (1 word(s) outside the vocabulary read as <unk>)']
   assert result.stdout.count('-- new session --') == 1
-  for block in re.split(r'^after .*:$', result.stdout, flags=re.M)[1:]:
-    scores = [float(s) for s in re.findall(r'^  \d\. .*  \((-?\d+\.\d+)\)$', block, re.M)]
+  # By default suggest shows what the service shows (the user-facing protocol), and says so.
+  assert 'the user-facing protocol' in result.stdout.splitlines()[0]
+  typed_so_far = ([w[0]], [w[0], f'{w[1]} {w[2]}'], [f'{w[3]} <unk>', f'{w[3]} zzqqunknown'])
+  blocks = re.split(r'^after .*:$', result.stdout, flags=re.M)[1:]
+  for block, session in zip(blocks, typed_so_far, strict=True):
+    shown = re.findall(r'^  \d\. (.*)  \((-?\d+\.\d+)\)$', block, re.M)
+    scores = [float(score) for _, score in shown]
     assert len(scores) == 3 and scores == sorted(scores, reverse=True)
+    assert not {query for query, _ in shown} & set(session), (session, shown)
 
 
 def test_interactive_scores_every_suggestion_with_the_aol_small_decode_settings(mtn_run):
@@ -234,10 +240,12 @@ def test_interactive_scores_every_suggestion_with_the_aol_small_decode_settings(
   assert small.rerank == 'mbr+session'  # what this test is about
   decode = [f'--config.decode.{key}={small[key]}'
             for key in ('beam_size', 'top_k', 'length_penalty', 'block_repeats', 'rerank')]
+  decode.append('--config.decode.exclude_session_queries=false')  # the paper's: they may show
   w = vocabulary_words(workdir, 6)
   typed = f'{w[0]}\n{w[1]} {w[2]}\n{w[0]}\n{w[3]} {w[4]}\n{w[5]}\n'
   result = cli.run(workdir, *RUN, *MTN, *decode, mode='suggest', stdin=typed)
   assert 'score = expected BLEU (MBR)' in result.stdout
+  assert 'the paper\'s protocol' in result.stdout.splitlines()[0]
   blocks = re.split(r'^after .*:$', result.stdout, flags=re.M)[1:]
   assert len(blocks) == 5
   session_queries_shown = 0

@@ -200,8 +200,7 @@ def test_response_health_readiness_and_metrics(service, client):
   body = response.json()
   assert len(body['suggestions']) == 2 and body['ms'] > 0
   assert set(body['suggestions'][0]) == {'query', 'score'}
-  assert body['model'] == {'name': 'mtn', 'step': service.engine.step,
-                           'workdir': service.engine.workdir}
+  assert body['model'] == {'name': 'mtn', 'step': service.engine.step}  # no path
   assert 'history' not in body
   assert re.fullmatch(r'[0-9a-f]{16}', response.headers['x-request-id'])
   assert client.get('/healthz').json() == {'status': 'ok'}

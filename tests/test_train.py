@@ -376,3 +376,18 @@ def test_ctrl_c_during_validation_stops_at_once_and_the_resumed_run_validates_fi
   assert valid(stopped) == valid(straight) and len(valid(straight)) == 2
   assert train_losses(stopped) == train_losses(straight)
   assert_trees_equal(final_params(stopped)[1], final_params(straight)[1])
+
+
+def test_train_says_what_it_preprocessed_and_where_everything_is(tmp_path):
+  """--mode=train on a fresh workdir builds the corpus and prints its summary (as
+  --mode=preprocess does), and ends with the best checkpoint and the workdir's files."""
+  workdir = tmp_path / 'run'
+  out = cli.run(workdir, '--config.train.max_steps=2', mode='train').stdout
+  assert f'Corpus in {workdir / "data"}' in out and 'vocabulary: ' in out, out
+  assert out.index('Corpus in') < out.index('step 2/2')  # before training starts
+  closing = out[out.index('Training done at step 2 of 2.'):]
+  assert 'Best checkpoint: step 2, validation loss ' in closing, closing
+  for name in ('checkpoints/', 'data/', 'metrics.jsonl'):
+    assert f'  {name}' in closing, closing
+  again = cli.run(workdir, '--config.train.max_steps=2', mode='train').stdout
+  assert 'Reusing the corpus in' in again  # nothing rebuilt, and it says so

@@ -86,6 +86,27 @@ def describe_counts(counts: dict, max_query_words: int, max_session_queries: int
   return ', '.join(parts)
 
 
+def with_protocol(config: ml_collections.ConfigDict,
+                  user_facing: bool) -> ml_collections.ConfigDict:
+  """`config` with config.decode.exclude_session_queries set to the mode's default where it
+  is unset: `user_facing` for --mode=suggest (what --mode=serve shows), the paper's protocol
+  for --mode=decode (what evaluation scores as the paper's)."""
+  if config.decode.exclude_session_queries is not None:
+    return config
+  config = config.copy_and_resolve_references()
+  config.decode.exclude_session_queries = user_facing
+  return config
+
+
+def protocol_words(user_facing: bool) -> str:
+  """The protocol in words, with the setting that gives the other one."""
+  if user_facing:
+    return ('the user-facing protocol: no query of the session is suggested again '
+            '(--config.decode.exclude_session_queries=false: the paper\'s)')
+  return ('the paper\'s protocol: a query of the session may be suggested again '
+          '(--config.decode.exclude_session_queries=true: never)')
+
+
 def _default_output(workdir: str, input_path: str) -> str:
   name = os.path.basename(input_path)
   for suffix in ('.gz', '.txt', '.tsv', '.jsonl'):
@@ -102,6 +123,7 @@ def decode_file(config: ml_collections.ConfigDict, workdir: str) -> dict:
   if not os.path.exists(dc.input):
     raise inputs.DecodeInputError(f'{dc.input}: no such decode input file')
   input_format = inputs.detect_format(dc.input)
+  config = with_protocol(config, user_facing=False)
   suggestions = pipeline.Pipeline.load(config, workdir)
   trained = suggestions.trained
   output = dc.output or _default_output(workdir, dc.input)
@@ -119,7 +141,8 @@ def decode_file(config: ml_collections.ConfigDict, workdir: str) -> dict:
   suggester = suggestions.suggester
   print(f'Decoding {dc.input} ({"AOL-format log" if input_format == "raw" else "sessions"}) '
         f'with {suggester.cfg.name} (checkpoint step {suggester.step}), {suggestions.how()}, '
-        f'top {dc.top_k}; score = {suggestions.score_kind()}.', flush=True)
+        f'top {dc.top_k}; score = {suggestions.score_kind()}; '
+        f'{protocol_words(bool(config.decode.exclude_session_queries))}.', flush=True)
 
   started = last_log = time.time()
   num_sessions = num_records = 0
@@ -160,6 +183,7 @@ def interactive(config: ml_collections.ConfigDict, workdir: str, stdin: TextIO =
   for the whole conversation (the models are causal over queries, so the padding changes
   nothing).
   """
+  config = with_protocol(config, user_facing=True)
   suggestions = pipeline.Pipeline.load(config, workdir)
   cfg = suggestions.trained.cfg
   reader = inputs.QueryReader(suggestions.trained.vocab, cfg.max_query_words,
@@ -171,8 +195,9 @@ def interactive(config: ml_collections.ConfigDict, workdir: str, stdin: TextIO =
     stdout.flush()
 
   say(f'{cfg.name} (checkpoint step {suggestions.suggester.step}, '
-      f'{len(suggestions.trained.vocab):,} words; score = {suggestions.score_kind()}). Type a '
-      'query per line; an empty line starts a new session; end with Ctrl-D.')
+      f'{len(suggestions.trained.vocab):,} words; score = {suggestions.score_kind()}); '
+      f'{protocol_words(bool(config.decode.exclude_session_queries))}. Type a query per line; '
+      'an empty line starts a new session; end with Ctrl-D.')
   session: list[str] = []
   # The queries of the sessions typed before this one: the history of a model that
   # personalises.

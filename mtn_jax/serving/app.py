@@ -1,22 +1,29 @@
 """The HTTP application: the API, the page at `/`, and how every failure is answered.
 
   POST /v1/suggest  {"session": ["q1", ..., "qt"], "user": optional, "k": optional 1..20}
-                    -> {"suggestions": [{"query", "score"}, ...], "session": as read
-                        (normalised), "model": {"name", "step", "workdir"}, "ms": server
-                        time, "history": the user's earlier queries read (with a user)}
+                    -> {"suggestions": [{"query", "score"}, ...], "k": asked, "k_returned":
+                        given (fewer where the model has no more), "session": as read
+                        (normalised), "model": {"name", "step"}, "ms": server time,
+                        "history": the user's earlier queries read (with a user)}
   GET  /v1/info     the model and the limits a request must keep
   GET  /healthz     200 while the process serves; /readyz 200 once warm and while not draining
   GET  /metrics     Prometheus metrics
   POST /admin/reload  loads the workdir's best checkpoint, warms it up and swaps it in; only
                     from loopback, or with `Authorization: Bearer <config.serve.admin_token>`
-  GET  /            the page: type queries, see suggestions; OpenAPI at /docs
+  GET  /            the page: type queries, see suggestions; the API at /docs (Swagger UI
+                    served from the swagger-ui-py package: nothing is fetched off this host)
 
-Every error is JSON {"error": message, "field": the request's part at fault (4xx), "request_id"}:
-invalid JSON 400; a field the model cannot take 422 (an empty session, more queries than the
-model reads, an over-long or empty query, a non-string item, k out of range, a user where the
-model reads none); a body over `max_body_bytes` 413, unread; a full queue or a draining
-service 503 with Retry-After; a passed deadline 504; anything else 500 with the request id
-(logged with its traceback), and the service goes on. Every response carries X-Request-ID.
+Every 4xx and 5xx, the service's own and the framework's (404, 405), is JSON {"error":
+message, "field": the request's part at fault or null, "request_id"}: a body that is not
+JSON (malformed, not UTF-8, nested too deeply, empty) 400; a field the model cannot take 422
+(an empty session, more queries than the model reads, an over-long or empty query, a control
+character other than whitespace, a non-string item, k out of range, a user where the model
+reads none); a body over `max_body_bytes` 413, unread; a full queue or a draining service 503
+with Retry-After; a passed deadline 504; anything else 500 with the request id (logged with
+its traceback), and the service goes on. Every response carries X-Request-ID. No answer holds
+a filesystem path: the model is named by its name and checkpoint step (the log has the
+workdir). The OpenAPI description carries the model's limits (session length, words a query,
+whether a user is read), so a request it allows is one the model takes.
 """
 
 from __future__ import annotations
@@ -32,8 +39,11 @@ import uuid
 from typing import Annotated, Any
 
 import fastapi
+import fastapi.openapi.utils
 import pydantic
 from fastapi import responses
+from fastapi.openapi import docs as docs_lib
+from starlette import staticfiles
 from fastapi.exceptions import RequestValidationError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
@@ -42,8 +52,25 @@ from mtn_jax.serving import engine as engine_lib
 
 logger = logging.getLogger('mtn_jax.serving')
 
-PAGE = os.path.join(os.path.dirname(os.path.abspath(__file__)), 'static', 'index.html')
+_STATIC = os.path.join(os.path.dirname(os.path.abspath(__file__)), 'static')
+PAGE = os.path.join(_STATIC, 'index.html')
+FAVICON = os.path.join(_STATIC, 'favicon.svg')
+DOCS_ASSETS = '/docs/assets'
+# What a suggestion's score is, for each config.suggest.strategy (the API's description).
+SCORES = (
+    'Each suggestion\'s `score` is the value its list is ordered by, higher is better, and is '
+    'comparable within one answer only (GET /v1/info `score` names the kind): a generative '
+    'model\'s beam (strategy \'generate\'): the length-normalised log-probability, at most 0; '
+    'minimum Bayes risk (config.decode.rerank, config.suggest.mbr): the expected BLEU against '
+    'the other hypotheses, 0 to 1, the model\'s own score kept as `model_score`; a ranker '
+    '(\'retrieve\', \'rerank\'): the ranker\'s score, unbounded; \'blend\': 1 / rank in the '
+    'blend (1, 1/2, 1/3, ...).')
 RETRY_AFTER_SECONDS = 1
+
+
+def _whole_number(value):
+  """2.0 as 2: JSON has one number type, and JSON Schema's integer holds 2.0."""
+  return int(value) if isinstance(value, float) and value.is_integer() else value
 
 
 class SuggestRequest(pydantic.BaseModel):
@@ -58,29 +85,35 @@ class SuggestRequest(pydantic.BaseModel):
   user: Annotated[pydantic.StrictStr, pydantic.Field(min_length=1, max_length=200)] | None = (
       pydantic.Field(None, description='Who typed it, for a model that reads a user\'s earlier '
                      'queries; refused by one that reads none.'))
-  k: pydantic.StrictInt | None = pydantic.Field(
-      None, ge=1, le=engine_lib.MAX_K,
-      description='Suggestions wanted (default: config.decode.top_k); a generative model has '
-      'at most its beam\'s hypotheses (config.decode.beam_size), fewer where the session\'s '
-      'queries are dropped.')
+  k: Annotated[pydantic.StrictInt, pydantic.Field(ge=1, le=engine_lib.MAX_K),
+               pydantic.BeforeValidator(_whole_number)] | None = pydantic.Field(
+      None, description='Suggestions wanted (default: config.decode.top_k); a generative '
+      'model has at most its beam\'s hypotheses (config.decode.beam_size), fewer where the '
+      'session\'s queries are dropped: the answer\'s k_returned says how many it has.')
 
 
 class Suggestion(pydantic.BaseModel):
   query: str
-  score: float = pydantic.Field(description='The value the list is ordered by (GET /v1/info '
-                                'says which).')
+  score: float = pydantic.Field(description='The value the list is ordered by, higher is '
+                                'better (GET /v1/info `score` says which kind; the API\'s '
+                                'description says what each is).')
   model_score: float | None = pydantic.Field(
       None, description='The model\'s own score where MBR reordered the list.')
 
 
 class ModelInfo(pydantic.BaseModel):
   name: str
-  step: int
-  workdir: str
+  step: int = pydantic.Field(description='The checkpoint\'s training step.')
 
 
 class SuggestResponse(pydantic.BaseModel):
-  suggestions: list[Suggestion]
+  suggestions: list[Suggestion] = pydantic.Field(description='Best first.')
+  k: int = pydantic.Field(description='The suggestions asked for (the request\'s `k`, else '
+                          'config.decode.top_k).')
+  k_returned: int = pydantic.Field(description='The suggestions given: fewer than `k` where '
+                                   'the model has no more (a generative model has at most its '
+                                   'beam\'s config.decode.beam_size hypotheses, fewer once the '
+                                   'session\'s own queries are dropped).')
   session: list[str] = pydantic.Field(description='The session as the model read it '
                                       '(normalised as the training queries were: lower-case, '
                                       'single spaces).')
@@ -91,10 +124,35 @@ class SuggestResponse(pydantic.BaseModel):
       None, description='The user\'s earlier queries the model was given (with a user).')
 
 
+class Info(pydantic.BaseModel):
+  """The model answering and the limits a request must keep."""
+
+  name: str
+  step: int
+  score: str = pydantic.Field(description='What a suggestion\'s score is.')
+  how: str = pydantic.Field(description='How the suggestions are made.')
+  top_k: int = pydantic.Field(description='Suggestions given when a request has no `k`.')
+  max_k: int
+  max_session_queries: int
+  max_query_words: int
+  personalises: bool = pydantic.Field(description='Whether a request may name a `user`.')
+  user_facing: bool = pydantic.Field(description='True: no query of the session is '
+                                     'suggested again.')
+
+
+class Ready(pydantic.BaseModel):
+  ready: bool
+  step: int
+
+
 class Error(pydantic.BaseModel):
-  error: str
-  field: str | None = None
-  request_id: str | None = None
+  """The body of every 4xx and 5xx answer."""
+
+  error: str = pydantic.Field(description='What went wrong, in one line.')
+  field: str | None = pydantic.Field(description='The request\'s part at fault '
+                                     '(\'session[2]\', \'k\', \'body\'); null where none is.')
+  request_id: str | None = pydantic.Field(description='The X-Request-ID header\'s value, '
+                                          'which the service\'s log names.')
 
 
 def _field(loc) -> str:
@@ -107,13 +165,13 @@ def _field(loc) -> str:
 
 
 def _error(status: int, message: str, request: fastapi.Request | None = None,
-           field: str | None = None, headers: dict | None = None) -> responses.JSONResponse:
-  body = {'error': message}
-  if field is not None:
-    body['field'] = field
+           field: str | None = None, headers: dict | None = None,
+           request_id: str | None = None) -> responses.JSONResponse:
+  """Every 4xx and 5xx the service sends, its own and the framework's: `Error`."""
   if request is not None:
-    body['request_id'] = getattr(request.state, 'request_id', None)
-  return responses.JSONResponse(body, status_code=status, headers=headers)
+    request_id = getattr(request.state, 'request_id', None)
+  return responses.JSONResponse({'error': message, 'field': field, 'request_id': request_id},
+                                status_code=status, headers=headers)
 
 
 class _Guard:
@@ -142,23 +200,19 @@ class _Guard:
                               (b'x-request-id', request_id.encode())]
       await send(message)
 
-    async def reply(code: int, body: dict, headers=()):
-      payload = json.dumps({**body, 'request_id': request_id}).encode()
-      await send_with_id({'type': 'http.response.start', 'status': code, 'headers': [
-          (b'content-type', b'application/json'), (b'content-length', str(len(payload)).encode()),
-          *headers]})
-      await send_with_id({'type': 'http.response.body', 'body': payload})
+    async def reply(code: int, message: str, field: str | None = None, headers=None):
+      response = _error(code, message, field=field, headers=headers, request_id=request_id)
+      await response(scope, receive, send_with_id)
 
     headers = dict(scope.get('headers', []))
     length = headers.get(b'content-length')
     service.inflight += 1
-    service.last_request = time.monotonic()
+    if route == '/v1/suggest':
+      service.last_request = time.monotonic()
     try:
       if length is not None and (not length.isdigit() or int(length) > limit):
         # Refused before any of the body is read; the connection is closed after it.
-        await reply(413, {'error': f'the request body is over {limit} bytes '
-                                   '(config.serve.max_body_bytes)', 'field': 'body'},
-                    [(b'connection', b'close')])
+        await reply(413, _too_large(limit), 'body', {'Connection': 'close'})
         return
       seen = 0
 
@@ -168,8 +222,7 @@ class _Guard:
         if message['type'] == 'http.request':
           seen += len(message.get('body', b''))
           if seen > limit:
-            raise fastapi.HTTPException(413, f'the request body is over {limit} bytes '
-                                             '(config.serve.max_body_bytes)')
+            raise fastapi.HTTPException(413, _too_large(limit))
         return message
 
       try:
@@ -177,12 +230,16 @@ class _Guard:
       except Exception:  # pylint: disable=broad-except
         logger.exception('request %s (%s %s) failed', request_id, scope['method'], scope['path'])
         if not status['started']:
-          await reply(500, {'error': 'internal error; the request id names it in the log'})
+          await reply(500, 'internal error; the request id names it in the log')
     finally:
       service.inflight -= 1
       service.metrics.requests.labels(route, str(status['code'])).inc()
       if route == '/v1/suggest':
         service.metrics.latency.observe(time.monotonic() - scope['state']['received'])
+
+
+def _too_large(limit: int) -> str:
+  return f'the request body is over {limit} bytes (config.serve.max_body_bytes)'
 
 
 _ROUTES = ('/', '/v1/suggest', '/v1/info', '/healthz', '/readyz', '/metrics', '/admin/reload',
@@ -194,6 +251,16 @@ def _is_loopback(host: str | None) -> bool:
     return host is not None and ipaddress.ip_address(host).is_loopback
   except ValueError:
     return False
+
+
+def _parse_error(exc: Exception) -> str:
+  """Why FastAPI could not read a body as JSON, from the exception it gave up on."""
+  cause = exc.__cause__
+  if isinstance(cause, UnicodeDecodeError):
+    return 'invalid JSON: the body is not UTF-8 text'
+  if isinstance(cause, RecursionError):
+    return 'invalid JSON: nested too deeply'
+  return 'invalid JSON: the body could not be read'
 
 
 def create_app(service) -> fastapi.FastAPI:
@@ -210,14 +277,18 @@ def create_app(service) -> fastapi.FastAPI:
       await service.stop()
 
   app = fastapi.FastAPI(
-      title='mtn_jax suggestions', lifespan=lifespan,
+      title='mtn_jax suggestions', lifespan=lifespan, docs_url=None, redoc_url=None,
       description='Next-query suggestions from a trained mtn_jax model: the lists '
-      '`--mode=decode` writes for the same session and settings.',
-      responses={400: {'model': Error}, 413: {'model': Error}, 415: {'model': Error},
-                 422: {'model': Error},
-                 500: {'model': Error}, 503: {'model': Error}, 504: {'model': Error}})
+      '`--mode=decode` writes for the same session and settings.\n\n' + SCORES + '\n\n'
+      'Every 4xx and 5xx answer, on any path, is an `Error`: {"error", "field", '
+      '"request_id"}.',
+      responses={413: {'model': Error, 'description': 'The body is over '
+                       'config.serve.max_body_bytes (refused unread).'},
+                 500: {'model': Error, 'description': 'An internal error (the log has it).'}})
   with open(PAGE, encoding='utf-8') as f:
     page = f.read()
+  with open(FAVICON, 'rb') as f:
+    favicon = f.read()
 
   @app.exception_handler(RequestValidationError)
   async def invalid(request: fastapi.Request, exc: RequestValidationError):
@@ -227,12 +298,15 @@ def create_app(service) -> fastapi.FastAPI:
       return _error(400, f'invalid JSON: {first.get("ctx", {}).get("error", first["msg"])}',
                     request, 'body')
     field = _field(first['loc'])
+    if field == 'body' and first.get('type') == 'missing':  # no body at all
+      return _error(400, 'invalid JSON: the body is empty', request, 'body')
     if field == 'body' and isinstance(first.get('input'), (bytes, str)):
       # A body FastAPI did not parse: not sent as application/json.
       try:
         json.loads(first['input'])
-      except ValueError as e:
-        return _error(400, f'invalid JSON: {e}', request, 'body')
+      except (ValueError, RecursionError) as e:
+        reason = 'nested too deeply' if isinstance(e, RecursionError) else e
+        return _error(400, f'invalid JSON: {reason}', request, 'body')
       return _error(415, 'send the body as Content-Type: application/json', request, 'body')
     if field == 'body':
       return _error(422, 'the body must be a JSON object like {"session": ["q1", "q2"]}',
@@ -245,10 +319,34 @@ def create_app(service) -> fastapi.FastAPI:
 
   @app.exception_handler(StarletteHTTPException)
   async def http_error(request: fastapi.Request, exc: StarletteHTTPException):
-    field = 'body' if exc.status_code == 413 else None
-    return _error(exc.status_code, str(exc.detail), request, field, exc.headers)
+    code, field, message = exc.status_code, None, str(exc.detail)
+    if code == 404:
+      message = f'no such path: {request.url.path[:200]} (the API is described at /docs)'
+    elif code == 405:
+      allowed = (exc.headers or {}).get('Allow', '')
+      message = (f'{request.method} is not answered at {request.url.path}; '
+                 f'{allowed or "another method"} is')
+    elif code == 413:
+      field = 'body'
+    elif code == 400:  # FastAPI's own: a body it could not read
+      field, message = 'body', _parse_error(exc)
+    return _error(code, message, request, field, exc.headers)
 
-  @app.post('/v1/suggest', response_model=SuggestResponse, response_model_exclude_none=True)
+  retry_doc = {'Retry-After': {'description': 'Seconds to wait before retrying.',
+                               'schema': {'type': 'string'}}}
+
+  @app.post('/v1/suggest', response_model=SuggestResponse, response_model_exclude_none=True,
+            responses={
+                400: {'model': Error, 'description': 'The body is not JSON (not UTF-8, '
+                      'malformed, nested too deeply, or empty).'},
+                415: {'model': Error, 'description': 'The body is not sent as '
+                      'application/json.'},
+                422: {'model': Error, 'description': 'A field the model cannot take; '
+                      '`field` names it.'},
+                503: {'model': Error, 'description': 'The queue is full, or the service is '
+                      'shutting down: retry.', 'headers': retry_doc},
+                504: {'model': Error, 'description': 'Not answered within '
+                      'config.serve.deadline_ms.'}})
   async def suggest(body: SuggestRequest, request: fastapi.Request) -> Any:
     """Suggestions for the query after the session's last (those `--mode=decode` writes)."""
     received = request.state.received
@@ -266,38 +364,48 @@ def create_app(service) -> fastapi.FastAPI:
     except batcher_lib.DeadlineExceeded:
       return _error(504, f'not answered within {service.settings.deadline_ms:g} ms '
                     '(config.serve.deadline_ms)', request)
-    return {'suggestions': ranked, 'session': list(checked.session),
-            'model': {k: info[k] for k in ('name', 'step', 'workdir')},
+    return {'suggestions': ranked, 'k': checked.k, 'k_returned': len(ranked),
+            'session': list(checked.session),
+            'model': {k: info[k] for k in ('name', 'step')},
             'ms': round((time.monotonic() - received) * 1000, 3),
             'history': None if checked.user is None else history}
 
-  @app.get('/v1/info')
-  async def info() -> dict:
+  @app.get('/v1/info', response_model=Info)
+  async def info() -> Any:
     """The model answering, and the limits a request must keep."""
-    return {**service.engine.info(), 'max_k': engine_lib.MAX_K}
+    return _public_info(service.engine.info())
 
   @app.get('/healthz')
-  async def healthz() -> dict:
+  async def healthz() -> dict[str, str]:
     """200 while the process serves (warming up, serving or draining)."""
     return {'status': 'ok'}
 
-  @app.get('/readyz')
-  async def readyz(request: fastapi.Request):
+  @app.get('/readyz', response_model=Ready, responses={
+      503: {'model': Error, 'description': 'Draining after SIGTERM: send requests elsewhere.',
+            'headers': retry_doc}})
+  async def readyz(request: fastapi.Request) -> Any:
     """200 once every batch shape is compiled and while not draining; else 503."""
     if service.draining:
-      return _error(503, 'draining', request)
+      return _error(503, 'draining', request,
+                    headers={'Retry-After': str(RETRY_AFTER_SECONDS)})
     return {'ready': True, 'step': service.engine.step}
 
-  @app.get('/metrics')
+  @app.get('/metrics', response_class=responses.PlainTextResponse, responses={
+      200: {'description': 'Prometheus\' text format.',
+            'content': {'text/plain': {'schema': {'type': 'string'}}}}})
   async def metrics():
     """Prometheus metrics."""
     service.metrics.queue_depth.set(service.batcher.depth)
     data, content_type = service.metrics.render()
     return responses.Response(data, media_type=content_type)
 
-  @app.post('/admin/reload')
+  @app.post('/admin/reload', responses={
+      401: {'model': Error, 'description': 'config.serve.admin_token is set and the '
+            'Authorization header does not carry it.'},
+      403: {'model': Error, 'description': 'Not from loopback, and no admin token is set.'}})
   async def reload(request: fastapi.Request,
-                   authorization: Annotated[str | None, fastapi.Header()] = None):
+                   authorization: Annotated[str | None, fastapi.Header()] = None
+                   ) -> dict[str, Any]:
     """Loads the workdir's best checkpoint, compiles it and swaps it in; requests keep being
     answered by the previous model meanwhile."""
     token = service.settings.admin_token
@@ -316,5 +424,56 @@ def create_app(service) -> fastapi.FastAPI:
         'Content-Security-Policy': "default-src 'self'; script-src 'self' 'unsafe-inline'; "
                                    "style-src 'self' 'unsafe-inline'; img-src 'self'"})
 
+  @app.get('/favicon.ico', include_in_schema=False)
+  async def icon():
+    return responses.Response(favicon, media_type='image/svg+xml',
+                              headers={'Cache-Control': 'max-age=86400'})
+
+  # Swagger UI from the swagger-ui-py package's files: nothing is fetched off this host.
+  app.mount(DOCS_ASSETS, staticfiles.StaticFiles(directory=_swagger_ui_folder()),
+            name='docs-assets')
+
+  @app.get('/docs', include_in_schema=False)
+  async def docs():
+    return docs_lib.get_swagger_ui_html(
+        openapi_url='/openapi.json', title='mtn_jax suggestions: API',
+        swagger_js_url=f'{DOCS_ASSETS}/swagger-ui-bundle.js',
+        swagger_css_url=f'{DOCS_ASSETS}/swagger-ui.css', swagger_favicon_url='/favicon.ico')
+
+  def openapi() -> dict:
+    if app.openapi_schema is None:
+      schema = fastapi.openapi.utils.get_openapi(
+          title=app.title, version=app.version, description=app.description,
+          routes=app.routes)
+      app.openapi_schema = _with_model_limits(schema, service.engine)
+    return app.openapi_schema
+
+  app.openapi = openapi
   app.add_middleware(_Guard, service=service)
   return app
+
+
+def _swagger_ui_folder() -> str:
+  import swagger_ui  # pylint: disable=g-import-not-at-top
+  return os.path.join(os.path.dirname(os.path.abspath(swagger_ui.__file__)), 'static')
+
+
+def _public_info(info: dict) -> dict:
+  """The engine's info as clients see it: no filesystem path (the log has the workdir)."""
+  return {**{k: v for k, v in info.items() if k != 'workdir'}, 'max_k': engine_lib.MAX_K}
+
+
+def _with_model_limits(schema: dict, engine) -> dict:
+  """The OpenAPI description with the limits of the model answering: a request the
+  description allows is one the model takes (the engine's `check` enforces the same)."""
+  request = schema['components']['schemas']['SuggestRequest']['properties']
+  session = request['session']
+  session['minItems'], session['maxItems'] = 1, engine.max_session_queries
+  session['items'].update(minLength=1, pattern=engine_lib.query_pattern(engine.max_query_words))
+  if engine.personalises:
+    for option in request['user']['anyOf']:
+      if option.get('type') == 'string':
+        option['pattern'] = engine_lib.TEXT_PATTERN
+  else:
+    del request['user']  # refused by a model that reads no user
+  return schema

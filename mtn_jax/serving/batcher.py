@@ -67,9 +67,8 @@ class Batcher:
     self._free: asyncio.Semaphore | None = None  # workers not running a batch
     self._task: asyncio.Task | None = None
     self._batches: dict[asyncio.Task, list[_Item]] = {}  # the batches running
-    self._executor = concurrent.futures.ThreadPoolExecutor(workers, thread_name_prefix='suggest')
-    self._in_order = (None if prepare is None else
-                      concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix='prepare'))
+    self._executor: concurrent.futures.ThreadPoolExecutor | None = None
+    self._in_order: concurrent.futures.ThreadPoolExecutor | None = None
     self.flush = False  # True: start each batch at once (draining)
 
   @property
@@ -82,6 +81,12 @@ class Batcher:
     return sum(len(items) for items in self._batches.values())
 
   def start(self) -> None:
+    """On the event loop that will submit; a stopped batcher starts again (each of the tests'
+    in-process clients runs the application's start-up and shut-down)."""
+    self._executor = concurrent.futures.ThreadPoolExecutor(self.workers,
+                                                           thread_name_prefix='suggest')
+    if self._prepare is not None:
+      self._in_order = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix='prepare')
     self._wake = asyncio.Event()
     self._free = asyncio.Semaphore(self.workers)
     self._task = asyncio.get_running_loop().create_task(self._loop(), name='batcher')
@@ -100,7 +105,8 @@ class Batcher:
       if not item.future.done():
         item.future.set_exception(DeadlineExceeded('the service stopped'))
     self._queue.clear()
-    self._executor.shutdown(wait=True)
+    if self._executor is not None:
+      self._executor.shutdown(wait=True)
     if self._in_order is not None:
       self._in_order.shutdown(wait=True)
 

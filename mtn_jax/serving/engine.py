@@ -20,6 +20,7 @@ longer than any seen so far still compiles once.
 from __future__ import annotations
 
 import dataclasses
+import re
 import threading
 import time
 from collections.abc import Sequence
@@ -33,6 +34,31 @@ from mtn_jax.inference.inputs import Context
 from mtn_jax.tasks import zero_attention
 
 MAX_K = 20  # the most suggestions a request may ask for
+# Characters a query or a user may not hold: the control characters that are not whitespace
+# (NUL, BEL, DEL, the C1 controls), and lone surrogates (not text). Whitespace, tab and newline
+# included, separates words as in training. Regular expression class bodies, in the syntax
+# Python and JSON Schema (ECMA-262) share; the OpenAPI description names the controls alone
+# (a surrogate range is no pattern a Rust or Go validator compiles).
+_CONTROL = r'\x00-\x08\x0e-\x1b\x7f-\x84\x86-\x9f'
+_REFUSED_CHARACTER = re.compile(rf'[{_CONTROL}\ud800-\udfff]')
+TEXT_PATTERN = f'^[^{_CONTROL}]*$'  # a user, in the OpenAPI description
+# The characters str.split() separates words at, spelt out: `\s` differs between Python and
+# ECMA-262 (U+001C..U+001F, U+0085, U+FEFF).
+_SPACE = (r'\t\n\x0b\x0c\r\x1c-\x1f \x85\xa0\u1680\u2000-\u200a\u2028\u2029\u202f\u205f'
+          r'\u3000')
+
+
+def query_pattern(max_words: int) -> str:
+  """A query the model takes, for the OpenAPI description: 1 to `max_words` words of
+  characters `check` accepts."""
+  word, space = f'[^{_SPACE}{_CONTROL}]+', f'[{_SPACE}]'
+  return f'^{space}*{word}({space}+{word}){{0,{max_words - 1}}}{space}*$'
+
+
+def _refused_character(text: str) -> str | None:
+  """The first character of `text` a request may not hold, as U+XXXX, else None."""
+  found = _REFUSED_CHARACTER.search(text)
+  return None if found is None else f'U+{ord(found.group()):04X}'
 
 # Every program JAX lowers for the first time (a new function, or a new shape of one) records
 # this event: their count is the number of compilations, the persistent cache's hits included.
@@ -191,6 +217,10 @@ class Engine:
                      f'{self.max_session_queries}: send the latest {self.max_session_queries}')
     queries = []
     for i, text in enumerate(session):
+      refused = _refused_character(text)
+      if refused:
+        raise BadInput(f'session[{i}]', f'holds the control character {refused}: a query is '
+                       'text (tab and newline count as spaces)')
       if not text.split():
         raise BadInput(f'session[{i}]', 'an empty query')
       words = text.split()
@@ -203,6 +233,8 @@ class Engine:
     if user is not None and not self.personalises:
       raise BadInput('user', 'this model reads no user (it was trained without users\' '
                      'histories): leave the user out')
+    if user is not None and _refused_character(user):
+      raise BadInput('user', f'holds the control character {_refused_character(user)}')
     return Request(tuple(queries), self.top_k if k is None else k, user)
 
   def batch_size(self, n: int) -> int:

@@ -7,10 +7,12 @@
 3. SIGHUP, or POST /admin/reload: the workdir's best checkpoint is loaded and warmed up on a
    thread of its own while the old model answers; then the new one is swapped in between
    two batches. A reload that fails leaves the old model serving (and says why).
-4. SIGTERM (or Ctrl-C): /readyz says 503, new requests get 503 with Retry-After, the queued
-   batches start at once, and once the requests in flight are answered and none came for
-   config.serve.drain_quiet_seconds (or config.serve.drain_seconds have passed) the process
-   exits 0. A second Ctrl-C stops at once.
+4. SIGTERM (or Ctrl-C): the service keeps listening, /readyz says 503, new suggestion
+   requests get 503 with Retry-After, the queued batches start at once; once the requests in
+   flight are answered and no suggestion request came for config.serve.drain_quiet_seconds
+   (counted from the signal at the earliest; /readyz polls do not count), or once
+   config.serve.drain_seconds have passed, it stops listening and exits 0. A second Ctrl-C
+   stops at once.
 """
 
 from __future__ import annotations
@@ -95,7 +97,8 @@ class Service:
         on_batch=self._on_batch, on_depth=self.metrics.queue_depth.set)
     self.draining = False
     self.inflight = 0  # HTTP requests being answered (`app._Guard` counts them)
-    self.last_request = 0.0  # time.monotonic() when the latest request came
+    self.last_request = 0.0  # time.monotonic() when the latest POST /v1/suggest came
+    self.drain_started = 0.0  # time.monotonic() at SIGTERM
     self._reload_lock: asyncio.Lock | None = None
 
   async def start(self) -> None:
@@ -151,20 +154,22 @@ class Service:
               'seconds': round(seconds, 3)}
 
   def begin_drain(self) -> None:
-    self.draining = True
+    self.draining, self.drain_started = True, time.monotonic()
     self.batcher.flush = True
     self.metrics.draining.set(1)
 
   async def drained(self, timeout: float) -> bool:
-    """Waits until no request is in flight and none came for a moment (True), or `timeout`
-    seconds pass (False). The moment lets the connections already made (the listening
-    socket's backlog) be answered, with 503, rather than reset."""
+    """Waits until no request is in flight and, for a moment since the drain began, no
+    suggestion request came (True), or `timeout` seconds pass (False). Meanwhile the
+    service listens and answers: /readyz and new suggestion requests 503 with Retry-After,
+    so that a load balancer polling readiness sees the 503 (its polls do not prolong the
+    drain), and connections already made are answered rather than reset."""
     end = time.monotonic() + timeout
     quiet = min(self.settings.drain_quiet_seconds, timeout / 4)
     while True:
       now = time.monotonic()
       busy = self.inflight > 0 or self.batcher.depth or self.batcher.running
-      if not busy and now - self.last_request >= quiet:
+      if not busy and now - max(self.last_request, self.drain_started) >= quiet:
         return True
       if now >= end:
         return False
@@ -220,8 +225,8 @@ class _Server(uvicorn.Server):
     left = max(limit - (time.monotonic() - started), 0.1)
     self.config.timeout_graceful_shutdown = left
     if not done:
-      service.log(f'{service.inflight} request(s) still in flight after {limit:g} s: '
-                  'stopping anyway.')
+      service.log(f'Suggestion requests still coming after {limit:g} s ({service.inflight} in '
+                  'flight): stopping anyway.')
     self.should_exit = True
 
   async def startup(self, sockets=None) -> None:
@@ -280,7 +285,11 @@ def build(config: ml_collections.ConfigDict, workdir: str, log=_say) -> Service:
 
 def serve(config: ml_collections.ConfigDict, workdir: str) -> None:
   """`--mode=serve` (see the module docstring); returns once drained."""
-  service = build(config, workdir)
+  run(build(config, workdir))
+
+
+def run(service: Service) -> None:
+  """Serves `service` on its settings' host and port until a signal drains it."""
   settings = service.settings
   sock = _bind(settings.host, settings.port)
   host, port = sock.getsockname()[:2]

@@ -1,0 +1,311 @@
+"""The service's edges, without a trained model (tests/stub_server.py's engine, which checks
+requests as the real one does): one error shape on every path, the OpenAPI description
+against what the service does (schemathesis, in this process), no filesystem path to a
+client, control characters, k beyond what the model has, /docs off no other host, and the
+drain after SIGTERM as a load balancer polling /readyz sees it."""
+
+from __future__ import annotations
+
+import json
+import re
+import signal
+import subprocess
+import sys
+import threading
+import time
+import warnings
+
+import httpx
+import hypothesis
+import pytest
+import schemathesis
+
+with warnings.catch_warnings():  # starlette's TestClient asks for a package the project lacks
+  warnings.simplefilter('ignore')
+  from fastapi.testclient import TestClient  # pylint: disable=g-import-not-at-top
+
+from mtn_jax.serving import app as app_lib
+from mtn_jax.serving import service as service_lib
+from tests import cli
+from tests.stub_server import StubEngine
+
+LOOPBACK = ('127.0.0.1', 50000)
+
+
+def _quiet(*args, **kwargs):
+  del args, kwargs
+
+
+def stub_app(engine=None, **settings):
+  service = service_lib.Service(engine or StubEngine(), service_lib.ServeSettings(**settings),
+                                compilations=lambda: 0, log=_quiet)
+  return app_lib.create_app(service), service
+
+
+@pytest.fixture
+def stub():
+  app, service = stub_app(max_body_bytes=1000)
+  with TestClient(app, client=LOOPBACK, raise_server_exceptions=False) as client:
+    yield client, service
+
+
+def assert_one_shape(response, status: int, field: str | None):
+  """`Error` exactly, rendered as every JSON answer is, the request id the header's."""
+  assert response.status_code == status, response.text
+  assert response.headers['content-type'] == 'application/json', response.headers
+  body = response.json()
+  assert set(body) == {'error', 'field', 'request_id'}, body
+  assert body['field'] == field and body['error'].strip(), body
+  assert body['request_id'] == response.headers['x-request-id']
+  assert response.content == json.dumps(body, ensure_ascii=False,
+                                        separators=(',', ':')).encode()
+  return body
+
+
+JSON = {'content-type': 'application/json'}
+
+
+@pytest.mark.parametrize('method, path, kwargs, status, field', [
+    ('GET', '/nowhere', {}, 404, None),
+    ('GET', '/v1/suggest', {}, 405, None),
+    ('DELETE', '/readyz', {}, 405, None),
+    ('POST', '/v1/suggest', {'content': b'\xff\xfe{"session"', 'headers': JSON}, 400, 'body'),
+    ('POST', '/v1/suggest', {'content': b'', 'headers': JSON}, 400, 'body'),
+    ('POST', '/v1/suggest', {'content': b''}, 400, 'body'),
+    ('POST', '/v1/suggest', {'content': b'{"session": ["a"', 'headers': JSON}, 400, 'body'),
+    ('POST', '/v1/suggest', {'content': b'{"session": ["a"]}',
+                             'headers': {'content-type': 'text/plain'}}, 415, 'body'),
+    ('POST', '/v1/suggest', {'json': {'session': []}}, 422, 'session'),
+    ('POST', '/v1/suggest', {'json': {'session': ['a'], 'user': 'ann'}}, 422, 'user'),
+    ('POST', '/v1/suggest', {'content': b'{"session": ["' + b'x' * 2000 + b'"]}',
+                             'headers': JSON}, 413, 'body'),
+    ('POST', '/admin/reload', {'content': b'x' * 2000}, 413, 'body'),
+])
+def test_every_error_has_the_one_shape(stub, method, path, kwargs, status, field):
+  client, _ = stub
+  body = assert_one_shape(client.request(method, path, **kwargs), status, field)
+  if status == 400:
+    assert body['error'].startswith('invalid JSON'), body
+  if status == 405:
+    assert client.request(method, path, **kwargs).headers['allow'], 'no Allow header'
+
+
+def test_a_deeply_nested_body_is_400_not_a_500():
+  app, _ = stub_app()  # the default max_body_bytes (16,384) holds 8,000 levels
+  deep = b'[' * 8000 + b']' * 8000
+  with TestClient(app, client=LOOPBACK, raise_server_exceptions=False) as client:
+    body = assert_one_shape(client.post('/v1/suggest', content=deep, headers=JSON), 400,
+                            'body')
+  assert 'nested too deeply' in body['error']
+
+
+def test_a_body_over_the_limit_unannounced_is_413_of_the_same_shape(stub):
+  client, _ = stub
+  chunks = (b'{"session": ["' + b'x' * 500 + b'"]}' for _ in range(4))  # no Content-Length
+  assert_one_shape(client.post('/v1/suggest', content=chunks, headers=JSON), 413, 'body')
+
+
+def test_draining_and_internal_errors_have_the_one_shape(stub, monkeypatch):
+  client, service = stub
+  monkeypatch.setattr(service.engine, 'run', lambda requests: 1 / 0)
+  assert_one_shape(client.post('/v1/suggest', json={'session': ['a']}), 500, None)
+  service.begin_drain()
+  for path, method in (('/readyz', 'GET'), ('/v1/suggest', 'POST')):
+    response = client.request(method, path, json={'session': ['a']})
+    assert_one_shape(response, 503, None)
+    assert response.headers['retry-after'] == '1'
+
+
+@pytest.mark.parametrize('text, code', [('a\x00b', 'U+0000'), ('bell\x07', 'U+0007'),
+                                        ('del\x7f', 'U+007F'), ('c1\x9b', 'U+009B'),
+                                        ('half\ud800', 'U+D800')])
+def test_a_control_character_is_refused_naming_the_field(stub, text, code):
+  client, _ = stub
+  body = json.dumps({'session': ['fine', text]}).encode()  # \ud800 as JSON's escape
+  answer = assert_one_shape(client.post('/v1/suggest', content=body, headers=JSON), 422,
+                            'session[1]')
+  assert code in answer['error'], answer
+
+
+def test_tab_newline_and_other_whitespace_separate_words(stub):
+  client, _ = stub
+  answer = client.post('/v1/suggest', json={'session': ['Cheap\tflights\nto\x85Paris']})
+  assert answer.status_code == 200, answer.text
+  assert answer.json()['session'] == ['cheap flights to paris']
+
+
+def test_k_beyond_what_the_model_has_is_reported(stub):
+  client, _ = stub
+  answer = client.post('/v1/suggest', json={'session': ['a'], 'k': 20}).json()
+  assert (answer['k'], answer['k_returned'], len(answer['suggestions'])) == (20, 1, 1)
+  answer = client.post('/v1/suggest', json={'session': ['a'], 'k': 3.0}).json()
+  assert answer['k'] == 3  # JSON's 3.0 is JSON Schema's integer 3
+  assert client.post('/v1/suggest', json={'session': ['a']}).json()['k'] == 5  # top_k
+
+
+def test_no_filesystem_path_reaches_a_client(stub):
+  client, service = stub
+  workdir = service.engine.workdir
+  answers = [client.get('/v1/info'), client.post('/v1/suggest', json={'session': ['a']}),
+             client.get('/'), client.get('/openapi.json'), client.get('/docs'),
+             client.get('/nowhere'), client.post('/v1/suggest', json={'session': ['a' * 3]})]
+  for answer in answers:
+    assert workdir not in answer.text and 'nowhere' not in answer.text.replace('/nowhere', '')
+  assert client.get('/v1/info').json()['name'] == 'stub'
+  assert client.post('/v1/suggest', json={'session': ['a']}).json()['model'] == {
+      'name': 'stub', 'step': 7}
+
+
+def test_the_docs_and_the_page_fetch_nothing_off_this_host(stub):
+  client, _ = stub
+  for page in ('/docs', '/'):
+    html = client.get(page).text
+    assert not re.search(r'(src|href)="(https?:)?//', html), html
+    for url in re.findall(r'(?:src|href)="([^"]+)"', html):
+      fetched = client.get(url)
+      assert fetched.status_code == 200 and fetched.content, url
+  assert 'swagger-ui-bundle.js' in client.get('/docs').text
+  icon = client.get('/favicon.ico')
+  assert icon.status_code == 200 and icon.headers['content-type'] == 'image/svg+xml'
+
+
+def test_the_description_lists_every_answer_with_its_media_type(stub):
+  client, _ = stub
+  schema = client.get('/openapi.json').json()
+  for path, operations in schema['paths'].items():
+    for method, operation in operations.items():
+      for status in ('413', '500'):
+        assert status in operation['responses'], (method, path, status)
+  suggest = schema['paths']['/v1/suggest']['post']['responses']
+  assert {'200', '400', '413', '415', '422', '500', '503', '504'} <= set(suggest)
+  assert '$ref' in json.dumps(suggest['422']) and 'Error' in json.dumps(suggest['422'])
+  metrics = schema['paths']['/metrics']['get']['responses']['200']['content']
+  assert list(metrics) == ['text/plain']
+  assert client.get('/metrics').headers['content-type'].startswith('text/plain')
+  request = schema['components']['schemas']['SuggestRequest']['properties']
+  assert 'user' not in request  # the stub reads no user
+  assert request['session']['maxItems'] == 4 and request['k']['anyOf'][0]['maximum'] == 20
+  score = schema['components']['schemas']['Suggestion']['properties']['score']['description']
+  assert 'higher is better' in score
+  for strategy in ('generate', 'retrieve', 'rerank', 'blend'):
+    assert strategy in schema['info']['description'], strategy
+
+
+# ---------------------------------------------------------------------------------------------
+# The OpenAPI description against the service, every schemathesis check
+
+
+def _fuzzed(personalises: bool):
+  app, _ = stub_app(StubEngine(personalises=personalises))
+  return schemathesis.openapi.from_asgi('/openapi.json', app)
+
+
+READS_NO_USER, READS_A_USER = _fuzzed(False), _fuzzed(True)
+# Bounded: the whole run takes seconds; derandomized, so that a failure reproduces.
+FUZZ = hypothesis.settings(max_examples=40, deadline=None, derandomize=True, database=None,
+                           suppress_health_check=list(hypothesis.HealthCheck))
+
+
+def _every_check_is_enabled(case) -> None:
+  checks = case.operation.schema.config.checks_config_for(operation=case.operation)
+  disabled = [name for name in ('not_a_server_error', 'status_code_conformance',
+                                'content_type_conformance', 'response_schema_conformance',
+                                'response_headers_conformance', 'positive_data_acceptance',
+                                'negative_data_rejection', 'unsupported_method',
+                                'missing_required_header', 'ignored_auth')
+              if not checks.get_by_name(name=name).enabled]
+  assert not disabled, disabled
+
+
+@READS_NO_USER.parametrize()
+@FUZZ
+def test_the_service_does_what_its_description_says(case):
+  _every_check_is_enabled(case)
+  case.call_and_validate()
+
+
+@READS_A_USER.parametrize()
+@FUZZ
+def test_a_personalising_service_does_what_its_description_says(case):
+  case.call_and_validate()
+
+
+# ---------------------------------------------------------------------------------------------
+# Draining, in a process of its own
+
+
+def test_a_drain_answers_503_for_the_quiet_time_before_it_stops_listening():
+  """A load balancer polls /readyz every 50 ms: after SIGTERM it sees 503s (with Retry-After)
+  for at least drain_quiet_seconds, then the connection is refused; the process exits 0."""
+  quiet = 1.0
+  process = subprocess.Popen(
+      [sys.executable, '-m', 'tests.stub_server', f'--config.serve.drain_quiet_seconds={quiet}'],
+      cwd=cli.REPO, env=cli.env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+  lines = []
+  try:
+    for line in process.stdout:
+      lines.append(line)
+      if line.startswith('Serving on '):
+        break
+    url = re.match(r'Serving on (http://\S+) ', lines[-1]).group(1)
+    threading.Thread(target=lambda: lines.extend(process.stdout), daemon=True).start()
+    polls = []
+    with httpx.Client(timeout=5) as client:
+      assert client.get(f'{url}/readyz').status_code == 200
+      signalled = time.monotonic()
+      process.send_signal(signal.SIGTERM)
+      while time.monotonic() - signalled < 10:
+        try:
+          answer = client.get(f'{url}/readyz')
+        except httpx.TransportError:
+          polls.append((time.monotonic() - signalled, None))
+          break
+        polls.append((time.monotonic() - signalled, answer))
+        time.sleep(0.05)
+      # Polls do not prolong the drain: the last came well before drain_seconds (10).
+      refused_at = polls[-1][0]
+      assert polls[-1][1] is None and refused_at < 5, polls
+    codes = [a.status_code for _, a in polls[:-1]]
+    # 200 until the signal is handled (a poll or two), then 503 to the end.
+    assert codes and set(codes) <= {200, 503}, codes
+    assert codes == sorted(codes, key=lambda c: c == 503), codes
+    unready = [(at, a) for at, a in polls[:-1] if a.status_code == 503]
+    assert all(a.headers['retry-after'] == '1' for _, a in unready)
+    assert unready[0][0] < 0.5, polls
+    # 503s for at least the quiet time, the last one within a poll of the refusal.
+    assert unready[-1][0] - unready[0][0] >= quiet - 0.2, polls
+    assert refused_at - unready[0][0] >= quiet, polls
+    assert process.wait(30) == 0, ''.join(lines)
+  finally:
+    if process.poll() is None:
+      process.kill()
+
+
+# ---------------------------------------------------------------------------------------------
+# The page, in a browser (skipped without Debian's chromium and chromium-driver)
+
+from tests.test_serving import ThreadServer, _texts, _type, _wait, browser  # pylint: disable=g-import-not-at-top,wrong-import-position,unused-import
+
+
+def test_the_page_shows_ranks_and_says_what_it_dropped_and_why_fewer(browser):  # pylint: disable=redefined-outer-name
+  from selenium.webdriver.common.by import By  # pylint: disable=g-import-not-at-top
+  app, service = stub_app()
+  server = ThreadServer(app)
+  try:
+    browser.get(server.url + '/')
+    _wait(lambda: 'checkpoint step' in browser.find_element(By.ID, 'model').text)
+    header = browser.find_element(By.ID, 'model').text
+    assert service.engine.workdir not in header, header
+    assert browser.execute_script(
+        'return document.querySelector("link[rel=icon]").getAttribute("href")') == '/favicon.ico'
+    for i in range(5):  # the stub reads 4 queries
+      _type(browser, f'query {i}')
+      _wait(lambda i=i: _texts(browser, '#session li')[-1:] == [f'query {i}']
+            and 'suggestions from stub' in _texts(browser, '#status')[0], chrome=browser)
+    status = _texts(browser, '#status')[0]
+    assert _texts(browser, '#session li') == [f'query {i}' for i in range(1, 5)]
+    assert 'the oldest query ("query 0") was dropped: the model reads the last 4' in status
+    assert '5 asked: the model has no more' in status  # the stub has one suggestion
+    assert _texts(browser, '#suggestions .rank') == ['1.']  # an order, not a score
+  finally:
+    server.stop()
