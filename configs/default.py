@@ -226,7 +226,7 @@ def get_config(variant: str = '') -> ml_collections.ConfigDict:
   # --mode=train from cross-fitted candidates: `ranker_folds` generators, each trained without
   # one fold of the training users (in <workdir>/folds/), `ranker_rounds` boosting rounds
   # (mtn_jax/inference/learned.py). A workdir without a ranker suggests by `blend`.
-  c.suggest.sources = 'generate:10,popular:20,cooccurring:20,templates:20'
+  c.suggest.sources = 'generate:10,popular:10,cooccurring:10,templates:20'
   c.suggest.ranker_folds = 2
   c.suggest.ranker_rounds = 300
   # 'learned': the first `session_first` places go to candidates sharing a word with the

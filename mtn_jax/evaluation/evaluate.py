@@ -151,6 +151,13 @@ def strategy_record(pipe: pipeline.Pipeline) -> dict:
   label."""
   s, dc = pipe.settings, pipe.settings.search
   label_of = lambda trained: models.spec(trained.cfg.name).label(trained.meta['model'])
+  if pipe.ranker is not None:
+    plan = ','.join(f'{name}:{n}' for name, n in pipe.ranker.sources)
+    return {'strategy': 'learned', 'sources': plan,
+            'session_first': s.session_first, 'attested_only': s.attested_only,
+            'ranker': {k: pipe.ranker.meta[k] for k in ('checkpoint_step', 'folds', 'rounds',
+                                                       'groups', 'importance')},
+            'label': f'{label_of(pipe.trained)}: {plan}, by the learned ranker'}
   if s.strategy == 'blend':
     plan = ','.join(f'{name}:{n}' for name, n in s.blend)
     return {'strategy': s.strategy, 'blend': plan,

@@ -31,6 +31,7 @@ from __future__ import annotations
 import collections
 import dataclasses
 import datetime
+import functools
 import json
 import math
 import os
@@ -114,17 +115,30 @@ def attested(text: str, counts: popular.LogCounts, so_far: Sequence[str]) -> boo
 
 def presented(ranked: Sequence[dict], so_far: Sequence[str], counts: popular.LogCounts, *,
               session_first: int, attested_only: bool) -> list[dict]:
-  """What is shown of `ranked` after the session `so_far`: without the unattested candidates
-  (`attested_only`), the first `session_first` places to the best candidates sharing a word
-  with the session, then the rest in order."""
+  """What is shown of `ranked` ({'query', 'sources': the sources proposing it, ...}, best
+  first) after the session `so_far`: with `attested_only`, none that the generator alone wrote
+  unless `attested` (the log's and the templates' candidates are queries or one edit of one);
+  then the first `session_first` places to the best candidates sharing a word with the
+  session, then the rest in order."""
   if attested_only:
-    ranked = [c for c in ranked if attested(c['query'], counts, so_far)]
+    ranked = [c for c in ranked if set(c['sources']) != {'generate'}
+              or attested(c['query'], counts, so_far)]
   if not session_first:
     return list(ranked)
   session = set().union(*(site_words(q) for q in so_far))
   related = [c for c in ranked if site_words(c['query']) & session][:session_first]
   chosen = {id(c) for c in related}
   return related + [c for c in ranked if id(c) not in chosen]
+
+
+def proposers(by_source: dict[str, list[dict]]) -> dict[str, list[str]]:
+  """{candidate: the sources proposing it, in the sources' order}."""
+  out: dict[str, list[str]] = {}
+  for name, candidates in by_source.items():
+    for c in candidates:
+      if name not in out.setdefault(c['query'], []):
+        out[c['query']].append(name)
+  return out
 
 
 # ---------------------------------------------------------------------------------------------
@@ -146,6 +160,12 @@ def _candidate_ids(vocab, text: str, copied: Sequence[str], length: int) -> list
 # Candidate sequences teacher-forced at a time: bounds the [sequences, tokens, vocabulary]
 # logits of one call.
 SCORED_SEQUENCES = 2048
+
+
+@functools.partial(jax.jit, static_argnames=('model',))
+def _rows_log_probs(model, params, memory, rows: jax.Array, ids: jax.Array) -> jax.Array:
+  """`search.sequence_log_prob` of `ids` [R, K, L] given the memory's rows `rows` [R]."""
+  return search.sequence_log_prob(model, params, jax.tree.map(lambda x: x[rows], memory), ids)
 
 
 def candidate_log_probs(trained: inference.Trained, contexts: Sequence[Context],
@@ -196,10 +216,9 @@ def candidate_log_probs(trained: inference.Trained, contexts: Sequence[Context],
     chunk = max(1, min(len(rows), SCORED_SEQUENCES // k))
     sums = np.zeros((len(rows), k), np.float32)
     for start in range(0, len(rows), chunk):
-      take = np.minimum(np.arange(start, start + chunk), len(rows) - 1)
-      part = jax.tree.map(lambda x, take=take: x[take], memory)
-      got = np.asarray(search.sequence_log_prob(task.model, params, part, ids[take]))
-      sums[start:start + chunk] = got[:len(rows) - start]
+      take = np.minimum(np.arange(start, start + chunk), len(rows) - 1).astype(np.int32)
+      got = _rows_log_probs(task.model, params, memory, take, ids[take])
+      sums[start:start + chunk] = np.asarray(got)[:len(rows) - start]
     counted = (np.cumsum(ids == EOS_ID, axis=-1) == 0).sum(-1) + (ids == EOS_ID).any(-1)
     per_token = sums / np.maximum(counted, 1.0)
     for i, context in zip(group, group_contexts):

@@ -516,17 +516,14 @@ class Pipeline:
         batch_rows=batch_rows, max_candidates=sum(k for _, k in self.ranker.sources),
         history_queries=s.history_queries, widths=widths)
     so_far = inference_sources.sessions_so_far(contexts, positions)
-    # Each candidate's first source (the earliest in the plan that proposes it).
-    first_source = lambda i, p: {c['query']: name for name in reversed(list(by_source))
-                                 for c in by_source[name][i][p]}
     out = []
     for i, context_pools in enumerate(pools):
       lists = []
       for p, pool in enumerate(context_pools):
         values = self.ranker.scores(pool.features)
-        origin = first_source(i, p)
+        origin = learned.proposers({name: lists_[i][p] for name, lists_ in by_source.items()})
         ranked = [{'query': pool.texts[j], 'score': float(values[j]),
-                   'source': origin[pool.texts[j]]}
+                   'sources': origin[pool.texts[j]]}
                   for j in np.argsort(-values, kind='stable')]
         lists.append(learned.presented(ranked, so_far[i][p], self.log_counts,
                                        session_first=s.session_first,

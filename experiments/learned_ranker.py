@@ -1,0 +1,161 @@
+"""Does a learned ranker over the pooled candidate sources suggest better for unseen users than
+the quota blend, the most popular list and a rule list, on the training users, cross-fitted?
+
+  python experiments/learned_ranker.py --workdir=W [--config=configs/aol.py:small ...]
+
+In: a workdir trained by `--mode=train` with `config.suggest.strategy='learned'` (its fold
+generators in W/folds/). Every training pair's candidates and features are made as the
+ranker's training makes them (`learned.cross_fitted_groups`: fold k's users proposed and scored
+by the generator trained without them, the log's counts from the other folds' users). Then a
+ranker is trained on the pairs of one fold of users and scored on the other's (2-fold over
+users, the figures of both folds pooled), so no figure comes from a pair its ranker saw.
+
+User-facing protocol (no query of the session suggested; the candidates hold none): per
+suggester EM@1, R@10 and MRR@10 (%), and each source's candidate recall (the next query among
+its candidates at all). Suggesters: the learned ranker as shown (`learned.presented` with the
+config's rules), without each rule, without each feature group (the ablation); each source
+alone; MPC; the quota blend `popular:3,cooccurring:5,generate:10`; the rule list (MPC's first
+3, then the 5 most frequent edit templates of the previous query, then MPC). Writes
+<workdir>/ranker/cross_fitted.json; prints a Markdown table.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+
+import numpy as np
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+# pylint: disable=wrong-import-position
+from absl import flags
+from ml_collections import config_flags
+
+from mtn_jax.data import preprocess
+from mtn_jax.data import sessions
+from mtn_jax.inference import learned
+from mtn_jax.inference import pipeline
+from mtn_jax.inference import popular
+# pylint: enable=wrong-import-position
+
+TOP_K = 10
+
+
+def ranking(lists, references) -> dict[str, float]:
+  """EM@1, R@10, MRR@10 (%) of ranked lists [pairs][k] against the references."""
+  em = r10 = mrr = 0.0
+  for ranked, reference in zip(lists, references):
+    top = ranked[:TOP_K]
+    if top and top[0] == reference:
+      em += 1
+    if reference in top:
+      r10 += 1
+      mrr += 1 / (top.index(reference) + 1)
+  n = max(len(references), 1)
+  return {'em1': 100 * em / n, 'r10': 100 * r10 / n, 'mrr10': 100 * mrr / n}
+
+
+def main() -> None:
+  parser = argparse.ArgumentParser(description=__doc__.split('\n')[0])
+  parser.add_argument('--workdir', required=True)
+  parser.add_argument('--skip_ablation', action='store_true')
+  args, rest = parser.parse_known_args()
+  config_flags.DEFINE_config_file('config', 'configs/aol.py:small')
+  flags.FLAGS(['learned_ranker', *rest])
+  config = flags.FLAGS.config
+  config.suggest.strategy = 'learned'
+  started = time.time()
+  groups = learned.cross_fitted_groups(config, args.workdir)
+  plan = learned.parse_sources(config.suggest.sources)
+  names = learned.feature_names([n for n, _ in plan])
+  folds = config.suggest.ranker_folds
+  references = groups.references
+  # The log's counts each pair's candidates were made with: the other folds' users'.
+  data_dir = preprocess.data_dir(os.path.abspath(args.workdir))
+  train = sessions.load_split(data_dir, 'train')
+  fold_of = sessions.session_folds(train, folds, config.data.split_seed)
+  counts = [popular.LogCounts.of_sessions(
+      [train.session_texts(i) for i in np.flatnonzero(fold_of != k).tolist()])
+            for k in range(folds)]
+  ends = np.cumsum(groups.sizes)
+  starts = ends - groups.sizes
+
+  def learned_lists(columns=None, session_first=config.suggest.session_first,
+                    attested_only=config.suggest.attested_only, rounds=None):
+    """Every pair's list, each fold's pairs ranked by a ranker trained on the others."""
+    out = [None] * len(groups.sizes)
+    cfg = config
+    if rounds is not None:
+      cfg = config.copy_and_resolve_references()
+      cfg.suggest.ranker_rounds = rounds
+    for k in range(folds):
+      booster = learned.train_booster(groups, groups.folds != k, cfg, names, columns)
+      for g in np.flatnonzero(groups.folds == k).tolist():
+        x = groups.features[starts[g]:ends[g]]
+        if columns is not None:
+          x = x[:, columns]
+        values = booster.predict(x) if len(x) else np.zeros(0)
+        origin = learned.proposers({n: [{'query': q} for q in lst]
+                                    for n, lst in groups.lists[g].items()})
+        ranked = [{'query': groups.texts[g][j], 'sources': origin[groups.texts[g][j]]}
+                  for j in np.argsort(-values, kind='stable')]
+        shown = learned.presented(ranked, groups.sessions[g], counts[k],
+                                  session_first=session_first, attested_only=attested_only)
+        out[g] = [c['query'] for c in shown]
+    return out
+
+  rows = {}
+  rows['learned ranker, as shown'] = ranking(learned_lists(), references)
+  rows['learned ranker, without the session-first rule'] = ranking(
+      learned_lists(session_first=0), references)
+  rows['learned ranker, without the attested-only rule'] = ranking(
+      learned_lists(attested_only=False), references)
+  rows['learned ranker alone (neither rule)'] = ranking(
+      learned_lists(session_first=0, attested_only=False), references)
+  if not args.skip_ablation:
+    for group, members in learned.feature_groups([n for n, _ in plan]).items():
+      columns = [i for i, n in enumerate(names) if n not in members]
+      rows[f'learned ranker without the {group} features'] = ranking(
+          learned_lists(columns), references)
+  not_session = lambda lst, g: [q for q in lst if q not in groups.sessions[g]]
+  for name, _ in plan:
+    lists = [not_session(groups.lists[g][name], g) for g in range(len(references))]
+    rows[f'{name} alone'] = ranking(lists, references)
+    rows[f'{name} alone']['candidate_recall'] = 100 * float(np.mean(
+        [r in lst for r, lst in zip(references, lists)]))
+  pool_recall = 100 * float(np.mean([r in t for r, t in zip(references, groups.texts)]))
+  blend = pipeline.parse_blend('popular:3,cooccurring:5,generate:10')
+  rows['quota blend popular:3,cooccurring:5,generate:10'] = ranking(
+      [[c['query'] for c in pipeline.blended(
+          {n: groups.lists[g].get(n, []) for n in pipeline.BLEND_SOURCES}, blend,
+          groups.sessions[g]) if c['query'] not in groups.sessions[g]]
+       for g in range(len(references))], references)
+  rules = []
+  for g in range(len(references)):
+    mpc = not_session(groups.lists[g]['popular'], g)
+    edits = not_session(groups.lists[g].get('templates', []), g)
+    rules.append(list(dict.fromkeys(mpc[:3] + edits[:5] + mpc[3:])))
+  rows['rule list (MPC 3, then 5 edit templates, then MPC)'] = ranking(rules, references)
+  record = {'pairs': len(references), 'pool_candidate_recall': pool_recall,
+            'sources': config.suggest.sources, 'rounds': config.suggest.ranker_rounds,
+            'session_first': config.suggest.session_first,
+            'attested_only': config.suggest.attested_only, 'rows': rows,
+            'seconds': round(time.time() - started, 1)}
+  path = os.path.join(learned.ranker_dir(args.workdir), 'cross_fitted.json')
+  os.makedirs(os.path.dirname(path), exist_ok=True)
+  with open(path, 'w', encoding='utf-8') as f:
+    json.dump(record, f, indent=1)
+  print(f'Training users, cross-fitted ({len(references):,} pairs; the next query among the '
+        f'pooled candidates for {pool_recall:.2f} %), user-facing protocol, %:\n')
+  print('| suggester | EM@1 | R@10 | MRR@10 | candidate recall |\n|---|---:|---:|---:|---:|')
+  for name, row in rows.items():
+    recall = f'{row["candidate_recall"]:.2f}' if 'candidate_recall' in row else ''
+    print(f'| {name} | {row["em1"]:.2f} | {row["r10"]:.2f} | {row["mrr10"]:.2f} | {recall} |')
+  print(f'\n({record["seconds"]:.0f} s; written to {path})')
+
+
+if __name__ == '__main__':
+  main()

@@ -1,0 +1,211 @@
+"""The learned ranker's parts by hand on a toy log: reformulation templates, each candidate
+source, one candidate's features, what is shown, the ranker's training on a problem whose right
+order is known, and the refusal of a ranker trained for another checkpoint."""
+
+import json
+import math
+import types
+
+import numpy as np
+import pytest
+
+from mtn_jax import errors
+from mtn_jax.data.vocab import Vocab
+from mtn_jax.inference import learned
+from mtn_jax.inference import popular
+from mtn_jax.inference import sources
+from mtn_jax.inference import templates
+from mtn_jax.inference.inputs import Context
+
+# (previous -> next) pairs: 'weather' gains 'chicago' twice (once after 'news'), a site form, a
+# dropped word, a substitution twice.
+SESSIONS = [
+    ['weather', 'weather chicago', 'weather chicago il'],
+    ['news', 'news chicago'],
+    ['ebay', 'ebay.com'],
+    ['cheap flights', 'cheap hotels', 'cheap'],
+    ['cheap cars', 'cheap hotels'],
+    ['google', 'ebay'],
+    ['google', 'ebay'],
+]
+
+
+def test_templates_by_hand():
+  assert templates.templates_of('weather', 'weather chicago') == ['append:chicago']
+  assert templates.templates_of('chicago', 'weather chicago') == ['prepend:weather']
+  assert templates.templates_of('cheap flights', 'cheap hotels') == [
+      'substitute:flights>hotels']
+  assert templates.templates_of('ebay', 'ebay.com') == ['dotcom']
+  assert templates.templates_of('ebay', 'www.ebay.com') == ['www']
+  assert templates.templates_of('www.ebay.com', 'ebay') == ['strip_site']
+  assert templates.templates_of('e bay', 'ebay') == ['join']
+  assert set(templates.templates_of('cheap hotels', 'cheap')) == {'drop_last'}
+  assert templates.templates_of('google', 'ebay') == []  # another query, not an edit
+  assert templates.templates_of('a', 'a') == []
+  # Counted over pairs, kept from two occurrences on.
+  learnt = templates.Templates.learn(
+      (s[t], s[t + 1]) for s in SESSIONS for t in range(len(s) - 1))
+  assert learnt.total == 9
+  # append:chicago 2 (weather, news), substitute:*>hotels once each; dotcom once.
+  assert learnt.counts == {'append:chicago': 2}
+  assert learnt.propose('sports', 3) == [('sports chicago', 'append:chicago', 2)]
+  assert learnt.propose('weather chicago', 3) == []  # chicago is there already
+  every = templates.Templates.learn(
+      [(s[t], s[t + 1]) for s in SESSIONS for t in range(len(s) - 1)], min_count=1)
+  # Most frequent first, then by name: append:chicago (2), then each once, alphabetically.
+  assert every.propose('cheap cars', 10) == [
+      ('cheap cars chicago', 'append:chicago', 2),
+      ('cheap cars il', 'append:il', 1),
+      ('cheapcars.com', 'dotcom', 1),
+      ('cheap', 'drop_last', 1),
+      ('cheap hotels', 'substitute:cars>hotels', 1)]
+
+
+@pytest.fixture(name='counts')
+def _counts():
+  return popular.LogCounts.of_sessions(SESSIONS)
+
+
+def contexts():
+  # Two positions of one context (after 'news', after 'weather'), one of another.
+  return [Context(('news', 'weather'), 0, {}), Context(('cheap cars',), 0, {})]
+
+
+def texts(lists):
+  return [[[c['query'] for c in at] for at in by_context] for by_context in lists]
+
+
+def test_log_sources_by_hand(counts):
+  # Next queries logged: ebay 2, weather chicago, weather chicago il, news chicago, ebay.com,
+  # cheap hotels 2, cheap 1: most popular first, ties to the first seen.
+  assert counts.popular[:3] == ['cheap hotels', 'ebay', 'weather chicago']
+  got = sources.Popular(counts, 2).propose(contexts(), positions='all')
+  assert texts(got) == [[['cheap hotels', 'ebay']] * 2, [['cheap hotels', 'ebay']]]
+  assert got[0][0][0]['score'] == 2.0
+  # After 'weather': 'weather chicago' (once), then the popular list fills up.
+  got = sources.Cooccurring(counts, 2).propose(contexts(), positions='last')
+  assert texts(got) == [[['weather chicago', 'cheap hotels']], [['cheap hotels', 'ebay']]]
+  assert [c['score'] for c in got[0][0]] == [1.0, 0.0]
+  got = sources.Templates(counts.templates, 5).propose(contexts(), positions='all')
+  assert texts(got) == [[['news chicago'], ['weather chicago']], [['cheap cars chicago']]]
+  assert got[1][0][0]['template'] == 'append:chicago'
+  got = sources.Session().propose([Context(('a', 'b', 'a'), 1, {})], positions='all')
+  assert texts(got) == [[['b', 'a'], ['a', 'b']]]
+  ran = sources.propose_all([sources.Session(), sources.Popular(counts, 1)], contexts(),
+                            positions='last', batch_rows=1)
+  assert list(ran) == ['session', 'popular']
+
+
+def test_one_candidates_features_by_hand(counts):
+  vocab = Vocab.from_counts({'weather': 9, 'chicago': 9}, 1)
+  by_source = {'generate': [{'query': 'weather chicago', 'score': -0.5},
+                            {'query': 'weather news', 'score': -0.9}],
+               'popular': [{'query': 'ebay', 'score': 2.0},
+                           {'query': 'weather chicago', 'score': 1.0}],
+               'templates': [{'query': 'weather chicago', 'score': 2.0}]}
+  names = ['generate', 'popular', 'templates']
+  texts_ = learned.pool_texts(by_source, ('news', 'weather'), drop_session=True)
+  assert texts_ == ['weather chicago', 'weather news', 'ebay']
+  generator = np.array([[-3.0, -1.0], [-6.0, -2.0], [-9.0, -4.5]], np.float32)
+  matrix = learned.features(texts_, by_source, ('news', 'weather'), 1, counts, generator,
+                            names, vocab)
+  row = dict(zip(learned.feature_names(names), matrix[0].tolist()))
+  nan = float('nan')
+  expected = {
+      'generate_rank': 1, 'generate_score': -0.5, 'popular_rank': 2, 'popular_score': 1.0,
+      'templates_rank': 1, 'templates_score': 2.0, 'num_sources': 3,
+      'generator_log_prob': -3.0, 'generator_token_log_prob': -1.0, 'unknown_words': 0,
+      'logged': 1, 'unseen_bigrams': 0,
+      # Bigrams of the 9 logged next queries: (<s>, weather) 2, (weather, chicago) 2,
+      # (chicago, </s>) 2 (news chicago too); '<s>' starts 9 bigrams, 'weather' 2, 'chicago' 3.
+      'bigram_log_prob': (math.log(2.1 / 10) + math.log(2.1 / 3) + math.log(2.1 / 4)) / 3,
+      'min_bigram_count': math.log1p(2),
+      # 9 pairs; 'weather chicago' logged once; after 'weather' 1 of 1 pairs.
+      'popularity': math.log(2) - math.log(10), 'cooccurrence': math.log(2) - math.log(2),
+      'previous_followed': math.log1p(1),
+      'template_frequency': math.log(3) - math.log(10),
+      'shares_previous': 1, 'overlap_previous': 1 / 2, 'overlap_session': 1 / 2,
+      'extends_previous': 1, 'words': 2, 'characters': 15, 'position': 1,
+      'previous_words': 1}
+  assert row == pytest.approx(expected, rel=1e-5)
+  # 'ebay' comes from popular alone; 'weather news' has no template and an unseen bigram.
+  ebay = dict(zip(learned.feature_names(names), matrix[2].tolist()))
+  assert math.isnan(ebay['generate_rank']) and ebay['popular_rank'] == 1
+  assert ebay['unknown_words'] == 1 and ebay['shares_previous'] == 0
+  news = dict(zip(learned.feature_names(names), matrix[1].tolist()))
+  assert news['logged'] == 0 and news['unseen_bigrams'] == 2
+  assert math.isnan(news['template_frequency'])
+  del nan
+
+
+def test_what_is_shown_puts_the_session_first_and_drops_word_salad(counts):
+  written = ('ebay', 'chicago weather', 'cheap hotels', 'weather news', 'weather chicago',
+             'www.weather.com', 'weather chicago il')
+  ranked = [{'query': q, 'sources': ['generate']} for q in written]
+  so_far = ('news', 'weather')
+  # 'chicago weather' and 'weather news' hold word pairs no query holds (nor the session's);
+  # 'www.weather.com' is not logged either.
+  kept = learned.presented(ranked, so_far, counts, session_first=0, attested_only=True)
+  assert [c['query'] for c in kept] == ['ebay', 'cheap hotels', 'weather chicago',
+                                        'weather chicago il']
+  # A template's (or the log's) candidate is kept: a logged query, or one edit of one.
+  ranked[5]['sources'] = ['generate', 'templates']
+  kept = learned.presented(ranked, so_far, counts, session_first=0, attested_only=True)
+  assert 'www.weather.com' in [c['query'] for c in kept]
+  assert not learned.attested('www.weather.com', counts, so_far)
+  assert learned.attested('news weather', counts, ('x', 'news weather'))  # the session's
+  # The first 2 places go to the best sharing a word with the session (a site's name too).
+  shown = learned.presented(ranked, so_far, counts, session_first=2, attested_only=False)
+  assert [c['query'] for c in shown] == ['chicago weather', 'weather news', 'ebay',
+                                         'cheap hotels', 'weather chicago', 'www.weather.com',
+                                         'weather chicago il']
+  # Nothing of the session in any candidate: the ranker's order stands.
+  assert learned.presented(ranked[:1], ('zzz',), counts, session_first=5,
+                           attested_only=False) == ranked[:1]
+
+
+def test_the_ranker_learns_a_known_order():
+  """Groups of 8 candidates whose relevant one has the largest first feature (the others are
+  noise): trained on 600 groups, it puts the relevant one first in 9 of 10 new ones (chance:
+  1 in 8)."""
+  rng = np.random.default_rng(0)
+  groups, size = 700, 8
+  x = rng.normal(size=(groups * size, 3)).astype(np.float32)
+  labels = np.zeros(groups * size, np.int32)
+  for g in range(groups):
+    labels[g * size + int(np.argmax(x[g * size:(g + 1) * size, 0]))] = 1
+  data = learned.Groups(x, labels, np.full(groups, size), np.zeros(groups, int), [], [], [], [])
+  config = types.SimpleNamespace(seed=0, suggest=types.SimpleNamespace(ranker_rounds=100))
+  chosen = np.arange(groups) < 600
+  booster = learned.train_booster(data, chosen, config, ['signal', 'noise_a', 'noise_b'])
+  scores = booster.predict(x[600 * size:]).reshape(100, size)
+  relevant = labels[600 * size:].reshape(100, size).argmax(1)
+  assert (scores.argmax(1) == relevant).mean() >= 0.9
+  gain = dict(zip(booster.feature_name(), booster.feature_importance('gain')))
+  assert gain['signal'] > 10 * max(gain['noise_a'], gain['noise_b'])
+
+
+def test_a_ranker_for_another_checkpoint_or_vocabulary_is_refused(tmp_path):
+  folder = tmp_path / learned.RANKER_DIR
+  folder.mkdir()
+  vocab = Vocab.from_counts({'a': 9}, 1)
+  trained = types.SimpleNamespace(step=40, vocab=vocab)
+  assert learned.LearnedRanker.load(str(tmp_path), trained) is None  # none: the fallback
+  (folder / 'ranker.json').write_text(json.dumps(
+      {'checkpoint_step': 30, 'vocab_fingerprint': vocab.fingerprint}))
+  with pytest.raises(errors.Error, match=r'ranker.json: the ranker was trained for '
+                     r'checkpoint step 30 .* \(step 40,'):
+    learned.LearnedRanker.load(str(tmp_path), trained)
+  (folder / 'ranker.json').write_text(json.dumps(
+      {'checkpoint_step': 40, 'vocab_fingerprint': 'another'}))
+  with pytest.raises(errors.Error, match='and vocabulary another, not'):
+    learned.LearnedRanker.load(str(tmp_path), trained)
+
+
+def test_sources_plans_are_checked():
+  assert learned.parse_sources('generate:10,templates:5') == (('generate', 10),
+                                                              ('templates', 5))
+  for bad in ('popular:5,generate:5', 'generate:0', 'generate:3,nothing:2',
+              'generate:3,generate:4', 'retrieve:3'):
+    with pytest.raises(ValueError):
+      learned.parse_sources(bad)
