@@ -94,8 +94,10 @@ def test_help_lists_modes_flags_config_keys_and_decode_formats(flag):
   assert result.returncode == 0 and result.stderr == '', result.stderr
   out = result.stdout
   assert out.startswith('Next-query suggestion') and '\nusage: python -m mtn_jax.main ' in out
-  for mode in ('all', 'preprocess', 'train', 'eval', 'decode', 'suggest', 'report'):
-    assert re.search(rf'^  {mode} ', out, re.M), mode
+  modes = ('all', 'preprocess', 'train', 'eval', 'decode', 'suggest', 'serve', 'report')
+  assert config_lib.MODES == modes  # a mode added to --mode is added here, and to --help
+  listed = out.split('modes (--mode):\n', 1)[1].split('\n\n', 1)[0]
+  assert re.findall(r'^  (\w+) ', listed, re.M) == list(modes), listed
   for flag_name in ('--config', '--workdir', '--mode', '--cpu_devices', '--[no]distributed'):
     assert f'\n  {flag_name}' in out, flag_name
   # Every section of configs/default.py with its keys, and how a key is overridden.

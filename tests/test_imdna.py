@@ -93,6 +93,45 @@ def test_word_scores_match_a_hand_computation():
   np.testing.assert_allclose(np.asarray(z[0]), expected, rtol=1e-6)
 
 
+def test_following_queries_are_those_after_the_best_match_in_each_retrieved_session():
+  """AOL: in each retrieved session, best first (a missing one, -1, skipped), the queries
+  after the first that shares most words with the context's last query; each once, none of
+  the context's."""
+  from mtn_jax.data import imdna_library  # pylint: disable=g-import-not-at-top
+  document_queries = [
+      ['paris hotels cheap', 'louvre tickets', 'cheap flights'],  # 'paris hotels cheap' has 2
+      ['paris', 'hotels', 'museum'],  # a tie of 1 word: the first, 'paris'
+      ['weather', 'hotels paris', 'eiffel tower', 'louvre tickets']]  # 'hotels paris' has 2
+  library = imdna_library.Library(
+      vocab=None, documents=[], document_tokens=np.zeros((1, 1), np.int32), answers=[],
+      answer_words=np.zeros(0, np.int32), splits={},
+      extra={'document_queries': document_queries})
+  questions = imdna_library.QuestionSet(
+      question=np.zeros((1, 1), np.int32), documents=np.array([[2, -1, 1, 0]]),
+      document_scores=np.zeros((1, 4), np.float32), answers=np.full((1, 1), -1, np.int32),
+      texts=[''], answer_texts=[''])
+  assert imdna_library.following_queries(
+      library, questions, 0, ['cheap flights', 'paris hotels']) == [
+          'eiffel tower', 'louvre tickets', 'hotels', 'museum']
+
+
+def test_next_queries_are_ranked_by_the_mean_probability_of_their_known_words():
+  from mtn_jax.data.vocab import SPECIAL_TOKENS  # pylint: disable=g-import-not-at-top
+  from mtn_jax.data.vocab import UNK_ID  # pylint: disable=g-import-not-at-top
+  from mtn_jax.data.vocab import Vocab  # pylint: disable=g-import-not-at-top
+  from mtn_jax.inference import imdna_proposer  # pylint: disable=g-import-not-at-top
+  vocab = Vocab(SPECIAL_TOKENS + ('eiffel', 'tower', 'louvre', 'tickets', 'museum'))
+  probabilities = np.zeros(len(vocab), np.float32)
+  probabilities[UNK_ID] = 0.99  # never read: an unknown word counts for nothing
+  probabilities[vocab.encode(['eiffel', 'tower', 'louvre', 'tickets', 'museum'])] = [
+      0.9, 0.1, 0.6, 0.6, 0.55]
+  # Means: 0.5, 0.6, 0 (no known word), 0.55 (the unknown word left out), 0.6 (a tie, after
+  # the first in the given order); by sums 'eiffel tower' (1.0) would come before 'museum'.
+  candidates = ['eiffel tower', 'louvre tickets', 'hotels', 'museum zzz', 'tickets louvre']
+  assert imdna_proposer.by_word_probability(candidates, probabilities, vocab) == [
+      'louvre tickets', 'tickets louvre', 'museum zzz', 'eiffel tower', 'hotels']
+
+
 def test_removing_the_document_that_holds_the_answer_removes_it_from_the_top():
   """With a prediction network that passes each word's score to the answer naming it, the
   answers are read off the documents: the answer whose document goes away drops out."""

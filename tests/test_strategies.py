@@ -3,9 +3,12 @@ ranker replaced by given scores, and what is shown of it (`pipeline.show`)."""
 
 from __future__ import annotations
 
-import numpy as np
+import math
 
-from mtn_jax.decoding import mbr
+import numpy as np
+import pytest
+from sacrebleu.metrics import BLEU
+
 from mtn_jax.inference import pipeline
 
 
@@ -15,6 +18,17 @@ def rankers_with_scores(scores: dict[str, float], use_mbr: bool) -> pipeline.Ran
       [np.asarray([scores[q] for q in texts], np.float32) for texts in session_lists]
       for session_lists in lists]
   return rankers
+
+
+def expected_utilities(scores: dict[str, float]) -> dict[str, float]:
+  """MBR's expected utility of each candidate against all of them as evidence, weighted by
+  the softmax of their scores, with sacrebleu's sentence BLEU (add-one smoothing of orders 2
+  to 4, words as given): an independent reference for `mbr.rerank`."""
+  bleu = BLEU(tokenize='none', smooth_method='add-k', smooth_value=1, effective_order=True)
+  total = sum(math.exp(s) for s in scores.values())
+  return {c: sum(math.exp(s) / total * bleu.sentence_score(c, [h]).score / 100
+                 for h, s in scores.items())
+          for c in scores}
 
 
 SESSION = ['cheap flights', 'cheap flights paris']
@@ -47,18 +61,32 @@ def test_rerank_with_mbr_picks_the_consensus_of_the_rankers_distribution():
                                                             batch_rows=1)[0][1]
   with_mbr = rankers_with_scores(SCORES, use_mbr=True).order([SESSION], [[BEAM], [OTHER]],
                                                              batch_rows=1)[0][1]
-  assert with_mbr == mbr.rerank(ranked)
+  # The second position's five candidates (the beam's, the other source's and the session's)
+  # are the evidence; each is scored by its expected utility, best first.
+  utilities = expected_utilities({c['query']: SCORES[c['query']] for c in ranked})
+  assert [c['query'] for c in with_mbr] == [
+      'cheap flights paris hotel', 'cheap flights paris', 'cheap flights paris hotels',
+      'paris hotel', 'cheap flights']
+  assert [c['score'] for c in with_mbr] == pytest.approx(
+      [utilities[c['query']] for c in with_mbr], rel=1e-6)
+  assert [c['model_score'] for c in with_mbr] == pytest.approx(
+      [SCORES[c['query']] for c in with_mbr])
   # The best-scored 'paris hotel' shares little with the rest of the mass; the consensus of
   # the three 'cheap flights paris ...' candidates is chosen.
   assert ranked[0]['query'] == 'paris hotel'
-  assert with_mbr[0]['query'].startswith('cheap flights paris')
   assert {c['query'] for c in with_mbr} == {c['query'] for c in ranked}
 
 
 def test_what_is_shown_under_the_user_facing_protocol_is_the_order_with_the_session_dropped():
-  # MBR's evidence is every candidate, as in the generator's own MBR: the user-facing list is
-  # its order with the session's queries dropped, then cut.
+  # MBR's evidence is every candidate, the session's queries too, as in the generator's own
+  # MBR: the user-facing list is that order with the session's queries dropped, then cut (to
+  # 2 of the 3 left: 'paris hotel' is not shown).
   rankers = rankers_with_scores(SCORES, use_mbr=True)
   with_mbr = rankers.order([SESSION], [[BEAM], [OTHER]], batch_rows=1)[0][1]
-  assert pipeline.show(with_mbr, SESSION, True, top_k=10) == [
-      c for c in with_mbr if c['query'] not in SESSION]
+  shown = pipeline.show(with_mbr, SESSION, True, top_k=2)
+  utilities = expected_utilities({q: SCORES[q] for q in (
+      'cheap flights paris hotel', 'paris hotel', 'cheap flights paris',
+      'cheap flights paris hotels', 'cheap flights')})
+  assert [c['query'] for c in shown] == ['cheap flights paris hotel', 'cheap flights paris hotels']
+  assert [c['score'] for c in shown] == pytest.approx(
+      [utilities[c['query']] for c in shown], rel=1e-6)

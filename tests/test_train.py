@@ -8,6 +8,7 @@ import json
 import math
 import os
 import random
+import re
 import signal
 import subprocess
 import sys
@@ -82,31 +83,43 @@ def test_reference_run_learns_and_logs(reference_run):
   assert train_losses(workdir) == losses
 
 
+def committed_steps(workdir) -> list[int]:
+  """The steps of the checkpoints written whole (orbax renames a checkpoint's temporary
+  folder to its step once it is complete)."""
+  folder = checkpoints.checkpoint_dir(str(workdir))
+  return sorted(int(n) for n in os.listdir(folder) if n.isdigit()) if os.path.isdir(folder) else []
+
+
 def test_sigkill_at_random_step_then_resume_is_bit_exact(reference_run, tmp_path):
   ref_dir, _ = reference_run
   total = len(train_losses(ref_dir))
-  kill_after = random.Random().randint(2, total - 2)
+  # A step drawn after the first checkpoint (every 3 steps); MTN_TEST_SEED replays a draw.
+  seed = int(os.environ.get('MTN_TEST_SEED') or random.SystemRandom().randrange(2**32))
+  kill_after = random.Random(seed).randint(4, total - 3)
+  print(f'MTN_TEST_SEED={seed}: killed at step {kill_after} or the first after it that '
+        'follows a committed checkpoint')
+  where = f'seed {seed}, step {kill_after}'
   proc = cli.popen(tmp_path, *SHORT)
+  killed_at = None
   for line in proc.stdout:
-    if line.startswith(f'step {kill_after}/'):
+    step = re.match(r'step (\d+)/', line)
+    # Checkpoints are written in the background: kill once one is committed, so that the
+    # run resumes from it (never from a half-written one).
+    if step and int(step.group(1)) >= kill_after and committed_steps(tmp_path):
       proc.send_signal(signal.SIGKILL)
+      killed_at = int(step.group(1))
       break
   proc.wait(timeout=120)
-  assert proc.returncode == -signal.SIGKILL, f'run ended before step {kill_after}'
-  # Checkpoints are written in the background: the kill may land before the first one is
-  # committed (then the run starts over), never in a half-written one that is read back.
+  assert proc.returncode == -signal.SIGKILL, f'run ended before it was killed ({where})'
   manager = checkpoints.open_manager(str(tmp_path), read_only=True)
   committed = manager.latest_step()
   manager.close()
-  assert committed is None or committed <= kill_after
+  assert committed is not None and committed <= killed_at, (committed, killed_at, where)
   resumed = cli.run(tmp_path, *SHORT)
-  if committed is None:
-    assert 'Resuming from' not in resumed.stdout, f'killed after step {kill_after}'
-  else:
-    assert f'Resuming from checkpoint {tmp_path}/checkpoints/{committed} ' in resumed.stdout
+  assert f'Resuming from checkpoint {tmp_path}/checkpoints/{committed} ' in resumed.stdout, where
   ref_step, ref_params = final_params(ref_dir)
   step, params = final_params(tmp_path)
-  assert step == ref_step == total
+  assert step == ref_step == total, where
   assert_trees_equal(params, ref_params)
 
 
