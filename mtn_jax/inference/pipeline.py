@@ -516,15 +516,20 @@ class Pipeline:
         batch_rows=batch_rows, max_candidates=sum(k for _, k in self.ranker.sources),
         history_queries=s.history_queries, widths=widths)
     so_far = inference_sources.sessions_so_far(contexts, positions)
+    # One prediction over every position's candidates (a batch), split back by position.
+    flat = [pool for context_pools in pools for pool in context_pools]
+    by_position = iter(np.split(
+        self.ranker.scores(np.concatenate([p.features for p in flat])) if flat else np.zeros(0),
+        np.cumsum([len(p.texts) for p in flat])[:-1]))
     out = []
     for i, context_pools in enumerate(pools):
       lists = []
       for p, pool in enumerate(context_pools):
-        values = self.ranker.scores(pool.features)
+        scores = next(by_position)
         origin = learned.proposers({name: lists_[i][p] for name, lists_ in by_source.items()})
-        ranked = [{'query': pool.texts[j], 'score': float(values[j]),
+        ranked = [{'query': pool.texts[j], 'score': float(scores[j]),
                    'sources': origin[pool.texts[j]]}
-                  for j in np.argsort(-values, kind='stable')]
+                  for j in np.argsort(-scores, kind='stable')]
         lists.append(learned.presented(ranked, so_far[i][p], self.log_counts,
                                        session_first=s.session_first,
                                        attested_only=s.attested_only))

@@ -1,0 +1,102 @@
+"""The learned ranker end to end on the tiny demo config: one `--mode=train` makes the
+generator, the fold generators and the ranker; eval scores exactly what decode writes and the
+service shows; a workdir without a ranker suggests by the blend, one whose ranker was trained
+for another checkpoint is refused in one line."""
+
+import json
+import shutil
+
+import pytest
+from fastapi.testclient import TestClient
+
+from mtn_jax.inference import learned
+from mtn_jax.serving import app as app_lib
+from mtn_jax.serving import service as service_lib
+from tests import cli
+from tests.test_polyencoder_cli import assert_decode_writes_what_eval_scored
+from tests.test_polyencoder_cli import read_jsonl
+
+LEARNED = ('--config.suggest.strategy=learned', '--config.suggest.ranker_rounds=20',
+           '--config.suggest.sources=generate:4,popular:4,cooccurring:4,templates:4')
+FEW = ('--config.train.max_steps=6', '--config.decode.max_eval_sessions=12')
+
+
+@pytest.fixture(scope='module')
+def learned_run(tmp_path_factory):
+  workdir = tmp_path_factory.mktemp('learned')
+  trained = cli.run(workdir, *FEW, *LEARNED)
+  return workdir, trained
+
+
+@pytest.mark.slow
+def test_one_train_command_makes_the_generators_and_the_ranker(learned_run):
+  workdir, trained = learned_run
+  out = trained.stdout
+  for part in ('[1/4] The generator', '[2/4] The generator without the training users of fold 0',
+               '[3/4] The generator without the training users of fold 1',
+               '[4/4] The learned ranker'):
+    assert part in out, out
+  assert 'ETA' in out and 'most important:' in out
+  meta = json.loads((workdir / 'ranker' / 'ranker.json').read_text())
+  assert meta['sources'] == [['generate', 4], ['popular', 4], ['cooccurring', 4],
+                             ['templates', 4]]
+  assert set(meta['importance']) == set(meta['features'])
+  assert (workdir / 'folds' / 'fold0' / 'checkpoints').is_dir()
+  # Run again: everything is current, nothing is trained again.
+  again = cli.run(workdir, *FEW, *LEARNED)
+  assert 'is current' in again.stdout and 'ranker data' not in again.stdout
+
+
+@pytest.mark.slow
+def test_eval_decode_and_serve_give_the_same_learned_lists(learned_run, tmp_path):
+  workdir, _ = learned_run
+  cli.run(workdir, *FEW, *LEARNED, mode='eval')
+  results = json.loads((workdir / 'eval' / 'learned_results.json').read_text())
+  assert results['strategy']['strategy'] == 'learned'
+  # Each source alone is scored beside the ranker's lists.
+  assert {'model', 'generate', 'popular', 'cooccurring', 'templates'} <= set(
+      results['scores_excluding_session'])
+  lists_path = workdir / 'eval' / 'learned_lists.jsonl'
+  assert_decode_writes_what_eval_scored(workdir, lists_path, tmp_path, *FEW, *LEARNED)
+  # The service, as --mode=serve builds it, shows the user-facing lists eval scored.
+  pairs = read_jsonl(lists_path)
+  service = service_lib.build(cli.config(*FEW, *LEARNED, '--config.serve.history_db=',
+                                         '--config.serve.compile_cache='),
+                              str(workdir), log=lambda *a, **k: None)
+  with TestClient(app_lib.create_app(service), client=('127.0.0.1', 50000)) as client:
+    for pair in pairs:
+      answer = client.post('/v1/suggest', json={'session': pair['context']}).json()
+      expected = pair['suggestions_excluding_session']
+      assert [s['query'] for s in answer['suggestions']] == [s['query'] for s in expected]
+      assert [s['score'] for s in answer['suggestions']] == pytest.approx(
+          [s['score'] for s in expected], abs=1e-4)
+
+
+@pytest.mark.slow
+def test_without_a_ranker_the_blend_and_with_a_foreign_one_a_refusal(learned_run, tmp_path):
+  workdir, _ = learned_run
+  old = tmp_path / 'old'
+  shutil.copytree(workdir, old, ignore=shutil.ignore_patterns('ranker', 'folds', 'eval'))
+  sessions_file = tmp_path / 'sessions.txt'
+  sessions_file.write_text('weather\tweather chicago\n')
+  blend = ('--config.suggest.strategy=blend',)
+  outputs = {}
+  for name, strategy in (('learned', LEARNED), ('blend', blend)):
+    outputs[name] = tmp_path / f'{name}.jsonl'
+    run = cli.run(old, *FEW, *strategy, f'--config.decode.input={sessions_file}',
+                  f'--config.decode.output={outputs[name]}', mode='decode')
+    if name == 'learned':
+      assert 'has no learned ranker' in run.stdout
+  assert outputs['learned'].read_text() == outputs['blend'].read_text()
+  # A ranker trained for another checkpoint: one line naming the file, exit 1.
+  meta_path = workdir / 'ranker' / 'ranker.json'
+  foreign = tmp_path / 'foreign'
+  shutil.copytree(workdir, foreign, ignore=shutil.ignore_patterns('folds', 'eval'))
+  meta = json.loads(meta_path.read_text())
+  meta['checkpoint_step'] += 1
+  (foreign / learned.RANKER_DIR / 'ranker.json').write_text(json.dumps(meta))
+  refused = cli.run(foreign, *FEW, *LEARNED, f'--config.decode.input={sessions_file}',
+                    mode='decode', check=False)
+  assert refused.returncode == 1
+  assert refused.stderr.strip().count('\n') == 0
+  assert 'ranker.json: the ranker was trained for checkpoint step' in refused.stderr
