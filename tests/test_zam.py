@@ -21,6 +21,8 @@ from mtn_jax.models import zam
 from mtn_jax.tasks import zero_attention
 from tests import cli
 from tests import golden
+from tests.lists import assert_raw_log_decode_writes_what_eval_scored
+from tests.lists import read_jsonl
 
 
 def memory_params(dim=4, hidden=3, seed=0):
@@ -319,20 +321,18 @@ def test_zam_eval_reports_the_pool_and_the_history_groups(zam_run, tmp_path):
   assert sum(g['pairs'] for g in groups.values()) == results['pairs']
   assert 0 <= groups['with_history']['zero_weight']['all'] <= 1
   assert 'Over the whole pool: MRR' in evaluated.stdout
-  # The suggestions eval ranks first are the ones decode gives for the same context.
-  samples = [json.loads(l) for l in (workdir / 'eval' / 'samples.jsonl').read_text().splitlines()]
-  sample = samples[0]
-  sessions_file = tmp_path / 'sessions.txt'
-  sessions_file.write_text('\t'.join(sample['context']) + '\n')
-  out = tmp_path / 'out.jsonl'
-  cli.run(workdir, *FAMILY, f'--config.decode.input={sessions_file}',
-          f'--config.decode.output={out}', mode='decode', config='configs/zam_aol.py:demo')
-  [record] = [json.loads(l) for l in out.read_text().splitlines()]
-  # A sessions file carries no user history, so the lists may differ from eval's; they are
-  # pool entries, as many as asked for.
+  # Eval's lists, under both protocols, are what decode writes for a log of those users'
+  # sessions: the same queries in the same order, the same scores. The log holds each user's
+  # earlier sessions (from every split), so decode attends over the history eval read.
+  lists = workdir / 'eval' / 'lists.jsonl'
+  pairs = read_jsonl(lists)
+  assert len(pairs) == results['pairs'] and groups['with_history']['pairs'] > 0
   pool_texts = set(candidates.load_pool(str(workdir / 'data')).texts)
-  assert {s['query'] for s in record['suggestions']} <= pool_texts
-  assert len(record['suggestions']) == 10
+  for pair in pairs:  # pool entries, as many as asked for
+    for key in ('suggestions', 'suggestions_excluding_session'):
+      assert len(pair[key]) == 10 and {s['query'] for s in pair[key]} <= pool_texts
+  assert_raw_log_decode_writes_what_eval_scored(workdir, lists, tmp_path, *FAMILY,
+                                                config='configs/zam_aol.py:demo')
   # The candidate vectors were cached by eval and reused by decode.
   assert (workdir / 'candidate_cache' / 'meta.json').exists()
 
