@@ -35,6 +35,7 @@ jax.config.update('jax_persistent_cache_min_compile_time_secs',
 # here). pytest.ini turns off xdist's own order (by the number of tests in a file).
 LONGEST_FIRST = (
     'test_polyencoder_cli.py',
+    'test_learned_cli.py',
     'test_train.py',
     'test_end_to_end.py',
     'test_polyencoder.py',

@@ -20,7 +20,7 @@ from mtn_jax.data.vocab import UNK_ID
 from mtn_jax.data.vocab import Vocab
 from mtn_jax.decoding import search
 from mtn_jax.inference import inputs
-from mtn_jax.inference import pipeline
+from mtn_jax.inference import sources
 from mtn_jax.models import copying
 from mtn_jax.models.base import decoder_io
 from mtn_jax.tasks import losses
@@ -146,3 +146,33 @@ def test_a_session_word_outside_the_vocabulary_is_suggested_verbatim(copy_model)
       trained, [context], dataclasses.replace(settings, exclude_session_queries=True),
       positions='last', batch_rows=1)
   assert user_facing == [s for s in ranked if s['query'] != 'zzyzx quokka']
+
+
+def test_the_generator_scores_its_own_beam_as_the_search_did(copy_model):
+  """The learned ranker's teacher-forced score of a candidate (`learned.candidate_log_probs`)
+  is the log-probability the beam search gave the same words (copied words outside the
+  vocabulary included, by extended id): without a length penalty the search's score is that
+  sum, and per token it is the sum over the words and `</s>` (none after a hypothesis of
+  the most tokens, which the search ends there)."""
+  from mtn_jax.inference import learned  # pylint: disable=g-import-not-at-top
+  cfg, _, params = copy_model
+  trained = inference.Trained(tasks.make_task(cfg, default.get_config().train), params, VOCAB,
+                              step=0, meta={})
+  settings = search.SearchSettings(beam_size=4, max_len=cfg.target_len, length_penalty=0.0,
+                                   emit_unk=True, top_k=4)
+  contexts = [inputs.Context(('w1 zq', 'w3 xv zq'), 0, {}), inputs.Context(('kk w4',), 0, {})]
+  beams = sources.generated(trained, contexts, settings, positions='all', batch_rows=2)
+  texts = [[[c['query'] for c in at] for at in lists] for lists in beams]
+  assert any('zq' in q.split() for lists in texts for at in lists for q in at)
+  scored = learned.candidate_log_probs(trained, contexts, texts, positions='all', batch_rows=2)
+  for lists, beam_lists, scores in zip(texts, beams, scored):
+    for at, beam, values in zip(lists, beam_lists, scores):
+      np.testing.assert_allclose(values[:, 0], [c['score'] for c in beam], rtol=1e-5,
+                                 atol=1e-5)
+      lengths = np.array([min(len(q.split()) + 1, cfg.target_len) for q in at])
+      np.testing.assert_allclose(values[:, 1], values[:, 0] / lengths, rtol=1e-6)
+  # A candidate scored after its context's last query only ('last') scores the same.
+  last = learned.candidate_log_probs(trained, contexts, [[t[-1]] for t in texts],
+                                     positions='last', batch_rows=2)
+  for lists, values in zip(scored, last):
+    np.testing.assert_allclose(values[0], lists[-1], rtol=1e-5, atol=1e-5)

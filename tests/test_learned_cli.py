@@ -14,7 +14,7 @@ from mtn_jax.serving import app as app_lib
 from mtn_jax.serving import service as service_lib
 from tests import cli
 from tests.test_polyencoder_cli import assert_decode_writes_what_eval_scored
-from tests.test_polyencoder_cli import read_jsonl
+from tests.lists import read_jsonl
 
 LEARNED = ('--config.suggest.strategy=learned', '--config.suggest.ranker_rounds=20',
            '--config.suggest.sources=generate:4,popular:4,cooccurring:4,templates:4')

@@ -147,14 +147,15 @@ def proposers(by_source: dict[str, list[dict]]) -> dict[str, list[str]]:
 
 def _candidate_ids(vocab, text: str, copied: Sequence[str], length: int) -> list[int]:
   """A candidate's token ids for teacher forcing: its words (a copying model's words outside
-  the vocabulary by extended id), then `</s>`, cut to `length`."""
+  the vocabulary by extended id), then `</s>` where it fits in `length` (a hypothesis of
+  `length` words ends there without it, as the search ends one)."""
   if vocab.kind == 'word':
     extended = {w: len(vocab) + k for k, w in enumerate(copied)}
     ids = [vocab.id(w) if vocab.id(w) != UNK_ID else extended.get(w, UNK_ID)
            for w in text.split()]
   else:
     ids = vocab.encode_text(text)
-  return ids[:length - 1] + [EOS_ID]
+  return ids[:length] + ([EOS_ID] if len(ids) < length else [])
 
 
 # Candidate sequences teacher-forced at a time: bounds the [sequences, tokens, vocabulary]
@@ -183,7 +184,7 @@ def candidate_log_probs(trained: inference.Trained, contexts: Sequence[Context],
       of this (one compiled shape per batch shape when it holds every list).
   Returns:
     [context][output position] float32 [candidates, 2]: the sum of log p over the
-    candidate's tokens and `</s>`, and that sum per token.
+    candidate's tokens and `</s>` (`_candidate_ids`), and that sum per token.
   """
   task, params, vocab = trained.task, trained.params, trained.vocab
   length = trained.cfg.target_len
@@ -212,13 +213,15 @@ def candidate_log_probs(trained: inference.Trained, contexts: Sequence[Context],
     memory = search.encode_sessions(task.model, params,
                                     {key: batch[key] for key in task.input_keys},
                                     rows.astype(np.int32))
-    # Rows a call at a time, the last chunk padded: one compiled shape per (rows, k).
+    # The rows that hold candidates, `chunk` a call, the last call padded with its last row:
+    # one compiled shape per (memory rows, k).
+    real = np.asarray(sorted(set(where.values())), np.int32)
     chunk = max(1, min(len(rows), SCORED_SEQUENCES // k))
     sums = np.zeros((len(rows), k), np.float32)
-    for start in range(0, len(rows), chunk):
-      take = np.minimum(np.arange(start, start + chunk), len(rows) - 1).astype(np.int32)
-      got = _rows_log_probs(task.model, params, memory, take, ids[take])
-      sums[start:start + chunk] = np.asarray(got)[:len(rows) - start]
+    for start in range(0, len(real), chunk):
+      take = real[np.minimum(np.arange(start, start + chunk), len(real) - 1)]
+      got = np.asarray(_rows_log_probs(task.model, params, memory, take, ids[take]))
+      sums[take] = got
     counted = (np.cumsum(ids == EOS_ID, axis=-1) == 0).sum(-1) + (ids == EOS_ID).any(-1)
     per_token = sums / np.maximum(counted, 1.0)
     for i, context in zip(group, group_contexts):

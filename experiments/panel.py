@@ -1,0 +1,129 @@
+"""A blind panel of suggestion lists (../shared/JUDGING.md): what a person sees in the top 5.
+
+  python experiments/panel.py make --workdir=W --out=P [--contexts=80] [config flags]
+  python experiments/panel.py score --out=P JUDGMENTS.json [JUDGMENTS.json ...]
+
+`make` draws `--contexts` (session prefix -> next query) contexts of the validation split
+(seeded), asks each suggester for its top 5 under the user-facing protocol, and writes
+P/items.md (each context's session and its lists shuffled, named A, B, C, ... per context, no
+system named) for the judges, and P/key.json (which list is which system) for `score`.
+Suggesters: the workdir's pipeline with each strategy of STRATEGIES, and MPC (the training
+log's most popular next queries).
+
+A judge returns JSON: {"<context number>": {"<list letter>": ["U"|"G"|"N", ... one per
+suggestion]}}: U useful, G garbled, N neither. `score` prints per system and judge the useful
+and garbled shares of the top 5 and the share of lists with at least two useful suggestions.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import sys
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+# pylint: disable=wrong-import-position
+from absl import flags
+from ml_collections import config_flags
+
+from mtn_jax.data import preprocess
+from mtn_jax.data import sessions
+from mtn_jax.inference import pipeline
+from mtn_jax.inference import popular
+from mtn_jax.inference.inputs import Context
+# pylint: enable=wrong-import-position
+
+STRATEGIES = ('learned', 'blend', 'generate')
+SHOWN = 5
+
+
+def make(args, config) -> None:
+  data_dir = preprocess.data_dir(os.path.abspath(args.workdir))
+  valid = sessions.load_split(data_dir, 'valid')
+  pairs = [(i, t) for i in range(valid.num_sessions)
+           for t in range(int(valid.lengths[i]) - 1)]
+  rng = random.Random(args.seed)
+  chosen = sorted(rng.sample(pairs, min(args.contexts, len(pairs))))
+  contexts = [Context(tuple(valid.session_texts(i)[:t + 1]), t, {}) for i, t in chosen]
+  lists = {}
+  config.decode.exclude_session_queries = True
+  for strategy in STRATEGIES:
+    config.suggest.strategy = strategy
+    pipe = pipeline.Pipeline.load(config, args.workdir)
+    shown = pipe.suggest(contexts, positions='last')
+    lists[strategy] = [[c['query'] for c in at[0]][:SHOWN] for at in shown]
+  counts = popular.LogCounts.of_workdir(args.workdir)
+  lists['mpc'] = [[q for q in counts.most_popular(SHOWN + len(c.queries))
+                   if q not in c.queries][:SHOWN] for c in contexts]
+  os.makedirs(args.out, exist_ok=True)
+  key, lines = {}, ['# Suggestion lists to judge', '',
+                    'For each context: the session so far (oldest first), then lists of up to '
+                    '5 suggestions. Rate every suggestion U (useful), G (garbled) or N '
+                    '(neither), as the rubric says.', '']
+  names = list(lists)
+  for n, context in enumerate(contexts, 1):
+    order = names[:]
+    rng.shuffle(order)
+    key[str(n)] = {chr(65 + j): name for j, name in enumerate(order)}
+    lines += [f'## Context {n}', '', 'Session: ' + ' | '.join(context.queries), '']
+    for j, name in enumerate(order):
+      shown = lists[name][n - 1]
+      lines.append(f'- List {chr(65 + j)}: ' + ('; '.join(f'{k}. {q}' for k, q in
+                                                         enumerate(shown, 1)) or '(empty)'))
+    lines.append('')
+  with open(os.path.join(args.out, 'items.md'), 'w', encoding='utf-8') as f:
+    f.write('\n'.join(lines))
+  with open(os.path.join(args.out, 'key.json'), 'w', encoding='utf-8') as f:
+    json.dump({'key': key, 'lists': lists,
+               'contexts': [list(c.queries) for c in contexts],
+               'references': [valid.session_texts(i)[t + 1] for i, t in chosen]}, f, indent=1)
+  print(f'{len(contexts)} contexts, {len(names)} lists each: {args.out}/items.md')
+
+
+def score(args) -> None:
+  with open(os.path.join(args.out, 'key.json'), encoding='utf-8') as f:
+    record = json.load(f)
+  key = record['key']
+  print('| system | judge | useful % | garbled % | lists with >= 2 useful % |\n'
+        '|---|---|---:|---:|---:|')
+  systems = sorted({name for letters in key.values() for name in letters.values()})
+  for path in args.judgments:
+    with open(path, encoding='utf-8') as f:
+      marks = json.load(f)
+    for system in systems:
+      useful = garbled = total = two = lists = 0
+      for n, letters in key.items():
+        letter = next(l for l, name in letters.items() if name == system)
+        labels = [m.upper()[:1] for m in marks.get(n, {}).get(letter, [])]
+        shown = len(record['lists'][system][int(n) - 1])
+        labels = labels[:shown]
+        useful += labels.count('U')
+        garbled += labels.count('G')
+        total += SHOWN
+        lists += 1
+        two += labels.count('U') >= 2
+      print(f'| {system} | {os.path.basename(path)} | {100 * useful / total:.1f} | '
+            f'{100 * garbled / total:.1f} | {100 * two / lists:.1f} |')
+
+
+def main() -> None:
+  parser = argparse.ArgumentParser(description=__doc__.split('\n')[0])
+  parser.add_argument('command', choices=('make', 'score'))
+  parser.add_argument('--workdir')
+  parser.add_argument('--out', required=True)
+  parser.add_argument('--contexts', type=int, default=80)
+  parser.add_argument('--seed', type=int, default=0)
+  parser.add_argument('judgments', nargs='*')
+  args, rest = parser.parse_known_args()
+  if args.command == 'score':
+    score(args)
+    return
+  config_flags.DEFINE_config_file('config', 'configs/aol.py:small')
+  flags.FLAGS(['panel', *rest])
+  make(args, flags.FLAGS.config)
+
+
+if __name__ == '__main__':
+  main()
