@@ -68,8 +68,10 @@ def main() -> None:
   config = flags.FLAGS.config
   config.suggest.strategy = 'learned'
   started = time.time()
-  groups = learned.cross_fitted_groups(config, args.workdir)
   plan = learned.parse_sources(config.suggest.sources)
+  # The candidates `fit` made (when it made them for these sources), or made again.
+  groups = (learned.load_groups(learned.ranker_dir(args.workdir), plan)
+            or learned.cross_fitted_groups(config, args.workdir))
   names = learned.feature_names([n for n, _ in plan])
   folds = config.suggest.ranker_folds
   references = groups.references

@@ -515,6 +515,34 @@ def cross_fitted_groups(config: ml_collections.ConfigDict, workdir: str, log=pri
                 out['references'], out['sessions'], out['lists'])
 
 
+def save_groups(groups: Groups, folder: str, plan: Sequence[tuple[str, int]]) -> None:
+  """`groups` as `folder`/groups.npz (the arrays) and groups.json (the texts), for studies
+  of the same candidates (`load_groups`)."""
+  os.makedirs(folder, exist_ok=True)
+  with files.atomic_path(os.path.join(folder, 'groups.npz'), suffix='.npz') as path:
+    np.savez(path, features=groups.features, labels=groups.labels, sizes=groups.sizes,
+             folds=groups.folds)
+  files.write_text(os.path.join(folder, 'groups.json'), json.dumps(
+      {'sources': [list(x) for x in plan], 'texts': groups.texts,
+       'references': groups.references, 'sessions': [list(s) for s in groups.sessions],
+       'lists': groups.lists}))
+
+
+def load_groups(folder: str, plan: Sequence[tuple[str, int]]) -> Groups | None:
+  """The groups `save_groups` wrote for the sources `plan`, or None."""
+  paths = [os.path.join(folder, name) for name in ('groups.npz', 'groups.json')]
+  if not all(os.path.exists(p) for p in paths):
+    return None
+  with open(paths[1], encoding='utf-8') as f:
+    texts = json.load(f)
+  if [tuple(x) for x in texts['sources']] != list(plan):
+    return None
+  with np.load(paths[0], allow_pickle=False) as arrays:
+    return Groups(arrays['features'], arrays['labels'], arrays['sizes'], arrays['folds'],
+                  texts['texts'], texts['references'],
+                  [tuple(s) for s in texts['sessions']], texts['lists'])
+
+
 def lightgbm_params(config: ml_collections.ConfigDict) -> dict:
   return {'objective': 'lambdarank', 'metric': 'ndcg', 'eval_at': [10],
           'learning_rate': 0.05, 'num_leaves': 31, 'min_data_in_leaf': 50,
@@ -554,6 +582,7 @@ def fit(config: ml_collections.ConfigDict, workdir: str, log=print) -> dict:
   log('Learned ranker: candidates and features of the training users\' pairs, each fold '
       'by the generator that never saw it.', flush=True)
   groups = cross_fitted_groups(config, workdir, log)
+  save_groups(groups, ranker_dir(workdir), plan)
   booster = train_booster(groups, np.ones(len(groups.sizes), bool), config, names)
   importance = booster.feature_importance(importance_type='gain')
   total = float(importance.sum()) or 1.0
