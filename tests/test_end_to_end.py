@@ -237,9 +237,9 @@ def test_interactive_scores_every_suggestion_with_the_aol_small_decode_settings(
   from configs import aol
   workdir, _ = mtn_run
   small = aol.get_config('small').decode
-  assert small.rerank == 'mbr+session'  # what this test is about
+  assert small.mbr == 'beam+session'  # what this test is about
   decode = [f'--config.decode.{key}={small[key]}'
-            for key in ('beam_size', 'top_k', 'length_penalty', 'block_repeats', 'rerank')]
+            for key in ('beam_size', 'top_k', 'length_penalty', 'block_repeats', 'mbr')]
   decode.append('--config.decode.exclude_session_queries=false')  # the paper's: they may show
   w = vocabulary_words(workdir, 6)
   typed = f'{w[0]}\n{w[1]} {w[2]}\n{w[0]}\n{w[3]} {w[4]}\n{w[5]}\n'

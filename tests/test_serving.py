@@ -101,7 +101,7 @@ def suggest_all(client, bodies, threads: int = 8):
 @pytest.mark.slow
 def test_suggestions_equal_decodes(workdir, service, client, tmp_path):
   """The service shows what --mode=decode writes for the same sessions: the user-facing
-  protocol by default, the paper's with config.serve.user_facing=False."""
+  protocol by default, the paper's with config.decode.exclude_session_queries=False."""
   sessions = sessions_of_every_length(service)
   decode_input = tmp_path / 'sessions.txt'
   decode_input.write_text(''.join('\t'.join(s) + '\n' for s in sessions))

@@ -67,7 +67,9 @@ def saved_model_config(meta: dict, model: ml_collections.ConfigDict) -> ModelCon
   architecture; their runtime fields come from `model` alone."""
   saved = meta.get('model_config', meta['model'])
   config_class = models.spec(saved['name']).config_class
-  runtime = {k: model[k] for k in config_class.RUNTIME_FIELDS}
+  # A config of another family (a ranker loaded by a recurrent generator's run) lacks some:
+  # those stay the checkpoint's.
+  runtime = {k: model[k] for k in config_class.RUNTIME_FIELDS if k in model}
   return config_class.from_fields({**runtime, **saved}, **runtime)
 
 
