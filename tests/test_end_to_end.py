@@ -303,7 +303,7 @@ def test_eval_decode_and_suggest_refuse_another_model_config(mtn_run, tmp_path):
     assert 'holds another model (model.d_model: checkpoint 16 vs config 32)' in refused.stderr
   assert (workdir / 'eval' / 'results.json').read_bytes() == results
   assert not output.exists()
-  result = cli.run(workdir, *RUN, *MTN, '--config.model.lstm_units=7',
+  result = cli.run(workdir, *RUN, *MTN, '--config.model.dropout=0.2',
                    '--config.model.scan_layers=False', '--config.decode.beam_size=4',
                    '--config.decode.top_k=2', *decode, mode='decode')
   assert 'Traceback' not in result.stderr and 'differs' not in result.stdout
