@@ -91,7 +91,7 @@ def _note_config_differences(cfg: ModelConfig, model: ml_collections.ConfigDict,
 
 
 # Fields of a model's config that its data decides, not `config.model`.
-DATA_SIZES = ('vocab_size', 'max_query_words', 'num_items', 'num_users')
+DATA_SIZES = ModelConfig.DATA_FIELDS
 
 
 def _step(manager, workdir: str, which: str) -> tuple[int, str]:
