@@ -1,17 +1,22 @@
-"""Every key a run can set, with the paper's values where the paper gives one.
+"""The keys every run shares, with the paper's values where the paper gives one.
 
-Other config files start from `get_config()` here and change what they need, so a key has
-one name and one meaning everywhere; `mtn_jax.config_lib.validate` checks values before
-any work starts.
+Config files start from `get_config(MODEL)` here and change what they need, so a key has one
+name and one meaning everywhere. `config.model` holds what every model reads; each model
+family's own keys are in configs/families.py and come with the model's name:
+`--config=configs/default.py:mtn` is MTN with every default. `mtn_jax.config_lib.validate`
+checks values before any work starts.
 """
 
 import ml_collections
 
+from configs import families
+
 
 def get_config(variant: str = '') -> ml_collections.ConfigDict:
-  if variant:
-    raise ValueError(f'configs/default.py: unknown variant {variant!r} (it has none: use '
-                     '--config=configs/default.py)')
+  """The shared keys; with `variant` a model's name, that model and its family's keys."""
+  if variant and variant not in families.FAMILIES:
+    raise ValueError(f'configs/default.py: unknown variant {variant!r} (a model: '
+                     + ', '.join(families.FAMILIES) + ')')
   c = ml_collections.ConfigDict()
   c.seed = 0  # data order, initialisation and dropout all derive from it
 
@@ -62,74 +67,18 @@ def get_config(variant: str = '') -> ml_collections.ConfigDict:
   c.input.worker_count = 0  # grain worker processes (0: in the main process)
   c.input.prefetch_batches = 2  # batches put on the devices ahead of the step
 
+  # What every model reads; a model's own keys come with its family (configs/families.py):
+  # `--config=configs/default.py:NAME`, or a config file of the model.
   c.model = ml_collections.ConfigDict()
-  c.model.name = 'mtn'  # see mtn_jax.models.REGISTRY
-  c.model.emb_dim = 512  # word embedding size; projected to d_model when it differs
-  c.model.d_model = 512
-  c.model.num_heads = 8
-  c.model.ff_dim = 1024
-  c.model.query_layers = 3  # MTN query encoder / Transformer encoder depth
-  c.model.session_layers = 2  # layers of each masked session encoder
-  c.model.num_levels = 2  # K: a K-level MTN stacks K-1 masked session encoders
-  c.model.decoder_layers = 3
+  c.model.name = ''  # see mtn_jax.models.REGISTRY; set by families.use
+  c.model.emb_dim = 512  # word embedding size
   c.model.dropout = 0.1  # rounded to a multiple of 2**-16 (mtn_jax/models/dropout.py)
   # False: the encoder and the decoder each learn a word table, as the paper's model sizes
   # imply; True: one table serves both.
   c.model.share_embeddings = False
   c.model.tie_embeddings = False  # True: the output layer is the decoder's word table
-  c.model.pre_norm = False  # the paper is post-norm
-  c.model.learned_positions = False  # sinusoidal position encodings, as in Vaswani et al.
-  c.model.scan_layers = True  # nn.scan over layer stacks: flat compile time with depth
-  # Under scan_layers, layers per iteration of the compiled loop: the stacks' depth unrolls it
-  # (same parameters and random draws, one loop's overhead less; compile time grows with depth).
-  c.model.scan_unroll = 1
-  c.model.remat = 'none'  # 'none' | 'full' | 'dots': nn.remat policy inside the scan
   c.model.compute_dtype = 'float32'  # 'bfloat16': bf16 compute, fp32 params and loss
-  # MTN and Transformer: a copy head mixes the session's words (those outside the vocabulary
-  # too) into the output distribution (mtn_jax/models/copying.py).
-  c.model.copy = False
-  c.model.lstm_units = 256  # recurrent baselines: units per direction
-  # Iterative multi-document neural attention (name 'imdna', mtn_jax/models/imdna.py): GRU
-  # units per direction and inference state, inference steps T, the prediction network's
-  # hidden units (the slides' 128, 3, 4096); 'attention' (the model) or 'embeddings' (the
-  # supervised-embedding baseline, which reads no document).
-  c.model.state_dim = 128
-  c.model.inference_steps = 3
-  c.model.hidden_units = 4096
-  c.model.reader = 'attention'
-  # MTN: a memory of the user's earlier queries (config.data.history_queries) as one more slot
-  # the decoder attends to: 'none', 'attention' (AEM's eq. 9) or 'zero_attention' (ZAM's
-  # eq. 11, which may attend to nothing). mtn_jax/models/user_memory.py.
-  c.model.user_memory = 'none'
-  # The zero attention family (name 'zam', mtn_jax/models/zam.py), rankers of the training
-  # split's distinct queries: 'qem' (no user), 'hem' (a vector per user), 'aem' (attention
-  # over the user's earlier queries) or 'zam' (the same with a zero vector).
-  c.model.user_model = 'zam'
-  c.model.attention_hidden = 8  # b, hidden units of the attention function f(q, i) (eq. 10)
-  c.model.query_from = 'last'  # 'last': the latest query; 'session': every word so far
-  c.model.item_negatives = 10  # k candidates sampled per context (eq. 14)
-  c.model.word_negatives = 5  # k words sampled per word of a candidate (eq. 14)
   c.model.max_session_queries = 16  # query-position table size (>= data.max_session_queries)
-  # Bi-, Poly- and Cross-encoders (names 'biencoder', 'polyencoder', 'crossencoder',
-  # mtn_jax/models/polyencoder.py), rankers of the training split's distinct queries. The
-  # context encoder of the first two: 'flat' (the Transformer's, over q_0 <sep> ... q_t) or
-  # 'mtn' (MTN's query and session encoders); query_layers (and session_layers) set depths.
-  c.model.context_encoder = 'flat'
-  c.model.poly_codes = 16  # m, the Poly-encoder's learned codes (16, 64, 360 in the paper)
-  c.model.cross_negatives = 15  # pool entries drawn per context to train the Cross-encoder
-  # Bi- and Poly-encoders: pool entries drawn uniformly per batch as negatives of every
-  # context, beside the batch's own next queries (mtn_jax/tasks/rankers.py).
-  c.model.pool_negatives = 0
-  # Every ranker: the session's queries so far are candidates too, and every candidate's
-  # target is graded by its n-gram overlap with the true next query.
-  c.model.session_candidates = False
-  # Bi- and Poly-encoders: the K pool entries sharing the most words with each context's
-  # session (BM25, its own queries left out) as its hard negatives.
-  c.model.lexical_negatives = 0
-  # Bi- and Poly-encoders: True divides the final score y_ctx . y_cand by sqrt(d_model), for
-  # encoders trained from scratch (mtn_jax/models/polyencoder.py: with the plain dot product
-  # the demo's tiny encoders collapsed to one candidate vector); False is the paper's score.
-  c.model.scaled_scores = False
 
   c.train = ml_collections.ConfigDict()
   c.train.num_epochs = 5  # model selection = best validation loss within these epochs
@@ -175,13 +124,15 @@ def get_config(variant: str = '') -> ml_collections.ConfigDict:
   # True: a suggestion never holds a word twice (queries almost never do; a copy mixture
   # otherwise loops on the word it copies).
   c.decode.block_repeats = False
-  # 'none': the beam's order; 'mbr': its suggestions reordered by minimum Bayes risk (expected
-  # BLEU against the beam); 'mbr+session': the session's queries are candidates too
-  # (mtn_jax/decoding/mbr.py).
-  c.decode.rerank = 'none'
+  # Minimum Bayes risk (mtn_jax/decoding/mbr.py): the lists reordered by expected BLEU
+  # against their own candidates, comma-separated. 'beam': the generator's beam (every
+  # strategy that reads it), 'beam+session' the same with the session's queries among the
+  # candidates; 'ranker': the pooled candidates of suggest.strategy='rerank', under the
+  # ranker's softmax. 'none': no list.
+  c.decode.mbr = 'none'
   # True: never offer a query the session already holds (the user-facing protocol); False:
   # the paper's protocol (a session's query may come back). Unset: per mode, --mode=suggest
-  # user-facing (as --mode=serve), --mode=decode the paper's. Evaluation reports both
+  # and --mode=serve user-facing, --mode=decode the paper's. Evaluation reports both
   # protocols side by side, whatever this says.
   c.decode.exclude_session_queries = ml_collections.config_dict.placeholder(bool)
   c.decode.batch_sessions = 64
@@ -213,9 +164,6 @@ def get_config(variant: str = '') -> ml_collections.ConfigDict:
   # `cooccurring` queries that most often followed the previous query, then MPC. 0: none.
   c.suggest.popular = 0
   c.suggest.cooccurring = 0
-  # 'rerank': True orders the pooled candidates by expected BLEU under the ranker's softmax
-  # (minimum Bayes risk, mtn_jax/decoding/mbr.py) instead of by the ranker's score.
-  c.suggest.mbr = False
   # 'blend': the generator's beam and the training log's lists by quotas, in order: the first
   # N of each SOURCE (generate: the beam; popular: the most popular next queries;
   # cooccurring: the queries that most often followed the previous one), then the rest of
@@ -285,29 +233,9 @@ def get_config(variant: str = '') -> ml_collections.ConfigDict:
   c.serve.compile_cache = 'serve/compile_cache'
   # '': /admin/reload answers loopback clients only; else any client with this bearer token.
   c.serve.admin_token = ''
-  # True: no query of the session is suggested again (the user-facing protocol); False: the
-  # paper's protocol (config.decode.exclude_session_queries is not read by the service).
-  c.serve.user_facing = True
 
   c.report = ml_collections.ConfigDict()
   c.report.workdirs = ''  # comma-separated workdirs for --mode=report ('': the --workdir)
   c.report.output = ''  # default: <workdir>/report
 
-  # The generated movie knowledge base (data.source='movies', mtn_jax/data/synthetic/movies.py).
-  c.movies = ml_collections.ConfigDict()
-  c.movies.num_movies = 1000
-  c.movies.num_users = 3000  # one recommendation question each
-  c.movies.seed = 0
-
-  # The IMDNA task (mtn_jax/tasks/imdna.py): 'qa' or 'recs' on the movie knowledge base, or
-  # 'aol' (a session corpus); K documents retrieved by BM25 (k1, b) per question; documents
-  # and questions cut to these many words; questions per batch.
-  c.imdna = ml_collections.ConfigDict()
-  c.imdna.task = 'qa'
-  c.imdna.num_documents = 30
-  c.imdna.max_document_words = 24
-  c.imdna.max_question_words = 16
-  c.imdna.batch_size = 32
-  c.imdna.bm25_k1 = 1.2
-  c.imdna.bm25_b = 0.75
-  return c
+  return families.use(c, variant) if variant else c

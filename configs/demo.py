@@ -10,11 +10,10 @@ def get_config(variant: str = ''):
   if variant:
     raise ValueError(f'configs/demo.py: unknown variant {variant!r} (it has none: use '
                      '--config=configs/demo.py)')
-  c = default.get_config()
+  c = default.get_config('mtn')
   c.data.source = 'demo'
   c.data.demo_users = 1500
   c.data.min_word_count = 2
-  c.model.name = 'mtn'
   c.model.emb_dim = 64
   c.model.d_model = 64
   c.model.num_heads = 4
@@ -22,7 +21,6 @@ def get_config(variant: str = ''):
   c.model.query_layers = 2
   c.model.session_layers = 1
   c.model.decoder_layers = 2
-  c.model.lstm_units = 32
   # The 2-layer stacks' loops unrolled: the same parameters, masks and function, faster on a
   # 2-core CPU (docs/PERFORMANCE.md, "Training on a 2-core CPU"); results move only by float
   # rounding.

@@ -12,21 +12,21 @@ supervised-embedding baseline on the same questions.
 """
 
 from configs import aol
+from configs import families
 from configs import imdna_movies
 
 
 def get_config(variant: str = ''):
   if variant not in ('', 'embeddings'):
     raise ValueError(f'configs/imdna_aol.py: unknown variant {variant!r} (known: embeddings)')
-  c = aol.get_config('small')
+  c = families.use(aol.get_config('small'), 'imdna')
+  imdna_movies.add_task(c)
   c.imdna.task = 'aol'
   c.imdna.num_documents = 30  # K
   c.imdna.max_document_words = 40  # a session of up to 5 queries and their <sep>s, cut
   c.imdna.max_question_words = 40  # the session so far (its latest words kept)
 
-  c.model.name = 'imdna'
   c.model.reader = variant or 'attention'
-  c.model.copy = False
   c.model.emb_dim = 64
   c.model.hidden_units = 1024  # the vocabulary is both input and output here
   c.model.dropout = 0.1

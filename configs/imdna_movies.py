@@ -9,6 +9,8 @@ Variants: '' or 'qa' (factoid questions, HITS@1), 'recs' (recommendations, HITS@
 them: state 128, T = 3 inference steps, K = 30 documents, a 4,096-unit hidden layer.
 """
 
+import ml_collections
+
 from configs import default
 
 _VARIANTS = ('', 'qa', 'recs', 'test')
@@ -19,17 +21,15 @@ def get_config(variant: str = ''):
   if task not in _VARIANTS or reader not in ('', 'embeddings'):
     raise ValueError(f'configs/imdna_movies.py: unknown variant {variant!r} (known: qa, recs, '
                      'test, each optionally +embeddings)')
-  c = default.get_config()
+  c = default.get_config('imdna')
   c.data.source = 'movies'
-  c.movies.num_movies = 1000
-  c.movies.num_users = 3000  # one Recs question each
-  c.movies.seed = 0
+  add_movies(c)
+  add_task(c)
   c.imdna.task = 'recs' if task == 'recs' else 'qa'
   c.imdna.num_documents = 30  # K
   c.imdna.max_document_words = 24  # a movie's document has at most 21 words
   c.imdna.max_question_words = 16
 
-  c.model.name = 'imdna'
   c.model.reader = reader or 'attention'
   c.model.emb_dim = 64
   c.model.dropout = 0.1
@@ -54,6 +54,29 @@ def get_config(variant: str = ''):
     c.train.log_every_steps = 5
     c.train.checkpoint_every_steps = 10
   return c
+
+
+def add_movies(c):
+  """config.movies: the generated movie knowledge base (config.data.source='movies',
+  mtn_jax/data/synthetic/movies.py)."""
+  c.movies = ml_collections.ConfigDict()
+  c.movies.num_movies = 1000
+  c.movies.num_users = 3000  # one recommendation question each
+  c.movies.seed = 0
+
+
+def add_task(c):
+  """config.imdna: the IMDNA task (mtn_jax/tasks/imdna.py): 'qa' or 'recs' on the movie
+  knowledge base, or 'aol' (a session corpus); K documents retrieved by BM25 (k1, b) per
+  question; documents and questions cut to these many words; questions per batch."""
+  c.imdna = ml_collections.ConfigDict()
+  c.imdna.task = 'qa'
+  c.imdna.num_documents = 30
+  c.imdna.max_document_words = 24
+  c.imdna.max_question_words = 16
+  c.imdna.batch_size = 32
+  c.imdna.bm25_k1 = 1.2
+  c.imdna.bm25_b = 0.75
 
 
 def apply_training(c):

@@ -42,8 +42,9 @@ def get_config(variant: str = ''):
   if variant not in _VARIANTS:
     raise ValueError(f'configs/polyencoder_aol.py: unknown variant {variant!r} (expected one '
                      'of ' + ', '.join(repr(v) for v in _VARIANTS) + ')')
-  c = default.get_config()
-  c.model.name, c.model.poly_codes = _VARIANTS[variant]
+  name, poly_codes = _VARIANTS[variant]
+  c = default.get_config(name)
+  c.model.poly_codes = poly_codes
   c.model.emb_dim = 128
   c.model.d_model = 128
   c.model.num_heads = 4

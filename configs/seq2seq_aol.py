@@ -23,8 +23,7 @@ def recurrent_config(model_name: str, variant: str, config_file: str
 
   `config_file` names the calling file in the error for an unknown variant.
   """
-  c = default.get_config()
-  c.model.name = model_name
+  c = default.get_config(model_name)
   c.model.emb_dim = 300
   c.model.lstm_units = 256  # per direction: a 512-d bidirectional state
   c.model.dropout = 0.1

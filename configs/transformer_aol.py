@@ -11,12 +11,10 @@ from configs import default
 
 
 def get_config(variant: str = ''):
-  c = default.get_config()
-  c.model.name = 'transformer'
+  c = default.get_config('transformer')
   c.model.emb_dim = 300
   c.model.query_layers = 4  # encoder depth
   c.model.decoder_layers = 4
-  c.model.session_layers = 0
   c.train.label_smoothing = 0.0  # "little to no smoothing" for the Transformer
   c.input.train_queries_per_batch = 2048
   c.input.eval_queries_per_batch = 4096

@@ -18,22 +18,19 @@ _MTN = {'mtn': 'none', 'mtn_aem': 'attention', 'mtn_zam': 'zero_attention'}
 
 
 def get_config(variant: str = ''):
-  c = default.get_config()
-  c.data.split_by = 'time'
-  c.data.history_queries = 20
   variant = variant or 'zam'
-  if variant in _MTN:
-    aol.apply_small(c)
-    c.model.name = 'mtn'
-    c.model.user_memory = _MTN[variant]
-    return c
-  if variant not in _FAMILY + ('demo',):
+  if variant not in _FAMILY + tuple(_MTN) + ('demo',):
     raise ValueError(f'configs/zam_aol.py: unknown variant {variant!r} (expected one of '
                      + ', '.join(_FAMILY + tuple(_MTN) + ('demo',)) + ')')
-  c.model.name = 'zam'
+  c = default.get_config('mtn' if variant in _MTN else 'zam')
+  c.data.split_by = 'time'
+  c.data.history_queries = 20
+  if variant in _MTN:
+    aol.apply_small(c)
+    c.model.user_memory = _MTN[variant]
+    return c
   c.model.user_model = 'zam' if variant == 'demo' else variant
   c.model.emb_dim = 64
-  c.model.d_model = 64  # unused by the family; the learning-rate schedule is constant
   c.model.attention_hidden = 8
   c.model.item_negatives = 10
   c.model.word_negatives = 5

@@ -31,15 +31,18 @@ import time
 from collections.abc import Mapping
 
 # The sizes of the tests (tests/cli.py), written out: the record must not move with them.
+# `config.model` holds the keys of its model's family only: the attention models' sizes go to
+# the generator (MTN) and the Poly-encoder, not to IMDNA, which reads none of them.
 TINY = ('--config.data.demo_users=150', '--config.data.max_session_queries=3',
         '--config.data.min_word_count=2', '--config.model.emb_dim=16',
-        '--config.model.d_model=16', '--config.model.num_heads=2', '--config.model.ff_dim=32',
-        '--config.model.query_layers=1', '--config.model.session_layers=1',
-        '--config.model.decoder_layers=1', '--config.model.scan_layers=False',
-        '--config.model.lstm_units=8', '--config.train.warmup_steps=10',
+        '--config.train.warmup_steps=10',
         '--config.train.learning_rate=0.3', '--config.input.train_queries_per_batch=240',
         '--config.input.eval_queries_per_batch=480', '--config.decode.batch_sessions=32',
         '--config.decode.max_eval_sessions=16')
+ATTENTION = TINY + (
+    '--config.model.d_model=16', '--config.model.num_heads=2', '--config.model.ff_dim=32',
+    '--config.model.query_layers=1', '--config.model.session_layers=1',
+    '--config.model.decoder_layers=1', '--config.model.scan_layers=False')
 RANKER = 'configs/polyencoder_aol.py:demo'
 IMDNA = ('--config.data.source=demo', '--config.model.emb_dim=8', '--config.model.state_dim=8',
          '--config.model.hidden_units=16', '--config.imdna.num_documents=4',
@@ -105,7 +108,7 @@ def eval_prefix(strategy: str) -> str:
 def _decoded(repo, workdir: pathlib.Path, sessions_file: pathlib.Path, tag: str,
              *args: str) -> list:
   output = workdir / f'decoded_{tag}.jsonl'
-  _run(repo, workdir, *TINY, *args, f'--config.decode.input={sessions_file}',
+  _run(repo, workdir, *ATTENTION, *args, f'--config.decode.input={sessions_file}',
        f'--config.decode.output={output}', mode='decode')
   return [{'context': r['context'], 'suggestions': r['suggestions']} for r in _jsonl(output)]
 
@@ -114,26 +117,26 @@ def record(repo: str, root: pathlib.Path, ranker_args: list[str]) -> dict:
   """Trains, evaluates and decodes every family and strategy; returns what they gave."""
   out: dict[str, dict] = {}
   generator, poly, imdna, zam = (root / n for n in ('generator', 'poly', 'imdna', 'zam'))
-  _run(repo, generator, *TINY, '--config.train.max_steps=4')
-  _run(repo, poly, *TINY, *ranker_args, '--config.train.max_steps=6', config=RANKER)
+  _run(repo, generator, *ATTENTION, '--config.train.max_steps=4')
+  _run(repo, poly, *ATTENTION, *ranker_args, '--config.train.max_steps=6', config=RANKER)
   _run(repo, imdna, *TINY, *IMDNA, config='configs/imdna_aol.py')
   _run(repo, zam, *ZAM, config='configs/zam_aol.py:demo')
   # The sessions decoded: the test split's contexts, as eval lists them.
-  _run(repo, generator, *TINY, mode='eval')
+  _run(repo, generator, *ATTENTION, mode='eval')
   contexts = [s['context'] for s in _jsonl(generator / 'eval' / 'samples.jsonl')]
   sessions_file = root / 'sessions.txt'
   sessions_file.write_text(''.join('\t'.join(c) + '\n' for c in contexts))
 
   for name, args in strategies(poly, imdna).items():
     started = time.time()
-    _run(repo, generator, *TINY, *args, mode='eval')
+    _run(repo, generator, *ATTENTION, *args, mode='eval')
     out[name] = {'eval': evaluated(generator, eval_prefix(name))}
     for exclude in (False, True):
       out[name][f'decode_exclude_{exclude}'] = _decoded(
           repo, generator, sessions_file, f'{name}_{exclude}', *args,
           f'--config.decode.exclude_session_queries={exclude}')
     print(f'{name}: {time.time() - started:.0f} s', flush=True)
-  _run(repo, poly, *TINY, *ranker_args, mode='eval', config=RANKER)
+  _run(repo, poly, *ATTENTION, *ranker_args, mode='eval', config=RANKER)
   out['ranker'] = {'eval': evaluated(poly)}
   _run(repo, imdna, *TINY, *IMDNA, mode='eval', config='configs/imdna_aol.py')
   out['imdna'] = {'eval': evaluated(imdna)}

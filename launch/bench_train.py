@@ -252,7 +252,7 @@ def step_flops(model_cfg: ModelConfig, config: ml_collections.ConfigDict,
       (from the two lowerings) times its slots. GFLOP/s and MFU use this count.
   """
   task = tasks.make_task(model_cfg.replace(scan_layers=False), config.train)
-  optimizer = train.make_optimizer(config.train, config.model.d_model)
+  optimizer = train.make_optimizer(config.train, config.model.get('d_model'))
   mesh = parallel.make_mesh()
   cpus = jax.devices('cpu')
   if jax.default_backend() != 'cpu' and len(cpus) >= mesh.size:
@@ -317,7 +317,7 @@ class JaxStep:
     self.model = task.model
     self.mesh = parallel.make_mesh()
     self.steps_per_call = steps_per_call
-    optimizer = train.make_optimizer(config.train, config.model.d_model)
+    optimizer = train.make_optimizer(config.train, config.model.get('d_model'))
     self.state = train.create_state(task, optimizer, seed, self.mesh)
     replicated = parallel.replicated(self.mesh)
     one_step = step_function(task, optimizer)

@@ -124,6 +124,14 @@ RETIRED_KEYS = {
     'suggest.previous_query_bias': 'the bias chosen on validation did not carry over to the '
                                    'test split (docs/RESULTS.md, "Retired")',
 }
+# Config keys another key replaced (one switch per idea): an override of one fails naming it.
+REPLACED_KEYS = {
+    'decode.rerank': "config.decode.mbr ('mbr' is now 'beam', 'mbr+session' 'beam+session')",
+    'suggest.mbr': "config.decode.mbr (True is now 'ranker', beside the beam's: "
+                   "'beam+session,ranker')",
+    'serve.user_facing': 'config.decode.exclude_session_queries (unset, the service is '
+                         'user-facing; False: the paper\'s protocol)',
+}
 
 _CONFIG_FILE_ERROR = re.compile(
     r'^flag (--config=\S*): Error whilst parsing config file: (\w+): (.*)$')
@@ -154,9 +162,15 @@ def _flag_error_message(error: BaseException, argv) -> str:
       name = arg.lstrip('-').split('=', 1)[0]
       if name.removeprefix('config.') in RETIRED_KEYS:
         return (f'--{name} was removed: {RETIRED_KEYS[name.removeprefix("config.")]}')
+      if name.removeprefix('config.') in REPLACED_KEYS:
+        return (f'--{name} was replaced by {REPLACED_KEYS[name.removeprefix("config.")]}')
       parts = name.split('.')
       if parts[0] == 'config' and key in parts[1:]:
         parent = '.'.join(parts[:parts.index(key, 1)])
+        readers = _models_reading(key) if parent == 'config.model' else None
+        if readers:
+          return (f'--{name}: config.model has no key {key!r}: only {readers} read it, '
+                  'not this config\'s model (configs/families.py)')
         return (f'--{name}: {parent} has no key {key!r}. '
                 + (hint or 'configs/default.py lists every key.'))
   return text.removeprefix('flag ')
@@ -311,27 +325,54 @@ def _flags_help() -> str:
   return '\n'.join(lines)
 
 
+def _configs_module(name: str):
+  """configs/<name>.py of the checkout this package lies in, or None where there is none."""
+  root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+  if not os.path.isfile(os.path.join(root, 'configs', f'{name}.py')):
+    return None
+  if root not in sys.path:
+    sys.path.insert(0, root)  # the config files import each other as `configs.<name>`
+  try:
+    return importlib.import_module(f'configs.{name}')
+  except ImportError:  # another package named configs comes first
+    return None
+
+
+def _models_reading(key: str) -> str | None:
+  """The models whose family has `config.model.<key>` ('seq2seq, hred, mnsrf'), or None."""
+  families = _configs_module('families')
+  if families is None:
+    return None
+  return ', '.join(name for name in families.FAMILIES if key in families.keys(name)) or None
+
+
 def _config_keys() -> str:
-  """Every section of configs/default.py's config and its keys, read from the file itself."""
+  """Every section of configs/default.py's config and its keys, then each model family's
+  keys under config.model (configs/families.py), read from the files themselves."""
   intro = ('Every key of the config file can be overridden on the command line, e.g.\n'
            '--config.model.num_heads=8 --config.decode.beam_size=10 (a config file is\n'
-           'configs/default.py with changes; default.py gives each key its meaning):')
-  path = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), 'configs',
-                      'default.py')
-  try:
-    spec = importlib.util.spec_from_file_location('_mtn_jax_default_config', path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    config = module.get_config()
-  except (OSError, AttributeError, ImportError):  # not beside a checkout of the repository
+           'configs/default.py with a model\'s keys and changes; default.py and\n'
+           'configs/families.py give each key its meaning):')
+  default, families = _configs_module('default'), _configs_module('families')
+  if default is None or families is None:  # not beside a checkout of the repository
     return intro
+  config = default.get_config()
   lines = [intro]
   top = [key for key, value in config.items() if not hasattr(value, 'items')]
   if top:
     lines.append(f'  config.{", config.".join(top)}')
   for section, value in config.items():
     if hasattr(value, 'items'):
+      label = 'model (every model)' if section == 'model' else section
       lines.append(textwrap.fill(', '.join(value.keys()), width=92,
-                                 initial_indent=f'  config.{section}: ',
+                                 initial_indent=f'  config.{label}: ',
                                  subsequent_indent=' ' * 6))
+  lines.append('  config.model, each family\'s own (--config=configs/default.py:MODEL gives '
+               'them):')
+  for family, (models, keys) in families.families().items():
+    lines.append(textwrap.fill(', '.join(keys), width=92,
+                               initial_indent=f'    {family} ({", ".join(models)}): ',
+                               subsequent_indent=' ' * 8))
+  lines.append('  config.imdna, config.movies: the IMDNA task and the movie knowledge base\n'
+               '      (configs/imdna_movies.py)')
   return '\n'.join(lines)

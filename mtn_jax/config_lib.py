@@ -12,6 +12,7 @@ from __future__ import annotations
 import ml_collections
 
 from mtn_jax import errors
+from mtn_jax.data import aol_log
 
 MODES = ('all', 'preprocess', 'train', 'eval', 'decode', 'suggest', 'serve', 'report')
 RANKERS = ('biencoder', 'polyencoder', 'crossencoder')
@@ -45,6 +46,9 @@ def validate(config: ml_collections.ConfigDict, mode: str = 'all') -> None:
 def _check_data(config, mode: str) -> None:
   d = config.data
   _choice(config, 'data.source', ('aol', 'demo', 'movies'))
+  if d.source == 'movies' and 'movies' not in config:
+    raise ConfigError("config.data.source='movies' reads config.movies, which this config "
+                      'has none of: use configs/imdna_movies.py')
   if d.source != 'aol' and d.raw_files:
     raise ConfigError('config.data.raw_files is read only when config.data.source is '
                       f"'aol', but it is {d.source!r}: leave raw_files empty, or use a config "
@@ -52,7 +56,7 @@ def _check_data(config, mode: str) -> None:
   if d.source == 'aol' and not d.raw_files and mode in ('all', 'preprocess', 'train'):
     raise ConfigError('config.data.raw_files is empty: pass --config.data.raw_files='
                       'PATH_OR_GLOB (AOL-format log files), or use configs/demo.py')
-  _choice(config, 'data.long_query', ('drop_session', 'split_session', 'truncate'))
+  _choice(config, 'data.long_query', aol_log.LONG_QUERY_POLICIES)
   _positive(config, ['data.session_gap_minutes', 'data.max_query_words',
                      'data.min_session_queries', 'data.max_session_queries',
                      'data.min_word_count', 'data.demo_users'])
@@ -89,10 +93,19 @@ def _check_model(config):
   # The registry imports the models, and with them JAX.
   from mtn_jax import models  # pylint: disable=g-import-not-at-top
   m, d = config.model, config.data
+  if not m.name:
+    raise ConfigError('config.model.name is empty: start from a model\'s config file '
+                      '(configs/demo.py, configs/aol.py, ...) or name one, '
+                      '--config=configs/default.py:mtn')
   if m.name not in models.REGISTRY:
     raise ConfigError(f'config.model.name {m.name!r} is not a model; known: '
                       + ', '.join(models.REGISTRY))
   model_class = models.REGISTRY[m.name].config_class
+  missing = [k for k in model_class.config_keys() if k not in m]
+  if missing:
+    raise ConfigError(f'config.model has no key {missing[0]!r}, which {m.name!r} reads: a '
+                      'config of another model family; start from a config file of '
+                      f'{m.name!r} (or --config=configs/default.py:{m.name})')
   model_class.check(m)
   if model_class.reads_user_history(m) and d.history_queries == 0:
     raise ConfigError('config.data.history_queries is 0, but the model reads each user\'s '
@@ -104,10 +117,20 @@ def _check_model(config):
 
 
 def _check_suggest(config) -> None:
+  # Imported here: the inference modules import JAX, which preprocessing runs without.
+  from mtn_jax.decoding import mbr  # pylint: disable=g-import-not-at-top
+  from mtn_jax.inference import pipeline  # pylint: disable=g-import-not-at-top
+  from mtn_jax.inference import retrieval  # pylint: disable=g-import-not-at-top
   s, name = config.suggest, config.model.name
-  _choice(config, 'suggest.strategy', ('generate', 'retrieve', 'rerank', 'blend', 'learned'))
+  _choice(config, 'suggest.strategy', pipeline.STRATEGIES)
+  try:
+    _, ranker_mbr = mbr.parse(config.decode.mbr)
+  except ValueError as e:
+    raise ConfigError(f'config.decode.mbr={config.decode.mbr!r}: {e}') from None
+  if ranker_mbr and s.strategy != 'rerank':
+    raise ConfigError("config.decode.mbr 'ranker' reorders the pooled candidates of 'rerank', "
+                      f'but config.suggest.strategy is {s.strategy!r}')
   if s.strategy in ('blend', 'learned'):  # 'learned' falls back to the blend without a ranker
-    from mtn_jax.inference import pipeline  # pylint: disable=g-import-not-at-top
     try:
       pipeline.parse_blend(s.blend)
     except ValueError as e:
@@ -138,11 +161,11 @@ def _check_suggest(config) -> None:
     if s.habit_min_past < 0:
       raise ConfigError(f'config.suggest.habit_min_past must be >= 0, got {s.habit_min_past}')
   else:
-    for key in ('imdna_workdir', 'mbr', 'habit_rate', 'popular', 'cooccurring'):
+    for key in ('imdna_workdir', 'habit_rate', 'popular', 'cooccurring'):
       if s[key]:
         raise ConfigError(f'config.suggest.{key} is read by \'rerank\' only, but '
                           f'config.suggest.strategy is {s.strategy!r}')
-  _choice(config, 'suggest.index', ('exact', 'usearch'))
+  _choice(config, 'suggest.index', retrieval.INDEX_KINDS)
   # The ranker of 'generate' is the workdir's own model; another workdir's is checked when it
   # is loaded (`ranking.check_index`).
   if s.index == 'usearch' and s.strategy == 'generate' and name in ('polyencoder',
@@ -159,6 +182,10 @@ def _check_train(config, model_class) -> None:
                      'train.loss_chunk_tokens'])
   _choice(config, 'train.schedule', ('transformer', 'constant'))
   if t.schedule == 'transformer':
+    if 'd_model' not in m:
+      raise ConfigError("config.train.schedule='transformer' scales the rate by "
+                        f"config.model.d_model ** -0.5, and {m.name!r} has no d_model: use "
+                        "'constant'")
     _positive(config, ['model.d_model'])  # the schedule's scale is d_model ** -0.5
     if t.warmup_steps <= 0:
       raise ConfigError('config.train.warmup_steps must be positive with the transformer '
@@ -193,7 +220,6 @@ def _check_decode(config, mode: str) -> None:
   _positive(config, ['decode.beam_size', 'decode.max_len', 'decode.top_k',
                      'decode.batch_sessions'])
   _choice(config, 'decode.eval_split', ('test', 'valid'))
-  _choice(config, 'decode.rerank', ('none', 'mbr', 'mbr+session'))
   if dc.top_k > dc.beam_size:
     raise ConfigError(f'config.decode.top_k ({dc.top_k}) cannot exceed '
                       f'config.decode.beam_size ({dc.beam_size})')

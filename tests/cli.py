@@ -20,6 +20,8 @@ from tests.conftest import REPO  # re-exported for tests
 # persistent cache saves only the compilation); tests of several buckets ask for them. Layer
 # stacks of one layer run as a loop: `nn.scan` buys nothing at one layer and costs a run 3 s of
 # tracing (two steps: 12.6 s -> 9.7 s, warm cache); test_end_to_end's MTN keeps the scan.
+# The model keys are the attention models' (configs/demo.py's MTN); `tiny` gives a config of
+# another family the sizes its model has (`MODEL_TINY`).
 TINY = (
     '--config.data.demo_users=150',
     '--config.data.max_session_queries=3',
@@ -32,13 +34,26 @@ TINY = (
     '--config.model.session_layers=1',
     '--config.model.decoder_layers=1',
     '--config.model.scan_layers=False',
-    '--config.model.lstm_units=8',
     '--config.train.warmup_steps=10',
     '--config.train.learning_rate=0.3',
     '--config.input.train_queries_per_batch=240',
     '--config.input.eval_queries_per_batch=480',
     '--config.decode.batch_sessions=32',
 )
+# The tiny sizes of the other families' keys.
+MODEL_TINY = ('--config.model.lstm_units=8',)
+
+
+def tiny(config: str = 'configs/demo.py') -> tuple[str, ...]:
+  """`TINY` and `MODEL_TINY` for the config file `config` (path[:variant]): the overrides of
+  `config.model` keys its model has, and every other."""
+  import importlib  # pylint: disable=g-import-not-at-top
+  path, _, variant = config.partition(':')
+  name = path.removeprefix('configs/').removesuffix('.py')
+  model = importlib.import_module(f'configs.{name}').get_config(variant).model
+  has = lambda o: (not o.startswith('--config.model.')
+                   or o.removeprefix('--config.model.').split('=')[0] in model)
+  return tuple(o for o in TINY + MODEL_TINY if has(o))
 
 
 def command(workdir, *overrides, mode: str = 'train', config: str = 'configs/demo.py',
@@ -46,7 +61,7 @@ def command(workdir, *overrides, mode: str = 'train', config: str = 'configs/dem
   """The command line of a run: `TINY`'s sizes and learning settings, then `overrides`;
   without `with_tiny`, the config's own (for what a config itself learns)."""
   return [sys.executable, '-m', 'mtn_jax.main', f'--config={config}', f'--workdir={workdir}',
-          f'--mode={mode}', *(TINY if with_tiny else ()), *overrides]
+          f'--mode={mode}', *(tiny(config) if with_tiny else ()), *overrides]
 
 
 # The tests' models are tiny: LLVM's optimisation of the code XLA generates for them costs
@@ -188,7 +203,7 @@ def config(*overrides, name: str = 'demo', with_tiny: bool = True):
   import ast  # pylint: disable=g-import-not-at-top
   import importlib  # pylint: disable=g-import-not-at-top
   c = importlib.import_module(f'configs.{name}').get_config()
-  for override in (*(TINY if with_tiny else ()), *overrides):
+  for override in (*(tiny(f'configs/{name}.py') if with_tiny else ()), *overrides):
     key, value = override.removeprefix('--config.').split('=', 1)
     *sections, field = key.split('.')
     node = c

@@ -20,6 +20,7 @@ import subprocess
 
 import pytest
 
+from configs import families
 from mtn_jax import config_lib
 from mtn_jax import tasks
 from mtn_jax.tasks import registry
@@ -48,7 +49,7 @@ VARIANTS = {
     'seq2seq_aol': ('', 'small'),
     'hred_aol': ('', 'small'),
     'mnsrf_aol': ('', 'small'),
-    'default': ('',),
+    'default': ('mtn', 'transformer', 'biencoder', 'polyencoder', 'crossencoder'),
     'demo': ('',),
     'imdna_movies': ('', 'qa', 'recs', 'test', 'qa+embeddings', 'recs+embeddings'),
     'imdna_aol': ('', 'embeddings'),
@@ -161,7 +162,9 @@ def load_config(name: str, variant: str = ''):
 
 
 def config_files() -> list[str]:
-  return sorted(p.stem for p in (cli.REPO / 'configs').glob('*.py') if p.stem != '__init__')
+  """The config files (configs/families.py holds the families' keys, no config)."""
+  return sorted(p.stem for p in (cli.REPO / 'configs').glob('*.py')
+                if p.stem not in ('__init__', 'families'))
 
 
 def flat_keys(config, prefix: str = '') -> set[str]:
@@ -180,12 +183,18 @@ def test_every_config_and_variant_loads_and_validates(name):
       importlib.import_module(f'configs.{name}').get_config).parameters)
   if takes_variant:
     assert name in VARIANTS, f'configs/{name}.py takes variants: list them in VARIANTS'
-  default_keys = flat_keys(load_config('default'))
+  shared = flat_keys(load_config('default'))
   for variant in VARIANTS.get(name, ('',)):
     config = load_config(name, variant)
     config_lib.validate(config)
-    # Every config starts from default.py: a key has one name and one meaning everywhere.
-    assert flat_keys(config) == default_keys, f'configs/{name}.py:{variant}'
+    # Every config starts from default.py with its model's family (configs/families.py): a
+    # key has one name and one meaning everywhere, and config.model holds the keys its model
+    # reads, no other family's. IMDNA's task adds config.imdna (and the movie knowledge base
+    # config.movies).
+    family = {f'model.{k}' for k in families.keys(config.model.name)}
+    task = {k for k in flat_keys(config) if k.split('.')[0] in ('imdna', 'movies')}
+    assert not task or config.model.name == 'imdna', f'configs/{name}.py:{variant}'
+    assert flat_keys(config) == shared | family | task, f'configs/{name}.py:{variant}'
   if takes_variant:
     with pytest.raises(ValueError, match=rf'configs/{name}\.py: unknown variant'):
       load_config(name, 'no-such-variant')

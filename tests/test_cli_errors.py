@@ -55,6 +55,13 @@ def run(*args, cwd=cli.REPO):
      'query'),
     (('--config=configs/demo.py', '--config.suggest.previous_query_bias=2.0'),
      '--config.suggest.previous_query_bias was removed: the bias chosen on validation'),
+    (('--config=configs/demo.py', '--config.decode.rerank=mbr'),
+     "--config.decode.rerank was replaced by config.decode.mbr ('mbr' is now 'beam'"),
+    (('--config=configs/demo.py', '--config.serve.user_facing=False'),
+     '--config.serve.user_facing was replaced by config.decode.exclude_session_queries'),
+    (('--config=configs/demo.py', '--config.model.lstm_units=8'),
+     "--config.model.lstm_units: config.model has no key 'lstm_units': only seq2seq, hred, "
+     "mnsrf read it"),
     (('--config=configs/demo.py', '--mode=decode'),
      'config.decode.input is empty: pass --config.decode.input=FILE'),
     (('--config=configs/demo.py', '--config.data.raw_files=log.tsv'),
@@ -63,7 +70,7 @@ def run(*args, cwd=cli.REPO):
         'missing_config_with_variant', 'missing_config_with_override', 'bad_value_with_variant',
         'unknown_variant', 'bad_value', 'no_log', 'wrong_type', 'wrong_bool', 'unknown_mode',
         'unknown_flag', 'stray_argument', 'retired_gain_from', 'retired_previous_query_bias',
-        'no_decode_input', 'log_with_the_demo_source'])
+        'replaced_rerank', 'replaced_user_facing', 'key_of_another_family', 'no_decode_input', 'log_with_the_demo_source'])
 def test_usage_errors_are_one_line_and_exit_2(tmp_path, args, message):
   result = run(*args, f'--workdir={tmp_path}')
   assert result.returncode == 2, result.stderr
@@ -75,7 +82,7 @@ def test_usage_errors_are_one_line_and_exit_2(tmp_path, args, message):
 
 
 @pytest.mark.parametrize('config, known', [
-    ('default', 'it has none: use --config=configs/default.py'),
+    ('default', 'a model: mtn, transformer,'),
     ('demo', 'it has none: use --config=configs/demo.py'),
     ('aol', 'expected "" or "small"'), ('seq2seq_aol', 'expected "" or "small"'),
     ('hred_aol', 'expected "" or "small"'), ('mnsrf_aol', 'expected "" or "small"'),
@@ -102,9 +109,14 @@ def test_help_lists_modes_flags_config_keys_and_decode_formats(flag):
     assert f'\n  {flag_name}' in out, flag_name
   # Every section of configs/default.py with its keys, and how a key is overridden.
   assert '--config.model.num_heads=8' in out
-  for section, key in (('data', 'raw_files'), ('model', 'num_heads'), ('decode', 'input'),
-                       ('suggest', 'strategy'), ('report', 'workdirs')):
+  for section, key in (('data', 'raw_files'), ('decode', 'input'), ('suggest', 'strategy'),
+                       ('report', 'workdirs')):
     assert re.search(rf'^  config\.{section}: (.*\n)*?.*\b{key}\b', out, re.M), (section, key)
+  # config.model's keys of every model, then each family's own, with its models.
+  assert re.search(r'^  config\.model \(every model\): .*\bemb_dim\b', out, re.M)
+  for family, models_, key in (('mtn', 'mtn', 'num_levels'), ('recurrent', 'seq2seq, hred',
+                               'lstm_units'), ('imdna', 'imdna', 'state_dim')):
+    assert re.search(rf'^    {family} \({models_}.*\): (.*\n)*?.*\b{key}\b', out, re.M), family
   # Both decode input formats.
   assert '--config.decode.input=FILE' in out and 'AnonID' in out and 'gzip' in out
   assert 'queries separated by tabs' in out and 'YYYY-MM-DD HH:MM:SS' in out
@@ -174,9 +186,12 @@ def test_data_errors_are_one_line_and_exit_1(tmp_path):
 
 
 def model_config(name, **model):
-  c = default.get_config()
+  """`name`'s config (the default's, with its family's keys) and `model`'s values, a key of
+  another family added as the command line cannot."""
+  c = default.get_config(name)
   c.data.raw_files, c.data.history_queries = 'log.tsv', 20
-  c.model.name = name
+  if 'd_model' not in c.model:
+    c.train.schedule = 'constant'  # the Transformer's schedule scales by d_model
   for key, value in model.items():
     c.model[key] = value
   return c

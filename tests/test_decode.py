@@ -35,10 +35,11 @@ QUERIES = np.array([[[5, 6, 7, 0, 0], [8, 9, 0, 0, 0], [10, 11, 12, 13, 0]],
 
 
 def tiny_model(name, vocab_size):
-  c = default.get_config().model
-  c.update(name=name, share_embeddings=True, emb_dim=16, d_model=16, num_heads=2, ff_dim=32, query_layers=1,
-           session_layers=1, decoder_layers=2, lstm_units=8, max_session_queries=4,
-           dropout=0.0)
+  c = default.get_config(name).model
+  sizes = dict(share_embeddings=True, emb_dim=16, d_model=16, num_heads=2, ff_dim=32,
+               query_layers=1, session_layers=1, decoder_layers=2, lstm_units=8,
+               max_session_queries=4, dropout=0.0)
+  c.update({k: v for k, v in sizes.items() if k in c})  # the keys of the model's family
   return models.create_model(models.make_config(c, vocab_size=vocab_size,
                                                  max_query_words=QUERY_WORDS))
 

@@ -237,9 +237,9 @@ def test_interactive_scores_every_suggestion_with_the_aol_small_decode_settings(
   from configs import aol
   workdir, _ = mtn_run
   small = aol.get_config('small').decode
-  assert small.rerank == 'mbr+session'  # what this test is about
+  assert small.mbr == 'beam+session'  # what this test is about
   decode = [f'--config.decode.{key}={small[key]}'
-            for key in ('beam_size', 'top_k', 'length_penalty', 'block_repeats', 'rerank')]
+            for key in ('beam_size', 'top_k', 'length_penalty', 'block_repeats', 'mbr')]
   decode.append('--config.decode.exclude_session_queries=false')  # the paper's: they may show
   w = vocabulary_words(workdir, 6)
   typed = f'{w[0]}\n{w[1]} {w[2]}\n{w[0]}\n{w[3]} {w[4]}\n{w[5]}\n'
@@ -303,7 +303,7 @@ def test_eval_decode_and_suggest_refuse_another_model_config(mtn_run, tmp_path):
     assert 'holds another model (model.d_model: checkpoint 16 vs config 32)' in refused.stderr
   assert (workdir / 'eval' / 'results.json').read_bytes() == results
   assert not output.exists()
-  result = cli.run(workdir, *RUN, *MTN, '--config.model.lstm_units=7',
+  result = cli.run(workdir, *RUN, *MTN, '--config.model.dropout=0.2',
                    '--config.model.scan_layers=False', '--config.decode.beam_size=4',
                    '--config.decode.top_k=2', *decode, mode='decode')
   assert 'Traceback' not in result.stderr and 'differs' not in result.stdout

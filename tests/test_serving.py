@@ -103,11 +103,11 @@ def suggest_all(client, bodies, threads: int = 8):
 @pytest.mark.slow
 def test_suggestions_equal_decodes(workdir, service, client, tmp_path, monkeypatch):
   """The service shows what --mode=decode writes for the same sessions: the user-facing
-  protocol by default, the paper's with config.serve.user_facing=False."""
-  # A service built from config.serve.user_facing=False as --mode=serve builds it (the
-  # module's pipeline handed to it rather than loaded again: the same checkpoint).
+  protocol by default, the paper's with config.decode.exclude_session_queries=False."""
+  # A service built from config.decode.exclude_session_queries=False as --mode=serve builds
+  # it (the module's pipeline handed to it rather than loaded again: the same checkpoint).
   monkeypatch.setattr(pipeline_lib.Pipeline, 'load', lambda *a, **k: service.engine.pipeline)
-  paper = service_lib.build(_config('--config.serve.user_facing=False',
+  paper = service_lib.build(_config('--config.decode.exclude_session_queries=False',
                                     '--config.serve.history_db='), workdir, log=_quiet)
   assert paper.engine.info()['user_facing'] is False
   sessions = sessions_of_every_length(service)

@@ -197,7 +197,8 @@ def test_checkpoint_of_another_model_is_refused(reference_run, tmp_path):
     ('--config.model.nmu_heads=4', 'nmu_heads'),
     ('--config.model.num_heads=four', 'num_heads'),
     ('--config.decode.eval_split=train', "eval_split must be 'test' or 'valid'"),
-    ('--config.suggest.mbr=True', "config.suggest.mbr is read by 'rerank' only"),
+    ('--config.decode.mbr=ranker', "config.decode.mbr 'ranker' reorders the pooled candidates"),
+    ('--config.decode.mbr=bleu', "config.decode.mbr='bleu': unknown list 'bleu'"),
     ('--config.train.loss_chunk_tokens=0', 'config.train.loss_chunk_tokens must be positive'),
     ('--cpu_devices=-1', '--cpu_devices must be >= 0'),
 ])
@@ -323,7 +324,7 @@ def test_missing_data_is_a_clear_error(tmp_path):
 
 def test_validate_accepts_the_shipped_configs():
   from configs import aol, default, demo, transformer_aol  # pylint: disable=g-import-not-at-top
-  for config in (default.get_config(), demo.get_config(), aol.get_config('small'),
+  for config in (default.get_config('mtn'), demo.get_config(), aol.get_config('small'),
                  transformer_aol.get_config('small,enc5dec5')):
     if config.data.source == 'aol':
       config.data.raw_files = config.data.raw_files or 'log.tsv'

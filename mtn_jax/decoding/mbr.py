@@ -24,6 +24,35 @@ from collections.abc import Sequence
 
 MAX_ORDER = 4
 
+# `config.decode.mbr`: the lists reordered by MBR, comma-separated ('none': no list). The
+# generator's beam, its hypotheses the candidates ('beam') or the session's queries too
+# ('beam+session'); 'rerank''s pooled candidates, p the ranker's softmax ('ranker').
+BEAM_LISTS = ('beam', 'beam+session')
+LISTS = BEAM_LISTS + ('ranker',)
+# A config saved before config.decode.mbr said the beam's with config.decode.rerank.
+_RERANK_VALUES = {'none': 'none', 'mbr': 'beam', 'mbr+session': 'beam+session'}
+
+
+def parse(value: str) -> tuple[str, bool]:
+  """`config.decode.mbr` -> (the beam's: 'none' or one of `BEAM_LISTS`; whether the ranker's
+  pooled candidates are reordered). Raises ValueError naming what is wrong."""
+  parts = [p.strip() for p in value.split(',') if p.strip() not in ('', 'none')]
+  unknown = [p for p in parts if p not in LISTS]
+  if unknown:
+    raise ValueError(f'unknown list {unknown[0]!r} (known: {", ".join(LISTS)}, '
+                     'comma-separated, or none)')
+  beam = [p for p in parts if p in BEAM_LISTS]
+  if len(beam) > 1:
+    raise ValueError("at most one of 'beam' and 'beam+session'")
+  return (beam[0] if beam else 'none'), 'ranker' in parts
+
+
+def from_decode(decode) -> tuple[str, bool]:
+  """`parse` of a config's `decode` section, a run's saved before `config.decode.mbr` too."""
+  if 'mbr' not in decode and 'rerank' in decode:
+    return _RERANK_VALUES[decode['rerank']], False
+  return parse(decode['mbr'])
+
 
 def _ngrams(words: Sequence[str], n: int) -> collections.Counter:
   return collections.Counter(tuple(words[i:i + n]) for i in range(len(words) - n + 1))

@@ -63,16 +63,17 @@ class SearchSettings:
   # A word is not emitted twice in one suggestion: queries almost never repeat a word, and a
   # copy mixture otherwise loops on the word it copies ("schools schools schools").
   block_repeats: bool = False
-  # The beam's suggestions reordered by minimum Bayes risk (`mtn_jax.mbr`): 'none', 'mbr'
-  # (among the hypotheses), 'mbr+session' (the session's queries are candidates too).
-  rerank: str = 'none'
+  # The beam's suggestions reordered by minimum Bayes risk (`mbr`): 'none', 'beam' (among
+  # the hypotheses), 'beam+session' (the session's queries are candidates too).
+  mbr: str = 'none'
   # The user-facing protocol: no suggestion repeats a query the session already holds
   # (decode and suggest output; evaluation reports both protocols whatever this says).
   exclude_session_queries: bool = False
 
   @classmethod
   def from_config(cls, decode: ml_collections.ConfigDict) -> SearchSettings:
-    return cls(**{f.name: decode[f.name] for f in dataclasses.fields(cls)})
+    values = {f.name: decode[f.name] for f in dataclasses.fields(cls) if f.name != 'mbr'}
+    return cls(**values, mbr=mbr.from_decode(decode)[0])
 
   def to_dict(self) -> dict:
     return dataclasses.asdict(self)
@@ -116,15 +117,15 @@ def ranked_suggestions(vocab: Vocab, sequences: np.ndarray, scores: np.ndarray,
                        oov_words: Sequence[str] = ()) -> list[dict]:
   """A context's suggestions as the modes write them: the beam's hypotheses (int
   [beam, max_len], scores [beam]) as [{'query', 'score', ...}], reranked as
-  `settings.rerank` says (with the whole beam as evidence), the first `settings.top_k`.
-  `session`: the context's queries (candidates for 'mbr+session'; left out with
+  `settings.mbr` says (with the whole beam as evidence), the first `settings.top_k`.
+  `session`: the context's queries (candidates for 'beam+session'; left out with
   `settings.exclude_session_queries`)."""
   # Reranking reads the whole beam and exclusion may drop some: else top_k are all we need.
-  whole_beam = settings.rerank != 'none' or settings.exclude_session_queries
+  whole_beam = settings.mbr != 'none' or settings.exclude_session_queries
   ranked = suggestion_list(vocab, sequences, scores, len(scores) if whole_beam
                            else settings.top_k, oov_words)
-  if settings.rerank != 'none':
-    ranked = mbr.rerank(ranked, session if settings.rerank == 'mbr+session' else ())
+  if settings.mbr != 'none':
+    ranked = mbr.rerank(ranked, session if settings.mbr == 'beam+session' else ())
   if settings.exclude_session_queries:
     typed = set(session)
     ranked = [r for r in ranked if r['query'] not in typed]

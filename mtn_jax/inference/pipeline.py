@@ -4,7 +4,7 @@
 config.decode, read in one place). It never trains or fits anything. Three stages:
 
 1. Candidate sources, for each context and position: the workdir's generative beam (every
-   hypothesis, in the generator's own order: beam score, or MBR with `config.decode.rerank`),
+   hypothesis, in the generator's own order: beam score, or MBR with `config.decode.mbr`),
    a ranker's best pool entries (`mtn_jax.inference.retrieval`), IMDNA's proposals (the
    queries that follow in the most similar training sessions, `imdna_proposer`) and the
    session's own queries.
@@ -15,8 +15,8 @@ config.decode, read in one place). It never trains or fits anything. Three stage
      retrieves: real logged queries, never an unknown word;
    - 'rerank': the sources pooled and deduplicated by text, scored by the ranker
      (`ScoresCandidates`: a Bi-, Poly- or Cross-encoder) and sorted, best first; then the
-     rules in turn: MBR under the ranker's softmax (`config.suggest.mbr`), a user's habit
-     query first (`config.suggest.habit_rate`, `habits`);
+     rules in turn: MBR under the ranker's softmax (`config.decode.mbr` 'ranker'), a user's
+     habit query first (`config.suggest.habit_rate`, `habits`);
    - 'blend': the generator's beam and the training log's lists (`popular`: the most popular
      next queries; `cooccurring`: those that followed the previous query) by quotas,
      `config.suggest.blend` (`blended`).
@@ -109,7 +109,7 @@ class Settings:
                ranker_workdir=s.ranker_workdir, retriever_workdir=s.retriever_workdir,
                retrieved=s.retrieved, imdna_workdir=s.imdna_workdir,
                imdna_proposed=s.imdna_proposed, popular=s.popular,
-               cooccurring=s.cooccurring, mbr=bool(s.mbr),
+               cooccurring=s.cooccurring, mbr=mbr.from_decode(config.decode)[1],
                habit_rate=float(s.habit_rate), habit_min_past=int(s.habit_min_past),
                index=s.index, batch_sessions=config.decode.batch_sessions,
                history_queries=config.data.history_queries,
@@ -445,7 +445,7 @@ class Pipeline:
       return 'expected BLEU (MBR)' if self.rankers.mbr else 'the ranker\'s score'
     if self.retriever is not None:
       return 'the ranker\'s score'
-    if self.settings.search.rerank != 'none':
+    if self.settings.search.mbr != 'none':
       return 'expected BLEU (MBR)'
     return 'length-normalised log-probability'
 

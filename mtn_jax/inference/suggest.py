@@ -10,9 +10,8 @@ suggestion pipeline (`mtn_jax.inference.pipeline`), the lists `--mode=eval` scor
    "suggestions": [...]}
 with the `config.decode.top_k` best suggestions, best first. Every suggestion has a 'score',
 the value its list is ordered by: the beam's length-normalised log-probability, a ranker's
-score, or, where minimum Bayes risk reorders the list (`config.decode.rerank`,
-`config.suggest.mbr`), its expected BLEU, the model's own score then kept as 'model_score' (a
-session query MBR adds has none). The header line printed before decoding names the kind.
+score, or, where minimum Bayes risk reorders the list (`config.decode.mbr`), its expected
+BLEU, the model's own score then kept as 'model_score' (a session query MBR adds has none). The header line printed before decoding names the kind.
 The changes made to the input are counted and printed at the end.
 
 Input is decoded in chunks of `CHUNK_BATCHES * config.decode.batch_sessions` sessions, each
@@ -89,8 +88,8 @@ def describe_counts(counts: dict, max_query_words: int, max_session_queries: int
 def with_protocol(config: ml_collections.ConfigDict,
                   user_facing: bool) -> ml_collections.ConfigDict:
   """`config` with config.decode.exclude_session_queries set to the mode's default where it
-  is unset: `user_facing` for --mode=suggest (what --mode=serve shows), the paper's protocol
-  for --mode=decode (what evaluation scores as the paper's)."""
+  is unset: `user_facing` for --mode=suggest and --mode=serve, the paper's protocol for
+  --mode=decode (what evaluation scores as the paper's)."""
   if config.decode.exclude_session_queries is not None:
     return config
   config = config.copy_and_resolve_references()

@@ -67,7 +67,9 @@ def saved_model_config(meta: dict, model: ml_collections.ConfigDict) -> ModelCon
   architecture; their runtime fields come from `model` alone."""
   saved = meta.get('model_config', meta['model'])
   config_class = models.spec(saved['name']).config_class
-  runtime = {k: model[k] for k in config_class.RUNTIME_FIELDS}
+  # A config of another family (a ranker loaded by a recurrent generator's run) lacks some:
+  # those stay the checkpoint's.
+  runtime = {k: model[k] for k in config_class.RUNTIME_FIELDS if k in model}
   return config_class.from_fields({**runtime, **saved}, **runtime)
 
 
@@ -89,7 +91,7 @@ def _note_config_differences(cfg: ModelConfig, model: ml_collections.ConfigDict,
 
 
 # Fields of a model's config that its data decides, not `config.model`.
-DATA_SIZES = ('vocab_size', 'max_query_words', 'num_items', 'num_users')
+DATA_SIZES = ModelConfig.DATA_FIELDS
 
 
 def _step(manager, workdir: str, which: str) -> tuple[int, str]:

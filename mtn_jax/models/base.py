@@ -70,6 +70,8 @@ class ModelConfig:
   RUNTIME_FIELDS = ('dropout', 'compute_dtype')
   # Whether the model has a memory of the user's earlier queries (`config.model.user_memory`).
   HAS_USER_MEMORY = False
+  # Fields the data decides, never a key of `config.model` (`config_keys`).
+  DATA_FIELDS = ('vocab_size', 'max_query_words', 'num_items', 'num_users')
 
   @classmethod
   def check(cls, model: Mapping[str, Any]) -> None:
@@ -83,7 +85,7 @@ class ModelConfig:
     check_choice(model, 'compute_dtype', ('float32', 'bfloat16'))
     if cls.HAS_USER_MEMORY:
       check_choice(model, 'user_memory', ('none', 'attention', 'zero_attention'))
-    elif model.user_memory != 'none':
+    elif model.get('user_memory', 'none') != 'none':
       raise errors.ConfigError('config.model.user_memory is an option of MTN and the '
                                f"Transformer; {model.name!r} has none (set it to 'none')")
 
@@ -102,6 +104,11 @@ class ModelConfig:
   @classmethod
   def field_names(cls) -> tuple[str, ...]:
     return tuple(f.name for f in dataclasses.fields(cls))
+
+  @classmethod
+  def config_keys(cls) -> tuple[str, ...]:
+    """The keys of `config.model` this model reads: its fields but the data's."""
+    return tuple(k for k in cls.field_names() if k not in cls.DATA_FIELDS)
 
   @classmethod
   def from_fields(cls, fields: Mapping[str, Any], **overrides) -> ModelConfig:

@@ -61,7 +61,7 @@ SCORES = (
     'Each suggestion\'s `score` is the value its list is ordered by, higher is better, and is '
     'comparable within one answer only (GET /v1/info `score` names the kind): a generative '
     'model\'s beam (strategy \'generate\'): the length-normalised log-probability, at most 0; '
-    'minimum Bayes risk (config.decode.rerank, config.suggest.mbr): the expected BLEU against '
+    'minimum Bayes risk (config.decode.mbr): the expected BLEU against '
     'the other hypotheses, 0 to 1, the model\'s own score kept as `model_score`; a ranker '
     '(\'retrieve\', \'rerank\'): the ranker\'s score, unbounded; \'blend\': 1 / rank in the '
     'blend (1, 1/2, 1/3, ...).')

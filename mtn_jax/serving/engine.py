@@ -30,6 +30,7 @@ import ml_collections
 
 from mtn_jax.inference import inputs
 from mtn_jax.inference import pipeline as pipeline_lib
+from mtn_jax.inference import suggest
 from mtn_jax.inference.inputs import Context
 from mtn_jax.tasks import zero_attention
 
@@ -165,8 +166,11 @@ class Engine:
   def load(cls, config: ml_collections.ConfigDict, workdir: str, log=print) -> Engine:
     """The pipeline of `workdir`'s best checkpoint, warmed up for every batch size."""
     _listen()
+    # The service's default protocol is the user-facing one, as --mode=suggest's.
+    config = suggest.with_protocol(config, user_facing=True)
     pipeline = pipeline_lib.Pipeline.load(config, workdir, log=log)
-    engine = cls(pipeline, config.serve.max_batch, bool(config.serve.user_facing))
+    engine = cls(pipeline, config.serve.max_batch,
+                 bool(config.decode.exclude_session_queries))
     engine.warm_up()
     return engine
 

@@ -59,12 +59,10 @@ class ServeSettings:
   history_per_user: int = 1000
   compile_cache: str = 'serve/compile_cache'
   admin_token: str = ''
-  user_facing: bool = True
 
   @classmethod
   def from_config(cls, config: ml_collections.ConfigDict) -> ServeSettings:
-    values = {f.name: config.serve[f.name] for f in dataclasses.fields(cls)}
-    return cls(**{**values, 'user_facing': bool(values['user_facing'])})
+    return cls(**{f.name: config.serve[f.name] for f in dataclasses.fields(cls)})
 
 
 def _say(text: str) -> None:
@@ -267,7 +265,7 @@ def build(config: ml_collections.ConfigDict, workdir: str, log=_say) -> Service:
   started = time.time()
   engine = engine_lib.Engine.load(config, workdir, log=log)
   info = engine.info()
-  protocol = 'the user-facing' if settings.user_facing else "the paper's"
+  protocol = 'the user-facing' if engine.exclude_session_queries else "the paper's"
   log(f'{info["name"]} (checkpoint step {info["step"]}; {info["how"]}; score = '
       f'{info["score"]}), batch sizes {", ".join(map(str, engine.sizes))} x session lengths '
       f'{", ".join(map(str, engine.widths))} compiled in '

@@ -75,8 +75,10 @@ class TrainState:
 # Optimisation
 
 
-def learning_rate_schedule(train: ml_collections.ConfigDict, d_model: int) -> optax.Schedule:
-  """'transformer': lr(s) = factor * d^-0.5 * min(s^-0.5, s * warmup^-1.5), s = step + 1."""
+def learning_rate_schedule(train: ml_collections.ConfigDict,
+                           d_model: int | None) -> optax.Schedule:
+  """'transformer': lr(s) = factor * d^-0.5 * min(s^-0.5, s * warmup^-1.5), s = step + 1
+  (`d_model` None, a model without one: 'constant' only)."""
   if train.schedule == 'constant':
     return optax.constant_schedule(train.learning_rate)
 
@@ -88,7 +90,7 @@ def learning_rate_schedule(train: ml_collections.ConfigDict, d_model: int) -> op
 
 
 def make_optimizer(train: ml_collections.ConfigDict,
-                   d_model: int) -> optax.GradientTransformation:
+                   d_model: int | None) -> optax.GradientTransformation:
   adam = optax.adam(learning_rate_schedule(train, d_model), b1=train.adam_b1, b2=train.adam_b2,
                     eps=train.adam_eps)
   if train.grad_clip_norm > 0:
@@ -442,7 +444,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
   cfg = task.cfg
   mesh = parallel.make_mesh()
   tc = config.train
-  optimizer = make_optimizer(tc, config.model.d_model)
+  optimizer = make_optimizer(tc, config.model.get('d_model'))
   total_steps = steps_per_epoch * tc.num_epochs
   if tc.max_steps > 0:
     total_steps = min(total_steps, tc.max_steps)
@@ -499,7 +501,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
             if good is not None else '')
 
   monitor = _TrainMonitor(writer=writer, log=log,
-                          schedule=learning_rate_schedule(tc, config.model.d_model),
+                          schedule=learning_rate_schedule(tc, config.model.get('d_model')),
                           steps_per_epoch=steps_per_epoch, total_steps=total_steps,
                           last_good_checkpoint=last_good_checkpoint)
   step = int(jax.device_get(state.step))

@@ -1,0 +1,215 @@
+"""The config by family: configs/default.py holds what every run shares, each model family its
+own keys (configs/families.py); one switch per idea; old runs' saved configs still load."""
+
+import re
+import types
+
+import ml_collections
+import pytest
+
+from configs import default
+from configs import families
+from mtn_jax import cli_errors
+from mtn_jax import config_lib
+from mtn_jax import models
+from mtn_jax.decoding import mbr
+from mtn_jax.decoding import search
+from mtn_jax.inference import trained as trained_lib
+
+
+def leaf_keys(config, prefix=''):
+  for key, value in config.items():
+    if hasattr(value, 'items'):
+      yield from leaf_keys(value, f'{prefix}{key}.')
+    else:
+      yield prefix + key
+
+
+def test_default_holds_few_keys_and_only_what_every_model_reads():
+  config = default.get_config()
+  keys = list(leaf_keys(config))
+  assert len(keys) <= 100, len(keys)
+  assert len(config.model) <= 12, sorted(config.model)
+  # Every key of config.model is a field of every model's config.
+  for name, spec in models.REGISTRY.items():
+    assert set(config.model) <= set(spec.config_class.config_keys()), name
+
+
+@pytest.mark.parametrize('name', sorted(models.REGISTRY))
+def test_each_family_adds_the_keys_its_model_reads_and_no_other(name):
+  assert set(families.FAMILIES) == set(models.REGISTRY)
+  model = default.get_config(name).model
+  assert model.name == name
+  assert set(model) == set(models.REGISTRY[name].config_class.config_keys())
+
+
+def test_a_config_switched_to_another_family_keeps_the_shared_values():
+  c = default.get_config('mtn')
+  c.model.emb_dim, c.model.d_model = 64, 32
+  families.use(c, 'hred')
+  assert c.model.emb_dim == 64 and 'd_model' not in c.model and c.model.lstm_units == 256
+
+
+def test_a_config_without_the_models_keys_is_refused_naming_one():
+  c = default.get_config('mtn')
+  c.data.source = 'demo'
+  c.model.name = 'seq2seq'  # what --config.model.name=seq2seq on an MTN config gives
+  with pytest.raises(config_lib.ConfigError,
+                     match="config.model has no key 'lstm_units', which 'seq2seq' reads"):
+    config_lib.validate(c)
+  c = default.get_config()
+  c.data.source = 'demo'
+  with pytest.raises(config_lib.ConfigError, match='config.model.name is empty'):
+    config_lib.validate(c)
+
+
+def test_the_transformer_schedule_needs_a_d_model():
+  c = default.get_config('hred')
+  c.data.source = 'demo'
+  with pytest.raises(config_lib.ConfigError, match="'hred' has no d_model: use 'constant'"):
+    config_lib.validate(c)
+  c.train.schedule = 'constant'
+  config_lib.validate(c)
+
+
+def test_movies_are_read_from_the_imdna_configs_section():
+  c = default.get_config('mtn')
+  c.data.source = 'movies'
+  with pytest.raises(config_lib.ConfigError, match='reads config.movies'):
+    config_lib.validate(c)
+
+
+def test_validation_reads_the_modules_choices(monkeypatch):
+  from mtn_jax.inference import retrieval  # pylint: disable=g-import-not-at-top
+  c = default.get_config('mtn')
+  c.data.source = 'demo'
+  c.suggest.index = 'usearch'
+  config_lib.validate(c)
+  monkeypatch.setattr(retrieval, 'INDEX_KINDS', ('exact',))
+  with pytest.raises(config_lib.ConfigError, match='config.suggest.index'):
+    config_lib.validate(c)
+
+
+# ---------------------------------------------------------------------------------------------
+# One switch per idea
+
+
+@pytest.mark.parametrize('value, parsed', [
+    ('none', ('none', False)), ('beam', ('beam', False)),
+    ('beam+session', ('beam+session', False)), ('ranker', ('none', True)),
+    ('beam+session,ranker', ('beam+session', True)), ('ranker, beam', ('beam', True)),
+])
+def test_one_mbr_key_names_the_lists_it_reorders(value, parsed):
+  assert mbr.parse(value) == parsed
+
+
+@pytest.mark.parametrize('value, message', [
+    ('mbr', "unknown list 'mbr'"), ('beam,beam+session', "at most one of 'beam'"),
+])
+def test_a_wrong_mbr_value_is_refused(value, message):
+  with pytest.raises(ValueError, match=message):
+    mbr.parse(value)
+  c = default.get_config('mtn')
+  c.data.source, c.decode.mbr = 'demo', value
+  with pytest.raises(config_lib.ConfigError, match=re.escape(f'config.decode.mbr={value!r}')):
+    config_lib.validate(c)
+
+
+def test_the_rankers_mbr_is_for_rerank_only():
+  c = default.get_config('mtn')
+  c.data.source, c.decode.mbr = 'demo', 'ranker'
+  with pytest.raises(config_lib.ConfigError, match="'ranker' reorders the pooled candidates"):
+    config_lib.validate(c)
+
+
+def parse_error(override: str) -> str:
+  """The one line the command line prints for an override of a key the config lacks, from
+  the KeyError ml_collections raises for it (tests/test_cli_errors.py runs the real one)."""
+  key = override.split('=')[0].rsplit('.', 1)[1]
+  argv = ['main', '--config=configs/demo.py', override]
+  return cli_errors._flag_error_message(KeyError(repr(key)), argv)  # pylint: disable=protected-access
+
+
+@pytest.mark.parametrize('override, replacement', [
+    ('--config.decode.rerank=mbr+session', "config.decode.mbr ('mbr' is now 'beam'"),
+    ('--config.suggest.mbr=True', "config.decode.mbr (True is now 'ranker'"),
+    ('--config.serve.user_facing=False', 'config.decode.exclude_session_queries'),
+])
+def test_a_retired_switch_names_the_key_that_replaced_it(override, replacement):
+  name = override.split('=')[0]
+  assert parse_error(override) == f'{name} was replaced by {cli_errors.REPLACED_KEYS[name[9:]]}'
+  assert replacement in cli_errors.REPLACED_KEYS[name[9:]]
+
+
+def test_a_key_of_another_family_names_the_models_that_read_it():
+  assert parse_error('--config.model.lstm_units=8') == (
+      "--config.model.lstm_units: config.model has no key 'lstm_units': only seq2seq, hred, "
+      "mnsrf read it, not this config's model (configs/families.py)")
+  assert parse_error('--config.model.nmu_heads=4') == (
+      "--config.model.nmu_heads: config.model has no key 'nmu_heads'. configs/default.py "
+      'lists every key.')
+
+
+def test_the_service_reads_the_decode_protocol(monkeypatch):
+  """--mode=serve is user-facing unless config.decode.exclude_session_queries says not."""
+  from mtn_jax.inference import pipeline  # pylint: disable=g-import-not-at-top
+  from mtn_jax.serving import engine  # pylint: disable=g-import-not-at-top
+  cfg = types.SimpleNamespace(max_session_queries=4, max_query_words=5)
+  fake = types.SimpleNamespace(trained=types.SimpleNamespace(cfg=cfg, vocab=None))
+  monkeypatch.setattr(engine, '_listen', lambda: None)
+  monkeypatch.setattr(engine.Engine, 'warm_up', lambda self: None)
+  monkeypatch.setattr(pipeline.Pipeline, 'load', lambda config, workdir, log: fake)
+  config = default.get_config('mtn')
+  assert config.decode.exclude_session_queries is None
+  assert engine.Engine.load(config, '/nowhere').exclude_session_queries
+  config.decode.exclude_session_queries = False
+  assert not engine.Engine.load(config, '/nowhere').exclude_session_queries
+
+
+# ---------------------------------------------------------------------------------------------
+# Configs saved before the families
+
+
+# What a run of the union config saved (config.json's 'config', a checkpoint's meta): every
+# family's keys under model, and the retired switches.
+OLD_MODEL = dict(
+    name='mtn', emb_dim=16, d_model=16, num_heads=2, ff_dim=32, query_layers=1,
+    session_layers=1, num_levels=2, decoder_layers=1, dropout=0.1, share_embeddings=False,
+    tie_embeddings=False, pre_norm=False, learned_positions=False, scan_layers=False,
+    scan_unroll=1, remat='none', compute_dtype='float32', copy=False, lstm_units=8,
+    state_dim=128, inference_steps=3, hidden_units=4096, reader='attention',
+    user_memory='none', user_model='zam', attention_hidden=8, query_from='last',
+    item_negatives=10, word_negatives=5, max_session_queries=16, context_encoder='flat',
+    poly_codes=16, cross_negatives=15, pool_negatives=0, session_candidates=False,
+    lexical_negatives=0, scaled_scores=False)
+OLD_DECODE = dict(beam_size=10, length_penalty=1.2, max_len=11, top_k=10, emit_unk=False,
+                  block_repeats=True, rerank='mbr+session', exclude_session_queries=None,
+                  batch_sessions=128, input='', output='', max_eval_sessions=0,
+                  eval_split='test')
+
+
+def test_an_old_saved_decode_section_searches_as_it_did():
+  settings = search.SearchSettings.from_config(ml_collections.ConfigDict(OLD_DECODE))
+  assert settings.mbr == 'beam+session' and settings.beam_size == 10
+  assert mbr.from_decode(ml_collections.ConfigDict(OLD_DECODE)) == ('beam+session', False)
+  new = default.get_config('mtn').decode
+  new.update(beam_size=10, top_k=10, length_penalty=1.2, block_repeats=True,
+             mbr='beam+session')
+  assert search.SearchSettings.from_config(new) == settings
+
+
+@pytest.mark.parametrize('name', ['mtn', 'polyencoder', 'hred'])
+def test_an_old_checkpoints_model_config_maps_to_the_same_model(name):
+  sizes = dict(vocab_size=50, max_query_words=5)
+  saved = models.make_config({**OLD_MODEL, 'name': name}, **sizes)
+  meta = {'model': {**dict(vars(saved))}}
+  # Read back with today's config of its family, and with another family's (a ranker loaded
+  # by a recurrent generator's run): the checkpoint's own model either way.
+  # The runtime fields (`RUNTIME_FIELDS`) are the current config's where it has them.
+  for current in (default.get_config(name).model, default.get_config('hred').model):
+    runtime = {k: current[k] for k in saved.RUNTIME_FIELDS if k in current}
+    assert trained_lib.saved_model_config(meta, current) == saved.replace(**runtime)
+  # Today's config of the family with the same values makes the same model.
+  model = default.get_config(name).model
+  model.update({k: v for k, v in OLD_MODEL.items() if k in model and k != 'name'})
+  assert models.make_config(model, **sizes) == saved
