@@ -405,6 +405,8 @@ def lists_and_features(trained: inference.Trained, contexts: Sequence[Context],
 # ---------------------------------------------------------------------------------------------
 # Learning
 
+PROGRESS_SESSIONS = 1024  # sessions between two progress lines of the ranker's data
+
 
 def ranker_dir(workdir: str) -> str:
   return os.path.join(os.path.abspath(workdir), RANKER_DIR)
@@ -482,34 +484,39 @@ def cross_fitted_groups(config: ml_collections.ConfigDict, workdir: str, log=pri
   fold_of = sessions.session_folds(train, folds, config.data.split_seed)
   settings = search.SearchSettings.from_config(config.decode)
   out = collections.defaultdict(list)
-  started = time.time()
+  started, done = time.time(), 0
   for k in range(folds):
     trained = inference.load_trained(fold_config(config, k), fold_workdir(workdir, k),
                                      which='best')
     others = [train.session_texts(i) for i in np.flatnonzero(fold_of != k).tolist()]
     counts = popular.LogCounts.of_sessions(others)
     contexts = session_contexts(train, np.flatnonzero(fold_of == k).tolist())
-    fold_started = time.time()
-    by_source, pools = lists_and_features(
-        trained, contexts, build_sources(plan, trained, counts, settings), counts,
-        positions='all', batch_rows=config.decode.batch_sessions,
-        max_candidates=sum(n for _, n in plan), drop_session=True)
-    for i, context in enumerate(contexts):
-      for p, pool in enumerate(pools[i]):
-        reference = context.references[p]
-        out['features'].append(pool.features)
-        out['labels'].append(np.array([t == reference for t in pool.texts], np.int32))
-        out['sizes'].append(len(pool.texts))
-        out['folds'].append(k)
-        out['texts'].append(pool.texts)
-        out['references'].append(reference)
-        out['sessions'].append(context.queries[:p + 1])
-        out['lists'].append({name: [c['query'] for c in lists[i][p]]
-                             for name, lists in by_source.items()})
-    done = k + 1
-    log(f'  ranker data: fold {k} ({len(contexts):,} sessions) in '
-        f'{time.time() - fold_started:.0f} s; ETA {(time.time() - started) / done * (folds - done):.0f} s',
-        flush=True)
+    candidate_sources = build_sources(plan, trained, counts, settings)
+    # A part of the sessions at a time, with a progress line and an ETA after each.
+    part = max(PROGRESS_SESSIONS // config.decode.batch_sessions, 1) * config.decode.batch_sessions
+    for start in range(0, len(contexts), part):
+      some = contexts[start:start + part]
+      by_source, pools = lists_and_features(
+          trained, some, candidate_sources, counts, positions='all',
+          batch_rows=config.decode.batch_sessions, max_candidates=sum(n for _, n in plan),
+          drop_session=True)
+      for i, context in enumerate(some):
+        for p, pool in enumerate(pools[i]):
+          reference = context.references[p]
+          out['features'].append(pool.features)
+          out['labels'].append(np.array([t == reference for t in pool.texts], np.int32))
+          out['sizes'].append(len(pool.texts))
+          out['folds'].append(k)
+          out['texts'].append(pool.texts)
+          out['references'].append(reference)
+          out['sessions'].append(context.queries[:p + 1])
+          out['lists'].append({name: [c['query'] for c in lists[i][p]]
+                               for name, lists in by_source.items()})
+      done += len(some)
+      elapsed = time.time() - started
+      log(f'  ranker data: fold {k}, {min(start + part, len(contexts)):,} of '
+          f'{len(contexts):,} sessions; {elapsed:.0f} s, ETA '
+          f'{elapsed / done * (train.num_sessions - done):.0f} s', flush=True)
   return Groups(np.concatenate(out['features']), np.concatenate(out['labels']),
                 np.asarray(out['sizes']), np.asarray(out['folds']), out['texts'],
                 out['references'], out['sessions'], out['lists'])
