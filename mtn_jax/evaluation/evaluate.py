@@ -63,7 +63,6 @@ from mtn_jax.evaluation import pool_ranking
 from mtn_jax.evaluation import trivial
 from mtn_jax.inference import habits
 from mtn_jax.inference import pipeline
-from mtn_jax.tasks import imdna as imdna_task
 
 # Under config.suggest.strategy 'retrieve' or 'rerank', the sources it draws on, scored beside
 # it.
@@ -77,25 +76,7 @@ PROGRESS_SECONDS = 10.0  # at most one progress line per this many seconds
 
 
 # ---------------------------------------------------------------------------------------------
-# Pairs
-
-
-def pair_session_positions(split: sessions.SessionSplit) -> tuple[np.ndarray, np.ndarray]:
-  """For every pair, in pair order (session by session, then position): (session int64
-  [pairs], position t int64 [pairs]); pair (i, t) predicts query t+1 of session i after
-  queries 0..t."""
-  pairs_per_session = split.lengths - 1
-  session = np.repeat(np.arange(split.num_sessions), pairs_per_session)
-  first_pair = np.cumsum(pairs_per_session) - pairs_per_session
-  return session, np.arange(len(session)) - first_pair[session]
-
-
-def pair_texts(split: sessions.SessionSplit) -> tuple[list[str], list[str]]:
-  """(previous query [pairs], next query [pairs]) raw texts, in pair order."""
-  session, position = pair_session_positions(split)
-  rows = split.starts[session] + position
-  texts = split.texts
-  return [texts[r] for r in rows], [texts[r + 1] for r in rows]
+# Scores
 
 
 def score_entry(score: metrics.BleuScore, ranking: metrics.RankingScore | None = None
@@ -209,7 +190,7 @@ def evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict:
   is_writer = jax.process_index() == 0
   log = print if is_writer else (lambda *a, **k: None)
   trained = inference.load_trained(config, workdir, which='best')
-  if isinstance(trained.task, imdna_task.IMDNATask):  # its own data and measures
+  if isinstance(trained.task, tasks.BringsOwnData):  # its own data and measures
     return imdna.evaluate(trained, config, workdir)
   data_dir = preprocess.data_dir(workdir)
   split_name = config.decode.eval_split
@@ -230,14 +211,14 @@ def evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict:
   # Both protocols are scored from the full lists, whatever decode and suggest are told.
   settings = dataclasses.replace(search.SearchSettings.from_config(dc),
                                  exclude_session_queries=False)
-  how = ('ranking the candidate pool' if isinstance(trained.task, tasks.RankingTask) else
+  how = ('ranking the candidate pool' if not isinstance(trained.task, tasks.Suggests) else
          f'beam {dc.beam_size}, length penalty {dc.length_penalty}, at most {dc.max_len} '
          f'tokens{", <unk> allowed" if dc.emit_unk else ""}')
   log(f'Evaluating {name} (checkpoint step {trained.step}) on {test.num_pairs:,} {split_name} '
       f'pairs of {test.num_sessions:,} sessions: {how}.', flush=True)
 
-  previous, references = pair_texts(test)
-  session, position = pair_session_positions(test)
+  previous, references = test.pair_texts()
+  session, position = test.pair_positions()
   contexts = [test.session_texts(i)[:t + 1] for i, t in zip(session.tolist(),
                                                              position.tolist())]
   rng = np.random.default_rng(config.seed)
@@ -248,7 +229,7 @@ def evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict:
   queries_per_batch = dc.batch_sessions * config.data.max_session_queries
   strategy = config.suggest.strategy
   pool = None
-  if (strategy == 'generate' and isinstance(trained.task, tasks.RankingTask)
+  if (strategy == 'generate' and not isinstance(trained.task, tasks.Suggests)
       and not isinstance(trained.task, tasks.ScoresPool)):
     # A Cross-encoder cannot score the whole pool: the sampled protocols alone; it suggests
     # only by reranking (config.suggest.strategy='rerank').
@@ -293,7 +274,7 @@ def evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict:
         for ranked, context in zip(source_lists, contexts)]
     suggestions[source], user_facing[source] = as_shown(False), as_shown(True)
   top = {pair: shown[False][pair] for pair in sample_pairs.tolist()}
-  ranked = pool if isinstance(trained.task, tasks.RankingTask) else None
+  ranked = pool if not isinstance(trained.task, tasks.Suggests) else None
   decode_seconds = time.time() - decode_start
 
   suggestions.update(trivial.lists(train, previous, contexts))
@@ -406,7 +387,7 @@ def history_groups(split: sessions.SessionSplit, suggestions: dict[str, list[lis
   a ranker the pool figures too, and for a model with a zero-vector memory the mean weight
   on the zero vector, apart for next queries that share a word with the user's history and
   those that do not."""
-  session, position = pair_session_positions(split)
+  session, position = split.pair_positions()
   history = np.asarray(split.history)  # [S, M, n]
   lengths = (history != 0).any(-1).sum(-1)[session]
   rows = split.starts[session] + position + 1

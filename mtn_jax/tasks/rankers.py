@@ -300,18 +300,24 @@ class DualEncoderTask(base.RankingTask):
     return (('queries',) + (('lexical',) if self.cfg.lexical_negatives else ())
             + (('hypotheses',) if self.hypotheses_from else ()))
 
-  def per_query_inputs(self, split, vocab) -> dict[str, np.ndarray]:
+  def training_inputs(self, split, vocab) -> base.SplitInputs:
     """'lexical' int32 [num_queries, K]: with `lexical_negatives`, each context's
     `lexical_neighbours`; 'hypotheses' int32 [num_queries, H, n]: with `hypotheses_from`,
-    the generators' suggestions after each query (`mtn_jax.hypotheses`)."""
-    inputs = {}
+    the generators' suggestions after each query (`mtn_jax.inference.hypotheses`)."""
+    inputs = self.context_inputs(split, vocab)
     if self.cfg.lexical_negatives:
-      inputs['lexical'] = lexical_neighbours(*self._lexical_index, split,
-                                             self.cfg.lexical_negatives)
+      inputs.per_query['lexical'] = lexical_neighbours(*self._lexical_index, split,
+                                                       self.cfg.lexical_negatives)
     if self.hypotheses_from:
-      inputs['hypotheses'] = generated_candidates(self.hypotheses_from, self.data_dir, split,
-                                                  vocab, self.cfg.max_query_words)
+      inputs.per_query['hypotheses'] = generated_candidates(
+          self.hypotheses_from, self.data_dir, split, vocab, self.cfg.max_query_words)
     return inputs
+
+  @classmethod
+  def vector_index(cls, cfg: ModelConfig) -> bool:
+    """The Bi-encoder's score is an inner product of fixed vectors; a Poly-encoder's context
+    attends over its codes per candidate (`cfg` is a model config or its config section)."""
+    return cfg.name == 'biencoder'
 
   @functools.cached_property
   def _lexical_index(self):
@@ -483,13 +489,14 @@ class CrossEncoderTask(base.RankingTask):
   def input_keys(self) -> tuple[str, ...]:
     return ('queries',) + (('hypotheses',) if self.hypotheses_from else ())
 
-  def per_query_inputs(self, split, vocab) -> dict[str, np.ndarray]:
+  def training_inputs(self, split, vocab) -> base.SplitInputs:
     """'hypotheses' int32 [num_queries, H, n]: with `hypotheses_from`, the generators'
-    suggestions after each query (`mtn_jax.hypotheses`)."""
-    if not self.hypotheses_from:
-      return {}
-    return {'hypotheses': generated_candidates(self.hypotheses_from, self.data_dir, split,
-                                               vocab, self.cfg.max_query_words)}
+    suggestions after each query (`mtn_jax.inference.hypotheses`)."""
+    inputs = self.context_inputs(split, vocab)
+    if self.hypotheses_from:
+      inputs.per_query['hypotheses'] = generated_candidates(
+          self.hypotheses_from, self.data_dir, split, vocab, self.cfg.max_query_words)
+    return inputs
 
   def init_params(self, rng: jax.Array):
     batch = self.example_batch()

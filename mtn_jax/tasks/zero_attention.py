@@ -110,22 +110,33 @@ class ZeroAttentionTask(base.RankingTask):
   def pool(self) -> candidates.CandidatePool:
     return candidates.load_pool(self.data_dir)
 
-  def per_query_inputs(self, split, vocab) -> dict[str, np.ndarray]:
-    """'targets' int32 [num_queries]: each query row's pool index, -1 outside the pool."""
+  def context_inputs(self, split, vocab) -> base.SplitInputs:
+    """Per session: 'history_items' [num_sessions, M] (AEM, ZAM); 'user' (each session's
+    user as `user_index` numbers them, from `split.users`, -1 for none) and 'history'
+    (HEM)."""
     del vocab
-    return {'targets': self.pool.ids_of(split.texts)}
-
-  def per_session_inputs(self, split) -> dict[str, np.ndarray]:
-    """'history_items' [num_sessions, M] (AEM, ZAM); 'user' and 'history' (HEM)."""
     if self.cfg.user_model == 'qem':
-      return {}
+      return base.SplitInputs()
     items = split.history_items
     if items is None or items.shape[1] == 0:
       raise errors.Error(f'config.model.user_model={self.cfg.user_model!r} needs the users\' '
                          'earlier queries: set config.data.history_queries > 0')
     if self.cfg.user_model == 'hem':
-      return {'user': user_index(self.train_users, split.users), 'history': split.history}
-    return {'history_items': items}
+      return base.SplitInputs(per_session={'user': user_index(self.train_users, split.users),
+                                           'history': split.history})
+    return base.SplitInputs(per_session={'history_items': items})
+
+  def training_inputs(self, split, vocab) -> base.SplitInputs:
+    """`context_inputs`, and 'targets' int32 [num_queries]: each query row's pool index, -1
+    outside the pool."""
+    return base.SplitInputs(per_query={'targets': self.pool.ids_of(split.texts)}) | (
+        self.context_inputs(split, vocab))
+
+  @classmethod
+  def vector_index(cls, cfg: ModelConfig) -> bool:
+    """No: the index reads a Bi-encoder's context vectors (`retrieval.bi_contexts`)."""
+    del cfg
+    return False
 
   def example_batch(self) -> dict[str, jax.Array]:
     n = self.cfg.max_query_words
