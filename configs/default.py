@@ -158,7 +158,7 @@ def get_config(variant: str = '') -> ml_collections.ConfigDict:
   # train.user_folds=K, one per held-out fold; each context's candidates then include the
   # suggestions of the generator that never saw its user (valid: the first one's), decoded
   # with each generator's own config.decode and cached in its workdir
-  # (mtn_jax/inference/hypotheses.py).
+  # (mtn_jax/inference/hypothesis_decoding.py).
   c.train.hypotheses_from = ''
   c.train.log_every_steps = 100
   c.train.checkpoint_every_steps = 1000
@@ -299,7 +299,7 @@ def get_config(variant: str = '') -> ml_collections.ConfigDict:
   c.movies.num_users = 3000  # one recommendation question each
   c.movies.seed = 0
 
-  # The IMDNA task (mtn_jax/tasks/imdna.py): 'qa' or 'recs' on the movie knowledge base, or
+  # The IMDNA task (mtn_jax/tasks/multi_answer.py): 'qa' or 'recs' on the movie knowledge base, or
   # 'aol' (a session corpus); K documents retrieved by BM25 (k1, b) per question; documents
   # and questions cut to these many words; questions per batch.
   c.imdna = ml_collections.ConfigDict()

@@ -13,8 +13,6 @@ import ml_collections
 
 from mtn_jax import errors
 
-MODES = ('all', 'preprocess', 'train', 'eval', 'decode', 'suggest', 'serve', 'report')
-
 ConfigError = errors.ConfigError  # a config value that cannot work; the message names the key
 
 

@@ -14,14 +14,14 @@ from mtn_jax import errors
 from mtn_jax import models
 from tests import cli
 
-pytestmark = pytest.mark.slow
-
 
 def run(*args, cwd=cli.REPO):
+  """A run of the command line (the tests that make one are marked slow)."""
   return subprocess.run([sys.executable, '-m', 'mtn_jax.main', *args], cwd=cwd,
                         env=cli.env(), capture_output=True, text=True, timeout=120)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize('args, message', [
     (('--config=configs/demo.py', '--config.model.nmu_heads=4'),
      '--config.model.nmu_heads: config.model has no key \'nmu_heads\'. '
@@ -74,6 +74,7 @@ def test_usage_errors_are_one_line_and_exit_2(tmp_path, args, message):
   assert not (tmp_path / 'data').exists()
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize('config, known', [
     ('default', 'it has none: use --config=configs/default.py'),
     ('demo', 'it has none: use --config=configs/demo.py'),
@@ -88,6 +89,7 @@ def test_every_config_names_its_variants(tmp_path, config, known):
   assert 'bogus' in result.stderr and known in result.stderr, result.stderr
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize('flag', ['--help', '-h'])
 def test_help_lists_modes_flags_config_keys_and_decode_formats(flag):
   result = run(flag)  # no --config or --workdir needed
@@ -109,6 +111,7 @@ def test_help_lists_modes_flags_config_keys_and_decode_formats(flag):
   assert '  ' not in out.splitlines()[2].strip()  # no stray spaces in the usage line
 
 
+@pytest.mark.slow
 def test_missing_required_flags(tmp_path):
   result = run()
   assert result.returncode == 2 and result.stderr == (
@@ -117,6 +120,7 @@ def test_missing_required_flags(tmp_path):
   assert result.returncode == 2 and result.stderr == 'error: missing --workdir=DIR (see --help)\n'
 
 
+@pytest.mark.slow
 def test_workdir_that_is_a_file(tmp_path):
   workdir = tmp_path / 'file'
   workdir.write_text('')
@@ -125,6 +129,7 @@ def test_workdir_that_is_a_file(tmp_path):
       f'error: --workdir={workdir} is a file, not a folder (see --help)\n')
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize('args, verbose', [
     (('--config=configs/demo.py:bogus',), ('--verbosity=1',)),
     (('--config=configs/demo.py', '--config.model.nmu_heads=4'), ('-v', '2')),
@@ -141,6 +146,7 @@ def test_verbosity_shows_the_traceback(tmp_path, args, verbose):
 
 
 
+@pytest.mark.slow
 def test_data_errors_are_one_line_and_exit_1(tmp_path):
   binary = tmp_path / 'random.bin'
   binary.write_bytes(bytes(range(256)) * 80)

@@ -11,7 +11,6 @@ import re
 import pytest
 
 from mtn_jax.data import sessions
-from mtn_jax.evaluation import evaluate
 from mtn_jax.evaluation import metrics
 from mtn_jax.evaluation import trivial
 from tests import cli

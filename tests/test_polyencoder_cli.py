@@ -235,7 +235,6 @@ def test_imdna_proposes_what_its_own_evaluation_ranks(imdna_run, rerank_run):
   questions = library.splits['valid']
   contexts = library.extra['valid']['contexts']
   split = sessions.load_split(str(rerank_run[0] / 'data'), 'valid')  # the generator's
-  from mtn_jax.evaluation import evaluate  # pylint: disable=g-import-not-at-top
   session_of, position_of = split.pair_positions()
   assert contexts == [split.session_texts(i)[:t + 1] for i, t in zip(session_of, position_of)]
   probabilities = trained.task.answer_scores(trained.params, library, questions, 16)

@@ -2,7 +2,7 @@
 
 In:  `config.report.workdirs`, comma-separated (default: the run's own workdir); each a
      trained and evaluated workdir holding `eval/results.json` and `eval/samples.jsonl`
-     (written by `mtn_jax.evaluate`).
+     (written by `mtn_jax.evaluation.evaluate`).
 Out, in `config.report.output` (default `<workdir>/report/`):
   `report.md`   a Table-2-style Markdown table (model, size MB, 1/2/3/4-gram precision, BLEU)
                 with the trivial suggesters' lines, the figures, and sample suggestions in the

@@ -199,7 +199,7 @@ def read_raw_log(path: str, reader: QueryReader, data: ml_collections.ConfigDict
   The log reader's line-level skips (header, malformed lines, empty queries) and removed
   successive duplicates are added to `reader.counts`. Each context's history is its user's
   last `data.history_queries` earlier queries, or all of them with `whole_history` (a user's
-  habit query, `mtn_jax.habits`).
+  habit query, `mtn_jax.inference.habits`).
   """
   try:
     log = aol_log.read_log(path, strict=data.strict)

@@ -13,8 +13,8 @@ query t+1, whose pool entry is the item to rank first):
 with s the sigmoid, k = `item_negatives` / `word_negatives`. Validation measures what
 retrieval needs, exactly: the target's softmax cross-entropy among every pool candidate, and
 how often it ranks first. A context whose next query is not in the pool (a query first issued
-outside training) cannot be retrieved: it counts in retrieval metrics (`mtn_jax.ranking`) as a
-miss, but no loss can be defined for it.
+outside training) cannot be retrieved: it counts in retrieval metrics
+(`mtn_jax.evaluation.pool_ranking`) as a miss, but no loss can be defined for it.
 
 Batch keys: `queries` [B, S, n]; `targets` [B, S] each query's pool index (-1: not in the
 pool); `history_items` [B, M] (AEM, ZAM); `user` [B] and `history` [B, M, n] (HEM).

@@ -2,7 +2,7 @@
 
 The task brings its own data (`training_data`, which the trainer calls in place of the
 session corpus: `mtn_jax.data.imdna_library`) and its own evaluation
-(`mtn_jax.evaluation.imdna`, which `--mode=eval` calls for it), so the same CLI, checkpoints
+(`mtn_jax.evaluation.answer_hits`, which `--mode=eval` calls for it), so the same CLI, checkpoints
 and exact resume serve it.
 
 The loss is the sigmoid cross-entropy of every candidate answer (multi-label), summed over

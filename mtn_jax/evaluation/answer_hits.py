@@ -29,6 +29,7 @@ from mtn_jax.data.vocab import SPECIAL_TOKENS
 from mtn_jax.evaluation import metrics
 from mtn_jax.evaluation import trivial
 from mtn_jax.inference import imdna_proposer
+from mtn_jax.inference import popular
 
 HITS_AT = (1, 10, 100)
 
@@ -157,6 +158,6 @@ def _aol_query_figures(library: Library, questions: QuestionSet, split: str,
       'bm25': candidates,
       'repeat_previous': [[p] for p in previous],
       'most_frequent_next': trivial.most_frequent_next_lists(
-          library.extra['train_split'], previous)}
+          popular.LogCounts(library.extra['train_split']), previous)}
   return {name: metrics.suggestion_ranking(s, references, contexts).to_dict()
           for name, s in suggestions.items()}
