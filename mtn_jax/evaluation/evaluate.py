@@ -7,6 +7,8 @@ Out: `<workdir>/eval/results.json` and `<workdir>/eval/samples.jsonl`, and the B
      instead, into `eval/valid_results.json` and `eval/valid_samples.jsonl` (for tuning
      decoding settings without touching the test split; the report reads only the test
      results).
+`evaluate` runs four steps: the lists (`decode_lists`), their scores (`scores`), the printed
+figures (`print_results`), the files (`write_results`).
 
 Every (session prefix -> next query) pair of the test split is decoded by beam search
 (`config.decode`). Each batch of sessions `queries` int32 [batch, queries, tokens] goes through
