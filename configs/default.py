@@ -107,7 +107,7 @@ def get_config(variant: str = '') -> ml_collections.ConfigDict:
   # train.user_folds=K, one per held-out fold; each context's candidates then include the
   # suggestions of the generator that never saw its user (valid: the first one's), decoded
   # with each generator's own config.decode and cached in its workdir
-  # (mtn_jax/inference/hypotheses.py).
+  # (mtn_jax/inference/hypothesis_decoding.py).
   c.train.hypotheses_from = ''
   c.train.log_every_steps = 100
   c.train.checkpoint_every_steps = 1000

@@ -6,7 +6,7 @@ python -m mtn_jax.main --config=configs/imdna_aol.py \
 The question is the session so far; its documents are the K training sessions of other
 users BM25 finds most like it; the answers are the words of the logged next query, and the
 candidate next queries are those that follow in the retrieved sessions
-(`mtn_jax.imdna_task`). The corpus settings are `configs/aol.py:small`'s, so the splits are
+(`mtn_jax.tasks.multi_answer`). The corpus settings are `configs/aol.py:small`'s, so the splits are
 the ones MTN and the trivial suggesters are measured on. Variant '+embeddings': the
 supervised-embedding baseline on the same questions.
 """

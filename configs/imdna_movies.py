@@ -66,7 +66,7 @@ def add_movies(c):
 
 
 def add_task(c):
-  """config.imdna: the IMDNA task (mtn_jax/tasks/imdna.py): 'qa' or 'recs' on the movie
+  """config.imdna: the IMDNA task (mtn_jax/tasks/multi_answer.py): 'qa' or 'recs' on the movie
   knowledge base, or 'aol' (a session corpus); K documents retrieved by BM25 (k1, b) per
   question; documents and questions cut to these many words; questions per batch."""
   c.imdna = ml_collections.ConfigDict()

@@ -48,10 +48,10 @@ import numpy as np
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 # pylint: disable=wrong-import-position
 from mtn_jax import parallel
-from mtn_jax.data import hypotheses
+from mtn_jax.data import hypothesis_files
 from mtn_jax.data import preprocess
 from mtn_jax.data import sessions
-from mtn_jax.inference import hypotheses as inference_hypotheses
+from mtn_jax.inference import hypothesis_decoding
 from mtn_jax.inference import pipeline
 from mtn_jax.inference import popular
 # pylint: enable=wrong-import-position
@@ -109,11 +109,11 @@ def cross_fitted_training_pairs(workdir: str, fold_workdirs: str) -> list[dict]:
   with open(os.path.join(workdir, 'config.json'), encoding='utf-8') as f:
     config = ml_collections.ConfigDict(json.load(f)['config'])
   config.train.hypotheses_from = fold_workdirs
-  inference_hypotheses.prepare(config, workdir, ('train',))
+  hypothesis_decoding.prepare(config, workdir, ('train',))
   data_dir = preprocess.data_dir(os.path.abspath(workdir))
-  found = hypotheses.generators(fold_workdirs, data_dir)
+  found = hypothesis_files.generators(fold_workdirs, data_dir)
   train = sessions.load_split(data_dir, 'train')
-  beams = hypotheses.split_suggestions(found, train)
+  beams = hypothesis_files.split_suggestions(found, train)
   fold_of = sessions.session_folds(train, found[0].folds, found[0].config.data.split_seed)
   texts = [train.session_texts(i) for i in range(train.num_sessions)]
   counts = [LogLists([t for t, f in zip(texts, fold_of) if f != held_out])

@@ -18,7 +18,7 @@ import numpy as np
 from configs import imdna_movies
 from mtn_jax.data import imdna_library
 from mtn_jax.data import top_k
-from mtn_jax.evaluation import imdna as imdna_evaluation
+from mtn_jax.evaluation import answer_hits
 
 _WORKDIR = flags.DEFINE_string('workdir', '/tmp/bm25_ties', 'where the tasks\' data are built')
 
@@ -33,17 +33,17 @@ def argpartition_order(scores: np.ndarray, k: int) -> np.ndarray:
 
 def main(argv):
   del argv
-  depth = max(imdna_evaluation.HITS_AT)
+  depth = max(answer_hits.HITS_AT)
   for variant, figure in (('qa', 'hits_at_1'), ('recs', 'hits_at_100')):
     config = imdna_movies.get_config(variant)
     library = imdna_library.load_library(config, os.path.join(_WORKDIR.value, variant))
     for split in ('valid', 'test'):
       questions = library.splits[split]
-      scores = imdna_evaluation.bm25_answer_scores(library, questions,
+      scores = answer_hits.bm25_answer_scores(library, questions,
                                                    exclude_question_words=True)
       ranked = top_k.best_first_rows(scores, depth)
-      lower_id = imdna_evaluation.hits_at(ranked, questions.answers)[figure]
-      numpy = imdna_evaluation.hits_at(argpartition_order(scores, depth),
+      lower_id = answer_hits.hits_at(ranked, questions.answers)[figure]
+      numpy = answer_hits.hits_at(argpartition_order(scores, depth),
                                        questions.answers)[figure]
       # The same figure counting a hit only where a retrieved document held the answer (its
       # score above 0): no tie order in it.

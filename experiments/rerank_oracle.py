@@ -62,8 +62,8 @@ def main(argv):
   lists = {'model': [[c['query'] for c in ranked] for ranked in split_lists.ordered],
            **split_lists.sources}
   label = evaluate.strategy_record(suggestions)['label']
-  previous, references = evaluate.pair_texts(split)
-  session, position = evaluate.pair_session_positions(split)
+  previous, references = split.pair_texts()
+  session, position = split.pair_positions()
   contexts = [split.session_texts(i)[:t + 1] for i, t in zip(session.tolist(),
                                                              position.tolist())]
   pooled = lists['model']

@@ -6,7 +6,7 @@ Measured on the training split's users (all, and each of two folds) and on held-
 RUN: any run on a corpus split by user (its data/ is read). Repeating the previous query is
 the strongest top-1 BLEU suggester on the AOL sample (docs/RESULTS.md), and no candidate
 judged from the session alone beats it. Many users, though, come back to the same few
-queries. `mtn_jax.habits` (what `config.suggest.habit_rate` does in 'rerank') suggests a
+queries. `mtn_jax.inference.habits` (what `config.suggest.habit_rate` does in 'rerank') suggests a
 user's habit query first where their past shows it right often enough; this prints corpus
 BLEU (METRICS.md) of repeating the previous query and of that rule, the previous query
 elsewhere, for every rate and minimum past of the grid, with how many contexts it changes,

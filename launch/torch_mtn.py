@@ -306,9 +306,10 @@ def load_flax_params(model: TorchMTN, params: Any) -> None:
 class PeerTrainer:
   """Adam with `config.train`'s betas, epsilon and schedule, label-smoothed cross-entropy.
 
-  `total_steps` bounds the learning-rate table, taken from `mtn_jax.train`'s own schedule so
-  that both sides step with the same rates. With `bfloat16`, the forward pass runs under
-  autocast (float32 weights, bfloat16 matmuls, float32 loss), like the JAX compute dtype.
+  `total_steps` bounds the learning-rate table, taken from
+  `mtn_jax.training.train.learning_rate_schedule` so that both sides step with the same
+  rates. With `bfloat16`, the forward pass runs under autocast (float32 weights, bfloat16
+  matmuls, float32 loss), like the JAX compute dtype.
   """
 
   def __init__(self, model: TorchMTN, train_config: ml_collections.ConfigDict,

@@ -14,9 +14,6 @@ import ml_collections
 from mtn_jax import errors
 from mtn_jax.data import aol_log
 
-MODES = ('all', 'preprocess', 'train', 'eval', 'decode', 'suggest', 'serve', 'report')
-RANKERS = ('biencoder', 'polyencoder', 'crossencoder')
-
 ConfigError = errors.ConfigError  # a config value that cannot work; the message names the key
 
 
@@ -121,7 +118,7 @@ def _check_suggest(config) -> None:
   from mtn_jax.decoding import mbr  # pylint: disable=g-import-not-at-top
   from mtn_jax.inference import pipeline  # pylint: disable=g-import-not-at-top
   from mtn_jax.inference import retrieval  # pylint: disable=g-import-not-at-top
-  s, name = config.suggest, config.model.name
+  s, m, name = config.suggest, config.model, config.model.name
   _choice(config, 'suggest.strategy', pipeline.STRATEGIES)
   try:
     _, ranker_mbr = mbr.parse(config.decode.mbr)
@@ -167,9 +164,13 @@ def _check_suggest(config) -> None:
                           f'config.suggest.strategy is {s.strategy!r}')
   _choice(config, 'suggest.index', retrieval.INDEX_KINDS)
   # The ranker of 'generate' is the workdir's own model; another workdir's is checked when it
-  # is loaded (`ranking.check_index`).
-  if s.index == 'usearch' and s.strategy == 'generate' and name in ('polyencoder',
-                                                                   'crossencoder'):
+  # is loaded (`retrieval.check_index`).
+  # What the model can do is asked of its task's capabilities (`mtn_jax.tasks.base`).
+  from mtn_jax import tasks  # pylint: disable=g-import-not-at-top
+  task_class = tasks.task_class(m)
+  if (s.index == 'usearch' and s.strategy == 'generate'
+      and issubclass(task_class, (tasks.ScoresPool, tasks.ScoresCandidates))
+      and not (issubclass(task_class, tasks.ScoresPool) and task_class.vector_index(m))):
     raise ConfigError(f"config.suggest.index='usearch' needs a Bi-encoder (its score is an "
                       f"inner product of fixed vectors), not {name!r}: use 'exact'")
 
@@ -202,9 +203,11 @@ def _check_train(config, model_class) -> None:
       raise ConfigError('config.train.user_folds holds users out of training, which is what '
                         "the validation and test users are only with config.data.split_by="
                         f"'user' (got {d.split_by!r})")
-  if t.hypotheses_from and m.name not in RANKERS:
-    raise ConfigError('config.train.hypotheses_from gives the Bi-, Poly- and Cross-encoders '
-                      f'generated candidates to learn from; {m.name!r} reads none')
+  from mtn_jax import tasks  # pylint: disable=g-import-not-at-top
+  if t.hypotheses_from and not issubclass(tasks.task_class(m), tasks.ScoresCandidates):
+    raise ConfigError('config.train.hypotheses_from gives the rankers that score given '
+                      'candidates (Bi-, Poly- and Cross-encoders) generated ones to learn '
+                      f'from; {m.name!r} reads none')
   if not 0 <= t.label_smoothing < 1:
     raise ConfigError(f'config.train.label_smoothing must be in [0, 1), '
                       f'got {t.label_smoothing}')

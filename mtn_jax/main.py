@@ -5,7 +5,7 @@
       --workdir=W --mode=train --config.model.num_heads=8
 
 `-h` or `--help` lists the modes, the flags, the config's keys and the decode input formats;
-errors are one line and an exit code (`mtn_jax.cli_errors`).
+errors are one line and an exit code (`mtn_jax.cli`). The modes themselves: `mtn_jax.modes`.
 """
 
 import sys
@@ -15,14 +15,14 @@ from absl import flags
 from absl import logging
 from ml_collections import config_flags
 
-from mtn_jax import cli_errors
-from mtn_jax import config_lib
+from mtn_jax import cli
+from mtn_jax import modes
 
 FLAGS = flags.FLAGS
 config_flags.DEFINE_config_file('config', None, 'Config file, path[:variant] (required).',
                                 lock_config=True)
 flags.DEFINE_string('workdir', None, 'Run folder (required): data, checkpoints, logs, results.')
-flags.DEFINE_enum('mode', 'all', config_lib.MODES,
+flags.DEFINE_enum('mode', 'all', list(modes.MODES),
                   'all: preprocess, train, eval, sample suggestions and report.')
 flags.DEFINE_bool('distributed', False,
                   'Multi-host: call jax.distributed.initialize() before anything else. Without '
@@ -42,12 +42,12 @@ flags.mark_flags_as_required(['config', 'workdir'])
 
 def main(argv):
   if len(argv) > 1:
-    cli_errors.usage_error(f'unexpected arguments: {" ".join(argv[1:])}')
+    cli.usage_error(f'unexpected arguments: {" ".join(argv[1:])}')
   if not FLAGS['verbosity'].present:
     # Library INFO logs (orbax writes several per checkpoint) would bury the progress lines.
     logging.set_verbosity(logging.WARNING)
-  config = cli_errors.checked_config(FLAGS['config'], FLAGS.mode)
-  cli_errors.check_workdir(FLAGS.workdir)
+  config = cli.checked_config(FLAGS['config'], FLAGS.mode)
+  cli.check_workdir(FLAGS.workdir)
   if FLAGS.mode != 'preprocess':  # the one mode that runs without JAX
     from mtn_jax import parallel  # pylint: disable=g-import-not-at-top
     parallel.set_cpu_devices(parallel.cpu_devices_for(FLAGS.mode, FLAGS.cpu_devices))
@@ -55,65 +55,10 @@ def main(argv):
     import jax  # pylint: disable=g-import-not-at-top
     jax.distributed.initialize(coordinator_address=FLAGS.coordinator_address,
                                num_processes=FLAGS.num_processes, process_id=FLAGS.process_id)
-  with cli_errors.run_errors():
-    stopped_by = MODES[FLAGS.mode](config, FLAGS.workdir)
-  sys.exit(cli_errors.EXIT_CODES.get(stopped_by, 0))
-
-
-# One function per mode; each returns the signal that stopped training early ('SIGINT',
-# 'SIGTERM') or None. Imports are per mode so that preprocessing does not pay for JAX start-up.
-# eval, decode, suggest and serve use the workdir's model with the config it was trained with
-# (`inference.trained.check_config`); only the decoding settings may change.
-
-def preprocess(config, workdir):
-  from mtn_jax.data import preprocess as preprocessing  # pylint: disable=g-import-not-at-top
-  preprocessing.prepare(config, workdir, verbose=True)
-
-
-def train(config, workdir):
-  from mtn_jax import main_job  # pylint: disable=g-import-not-at-top
-  return main_job.train(config, workdir)['stopped_by']
-
-
-def evaluate(config, workdir):
-  from mtn_jax import main_job  # pylint: disable=g-import-not-at-top
-  from mtn_jax.inference import trained  # pylint: disable=g-import-not-at-top
-  trained.check_config(config, workdir)
-  main_job.evaluate(config, workdir)
-
-
-def decode(config, workdir):
-  from mtn_jax.inference import suggest, trained  # pylint: disable=g-import-not-at-top
-  trained.check_config(config, workdir)
-  suggest.decode_file(config, workdir)
-
-
-def interactive(config, workdir):
-  from mtn_jax.inference import suggest, trained  # pylint: disable=g-import-not-at-top
-  trained.check_config(config, workdir)
-  suggest.interactive(config, workdir)
-
-
-def serve(config, workdir):
-  from mtn_jax.inference import trained  # pylint: disable=g-import-not-at-top
-  from mtn_jax.serving import service  # pylint: disable=g-import-not-at-top
-  trained.check_config(config, workdir)
-  service.serve(config, workdir)
-
-
-def report(config, workdir):
-  from mtn_jax.evaluation import report as reporting  # pylint: disable=g-import-not-at-top
-  reporting.write_report(config, workdir)
-
-
-def run_all(config, workdir):
-  from mtn_jax import main_job  # pylint: disable=g-import-not-at-top
-  return main_job.run_all(config, workdir).get('stopped_by')
-
-
-MODES = {'all': run_all, 'preprocess': preprocess, 'train': train, 'eval': evaluate,
-         'decode': decode, 'suggest': interactive, 'serve': serve, 'report': report}
+  with cli.run_errors():
+    stopped_by = modes.MODES[FLAGS.mode](config, FLAGS.workdir)
+  sys.exit(cli.EXIT_CODES.get(stopped_by, 0))
 
 
 if __name__ == '__main__':
-  app.run(main, flags_parser=cli_errors.parse_flags)
+  app.run(main, flags_parser=cli.parse_flags)

@@ -18,7 +18,7 @@ from mtn_jax import tasks
 from mtn_jax.data import preprocess
 from mtn_jax.evaluation import evaluate as evaluation
 from mtn_jax.evaluation import report
-from mtn_jax.inference import hypotheses
+from mtn_jax.inference import hypothesis_decoding
 from mtn_jax.inference import learned
 from mtn_jax.training import checkpoints
 from mtn_jax.training import train as train_loop
@@ -58,7 +58,7 @@ def train(config: ml_collections.ConfigDict, workdir: str, preprocessed: bool = 
   summary, after a closing summary (the best checkpoint, the workdir's files)."""
   if not preprocessed and jax.process_index() == 0:
     preprocess.prepare(config, workdir, verbose=True)
-  hypotheses.prepare(config, workdir, ('train', 'valid'))
+  hypothesis_decoding.prepare(config, workdir, ('train', 'valid'))
   if not learns_ranker(config):
     return _train_one(config, workdir)
   folds = config.suggest.ranker_folds
@@ -115,7 +115,7 @@ def training_summary(summary: dict, workdir: str) -> str:
 
 def evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict:
   """`--mode=eval`: the generators' suggestions for the split it reads first, as `train`."""
-  hypotheses.prepare(config, workdir, (config.decode.eval_split,))
+  hypothesis_decoding.prepare(config, workdir, (config.decode.eval_split,))
   return evaluation.evaluate(config, workdir)
 
 

@@ -79,7 +79,7 @@ def main() -> None:
   import optax
   import orbax.checkpoint
   import grain
-  from mtn_jax import cli_errors, config_lib, main_job
+  from mtn_jax import cli, config_lib, main_job
   from mtn_jax.inference import pipeline, suggest, trained
   # pylint: enable=g-import-not-at-top,unused-import
   with os.fdopen(read_fd, 'r') as requests, os.fdopen(write_fd, 'w') as replies:

@@ -10,18 +10,19 @@ import pytest
 from configs import default
 from configs import demo
 from mtn_jax import config_lib
+from mtn_jax import modes as mtn_modes
 from mtn_jax import errors
 from mtn_jax import models
 from tests import cli
 
-pytestmark = pytest.mark.slow
-
 
 def run(*args, cwd=cli.REPO):
+  """A run of the command line (the tests that make one are marked slow)."""
   return subprocess.run([sys.executable, '-m', 'mtn_jax.main', *args], cwd=cwd,
                         env=cli.env(), capture_output=True, text=True, timeout=120)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize('args, message', [
     (('--config=configs/demo.py', '--config.model.nmu_heads=4'),
      '--config.model.nmu_heads: config.model has no key \'nmu_heads\'. '
@@ -81,6 +82,7 @@ def test_usage_errors_are_one_line_and_exit_2(tmp_path, args, message):
   assert not (tmp_path / 'data').exists()
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize('config, known', [
     ('default', 'a model: mtn, transformer,'),
     ('demo', 'it has none: use --config=configs/demo.py'),
@@ -95,6 +97,7 @@ def test_every_config_names_its_variants(tmp_path, config, known):
   assert 'bogus' in result.stderr and known in result.stderr, result.stderr
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize('flag', ['--help', '-h'])
 def test_help_lists_modes_flags_config_keys_and_decode_formats(flag):
   result = run(flag)  # no --config or --workdir needed
@@ -102,7 +105,7 @@ def test_help_lists_modes_flags_config_keys_and_decode_formats(flag):
   out = result.stdout
   assert out.startswith('Next-query suggestion') and '\nusage: python -m mtn_jax.main ' in out
   modes = ('all', 'preprocess', 'train', 'eval', 'decode', 'suggest', 'serve', 'report')
-  assert config_lib.MODES == modes  # a mode added to --mode is added here, and to --help
+  assert tuple(mtn_modes.MODES) == modes  # a mode added to --mode is added here, and to --help
   listed = out.split('modes (--mode):\n', 1)[1].split('\n\n', 1)[0]
   assert re.findall(r'^  (\w+) ', listed, re.M) == list(modes), listed
   for flag_name in ('--config', '--workdir', '--mode', '--cpu_devices', '--[no]distributed'):
@@ -123,6 +126,7 @@ def test_help_lists_modes_flags_config_keys_and_decode_formats(flag):
   assert '  ' not in out.splitlines()[2].strip()  # no stray spaces in the usage line
 
 
+@pytest.mark.slow
 def test_missing_required_flags(tmp_path):
   result = run()
   assert result.returncode == 2 and result.stderr == (
@@ -131,6 +135,7 @@ def test_missing_required_flags(tmp_path):
   assert result.returncode == 2 and result.stderr == 'error: missing --workdir=DIR (see --help)\n'
 
 
+@pytest.mark.slow
 def test_workdir_that_is_a_file(tmp_path):
   workdir = tmp_path / 'file'
   workdir.write_text('')
@@ -139,6 +144,7 @@ def test_workdir_that_is_a_file(tmp_path):
       f'error: --workdir={workdir} is a file, not a folder (see --help)\n')
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize('args, verbose', [
     (('--config=configs/demo.py:bogus',), ('--verbosity=1',)),
     (('--config=configs/demo.py', '--config.model.nmu_heads=4'), ('-v', '2')),
@@ -155,6 +161,7 @@ def test_verbosity_shows_the_traceback(tmp_path, args, verbose):
 
 
 
+@pytest.mark.slow
 def test_data_errors_are_one_line_and_exit_1(tmp_path):
   binary = tmp_path / 'random.bin'
   binary.write_bytes(bytes(range(256)) * 80)

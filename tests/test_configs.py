@@ -9,7 +9,7 @@ import pytest
 
 from configs import default
 from configs import families
-from mtn_jax import cli_errors
+from mtn_jax import cli as cli_errors
 from mtn_jax import config_lib
 from mtn_jax import models
 from mtn_jax.decoding import mbr

@@ -11,6 +11,9 @@ import ml_collections
 import numpy as np
 import pytest
 
+from configs import demo
+from mtn_jax import models
+from mtn_jax import tasks
 from mtn_jax.data.sessions import SessionSplit
 from mtn_jax.data.vocab import SPECIAL_TOKENS
 from mtn_jax.data.vocab import UNK_ID
@@ -20,6 +23,7 @@ from mtn_jax.evaluation import evaluate
 from mtn_jax.evaluation import report
 from mtn_jax.evaluation import trivial
 from mtn_jax.inference import inputs
+from mtn_jax.inference import popular
 from mtn_jax.inference import suggest
 
 
@@ -51,10 +55,10 @@ TEST = [['a', 'x'], ['b', 'z', 'q'], ['d', 'n', 'o', 'p']]
 
 def test_pair_texts_and_positions(tmp_path):
   test = make_split(tmp_path, 'test', TEST)
-  session, position = evaluate.pair_session_positions(test)
+  session, position = test.pair_positions()
   assert session.tolist() == [0, 1, 1, 2, 2, 2]
   assert position.tolist() == [0, 0, 1, 0, 1, 2]
-  previous, following = evaluate.pair_texts(test)
+  previous, following = test.pair_texts()
   assert previous == ['a', 'b', 'z', 'd', 'n', 'o']
   assert following == ['x', 'z', 'q', 'n', 'o', 'p']
 
@@ -62,11 +66,12 @@ def test_pair_texts_and_positions(tmp_path):
 def test_trivial_suggesters_exact_candidates(tmp_path):
   train = make_split(tmp_path, 'train', TRAIN)
   test = make_split(tmp_path, 'test', TEST)
-  previous, _ = evaluate.pair_texts(test)
+  previous, _ = test.pair_texts()
   assert trivial.repeat_previous(previous) == previous
   # a: b 2x, c 2x -> tie, b seen first. b: c 1x, a 1x -> c seen first. z: only followed by
   # w across a session boundary -> repeated. d: e 2x beats f. n, o: never seen -> repeated.
-  assert trivial.most_frequent_next(train, previous) == ['b', 'c', 'z', 'e', 'n', 'o']
+  assert trivial.most_frequent_next(popular.LogCounts(train), previous) == [
+      'b', 'c', 'z', 'e', 'n', 'o']
 
 
 def test_most_frequent_next_reads_only_the_split_rows(tmp_path):
@@ -74,8 +79,8 @@ def test_most_frequent_next_reads_only_the_split_rows(tmp_path):
   full = make_split(tmp_path, 'train', [['a', 'b'], ['a', 'c'], ['a', 'c']])
   prefix = evaluate.prefix_split(full, 1)
   assert prefix.num_sessions == 1 and prefix.texts == ['a', 'b']
-  assert trivial.most_frequent_next(prefix, ['a']) == ['b']
-  assert trivial.most_frequent_next(full, ['a']) == ['c']
+  assert trivial.most_frequent_next(popular.LogCounts(prefix), ['a']) == ['b']
+  assert trivial.most_frequent_next(popular.LogCounts(full), ['a']) == ['c']
 
 
 def test_score_entry_holds_the_printed_line():
@@ -231,11 +236,15 @@ def test_raw_session_longer_than_the_table_keeps_its_last_queries():
       (2, ['hotels', 'red'], 'sox'), (3, ['red', 'sox'], None)]
 
 
-def test_encode_contexts_pads_queries_and_rows():
+def test_context_batch_pads_queries_and_rows():
+  model = demo.get_config().model
+  model.copy = True
+  task = tasks.GenerationTask(models.make_config(model, vocab_size=len(VOCAB),
+                                                 max_query_words=3))
   contexts = [inputs.Context(('cheap flights', 'zzz'), 1, {}),
               inputs.Context(('boston',), 0, {})]
-  batch, lengths = inputs.encode_contexts(VOCAB, contexts, rows=3, width=2,
-                                           max_query_words=3)
+  batch, lengths = inputs.context_batch(task, VOCAB, contexts, rows=3, width=2)
+  assert sorted(batch) == ['oov', 'queries']
   ids = {w: VOCAB.id(w) for w in ('cheap', 'flights', 'boston')}
   np.testing.assert_array_equal(batch['queries'], [
       [[ids['cheap'], ids['flights'], 0], [UNK_ID, 0, 0]],
@@ -373,3 +382,63 @@ def test_report_refuses_missing_and_unevaluated_workdirs(tmp_path):
   results_path.write_text(json.dumps(results))
   with pytest.raises(report.ReportError, match=r'lacks scores.repeat_previous.line'):
     report.load_run(broken)
+
+
+# ---------------------------------------------------------------------------------------------
+# What a model reads: the same for evaluation, decode and the service
+
+
+@pytest.fixture(scope='module')
+def demo_corpus(tmp_path_factory):
+  """A small preprocessed demo corpus whose sessions keep their users' earlier queries."""
+  from mtn_jax.data import preprocess  # pylint: disable=g-import-not-at-top
+  config = demo.get_config()
+  config.data.demo_users, config.data.history_queries = 120, 4
+  config.data.split_by = 'time'  # test users met in training: HEM's user numbers are not 0
+  workdir = str(tmp_path_factory.mktemp('corpus'))
+  preprocess.prepare(config, workdir)
+  return config, preprocess.data_dir(workdir)
+
+
+@pytest.mark.parametrize('name,fields', [
+    ('mtn', {'copy': True, 'user_memory': 'attention'}),
+    ('zam', {'user_model': 'hem'}),
+    ('zam', {'user_model': 'zam'}),
+    ('biencoder', {}),
+])
+def test_the_service_gives_a_model_what_evaluation_gives_it(demo_corpus, name, fields):
+  from mtn_jax.data import candidates  # pylint: disable=g-import-not-at-top
+  from mtn_jax.data import sessions  # pylint: disable=g-import-not-at-top
+  from mtn_jax.inference import habits  # pylint: disable=g-import-not-at-top
+  from mtn_jax.training import train  # pylint: disable=g-import-not-at-top
+  config, data_dir = demo_corpus
+  config = ml_collections.ConfigDict(config.to_dict())
+  config.model.name = name
+  config.model.update(fields)
+  vocab = sessions.load_vocab(data_dir)
+  test = sessions.load_split(data_dir, 'test')
+  task = tasks.make_task(train.model_config(config, vocab, sessions.load_split(
+      data_dir, 'train'), data_dir), config.train, data_dir)
+  past = habits.past_queries(data_dir, test)
+  batches = list(inputs.split_batches(task, vocab, test, queries_per_batch=64))
+  assert len(batches) > 2
+  compared = set()
+  for evaluated in batches:
+    chosen = evaluated.pop('session_ids')
+    chosen = chosen[chosen >= 0]
+    # Each session as decode and the service meet it: its texts, its user's earlier queries
+    # and the user it is.
+    contexts = [inputs.Context(tuple(test.session_texts(i)), 0, {'user': int(test.users[i])},
+                               history=past[i]) for i in chosen.tolist()]
+    served, lengths = inputs.context_batch(
+        task, vocab, contexts, rows=len(evaluated['queries']),
+        width=evaluated['queries'].shape[1], history_queries=config.data.history_queries,
+        pool=candidates.load_pool(data_dir))
+    assert sorted(served) == sorted(evaluated)
+    assert lengths[:len(chosen)].tolist() == test.lengths[chosen].tolist()
+    for key, value in evaluated.items():
+      np.testing.assert_array_equal(served[key][:len(chosen)], value[:len(chosen)],
+                                    err_msg=key)
+      compared.add(key)
+  assert compared == {'queries', *task.context_inputs(test, vocab).per_query,
+                      *task.context_inputs(test, vocab).per_session}

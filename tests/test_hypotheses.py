@@ -1,4 +1,4 @@
-"""Cross-fitted generators' suggestions as a ranker's candidates (`mtn_jax.hypotheses`).
+"""Cross-fitted generators' suggestions as a ranker's candidates (`mtn_jax.data.hypothesis_files`).
 
 The user folds and session selections they rest on, exactly; then the real command line: two
 generators trained without one fold of the users each, and a ranker that learns from their
@@ -12,7 +12,7 @@ import pytest
 
 from mtn_jax import config_lib
 from mtn_jax import errors
-from mtn_jax.data import hypotheses
+from mtn_jax.data import hypothesis_files
 from mtn_jax.data import sessions
 from tests import cli
 
@@ -123,7 +123,7 @@ def test_ranker_learns_from_generators_that_never_saw_its_users(tmp_path):
   # One fold's generator alone, or one trained on every user, is refused by name.
   data_dir = str(tmp_path / 'ranker' / 'data')
   with pytest.raises(errors.Error, match='hold out each fold of one user_folds=K once'):
-    hypotheses.generators(str(generators[0]), data_dir)
+    hypothesis_files.generators(str(generators[0]), data_dir)
   everyone = tmp_path / 'everyone'
   everyone.mkdir()
   (everyone / 'data').symlink_to(generators[0] / 'data')
@@ -131,4 +131,4 @@ def test_ranker_learns_from_generators_that_never_saw_its_users(tmp_path):
   saved['config']['train']['user_folds'] = 0
   (everyone / 'config.json').write_text(json.dumps(saved))
   with pytest.raises(errors.Error, match='was trained on every training session'):
-    hypotheses.generators(f'{everyone},{generators[1]}', data_dir)
+    hypothesis_files.generators(f'{everyone},{generators[1]}', data_dir)

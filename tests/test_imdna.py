@@ -16,9 +16,9 @@ from mtn_jax.data import bm25
 from mtn_jax.data import top_k
 from mtn_jax.data.synthetic import movies
 from mtn_jax.evaluation import evaluate
-from mtn_jax.evaluation import imdna as imdna_evaluation
+from mtn_jax.evaluation import answer_hits
 from mtn_jax.models import imdna
-from mtn_jax.tasks import imdna as imdna_task
+from mtn_jax.tasks import multi_answer
 from mtn_jax.training import train
 from tests import cli
 from tests.test_train import final_params
@@ -159,15 +159,15 @@ def test_removing_the_document_that_holds_the_answer_removes_it_from_the_top():
 
 
 def test_multi_hot_ignores_padding():
-  hot = imdna_task.multi_hot(jnp.array([[2, 0, -1], [-1, -1, -1]]), 4)
+  hot = multi_answer.multi_hot(jnp.array([[2, 0, -1], [-1, -1, -1]]), 4)
   np.testing.assert_array_equal(hot, [[1, 0, 1, 0], [0, 0, 0, 0]])
 
 
 def test_hits_and_recall_at_k():
   ranked = np.array([[3, 1, 2], [0, 1, 2]])
   answers = np.array([[1, -1], [2, 5]])
-  assert imdna_evaluation.hits_at(ranked, answers, (1, 2)) == {'hits_at_1': 0.0, 'hits_at_2': 50.0}
-  assert imdna_evaluation.recall_at(ranked, answers, (3,)) == {'recall_at_3': 75.0}
+  assert answer_hits.hits_at(ranked, answers, (1, 2)) == {'hits_at_1': 0.0, 'hits_at_2': 50.0}
+  assert answer_hits.recall_at(ranked, answers, (3,)) == {'recall_at_3': 75.0}
 
 
 # ---------------------------------------------------------------------------------------------

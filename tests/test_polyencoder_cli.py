@@ -251,7 +251,6 @@ def test_imdna_proposes_what_its_own_evaluation_ranks(imdna_run, rerank_run):
   from mtn_jax.data import imdna_library
   from mtn_jax.data import sessions
   from mtn_jax.inference import imdna_proposer
-  from mtn_jax.tasks import imdna
   config = imdna_aol.get_config()
   trained = inference.load_trained(config, str(imdna_run))
   proposer = imdna_proposer.NextQueryProposer(trained, str(imdna_run))
@@ -259,10 +258,9 @@ def test_imdna_proposes_what_its_own_evaluation_ranks(imdna_run, rerank_run):
   questions = library.splits['valid']
   contexts = library.extra['valid']['contexts']
   split = sessions.load_split(str(rerank_run[0] / 'data'), 'valid')  # the generator's
-  from mtn_jax.evaluation import evaluate  # pylint: disable=g-import-not-at-top
-  session_of, position_of = evaluate.pair_session_positions(split)
+  session_of, position_of = split.pair_positions()
   assert contexts == [split.session_texts(i)[:t + 1] for i, t in zip(session_of, position_of)]
-  probabilities = imdna.model_answer_scores(trained, library, questions, 16)
+  probabilities = trained.task.answer_scores(trained.params, library, questions, 16)
   # The proposals worked out here from the evaluation's documents and probabilities (the
   # proposer's helpers have unit tests of their own in test_imdna.py).
   expected = [next_queries_by_hand(library, questions.documents[i], c, probabilities[i])[:3]

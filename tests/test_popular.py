@@ -72,4 +72,4 @@ def test_every_trivial_suggester_has_its_lists(tmp_path):
   assert lists == {'repeat_previous': [['a'], ['q']],
                    'most_frequent_next': [['b', 'c'], ['q']],
                    'most_popular': [['b', 'c'], ['b', 'c']],
-                   'cooccurrence': [['b', 'c'], ['b', 'c']]}
+                   'most_cooccurring': [['b', 'c'], ['b', 'c']]}

@@ -8,6 +8,7 @@ from mtn_jax.data.sessions import SessionSplit
 from mtn_jax.evaluation import evaluate
 from mtn_jax.evaluation import metrics
 from mtn_jax.evaluation import trivial
+from mtn_jax.inference import popular
 
 
 def test_ranking_exact_values():
@@ -66,6 +67,6 @@ def test_most_frequent_next_lists(tmp_path):
   path.write_text(''.join(t + '\n' for t in texts), encoding='utf-8')
   split = SessionSplit('train', np.zeros((10, 2), np.int32), np.array([0, 2, 4, 6, 8, 10]),
                        str(path))
-  assert trivial.most_frequent_next_lists(split, ['a', 'x', 'q'], k=2) == [
+  assert trivial.most_frequent_next_lists(popular.LogCounts(split), ['a', 'x', 'q'], k=2) == [
       ['b', 'c'], ['y'], ['q']]
-  assert trivial.most_frequent_next(split, ['a', 'q']) == ['b', 'q']
+  assert trivial.most_frequent_next(popular.LogCounts(split), ['a', 'q']) == ['b', 'q']

@@ -23,8 +23,6 @@ from mtn_jax.training import checkpoints
 from mtn_jax.training import metric_writer
 from tests import cli
 
-pytestmark = pytest.mark.slow
-
 # Two short epochs over sessions of 3 or 4 queries (two buckets, so that resuming and sharding
 # meet a shuffled plan of batches of several shapes), a checkpoint every 3 steps, a log line
 # every step.
@@ -63,6 +61,7 @@ def train_losses(workdir):
   return [(r['step'], r['loss']) for r in metric_writer.read_metrics(str(workdir), 'train')]
 
 
+@pytest.mark.slow
 def test_reference_run_learns_and_logs(reference_run):
   workdir, result = reference_run
   assert 'parameters' in result.stdout and 'MB (fp32)' in result.stdout
@@ -90,6 +89,7 @@ def committed_steps(workdir) -> list[int]:
   return sorted(int(n) for n in os.listdir(folder) if n.isdigit()) if os.path.isdir(folder) else []
 
 
+@pytest.mark.slow
 def test_sigkill_at_random_step_then_resume_is_bit_exact(reference_run, tmp_path):
   ref_dir, _ = reference_run
   total = len(train_losses(ref_dir))
@@ -123,6 +123,7 @@ def test_sigkill_at_random_step_then_resume_is_bit_exact(reference_run, tmp_path
   assert_trees_equal(params, ref_params)
 
 
+@pytest.mark.slow
 def test_stop_signals_save_a_checkpoint_exit_non_zero_and_resume_exactly(reference_run, tmp_path):
   """SIGTERM (a scheduler) and SIGINT (Ctrl-C) both stop after a checkpoint, with one line and
   the shell's exit code for that signal (143, 130), so a script can tell the run did not
@@ -152,6 +153,7 @@ def test_stop_signals_save_a_checkpoint_exit_non_zero_and_resume_exactly(referen
   assert_trees_equal(final_params(tmp_path)[1], final_params(ref_dir)[1])
 
 
+@pytest.mark.slow
 def test_four_devices_match_one(reference_run, tmp_path):
   """Four CPU devices, asked for by `--cpu_devices` alone (no device count in XLA_FLAGS: the
   flag decides), give the same losses as one."""
@@ -166,6 +168,7 @@ def test_four_devices_match_one(reference_run, tmp_path):
     assert loss == pytest.approx(one[step], rel=1e-4), step
 
 
+@pytest.mark.slow
 def test_nonfinite_loss_stops_with_step_named_and_checkpoint_intact(tmp_path):
   result = cli.run(tmp_path, '--config.train.schedule=constant',
                    '--config.train.learning_rate=1e30', '--config.train.checkpoint_every_steps=1',
@@ -183,6 +186,7 @@ def test_nonfinite_loss_stops_with_step_named_and_checkpoint_intact(tmp_path):
   assert all(np.isfinite(np.asarray(x)).all() for x in jax.tree.leaves(params))
 
 
+@pytest.mark.slow
 def test_checkpoint_of_another_model_is_refused(reference_run, tmp_path):
   ref_dir, _ = reference_run
   result = cli.run(ref_dir, *SHORT, '--config.model.ff_dim=64', check=False)
@@ -190,6 +194,7 @@ def test_checkpoint_of_another_model_is_refused(reference_run, tmp_path):
   assert 'holds another model' in result.stderr and 'model.ff_dim' in result.stderr
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize('override, message', [
     ('--config.model.num_heads=3', 'num_heads (3) must divide'),
     ('--config.model.name=lstm9', "model.name 'lstm9' is not a model"),
@@ -287,6 +292,7 @@ print(np.asarray(total(np.arange(4.0, dtype=np.float32))))
 '''
 
 
+@pytest.mark.slow
 def test_the_collective_timeout_set_is_the_one_xla_obeys():
   """The timeout set_cpu_devices writes reaches XLA's CPU collectives: made 1 s (and the stuck
   warning before it 0 s), a device 5 s late aborts the process, where XLA's own timeouts (a
@@ -314,6 +320,7 @@ def test_importing_the_package_starts_no_jax_backend():
   assert out[-2:] == ['True', 'False']
 
 
+@pytest.mark.slow
 def test_missing_data_is_a_clear_error(tmp_path):
   result = cli.run(tmp_path, '--config.data.source=aol',
                    f'--config.data.raw_files={tmp_path}/nothing-*.tsv', check=False, timeout=60)
@@ -331,6 +338,7 @@ def test_validate_accepts_the_shipped_configs():
     config_lib.validate(config)
 
 
+@pytest.mark.slow
 def test_two_processes_match_one(reference_run, tmp_path):
   """Two JAX processes (coordinator on localhost), one CPU device each: same losses as one
   process; only process 0 writes logs; the checkpoint is written collectively."""
@@ -360,6 +368,7 @@ def test_two_processes_match_one(reference_run, tmp_path):
   manager.close()
 
 
+@pytest.mark.slow
 def test_ctrl_c_during_validation_stops_at_once_and_the_resumed_run_validates_first(tmp_path):
   """A validation of many small batches: Ctrl-C in it stops within a batch, saving the
   checkpoint; the run that resumes validates that epoch first, and ends where an
@@ -392,6 +401,7 @@ def test_ctrl_c_during_validation_stops_at_once_and_the_resumed_run_validates_fi
   assert_trees_equal(final_params(stopped)[1], final_params(straight)[1])
 
 
+@pytest.mark.slow
 def test_train_says_what_it_preprocessed_and_where_everything_is(tmp_path):
   """--mode=train on a fresh workdir builds the corpus and prints its summary (as
   --mode=preprocess does), and ends with the best checkpoint and the workdir's files."""

@@ -1,6 +1,6 @@
 """The candidate pool: the distinct queries of the training split, which rankers retrieve.
 
-A ranker (`mtn_jax.ranking`) suggests a real logged query rather than writing one: always
+A ranker (`mtn_jax.tasks.rankers`) suggests a real logged query rather than writing one: always
 well formed, never an unknown word. Its candidates are every distinct query text of the
 training split, with how often it was issued. Preprocessing writes, beside the splits:
   `candidates.txt`          one query text per line, most frequent first (ties by text)

@@ -118,6 +118,34 @@ def make_eval_iterator(split: SessionSplit, *, queries_per_batch: int, multiple_
       _READ_OPTIONS)
 
 
+def padded_batch(split: SessionSplit, *, rows: int, width: int,
+                 per_query: dict[str, np.ndarray] | None = None,
+                 per_session: dict[str, np.ndarray] | None = None) -> dict[str, np.ndarray]:
+  """Every session of `split`, in order, in one batch of `rows` rows: 'queries' and each
+  `per_query` array [rows, width, ...], zeros past a session's end; each `per_session` array
+  [rows, ...]; the rows past the sessions zeros (padding).
+
+  Raises:
+    ValueError: more sessions than `rows`, or one longer than `width`.
+  """
+  lengths = _checked_lengths(split)
+  if split.num_sessions > rows or (len(lengths) and int(lengths.max()) > width):
+    raise ValueError(f'{split.num_sessions} sessions of up to '
+                     f'{int(lengths.max()) if len(lengths) else 0} queries do not fit a batch '
+                     f'of {rows} rows of {width}')
+  batch = {}
+  for key, values in (('queries', split.queries), *(per_query or {}).items()):
+    values = np.asarray(values)
+    batch[key] = np.zeros((rows, width) + values.shape[1:], values.dtype)
+    for i, length in enumerate(lengths.tolist()):
+      batch[key][i, :length] = values[split.starts[i]:split.starts[i + 1]]
+  for key, values in (per_session or {}).items():
+    values = np.asarray(values)
+    batch[key] = np.zeros((rows,) + values.shape[1:], values.dtype)
+    batch[key][:split.num_sessions] = values
+  return batch
+
+
 def _check_sharding(multiple_of: int, process_index: int, process_count: int) -> None:
   if process_count < 1 or not 0 <= process_index < process_count:
     raise ValueError(f'process_index {process_index} is not in [0, process_count '

@@ -92,6 +92,8 @@ class SessionSplit:
   # int64 [num_queries]: the text file's line of each query row, for a selection of another
   # split's sessions (`select_sessions`); None: row i is line i.
   text_rows: np.ndarray | None = None
+  # The query rows' texts themselves, for a split made in memory (`text_path` None).
+  text_lines: tuple[str, ...] | None = None
 
   @property
   def num_sessions(self) -> int:
@@ -107,6 +109,25 @@ class SessionSplit:
     """(session prefix -> next query) examples: sum over sessions of (queries - 1)."""
     return int((self.lengths - 1).sum())
 
+  @functools.cached_property
+  def first_pairs(self) -> np.ndarray:
+    """int64 [num_sessions]: each session's first pair. Pairs go session by session, then
+    position: pair first_pairs[i] + t predicts query t+1 of session i after queries 0..t."""
+    pairs_per_session = self.lengths - 1
+    return np.cumsum(pairs_per_session) - pairs_per_session
+
+  def pair_positions(self) -> tuple[np.ndarray, np.ndarray]:
+    """(session int64 [pairs], position t int64 [pairs]) of every pair, in pair order."""
+    session = np.repeat(np.arange(self.num_sessions), self.lengths - 1)
+    return session, np.arange(len(session)) - self.first_pairs[session]
+
+  def pair_texts(self) -> tuple[list[str], list[str]]:
+    """(previous query [pairs], next query [pairs]) raw texts, in pair order."""
+    session, position = self.pair_positions()
+    rows = self.starts[session] + position
+    texts = self.texts
+    return [texts[r] for r in rows], [texts[r + 1] for r in rows]
+
   @property
   def max_query_words(self) -> int:
     return self.queries.shape[1]
@@ -118,6 +139,8 @@ class SessionSplit:
   @functools.cached_property
   def texts(self) -> list[str]:
     """Raw text of every query row (loaded on first use)."""
+    if self.text_lines is not None:
+      return list(self.text_lines)
     if self.text_path is None:
       raise ValueError(f'split {self.name!r} has no text file')
     with open(self.text_path, encoding='utf-8') as f:

@@ -63,7 +63,7 @@ class SearchSettings:
   # A word is not emitted twice in one suggestion: queries almost never repeat a word, and a
   # copy mixture otherwise loops on the word it copies ("schools schools schools").
   block_repeats: bool = False
-  # The beam's suggestions reordered by minimum Bayes risk (`mbr`): 'none', 'beam' (among
+  # The beam's suggestions reordered by minimum Bayes risk (`mtn_jax.decoding.mbr`): 'none', 'beam' (among
   # the hypotheses), 'beam+session' (the session's queries are candidates too).
   mbr: str = 'none'
   # The user-facing protocol: no suggestion repeats a query the session already holds

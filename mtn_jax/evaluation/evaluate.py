@@ -7,6 +7,8 @@ Out: `<workdir>/eval/results.json` and `<workdir>/eval/samples.jsonl`, and the B
      instead, into `eval/valid_results.json` and `eval/valid_samples.jsonl` (for tuning
      decoding settings without touching the test split; the report reads only the test
      results).
+`evaluate` runs four steps: the lists (`decode_lists`), their scores (`scores`), the printed
+figures (`print_results`), the files (`write_results`).
 
 Every (session prefix -> next query) pair of the test split is decoded by beam search
 (`config.decode`). Each batch of sessions `queries` int32 [batch, queries, tokens] goes through
@@ -57,13 +59,12 @@ from mtn_jax.data import preprocess
 from mtn_jax.data import sessions
 from mtn_jax.data.vocab import UNK_ID
 from mtn_jax.decoding import search
-from mtn_jax.evaluation import imdna
+from mtn_jax.evaluation import answer_hits
 from mtn_jax.evaluation import metrics
 from mtn_jax.evaluation import pool_ranking
 from mtn_jax.evaluation import trivial
 from mtn_jax.inference import habits
 from mtn_jax.inference import pipeline
-from mtn_jax.tasks import imdna as imdna_task
 
 # Under config.suggest.strategy 'retrieve' or 'rerank', the sources it draws on, scored beside
 # it.
@@ -73,29 +74,10 @@ STRATEGY_SOURCES = {'generate': 'Generate (the workdir\'s model)',
                     'popular': 'Popular next queries (a source)',
                     'cooccurring': 'Co-occurring next queries (a source)'}
 NUM_SAMPLES = 50
-PROGRESS_SECONDS = 10.0  # at most one progress line per this many seconds
 
 
 # ---------------------------------------------------------------------------------------------
-# Pairs
-
-
-def pair_session_positions(split: sessions.SessionSplit) -> tuple[np.ndarray, np.ndarray]:
-  """For every pair, in pair order (session by session, then position): (session int64
-  [pairs], position t int64 [pairs]); pair (i, t) predicts query t+1 of session i after
-  queries 0..t."""
-  pairs_per_session = split.lengths - 1
-  session = np.repeat(np.arange(split.num_sessions), pairs_per_session)
-  first_pair = np.cumsum(pairs_per_session) - pairs_per_session
-  return session, np.arange(len(session)) - first_pair[session]
-
-
-def pair_texts(split: sessions.SessionSplit) -> tuple[list[str], list[str]]:
-  """(previous query [pairs], next query [pairs]) raw texts, in pair order."""
-  session, position = pair_session_positions(split)
-  rows = split.starts[session] + position
-  texts = split.texts
-  return [texts[r] for r in rows], [texts[r + 1] for r in rows]
+# Scores
 
 
 def score_entry(score: metrics.BleuScore, ranking: metrics.RankingScore | None = None
@@ -207,7 +189,8 @@ def _device_description() -> str:
 
 
 def evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict:
-  """Evaluates the best checkpoint of `workdir` on `config.decode.eval_split`.
+  """Evaluates the best checkpoint of `workdir` on `config.decode.eval_split`: its lists,
+  their scores, printed, then written.
 
   Returns the dict written to results.json (valid_results.json for the validation split).
   """
@@ -216,11 +199,73 @@ def evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict:
   is_writer = jax.process_index() == 0
   log = print if is_writer else (lambda *a, **k: None)
   trained = inference.load_trained(config, workdir, which='best')
-  if isinstance(trained.task, imdna_task.IMDNATask):  # its own data and measures
-    return imdna.evaluate(trained, config, workdir)
+  if isinstance(trained.task, tasks.BringsOwnData):  # its own data and measures
+    return answer_hits.evaluate(trained, config, workdir)
   data_dir = preprocess.data_dir(workdir)
+  test, total_sessions = split_to_evaluate(config, data_dir, log)
+  train = _load_split(data_dir, 'train')
+  pairs = Pairs.of(test)
+  lists = decode_lists(config, workdir, trained, test, pairs, log)
+  results = scores(config, workdir, trained, test, train, pairs, lists,
+                   total_sessions=total_sessions, started=started)
+  print_results(results, lists, log)
+  if is_writer:
+    write_results(workdir, results, lists, pairs, strategy=config.suggest.strategy,
+                  seed=config.seed)
+  return results
+
+
+@dataclasses.dataclass(frozen=True)
+class Pairs:
+  """Every (prefix -> next query) pair of a split, in pair order.
+
+  Attributes:
+    session, position: int64 [pairs] (`SessionSplit.pair_positions`).
+    contexts: [pairs] the queries up to the pair's position; previous: [pairs] the last of
+      them; references: [pairs] the next query (raw texts).
+  """
+
+  session: np.ndarray
+  position: np.ndarray
+  contexts: list[list[str]]
+  previous: list[str]
+  references: list[str]
+
+  @classmethod
+  def of(cls, split: sessions.SessionSplit) -> Pairs:
+    previous, references = split.pair_texts()
+    session, position = split.pair_positions()
+    contexts = [split.session_texts(i)[:t + 1]
+                for i, t in zip(session.tolist(), position.tolist())]
+    return cls(session, position, contexts, previous, references)
+
+
+@dataclasses.dataclass
+class Lists:
+  """What decoding a split gave (`decode_lists`).
+
+  Attributes:
+    shown: {exclude_session_queries: [pairs] the suggestions shown under that protocol}.
+    sources: {source: [pairs] its candidates' texts} scored beside the strategy.
+    pool: the ranker's ranking of the whole pool, where there is one (its figures).
+    extra: results.json's entries of the strategy ('pool', 'strategy').
+    label: the model (or strategy) as the printed scores name it.
+    seconds: the time decoding took.
+  """
+
+  shown: dict[bool, list[list[dict]]]
+  sources: dict[str, list[list[str]]]
+  pool: pool_ranking.SplitRanking | None
+  extra: dict
+  label: str
+  seconds: float
+
+
+def split_to_evaluate(config: ml_collections.ConfigDict, data_dir: str, log
+                      ) -> tuple[sessions.SessionSplit, int]:
+  """(the sessions of `config.decode.eval_split` to evaluate, the split's sessions in all)."""
   split_name = config.decode.eval_split
-  test, train = _load_split(data_dir, split_name), _load_split(data_dir, 'train')
+  test = _load_split(data_dir, split_name)
   total_sessions = test.num_sessions
   limit = config.decode.max_eval_sessions
   if 0 < limit < total_sessions:
@@ -232,37 +277,33 @@ def evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict:
     raise errors.Error(f'the {split_name} split in {data_dir} has no (prefix -> next query) '
                        'pairs to evaluate: more data, or a larger '
                        f'config.data.split_fractions[{fraction}]')
+  return test, total_sessions
+
+
+def decode_lists(config: ml_collections.ConfigDict, workdir: str, trained: inference.Trained,
+                 test: sessions.SessionSplit, pairs: Pairs, log) -> Lists:
+  """Every pair's suggestions under both protocols, as decode and suggest show them, and the
+  sources' lists beside them."""
+  dc, strategy = config.decode, config.suggest.strategy
   name = models.spec(trained.cfg.name).label(trained.meta['model'])
-  dc = config.decode
-  # Both protocols are scored from the full lists, whatever decode and suggest are told.
-  settings = dataclasses.replace(search.SearchSettings.from_config(dc),
-                                 exclude_session_queries=False)
-  how = ('ranking the candidate pool' if isinstance(trained.task, tasks.RankingTask) else
+  how = ('ranking the candidate pool' if not isinstance(trained.task, tasks.Suggests) else
          f'beam {dc.beam_size}, length penalty {dc.length_penalty}, at most {dc.max_len} '
          f'tokens{", <unk> allowed" if dc.emit_unk else ""}')
-  log(f'Evaluating {name} (checkpoint step {trained.step}) on {test.num_pairs:,} {split_name} '
-      f'pairs of {test.num_sessions:,} sessions: {how}.', flush=True)
-
-  previous, references = pair_texts(test)
-  session, position = pair_session_positions(test)
-  contexts = [test.session_texts(i)[:t + 1] for i, t in zip(session.tolist(),
-                                                             position.tolist())]
-  rng = np.random.default_rng(config.seed)
-  sample_pairs = np.sort(rng.choice(test.num_pairs, min(NUM_SAMPLES, test.num_pairs),
-                                    replace=False))
-  decode_start = time.time()
+  log(f'Evaluating {name} (checkpoint step {trained.step}) on {test.num_pairs:,} '
+      f'{config.decode.eval_split} pairs of {test.num_sessions:,} sessions: {how}.',
+      flush=True)
+  started = time.time()
   extra = {}
   queries_per_batch = dc.batch_sessions * config.data.max_session_queries
-  strategy = config.suggest.strategy
   pool = None
-  if (strategy == 'generate' and isinstance(trained.task, tasks.RankingTask)
+  if (strategy == 'generate' and not isinstance(trained.task, tasks.Suggests)
       and not isinstance(trained.task, tasks.ScoresPool)):
     # A Cross-encoder cannot score the whole pool: the sampled protocols alone; it suggests
     # only by reranking (config.suggest.strategy='rerank').
     pool = pool_ranking.rank_sampled(trained, test, workdir, seed=config.seed,
                                      queries_per_batch=dc.batch_sessions, log=log)
     extra['pool'] = pool.figures()
-    shown = {False: [[] for _ in contexts], True: [[] for _ in contexts]}
+    shown = {False: [[] for _ in pairs.contexts], True: [[] for _ in pairs.contexts]}
     sources = {}
   else:
     suggestions_of = pipeline.Pipeline.load(config, workdir, log=log, trained=trained)
@@ -275,44 +316,57 @@ def evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict:
                                      log=log)
       return pool.suggestions, pool.top_scores
 
-    histories = (habits.past_queries(data_dir, test)
+    histories = (habits.past_queries(preprocess.data_dir(workdir), test)
                  if suggestions_of.needs_whole_history else None)
     lists = suggestions_of.split_lists(test, queries_per_batch=queries_per_batch,
                                        retrieve_split=retrieve_split, histories=histories,
                                        log=log)
     # Both protocols from the same ordered lists, shown as decode and suggest show them.
     shown = {exclude: [pipeline.show(ranked, context, exclude, dc.top_k)
-                       for ranked, context in zip(lists.ordered, contexts)]
+                       for ranked, context in zip(lists.ordered, pairs.contexts)]
              for exclude in (False, True)}
     sources = lists.sources
     if suggestions_of.rankers is None and pool is not None:
       extra['pool'] = pool.figures()
     if strategy != 'generate':
       extra['strategy'] = strategy_record(suggestions_of)
+      name = f'{strategy}: {extra["strategy"]["label"]}'
+  return Lists(shown, sources, pool, extra, name, time.time() - started)
+
+
+def scores(config: ml_collections.ConfigDict, workdir: str, trained: inference.Trained,
+           test: sessions.SessionSplit, train: sessions.SessionSplit, pairs: Pairs,
+           lists: Lists, *, total_sessions: int, started: float) -> dict:
+  """results.json: the model's, the sources' and the trivial suggesters' scores under both
+  protocols, and what the run was (`total_sessions` in the split, `started` at this time)."""
+  top_k = config.decode.top_k
   texts = lambda ranked_lists: [[c['query'] for c in ranked] for ranked in ranked_lists]
-  model_suggestions = texts(shown[False])
+  model_suggestions = texts(lists.shown[False])
   suggestions = {'model': model_suggestions}
-  user_facing = {'model': texts(shown[True])}
-  for source, source_lists in sources.items():
+  user_facing = {'model': texts(lists.shown[True])}
+  for source, source_lists in lists.sources.items():
     as_shown = lambda exclude: [
         [c['query'] for c in pipeline.show([{'query': q} for q in ranked], context, exclude,
-                                           dc.top_k)]
-        for ranked, context in zip(source_lists, contexts)]
+                                           top_k)]
+        for ranked, context in zip(source_lists, pairs.contexts)]
     suggestions[source], user_facing[source] = as_shown(False), as_shown(True)
-  top = {pair: shown[False][pair] for pair in sample_pairs.tolist()}
-  ranked = pool if isinstance(trained.task, tasks.RankingTask) else None
-  decode_seconds = time.time() - decode_start
-
-  suggestions.update(trivial.lists(train, previous, contexts))
+  suggestions.update(trivial.lists(train, pairs.previous, pairs.contexts))
   if not any(model_suggestions):  # a Cross-encoder's own evaluation: no suggestions
     del suggestions['model']
-  protocols = {'scores': score_suggesters(suggestions, references, contexts,
+  protocols = {'scores': score_suggesters(suggestions, pairs.references, pairs.contexts,
                                           exclude_session=False),
                'scores_excluding_session': score_suggesters(
-                   {**suggestions, **user_facing}, references, contexts, exclude_session=True)}
+                   {**suggestions, **user_facing}, pairs.references, pairs.contexts,
+                   exclude_session=True)}
+  extra = dict(lists.extra)
   if test.history is not None and test.history.shape[1]:
-    extra['by_history'] = history_groups(test, suggestions, references, contexts, ranked)
-  results = {
+    ranked = lists.pool if not isinstance(trained.task, tasks.Suggests) else None
+    extra['by_history'] = history_groups(test, suggestions, pairs.references, pairs.contexts,
+                                         ranked)
+  # Both protocols are scored from the full lists, whatever decode and suggest are told.
+  settings = dataclasses.replace(search.SearchSettings.from_config(config.decode),
+                                 exclude_session_queries=False)
+  return {
       'model': trained.cfg.name,
       'label': models.spec(trained.cfg.name).label(trained.meta['model']),
       'model_config': trained.meta['model'],
@@ -320,7 +374,7 @@ def evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict:
       'size_mb': models.size_mb(trained.params),
       'step': trained.step,
       'workdir': workdir,
-      'split': split_name,
+      'split': config.decode.eval_split,
       'sessions': test.num_sessions,
       'sessions_total': total_sessions,
       'pairs': test.num_pairs,
@@ -329,27 +383,29 @@ def evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict:
       # session already holds.
       **protocols,
       **extra,
-      'decode_seconds': decode_seconds,
-      'suggestions_per_s': test.num_pairs / max(decode_seconds, 1e-9),
+      'decode_seconds': lists.seconds,
+      'suggestions_per_s': test.num_pairs / max(lists.seconds, 1e-9),
       'wall_seconds': time.time() - started,
       'devices': _device_description(),
       'date': datetime.datetime.now(datetime.timezone.utc).isoformat(timespec='seconds'),
   }
-  log(f'{test.num_pairs:,} suggestions in {decode_seconds:.1f} s '
+
+
+def print_results(results: dict, lists: Lists, log) -> None:
+  """The run's figures, one line a suggester under each protocol."""
+  log(f'{results["pairs"]:,} suggestions in {results["decode_seconds"]:.1f} s '
       f'({results["suggestions_per_s"]:.1f}/s on {results["devices"]}).')
   log(f'Model size: {results["size_mb"]:.2f} MB (fp32), {results["num_params"]:,} parameters.')
-  if strategy != 'generate':
-    name = f'{strategy}: {extra["strategy"]["label"]}'
   labels = {key: label for key, label in
-            {'model': name, **STRATEGY_SOURCES, **trivial.SUGGESTERS}.items()
-            if key in suggestions}
+            {'model': lists.label, **STRATEGY_SOURCES, **trivial.SUGGESTERS}.items()
+            if key in results['scores']}
   width = max(len(n) for n in labels.values())
   for protocol, heading in (('scores', 'All suggestions'),
                             ('scores_excluding_session',
                              'Never suggesting a query of the session')):
     log(f'{heading}:')
     for key, label in labels.items():
-      entry = protocols[protocol][key]
+      entry = results[protocol][key]
       log(f'  {label:<{width}}  {entry["line"]}; {ranking_line(entry["ranking"])}')
   if 'pool' in results:
     log(f'Over the whole pool: {pool_line(results["pool"])}')
@@ -365,30 +421,39 @@ def evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict:
                                for k, v in figures['zero_weight'].items())
     log(f'  {group.replace("_", " ")} ({figures["pairs"]:,} pairs): {line}')
 
-  if is_writer:
-    eval_dir = os.path.join(workdir, 'eval')
-    os.makedirs(eval_dir, exist_ok=True)
-    samples = []
-    for pair in sample_pairs.tolist():
-      ranked = suggestions.get('model', model_suggestions)[pair]
-      samples.append({'session': int(session[pair]), 'position': int(position[pair]),
-                      'context': contexts[pair], 'predicted': ranked[0] if ranked else '',
-                      'actual': references[pair], 'suggestions': top[pair]})
-    prefix = ('' if split_name == 'test' else f'{split_name}_') + (
-        '' if strategy == 'generate' else f'{strategy}_')
-    with files.atomic_open(os.path.join(eval_dir, f'{prefix}lists.jsonl')) as f:
-      for pair, context in enumerate(contexts):
-        f.write(json.dumps({'session': int(session[pair]), 'position': int(position[pair]),
-                            'context': context, 'reference': references[pair],
-                            'suggestions': shown[False][pair],
-                            'suggestions_excluding_session': shown[True][pair]},
-                           ensure_ascii=False) + '\n')
-    files.write_text(os.path.join(eval_dir, f'{prefix}samples.jsonl'),
-                      ''.join(json.dumps(s, ensure_ascii=False) + '\n' for s in samples))
-    results_path = os.path.join(eval_dir, f'{prefix}results.json')
-    files.write_text(results_path, json.dumps(results, indent=2, ensure_ascii=False) + '\n')
-    log(f'Results: {results_path}', flush=True)
-  return results
+
+def write_results(workdir: str, results: dict, lists: Lists, pairs: Pairs, *, strategy: str,
+                  seed: int) -> None:
+  """`<workdir>/eval/`: results.json, every pair's lists (lists.jsonl) and a seeded sample of
+  pairs (samples.jsonl), prefixed by the split and strategy where they are not the test
+  split and 'generate'."""
+  eval_dir = os.path.join(workdir, 'eval')
+  os.makedirs(eval_dir, exist_ok=True)
+  rng = np.random.default_rng(seed)
+  num_pairs = len(pairs.contexts)
+  sample_pairs = np.sort(rng.choice(num_pairs, min(NUM_SAMPLES, num_pairs), replace=False))
+  samples = []
+  for pair in sample_pairs.tolist():
+    ranked = [c['query'] for c in lists.shown[False][pair]]
+    samples.append({'session': int(pairs.session[pair]), 'position': int(pairs.position[pair]),
+                    'context': pairs.contexts[pair], 'predicted': ranked[0] if ranked else '',
+                    'actual': pairs.references[pair], 'suggestions': lists.shown[False][pair]})
+  split_name = results['split']
+  prefix = ('' if split_name == 'test' else f'{split_name}_') + (
+      '' if strategy == 'generate' else f'{strategy}_')
+  with files.atomic_open(os.path.join(eval_dir, f'{prefix}lists.jsonl')) as f:
+    for pair, context in enumerate(pairs.contexts):
+      f.write(json.dumps({'session': int(pairs.session[pair]),
+                          'position': int(pairs.position[pair]), 'context': context,
+                          'reference': pairs.references[pair],
+                          'suggestions': lists.shown[False][pair],
+                          'suggestions_excluding_session': lists.shown[True][pair]},
+                         ensure_ascii=False) + '\n')
+  files.write_text(os.path.join(eval_dir, f'{prefix}samples.jsonl'),
+                    ''.join(json.dumps(s, ensure_ascii=False) + '\n' for s in samples))
+  results_path = os.path.join(eval_dir, f'{prefix}results.json')
+  files.write_text(results_path, json.dumps(results, indent=2, ensure_ascii=False) + '\n')
+  print(f'Results: {results_path}', flush=True)
 
 
 def pool_line(figures: dict) -> str:
@@ -413,7 +478,7 @@ def history_groups(split: sessions.SessionSplit, suggestions: dict[str, list[lis
   a ranker the pool figures too, and for a model with a zero-vector memory the mean weight
   on the zero vector, apart for next queries that share a word with the user's history and
   those that do not."""
-  session, position = pair_session_positions(split)
+  session, position = split.pair_positions()
   history = np.asarray(split.history)  # [S, M, n]
   lengths = (history != 0).any(-1).sum(-1)[session]
   rows = split.starts[session] + position + 1

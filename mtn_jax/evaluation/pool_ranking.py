@@ -26,10 +26,10 @@ import numpy as np
 from mtn_jax import parallel
 from mtn_jax import tasks
 from mtn_jax.data import candidates
-from mtn_jax.data import input_pipeline
 from mtn_jax.data import preprocess
 from mtn_jax.data import sessions
 from mtn_jax.evaluation import metrics
+from mtn_jax.inference import inputs
 from mtn_jax.inference import retrieval
 
 SAMPLED_PROTOCOLS = (20, 100)  # R@1/N: the next query among N - 1 sampled negatives
@@ -41,7 +41,7 @@ SAMPLED_PROTOCOLS = (20, 100)  # R@1/N: the next query among N - 1 sampled negat
 
 @dataclasses.dataclass(frozen=True)
 class SplitRanking:
-  """Every pair of a split ranked against the pool, in pair order (`evaluate.pair_texts`).
+  """Every pair of a split ranked against the pool, in pair order (`SessionSplit.pair_texts`).
 
   Attributes:
     suggestions: [pairs] the top pool entries' texts, best first.
@@ -96,14 +96,12 @@ def _pair_pool_ids(split: sessions.SessionSplit, pool: candidates.CandidatePool,
   pair index [sessions], each pair's next query's pool id [pairs], and the sampled
   protocols' seeded negatives int32 [pairs, max(SAMPLED_PROTOCOLS) - 1]."""
   pool_ids = pool.ids_of(split.texts)
-  pairs_per_session = split.lengths - 1
-  first_pair = np.cumsum(pairs_per_session) - pairs_per_session
   # The next query of every pair, in pair order: every row but each session's first.
   is_next = np.ones(len(pool_ids), bool)
   is_next[split.starts[:-1]] = False
   next_ids = pool_ids[is_next]
   negatives = sampled_negatives(next_ids, len(pool), max(SAMPLED_PROTOCOLS) - 1, seed)
-  return pool_ids, first_pair, next_ids, negatives
+  return pool_ids, split.first_pairs, next_ids, negatives
 
 
 @functools.partial(jax.jit, static_argnames=('task', 'k'))
@@ -146,19 +144,18 @@ def rank_split(trained, split: sessions.SessionSplit, workdir: str, *, k: int, s
   zero_weight = np.full(num_pairs, np.nan, np.float32)
   mesh = parallel.make_mesh()
   params = jax.device_put(trained.params, parallel.replicated(mesh))
-  keys = tuple(dict.fromkeys(task.input_keys + ('pool_ids',)))
   done, started = 0, time.time()
-  for batch in input_pipeline.make_eval_iterator(
-      split, queries_per_batch=queries_per_batch, multiple_of=jax.device_count(),
-      per_query={**task.per_query_inputs(split, trained.vocab), 'pool_ids': pool_ids},
-      per_session=task.per_session_inputs(split)):
-    session_ids = batch['session_ids']
+  for batch in inputs.split_batches(task, trained.vocab, split,
+                                    queries_per_batch=queries_per_batch,
+                                    multiple_of=jax.device_count(),
+                                    per_query={'pool_ids': pool_ids}):
+    session_ids = batch.pop('session_ids')  # the rest: the model's inputs and 'pool_ids'
     real = session_ids >= 0
     positions = batch['queries'].shape[1] - 1
     pair_index = first_pair[np.maximum(session_ids, 0)][:, None] + np.arange(positions)
     batch_negatives = negatives[np.where(real[:, None], pair_index, 0)]
     out = jax.device_get(_rank_batch(
-        params, parallel.shard_batch({key: batch[key] for key in keys}, mesh), cache,
+        params, parallel.shard_batch(batch, mesh), cache,
         parallel.shard_batch({'n': batch_negatives}, mesh)['n'], task=task, k=k))
     for array, target in zip(out, (top_ids, top_scores, pool_ranks, sampled, zero_weight)):
       target[pair_index[real]] = array[real]
@@ -190,16 +187,16 @@ def rank_sampled(trained, split: sessions.SessionSplit, workdir: str, *, seed: i
   _, first_pair, next_ids, negatives = _pair_pool_ids(split, pool, seed)
   sampled = np.zeros((split.num_pairs, len(SAMPLED_PROTOCOLS)), np.int64)
   started = time.time()
-  for batch in input_pipeline.make_eval_iterator(split, queries_per_batch=queries_per_batch):
-    session_ids = batch['session_ids']
+  for batch in inputs.split_batches(task, trained.vocab, split,
+                                    queries_per_batch=queries_per_batch):
+    session_ids = batch.pop('session_ids')  # the rest: the model's inputs
     real = session_ids >= 0
     queries = batch['queries']
     positions = queries.shape[1] - 1
     pair_index = first_pair[np.maximum(session_ids, 0)][:, None] + np.arange(positions)
     drawn = pool.queries[negatives[np.where(real[:, None], pair_index, 0)]]  # [B, P, N-1, n]
     column = np.concatenate([queries[:, 1:, None], drawn], axis=2)
-    ranks = np.asarray(_rank_sampled_batch(trained.params, {'queries': queries}, column,
-                                           task=task))
+    ranks = np.asarray(_rank_sampled_batch(trained.params, batch, column, task=task))
     # Only pairs whose next query is in the pool have a rank (as in `rank_split`).
     in_pool = next_ids[np.where(real[:, None], pair_index, 0)] >= 0
     sampled[pair_index[real]] = np.where(in_pool[..., None], ranks, 0)[real]

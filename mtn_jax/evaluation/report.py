@@ -2,7 +2,7 @@
 
 In:  `config.report.workdirs`, comma-separated (default: the run's own workdir); each a
      trained and evaluated workdir holding `eval/results.json` and `eval/samples.jsonl`
-     (written by `mtn_jax.evaluate`).
+     (written by `mtn_jax.evaluation.evaluate`).
 Out, in `config.report.output` (default `<workdir>/report/`):
   `report.md`   a Table-2-style Markdown table (model, size MB, 1/2/3/4-gram precision, BLEU)
                 with the trivial suggesters' lines, the figures, and sample suggestions in the
@@ -256,12 +256,20 @@ def _bar_chart(path: str, labels: Sequence[str], scores: Sequence[dict], title: 
   fig.savefig(path)
 
 
+def ablation_place(run: EvaluatedRun) -> int | None:
+  """The run's model's place in the paper's layer ablation (`models.ModelSpec`), None for
+  a model not in it (or unknown: an old results file)."""
+  name = run.results['model']
+  return models.spec(name).layer_ablation if name in models.REGISTRY else None
+
+
 def has_depth_variants(runs: Sequence[EvaluatedRun]) -> bool:
-  """Whether the runs hold Transformers of more than one (encoder, decoder) depth."""
-  depths = {(r.results['model_config']['query_layers'],
-             r.results['model_config']['decoder_layers'])
-            for r in runs if r.results['model'] == 'transformer'}
-  return len(depths) > 1
+  """Whether the runs hold a model of the layer ablation at more than one (encoder,
+  decoder) depth."""
+  ablation = [r for r in runs if ablation_place(r) is not None]
+  depths = {(r.results['model'], r.results['model_config']['query_layers'],
+             r.results['model_config']['decoder_layers']) for r in ablation}
+  return len(depths) > len({r.results['model'] for r in ablation})
 
 
 def write_report(config: ml_collections.ConfigDict, workdir: str,
@@ -303,8 +311,7 @@ def write_report(config: ml_collections.ConfigDict, workdir: str,
                  'a deployed suggester would.', '', ranking, '']
   if has_depth_variants(runs):
     # The paper's Fig. 3 order: the Transformers, then the MTNs.
-    ablation = ([r for r in runs if r.results['model'] == 'transformer']
-                + [r for r in runs if r.results['model'] == 'mtn'])
+    ablation = sorted((r for r in runs if ablation_place(r) is not None), key=ablation_place)
     _bar_chart(os.path.join(out_dir, 'layers.png'), [r.layer_label for r in ablation],
                [r.results['scores']['model'] for r in ablation],
                'Layer layout (Q: query/encoder, S: session layers; decoder)')

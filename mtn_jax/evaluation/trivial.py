@@ -4,16 +4,15 @@
 - `most_frequent_next_lists`: the next queries that most often follow the previous query in
   the training split (by raw text; the previous query again when it never occurs there).
 - 'most_popular' (MPC): the 10 most frequent next queries of the training split, the same
-  for every session; 'cooccurrence': the previous query's most frequent successors, then
-  the popular list (`mtn_jax.inference.popular`). Under the user-facing protocol these two
-  are the bar a model has to clear: repeating is not allowed there.
+  for every session; 'most_cooccurring': the previous query's most frequent successors, then
+  the popular list. Under the user-facing protocol these two are the bar a model has to
+  clear: repeating is not allowed there.
+Every list but the first is read from the training split's counts (`popular.LogCounts`).
 """
 
 from __future__ import annotations
 
-import collections
 from collections.abc import Sequence
-
 
 from mtn_jax.data import sessions
 from mtn_jax.evaluation import metrics
@@ -23,9 +22,9 @@ from mtn_jax.inference import popular
 SUGGESTERS = {'repeat_previous': 'Repeat previous query',
               'most_frequent_next': 'Most frequent next query (train)',
               'most_popular': 'Most popular next queries (MPC, train)',
-              'cooccurrence': 'Co-occurring next queries, then MPC (train)'}
+              'most_cooccurring': 'Most co-occurring next queries, then MPC (train)'}
 # Results written before these existed lack them.
-OPTIONAL = ('most_popular', 'cooccurrence')
+OPTIONAL = ('most_popular', 'most_cooccurring')
 
 
 def repeat_previous(previous: Sequence[str]) -> list[str]:
@@ -33,29 +32,18 @@ def repeat_previous(previous: Sequence[str]) -> list[str]:
   return list(previous)
 
 
-def most_frequent_next_lists(train: sessions.SessionSplit, previous: Sequence[str],
+def most_frequent_next_lists(counts: popular.LogCounts, previous: Sequence[str],
                              k: int = metrics.RANKING_CUTOFF) -> list[list[str]]:
-  """For each previous query, the `k` next queries that most often follow it in `train`.
-
-  Texts are compared raw, as logged. Ties go to the next query seen first in the training
-  split; a previous query never followed by anything in `train` is suggested again. The
-  training texts are streamed from their file: only pairs whose previous query is asked
-  about are counted, so memory stays small on the full AOL training split.
-  """
-  wanted = set(previous)
-  follow_counts: dict[str, collections.Counter] = {}
-  for before, text in popular.next_query_pairs(train):
-    if before in wanted:
-      follow_counts.setdefault(before, collections.Counter())[text] += 1
-  # most_common is sorted by count, stably over insertion order: first seen wins a tie.
-  best = {p: [q for q, _ in counts.most_common(k)] for p, counts in follow_counts.items()}
-  return [best.get(p, [p]) for p in previous]
+  """For each previous query, the `k` next queries that most often follow it in the training
+  split `counts` counted (by raw text, ties to the one seen first); a previous query never
+  followed by anything there is suggested again."""
+  return [counts.followers(p, k) or [p] for p in previous]
 
 
-def most_frequent_next(train: sessions.SessionSplit, previous: Sequence[str]) -> list[str]:
-  """For each previous query, the next query that most often follows it in `train` (the top
-  of `most_frequent_next_lists`)."""
-  return [ranked[0] for ranked in most_frequent_next_lists(train, previous, k=1)]
+def most_frequent_next(counts: popular.LogCounts, previous: Sequence[str]) -> list[str]:
+  """For each previous query, the next query that most often follows it (the top of
+  `most_frequent_next_lists`)."""
+  return [ranked[0] for ranked in most_frequent_next_lists(counts, previous, k=1)]
 
 
 def lists(train: sessions.SessionSplit, previous: Sequence[str], contexts: Sequence[Sequence[str]],
@@ -63,6 +51,6 @@ def lists(train: sessions.SessionSplit, previous: Sequence[str], contexts: Seque
   """{suggester: [pairs] its ranked list} of every suggester of `SUGGESTERS`."""
   counts = popular.LogCounts(train)
   return {'repeat_previous': [[p] for p in repeat_previous(previous)],
-          'most_frequent_next': most_frequent_next_lists(train, previous, k),
+          'most_frequent_next': most_frequent_next_lists(counts, previous, k),
           'most_popular': counts.lists(contexts, k, 'popular'),
-          'cooccurrence': counts.lists(contexts, k, 'cooccurring')}
+          'most_cooccurring': counts.lists(contexts, k, 'cooccurring')}

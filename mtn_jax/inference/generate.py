@@ -12,14 +12,13 @@ from __future__ import annotations
 import time
 
 import jax
-import numpy as np
 from jax.experimental import multihost_utils
 
 from mtn_jax import inference
 from mtn_jax import parallel
-from mtn_jax.data import input_pipeline
 from mtn_jax.data import sessions
 from mtn_jax.decoding import search
+from mtn_jax.inference import inputs
 from mtn_jax.models.base import context_batch
 
 PROGRESS_SECONDS = 10.0  # at most one progress line per this many seconds
@@ -45,15 +44,13 @@ def decode_split(trained: inference.Trained, split: sessions.SessionSplit,
   mesh = parallel.make_mesh()
   # Batches are split over every device, so the parameters go to every device too.
   params = jax.device_put(trained.params, parallel.replicated(mesh))
-  first_pair = np.cumsum(split.lengths - 1) - (split.lengths - 1)
   suggestions: list[list[dict] | None] = [None] * split.num_pairs
   done = 0
   start = last_log = time.time()
-  for batch in input_pipeline.make_eval_iterator(
-      split, queries_per_batch=queries_per_batch, multiple_of=jax.device_count(),
-      process_index=jax.process_index(), process_count=jax.process_count(),
-      per_query=trained.task.per_query_inputs(split, vocab),
-      per_session=trained.task.per_session_inputs(split)):
+  for batch in inputs.split_batches(
+      trained.task, vocab, split, queries_per_batch=queries_per_batch,
+      multiple_of=jax.device_count(), process_index=jax.process_index(),
+      process_count=jax.process_count()):
     # The last query of a session is only ever a reference here.
     contexts = parallel.shard_batch(
         context_batch({k: batch[k] for k in trained.task.input_keys}), mesh)
@@ -68,7 +65,7 @@ def decode_split(trained: inference.Trained, split: sessions.SessionSplit,
       texts = split.session_texts(session)
       copied = trained.copied_words(texts)
       for t in range(sequences.shape[1]):
-        pair = int(first_pair[session]) + t
+        pair = int(split.first_pairs[session]) + t
         suggestions[pair] = search.ranked_suggestions(
             vocab, sequences[row, t], scores[row, t], settings, session=texts[:t + 1],
             oov_words=copied)

@@ -15,7 +15,6 @@ from mtn_jax.data.imdna_library import QuestionSet
 from mtn_jax.data.vocab import PAD_ID
 from mtn_jax.data.vocab import UNK_ID
 from mtn_jax.data.vocab import Vocab
-from mtn_jax.tasks import imdna
 
 
 class NextQueryProposer:
@@ -57,8 +56,8 @@ class NextQueryProposer:
         documents=ids, document_scores=scores,
         answers=np.full((len(contexts), 1), -1, np.int32), texts=texts,
         answer_texts=[''] * len(contexts))
-    probabilities = imdna.model_answer_scores(self.trained, library, questions,
-                                              settings.batch_size)
+    probabilities = self.trained.task.answer_scores(self.trained.params, library, questions,
+                                                    settings.batch_size)
     return [by_word_probability(imdna_library.following_queries(library, questions, i, c),
                                 probabilities[i], library.vocab)[:k]
             for i, c in enumerate(contexts)]

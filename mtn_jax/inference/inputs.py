@@ -1,5 +1,7 @@
 """Reading sessions for suggestion: a file (`--mode=decode`), typed queries (`--mode=suggest`)
-or a request, into `Context`s the suggestion pipeline takes, and contexts into model batches.
+or a request, into `Context`s the suggestion pipeline takes, and contexts into model batches
+(`context_batch`), and a whole split into evaluation's batches (`split_batches`): what the
+model reads is its task's `context_inputs` in both.
 
 Decode input (plain or gzip, told by its first bytes) is in one of two forms, told apart by
 its first non-empty line:
@@ -34,11 +36,11 @@ import numpy as np
 
 from mtn_jax import errors
 from mtn_jax.data import aol_log
-from mtn_jax.data import extended
+from mtn_jax.data import candidates
+from mtn_jax.data import input_pipeline
+from mtn_jax.data import sessions
 from mtn_jax.data.vocab import UNK_ID
 from mtn_jax.data.vocab import Vocab
-from mtn_jax.inference import retrieval
-from mtn_jax.tasks import zero_attention
 
 _TIME = re.compile(r'\d{4}-\d{2}-\d{2} \d{2}:\d{2}:\d{2}')
 _GZIP_MAGIC = b'\x1f\x8b'
@@ -197,7 +199,7 @@ def read_raw_log(path: str, reader: QueryReader, data: ml_collections.ConfigDict
   The log reader's line-level skips (header, malformed lines, empty queries) and removed
   successive duplicates are added to `reader.counts`. Each context's history is its user's
   last `data.history_queries` earlier queries, or all of them with `whole_history` (a user's
-  habit query, `mtn_jax.habits`).
+  habit query, `mtn_jax.inference.habits`).
   """
   try:
     log = aol_log.read_log(path, strict=data.strict)
@@ -235,46 +237,61 @@ def read_raw_log(path: str, reader: QueryReader, data: ml_collections.ConfigDict
       yield from contexts
 
 
-def encode_contexts(vocab: Vocab, contexts: Sequence[Context], rows: int, width: int,
-                    max_query_words: int, history_queries: int = 0
-                    ) -> tuple[dict[str, np.ndarray], np.ndarray]:
-  """(batch, lengths int64 [rows]): the batch's 'queries' and 'oov' (numbers of the words
-  outside the vocabulary, `mtn_jax.data.extended`) are int32 [rows, width, max_query_words],
-  'history' int32 [rows, history_queries, max_query_words] each context's last
-  `history_queries` earlier queries of its user (zero rows in front where there are fewer);
-  rows past the contexts are padding sessions of one all-padding query."""
-  queries = np.zeros((rows, width, max_query_words), np.int32)
-  oov = np.zeros((rows, width, max_query_words), np.int32)
-  history = np.zeros((rows, history_queries, max_query_words), np.int32)
+def split_batches(task, vocab: Vocab, split: sessions.SessionSplit, *, queries_per_batch: int,
+                  multiple_of: int = 1, process_index: int = 0, process_count: int = 1,
+                  per_query: dict[str, np.ndarray] | None = None):
+  """Evaluation's batches of a whole split (`input_pipeline.make_eval_iterator`), with the
+  model inputs its task reads (`context_inputs`) and `per_query`'s arrays."""
+  inputs = task.context_inputs(split, vocab)
+  return input_pipeline.make_eval_iterator(
+      split, queries_per_batch=queries_per_batch, multiple_of=multiple_of,
+      process_index=process_index, process_count=process_count,
+      per_query={**inputs.per_query, **(per_query or {})}, per_session=inputs.per_session)
+
+
+def context_split(contexts: Sequence[Context], vocab: Vocab, max_query_words: int,
+                  history_queries: int = 0, pool: candidates.CandidatePool | None = None
+                  ) -> sessions.SessionSplit:
+  """`contexts` as a split of their own, with what preprocessing writes of a corpus's
+  sessions: the queries encoded by `vocab` (cut to `max_query_words` tokens); 'history' each
+  context's last `history_queries` earlier queries of its user, zero rows in front where
+  there are fewer; with `pool`, 'history_items' their pool entries (-1: none, or outside the
+  pool); 'users' the user its info names (-1: none)."""
+  encode = lambda text: vocab.encode_text(text)[:max_query_words]
+  texts = [text for context in contexts for text in context.queries]
+  queries = np.zeros((len(texts), max_query_words), np.int32)
+  for row, text in enumerate(texts):
+    ids = encode(text)
+    queries[row, :len(ids)] = ids
+  starts = np.concatenate([[0], np.cumsum([len(c.queries) for c in contexts])]).astype(np.int64)
+  history = np.zeros((len(contexts), history_queries, max_query_words), np.int32)
+  items = (np.full((len(contexts), history_queries), -1, np.int32) if pool is not None
+           else None)
+  for i, context in enumerate(contexts):
+    earlier = context.history[-history_queries:] if history_queries else ()
+    first = history_queries - len(earlier)
+    for j, text in enumerate(earlier, first):
+      ids = encode(text)
+      history[i, j, :len(ids)] = ids
+    if items is not None and earlier:
+      items[i, first:] = pool.ids_of(list(earlier))
+  users = np.array([context.info.get('user', -1) for context in contexts], np.int64)
+  return sessions.SessionSplit('contexts', queries, starts, users=users, history=history,
+                               history_items=items, text_lines=tuple(texts))
+
+
+def context_batch(task, vocab: Vocab, contexts: Sequence[Context], *, rows: int, width: int,
+                  history_queries: int = 0, pool: candidates.CandidatePool | None = None
+                  ) -> tuple[dict[str, np.ndarray], np.ndarray]:
+  """(batch, lengths int64 [rows]): the model inputs of `contexts` for `task`'s model, made
+  by the task (`context_inputs`) from `context_split` as evaluation's are from the corpus,
+  'queries' and the per-query inputs [rows, width, ...]; rows past the contexts are padding
+  sessions of one all-padding query."""
+  split = context_split(contexts, vocab, task.cfg.max_query_words, history_queries, pool)
+  inputs = task.context_inputs(split, vocab)
+  batch = input_pipeline.padded_batch(split, rows=rows, width=width,
+                                      per_query=inputs.per_query,
+                                      per_session=inputs.per_session)
   lengths = np.ones(rows, np.int64)
-  for row, context in enumerate(contexts):
-    words = [text.split() for text in context.queries]
-    for t, text in enumerate(context.queries):
-      ids = vocab.encode_text(text)[:max_query_words]
-      queries[row, t, :len(ids)] = ids
-    earlier = context.history[-history_queries:] if history_queries else ()
-    for j, text in enumerate(earlier, history_queries - len(earlier)):
-      ids = vocab.encode_text(text)[:max_query_words]
-      history[row, j, :len(ids)] = ids
-    oov[row, :len(words)] = extended.oov_numbers(words, vocab, max_query_words)
-    lengths[row] = len(context.queries)
-  return {'queries': queries, 'oov': oov, 'history': history}, lengths
-
-
-def ranker_inputs(retriever: retrieval.Retriever, contexts: Sequence[Context], rows: int,
-                  history_queries: int) -> dict[str, np.ndarray]:
-  """A ranker's per-session inputs beside `encode_contexts`': 'history_items' int32
-  [rows, history_queries] (pool entries of the user's earlier queries, -1: none) and 'user'
-  int32 [rows] (the training user a raw log's AnonID is, 0 for any other)."""
-  items = np.full((rows, history_queries), -1, np.int32)
-  users = np.zeros(rows, np.int32)
-  task = retriever.trained.task
-  train_users = (task.train_users if isinstance(task, zero_attention.ZeroAttentionTask)
-                 else None)
-  for row, context in enumerate(contexts):
-    earlier = context.history[-history_queries:] if history_queries else ()
-    if earlier:
-      items[row, history_queries - len(earlier):] = retriever.history_items(earlier)
-    if train_users is not None and 'user' in context.info:
-      users[row] = zero_attention.user_index(train_users, np.array([context.info['user']]))[0]
-  return {'history_items': items, 'user': users}
+  lengths[:len(contexts)] = split.lengths
+  return batch, lengths

@@ -65,7 +65,6 @@ from mtn_jax.inference import popular
 from mtn_jax.inference import retrieval
 from mtn_jax.inference import sources as inference_sources
 from mtn_jax.inference.inputs import Context
-from mtn_jax.tasks import imdna
 
 CANDIDATE_BUCKET = 8  # candidate lists are padded to a multiple of this (fewer compilations)
 # Sessions whose candidate lists are scored at a time in reranking: a Cross-encoder encodes
@@ -360,7 +359,7 @@ class Pipeline:
     settings = Settings.from_config(config)
     trained = trained or inference.load_trained(config, workdir, which='best')
     if settings.strategy == 'learned':
-      if isinstance(trained.task, tasks.RankingTask):
+      if not isinstance(trained.task, tasks.Suggests):
         raise errors.Error('config.suggest.strategy=\'learned\' ranks a generative model\'s '
                            f'candidates: {workdir} holds a {trained.cfg.name!r} ranker')
       ranker = learned.LearnedRanker.load(workdir, trained)
@@ -370,7 +369,7 @@ class Pipeline:
           f'--mode=train): suggesting by the blend {config.suggest.blend!r} instead.')
       settings = dataclasses.replace(settings, strategy='blend')
     if settings.strategy == 'blend':
-      if isinstance(trained.task, tasks.RankingTask):
+      if not isinstance(trained.task, tasks.Suggests):
         raise errors.Error('config.suggest.strategy=\'blend\' blends a generative model\'s '
                            f'beam: {workdir} holds a {trained.cfg.name!r} ranker')
       return cls(settings, trained, trained, None, None, None, workdir)
@@ -406,7 +405,7 @@ class Pipeline:
             'Bi- or Poly-encoder in config.suggest.retriever_workdir to add pool entries).')
     if settings.strategy == 'retrieve':
       return cls(settings, trained, retriever.trained, retriever, None, None, workdir)
-    if isinstance(trained.task, tasks.RankingTask):
+    if not isinstance(trained.task, tasks.Suggests):
       raise errors.Error('config.suggest.strategy=\'rerank\' reranks a generative model\'s '
                          f'beam: {workdir} holds a {trained.cfg.name!r} ranker')
     proposer = (_load_proposer(config, settings.imdna_workdir, workdir)
@@ -611,7 +610,7 @@ class Pipeline:
       flat = lambda lists: [at for session in lists for at in session]
       return SplitLists(flat(ordered), {name: texts(flat(lists))
                                         for name, lists in by_source.items()})
-    generative = not isinstance(self.trained.task, tasks.RankingTask)
+    generative = isinstance(self.trained.task, tasks.Suggests)
     beams = (generate.decode_split(self.trained, split, s.whole_beam,
                                    queries_per_batch=queries_per_batch, log=log)
              if generative else None)
@@ -670,7 +669,7 @@ def _load_proposer(config: ml_collections.ConfigDict, imdna_workdir: str,
                        'trained configs/imdna_aol.py run)')
   _check_sessions(imdna_workdir, workdir)
   trained = inference.load_trained(config, imdna_workdir, which='best')
-  if not isinstance(trained.task, imdna.IMDNATask):
+  if not isinstance(trained.task, tasks.AnswersQuestions):
     raise errors.Error(f'config.suggest.imdna_workdir={imdna_workdir} holds a '
                        f'{trained.cfg.name!r} model, not an IMDNA run')
   return imdna_proposer.NextQueryProposer(trained, imdna_workdir)
@@ -695,7 +694,7 @@ def _load(config: ml_collections.ConfigDict, workdir: str, key: str) -> inferenc
     raise errors.Error(f'config.suggest.{key}={workdir}: no such folder (a trained ranker\'s '
                        'workdir)')
   trained = inference.load_trained(config, workdir, which='best')
-  if not isinstance(trained.task, tasks.RankingTask):
+  if not isinstance(trained.task, (tasks.ScoresCandidates, tasks.ScoresPool)):
     raise errors.Error(f'config.suggest.{key}={workdir} holds a {trained.cfg.name!r} model, '
                        'not a ranker (a Bi-, Poly- or Cross-encoder)')
   return trained

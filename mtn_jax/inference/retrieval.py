@@ -111,10 +111,9 @@ def check_index(index: str, trained, workdir: str) -> None:
   """Refuses an `index` (`config.suggest.index`) that `trained`'s ranker cannot use."""
   if index not in INDEX_KINDS:
     raise errors.Error(f"config.suggest.index must be 'exact' or 'usearch', got {index!r}")
-  # Only the Bi-encoder's score is the inner product of a context vector and a fixed
-  # candidate vector; a Poly-encoder's context attends over its codes per candidate, and a
-  # Cross-encoder reads both together, so no index of fixed vectors finds their best.
-  if index == 'usearch' and trained.cfg.name != 'biencoder':
+  # The index holds fixed candidate vectors: it finds the best of a model whose score is the
+  # inner product of one context vector and such a vector (a Bi-encoder's), and no other's.
+  if index == 'usearch' and not trained.task.vector_index(trained.cfg):
     raise errors.Error(f"config.suggest.index='usearch' needs a Bi-encoder (its score is an "
                        f'inner product of fixed vectors): {workdir} holds a '
                        f"{trained.cfg.name!r} model; use config.suggest.index='exact'")

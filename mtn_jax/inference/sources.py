@@ -78,18 +78,19 @@ def propose_all(sources: Sequence[Source], contexts: Sequence[Context], *, posit
 
 
 def batches(trained: inference.Trained, contexts: Sequence[Context], batch_rows: int,
-            widths: Sequence[int] | None, history_queries: int):
+            widths: Sequence[int] | None, history_queries: int, pool=None):
   """(context indices, contexts, batch, lengths) of `contexts` sorted by length, `batch_rows`
   at a time, each batch padded to its longest context or to the first of `widths` that holds
-  it (`inputs.encode_contexts`)."""
+  it (`inputs.context_batch`; `pool`: the candidate pool, for a ranker that reads it)."""
   order = sorted(range(len(contexts)), key=lambda i: len(contexts[i].queries))
   for start in range(0, len(order), batch_rows):
     group = order[start:start + batch_rows]
     group_contexts = [contexts[i] for i in group]
     longest = max(len(c.queries) for c in group_contexts)
     width = longest if widths is None else next(w for w in widths if w >= longest)
-    batch, lengths = inputs.encode_contexts(trained.vocab, group_contexts, batch_rows, width,
-                                            trained.cfg.max_query_words, history_queries)
+    batch, lengths = inputs.context_batch(trained.task, trained.vocab, group_contexts,
+                                          rows=batch_rows, width=width,
+                                          history_queries=history_queries, pool=pool)
     yield group, group_contexts, batch, lengths
 
 
@@ -128,8 +129,7 @@ def retrieved(retriever: retrieval.Retriever, contexts: Sequence[Context], *, k:
   positions, nothing dropped (batched as `generated`)."""
   out: list = [None] * len(contexts)
   for group, group_contexts, batch, _ in batches(retriever.trained, contexts, batch_rows,
-                                                 widths, history_queries):
-    batch.update(inputs.ranker_inputs(retriever, group_contexts, batch_rows, history_queries))
+                                                 widths, history_queries, retriever.pool):
     lists = retriever.suggestions(batch, k, [c.queries for c in group_contexts],
                                   exclude_session_queries=False)
     for row, (i, context) in enumerate(zip(group, group_contexts)):

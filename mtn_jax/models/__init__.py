@@ -51,6 +51,8 @@ class ModelSpec:
     display_name: as logs, results and the report show it ("MTN").
     layer_label: (display name, saved model fields) -> the paper's Fig.-3 label, or None
       where the model has no layers to count.
+    layer_ablation: its place in the paper's layer ablation (Fig. 3, which the report draws
+      where a model of it comes at more than one depth), None for a model not in it.
   """
 
   name: str
@@ -58,6 +60,7 @@ class ModelSpec:
   config_class: type[ModelConfig]
   display_name: str
   layer_label: Callable[[str, dict], str] | None = None
+  layer_ablation: int | None = None
 
   def example_batch(self, cfg: ModelConfig) -> dict:
     """The smallest batch the model takes, for making (or shaping) its parameters: one
@@ -76,10 +79,10 @@ class ModelSpec:
 
 REGISTRY: dict[str, ModelSpec] = {s.name: s for s in (
     ModelSpec('mtn', functools.partial(EncoderDecoder, encoder_class=mtn.MTNEncoder),
-              mtn.MTNConfig, 'MTN', mtn.layer_label),
+              mtn.MTNConfig, 'MTN', mtn.layer_label, layer_ablation=1),
     ModelSpec('transformer',
               functools.partial(EncoderDecoder, encoder_class=transformer.FlatSessionEncoder),
-              TransformerConfig, 'Transformer', transformer.layer_label),
+              TransformerConfig, 'Transformer', transformer.layer_label, layer_ablation=0),
     ModelSpec('seq2seq', recurrent.Seq2SeqAttention, recurrent.RecurrentConfig,
               'Seq2Seq Attn.'),
     ModelSpec('hred', recurrent.HRED, recurrent.RecurrentConfig, 'H-LSTM'),

@@ -1,6 +1,6 @@
 """What every model shares: its config, the pair layout of a session, the entry points.
 
-A session batch is a dict of arrays (`mtn_jax.batches`); the models read `queries` int32
+A session batch is a dict of arrays (`mtn_jax.data.input_pipeline`); the models read `queries` int32
 `[batch, S, n]` (0 = padding). Pair t (t = 0..S-2) predicts query t+1 after queries 0..t. The
 decoder reads `<s>` + next query and predicts next query + `</s>`, so its length is T = n + 1.
 
@@ -19,7 +19,7 @@ decoder reads `<s>` + next query and predicts next query + `</s>`, so its length
       -> hidden [N, T', H], what the output layer reads (dropout included);
     `output_logits(hidden [..., H])` -> float32 logits [..., V];
     `output_head()` -> (logits function of (head params, hidden), head params): the output
-      layer as a pure function, for the fused loss (`mtn_jax.losses.output_layer_losses`);
+      layer as a pure function, for the fused loss (`mtn_jax.tasks.losses.output_layer_losses`);
     `decode(memory, decoder_inputs [N, T'], *, train=False, decode=False)` -> next-token
       scores [N, T', V'] (logits; a copying model's log-probabilities over V' >= V);
     `session_outputs(batch, *, train)` -> the loss's inputs: hidden [B, S-1, T, H] of every
@@ -66,7 +66,7 @@ class ModelConfig:
   compute_dtype: str
 
   # Fields that change neither the parameters nor their meaning: a checkpoint is restored
-  # under any values of these (`mtn_jax.checkpoints.architecture`).
+  # under any values of these (`mtn_jax.training.checkpoints.architecture`).
   RUNTIME_FIELDS = ('dropout', 'compute_dtype')
   # Whether the model has a memory of the user's earlier queries (`config.model.user_memory`).
   HAS_USER_MEMORY = False
@@ -234,7 +234,7 @@ class SessionModel(nn.Module):
         `output_logits` computes;
       head params: the parameters of `output_modules()`, by their names. The fused loss
         differentiates the output layer inside its own loop over chunks of tokens
-        (`mtn_jax.losses.output_layer_losses`), so it takes them as an explicit argument;
+        (`mtn_jax.tasks.losses.output_layer_losses`), so it takes them as an explicit argument;
         under `jax.grad` of the whole model they are the model's own parameters, and their
         gradients reach the model's.
     """

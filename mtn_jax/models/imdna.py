@@ -1,7 +1,7 @@
 """Iterative multi-document neural attention (Greco, Suglia, Basile, Rossiello, Semeraro 2016).
 
 A question is answered with several answers at once by reading the K documents a retrieval
-engine returns for it (`mtn_jax.retrieval`). Shapes: B questions, Lq question tokens, K
+engine returns for it (`mtn_jax.data.bm25`). Shapes: B questions, Lq question tokens, K
 documents of Ld tokens each, V words, A candidate answers, h = `state_dim`, T =
 `inference_steps`.
 

@@ -301,7 +301,7 @@ class MNSRF(HRED):
 
   As HRED, except that a query's summary is the element-wise max of the bidirectional LSTM
   outputs over its real tokens. Its entropy regulariser belongs to the loss
-  (`mtn_jax.losses.token_losses`, weight `config.train.entropy_weight`, 0.1 in the paper).
+  (`mtn_jax.tasks.losses.token_losses`, weight `config.train.entropy_weight`, 0.1 in the paper).
 
   Choices the papers leave open, and ours: as for HRED. Ahmad et al.'s decoder also reads the
   current query's representation; here it reaches the decoder through s_t only, so that

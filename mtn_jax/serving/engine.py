@@ -32,7 +32,6 @@ from mtn_jax.inference import inputs
 from mtn_jax.inference import pipeline as pipeline_lib
 from mtn_jax.inference import suggest
 from mtn_jax.inference.inputs import Context
-from mtn_jax.tasks import zero_attention
 
 MAX_K = 20  # the most suggestions a request may ask for
 # Characters a query or a user may not hold: the control characters that are not whitespace
@@ -192,11 +191,10 @@ class Engine:
   @property
   def personalises(self) -> bool:
     """Whether the model reads a user: their earlier queries (`config.data.history_queries`,
-    the habit rule) or, for a zero-attention ranker, the training user they are."""
+    the habit rule) or, for a ranker that reads users, the training user they are."""
     p = self.pipeline
     return (p.settings.history_queries > 0 or p.needs_whole_history
-            or (p.retriever is not None
-                and isinstance(p.retriever.trained.task, zero_attention.ZeroAttentionTask)))
+            or (p.retriever is not None and p.retriever.trained.task.reads_users))
 
   def info(self) -> dict:
     """What the page and the responses say of the model."""
@@ -264,7 +262,7 @@ class Engine:
 
   @staticmethod
   def _info(request: Request) -> dict:
-    # A zero-attention ranker knows its training users by their log's numeric ids.
+    # A ranker that reads users knows its training users by their log's numeric ids.
     if request.user is not None and request.user.isdigit():
       return {'user': int(request.user)}
     return {}

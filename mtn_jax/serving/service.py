@@ -38,7 +38,7 @@ from mtn_jax.serving import app as app_lib
 from mtn_jax.serving import batcher as batcher_lib
 from mtn_jax.serving import engine as engine_lib
 from mtn_jax.serving import history as history_lib
-from mtn_jax.serving import metrics as metrics_lib
+from mtn_jax.serving import monitoring
 
 
 @dataclasses.dataclass(frozen=True)
@@ -86,7 +86,7 @@ class Service:
                compilations: Callable[[], int] = engine_lib.compilations, log=_say):
     self.engine, self.settings, self.store = engine, settings, store
     self.loader, self.log = loader, log
-    self.metrics = metrics_lib.Metrics(settings.max_batch, compilations)
+    self.metrics = monitoring.Metrics(settings.max_batch, compilations)
     self.metrics.model_step.set(engine.step)
     self.batcher = batcher_lib.Batcher(
         self._run, prepare=None if store is None else self._with_histories,

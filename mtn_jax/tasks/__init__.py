@@ -2,6 +2,7 @@
 the zero attention family, IMDNA, and the table of which task serves which model
 (`registry`). The names most callers need are re-exported here."""
 
+from mtn_jax.tasks.base import AnswersQuestions
 from mtn_jax.tasks.base import AttendsToMemory
 from mtn_jax.tasks.base import BringsOwnData
 from mtn_jax.tasks.base import GenerationTask
@@ -9,18 +10,21 @@ from mtn_jax.tasks.base import RankingTask
 from mtn_jax.tasks.base import ScoresCandidates
 from mtn_jax.tasks.base import ScoresPool
 from mtn_jax.tasks.base import Suggests
+from mtn_jax.tasks.base import SplitInputs
 from mtn_jax.tasks.base import Task
 from mtn_jax.tasks.base import TrainingData
 from mtn_jax.tasks.registry import make_task
 from mtn_jax.tasks.registry import task_class
 
 __all__ = [
+    'AnswersQuestions',
     'AttendsToMemory',
     'BringsOwnData',
     'GenerationTask',
     'RankingTask',
     'ScoresCandidates',
     'ScoresPool',
+    'SplitInputs',
     'Suggests',
     'Task',
     'TrainingData',

@@ -7,12 +7,21 @@ Its contract is `Task` (below); what only some tasks can do is a capability of i
 
   `Suggests`          writes suggestions: `suggest(params, batch, settings, ...)` -> ranked
                       hypotheses for each context (the generative models);
-  `ScoresCandidates`  scores candidates given by their words (Bi-, Poly-, Cross-encoders);
+  `ScoresCandidates`  scores candidates given by their words (Bi-, Poly-, Cross-encoders),
+                      and so learns from generated ones (`config.train.hypotheses_from`);
   `ScoresPool`        scores the whole candidate pool from vectors cached per checkpoint
-                      (Bi- and Poly-encoders, the zero attention family);
+                      (Bi- and Poly-encoders, the zero attention family), and says whether an
+                      approximate nearest-neighbour index can search it (`vector_index`);
   `AttendsToMemory`   reports its attention on a user's memory (the zero attention family);
   `BringsOwnData`     makes its own training data (`TrainingData`) in place of the session
-                      corpus, and is evaluated by its own measures (IMDNA).
+                      corpus, and is evaluated by its own measures (IMDNA);
+  `AnswersQuestions`  scores a library's candidate answers to its questions (IMDNA, whose
+                      answers to a session are the next queries of similar sessions).
+
+What a model reads is the task's too: `context_inputs` gives the arrays of a split's sessions
+it reads to suggest (evaluation gathers them from the corpus, decode and the service from the
+sessions they are given, `mtn_jax.inference.inputs.context_batch`), `training_inputs` those
+and what only its loss reads.
 
 `GenerationTask` is next-query generation with teacher forcing (MTN, the Transformer and the
 recurrent baselines). `RankingTask` is the base of the rankers, which score candidate queries
@@ -51,12 +60,16 @@ class Task(Protocol):
     cfg: the model's config; the model is built from it.
     input_keys: the batch keys its steps read, the ones put on the devices.
     model: the Linen module.
+    reads_users: whether the model reads who the user is or their earlier queries.
   """
 
   cfg: ModelConfig
 
   @property
   def input_keys(self) -> tuple[str, ...]: ...
+
+  @property
+  def reads_users(self) -> bool: ...
 
   @property
   def model(self) -> nn.Module: ...
@@ -72,11 +85,12 @@ class Task(Protocol):
 
   def abstract_params(self) -> Any: ...
 
-  def per_query_inputs(self, split, vocab) -> dict[str, np.ndarray]:
-    """The input pipeline's per-query arrays of `split` beyond its queries."""
+  def context_inputs(self, split, vocab) -> SplitInputs:
+    """The arrays of `split` beyond its queries that the model reads to suggest: what
+    evaluation, decode and the service give it."""
 
-  def per_session_inputs(self, split) -> dict[str, np.ndarray]:
-    """The input pipeline's per-session arrays of `split`."""
+  def training_inputs(self, split, vocab) -> SplitInputs:
+    """`context_inputs` and what only the training loss reads (targets, negatives)."""
 
   def loss_sums(self, params, batch: Mapping[str, jax.Array], *, train: bool, rngs=None,
                 groups: int = 1) -> dict[str, jax.Array]:
@@ -114,6 +128,12 @@ class ScoresCandidates(Protocol):
 class ScoresPool(Protocol):
   """Scores every entry of the candidate pool from per-candidate vectors."""
 
+  @classmethod
+  def vector_index(cls, cfg: ModelConfig) -> bool:
+    """Whether the model `cfg` describes scores an entry by the inner product of one context
+    vector (`mtn_jax.inference.retrieval.bi_contexts`) and the entry's cached vector, so that
+    an approximate nearest-neighbour index finds its best (`config.suggest.index`)."""
+
   def encode_candidates(self, params, candidates: jax.Array) -> jax.Array:
     """candidates int32 [C, n] -> the part of the scoring that depends on them alone,
     computed once per checkpoint (`mtn_jax.inference.retrieval.candidate_cache`)."""
@@ -128,6 +148,24 @@ class AttendsToMemory(Protocol):
 
   def attention(self, params, batch: Mapping[str, jax.Array]) -> dict[str, jax.Array]:
     """{'zero_weight': float32 [B, S-1], the mass on the zero vector, ...}."""
+
+
+@dataclasses.dataclass(frozen=True)
+class SplitInputs:
+  """Arrays of a split that the input pipeline gathers into batches beside its queries.
+
+  Attributes:
+    per_query: {batch key: [num_queries, ...]}, row for row with the split's queries.
+    per_session: {batch key: [num_sessions, ...]}.
+  """
+
+  per_query: dict[str, np.ndarray] = dataclasses.field(default_factory=dict)
+  per_session: dict[str, np.ndarray] = dataclasses.field(default_factory=dict)
+
+  def __or__(self, other: SplitInputs) -> SplitInputs:
+    """Both inputs' arrays (`other`'s where both have a key)."""
+    return SplitInputs({**self.per_query, **other.per_query},
+                       {**self.per_session, **other.per_session})
 
 
 @dataclasses.dataclass(frozen=True)
@@ -162,6 +200,15 @@ class BringsOwnData(Protocol):
   @classmethod
   def training_data(cls, config: ml_collections.ConfigDict, workdir: str) -> TrainingData:
     """The trainer's data (`TrainingData`)."""
+
+
+@runtime_checkable
+class AnswersQuestions(Protocol):
+  """Scores every candidate answer of a library (`mtn_jax.data.imdna_library`) to each of
+  its questions."""
+
+  def answer_scores(self, params, library, questions, batch_size: int) -> np.ndarray:
+    """float32 [questions, answers]: the model's probability of every candidate answer."""
 
 
 # (task class, model config) -> the parameters' shapes and dtypes. A parameter tree is a
@@ -209,33 +256,34 @@ class GenerationTask:
     words outside the vocabulary (`mtn_jax.data.extended`), and for a model with a user
     memory the user's earlier queries."""
     return (('queries',) + (('oov',) if self.copies else ())
-            + (('history',) if self.remembers_users else ()))
+            + (('history',) if self.reads_users else ()))
 
   @property
-  def remembers_users(self) -> bool:
+  def reads_users(self) -> bool:
     return getattr(self.cfg, 'user_memory', 'none') != 'none'
-
-  def per_session_inputs(self, split) -> dict[str, np.ndarray]:
-    """The input pipeline's per-session arrays of `split`: 'history' [num_sessions, M, n]
-    for a model with a user memory (`input_pipeline`'s `per_session`)."""
-    if not self.remembers_users:
-      return {}
-    if split.history is None or split.history.shape[1] == 0:
-      raise errors.Error(f'config.model.user_memory={self.cfg.user_memory!r} needs the '
-                         f'users\' earlier queries: set config.data.history_queries > 0 '
-                         f'(the {split.name} split has none)')
-    return {'history': split.history}
 
   @property
   def copies(self) -> bool:
     return getattr(self.cfg, 'copy', False)
 
-  def per_query_inputs(self, split, vocab) -> dict[str, np.ndarray]:
-    """The input pipeline's per-query arrays of `split` beyond its queries: 'oov'
-    [num_queries, n] for a copying model (`input_pipeline`'s `per_query`)."""
-    if not self.copies:
-      return {}
-    return {'oov': extended.split_oov_numbers(split, vocab)}
+  def context_inputs(self, split, vocab) -> SplitInputs:
+    """'oov' [num_queries, n] for a copying model (the numbers of the words outside the
+    vocabulary, `mtn_jax.data.extended`); 'history' [num_sessions, M, n] for a model with a
+    user memory."""
+    inputs = SplitInputs()
+    if self.copies:
+      inputs.per_query['oov'] = extended.split_oov_numbers(split, vocab)
+    if self.reads_users:
+      if split.history is None or split.history.shape[1] == 0:
+        raise errors.Error(f'config.model.user_memory={self.cfg.user_memory!r} needs the '
+                           f'users\' earlier queries: set config.data.history_queries > 0 '
+                           f'(the {split.name} split has none)')
+      inputs.per_session['history'] = split.history
+    return inputs
+
+  def training_inputs(self, split, vocab) -> SplitInputs:
+    """`context_inputs`: teacher forcing reads nothing else."""
+    return self.context_inputs(split, vocab)
 
   @functools.cached_property
   def model(self) -> nn.Module:
@@ -256,7 +304,7 @@ class GenerationTask:
   def init_params(self, rng: jax.Array) -> Any:
     """The model's initial parameters, made from its example batch."""
     batch = self.spec.example_batch(self.cfg)
-    if self.remembers_users:
+    if self.reads_users:
       batch['history'] = jnp.ones((1, 1, self.cfg.max_query_words), jnp.int32)
     return self.model.init({'params': rng}, batch, train=False)['params']
 
@@ -333,13 +381,18 @@ class RankingTask:
       return self
     return dataclasses.replace(self, cfg=self.cfg.replace(scan_layers=scan_layers))
 
-  def per_query_inputs(self, split, vocab) -> dict[str, np.ndarray]:
-    del split, vocab
-    return {}
+  @property
+  def reads_users(self) -> bool:
+    return type(self.cfg).reads_user_history(self.cfg)
 
-  def per_session_inputs(self, split) -> dict[str, np.ndarray]:
-    del split
-    return {}
+  def context_inputs(self, split, vocab) -> SplitInputs:
+    """Nothing beyond the queries (a subclass that reads a user says what)."""
+    del split, vocab
+    return SplitInputs()
+
+  def training_inputs(self, split, vocab) -> SplitInputs:
+    """`context_inputs` (a subclass adds its targets and negatives)."""
+    return self.context_inputs(split, vocab)
 
   def example_batch(self) -> dict[str, jax.Array]:
     return self.spec.example_batch(self.cfg)

@@ -45,9 +45,10 @@ the training sessions' queries), the hard negatives of dense retrieval (Karpukhi
 Generated candidates (`config.train.hypotheses_from`, every ranker): what a
 reranker orders is a generator's beam, and no logged query is wrong the way a hypothesis
 is. Each context also meets the suggestions of a generator that never saw its user
-(`mtn_jax.hypotheses`: cross-fitted over folds of the training users), each text once, not
-the true next query and, with graded targets, not a query of the session so far (scored in
-the session columns); graded, each takes the share its overlap with the next query earns.
+(`mtn_jax.data.hypothesis_files`: cross-fitted over folds of the training users), each text
+once, not the true next query and, with graded targets, not a query of the session so far
+(scored in the session columns); graded, each takes the share its overlap with the next
+query earns.
 
 Validation figures (`RankingTask.summarize`): the cross-entropy per context among the same
 candidates, and how often the true next query scores first ('accuracy'); 'tokens' and
@@ -69,7 +70,7 @@ import numpy as np
 
 from mtn_jax.data import bm25
 from mtn_jax.data import candidates as candidate_pool
-from mtn_jax.data import hypotheses
+from mtn_jax.data import hypothesis_files
 from mtn_jax.data.vocab import PAD_ID
 from mtn_jax.data.vocab import UNK_ID
 from mtn_jax.models import polyencoder
@@ -201,9 +202,9 @@ def same_query(a: jax.Array, b: jax.Array) -> jax.Array:
 def generated_candidates(hypotheses_from: str, data_dir: str, split, vocab,
                          max_words: int) -> np.ndarray:
   """int32 [num_queries, H, n]: the suggestions after each query of `split` of the
-  generators `hypotheses_from` names (`mtn_jax.hypotheses`), as token ids."""
-  found = hypotheses.generators(hypotheses_from, data_dir)
-  return hypotheses.encode(hypotheses.split_suggestions(found, split), vocab, max_words)
+  generators `hypotheses_from` names (`mtn_jax.data.hypothesis_files`), as token ids."""
+  found = hypothesis_files.generators(hypotheses_from, data_dir)
+  return hypothesis_files.encode(hypothesis_files.split_suggestions(found, split), vocab, max_words)
 
 
 def keep_generated(generated: jax.Array, next_queries: jax.Array,
@@ -230,7 +231,7 @@ def keep_generated(generated: jax.Array, next_queries: jax.Array,
 
 
 def lexical_index(data_dir: str) -> tuple[candidate_pool.CandidatePool, bm25.Bm25Index]:
-  """The corpus folder's candidate pool and the BM25 index of its texts (`mtn_jax.retrieval`,
+  """The corpus folder's candidate pool and the BM25 index of its texts (`mtn_jax.data.bm25`,
   kept in `<data_dir>/pool_bm25`, rebuilt when the pool changes)."""
   pool = candidate_pool.load_pool(data_dir)
   return pool, bm25.open_index(os.path.join(data_dir, 'pool_bm25'), pool.texts)
@@ -300,18 +301,24 @@ class DualEncoderTask(base.RankingTask):
     return (('queries',) + (('lexical',) if self.cfg.lexical_negatives else ())
             + (('hypotheses',) if self.hypotheses_from else ()))
 
-  def per_query_inputs(self, split, vocab) -> dict[str, np.ndarray]:
+  def training_inputs(self, split, vocab) -> base.SplitInputs:
     """'lexical' int32 [num_queries, K]: with `lexical_negatives`, each context's
     `lexical_neighbours`; 'hypotheses' int32 [num_queries, H, n]: with `hypotheses_from`,
-    the generators' suggestions after each query (`mtn_jax.hypotheses`)."""
-    inputs = {}
+    the generators' suggestions after each query (`mtn_jax.inference.hypothesis_decoding`)."""
+    inputs = self.context_inputs(split, vocab)
     if self.cfg.lexical_negatives:
-      inputs['lexical'] = lexical_neighbours(*self._lexical_index, split,
-                                             self.cfg.lexical_negatives)
+      inputs.per_query['lexical'] = lexical_neighbours(*self._lexical_index, split,
+                                                       self.cfg.lexical_negatives)
     if self.hypotheses_from:
-      inputs['hypotheses'] = generated_candidates(self.hypotheses_from, self.data_dir, split,
-                                                  vocab, self.cfg.max_query_words)
+      inputs.per_query['hypotheses'] = generated_candidates(
+          self.hypotheses_from, self.data_dir, split, vocab, self.cfg.max_query_words)
     return inputs
+
+  @classmethod
+  def vector_index(cls, cfg: ModelConfig) -> bool:
+    """The Bi-encoder's score is an inner product of fixed vectors; a Poly-encoder's context
+    attends over its codes per candidate (`cfg` is a model config or its config section)."""
+    return cfg.name == 'biencoder'
 
   @functools.cached_property
   def _lexical_index(self):
@@ -483,13 +490,14 @@ class CrossEncoderTask(base.RankingTask):
   def input_keys(self) -> tuple[str, ...]:
     return ('queries',) + (('hypotheses',) if self.hypotheses_from else ())
 
-  def per_query_inputs(self, split, vocab) -> dict[str, np.ndarray]:
+  def training_inputs(self, split, vocab) -> base.SplitInputs:
     """'hypotheses' int32 [num_queries, H, n]: with `hypotheses_from`, the generators'
-    suggestions after each query (`mtn_jax.hypotheses`)."""
-    if not self.hypotheses_from:
-      return {}
-    return {'hypotheses': generated_candidates(self.hypotheses_from, self.data_dir, split,
-                                               vocab, self.cfg.max_query_words)}
+    suggestions after each query (`mtn_jax.inference.hypothesis_decoding`)."""
+    inputs = self.context_inputs(split, vocab)
+    if self.hypotheses_from:
+      inputs.per_query['hypotheses'] = generated_candidates(
+          self.hypotheses_from, self.data_dir, split, vocab, self.cfg.max_query_words)
+    return inputs
 
   def init_params(self, rng: jax.Array):
     batch = self.example_batch()

@@ -11,7 +11,7 @@ import ml_collections
 from mtn_jax import models
 from mtn_jax.models.base import ModelConfig
 from mtn_jax.tasks import base
-from mtn_jax.tasks import imdna
+from mtn_jax.tasks import multi_answer
 from mtn_jax.tasks import rankers
 from mtn_jax.tasks import zero_attention
 
@@ -25,7 +25,7 @@ TASKS: dict[str, type] = {
     'biencoder': rankers.DualEncoderTask,
     'polyencoder': rankers.DualEncoderTask,
     'crossencoder': rankers.CrossEncoderTask,
-    'imdna': imdna.IMDNATask,
+    'imdna': multi_answer.IMDNATask,
 }
 assert set(TASKS) == set(models.REGISTRY), 'every registered model needs its task'
 

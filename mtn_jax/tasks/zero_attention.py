@@ -13,8 +13,8 @@ query t+1, whose pool entry is the item to rank first):
 with s the sigmoid, k = `item_negatives` / `word_negatives`. Validation measures what
 retrieval needs, exactly: the target's softmax cross-entropy among every pool candidate, and
 how often it ranks first. A context whose next query is not in the pool (a query first issued
-outside training) cannot be retrieved: it counts in retrieval metrics (`mtn_jax.ranking`) as a
-miss, but no loss can be defined for it.
+outside training) cannot be retrieved: it counts in retrieval metrics
+(`mtn_jax.evaluation.pool_ranking`) as a miss, but no loss can be defined for it.
 
 Batch keys: `queries` [B, S, n]; `targets` [B, S] each query's pool index (-1: not in the
 pool); `history_items` [B, M] (AEM, ZAM); `user` [B] and `history` [B, M, n] (HEM).
@@ -110,22 +110,33 @@ class ZeroAttentionTask(base.RankingTask):
   def pool(self) -> candidates.CandidatePool:
     return candidates.load_pool(self.data_dir)
 
-  def per_query_inputs(self, split, vocab) -> dict[str, np.ndarray]:
-    """'targets' int32 [num_queries]: each query row's pool index, -1 outside the pool."""
+  def context_inputs(self, split, vocab) -> base.SplitInputs:
+    """Per session: 'history_items' [num_sessions, M] (AEM, ZAM); 'user' (each session's
+    user as `user_index` numbers them, from `split.users`, -1 for none) and 'history'
+    (HEM)."""
     del vocab
-    return {'targets': self.pool.ids_of(split.texts)}
-
-  def per_session_inputs(self, split) -> dict[str, np.ndarray]:
-    """'history_items' [num_sessions, M] (AEM, ZAM); 'user' and 'history' (HEM)."""
     if self.cfg.user_model == 'qem':
-      return {}
+      return base.SplitInputs()
     items = split.history_items
     if items is None or items.shape[1] == 0:
       raise errors.Error(f'config.model.user_model={self.cfg.user_model!r} needs the users\' '
                          'earlier queries: set config.data.history_queries > 0')
     if self.cfg.user_model == 'hem':
-      return {'user': user_index(self.train_users, split.users), 'history': split.history}
-    return {'history_items': items}
+      return base.SplitInputs(per_session={'user': user_index(self.train_users, split.users),
+                                           'history': split.history})
+    return base.SplitInputs(per_session={'history_items': items})
+
+  def training_inputs(self, split, vocab) -> base.SplitInputs:
+    """`context_inputs`, and 'targets' int32 [num_queries]: each query row's pool index, -1
+    outside the pool."""
+    return base.SplitInputs(per_query={'targets': self.pool.ids_of(split.texts)}) | (
+        self.context_inputs(split, vocab))
+
+  @classmethod
+  def vector_index(cls, cfg: ModelConfig) -> bool:
+    """No: the index reads a Bi-encoder's context vectors (`retrieval.bi_contexts`)."""
+    del cfg
+    return False
 
   def example_batch(self) -> dict[str, jax.Array]:
     n = self.cfg.max_query_words

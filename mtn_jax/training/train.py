@@ -206,18 +206,18 @@ def training_data(config: ml_collections.ConfigDict, workdir: str) -> tasks.Trai
   data_dir = preprocess.data_dir(workdir)
   task = tasks.make_task(model_config(config, vocab, train_split, data_dir), config.train,
                          data_dir)
+  train_inputs = task.training_inputs(train_split, vocab)
+  valid_inputs = task.training_inputs(valid_split, vocab)
   train = input_pipeline.make_train_dataset(
       train_split, queries_per_batch=config.input.train_queries_per_batch,
       seed=config.seed, multiple_of=jax.device_count(), process_index=jax.process_index(),
       process_count=jax.process_count(), worker_count=config.input.worker_count,
-      per_query=task.per_query_inputs(train_split, vocab),
-      per_session=task.per_session_inputs(train_split))
+      per_query=train_inputs.per_query, per_session=train_inputs.per_session)
   valid_batches = functools.partial(
       input_pipeline.make_eval_iterator, valid_split,
       queries_per_batch=config.input.eval_queries_per_batch, multiple_of=jax.device_count(),
       process_index=jax.process_index(), process_count=jax.process_count(),
-      per_query=task.per_query_inputs(valid_split, vocab),
-      per_session=task.per_session_inputs(valid_split))
+      per_query=valid_inputs.per_query, per_session=valid_inputs.per_session)
   steps = input_pipeline.steps_per_epoch(
       train_split, config.input.train_queries_per_batch, jax.device_count())
   return tasks.TrainingData(vocab, task, train, steps, valid_batches,

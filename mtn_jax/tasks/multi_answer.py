@@ -2,7 +2,7 @@
 
 The task brings its own data (`training_data`, which the trainer calls in place of the
 session corpus: `mtn_jax.data.imdna_library`) and its own evaluation
-(`mtn_jax.evaluation.imdna`, which `--mode=eval` calls for it), so the same CLI, checkpoints
+(`mtn_jax.evaluation.answer_hits`, which `--mode=eval` calls for it), so the same CLI, checkpoints
 and exact resume serve it.
 
 The loss is the sigmoid cross-entropy of every candidate answer (multi-label), summed over
@@ -111,6 +111,18 @@ class IMDNATask:
     return {'loss': loss, 'nll': loss, 'correct': correct.sum(), 'tokens': real.sum(),
             'pairs': real.sum()}
 
+  def answer_scores(self, params, library: Library, questions: QuestionSet,
+                    batch_size: int) -> np.ndarray:
+    """float32 [N, A]: the model's probability of every candidate answer."""
+    out = np.zeros((len(questions), len(library.answers)), np.float32)
+    for batch in imdna_library.question_batches(questions, library.document_tokens,
+                                                batch_size):
+      rows = batch.pop('question_ids')
+      probabilities = np.asarray(_answer_probabilities(
+          params, {k: batch[k] for k in ('question', 'documents')}, task=self))
+      out[rows[rows >= 0]] = probabilities[rows >= 0]
+    return out
+
   @staticmethod
   def training_loss(sums: Mapping[str, jax.Array]) -> jax.Array:
     return sums['loss'] / jnp.maximum(sums['tokens'], 1.0)
@@ -138,15 +150,6 @@ def model_config(config: ml_collections.ConfigDict, library: Library) -> ModelCo
                             num_items=len(library.answers))
 
 
-def model_answer_scores(trained, library: Library, questions: QuestionSet,
-                        batch_size: int) -> np.ndarray:
-  """float32 [N, A]: the model's probability of every candidate answer."""
-  apply = jax.jit(lambda params, batch: jax.nn.sigmoid(
-      trained.task.model.apply({'params': params}, batch, train=False)))
-  out = np.zeros((len(questions), len(library.answers)), np.float32)
-  for batch in imdna_library.question_batches(questions, library.document_tokens, batch_size):
-    rows = batch.pop('question_ids')
-    probabilities = np.asarray(apply(trained.params, {k: batch[k] for k in
-                                                      ('question', 'documents')}))
-    out[rows[rows >= 0]] = probabilities[rows >= 0]
-  return out
+@functools.partial(jax.jit, static_argnames=('task',))
+def _answer_probabilities(params, batch, *, task: IMDNATask) -> jax.Array:
+  return jax.nn.sigmoid(task.model.apply({'params': params}, batch, train=False))

@@ -1,6 +1,6 @@
 """The preparation step of `config.train.hypotheses_from`: each cross-fitted generator decodes
 the sessions it suggests for, into the files the ranker's training and evaluation read
-(`mtn_jax.data.hypotheses`, which says why and how).
+(`mtn_jax.data.hypothesis_files`, which says why and how).
 
 Each generator decodes with its own run's `config.decode` (the settings `--mode=eval` with
 its config uses, and so the candidates reranking sees), whole beam kept. A file is made again
@@ -15,14 +15,14 @@ import os
 import ml_collections
 
 from mtn_jax import inference
-from mtn_jax.data import hypotheses
+from mtn_jax.data import hypothesis_files
 from mtn_jax.data import preprocess
 from mtn_jax.data import sessions
 from mtn_jax.decoding import search
 from mtn_jax.inference import generate
 
 
-def settings(generator: hypotheses.Generator) -> search.SearchSettings:
+def settings(generator: hypothesis_files.Generator) -> search.SearchSettings:
   # The full lists, as evaluation decodes them before any strategy drops a candidate.
   return dataclasses.replace(search.SearchSettings.from_config(generator.config.decode),
                              exclude_session_queries=False)
@@ -38,22 +38,22 @@ def prepare(config: ml_collections.ConfigDict, workdir: str, split_names: tuple[
   # against it and decode its sessions.
   preprocess.prepare(config, workdir)
   data_dir = preprocess.data_dir(os.path.abspath(workdir))
-  found = hypotheses.generators(config.train.hypotheses_from, data_dir)
+  found = hypothesis_files.generators(config.train.hypotheses_from, data_dir)
   for name in split_names:
     split = sessions.load_split(data_dir, name)
-    for generator, chosen in hypotheses.sessions_of(found, split):
+    for generator, chosen in hypothesis_files.sessions_of(found, split):
       part = split if len(chosen) == split.num_sessions else sessions.select_sessions(
           split, chosen)
       _decode(generator, part, log)
 
 
-def _decode(generator: hypotheses.Generator, split: sessions.SessionSplit, log) -> None:
+def _decode(generator: hypothesis_files.Generator, split: sessions.SessionSplit, log) -> None:
   path = generator.path(split.name)
   trained = inference.load_trained(generator.config, generator.workdir, which='best')
   search_settings = settings(generator)
   header = {'checkpoint_step': int(trained.step), 'settings': search_settings.to_dict(),
-            'sessions': hypotheses.fingerprint(split)}
-  cached_header, cached = hypotheses.read(path)
+            'sessions': hypothesis_files.fingerprint(split)}
+  cached_header, cached = hypothesis_files.read(path)
   if cached_header == header and len(cached) == len(split.queries):
     return
   log(f'Decoding {split.num_sessions:,} {split.name} sessions with {generator.workdir} (users '
@@ -69,4 +69,4 @@ def _decode(generator: hypotheses.Generator, split: sessions.SessionSplit, log) 
   for length in split.lengths.tolist():
     rows += [[c['query'] for c in ranked] for ranked in by_pair[pair:pair + length - 1]] + [[]]
     pair += length - 1
-  hypotheses.write(path, header, rows)
+  hypothesis_files.write(path, header, rows)

@@ -17,7 +17,7 @@ validation or test user's suggestions are made. Those of the other splits come f
 first generator (no generator saw their users).
 
 The files are made by a preparation step before training or evaluation
-(`mtn_jax.inference.hypotheses.prepare`, which decodes); here they are only named, checked
+(`mtn_jax.inference.hypothesis_decoding.prepare`, which decodes); here they are only named, checked
 and read. Each is `<generator workdir>/hypotheses/<split>.jsonl`: a header line with what it
 depends on (checkpoint step, search settings, the sessions' fingerprint), then one JSON list
 of texts per query row, the suggestions after that query ([] after a session's last).

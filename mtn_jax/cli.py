@@ -24,6 +24,7 @@ from ml_collections import config_flags
 
 from mtn_jax import config_lib
 from mtn_jax import errors
+from mtn_jax import modes
 
 USAGE_ERROR = 2  # a wrong flag, config file or config value
 DATA_ERROR = 1  # bad data, input file or checkpoint
@@ -248,20 +249,6 @@ def run_errors():
 
 _HELP_FLAGS = ('-h', '--h', '-help', '--help', '-helpshort', '--helpshort', '-?', '--?')
 
-_MODES = """\
-  all (default)  preprocess -> train -> eval -> sample suggestions -> report
-  preprocess     reads the raw log, writes <workdir>/data/ and prints a summary
-  train          trains, or resumes from the latest checkpoint in the workdir
-  eval           decodes config.decode.eval_split (test) with the best checkpoint: BLEU,
-                 n-gram precision and ranking figures in <workdir>/eval/
-  decode         offline suggestions for a file: --config.decode.input=FILE
-                 [--config.decode.output=OUT.jsonl] (formats below)
-  suggest        interactive: type a session's queries, see suggestions after each
-  serve          an HTTP service of the best checkpoint (config.serve): POST /v1/suggest,
-                 a page at /, /healthz, /readyz, /metrics, OpenAPI at /docs
-  report         tables, charts and samples over --config.report.workdirs=A,B
-                 (default: the --workdir alone)"""
-
 _DECODE_INPUT = """\
 --mode=decode reads --config.decode.input=FILE, plain or gzip, in one of two formats told
 apart by its first non-empty line:
@@ -299,7 +286,7 @@ def help_text() -> str:
       '  python -m mtn_jax.main --config=configs/demo.py --workdir=/tmp/mtn_demo\n'
       '  python -m mtn_jax.main --config=configs/aol.py:small --config.data.raw_files=LOG '
       '--workdir=runs/mtn --mode=train',
-      'modes (--mode):\n' + _MODES,
+      'modes (--mode):\n' + modes.HELP,
       'flags:\n' + _flags_help(),
       'config keys:\n' + _config_keys(),
       'decode input:\n' + _DECODE_INPUT,

@@ -29,7 +29,7 @@ from mtn_jax.data.vocab import SPECIAL_TOKENS
 from mtn_jax.evaluation import metrics
 from mtn_jax.evaluation import trivial
 from mtn_jax.inference import imdna_proposer
-from mtn_jax.tasks import imdna
+from mtn_jax.inference import popular
 
 HITS_AT = (1, 10, 100)
 
@@ -99,8 +99,8 @@ def evaluate(trained, config: ml_collections.ConfigDict, workdir: str) -> dict:
   print(f'Evaluating IMDNA ({cfg.reader}, checkpoint step {trained.step}) on '
         f'{len(questions):,} {split} questions ({task_name}).', flush=True)
   depth = max(HITS_AT)
-  scores = {'model': imdna.model_answer_scores(trained, library, questions,
-                                         config.imdna.batch_size),
+  scores = {'model': trained.task.answer_scores(trained.params, library, questions,
+                                                   config.imdna.batch_size),
             'bm25': bm25_answer_scores(library, questions,
                                        exclude_question_words=task_name != 'aol')}
   ranked = {name: top_k.best_first_rows(s, depth) for name, s in scores.items()}
@@ -158,6 +158,6 @@ def _aol_query_figures(library: Library, questions: QuestionSet, split: str,
       'bm25': candidates,
       'repeat_previous': [[p] for p in previous],
       'most_frequent_next': trivial.most_frequent_next_lists(
-          library.extra['train_split'], previous)}
+          popular.LogCounts(library.extra['train_split']), previous)}
   return {name: metrics.suggestion_ranking(s, references, contexts).to_dict()
           for name, s in suggestions.items()}
