@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 
 from configs import demo
+from configs import families
 from mtn_jax import models
 from mtn_jax import tasks
 from mtn_jax.data.sessions import SessionSplit
@@ -412,8 +413,7 @@ def test_the_service_gives_a_model_what_evaluation_gives_it(demo_corpus, name, f
   from mtn_jax.inference import habits  # pylint: disable=g-import-not-at-top
   from mtn_jax.training import train  # pylint: disable=g-import-not-at-top
   config, data_dir = demo_corpus
-  config = ml_collections.ConfigDict(config.to_dict())
-  config.model.name = name
+  config = families.use(ml_collections.ConfigDict(config.to_dict()), name)
   config.model.update(fields)
   vocab = sessions.load_vocab(data_dir)
   test = sessions.load_split(data_dir, 'test')
