@@ -283,6 +283,13 @@ def get_config(variant: str = '') -> ml_collections.ConfigDict:
   # or a reload of the same model is ready without compiling again; '': none kept. A cache set
   # for the process (JAX_COMPILATION_CACHE_DIR) is used instead.
   c.serve.compile_cache = 'serve/compile_cache'
+  # Threads the warm-up compiles the shapes on (0: one per core): XLA compiles without
+  # Python's lock, so the shapes' compilations overlap.
+  c.serve.warm_up_threads = 0
+  # After --mode=train (and all): the service's programs compiled into its compilation cache
+  # (as a start of --mode=serve with this config would, in a process of its own), so that the
+  # first start of the service reads them back instead of compiling them.
+  c.serve.prepare_after_train = False
   # '': /admin/reload answers loopback clients only; else any client with this bearer token.
   c.serve.admin_token = ''
   # True: no query of the session is suggested again (the user-facing protocol); False: the

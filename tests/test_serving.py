@@ -241,6 +241,63 @@ def test_every_length_and_batch_size_compiles_nothing_new(service, client, monke
   assert served == 3 * MAX_QUERIES and batches < served, (batches, served)
 
 
+def test_warm_up_on_threads_runs_every_shape_once_the_smallest_alone_first(monkeypatch):
+  """The shapes' runs overlap on the threads, after the smallest pair alone (the programs
+  every pair shares compile once); each pair runs once."""
+  engine = engine_lib.Engine.__new__(engine_lib.Engine)
+  engine.sizes, engine.widths = (1, 2, 4), (1, 2, 4, 8)
+  runs, lock = [], threading.Lock()
+  running, most = [0], [0]
+
+  def warm(size, width):
+    with lock:
+      running[0] += 1
+      most[0] = max(most[0], running[0])
+      runs.append((size, width, running[0]))
+    time.sleep(0.05)
+    with lock:
+      running[0] -= 1
+
+  monkeypatch.setattr(engine, '_warm', warm)
+  engine.warm_up(threads=3)
+  assert runs[0] == (1, 1, 1)
+  assert sorted((size, width) for size, width, _ in runs) == sorted(engine.shapes())
+  assert len(runs) == len(engine.sizes) * len(engine.widths)
+  assert most[0] == 3 and engine.warm_threads == 3
+  runs.clear()
+  most[0] = 0
+  engine.warm_up(threads=1)
+  assert [(size, width) for size, width, _ in runs] == engine.shapes() and most[0] == 1
+
+
+@pytest.mark.slow
+def test_programs_prepared_when_training_ends_are_all_read_back_at_the_first_start(
+    workdir, tmp_path):
+  """config.serve.prepare_after_train: --mode=train of a trained workdir (trained to its
+  max_steps: nothing more to train) compiles the service's programs into the workdir's
+  compilation cache, and the service's first start compiles none of them again."""
+  copy = tmp_path / 'run'
+  shutil.copytree(workdir, copy, ignore=shutil.ignore_patterns('serve'))
+  own_cache = {k: v for k, v in cli.env().items() if k != 'JAX_COMPILATION_CACHE_DIR'}
+  trained = subprocess.run(
+      cli.command(copy, *MODEL, *TRAIN, *SERVE,
+                  '--config.serve.prepare_after_train=True', mode='train'),
+      cwd=cli.REPO, env=own_cache, capture_output=True, text=True, timeout=600, check=False)
+  assert trained.returncode == 0, trained.stdout[-3000:] + trained.stderr[-3000:]
+  assert 'The service\'s programs prepared in' in trained.stdout, trained.stdout[-3000:]
+  assert os.listdir(copy / 'serve' / 'compile_cache')
+  server = Server(str(copy), *SERVE, env=own_cache)
+  try:
+    warmed = next(line for line in server.lines if 'compiled in' in line)
+    compiled, read_back = map(int, re.search(
+        r'\((\d+) programs, (\d+) read from the compilation cache\)', warmed).groups())
+    assert 0 < compiled == read_back, warmed
+    assert server.post({'session': ['a', 'b']}).status_code == 200
+  finally:
+    server.process.send_signal(signal.SIGTERM)
+    assert server.process.wait(60) == 0
+
+
 @pytest.mark.slow
 def test_response_health_readiness_and_metrics(service, client):
   response = client.post('/v1/suggest', json={'session': ['Cheap  FLIGHTS'], 'k': 2})
@@ -810,6 +867,7 @@ def test_serve_settings_are_checked_before_anything_starts():
                         ('--config.serve.workers=0', 'serve.workers'),
                         ('--config.serve.port=70000', 'serve.port'),
                         ('--config.serve.max_wait_ms=-1', 'serve.max_wait_ms'),
-                        ('--config.serve.drain_quiet_seconds=-1', 'serve.drain_quiet_seconds')):
+                        ('--config.serve.drain_quiet_seconds=-1', 'serve.drain_quiet_seconds'),
+                        ('--config.serve.warm_up_threads=-1', 'serve.warm_up_threads')):
     with pytest.raises(config_lib.ConfigError, match=re.escape(f'config.{key}')):
       config_lib.validate(cli.config(override), 'serve')

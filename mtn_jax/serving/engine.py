@@ -20,7 +20,9 @@ longer than any seen so far still compiles once.
 from __future__ import annotations
 
 import dataclasses
+import os
 import re
+from concurrent import futures
 import threading
 import time
 from collections.abc import Sequence
@@ -114,6 +116,11 @@ class BadInput(ValueError):
     self.field, self.message = field, message
 
 
+def warm_up_threads(config: ml_collections.ConfigDict) -> int:
+  """config.serve.warm_up_threads, 0 read as one per core this process may use."""
+  return int(config.serve.warm_up_threads) or len(os.sched_getaffinity(0))
+
+
 def padded_sizes(most: int) -> tuple[int, ...]:
   """The sizes a batch or a session is padded to: the powers of two below `most`, then
   `most`."""
@@ -144,7 +151,7 @@ class Engine:
     widths: the session lengths, ascending; a batch's sessions are padded to the first that
       holds the longest.
     exclude_session_queries: the user-facing protocol (True) or the paper's.
-    warm_seconds: how long `warm_up` took.
+    warm_seconds: how long `warm_up` took, on `warm_threads` threads.
   """
 
   def __init__(self, pipeline: pipeline_lib.Pipeline, max_batch: int,
@@ -152,7 +159,7 @@ class Engine:
     self.pipeline = pipeline
     self.sizes = padded_sizes(max_batch)
     self.exclude_session_queries = exclude_session_queries
-    self.warm_seconds = 0.0
+    self.warm_seconds, self.warm_threads = 0.0, 1
     cfg = pipeline.trained.cfg
     self.max_session_queries = cfg.max_session_queries
     self.widths = padded_sizes(cfg.max_session_queries)
@@ -167,7 +174,7 @@ class Engine:
     _listen()
     pipeline = pipeline_lib.Pipeline.load(config, workdir, log=log)
     engine = cls(pipeline, config.serve.max_batch, bool(config.serve.user_facing))
-    engine.warm_up()
+    engine.warm_up(warm_up_threads(config))
     return engine
 
   # -------------------------------------------------------------------------------------------
@@ -265,14 +272,37 @@ class Engine:
       return {'user': int(request.user)}
     return {}
 
-  def warm_up(self) -> None:
+  def shapes(self) -> list[tuple[int, int]]:
+    """Every (batch size, session length) pair a batch can be padded to."""
+    return [(size, width) for size in self.sizes for width in self.widths]
+
+  def warm_up(self, threads: int = 1) -> None:
     """Runs every batch size with every session length once (the longest session of the
     batch that length, the others shorter), so that every program a request can need is
-    compiled before the service is ready."""
+    compiled before the service is ready.
+
+    Each pair goes through `run` (the pipeline's `ordered`, whatever the strategy), so the
+    programs are those requests run. With `threads` > 1 the pairs run on that many threads:
+    XLA compiles without Python's lock, so the compilations of different pairs overlap on
+    the cores (the tracing, in Python, does not). The smallest pair runs alone first, so that
+    the programs every pair shares (those of no batch shape) compile once.
+    """
     started = time.time()
+    shapes = self.shapes()
+    self._warm(*shapes[0])
+    if threads > 1 and len(shapes) > 2:
+      # The largest pairs first: the longest compilations do not start last and leave the
+      # other threads idle at the end.
+      rest = sorted(shapes[1:], key=lambda shape: shape[0] * shape[1], reverse=True)
+      with futures.ThreadPoolExecutor(threads, thread_name_prefix='warm-up') as pool:
+        for done in [pool.submit(self._warm, *shape) for shape in rest]:
+          done.result()
+    else:
+      for shape in shapes[1:]:
+        self._warm(*shape)
+    self.warm_seconds, self.warm_threads = time.time() - started, max(threads, 1)
+
+  def _warm(self, size: int, width: int) -> None:
     user = 'warm-up' if self.personalises else None
-    for size in self.sizes:
-      for width in self.widths:
-        self.run([Request(('warm up',) * (width - i % width), 1, user, ('warm up',) * i)
-                  for i in range(size)])
-    self.warm_seconds = time.time() - started
+    self.run([Request(('warm up',) * (width - i % width), 1, user, ('warm up',) * i)
+              for i in range(size)])

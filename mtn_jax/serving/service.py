@@ -245,11 +245,12 @@ def _bind(host: str, port: int) -> socket.socket:
   return sock
 
 
-def _keep_compiled_programs(settings: ServeSettings, workdir: str, log) -> None:
+def keep_compiled_programs(settings: ServeSettings, workdir: str, log) -> None:
   """JAX's persistent compilation cache in `<workdir>/<serve.compile_cache>`, unless the
-  process has one already: the warm-up compiles a program per batch size and session length
-  (about a minute on a 2-core CPU), which a restart then reads back instead. Every program is
-  kept, however fast it compiled (JAX keeps only those over a second by default)."""
+  process has one already: the warm-up compiles a program per batch size and session length,
+  which a restart (or a first start after `config.serve.prepare_after_train`) then reads back
+  instead. Every program is kept, however fast it compiled (JAX keeps only those over a
+  second by default)."""
   if not settings.compile_cache or jax.config.jax_compilation_cache_dir:
     return
   folder = os.path.join(os.path.abspath(workdir), settings.compile_cache)
@@ -260,20 +261,24 @@ def _keep_compiled_programs(settings: ServeSettings, workdir: str, log) -> None:
   log(f'Compiled programs kept in {folder}')
 
 
+def describe(engine: engine_lib.Engine, settings: ServeSettings, seconds: float) -> str:
+  """The line that says what was loaded and how long loading and warming it up took."""
+  info = engine.info()
+  protocol = 'the user-facing' if settings.user_facing else "the paper's"
+  return (f'{info["name"]} (checkpoint step {info["step"]}; {info["how"]}; score = '
+          f'{info["score"]}), batch sizes {", ".join(map(str, engine.sizes))} x session '
+          f'lengths {", ".join(map(str, engine.widths))} compiled in {seconds:.1f} s on '
+          f'{engine.warm_threads} thread(s) ({engine_lib.compilations()} programs, '
+          f'{engine_lib.cache_hits()} read from the compilation cache); {protocol} protocol.')
+
+
 def build(config: ml_collections.ConfigDict, workdir: str, log=_say) -> Service:
   """The service of `workdir`'s best checkpoint, warmed up (not yet serving)."""
   settings = ServeSettings.from_config(config)
-  _keep_compiled_programs(settings, workdir, log)
+  keep_compiled_programs(settings, workdir, log)
   started = time.time()
   engine = engine_lib.Engine.load(config, workdir, log=log)
-  info = engine.info()
-  protocol = 'the user-facing' if settings.user_facing else "the paper's"
-  log(f'{info["name"]} (checkpoint step {info["step"]}; {info["how"]}; score = '
-      f'{info["score"]}), batch sizes {", ".join(map(str, engine.sizes))} x session lengths '
-      f'{", ".join(map(str, engine.widths))} compiled in '
-      f'{time.time() - started:.1f} s ({engine_lib.compilations()} programs, '
-      f'{engine_lib.cache_hits()} read from the compilation cache); '
-      f'{protocol} protocol.')
+  log(describe(engine, settings, time.time() - started))
   store = None
   if settings.history_db and engine.personalises:
     path = os.path.join(os.path.abspath(workdir), settings.history_db)
