@@ -10,11 +10,12 @@ each measurement starts cold, and the copy is deleted at the end.
 1. With `--prepare`: `--mode=train` on the copy with config.serve.prepare_after_train=True (its
    training is done, so the run only compiles the service's programs, as at the end of a
    training run).
-2. `--mode=serve` is started and timed from the process's start to its `Serving on` line, then
+2. `--mode=serve` is started and timed from the process's start to its `Serving on` line (and,
+   with config.serve.warm_up_background, to its line saying every shape is compiled), then
    stopped (SIGTERM); then started and timed again (the restart), `--restarts` times.
-Out: one line per start: seconds to listen, the warm-up's own seconds, threads, programs and
-those read from the cache (the service's own line), with the machine, the date and the load
-average beside them. Compilations on a CPU depend on what else runs: note the load.
+Out: one line per start: seconds to listen and the process's CPU seconds by then, the
+warm-up's own seconds, programs and those read from the cache (the service's own lines),
+with the machine, the date and the load average beside them. Compilations on a CPU depend on what else runs: note the load.
 """
 
 from __future__ import annotations
@@ -44,7 +45,8 @@ _PREPARE = flags.DEFINE_bool('prepare', False, 'Prepare the programs as training
 _RESTARTS = flags.DEFINE_integer('restarts', 1, 'Starts after the first.')
 flags.mark_flag_as_required('workdir')
 
-_WARMED = re.compile(r'compiled in ([\d.]+) s on (\d+) thread\(s\) \((\d+) programs, (\d+) read')
+_WARMED = re.compile(r'compiled in ([\d.]+) s.*\((\d+) programs, (\d+) read')
+_ALL = re.compile(r'^All \d+ batch shapes compiled, ([\d.]+) s .*\((\d+) programs, (\d+) read')
 
 
 def _env() -> dict[str, str]:
@@ -64,6 +66,14 @@ def _load() -> str:
   return ' '.join(f'{x:.1f}' for x in os.getloadavg())
 
 
+def _cpu_seconds(pid: int) -> float:
+  """The process's CPU time so far (user and system): less moved by other jobs than wall
+  time on a shared machine."""
+  with open(f'/proc/{pid}/stat', encoding='ascii') as f:
+    fields = f.read().rsplit(')', 1)[1].split()
+  return round((int(fields[11]) + int(fields[12])) / os.sysconf('SC_CLK_TCK'), 1)
+
+
 def start_once(workdir: str) -> dict:
   """Starts the service, waits for it to listen, stops it: what the start took."""
   started = time.perf_counter()
@@ -76,10 +86,18 @@ def start_once(workdir: str) -> dict:
     lines.append(line)
     warmed = _WARMED.search(line)
     if warmed:
-      out.update(warm_up_s=float(warmed.group(1)), threads=int(warmed.group(2)),
-                 programs=int(warmed.group(3)), read_back=int(warmed.group(4)))
+      out.update(warm_up_s=float(warmed.group(1)), programs=int(warmed.group(2)),
+                 read_back=int(warmed.group(3)), background='background' in line)
     if line.startswith('Serving on '):
       out['listening_s'] = time.perf_counter() - started
+      out['cpu_s'] = _cpu_seconds(process.pid)
+      if not out['background']:
+        break
+    every = _ALL.match(line)
+    if every:
+      out.update(all_shapes_s=time.perf_counter() - started, all_warm_up_s=float(every.group(1)),
+                 all_programs=int(every.group(2)), all_read_back=int(every.group(3)),
+                 all_cpu_s=_cpu_seconds(process.pid))
       break
   process.send_signal(signal.SIGTERM)
   process.communicate(timeout=60)
@@ -99,10 +117,12 @@ def main(argv):
     shutil.copytree(_WORKDIR.value, workdir, ignore=shutil.ignore_patterns('serve'))
     if _PREPARE.value:
       load, started = _load(), time.perf_counter()
-      subprocess.run(_command(workdir, 'train', '--config.serve.prepare_after_train=True'),
-                     cwd=REPO, env=_env(), check=True, stdout=subprocess.DEVNULL)
+      run = subprocess.run(_command(workdir, 'train', '--config.serve.prepare_after_train=True'),
+                           cwd=REPO, env=_env(), check=True, stdout=subprocess.PIPE, text=True)
+      warmed = [line for line in run.stdout.splitlines() if _WARMED.search(line)]
       print(f'prepared (--mode=train of the trained workdir): '
-            f'{time.perf_counter() - started:.1f} s; load {load} -> {_load()}', flush=True)
+            f'{time.perf_counter() - started:.1f} s; load {load} -> {_load()}; '
+            f'{warmed[-1] if warmed else "(no warm-up line)"}', flush=True)
     for i in range(1 + _RESTARTS.value):
       name = ('first start, prepared' if _PREPARE.value else 'first start') if i == 0 else \
           'restart'

@@ -65,7 +65,9 @@ def workdir(tmp_path_factory):
 
 
 def _config(*overrides):
-  return cli.config(*MODEL, *TRAIN, *SERVE, *overrides)
+  # Every shape compiled before build returns (the background warm-up has a test of its own).
+  return cli.config(*MODEL, *TRAIN, *SERVE, '--config.serve.warm_up_background=False',
+                    *overrides)
 
 
 @pytest.fixture(scope='module')
@@ -246,6 +248,7 @@ def test_warm_up_on_threads_runs_every_shape_once_the_smallest_alone_first(monke
   every pair shares compile once); each pair runs once."""
   engine = engine_lib.Engine.__new__(engine_lib.Engine)
   engine.sizes, engine.widths = (1, 2, 4), (1, 2, 4, 8)
+  engine.warmed = threading.Event()
   runs, lock = [], threading.Lock()
   running, most = [0], [0]
 
@@ -263,11 +266,56 @@ def test_warm_up_on_threads_runs_every_shape_once_the_smallest_alone_first(monke
   assert runs[0] == (1, 1, 1)
   assert sorted((size, width) for size, width, _ in runs) == sorted(engine.shapes())
   assert len(runs) == len(engine.sizes) * len(engine.widths)
-  assert most[0] == 3 and engine.warm_threads == 3
+  assert most[0] == 3 and engine.warm_threads == 3 and engine.warmed.is_set()
   runs.clear()
   most[0] = 0
   engine.warm_up(threads=1)
   assert [(size, width) for size, width, _ in runs] == engine.shapes() and most[0] == 1
+
+
+@pytest.mark.slow
+def test_a_background_warm_up_pads_to_compiled_shapes_and_changes_no_suggestion(service,
+                                                                                  monkeypatch):
+  """With warm_up_background the engine is ready once a lone request and the largest batch
+  are compiled at the longest session; until the others are, batches run padded to those,
+  with the same suggestions; then each runs at its own shape."""
+  pipeline = service.engine.pipeline
+  engine = engine_lib.Engine(pipeline, 4, True)
+  gate, ran = threading.Event(), []
+  real_warm, real_ordered = engine._warm, pipeline.ordered  # pylint: disable=protected-access
+
+  def gated_warm(size, width):
+    if threading.current_thread().name == 'warm-up':
+      assert gate.wait(120)
+    real_warm(size, width)
+
+  def ordered(contexts, **kwargs):
+    ran.append((kwargs['batch_rows'], kwargs['widths']))
+    return real_ordered(contexts, **kwargs)
+
+  monkeypatch.setattr(engine, '_warm', gated_warm)
+  monkeypatch.setattr(pipeline, 'ordered', ordered)
+  lines = []
+  engine.warm_up(background=True, log=lines.append)
+  assert ran == [(1, (MAX_QUERIES,)), (4, (MAX_QUERIES,))] and not engine.warmed.is_set()
+  sessions = sessions_of_every_length(service)
+  lone = engine.check(sessions[0], 5, None)
+  pair = [engine.check(s, 5, None) for s in sessions[:2]]
+  ran.clear()
+  early = engine.run([lone]), engine.run(pair)
+  assert ran == [(1, (MAX_QUERIES,)), (4, (MAX_QUERIES,))]
+  gate.set()
+  assert engine.warmed.wait(300), lines
+  assert any(line.startswith(f'All {len(engine.shapes())} batch shapes compiled')
+             for line in lines), lines
+  ran.clear()
+  late = engine.run([lone]), engine.run(pair)
+  assert ran == [(1, (1,)), (2, (2,))]
+  for early_lists, late_lists in zip(early, late):
+    for before, after in zip(early_lists, late_lists):
+      assert [s['query'] for s in after] == [s['query'] for s in before]
+      assert [s['score'] for s in after] == pytest.approx([s['score'] for s in before],
+                                                          abs=1e-4)
 
 
 @pytest.mark.slow

@@ -1,7 +1,8 @@
 """`--mode=serve`: the service's life, from loading the model to the last answer.
 
 1. `Engine.load`: the workdir's best checkpoint through the suggestion pipeline, every batch
-   size run once (compiled) before anything listens.
+   shape run once (compiled) before anything listens, or with config.serve.warm_up_background
+   those that hold any request, the others compiled while it serves.
 2. uvicorn serves `app.create_app(Service)` on config.serve.host:port (0: a free port; the
    line `Serving on http://HOST:PORT` says which, once connections are accepted).
 3. SIGHUP, or POST /admin/reload: the workdir's best checkpoint is loaded and warmed up on a
@@ -106,6 +107,9 @@ class Service:
     self.batcher.start()
 
   async def stop(self) -> None:
+    stop_warming = getattr(self.engine, 'stop_warming', None)
+    if stop_warming is not None:
+      stop_warming()
     await self.batcher.stop()
     if self.store is not None:
       self.store.close()
@@ -265,10 +269,15 @@ def describe(engine: engine_lib.Engine, settings: ServeSettings, seconds: float)
   """The line that says what was loaded and how long loading and warming it up took."""
   info = engine.info()
   protocol = 'the user-facing' if settings.user_facing else "the paper's"
+  shapes = (f'batch sizes {", ".join(map(str, engine.sizes))} x session lengths '
+            f'{", ".join(map(str, engine.widths))}')
+  if engine.warmed.is_set():
+    warmed = f'{shapes} compiled in {seconds:.1f} s on {engine.warm_threads} thread(s)'
+  else:
+    warmed = (f'{shapes}: the pairs that hold any request compiled in {seconds:.1f} s, the '
+              'others compiling in the background')
   return (f'{info["name"]} (checkpoint step {info["step"]}; {info["how"]}; score = '
-          f'{info["score"]}), batch sizes {", ".join(map(str, engine.sizes))} x session '
-          f'lengths {", ".join(map(str, engine.widths))} compiled in {seconds:.1f} s on '
-          f'{engine.warm_threads} thread(s) ({engine_lib.compilations()} programs, '
+          f'{info["score"]}), {warmed} ({engine_lib.compilations()} programs, '
           f'{engine_lib.cache_hits()} read from the compilation cache); {protocol} protocol.')
 
 
@@ -277,7 +286,8 @@ def build(config: ml_collections.ConfigDict, workdir: str, log=_say) -> Service:
   settings = ServeSettings.from_config(config)
   keep_compiled_programs(settings, workdir, log)
   started = time.time()
-  engine = engine_lib.Engine.load(config, workdir, log=log)
+  engine = engine_lib.Engine.load(config, workdir, log=log,
+                                  background=bool(config.serve.warm_up_background))
   log(describe(engine, settings, time.time() - started))
   store = None
   if settings.history_db and engine.personalises:
