@@ -158,6 +158,10 @@ class Engine:
     warmed: set once every pair is compiled.
   """
 
+  # What __init__ sets, for the subclasses that do not call it (the tests' stubs).
+  _compiled: frozenset[tuple[int, int]] | None = None
+  _stop_warming: threading.Event | None = None
+
   def __init__(self, pipeline: pipeline_lib.Pipeline, max_batch: int,
                exclude_session_queries: bool):
     self.pipeline = pipeline
@@ -167,7 +171,7 @@ class Engine:
     self.warmed = threading.Event()
     # The pairs compiled so far while a background warm-up runs; None once all are (or
     # before any warm-up: `run` then pads as if all were).
-    self._compiled: frozenset[tuple[int, int]] | None = None
+    self._compiled = None
     self._stop_warming = threading.Event()
     cfg = pipeline.trained.cfg
     self.max_session_queries = cfg.max_session_queries
@@ -371,7 +375,8 @@ class Engine:
 
   def stop_warming(self) -> None:
     """A background warm-up compiles no further pair (the service is stopping)."""
-    self._stop_warming.set()
+    if self._stop_warming is not None:
+      self._stop_warming.set()
 
   def _warm(self, size: int, width: int) -> None:
     user = 'warm-up' if self.personalises else None
