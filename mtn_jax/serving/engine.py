@@ -161,6 +161,7 @@ class Engine:
   # What __init__ sets, for the subclasses that do not call it (the tests' stubs).
   _compiled: frozenset[tuple[int, int]] | None = None
   _stop_warming: threading.Event | None = None
+  _warm_thread: threading.Thread | None = None
 
   def __init__(self, pipeline: pipeline_lib.Pipeline, max_batch: int,
                exclude_session_queries: bool):
@@ -336,8 +337,9 @@ class Engine:
       self._compiled = frozenset(first)
       self.ready_seconds = time.time() - started
       rest = [shape for shape in shapes if shape not in first]
-      threading.Thread(target=self._warm_rest, args=(rest, started, log), daemon=True,
-                       name='warm-up').start()
+      self._warm_thread = threading.Thread(target=self._warm_rest, args=(rest, started, log),
+                                           daemon=True, name='warm-up')
+      self._warm_thread.start()
       return
     self._warm(*shapes[0])
     if threads > 1 and len(shapes) > 2:
@@ -373,10 +375,14 @@ class Engine:
         f'the warm-up began ({compilations()} programs, {cache_hits()} read from the '
         'compilation cache): every batch runs at its own size.')
 
-  def stop_warming(self) -> None:
-    """A background warm-up compiles no further pair (the service is stopping)."""
+  def stop_warming(self, timeout: float = 0.0) -> None:
+    """A background warm-up compiles no further pair (the service is stopping); waits up
+    to `timeout` seconds for the pair it is compiling, so that the process does not exit
+    in the middle of a compilation."""
     if self._stop_warming is not None:
       self._stop_warming.set()
+    if self._warm_thread is not None:
+      self._warm_thread.join(timeout)
 
   def _warm(self, size: int, width: int) -> None:
     user = 'warm-up' if self.personalises else None

@@ -108,8 +108,8 @@ class Service:
 
   async def stop(self) -> None:
     stop_warming = getattr(self.engine, 'stop_warming', None)
-    if stop_warming is not None:
-      stop_warming()
+    if stop_warming is not None:  # off the event loop: it may wait for a compilation
+      await asyncio.to_thread(stop_warming, self.settings.drain_seconds)
     await self.batcher.stop()
     if self.store is not None:
       self.store.close()
@@ -150,6 +150,9 @@ class Service:
         self.log(f'Reload failed, step {old.step} still serving: {e}')
         return {'reloaded': False, 'step': old.step, 'error': str(e)}
       self.engine = new
+      stop_warming = getattr(old, 'stop_warming', None)
+      if stop_warming is not None:  # a background warm-up of the old model compiles no more
+        stop_warming()
       self.metrics.model_step.set(new.step)
       self.metrics.reloads.labels('ok').inc()
       seconds = time.monotonic() - started
