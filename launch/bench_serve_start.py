@@ -15,7 +15,8 @@ each measurement starts cold, and the copy is deleted at the end.
    stopped (SIGTERM); then started and timed again (the restart), `--restarts` times.
 Out: one line per start: seconds to listen and the process's CPU seconds by then, the
 warm-up's own seconds, programs and those read from the cache (the service's own lines),
-with the machine, the date and the load average beside them. Compilations on a CPU depend on what else runs: note the load.
+with the machine, the date and the load average beside them. Compilations on a CPU depend on
+what else runs: note the load.
 """
 
 from __future__ import annotations
