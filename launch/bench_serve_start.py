@@ -6,7 +6,7 @@ prepared when training ended, and a restart.
 
 In: a trained workdir and its config (`--config`, `--set section.key=value` overrides given to
 every run). The workdir is copied without its `serve/` folder (no compiled programs kept), so
-each measurement starts cold, and the copy is deleted at the end.
+the first start is cold (`--keep_cache`: with it), and the copy is deleted at the end.
 1. With `--prepare`: `--mode=train` on the copy with config.serve.prepare_after_train=True (its
    training is done, so the run only compiles the service's programs, as at the end of a
    training run).
@@ -44,6 +44,8 @@ _SET = flags.DEFINE_multi_string('set', [], 'A config override section.key=value
 _PREPARE = flags.DEFINE_bool('prepare', False, 'Prepare the programs as training\'s end does '
                              'before the first start.')
 _RESTARTS = flags.DEFINE_integer('restarts', 1, 'Starts after the first.')
+_KEEP_CACHE = flags.DEFINE_bool('keep_cache', False, 'Copy the workdir\'s serve/ folder too '
+                                '(its compiled programs): every start is a restart.')
 flags.mark_flag_as_required('workdir')
 
 _WARMED = re.compile(r'compiled in ([\d.]+) s.*\((\d+) programs, (\d+) read')
@@ -115,7 +117,8 @@ def main(argv):
         flush=True)
   with tempfile.TemporaryDirectory(prefix='bench_serve_start-') as folder:
     workdir = os.path.join(folder, 'workdir')
-    shutil.copytree(_WORKDIR.value, workdir, ignore=shutil.ignore_patterns('serve'))
+    shutil.copytree(_WORKDIR.value, workdir,
+                    ignore=None if _KEEP_CACHE.value else shutil.ignore_patterns('serve'))
     if _PREPARE.value:
       load, started = _load(), time.perf_counter()
       run = subprocess.run(_command(workdir, 'train', '--config.serve.prepare_after_train=True'),
@@ -125,8 +128,8 @@ def main(argv):
             f'{time.perf_counter() - started:.1f} s; load {load} -> {_load()}; '
             f'{warmed[-1] if warmed else "(no warm-up line)"}', flush=True)
     for i in range(1 + _RESTARTS.value):
-      name = ('first start, prepared' if _PREPARE.value else 'first start') if i == 0 else \
-          'restart'
+      # Whether a start compiled or read its programs back: its `read_back` says.
+      name = f'start {i + 1}' + (', after the preparation' if _PREPARE.value and not i else '')
       print(f'{name}: {start_once(workdir)}', flush=True)
 
 
