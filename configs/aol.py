@@ -24,6 +24,10 @@ def get_config(variant: str = ''):
   # (docs/PERFORMANCE.md, "The step against the hardware's limit"). Checkpoints of either
   # layout load in the other.
   c.model.scan_layers = False
+  # The service's programs compiled when training ends: its first start reads them back
+  # rather than compiling a program per batch size and session length (docs/PERFORMANCE.md,
+  # "Serving").
+  c.serve.prepare_after_train = True
   if variant == 'small':
     apply_small(c)
     # Suggestions for users never seen in training: the 3 most popular next queries of the

@@ -201,8 +201,8 @@ def get_config(variant: str = '') -> ml_collections.ConfigDict:
   # --mode=serve: an HTTP service of the workdir's best checkpoint (mtn_jax/serving/), with the
   # suggestions --mode=decode writes for the same session (config.decode and config.suggest
   # decide them). Batches are padded to a power of two up to max_batch and their sessions to a
-  # power of two up to the model's max_session_queries; each such shape is compiled before the
-  # service is ready.
+  # power of two up to the model's max_session_queries; each such shape is compiled once, at the
+  # start (warm_up_background below says when the service listens).
   c.serve = ml_collections.ConfigDict()
   c.serve.host = '127.0.0.1'  # the address listened on ('0.0.0.0': every interface)
   c.serve.port = 8080  # 0: any free port (the one taken is printed)
@@ -231,6 +231,18 @@ def get_config(variant: str = '') -> ml_collections.ConfigDict:
   # or a reload of the same model is ready without compiling again; '': none kept. A cache set
   # for the process (JAX_COMPILATION_CACHE_DIR) is used instead.
   c.serve.compile_cache = 'serve/compile_cache'
+  # True: the service listens once the shapes that hold any request are compiled (a lone
+  # request and the largest batch, at the longest session); the others compile while it
+  # serves, and until each has, its batches run padded to a compiled shape (the same
+  # suggestions). False: it listens once every shape is compiled, on warm_up_threads threads
+  # (0: one per core; XLA compiles without Python's lock, so the shapes' compilations
+  # overlap); reloads and config.serve.prepare_after_train always compile every shape first.
+  c.serve.warm_up_background = True
+  c.serve.warm_up_threads = 0
+  # After --mode=train (and all): the service's programs compiled into its compilation cache
+  # (as a start of --mode=serve with this config would, in a process of its own), so that the
+  # first start of the service reads them back instead of compiling them.
+  c.serve.prepare_after_train = False
   # '': /admin/reload answers loopback clients only; else any client with this bearer token.
   c.serve.admin_token = ''
 

@@ -127,6 +127,8 @@ class ServiceProcess:
                f'--workdir={workdir}', '--mode=serve',
                *([] if _CPU_DEVICES.value is None else [f'--cpu_devices={_CPU_DEVICES.value}']),
                '--config.serve.host=127.0.0.1', '--config.serve.port=0',
+               # Every shape compiled before the first request is sent.
+               '--config.serve.warm_up_background=False',
                *(f'--config.{o}' for o in overrides)]
     self.process = subprocess.Popen(command, cwd=REPO, stdout=subprocess.PIPE,
                                     stderr=subprocess.STDOUT, text=True,

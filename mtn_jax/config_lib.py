@@ -238,7 +238,7 @@ def _check_serve(config) -> None:
                      'serve.history_per_user'])
   if not 0 <= v.port <= 65535:
     raise ConfigError(f'config.serve.port must be in 0..65535 (0: any free port), got {v.port}')
-  for key in ('max_wait_ms', 'drain_quiet_seconds'):
+  for key in ('max_wait_ms', 'drain_quiet_seconds', 'warm_up_threads'):
     if v[key] < 0:
       raise ConfigError(f'config.serve.{key} must be >= 0, got {v[key]}')
   if not v.host:

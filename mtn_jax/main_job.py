@@ -20,6 +20,7 @@ from mtn_jax.evaluation import evaluate as evaluation
 from mtn_jax.evaluation import report
 from mtn_jax.inference import hypothesis_decoding
 from mtn_jax.inference import learned
+from mtn_jax.serving import prepare
 from mtn_jax.training import checkpoints
 from mtn_jax.training import train as train_loop
 
@@ -55,7 +56,16 @@ def train(config: ml_collections.ConfigDict, workdir: str, preprocessed: bool = 
   """`--mode=train`: the corpus is built (its summary printed) where it is not already, the
   files a ranker learns from generators' suggestions are made (`config.train.hypotheses_from`,
   for the splits training reads), then the run trains or resumes; returns the trainer's
-  summary, after a closing summary (the best checkpoint, the workdir's files)."""
+  summary, after a closing summary (the best checkpoint, the workdir's files). With
+  `config.serve.prepare_after_train`, a run that was not stopped then compiles the service's
+  programs into its compilation cache (`serving.prepare`), its learned ranker included."""
+  summary = _train_all(config, workdir, preprocessed)
+  if not summary['interrupted'] and jax.process_index() == 0:
+    prepare.after_training(config, workdir)
+  return summary
+
+
+def _train_all(config: ml_collections.ConfigDict, workdir: str, preprocessed: bool) -> dict:
   if not preprocessed and jax.process_index() == 0:
     preprocess.prepare(config, workdir, verbose=True)
   hypothesis_decoding.prepare(config, workdir, ('train', 'valid'))

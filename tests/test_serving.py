@@ -65,7 +65,9 @@ def workdir(tmp_path_factory):
 
 
 def _config(*overrides):
-  return cli.config(*MODEL, *TRAIN, *SERVE, *overrides)
+  # Every shape compiled before build returns (the background warm-up has a test of its own).
+  return cli.config(*MODEL, *TRAIN, *SERVE, '--config.serve.warm_up_background=False',
+                    *overrides)
 
 
 @pytest.fixture(scope='module')
@@ -239,6 +241,109 @@ def test_every_length_and_batch_size_compiles_nothing_new(service, client, monke
   batches, served = (after - earlier for after, earlier in
                      zip(batch_metrics(client), (batches_before, served_before)))
   assert served == 3 * MAX_QUERIES and batches < served, (batches, served)
+
+
+def test_warm_up_on_threads_runs_every_shape_once_the_smallest_alone_first(monkeypatch):
+  """The shapes' runs overlap on the threads, after the smallest pair alone (the programs
+  every pair shares compile once); each pair runs once."""
+  engine = engine_lib.Engine.__new__(engine_lib.Engine)
+  engine.sizes, engine.widths = (1, 2, 4), (1, 2, 4, 8)
+  engine.warmed = threading.Event()
+  runs, lock = [], threading.Lock()
+  running, most = [0], [0]
+
+  def warm(size, width):
+    with lock:
+      running[0] += 1
+      most[0] = max(most[0], running[0])
+      runs.append((size, width, running[0]))
+    time.sleep(0.05)
+    with lock:
+      running[0] -= 1
+
+  monkeypatch.setattr(engine, '_warm', warm)
+  engine.warm_up(threads=3)
+  assert runs[0] == (1, 1, 1)
+  assert sorted((size, width) for size, width, _ in runs) == sorted(engine.shapes())
+  assert len(runs) == len(engine.sizes) * len(engine.widths)
+  assert most[0] == 3 and engine.warm_threads == 3 and engine.warmed.is_set()
+  runs.clear()
+  most[0] = 0
+  engine.warm_up(threads=1)
+  assert [(size, width) for size, width, _ in runs] == engine.shapes() and most[0] == 1
+
+
+@pytest.mark.slow
+def test_a_background_warm_up_pads_to_compiled_shapes_and_changes_no_suggestion(service,
+                                                                                  monkeypatch):
+  """With warm_up_background the engine is ready once a lone request and the largest batch
+  are compiled at the longest session; until the others are, batches run padded to those,
+  with the same suggestions; then each runs at its own shape."""
+  pipeline = service.engine.pipeline
+  engine = engine_lib.Engine(pipeline, 4, True)
+  gate, ran = threading.Event(), []
+  real_warm, real_ordered = engine._warm, pipeline.ordered  # pylint: disable=protected-access
+
+  def gated_warm(size, width):
+    if threading.current_thread().name == 'warm-up':
+      assert gate.wait(120)
+    real_warm(size, width)
+
+  def ordered(contexts, **kwargs):
+    ran.append((kwargs['batch_rows'], kwargs['widths']))
+    return real_ordered(contexts, **kwargs)
+
+  monkeypatch.setattr(engine, '_warm', gated_warm)
+  monkeypatch.setattr(pipeline, 'ordered', ordered)
+  lines = []
+  engine.warm_up(background=True, log=lines.append)
+  assert ran == [(1, (MAX_QUERIES,)), (4, (MAX_QUERIES,))] and not engine.warmed.is_set()
+  sessions = sessions_of_every_length(service)
+  lone = engine.check(sessions[0], 5, None)
+  pair = [engine.check(s, 5, None) for s in sessions[:2]]
+  ran.clear()
+  early = engine.run([lone]), engine.run(pair)
+  assert ran == [(1, (MAX_QUERIES,)), (4, (MAX_QUERIES,))]
+  gate.set()
+  assert engine.warmed.wait(300), lines
+  assert any(line.startswith(f'All {len(engine.shapes())} batch shapes compiled')
+             for line in lines), lines
+  ran.clear()
+  late = engine.run([lone]), engine.run(pair)
+  assert ran == [(1, (1,)), (2, (2,))]
+  for early_lists, late_lists in zip(early, late):
+    for before, after in zip(early_lists, late_lists):
+      assert [s['query'] for s in after] == [s['query'] for s in before]
+      assert [s['score'] for s in after] == pytest.approx([s['score'] for s in before],
+                                                          abs=1e-4)
+
+
+@pytest.mark.slow
+def test_programs_prepared_when_training_ends_are_all_read_back_at_the_first_start(
+    workdir, tmp_path):
+  """config.serve.prepare_after_train: --mode=train of a trained workdir (trained to its
+  max_steps: nothing more to train) compiles the service's programs into the workdir's
+  compilation cache, and the service's first start compiles none of them again."""
+  copy = tmp_path / 'run'
+  shutil.copytree(workdir, copy, ignore=shutil.ignore_patterns('serve'))
+  own_cache = {k: v for k, v in cli.env().items() if k != 'JAX_COMPILATION_CACHE_DIR'}
+  trained = subprocess.run(
+      cli.command(copy, *MODEL, *TRAIN, *SERVE,
+                  '--config.serve.prepare_after_train=True', mode='train'),
+      cwd=cli.REPO, env=own_cache, capture_output=True, text=True, timeout=600, check=False)
+  assert trained.returncode == 0, trained.stdout[-3000:] + trained.stderr[-3000:]
+  assert 'The service\'s programs prepared in' in trained.stdout, trained.stdout[-3000:]
+  assert os.listdir(copy / 'serve' / 'compile_cache')
+  server = Server(str(copy), *SERVE, env=own_cache)
+  try:
+    warmed = next(line for line in server.lines if 'compiled in' in line)
+    compiled, read_back = map(int, re.search(
+        r'\((\d+) programs, (\d+) read from the compilation cache\)', warmed).groups())
+    assert 0 < compiled == read_back, warmed
+    assert server.post({'session': ['a', 'b']}).status_code == 200
+  finally:
+    server.process.send_signal(signal.SIGTERM)
+    assert server.process.wait(60) == 0
 
 
 @pytest.mark.slow
@@ -810,6 +915,7 @@ def test_serve_settings_are_checked_before_anything_starts():
                         ('--config.serve.workers=0', 'serve.workers'),
                         ('--config.serve.port=70000', 'serve.port'),
                         ('--config.serve.max_wait_ms=-1', 'serve.max_wait_ms'),
-                        ('--config.serve.drain_quiet_seconds=-1', 'serve.drain_quiet_seconds')):
+                        ('--config.serve.drain_quiet_seconds=-1', 'serve.drain_quiet_seconds'),
+                        ('--config.serve.warm_up_threads=-1', 'serve.warm_up_threads')):
     with pytest.raises(config_lib.ConfigError, match=re.escape(f'config.{key}')):
       config_lib.validate(cli.config(override), 'serve')

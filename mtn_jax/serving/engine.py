@@ -4,8 +4,10 @@ shape it will run, and the checks a request's session must pass.
 Every batch is padded to one of a fixed set of sizes (the powers of two below `max_batch`,
 and `max_batch`) and its sessions to one of a fixed set of lengths (the powers of two below
 the model's `max_session_queries`, and that), the first that holds its longest session, so
-the programs a request can need are known in advance: `warm_up` runs each pair once before
-the service says it is ready, and after that no request compiles. Padding a session of 3
+the programs a request can need are known in advance: `warm_up` runs each pair once, and
+after that no request compiles. The service is ready once the pairs that hold any request are
+compiled (config.serve.warm_up_background; the others follow on a thread, and until then a
+batch runs padded to a compiled pair) or, without it, once every pair is. Padding a session of 3
 queries to 4 rather than to the model's 16 makes the encoders and the copy attention of each
 beam step read a quarter of the slots (docs/notes/2026-11-27-figures-from-code-comments.md).
 The models are causal over queries and rows are independent, so the padding changes no
@@ -20,7 +22,9 @@ longer than any seen so far still compiles once.
 from __future__ import annotations
 
 import dataclasses
+import os
 import re
+from concurrent import futures
 import threading
 import time
 from collections.abc import Sequence
@@ -114,6 +118,11 @@ class BadInput(ValueError):
     self.field, self.message = field, message
 
 
+def warm_up_threads(config: ml_collections.ConfigDict) -> int:
+  """config.serve.warm_up_threads, 0 read as one per core this process may use."""
+  return int(config.serve.warm_up_threads) or len(os.sched_getaffinity(0))
+
+
 def padded_sizes(most: int) -> tuple[int, ...]:
   """The sizes a batch or a session is padded to: the powers of two below `most`, then
   `most`."""
@@ -144,15 +153,27 @@ class Engine:
     widths: the session lengths, ascending; a batch's sessions are padded to the first that
       holds the longest.
     exclude_session_queries: the user-facing protocol (True) or the paper's.
-    warm_seconds: how long `warm_up` took.
+    warm_seconds: how long `warm_up` took, on `warm_threads` threads (with `background`, until
+      the last pair was compiled); ready_seconds: until it returned.
+    warmed: set once every pair is compiled.
   """
+
+  # What __init__ sets, for the subclasses that do not call it (the tests' stubs).
+  _compiled: frozenset[tuple[int, int]] | None = None
+  _stop_warming: threading.Event | None = None
+  _warm_thread: threading.Thread | None = None
 
   def __init__(self, pipeline: pipeline_lib.Pipeline, max_batch: int,
                exclude_session_queries: bool):
     self.pipeline = pipeline
     self.sizes = padded_sizes(max_batch)
     self.exclude_session_queries = exclude_session_queries
-    self.warm_seconds = 0.0
+    self.warm_seconds, self.ready_seconds, self.warm_threads = 0.0, 0.0, 1
+    self.warmed = threading.Event()
+    # The pairs compiled so far while a background warm-up runs; None once all are (or
+    # before any warm-up: `run` then pads as if all were).
+    self._compiled = None
+    self._stop_warming = threading.Event()
     cfg = pipeline.trained.cfg
     self.max_session_queries = cfg.max_session_queries
     self.widths = padded_sizes(cfg.max_session_queries)
@@ -162,15 +183,18 @@ class Engine:
                                       cfg.max_session_queries)
 
   @classmethod
-  def load(cls, config: ml_collections.ConfigDict, workdir: str, log=print) -> Engine:
-    """The pipeline of `workdir`'s best checkpoint, warmed up for every batch size."""
+  def load(cls, config: ml_collections.ConfigDict, workdir: str, log=print,
+           background: bool = False) -> Engine:
+    """The pipeline of `workdir`'s best checkpoint, warmed up for every batch size (with
+    `background`, for the pairs that hold any request, the others after it returns:
+    `warm_up`)."""
     _listen()
     # The service's default protocol is the user-facing one, as --mode=suggest's.
     config = suggest.with_protocol(config, user_facing=True)
     pipeline = pipeline_lib.Pipeline.load(config, workdir, log=log)
     engine = cls(pipeline, config.serve.max_batch,
                  bool(config.decode.exclude_session_queries))
-    engine.warm_up()
+    engine.warm_up(warm_up_threads(config), background=background, log=log)
     return engine
 
   # -------------------------------------------------------------------------------------------
@@ -243,6 +267,16 @@ class Engine:
     """The padded size of a batch of `n` requests (n <= max_batch)."""
     return next(size for size in self.sizes if size >= n)
 
+  def padded_shape(self, n: int, longest: int) -> tuple[int, int]:
+    """The (batch size, session length) a batch of `n` requests whose longest session holds
+    `longest` queries runs as: the first size and the first length that hold them, or, while
+    a background warm-up runs, the smallest pair compiled so far that holds them."""
+    compiled = self._compiled
+    if compiled is None:
+      return self.batch_size(n), next(width for width in self.widths if width >= longest)
+    return min(((size, width) for size, width in compiled if size >= n and width >= longest),
+               key=lambda shape: (shape[0] * shape[1], shape))
+
   def run(self, requests: Sequence[Request]) -> list[list[dict]]:
     """The suggestions shown for each request ({'query', 'score', ...}, best first), in
     batches of at most `max_batch`."""
@@ -252,11 +286,16 @@ class Engine:
               for shown in self.run(requests[start:start + most])]
     if not requests:
       return []
+    return self._run(requests, *self.padded_shape(len(requests),
+                                                  max(len(r.session) for r in requests)))
+
+  def _run(self, requests: Sequence[Request], size: int, width: int) -> list[list[dict]]:
+    """`requests` as a batch of `size` rows, sessions padded to `width` queries. Padding
+    changes no suggestion (the module docstring), only the program that runs."""
     contexts = [Context(r.session, first_output=len(r.session) - 1, info=self._info(r),
                         history=r.history) for r in requests]
-    ordered = self.pipeline.ordered(contexts, positions='last',
-                                    batch_rows=self.batch_size(len(contexts)),
-                                    widths=self.widths)
+    ordered = self.pipeline.ordered(contexts, positions='last', batch_rows=size,
+                                    widths=(width,))
     return [pipeline_lib.show(lists[-1], r.session, self.exclude_session_queries, r.k)
             for r, lists in zip(requests, ordered)]
 
@@ -267,14 +306,87 @@ class Engine:
       return {'user': int(request.user)}
     return {}
 
-  def warm_up(self) -> None:
+  def shapes(self) -> list[tuple[int, int]]:
+    """Every (batch size, session length) pair a batch can be padded to."""
+    return [(size, width) for size in self.sizes for width in self.widths]
+
+  def warm_up(self, threads: int = 1, background: bool = False, log=print) -> None:
     """Runs every batch size with every session length once (the longest session of the
     batch that length, the others shorter), so that every program a request can need is
-    compiled before the service is ready."""
+    compiled before the service is ready.
+
+    Each pair goes through the pipeline's `ordered` as a request's batch does, whatever the
+    strategy, so the programs are those requests run. With `threads` > 1 the pairs run on
+    that many threads: XLA compiles without Python's lock, so the compilations of different
+    pairs overlap on the cores (the tracing, in Python, does not). The smallest pair runs
+    alone first, so that the programs every pair shares (those of no batch shape) compile
+    once.
+
+    With `background`, it returns once the pairs that hold any request are compiled (a lone
+    request and the largest batch, at the longest session), and compiles the others on a
+    thread of its own, one at a time (the cores are the requests'), smallest batch first;
+    meanwhile a batch runs padded to the smallest pair compiled so far that holds it (the
+    same suggestions, more padding), and `log` says when the last pair is compiled. Most of
+    a pair's time is tracing, in Python, which the compilation cache does not save: this is
+    what makes a start, even one that reads every program back, ready in seconds.
+    """
     started = time.time()
-    user = 'warm-up' if self.personalises else None
-    for size in self.sizes:
-      for width in self.widths:
-        self.run([Request(('warm up',) * (width - i % width), 1, user, ('warm up',) * i)
-                  for i in range(size)])
+    shapes = self.shapes()
+    if background:
+      first = sorted({(self.sizes[0], self.widths[-1]), (self.sizes[-1], self.widths[-1])})
+      for shape in first:
+        self._warm(*shape)
+      self._compiled = frozenset(first)
+      self.ready_seconds = time.time() - started
+      rest = [shape for shape in shapes if shape not in first]
+      self._warm_thread = threading.Thread(target=self._warm_rest, args=(rest, started, log),
+                                           daemon=True, name='warm-up')
+      self._warm_thread.start()
+      return
+    self._warm(*shapes[0])
+    if threads > 1 and len(shapes) > 2:
+      # The largest pairs first: the longest compilations do not start last and leave the
+      # other threads idle at the end.
+      rest = sorted(shapes[1:], key=lambda shape: shape[0] * shape[1], reverse=True)
+      with futures.ThreadPoolExecutor(threads, thread_name_prefix='warm-up') as pool:
+        for done in [pool.submit(self._warm, *shape) for shape in rest]:
+          done.result()
+    else:
+      for shape in shapes[1:]:
+        self._warm(*shape)
+    self.warm_seconds = self.ready_seconds = time.time() - started
+    self.warm_threads = max(threads, 1)
+    self._compiled = None
+    self.warmed.set()
+
+  def _warm_rest(self, shapes: Sequence[tuple[int, int]], started: float, log) -> None:
+    try:
+      for shape in shapes:
+        if self._stop_warming.is_set():
+          return
+        self._warm(*shape)
+        self._compiled = self._compiled | {shape}
+    except Exception as e:  # pylint: disable=broad-except
+      log(f'Warm-up stopped at a pair: {e!r}; batches keep running padded to the '
+          f'{len(self._compiled)} pairs compiled.')
+      return
+    self._compiled = None
     self.warm_seconds = time.time() - started
+    self.warmed.set()
+    log(f'All {len(self.shapes())} batch shapes compiled, {self.warm_seconds:.1f} s after '
+        f'the warm-up began ({compilations()} programs, {cache_hits()} read from the '
+        'compilation cache): every batch runs at its own size.')
+
+  def stop_warming(self, timeout: float = 0.0) -> None:
+    """A background warm-up compiles no further pair (the service is stopping); waits up
+    to `timeout` seconds for the pair it is compiling, so that the process does not exit
+    in the middle of a compilation."""
+    if self._stop_warming is not None:
+      self._stop_warming.set()
+    if self._warm_thread is not None:
+      self._warm_thread.join(timeout)
+
+  def _warm(self, size: int, width: int) -> None:
+    user = 'warm-up' if self.personalises else None
+    self._run([Request(('warm up',) * (width - i % width), 1, user, ('warm up',) * i)
+               for i in range(size)], size, width)

@@ -1,7 +1,8 @@
 """`--mode=serve`: the service's life, from loading the model to the last answer.
 
 1. `Engine.load`: the workdir's best checkpoint through the suggestion pipeline, every batch
-   size run once (compiled) before anything listens.
+   shape run once (compiled) before anything listens, or with config.serve.warm_up_background
+   those that hold any request, the others compiled while it serves.
 2. uvicorn serves `app.create_app(Service)` on config.serve.host:port (0: a free port; the
    line `Serving on http://HOST:PORT` says which, once connections are accepted).
 3. SIGHUP, or POST /admin/reload: the workdir's best checkpoint is loaded and warmed up on a
@@ -104,6 +105,9 @@ class Service:
     self.batcher.start()
 
   async def stop(self) -> None:
+    stop_warming = getattr(self.engine, 'stop_warming', None)
+    if stop_warming is not None:  # off the event loop: it may wait for a compilation
+      await asyncio.to_thread(stop_warming, self.settings.drain_seconds)
     await self.batcher.stop()
     if self.store is not None:
       self.store.close()
@@ -144,6 +148,9 @@ class Service:
         self.log(f'Reload failed, step {old.step} still serving: {e}')
         return {'reloaded': False, 'step': old.step, 'error': str(e)}
       self.engine = new
+      stop_warming = getattr(old, 'stop_warming', None)
+      if stop_warming is not None:  # a background warm-up of the old model compiles no more
+        stop_warming()
       self.metrics.model_step.set(new.step)
       self.metrics.reloads.labels('ok').inc()
       seconds = time.monotonic() - started
@@ -243,11 +250,12 @@ def _bind(host: str, port: int) -> socket.socket:
   return sock
 
 
-def _keep_compiled_programs(settings: ServeSettings, workdir: str, log) -> None:
+def keep_compiled_programs(settings: ServeSettings, workdir: str, log) -> None:
   """JAX's persistent compilation cache in `<workdir>/<serve.compile_cache>`, unless the
-  process has one already: the warm-up compiles a program per batch size and session length
-  (about a minute on a 2-core CPU), which a restart then reads back instead. Every program is
-  kept, however fast it compiled (JAX keeps only those over a second by default)."""
+  process has one already: the warm-up compiles a program per batch size and session length,
+  which a restart (or a first start after `config.serve.prepare_after_train`) then reads back
+  instead. Every program is kept, however fast it compiled (JAX keeps only those over a
+  second by default)."""
   if not settings.compile_cache or jax.config.jax_compilation_cache_dir:
     return
   folder = os.path.join(os.path.abspath(workdir), settings.compile_cache)
@@ -258,20 +266,30 @@ def _keep_compiled_programs(settings: ServeSettings, workdir: str, log) -> None:
   log(f'Compiled programs kept in {folder}')
 
 
+def describe(engine: engine_lib.Engine, settings: ServeSettings, seconds: float) -> str:
+  """The line that says what was loaded and how long loading and warming it up took."""
+  info = engine.info()
+  protocol = 'the user-facing' if engine.exclude_session_queries else "the paper's"
+  shapes = (f'batch sizes {", ".join(map(str, engine.sizes))} x session lengths '
+            f'{", ".join(map(str, engine.widths))}')
+  if engine.warmed.is_set():
+    warmed = f'{shapes} compiled in {seconds:.1f} s on {engine.warm_threads} thread(s)'
+  else:
+    warmed = (f'{shapes}: the pairs that hold any request compiled in {seconds:.1f} s, the '
+              'others compiling in the background')
+  return (f'{info["name"]} (checkpoint step {info["step"]}; {info["how"]}; score = '
+          f'{info["score"]}), {warmed} ({engine_lib.compilations()} programs, '
+          f'{engine_lib.cache_hits()} read from the compilation cache); {protocol} protocol.')
+
+
 def build(config: ml_collections.ConfigDict, workdir: str, log=_say) -> Service:
   """The service of `workdir`'s best checkpoint, warmed up (not yet serving)."""
   settings = ServeSettings.from_config(config)
-  _keep_compiled_programs(settings, workdir, log)
+  keep_compiled_programs(settings, workdir, log)
   started = time.time()
-  engine = engine_lib.Engine.load(config, workdir, log=log)
-  info = engine.info()
-  protocol = 'the user-facing' if engine.exclude_session_queries else "the paper's"
-  log(f'{info["name"]} (checkpoint step {info["step"]}; {info["how"]}; score = '
-      f'{info["score"]}), batch sizes {", ".join(map(str, engine.sizes))} x session lengths '
-      f'{", ".join(map(str, engine.widths))} compiled in '
-      f'{time.time() - started:.1f} s ({engine_lib.compilations()} programs, '
-      f'{engine_lib.cache_hits()} read from the compilation cache); '
-      f'{protocol} protocol.')
+  engine = engine_lib.Engine.load(config, workdir, log=log,
+                                  background=bool(config.serve.warm_up_background))
+  log(describe(engine, settings, time.time() - started))
   store = None
   if settings.history_db and engine.personalises:
     path = os.path.join(os.path.abspath(workdir), settings.history_db)
