@@ -204,12 +204,18 @@ def candidate_log_probs(trained: inference.Trained, contexts: Sequence[Context],
       first = len(context.queries) - 1 if positions == 'last' else context.first_output
       copied = trained.copied_words(context.queries)
       for p, texts in enumerate(candidates[i]):
+        if not texts:
+          continue
         t = first + p
         r = row if positions == 'last' else row * num_queries + t
         where[(i, p)] = r
         for j, text in enumerate(texts):
           tokens = _candidate_ids(vocab, text, copied, length)
           ids[r, j, :len(tokens)] = tokens
+    if not where:  # nothing to score in this batch
+      for i in group:
+        out[i] = [np.zeros((0, 2), np.float32) for _ in candidates[i]]
+      continue
     memory = search.encode_sessions(task.model, params,
                                     {key: batch[key] for key in task.input_keys},
                                     rows.astype(np.int32))
@@ -227,6 +233,7 @@ def candidate_log_probs(trained: inference.Trained, contexts: Sequence[Context],
     for i, context in zip(group, group_contexts):
       out[i] = [np.stack([sums[where[(i, p)], :len(texts)],
                           per_token[where[(i, p)], :len(texts)]], axis=-1)
+                if texts else np.zeros((0, 2), np.float32)
                 for p, texts in enumerate(candidates[i])]
   return out
 
@@ -303,7 +310,7 @@ def features(texts: Sequence[str], by_source: dict[str, list[dict]], so_far: Seq
             float(text.startswith(previous + ' ') or text.endswith(' ' + previous))]
     row += [len(words), len(text), position, len(previous.split())]
     rows.append(row)
-  return np.asarray(rows, np.float32).reshape(len(texts), -1)
+  return np.asarray(rows, np.float32).reshape(len(texts), len(feature_names(source_names)))
 
 
 # ---------------------------------------------------------------------------------------------
@@ -378,8 +385,13 @@ def lists_and_features(trained: inference.Trained, contexts: Sequence[Context],
                        candidate_sources: Sequence[sources_lib.Source],
                        counts: popular.LogCounts, *, positions: str, batch_rows: int,
                        max_candidates: int = 1, history_queries: int = 0,
-                       widths: Sequence[int] | None = None, drop_session: bool = False):
+                       widths: Sequence[int] | None = None, drop_session: bool = False,
+                       keep=None):
   """The sources' lists and every position's `Pool` for `contexts`.
+
+  `keep(context index, position, candidate texts) -> bool`, where given, says which pools are
+  scored and described; the others are left empty (learning needs only the pools that hold
+  the logged next query: no order of the others finds it).
 
   Returns:
     (by_source {name: [context][position] lists}, pools [context][position] Pool).
@@ -391,6 +403,9 @@ def lists_and_features(trained: inference.Trained, contexts: Sequence[Context],
   firsts = sources_lib.first_outputs(contexts, positions)
   texts = [[pool_texts({n: by_source[n][i][p] for n in names}, so_far[i][p], drop_session)
             for p in range(len(so_far[i]))] for i in range(len(contexts))]
+  if keep is not None:
+    texts = [[at if keep(i, p, at) else [] for p, at in enumerate(lists)]
+             for i, lists in enumerate(texts)]
   # Every pool padded to `max_candidates` (the most the sources give): one compiled shape.
   scored = candidate_log_probs(trained, contexts, texts, positions=positions,
                                batch_rows=batch_rows, width=max_candidates,
@@ -454,7 +469,9 @@ def session_contexts(split: sessions.SessionSplit, chosen: Sequence[int]) -> lis
 
 @dataclasses.dataclass
 class Groups:
-  """Learning-to-rank data: one group per (context, position).
+  """Learning-to-rank data: one group per (context, position), with rows only where the
+  candidates hold the logged next query (no order of the others finds it: they are counted,
+  with 0 rows).
 
   Attributes:
     features: float32 [rows, F]; labels: int32 [rows], 1 for the logged next query.
@@ -476,7 +493,7 @@ class Groups:
 def cross_fitted_groups(config: ml_collections.ConfigDict, workdir: str, log=print) -> Groups:
   """Every training pair's candidates and features, cross-fitted: the pairs of fold k's
   users proposed and scored by the generator trained without them, the log's counts taken
-  from the other folds' users."""
+  from the other folds' users (`Groups`: described where the next query is a candidate)."""
   folds = config.suggest.ranker_folds
   plan = parse_sources(config.suggest.sources)
   data_dir = preprocess.data_dir(os.path.abspath(workdir))
@@ -499,7 +516,7 @@ def cross_fitted_groups(config: ml_collections.ConfigDict, workdir: str, log=pri
       by_source, pools = lists_and_features(
           trained, some, candidate_sources, counts, positions='all',
           batch_rows=config.decode.batch_sessions, max_candidates=sum(n for _, n in plan),
-          drop_session=True)
+          drop_session=True, keep=lambda i, p, texts, some=some: some[i].references[p] in texts)
       for i, context in enumerate(some):
         for p, pool in enumerate(pools[i]):
           reference = context.references[p]
@@ -565,8 +582,8 @@ def train_booster(groups: Groups, chosen: np.ndarray, config: ml_collections.Con
   import lightgbm  # pylint: disable=import-outside-toplevel
   ends = np.cumsum(groups.sizes)
   starts = ends - groups.sizes
-  positive = np.add.reduceat(groups.labels, starts) > 0 if len(starts) else np.zeros(0, bool)
-  positive &= groups.sizes > 0
+  positive = np.zeros(len(groups.sizes), bool)
+  positive[np.repeat(np.arange(len(groups.sizes)), groups.sizes)[groups.labels > 0]] = True
   keep = chosen & positive
   rows = np.concatenate([np.arange(s, e) for s, e in zip(starts[keep], ends[keep])])
   x = groups.features[rows]
@@ -615,7 +632,7 @@ def fit(config: ml_collections.ConfigDict, workdir: str, log=print) -> dict:
     booster.save_model(path)
   files.write_text(os.path.join(folder, 'ranker.json'), json.dumps(meta, indent=1) + '\n')
   top = ', '.join(f'{n} {v:.2f}' for n, v in list(meta['importance'].items())[:5])
-  log(f'Learned ranker: {meta["groups"]:,} contexts, {meta["rows"]:,} candidates (the next '
-      f'query among them for {100 * meta["candidate_recall"]:.1f} %), {meta["seconds"]:.0f} s; '
-      f'most important: {top}. Written to {folder}', flush=True)
+  log(f'Learned ranker: {meta["groups"]:,} contexts, the next query among the candidates of '
+      f'{100 * meta["candidate_recall"]:.1f} % of them ({meta["rows"]:,} candidates learned '
+      f'from), {meta["seconds"]:.0f} s; most important: {top}. Written to {folder}', flush=True)
   return meta
