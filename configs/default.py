@@ -176,7 +176,7 @@ def get_config(variant: str = '') -> ml_collections.ConfigDict:
   # (mtn_jax/inference/learned.py). A workdir without a ranker suggests by `blend`.
   c.suggest.sources = 'generate:10,popular:10,cooccurring:10,templates:20'
   c.suggest.ranker_folds = 2
-  c.suggest.ranker_rounds = 300
+  c.suggest.ranker_rounds = 150
   # 'learned': the first `session_first` places go to candidates sharing a word with the
   # session (head queries after them); `attested_only` keeps out candidates that neither the
   # training log holds nor its word pairs support (word salad).
