@@ -30,14 +30,13 @@ def get_config(variant: str = ''):
   c.serve.prepare_after_train = True
   if variant == 'small':
     apply_small(c)
-    # Suggestions for users never seen in training: the 3 most popular next queries of the
-    # training log, the 5 that most often followed the previous query, then the beam (none
-    # the session holds counting towards a quota). Chosen on the training users, each scored
-    # by a generator trained without them; on the user split's test, under the user-facing
-    # protocol, it ranks the next query above the most popular list alone (docs/RESULTS.md,
-    # "Users never seen"). --config.suggest.strategy=generate gives
-    # the model's own beam, as every table taken before 2026-11-26 evening.
-    c.suggest.strategy = 'blend'
+    # Suggestions for users never seen in training: every source pooled and ordered by the
+    # learned ranker (config.suggest.sources), which --mode=train trains with the generator
+    # and one generator without each fold of the training users. It ranks the next query
+    # above the quota blend and the most popular list on the training users, cross-fitted
+    # (docs/RESULTS.md, "A learned ranker"). A workdir without a ranker falls back to the
+    # blend below; --config.suggest.strategy=generate gives the model's own beam.
+    c.suggest.strategy = 'learned'
     c.suggest.blend = 'popular:3,cooccurring:5,generate:10'
   elif variant:
     raise ValueError(f'configs/aol.py: unknown variant {variant!r} (expected "" or "small")')

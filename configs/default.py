@@ -177,10 +177,11 @@ def get_config(variant: str = '') -> ml_collections.ConfigDict:
   c.suggest.sources = 'generate:10,popular:10,cooccurring:10,templates:20'
   c.suggest.ranker_folds = 2
   c.suggest.ranker_rounds = 150
-  # 'learned': the first `session_first` places go to candidates sharing a word with the
-  # session (head queries after them); `attested_only` keeps out candidates that neither the
-  # training log holds nor its word pairs support (word salad).
-  c.suggest.session_first = 5
+  # 'learned': `attested_only` keeps out what the generator alone wrote unless the training
+  # log holds it or its word pairs (word salad); `session_first` > 0 gives the first places
+  # to candidates sharing a word with the session, head queries after them (off: it cost
+  # more of the ranking than it is worth, docs/RESULTS.md "A learned ranker").
+  c.suggest.session_first = 0
   c.suggest.attested_only = True
   # 'rerank': the user's habit query (the query of their past they issued most, the session's
   # queries left out) goes first where their past shows it right often enough: at least this

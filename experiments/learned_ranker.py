@@ -13,7 +13,8 @@ users, the figures of both folds pooled), so no figure comes from a pair its ran
 User-facing protocol (no query of the session suggested; the candidates hold none): per
 suggester EM@1, R@10 and MRR@10 (%), and each source's candidate recall (the next query among
 its candidates at all). Suggesters: the learned ranker as shown (`learned.presented` with the
-config's rules), without each rule, without each feature group (the ablation); each source
+config's rules), without each rule, with the session-first rule over fewer places, alone
+without each feature group (the ablation); each source
 alone; MPC; the quota blend `popular:3,cooccurring:5,generate:10`; the rule list (MPC's first
 3, then the 5 most frequent edit templates of the previous query, then MPC). Writes
 <workdir>/ranker/cross_fitted.json; prints a Markdown table.
@@ -118,11 +119,14 @@ def main() -> None:
       learned_lists(attested_only=False), references)
   rows['learned ranker alone (neither rule)'] = ranking(
       learned_lists(session_first=0, attested_only=False), references)
+  for places in (1, 2, 3):
+    rows[f'learned ranker, attested only, session-first in {places} place(s)'] = ranking(
+        learned_lists(session_first=places), references)
   if not args.skip_ablation:
     for group, members in learned.feature_groups([n for n, _ in plan]).items():
       columns = [i for i, n in enumerate(names) if n not in members]
-      rows[f'learned ranker without the {group} features'] = ranking(
-          learned_lists(columns), references)
+      rows[f'learned ranker alone without the {group} features'] = ranking(
+          learned_lists(columns, session_first=0, attested_only=False), references)
   not_session = lambda lst, g: [q for q in lst if q not in groups.sessions[g]]
   for name, _ in plan:
     lists = [not_session(groups.lists[g][name], g) for g in range(len(references))]
