@@ -7,7 +7,7 @@
 (seeded), asks each suggester for its top 5 under the user-facing protocol, and writes
 P/items.md (each context's session and its lists shuffled, named A, B, C, ... per context, no
 system named) for the judges, and P/key.json (which list is which system) for `score`.
-Suggesters: the workdir's pipeline with each strategy of STRATEGIES, and MPC (the training
+Suggesters: the workdir's pipeline with each setting of SUGGESTERS, and MPC (the training
 log's most popular next queries).
 
 A judge returns JSON: {"<context number>": {"<list letter>": ["U"|"G"|"N", ... one per
@@ -35,7 +35,10 @@ from mtn_jax.inference import popular
 from mtn_jax.inference.inputs import Context
 # pylint: enable=wrong-import-position
 
-STRATEGIES = ('learned', 'blend', 'generate')
+# (name, config.suggest overrides) of each pipeline shown.
+SUGGESTERS = (('learned', {'strategy': 'learned'}),
+              ('learned_no_session_first', {'strategy': 'learned', 'session_first': 0}),
+              ('blend', {'strategy': 'blend'}), ('generate', {'strategy': 'generate'}))
 SHOWN = 5
 
 
@@ -49,11 +52,12 @@ def make(args, config) -> None:
   contexts = [Context(tuple(valid.session_texts(i)[:t + 1]), t, {}) for i, t in chosen]
   lists = {}
   config.decode.exclude_session_queries = True
-  for strategy in STRATEGIES:
-    config.suggest.strategy = strategy
-    pipe = pipeline.Pipeline.load(config, args.workdir)
+  for name, overrides in SUGGESTERS:
+    variant = config.copy_and_resolve_references()
+    variant.suggest.update(overrides)
+    pipe = pipeline.Pipeline.load(variant, args.workdir)
     shown = pipe.suggest(contexts, positions='last')
-    lists[strategy] = [[c['query'] for c in at[0]][:SHOWN] for at in shown]
+    lists[name] = [[c['query'] for c in at[0]][:SHOWN] for at in shown]
   counts = popular.LogCounts.of_workdir(args.workdir)
   lists['mpc'] = [[q for q in counts.most_popular(SHOWN + len(c.queries))
                    if q not in c.queries][:SHOWN] for c in contexts]
