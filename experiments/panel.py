@@ -1,7 +1,7 @@
 """A blind panel of suggestion lists (../shared/JUDGING.md): what a person sees in the top 5.
 
   python experiments/panel.py make --workdir=W --out=P [--contexts=80] [config flags]
-  python experiments/panel.py score --out=P JUDGMENTS.json [JUDGMENTS.json ...]
+  python experiments/panel.py score --out=P --judgments=J1.json,J2.json
 
 `make` draws `--contexts` (session prefix -> next query) contexts of the validation split
 (seeded), asks each suggester for its top 5 under the user-facing protocol, and writes
@@ -93,7 +93,7 @@ def score(args) -> None:
   print('| system | judge | useful % | garbled % | lists with >= 2 useful % |\n'
         '|---|---|---:|---:|---:|')
   systems = sorted({name for letters in key.values() for name in letters.values()})
-  for path in args.judgments:
+  for path in args.judgments.split(','):
     with open(path, encoding='utf-8') as f:
       marks = json.load(f)
     for system in systems:
@@ -119,7 +119,7 @@ def main() -> None:
   parser.add_argument('--out', required=True)
   parser.add_argument('--contexts', type=int, default=80)
   parser.add_argument('--seed', type=int, default=0)
-  parser.add_argument('judgments', nargs='*')
+  parser.add_argument('--judgments', default='', help='score: comma-separated JSON files')
   args, rest = parser.parse_known_args()
   if args.command == 'score':
     score(args)
