@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 
 from configs import demo
+from configs import families
 from mtn_jax import config_lib
 from mtn_jax import errors
 from mtn_jax.data import candidates
@@ -195,7 +196,7 @@ def test_config_validation_of_the_index():
   with pytest.raises(config_lib.ConfigError, match=r"config\.suggest\.index.*'hnsw'"):
     config_lib.validate(config, 'decode')
   config.suggest.index = 'usearch'
-  config.model.name = 'polyencoder'
+  config = families.use(config, 'polyencoder')
   with pytest.raises(config_lib.ConfigError, match=r"config\.suggest\.index.*'polyencoder'"):
     config_lib.validate(config, 'decode')
   config.model.name = 'biencoder'

@@ -157,7 +157,7 @@ def test_the_service_reads_the_decode_protocol(monkeypatch):
   cfg = types.SimpleNamespace(max_session_queries=4, max_query_words=5)
   fake = types.SimpleNamespace(trained=types.SimpleNamespace(cfg=cfg, vocab=None))
   monkeypatch.setattr(engine, '_listen', lambda: None)
-  monkeypatch.setattr(engine.Engine, 'warm_up', lambda self: None)
+  monkeypatch.setattr(engine.Engine, 'warm_up', lambda self, *args, **kwargs: None)
   monkeypatch.setattr(pipeline.Pipeline, 'load', lambda config, workdir, log: fake)
   config = default.get_config('mtn')
   assert config.decode.exclude_session_queries is None
