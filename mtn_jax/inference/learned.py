@@ -66,19 +66,10 @@ def parse_sources(plan: str) -> tuple[tuple[str, int], ...]:
   Raises:
     ValueError: not such a list of sources the learned ranker can read, each once, N >= 1.
   """
-  readable = ('generate',) + tuple(sources_lib.LOG_SOURCES)
-  out = []
-  for item in plan.split(','):
-    name, _, count = item.strip().partition(':')
-    if name not in readable or not count.strip().isdigit() or int(count) < 1:
-      raise ValueError(f'{item.strip()!r} is not SOURCE:N with SOURCE one of '
-                       f'{", ".join(readable)} and N >= 1')
-    out.append((name, int(count)))
-  if len({name for name, _ in out}) != len(out):
-    raise ValueError(f'{plan!r} names a source twice')
+  out = sources_lib.parse_plan(plan, ('generate',) + tuple(sources_lib.LOG_SOURCES))
   if out[0][0] != 'generate':
     raise ValueError(f'{plan!r}: the generator comes first (it scores every candidate)')
-  return tuple(out)
+  return out
 
 
 def feature_groups(source_names: Sequence[str]) -> dict[str, list[str]]:

@@ -59,7 +59,6 @@ from mtn_jax.decoding import search
 from mtn_jax.inference import generate
 from mtn_jax.inference import habits
 from mtn_jax.inference import imdna_proposer
-from mtn_jax.inference import inputs
 from mtn_jax.inference import learned
 from mtn_jax.inference import popular
 from mtn_jax.inference import retrieval
@@ -137,16 +136,7 @@ def parse_blend(plan: str) -> tuple[tuple[str, int], ...]:
   Raises:
     ValueError: not such a list of BLEND_SOURCES, each once, with positive counts.
   """
-  out = []
-  for item in plan.split(','):
-    name, _, count = item.strip().partition(':')
-    if name not in BLEND_SOURCES or not count.strip().isdigit() or int(count) < 1:
-      raise ValueError(f'{item.strip()!r} is not SOURCE:N with SOURCE one of '
-                       f'{", ".join(BLEND_SOURCES)} and N >= 1')
-    out.append((name, int(count)))
-  if len({name for name, _ in out}) != len(out):
-    raise ValueError(f'{plan!r} names a source twice')
-  return tuple(out)
+  return inference_sources.parse_plan(plan, BLEND_SOURCES)
 
 
 def blended(sources: dict[str, Sequence[str]], plan: Sequence[tuple[str, int]],

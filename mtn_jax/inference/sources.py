@@ -55,6 +55,25 @@ class Source(Protocol):
     """[context][output position] its candidates ({'query', 'score'}), best first."""
 
 
+def parse_plan(plan: str, names: Sequence[str]) -> tuple[tuple[str, int], ...]:
+  """'popular:2,generate:7' -> (('popular', 2), ('generate', 7)): sources of `names` and how
+  many candidates of each, in order.
+
+  Raises:
+    ValueError: not such a list of `names`, each once, with positive counts.
+  """
+  out = []
+  for item in plan.split(','):
+    name, _, count = item.strip().partition(':')
+    if name not in names or not count.strip().isdigit() or int(count) < 1:
+      raise ValueError(f'{item.strip()!r} is not SOURCE:N with SOURCE one of '
+                       f'{", ".join(names)} and N >= 1')
+    out.append((name, int(count)))
+  if len({name for name, _ in out}) != len(out):
+    raise ValueError(f'{plan!r} names a source twice')
+  return tuple(out)
+
+
 def first_outputs(contexts: Sequence[Context], positions: str) -> list[int]:
   """Each context's first output position."""
   return [len(c.queries) - 1 if positions == 'last' else c.first_output for c in contexts]
