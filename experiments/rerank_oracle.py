@@ -41,7 +41,6 @@ def main(argv):
   from mtn_jax.decoding import mbr
   from mtn_jax.evaluation import evaluate
   from mtn_jax.evaluation import metrics
-  from mtn_jax.evaluation import pool_ranking
   from mtn_jax.inference import pipeline
 
   config = FLAGS.config
@@ -51,14 +50,10 @@ def main(argv):
   suggestions = pipeline.Pipeline.load(config, FLAGS.workdir, log=quiet)
   queries_per_batch = config.decode.batch_sessions * config.data.max_session_queries
 
-  def retrieve_split(retriever, k):
-    ranked = pool_ranking.rank_split(retriever.trained, split, retriever.workdir, k=k,
-                                     seed=config.seed, queries_per_batch=queries_per_batch,
-                                     log=quiet)
-    return ranked.suggestions, ranked.top_scores
-
-  split_lists = suggestions.split_lists(split, queries_per_batch=queries_per_batch,
-                                        retrieve_split=retrieve_split, log=quiet)
+  pool = evaluate.ranked_pool(suggestions, split, config, queries_per_batch, quiet)
+  split_lists = suggestions.split_lists(
+      split, queries_per_batch=queries_per_batch,
+      retrieved=None if pool is None else (pool.suggestions, pool.top_scores), log=quiet)
   lists = {'model': [[c['query'] for c in ranked] for ranked in split_lists.ordered],
            **split_lists.sources}
   label = evaluate.strategy_record(suggestions)['label']

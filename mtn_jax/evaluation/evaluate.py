@@ -136,7 +136,8 @@ def strategy_record(pipe: pipeline.Pipeline) -> dict:
   if pipe.ranker is not None:
     plan = ','.join(f'{name}:{n}' for name, n in pipe.ranker.sources)
     return {'strategy': 'learned', 'sources': plan,
-            'session_first': s.session_first, 'attested_only': s.attested_only,
+            'session_first': s.session_first, 'unrelated_first': s.unrelated_first,
+            'attested_only': s.attested_only,
             'ranker': {k: pipe.ranker.meta[k] for k in ('checkpoint_step', 'folds', 'rounds',
                                                        'groups', 'importance')},
             'label': f'{label_of(pipe.trained)}: {plan}, by the learned ranker'}
@@ -280,6 +281,18 @@ def split_to_evaluate(config: ml_collections.ConfigDict, data_dir: str, log
   return test, total_sessions
 
 
+def ranked_pool(pipe: pipeline.Pipeline, split: sessions.SessionSplit,
+                config: ml_collections.ConfigDict, queries_per_batch: int, log
+                ) -> pool_ranking.SplitRanking | None:
+  """Where `pipe` retrieves: the exact ranking of the whole pool for every pair of `split`
+  (its best `pipe.pool_depth()` entries for the pipeline, its ranks for the figures)."""
+  if pipe.retriever is None:
+    return None
+  return pool_ranking.rank_split(pipe.retriever.trained, split, pipe.retriever.workdir,
+                                 k=pipe.pool_depth(), seed=config.seed,
+                                 queries_per_batch=queries_per_batch, log=log)
+
+
 def decode_lists(config: ml_collections.ConfigDict, workdir: str, trained: inference.Trained,
                  test: sessions.SessionSplit, pairs: Pairs, log) -> Lists:
   """Every pair's suggestions under both protocols, as decode and suggest show them, and the
@@ -308,19 +321,12 @@ def decode_lists(config: ml_collections.ConfigDict, workdir: str, trained: infer
   else:
     suggestions_of = pipeline.Pipeline.load(config, workdir, log=log, trained=trained)
 
-    def retrieve_split(retriever, k):
-      # The exact ranking of the whole pool: its suggestions, and its ranks for the figures.
-      nonlocal pool
-      pool = pool_ranking.rank_split(retriever.trained, test, retriever.workdir, k=k,
-                                     seed=config.seed, queries_per_batch=queries_per_batch,
-                                     log=log)
-      return pool.suggestions, pool.top_scores
-
+    pool = ranked_pool(suggestions_of, test, config, queries_per_batch, log)
+    retrieved = None if pool is None else (pool.suggestions, pool.top_scores)
     histories = (habits.past_queries(preprocess.data_dir(workdir), test)
                  if suggestions_of.needs_whole_history else None)
     lists = suggestions_of.split_lists(test, queries_per_batch=queries_per_batch,
-                                       retrieve_split=retrieve_split, histories=histories,
-                                       log=log)
+                                       retrieved=retrieved, histories=histories, log=log)
     # Both protocols from the same ordered lists, shown as decode and suggest show them.
     shown = {exclude: [pipeline.show(ranked, context, exclude, dc.top_k)
                        for ranked, context in zip(lists.ordered, pairs.contexts)]

@@ -98,6 +98,7 @@ class Settings:
   history_queries: int
   blend: tuple[tuple[str, int], ...] = ()
   session_first: int = 0
+  unrelated_first: int = 0
   attested_only: bool = False
 
   @classmethod
@@ -112,7 +113,8 @@ class Settings:
                index=s.index, batch_sessions=config.decode.batch_sessions,
                history_queries=config.data.history_queries,
                blend=parse_blend(s.blend) if s.strategy in ('blend', 'learned') else (),
-               session_first=int(s.session_first), attested_only=bool(s.attested_only))
+               session_first=int(s.session_first), unrelated_first=int(s.unrelated_first),
+               attested_only=bool(s.attested_only))
 
   @property
   def top_k(self) -> int:
@@ -521,6 +523,7 @@ class Pipeline:
                   for j in np.argsort(-scores, kind='stable')]
         lists.append(learned.presented(ranked, so_far[i][p], self.log_counts,
                                        session_first=s.session_first,
+                                       unrelated_first=s.unrelated_first,
                                        attested_only=s.attested_only))
       out.append(lists)
     return out, by_source
@@ -541,6 +544,11 @@ class Pipeline:
       return []
     return [(name, k) for name, k in (('popular', self.settings.popular),
                                       ('cooccurring', self.settings.cooccurring)) if k]
+
+  def pool_depth(self) -> int:
+    """Pool entries retrieved per position: the suggestions' `_retrieved_k`, or the
+    rankers' `config.suggest.retrieved` candidates."""
+    return self._retrieved_k() if self.rankers is None else self.settings.retrieved
 
   def _retrieved_k(self) -> int:
     """Pool entries kept per position where they are the suggestions: enough that `show`
@@ -567,7 +575,8 @@ class Pipeline:
   # A whole split: evaluation
 
   def split_lists(self, split: sessions.SessionSplit, *, queries_per_batch: int,
-                  retrieve_split, histories: Sequence[Sequence[str]] | None = None,
+                  retrieved: tuple[Sequence[Sequence[str]], np.ndarray] | None = None,
+                  histories: Sequence[Sequence[str]] | None = None,
                   log=print) -> SplitLists:
     """Stages 1-2 for every (prefix -> next query) pair of `split`, in pair order, the
     sources computed on every device.
@@ -575,9 +584,9 @@ class Pipeline:
     Args:
       split: the sessions; pair (i, t) predicts query t+1 of session i after 0..t.
       queries_per_batch: query slots per batch of the generator's search.
-      retrieve_split: (retriever, k) -> ([pairs] texts, float [pairs, k] scores): the
-        retriever's best k pool entries for every pair of `split` (evaluation ranks the
-        whole pool exactly, and keeps the ranks for its figures).
+      retrieved: where the pipeline retrieves, ([pairs] texts, float [pairs, pool_depth()]
+        scores): the retriever's best pool entries for every pair of `split` (evaluation
+        ranks the whole pool exactly, and keeps the ranks for its figures).
       histories: [sessions] each session's user's earlier queries (the habit rule).
     """
     s = self.settings
@@ -617,8 +626,9 @@ class Pipeline:
     if beams is not None:
       sources['generate'] = texts(beams)
     if self.retriever is not None:
-      k = self._retrieved_k() if self.rankers is None else s.retrieved
-      found, scores = retrieve_split(self.retriever, k)
+      if retrieved is None:
+        raise ValueError('split_lists of a retrieving pipeline needs the retrieved entries')
+      found, scores = retrieved
       pool_lists = [[{'query': q, 'score': float(v)} for q, v in zip(row, row_scores)]
                     for row, row_scores in zip(found, np.asarray(scores).tolist())]
       if self.rankers is None:  # the ranker's entries are the suggestions
