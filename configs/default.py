@@ -179,10 +179,11 @@ def get_config(variant: str = '') -> ml_collections.ConfigDict:
   c.suggest.ranker_rounds = 150
   # 'learned': `attested_only` keeps out what the generator alone wrote unless the training
   # log holds it or its word pairs (word salad); `session_first` > 0 gives the first places
-  # to the best candidates sharing a word with the session, head queries ("google") after
-  # them. Off by default: on the training users it cost more of the ranking than the
-  # judges gained (docs/RESULTS.md, "A learned ranker").
-  c.suggest.session_first = 0
+  # to the best well-formed candidates about the session, at most `unrelated_first` of them
+  # head queries ("google") unrelated to it; the rest follow in the ranker's order
+  # (mtn_jax/inference/learned.py `presented`; docs/RESULTS.md, "A learned ranker").
+  c.suggest.session_first = 5
+  c.suggest.unrelated_first = 1
   c.suggest.attested_only = True
   # 'rerank': the user's habit query (the query of their past they issued most, the session's
   # queries left out) goes first where their past shows it right often enough: at least this

@@ -87,41 +87,55 @@ def main() -> None:
   ends = np.cumsum(groups.sizes)
   starts = ends - groups.sizes
 
+  scored = {}
+
+  def fold_scores(columns=None, rounds=None):
+    """[pairs] the ranker's scores of each pair's candidates, each fold's pairs scored by a
+    ranker trained on the others' (made once per feature set)."""
+    key = (None if columns is None else tuple(columns), rounds)
+    if key not in scored:
+      cfg = config
+      if rounds is not None:
+        cfg = config.copy_and_resolve_references()
+        cfg.suggest.ranker_rounds = rounds
+      out = [None] * len(groups.sizes)
+      for k in range(folds):
+        booster = learned.train_booster(groups, groups.folds != k, cfg, names, columns)
+        for g in np.flatnonzero(groups.folds == k).tolist():
+          x = groups.features[starts[g]:ends[g]]
+          if columns is not None:
+            x = x[:, columns]
+          out[g] = booster.predict(x) if len(x) else np.zeros(0)
+      scored[key] = out
+    return scored[key]
+
   def learned_lists(columns=None, session_first=config.suggest.session_first,
-                    attested_only=config.suggest.attested_only, rounds=None):
-    """Every pair's list, each fold's pairs ranked by a ranker trained on the others."""
-    out = [None] * len(groups.sizes)
-    cfg = config
-    if rounds is not None:
-      cfg = config.copy_and_resolve_references()
-      cfg.suggest.ranker_rounds = rounds
-    for k in range(folds):
-      booster = learned.train_booster(groups, groups.folds != k, cfg, names, columns)
-      for g in np.flatnonzero(groups.folds == k).tolist():
-        x = groups.features[starts[g]:ends[g]]
-        if columns is not None:
-          x = x[:, columns]
-        values = booster.predict(x) if len(x) else np.zeros(0)
-        origin = learned.proposers({n: [{'query': q} for q in lst]
-                                    for n, lst in groups.lists[g].items()})
-        ranked = [{'query': groups.texts[g][j], 'sources': origin[groups.texts[g][j]]}
-                  for j in np.argsort(-values, kind='stable')]
-        shown = learned.presented(ranked, groups.sessions[g], counts[k],
-                                  session_first=session_first, attested_only=attested_only)
-        out[g] = [c['query'] for c in shown]
+                    attested_only=config.suggest.attested_only,
+                    unrelated_first=config.suggest.unrelated_first):
+    """Every pair's list as `learned.presented` shows it, cross-fitted (`fold_scores`)."""
+    out = []
+    for g, values in enumerate(fold_scores(columns)):
+      origin = learned.proposers({n: [{'query': q} for q in lst]
+                                  for n, lst in groups.lists[g].items()})
+      ranked = [{'query': groups.texts[g][j], 'sources': origin[groups.texts[g][j]]}
+                for j in np.argsort(-values, kind='stable')]
+      shown = learned.presented(ranked, groups.sessions[g], counts[groups.folds[g]],
+                                session_first=session_first, attested_only=attested_only,
+                                unrelated_first=unrelated_first)
+      out.append([c['query'] for c in shown])
     return out
 
   rows = {}
   rows['learned ranker, as shown'] = ranking(learned_lists(), references)
-  rows['learned ranker, without the session-first rule'] = ranking(
+  rows['learned ranker, attested only, no first places'] = ranking(
       learned_lists(session_first=0), references)
-  rows['learned ranker, without the attested-only rule'] = ranking(
-      learned_lists(attested_only=False), references)
   rows['learned ranker alone (neither rule)'] = ranking(
       learned_lists(session_first=0, attested_only=False), references)
-  for places in (1, 2, 3):
-    rows[f'learned ranker, attested only, session-first in {places} place(s)'] = ranking(
-        learned_lists(session_first=places), references)
+  for places in (3, 5):
+    for unrelated in (0, 1, 2):
+      rows[f'learned ranker, attested only, first {places} places well-formed with at most '
+           f'{unrelated} unrelated'] = ranking(
+               learned_lists(session_first=places, unrelated_first=unrelated), references)
   if not args.skip_ablation:
     for group, members in learned.feature_groups([n for n, _ in plan]).items():
       columns = [i for i, n in enumerate(names) if n not in members]
@@ -149,7 +163,8 @@ def main() -> None:
   record = {'pairs': len(references), 'pool_candidate_recall': pool_recall,
             'sources': config.suggest.sources, 'rounds': config.suggest.ranker_rounds,
             'session_first': config.suggest.session_first,
-            'attested_only': config.suggest.attested_only, 'rows': rows,
+            'attested_only': config.suggest.attested_only,
+            'unrelated_first': config.suggest.unrelated_first, 'rows': rows,
             'seconds': round(time.time() - started, 1)}
   path = os.path.join(learned.ranker_dir(args.workdir), 'cross_fitted.json')
   os.makedirs(os.path.dirname(path), exist_ok=True)

@@ -1,10 +1,11 @@
 """A blind panel of suggestion lists (../shared/JUDGING.md): what a person sees in the top 5.
 
-  python experiments/panel.py make --workdir=W --out=P [--contexts=80] [config flags]
+  python experiments/panel.py make --workdir=W --out=P [--contexts=80] [--seed=0]
+      [--not_in=P0,P1] [config flags]
   python experiments/panel.py score --out=P --judgments=J1.json,J2.json
 
 `make` draws `--contexts` (session prefix -> next query) contexts of the validation split
-(seeded), asks each suggester for its top 5 under the user-facing protocol, and writes
+(seeded; none that the panel in --not_in showed), asks each suggester for its top 5 under the user-facing protocol, and writes
 P/items.md (each context's session and its lists shuffled, named A, B, C, ... per context, no
 system named) for the judges, and P/key.json (which list is which system) for `score`.
 Suggesters: the workdir's pipeline with each setting of SUGGESTERS, and MPC (the training
@@ -36,9 +37,12 @@ from mtn_jax.inference.inputs import Context
 # pylint: enable=wrong-import-position
 
 # (name, config.suggest overrides) of each pipeline shown.
-SUGGESTERS = (('learned', {'strategy': 'learned'}),
-              ('learned_no_session_first', {'strategy': 'learned', 'session_first': 0}),
-              ('blend', {'strategy': 'blend'}), ('generate', {'strategy': 'generate'}))
+SUGGESTERS = (
+    ('learned', {'strategy': 'learned'}),
+    ('learned_first5_unrelated0', {'strategy': 'learned', 'session_first': 5,
+                                   'unrelated_first': 0}),
+    ('learned_no_first_places', {'strategy': 'learned', 'session_first': 0}),
+    ('generate', {'strategy': 'generate'}))
 SHOWN = 5
 
 
@@ -47,6 +51,14 @@ def make(args, config) -> None:
   valid = sessions.load_split(data_dir, 'valid')
   pairs = [(i, t) for i in range(valid.num_sessions)
            for t in range(int(valid.lengths[i]) - 1)]
+  shown_before = set()
+  for earlier in filter(None, (args.not_in or '').split(',')):
+    # Contexts an earlier panel showed: a rule chosen on them is checked on others.
+    with open(os.path.join(earlier, 'key.json'), encoding='utf-8') as f:
+      shown_before |= {tuple(c) for c in json.load(f)['contexts']}
+  if shown_before:
+    pairs = [(i, t) for i, t in pairs
+             if tuple(valid.session_texts(i)[:t + 1]) not in shown_before]
   rng = random.Random(args.seed)
   chosen = sorted(rng.sample(pairs, min(args.contexts, len(pairs))))
   contexts = [Context(tuple(valid.session_texts(i)[:t + 1]), t, {}) for i, t in chosen]
@@ -119,6 +131,8 @@ def main() -> None:
   parser.add_argument('--out', required=True)
   parser.add_argument('--contexts', type=int, default=80)
   parser.add_argument('--seed', type=int, default=0)
+  parser.add_argument('--not_in', help='earlier --out folders, comma-separated: their '
+                      'contexts are not drawn again')
   parser.add_argument('--judgments', default='', help='score: comma-separated JSON files')
   args, rest = parser.parse_known_args()
   if args.command == 'score':

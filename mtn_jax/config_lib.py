@@ -142,8 +142,9 @@ def _check_suggest(config) -> None:
     if s.ranker_folds < 2:
       raise ConfigError(f'config.suggest.ranker_folds must be >= 2 (cross-fitting), got '
                         f'{s.ranker_folds}')
-    if s.session_first < 0:
-      raise ConfigError(f'config.suggest.session_first must be >= 0, got {s.session_first}')
+    for key in ('session_first', 'unrelated_first'):
+      if s[key] < 0:
+        raise ConfigError(f'config.suggest.{key} must be >= 0, got {s[key]}')
   if s.strategy not in ('generate', 'blend', 'learned') and not s.ranker_workdir:
     raise ConfigError(f'config.suggest.strategy={s.strategy!r} needs a trained ranker: pass '
                       '--config.suggest.ranker_workdir=DIR (a Bi-, Poly- or Cross-encoder run)')

@@ -138,30 +138,54 @@ def test_one_candidates_features_by_hand(counts):
   del nan
 
 
-def test_what_is_shown_puts_the_session_first_and_drops_word_salad(counts):
+def test_what_is_shown_keeps_word_salad_out_and_the_session_first(counts):
   written = ('ebay', 'chicago weather', 'cheap hotels', 'weather news', 'weather chicago',
-             'www.weather.com', 'weather chicago il')
+             'www.weather.com', 'news', 'weather chicago il')
   ranked = [{'query': q, 'sources': ['generate']} for q in written]
   so_far = ('news', 'weather')
   # 'chicago weather' and 'weather news' hold word pairs no query holds (nor the session's);
-  # 'www.weather.com' is not logged either.
+  # a lone word has no pair to check, and the log's words are too rare to say where they go.
   kept = learned.presented(ranked, so_far, counts, session_first=0, attested_only=True)
   assert [c['query'] for c in kept] == ['ebay', 'cheap hotels', 'weather chicago',
-                                        'weather chicago il']
-  # A template's (or the log's) candidate is kept: a logged query, or one edit of one.
-  ranked[5]['sources'] = ['generate', 'templates']
+                                        'www.weather.com', 'news', 'weather chicago il']
+  # A template's (or the log's) candidate is kept whatever its word pairs.
+  ranked[1]['sources'] = ['generate', 'templates']
   kept = learned.presented(ranked, so_far, counts, session_first=0, attested_only=True)
-  assert 'www.weather.com' in [c['query'] for c in kept]
-  assert not learned.attested('www.weather.com', counts, so_far)
-  assert learned.attested('news weather', counts, ('x', 'news weather'))  # the session's
-  # The first 2 places go to the best sharing a word with the session (a site's name too).
-  shown = learned.presented(ranked, so_far, counts, session_first=2, attested_only=False)
-  assert [c['query'] for c in shown] == ['chicago weather', 'weather news', 'ebay',
-                                         'cheap hotels', 'weather chicago', 'www.weather.com',
-                                         'weather chicago il']
-  # Nothing of the session in any candidate: the ranker's order stands.
+  assert 'chicago weather' in [c['query'] for c in kept]
+  assert not learned.well_formed('chicago weather', counts, so_far)
+  assert learned.well_formed('chicago news', counts, ('x', 'chicago news'))  # the session's
+  # The first 3 places: well-formed and about the session ('news' alone is only a word of
+  # it); none unrelated, then one ('ebay', the best of them); the rest in order after them,
+  # what is not well-formed last.
+  shown = learned.presented(ranked, so_far, counts, session_first=3, attested_only=False)
+  assert [c['query'] for c in shown] == ['weather chicago', 'www.weather.com',
+                                         'weather chicago il', 'ebay', 'cheap hotels', 'news',
+                                         'chicago weather', 'weather news']
+  shown = learned.presented(ranked, so_far, counts, session_first=3, attested_only=False,
+                            unrelated_first=1)
+  assert [c['query'] for c in shown] == ['ebay', 'weather chicago', 'www.weather.com',
+                                         'cheap hotels', 'news', 'weather chicago il',
+                                         'chicago weather', 'weather news']
+  # Nothing about the session among the candidates: the ranker's order stands.
   assert learned.presented(ranked[:1], ('zzz',), counts, session_first=5,
                            attested_only=False) == ranked[:1]
+
+
+def test_a_query_does_not_start_or_end_with_a_word_that_never_does():
+  """'of' is used 20 times (EDGE_MIN_USES), always inside a query: a cut leaving it first or
+  last is not well-formed; a word the log rarely uses ('hats') may go anywhere."""
+  logged = [['x', f'pictures of cat{n}'] for n in range(learned.EDGE_MIN_USES)]
+  counts = popular.LogCounts.of_sessions(logged + [['x', 'hats']])
+  assert counts.bigram_starts['of'] == learned.EDGE_MIN_USES
+  well_formed = lambda text: learned.well_formed(text, counts, ('pictures of cat3',))
+  assert well_formed('pictures of cat7') and well_formed('cat3') and well_formed('hats')
+  assert not well_formed('pictures of') and not well_formed('of cat3')
+  assert not well_formed('cat3 of pictures')  # word pairs nobody typed
+  # 'pictures' starts each of its 20 uses and ends none: not a query alone.
+  assert not well_formed('pictures')
+  # One use fewer and the log says too little about 'of' to keep it from the edges.
+  fewer = popular.LogCounts.of_sessions(logged[1:])
+  assert learned.well_formed('pictures of', fewer, ())
 
 
 def test_the_ranker_learns_a_known_order():

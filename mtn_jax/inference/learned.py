@@ -95,31 +95,74 @@ def site_words(text: str) -> set[str]:
   return {_SITE.match(w).group(1) for w in text.split()}
 
 
-def attested(text: str, counts: popular.LogCounts, so_far: Sequence[str]) -> bool:
-  """Whether the log holds `text`, or every word pair of it (its start and end included)
-  occurs in the log's queries or the session's."""
+# A word the log's queries use at least this often is known well enough to say whether it
+# starts or ends queries: one that starts (ends) under this share of its uses is no query's
+# first (last) word ("of", "to", "in": what a cut leaves dangling).
+EDGE_MIN_USES = 20
+EDGE_MIN_SHARE = 0.02
+
+
+def well_formed(text: str, counts: popular.LogCounts, so_far: Sequence[str]) -> bool:
+  """Whether `text` reads as a query: the log holds it, or every pair of consecutive words
+  occurs in the log's queries or the session's, and its first and last words can start and
+  end a query (a word the log rarely uses passes: nothing says it cannot)."""
   if counts.issued.get(text):
     return True
+  words = text.split()
+  if not words:
+    return False
   seen = {pair for q in so_far for pair in popular.word_bigrams(q)}
-  return all(counts.bigrams.get(pair) or pair in seen for pair in popular.word_bigrams(text))
+  if not all(counts.bigrams.get(pair) or pair in seen for pair in zip(words, words[1:])):
+    return False
+  for edge, word in ((('<s>', words[0]), words[0]), ((words[-1], '</s>'), words[-1])):
+    uses = counts.bigram_starts.get(word, 0)
+    if edge not in seen and uses >= EDGE_MIN_USES and (
+        counts.bigrams.get(edge, 0) < EDGE_MIN_SHARE * uses):
+      return False
+  return True
+
+
+def about_session(text: str, so_far: Sequence[str]) -> bool:
+  """Whether a candidate is about the session: it shares a word with it (a site's name
+  standing for its address) and is not one word of it alone (a lone word cut from what was
+  typed says less than the query did)."""
+  typed = {w for q in so_far for w in q.split()}
+  session = set().union(*(site_words(q) for q in so_far))
+  return bool(site_words(text) & session) and not (len(text.split()) == 1 and text in typed)
 
 
 def presented(ranked: Sequence[dict], so_far: Sequence[str], counts: popular.LogCounts, *,
-              session_first: int, attested_only: bool) -> list[dict]:
+              session_first: int, attested_only: bool, unrelated_first: int = 0
+              ) -> list[dict]:
   """What is shown of `ranked` ({'query', 'sources': the sources proposing it, ...}, best
-  first) after the session `so_far`: with `attested_only`, none that the generator alone wrote
-  unless `attested` (the log's and the templates' candidates are queries or one edit of one);
-  then the first `session_first` places to the best candidates sharing a word with the
-  session, then the rest in order."""
+  first) after the session `so_far`.
+
+  With `attested_only`, none that the generator alone wrote unless `well_formed` (the log's
+  and the templates' candidates are queries or one edit of one). Then the first `session_first`
+  places go to the best `well_formed` candidates (the log holds them, or their word pairs and
+  their first and last words fit: no word salad), at most `unrelated_first` of them not `about_session` (head queries such as
+  "google"); where the session gives too few, the next well-formed ones in order fill the
+  places. The rest follow in the ranker's order, what is not well-formed last (recall kept
+  below what reads as a query)."""
   if attested_only:
     ranked = [c for c in ranked if set(c['sources']) != {'generate'}
-              or attested(c['query'], counts, so_far)]
+              or well_formed(c['query'], counts, so_far)]
   if not session_first:
     return list(ranked)
-  session = set().union(*(site_words(q) for q in so_far))
-  related = [c for c in ranked if site_words(c['query']) & session][:session_first]
-  chosen = {id(c) for c in related}
-  return related + [c for c in ranked if id(c) not in chosen]
+  first, rest, malformed, unrelated = [], [], [], 0
+  for c in ranked:
+    if not well_formed(c['query'], counts, so_far):
+      malformed.append(c)
+    elif len(first) == session_first:
+      rest.append(c)
+    elif about_session(c['query'], so_far):
+      first.append(c)
+    elif unrelated < unrelated_first:
+      first.append(c)
+      unrelated += 1
+    else:
+      rest.append(c)
+  return first + rest + malformed
 
 
 def proposers(by_source: dict[str, list[dict]]) -> dict[str, list[str]]:
