@@ -177,11 +177,11 @@ def get_config(variant: str = '') -> ml_collections.ConfigDict:
   c.suggest.sources = 'generate:10,popular:10,cooccurring:10,templates:20'
   c.suggest.ranker_folds = 2
   c.suggest.ranker_rounds = 150
-  # 'learned': `attested_only` keeps out what the generator alone wrote unless the training
-  # log holds it or its word pairs (word salad); `session_first` > 0 gives the first places
-  # to the best well-formed candidates about the session, at most `unrelated_first` of them
-  # head queries ("google") unrelated to it; the rest follow in the ranker's order
-  # (mtn_jax/inference/learned.py `presented`; docs/RESULTS.md, "A learned ranker").
+  # 'learned': `attested_only` keeps out what the generator alone wrote unless well-formed
+  # (the training log holds it, or its word pairs: no word salad); `session_first` > 0 gives
+  # the first places to the best well-formed candidates about the session, at most
+  # `unrelated_first` of them head queries ("google") unrelated to it; the rest follow in
+  # the ranker's order (mtn_jax/inference/learned.py `presented`; docs/RESULTS.md).
   c.suggest.session_first = 5
   c.suggest.unrelated_first = 1
   c.suggest.attested_only = True

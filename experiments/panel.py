@@ -5,7 +5,8 @@
   python experiments/panel.py score --out=P --judgments=J1.json,J2.json
 
 `make` draws `--contexts` (session prefix -> next query) contexts of the validation split
-(seeded; none that the panel in --not_in showed), asks each suggester for its top 5 under the user-facing protocol, and writes
+(seeded; none that the panels of --not_in showed: a rule chosen on them is checked on
+others), asks each suggester for its top 5 under the user-facing protocol, and writes
 P/items.md (each context's session and its lists shuffled, named A, B, C, ... per context, no
 system named) for the judges, and P/key.json (which list is which system) for `score`.
 Suggesters: the workdir's pipeline with each setting of SUGGESTERS, and MPC (the training

@@ -138,12 +138,12 @@ def presented(ranked: Sequence[dict], so_far: Sequence[str], counts: popular.Log
   first) after the session `so_far`.
 
   With `attested_only`, none that the generator alone wrote unless `well_formed` (the log's
-  and the templates' candidates are queries or one edit of one). Then the first `session_first`
-  places go to the best `well_formed` candidates (the log holds them, or their word pairs and
-  their first and last words fit: no word salad), at most `unrelated_first` of them not `about_session` (head queries such as
-  "google"); where the session gives too few, the next well-formed ones in order fill the
-  places. The rest follow in the ranker's order, what is not well-formed last (recall kept
-  below what reads as a query)."""
+  and the templates' candidates are queries or one edit of one). Then the first
+  `session_first` places go to the best `well_formed` candidates (no word salad), at most
+  `unrelated_first` of them not `about_session` (head queries such as "google"); where the
+  session gives too few, the next well-formed ones in order fill the places. The rest follow
+  in the ranker's order, what is not well-formed last (recall kept below what reads as a
+  query)."""
   if attested_only:
     ranked = [c for c in ranked if set(c['sources']) != {'generate'}
               or well_formed(c['query'], counts, so_far)]
