@@ -144,14 +144,14 @@ def presented(ranked: Sequence[dict], so_far: Sequence[str], counts: popular.Log
   session gives too few, the next well-formed ones in order fill the places. The rest follow
   in the ranker's order, what is not well-formed last (recall kept below what reads as a
   query)."""
+  formed = {c['query']: well_formed(c['query'], counts, so_far) for c in ranked}
   if attested_only:
-    ranked = [c for c in ranked if set(c['sources']) != {'generate'}
-              or well_formed(c['query'], counts, so_far)]
+    ranked = [c for c in ranked if set(c['sources']) != {'generate'} or formed[c['query']]]
   if not session_first:
     return list(ranked)
   first, rest, malformed, unrelated = [], [], [], 0
   for c in ranked:
-    if not well_formed(c['query'], counts, so_far):
+    if not formed[c['query']]:
       malformed.append(c)
     elif len(first) == session_first:
       rest.append(c)
