@@ -1,6 +1,7 @@
 """The role packages' import contracts (.importlinter): dependencies point one way, no cycles."""
 
 import os
+import re
 import subprocess
 import sys
 
@@ -27,17 +28,21 @@ def documented_files() -> list[str]:
   return roots
 
 
-def test_every_module_path_the_docs_and_comments_name_exists():
-  """A file moved or retired leaves no pointer to it behind."""
-  import re  # pylint: disable=g-import-not-at-top
-  pattern = re.compile(r'\b((?:mtn_jax|launch|experiments|configs|tests)/[\w/]+\.(?:py|sh))\b')
-  missing = set()
+def named_in_documented_files(pattern: str):
+  """(file, line number, match) of every match of `pattern` in `documented_files`."""
+  compiled = re.compile(pattern)
   for name in documented_files():
     with open(os.path.join(REPO, name), encoding='utf-8') as f:
       for number, line in enumerate(f, 1):
-        for path in pattern.findall(line):
-          if not os.path.exists(os.path.join(REPO, path)):
-            missing.add(f'{name}:{number}: {path}')
+        for found in compiled.findall(line):
+          yield name, number, found
+
+
+def test_every_module_path_the_docs_and_comments_name_exists():
+  """A file moved or retired leaves no pointer to it behind."""
+  missing = {f'{name}:{number}: {path}' for name, number, path in named_in_documented_files(
+      r'\b((?:mtn_jax|launch|experiments|configs|tests)/[\w/]+\.(?:py|sh))\b')
+             if not os.path.exists(os.path.join(REPO, path))}
   assert not missing, sorted(missing)
 
 
@@ -85,20 +90,15 @@ def dotted_reference_problem(reference: str) -> str | None:
 def test_every_dotted_module_reference_names_something():
   """`mtn_jax.package.module` and `mtn_jax.module.name` in docstrings, comments and docs
   follow a move as the slash paths do."""
-  import re  # pylint: disable=g-import-not-at-top
   assert dotted_reference_problem('mtn_jax.inference.retrieval.candidate_cache') is None
   assert dotted_reference_problem('mtn_jax.tasks.base.ScoresPool.score_pool') is None
   assert dotted_reference_problem('mtn_jax.hypotheses') is not None
   assert dotted_reference_problem('mtn_jax.models.base.nothing_here') is not None
-  pattern = re.compile(r'\bmtn_jax(?:\.\w+)+')
   stale = set()
-  for name in documented_files():
-    with open(os.path.join(REPO, name), encoding='utf-8') as f:
-      for number, line in enumerate(f, 1):
-        for reference in pattern.findall(line):
-          problem = dotted_reference_problem(reference)
-          if problem:
-            stale.add(f'{name}:{number}: {reference} ({problem})')
+  for name, number, reference in named_in_documented_files(r'\bmtn_jax(?:\.\w+)+'):
+    problem = dotted_reference_problem(reference)
+    if problem:
+      stale.add(f'{name}:{number}: {reference} ({problem})')
   assert not stale, sorted(stale)
 
 
