@@ -16,6 +16,7 @@ import pytest
 
 from configs import default
 from mtn_jax import models
+from mtn_jax.data.vocab import BOS_ID
 from mtn_jax.data.vocab import EOS_ID
 from mtn_jax.data.vocab import PAD_ID
 from mtn_jax.data.vocab import SPECIAL_TOKENS
@@ -152,6 +153,46 @@ def test_scores_are_length_normalised_teacher_forced_log_probs(searched):
   log_probs = search.sequence_log_prob(model, params, memory, sequences)
   expected = search.length_normalize(log_probs, search.sequence_lengths(sequences), ALPHA)
   np.testing.assert_allclose(beams[1].reshape(-1, BEAM), expected, atol=1e-4, rtol=0)
+
+
+def test_sequences_side_by_side_score_as_each_alone(searched):
+  """Every row's hypotheses laid side by side in one decoder row (`packed_token_log_probs`,
+  as the learned ranker scores its candidates) get exactly the log-probabilities each gets
+  alone (`sequence_log_prob`), padding at the row's end included; a recurrent model, which
+  cannot mask sequences apart, takes one a row and refuses segments."""
+  model, params, memory, beams = searched
+  sequences = np.asarray(beams[0].reshape(-1, BEAM, MAX_LEN))
+  alone = np.asarray(search.sequence_log_prob(model, params, memory, jnp.asarray(sequences)))
+  lengths = np.asarray(search.sequence_lengths(sequences))
+  assert len(set(lengths.ravel())) > 1
+  packs = model.packs_sequences
+  width = BEAM * MAX_LEN + 3 if packs else MAX_LEN
+  rows, spans = [], []  # rows: (memory row, inputs, targets, segments)
+  for n in range(len(sequences)):
+    for k in range(BEAM):
+      if packs and k:
+        _, inputs, targets, segments = rows[-1]
+      else:
+        inputs, targets, segments = [], [], []
+        rows.append((n, inputs, targets, segments))
+      tokens = list(sequences[n, k, :lengths[n, k]])
+      spans.append((n, k, len(rows) - 1, len(targets), len(targets) + len(tokens)))
+      segments += [k + 1 if packs else 1] * len(tokens)
+      inputs += [BOS_ID, *tokens[:-1]]
+      targets += tokens
+  arrays = [np.zeros((len(rows), width), np.int32) for _ in range(3)]
+  for r, (_, *values) in enumerate(rows):
+    for array, value in zip(arrays, values):
+      array[r, :len(value)] = value
+  rows_memory = jax.tree.map(lambda x: x[np.array([r[0] for r in rows])], memory)
+  packed = np.asarray(search.packed_token_log_probs(model, params, rows_memory, *arrays))
+  assert (packed[arrays[2] == 0] == 0).all()
+  for n, k, r, start, end in spans:
+    np.testing.assert_allclose(packed[r, start:end].sum(), alone[n, k], atol=1e-4, rtol=1e-5)
+  if not packs:
+    with pytest.raises(ValueError, match='one sequence per row'):
+      model.apply({'params': params}, rows_memory, arrays[0], method='decode',
+                  segments=arrays[2])
 
 
 def test_stops_at_end_token_or_max_len(searched):

@@ -445,6 +445,32 @@ def sequence_log_prob(model, params, memory: Memory, sequences: jax.Array) -> ja
   return jnp.where(counted, token_log_probs, 0.0).sum(-1).reshape(num_rows, per_row)
 
 
+def packed_token_log_probs(model, params, memory: Memory, inputs: jax.Array,
+                           targets: jax.Array, segments: jax.Array) -> jax.Array:
+  """Teacher-forced log-probabilities of sequences laid side by side, as `sequence_log_prob`
+  gives each alone.
+
+  Args:
+    model, params: as for `beam_search`; several sequences share a row only where the
+      model `packs_sequences` (else each row holds one, from position 0).
+    memory: leaves [N, ...], row n the context of every sequence of row n.
+    inputs: int [N, P], each sequence's decoder inputs (`<s>`, then its tokens but the last).
+    targets: int [N, P], each sequence's tokens (those that count in its score).
+    segments: int [N, P], the sequence of each position within its row, 1, 2, ...; 0 marks
+      padding.
+  Returns:
+    float32 [N, P]: log p(target | memory, the sequence's earlier tokens) under the full
+    softmax; 0 at padding.
+  """
+  packed = segments if model.packs_sequences else None
+  logits = model.apply({'params': params}, memory, inputs.astype(jnp.int32), method='decode',
+                       segments=packed)
+  log_probs = jax.nn.log_softmax(logits.astype(jnp.float32), axis=-1)
+  token_log_probs = jnp.take_along_axis(log_probs, targets[..., None].astype(jnp.int32),
+                                        axis=-1)[..., 0]
+  return jnp.where(segments > 0, token_log_probs, 0.0)
+
+
 # ---------------------------------------------------------------------------------------------
 # Sessions in, suggestions out
 

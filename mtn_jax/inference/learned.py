@@ -48,6 +48,7 @@ from mtn_jax import files
 from mtn_jax import inference
 from mtn_jax.data import preprocess
 from mtn_jax.data import sessions
+from mtn_jax.data.vocab import BOS_ID
 from mtn_jax.data.vocab import EOS_ID
 from mtn_jax.data.vocab import UNK_ID
 from mtn_jax.decoding import search
@@ -56,7 +57,6 @@ from mtn_jax.inference import sources as sources_lib
 from mtn_jax.inference.inputs import Context
 
 RANKER_DIR = 'ranker'
-CANDIDATE_BUCKET = 8  # candidate lists are padded to a multiple of this (fewer compilations)
 _SITE = re.compile(r'^(?:www\.)?(.+?)(?:\.(?:com|org|net))?$')
 
 
@@ -192,36 +192,90 @@ def _candidate_ids(vocab, text: str, copied: Sequence[str], length: int) -> list
   return ids[:length] + ([EOS_ID] if len(ids) < length else [])
 
 
-# Candidate sequences teacher-forced at a time: bounds the [sequences, tokens, vocabulary]
-# logits of one call.
-SCORED_SEQUENCES = 2048
+# The tokens of a packed row: the candidates after one memory row lie side by side in rows of
+# this many tokens (a model that `packs_sequences`), so that each row's memory is projected
+# once for a few dozen tokens rather than once per candidate, and a call computes the real
+# tokens rather than candidates padded to the longest.
+PACKED_TOKENS = 64
+# Tokens teacher-forced by one call, at most: bounds its [rows, tokens, vocabulary] logits. A
+# call takes as many packed rows as the batch has contexts (within this bound): a lone
+# request's candidates then fill a few calls of one row, and the padding of a call's last
+# row is all that is computed for nothing.
+SCORED_TOKENS = 4096
 
 
 @functools.partial(jax.jit, static_argnames=('model',))
-def _rows_log_probs(model, params, memory, rows: jax.Array, ids: jax.Array) -> jax.Array:
-  """`search.sequence_log_prob` of `ids` [R, K, L] given the memory's rows `rows` [R]."""
-  return search.sequence_log_prob(model, params, jax.tree.map(lambda x: x[rows], memory), ids)
+def _packed_log_probs(model, params, memory, rows: jax.Array, inputs: jax.Array,
+                      targets: jax.Array, segments: jax.Array) -> jax.Array:
+  """`search.packed_token_log_probs` of packed rows [C, P] given the memory's rows `rows` [C]."""
+  return search.packed_token_log_probs(model, params, jax.tree.map(lambda x: x[rows], memory),
+                                       inputs, targets, segments)
+
+
+@dataclasses.dataclass
+class _Packing:
+  """Token sequences laid side by side in rows of `width` tokens, each row after one memory
+  row; with `width` the longest sequence's length, one sequence a row."""
+
+  width: int
+  one_per_row: bool
+  inputs: list = dataclasses.field(default_factory=list)  # [rows] int lists
+  targets: list = dataclasses.field(default_factory=list)
+  segments: list = dataclasses.field(default_factory=list)
+  memory_rows: list = dataclasses.field(default_factory=list)
+  spans: list = dataclasses.field(default_factory=list)  # per sequence (row, start, end)
+
+  def add(self, memory_row: int, tokens: Sequence[int]) -> None:
+    """Appends a sequence (its tokens, those that count) read after `memory_row`."""
+    if (self.one_per_row or not self.memory_rows or self.memory_rows[-1] != memory_row
+        or len(self.targets[-1]) + len(tokens) > self.width):
+      self.inputs.append([])
+      self.targets.append([])
+      self.segments.append([])
+      self.memory_rows.append(memory_row)
+    row = len(self.targets) - 1
+    start = len(self.targets[row])
+    self.inputs[row] += [BOS_ID, *tokens[:-1]]
+    self.targets[row] += list(tokens)
+    self.segments[row] += [(self.segments[row][-1] + 1) if start else 1] * len(tokens)
+    self.spans.append((row, start, start + len(tokens)))
+
+  def arrays(self) -> tuple[np.ndarray, ...]:
+    """(inputs, targets, segments) int32 [rows, width], memory rows int32 [rows]."""
+    def padded(lists):
+      out = np.zeros((len(lists), self.width), np.int32)
+      for row, values in enumerate(lists):
+        out[row, :len(values)] = values
+      return out
+    return (padded(self.inputs), padded(self.targets), padded(self.segments),
+            np.asarray(self.memory_rows, np.int32))
 
 
 def candidate_log_probs(trained: inference.Trained, contexts: Sequence[Context],
                         candidates: Sequence[Sequence[Sequence[str]]], *, positions: str,
-                        batch_rows: int, width: int = 1, history_queries: int = 0,
+                        batch_rows: int, history_queries: int = 0,
                         widths: Sequence[int] | None = None) -> list[list[np.ndarray]]:
   """The generator's teacher-forced log-probability of given candidates.
+
+  The candidates after one context lie side by side in packed rows (`PACKED_TOKENS`), scored
+  a fixed number of rows a call (one compiled shape per batch shape, whatever the candidates'
+  number and lengths).
 
   Args:
     trained: a generative model.
     contexts: the sessions.
     candidates: [context][output position] candidate texts.
     positions: 'last' or 'all', as for `sources.generated`.
-    batch_rows: contexts per batch; width: candidates per position are padded to a multiple
-      of this (one compiled shape per batch shape when it holds every list).
+    batch_rows: contexts per batch.
   Returns:
     [context][output position] float32 [candidates, 2]: the sum of log p over the
     candidate's tokens and `</s>` (`_candidate_ids`), and that sum per token.
   """
   task, params, vocab = trained.task, trained.params, trained.vocab
   length = trained.cfg.target_len
+  packs = task.model.packs_sequences
+  width = max(PACKED_TOKENS, length) if packs else length
+  chunk = max(1, min(SCORED_TOKENS // width, batch_rows if packs else 64 * batch_rows))
   out: list = [None] * len(contexts)
   for group, group_contexts, batch, lengths in sources_lib.batches(
       trained, contexts, batch_rows, widths, history_queries):
@@ -230,45 +284,36 @@ def candidate_log_probs(trained: inference.Trained, contexts: Sequence[Context],
       rows = np.arange(batch_rows) * num_queries + lengths - 1
     else:
       rows = np.arange(batch_rows * num_queries)
-    most = max((len(c) for i in group for c in candidates[i]), default=1)
-    k = -(-max(most, 1, width) // CANDIDATE_BUCKET) * CANDIDATE_BUCKET
-    ids = np.zeros((len(rows), k, length), np.int32)
-    where = {}
+    packing = _Packing(width, one_per_row=not packs)
     for row, (i, context) in enumerate(zip(group, group_contexts)):
       first = len(context.queries) - 1 if positions == 'last' else context.first_output
       copied = trained.copied_words(context.queries)
       for p, texts in enumerate(candidates[i]):
-        if not texts:
-          continue
-        t = first + p
-        r = row if positions == 'last' else row * num_queries + t
-        where[(i, p)] = r
-        for j, text in enumerate(texts):
-          tokens = _candidate_ids(vocab, text, copied, length)
-          ids[r, j, :len(tokens)] = tokens
-    if not where:  # nothing to score in this batch
-      for i in group:
-        out[i] = [np.zeros((0, 2), np.float32) for _ in candidates[i]]
-      continue
-    memory = search.encode_sessions(task.model, params,
-                                    {key: batch[key] for key in task.input_keys},
-                                    rows.astype(np.int32))
-    # The rows that hold candidates, `chunk` a call, the last call padded with its last row:
-    # one compiled shape per (memory rows, k).
-    real = np.asarray(sorted(set(where.values())), np.int32)
-    chunk = max(1, min(len(rows), SCORED_SEQUENCES // k))
-    sums = np.zeros((len(rows), k), np.float32)
-    for start in range(0, len(real), chunk):
-      take = real[np.minimum(np.arange(start, start + chunk), len(real) - 1)]
-      got = np.asarray(_rows_log_probs(task.model, params, memory, take, ids[take]))
-      sums[take] = got
-    counted = (np.cumsum(ids == EOS_ID, axis=-1) == 0).sum(-1) + (ids == EOS_ID).any(-1)
-    per_token = sums / np.maximum(counted, 1.0)
-    for i, context in zip(group, group_contexts):
-      out[i] = [np.stack([sums[where[(i, p)], :len(texts)],
-                          per_token[where[(i, p)], :len(texts)]], axis=-1)
-                if texts else np.zeros((0, 2), np.float32)
-                for p, texts in enumerate(candidates[i])]
+        r = row if positions == 'last' else row * num_queries + first + p
+        for text in texts:
+          packing.add(r, _candidate_ids(vocab, text, copied, length))
+    if packing.spans:
+      memory = search.encode_sessions(task.model, params,
+                                      {key: batch[key] for key in task.input_keys},
+                                      rows.astype(np.int32))
+      inputs, targets, segments, memory_rows = packing.arrays()
+      token_log_probs = np.zeros(targets.shape, np.float32)
+      # `chunk` packed rows a call, the last call padded with its last row.
+      for start in range(0, len(targets), chunk):
+        take = np.minimum(np.arange(start, start + chunk), len(targets) - 1)
+        token_log_probs[take] = np.asarray(_packed_log_probs(
+            task.model, params, memory, memory_rows[take], inputs[take], targets[take],
+            segments[take]))
+    spans = iter(packing.spans)
+    for i in group:
+      out[i] = []
+      for texts in candidates[i]:
+        values = np.zeros((len(texts), 2), np.float32)
+        for j in range(len(texts)):
+          row, begin, end = next(spans)
+          values[j, 0] = token_log_probs[row, begin:end].sum()
+          values[j, 1] = values[j, 0] / (end - begin)
+        out[i].append(values)
   return out
 
 
@@ -418,7 +463,7 @@ class LearnedRanker:
 def lists_and_features(trained: inference.Trained, contexts: Sequence[Context],
                        candidate_sources: Sequence[sources_lib.Source],
                        counts: popular.LogCounts, *, positions: str, batch_rows: int,
-                       max_candidates: int = 1, history_queries: int = 0,
+                       history_queries: int = 0,
                        widths: Sequence[int] | None = None, drop_session: bool = False,
                        keep=None):
   """The sources' lists and every position's `Pool` for `contexts`.
@@ -440,10 +485,9 @@ def lists_and_features(trained: inference.Trained, contexts: Sequence[Context],
   if keep is not None:
     texts = [[at if keep(i, p, at) else [] for p, at in enumerate(lists)]
              for i, lists in enumerate(texts)]
-  # Every pool padded to `max_candidates` (the most the sources give): one compiled shape.
   scored = candidate_log_probs(trained, contexts, texts, positions=positions,
-                               batch_rows=batch_rows, width=max_candidates,
-                               history_queries=history_queries, widths=widths)
+                               batch_rows=batch_rows, history_queries=history_queries,
+                               widths=widths)
   pools = [[Pool(texts[i][p], features(texts[i][p], {n: by_source[n][i][p] for n in names},
                                        so_far[i][p], firsts[i] + p + contexts[i].first_position,
                                        counts, scored[i][p], names, trained.vocab))
@@ -549,7 +593,7 @@ def cross_fitted_groups(config: ml_collections.ConfigDict, workdir: str, log=pri
       some = contexts[start:start + part]
       by_source, pools = lists_and_features(
           trained, some, candidate_sources, counts, positions='all',
-          batch_rows=config.decode.batch_sessions, max_candidates=sum(n for _, n in plan),
+          batch_rows=config.decode.batch_sessions,
           drop_session=True, keep=lambda i, p, texts, some=some: some[i].references[p] in texts)
       for i, context in enumerate(some):
         for p, pool in enumerate(pools[i]):

@@ -504,8 +504,7 @@ class Pipeline:
     s = self.settings
     by_source, pools = learned.lists_and_features(
         self.trained, contexts, self.sources, self.log_counts, positions=positions,
-        batch_rows=batch_rows, max_candidates=sum(k for _, k in self.ranker.sources),
-        history_queries=s.history_queries, widths=widths)
+        batch_rows=batch_rows, history_queries=s.history_queries, widths=widths)
     so_far = inference_sources.sessions_so_far(contexts, positions)
     # One prediction over every position's candidates (a batch), split back by position.
     flat = [pool for context_pools in pools for pool in context_pools]

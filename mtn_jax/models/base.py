@@ -257,15 +257,29 @@ class SessionModel(nn.Module):
     del hidden, memory
     return {}
 
+  # Whether a decoder row may hold several sequences side by side (`decode`'s `segments`):
+  # an attention decoder masks them apart; a recurrent one would carry its state across.
+  packs_sequences = False
+
   def decode(self, memory, decoder_inputs: jax.Array, *, train: bool = False,
-             decode: bool = False) -> jax.Array:
+             decode: bool = False, segments: jax.Array | None = None) -> jax.Array:
     """Memory of N rows, decoder_inputs int32 [N, T'] -> float32 scores [N, T', V']
     (`output_scores`).
 
     With `decode`, the call that creates the 'cache' collection (inputs [N, max_len])
     computes as without it; later calls take one step [N, 1] each and continue from it.
+    With `segments` int32 [N, T'] (a model that `packs_sequences`), row n holds several
+    sequences, each starting with `<s>`: segments[n, t] numbers the sequence position t
+    belongs to (0: padding), and each is scored as if it were alone after memory row n.
     """
-    hidden = self.decode_hidden(memory, decoder_inputs, train=train, decode=decode)
+    if segments is None:
+      hidden = self.decode_hidden(memory, decoder_inputs, train=train, decode=decode)
+    elif not self.packs_sequences:
+      raise ValueError(f'{type(self).__name__} reads one sequence per row: it takes no '
+                       'segments')
+    else:
+      hidden = self.decode_hidden(memory, decoder_inputs, train=train, decode=decode,
+                                  segments=segments)
     return self.output_scores(hidden, memory, decode=decode)
 
   def _pairs(self, batch: Batch, train: bool):

@@ -130,9 +130,13 @@ class EncoderDecoder(SessionModel):
     gate, scores = self.copy_head(hidden, memory)
     return {'gate': gate, 'copy_scores': scores, 'copy_ids': memory['copy_ids']}
 
+  packs_sequences = True
+
   def decode_hidden(self, memory: dict[str, jax.Array], decoder_inputs: jax.Array, *,
-                    train: bool = False, decode: bool = False) -> jax.Array:
-    """memory rows [N, ...], decoder_inputs int32 [N, T'] -> hidden [N, T', d].
+                    train: bool = False, decode: bool = False,
+                    segments: jax.Array | None = None) -> jax.Array:
+    """memory rows [N, ...], decoder_inputs int32 [N, T'] -> hidden [N, T', d]; `segments`
+    int32 [N, T'] as for `SessionModel.decode`.
 
     A copied word outside the vocabulary (an extended id, fed back by the search) is read as
     `<unk>`: the decoder's word table has no row for it.
@@ -141,7 +145,7 @@ class EncoderDecoder(SessionModel):
       decoder_inputs = jnp.where(decoder_inputs < self.config.vocab_size, decoder_inputs,
                                  UNK_ID)
     return self.decoder(memory['tokens'], memory['mask'], decoder_inputs, train=train,
-                        decode=decode)
+                        decode=decode, segments=segments)
 
   def output_modules(self) -> tuple[nn.Module, ...]:
     return (self.decoder_table,) if self.config.tie_embeddings else (self.output_projection,)

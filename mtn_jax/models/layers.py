@@ -98,6 +98,25 @@ def causal_mask(length: int) -> jax.Array:
   return jnp.tril(jnp.ones((length, length), dtype=bool))[None, None]
 
 
+def packed_positions_and_mask(segments: jax.Array) -> tuple[jax.Array, jax.Array]:
+  """Sequences laid side by side in a row, each read as if alone.
+
+  Args:
+    segments: int [B, T], each position's sequence within its row (a sequence's positions
+      are consecutive; 0 marks padding, which nothing real attends to).
+  Returns:
+    (positions int32 [B, T]: each position's index within its own sequence,
+     self-attention mask bool [B, 1, T, T]: causal within the sequence).
+  """
+  length = segments.shape[-1]
+  index = jnp.arange(length, dtype=jnp.int32)
+  starts = jnp.concatenate([jnp.ones_like(segments[:, :1], dtype=bool),
+                            segments[:, 1:] != segments[:, :-1]], axis=1)
+  first = jax.lax.cummax(jnp.where(starts, index, 0), axis=1)
+  same = segments[:, :, None] == segments[:, None, :]
+  return index - first, (same & causal_mask(length)[0])[:, None]
+
+
 def padding_mask(valid: jax.Array) -> jax.Array:
   """bool [B, 1, 1, L] from `valid` bool [B, L]: attend only to real keys."""
   return valid[:, None, None, :]
@@ -400,6 +419,10 @@ class Decoder(nn.Module):
   reaches a real position, and the teacher-forced pass is exactly the step-by-step decode.
   With `decode`, see `Attention`: the first call (inputs [B, max_len]) creates the cache,
   then each call takes [B, 1]; the next position is kept in the cache too.
+  With `segments` int [B, T] (not when decoding), a row holds several sequences side by side
+  (`packed_positions_and_mask`), each computed exactly as alone in a row of its own: scoring
+  many candidates after one memory row then projects that row's memory once per row, not
+  once per candidate.
   """
 
   config: TransformerConfig
@@ -407,10 +430,14 @@ class Decoder(nn.Module):
 
   @nn.compact
   def __call__(self, memory: jax.Array, memory_mask: jax.Array, decoder_inputs: jax.Array, *,
-               train: bool, decode: bool) -> jax.Array:
+               train: bool, decode: bool, segments: jax.Array | None = None) -> jax.Array:
     cfg = self.config
     length = decoder_inputs.shape[-1]
-    positions = jnp.arange(length)
+    positions, self_mask = jnp.arange(length), causal_mask(length)
+    if segments is not None:
+      if decode:
+        raise ValueError('packed sequences (segments) are read whole, not decoded step by step')
+      positions, self_mask = packed_positions_and_mask(segments)
     if decode:
       initialized = self.has_variable('cache', 'next_position')
       next_position = self.variable('cache', 'next_position', lambda: jnp.array(0, jnp.int32))
@@ -423,5 +450,4 @@ class Decoder(nn.Module):
                              name='positions')(positions)
     x = Dropout(cfg.dropout, deterministic=not train)(x)
     return LayerStack(cfg, cfg.decoder_layers, cross_attention=True, name='stack')(
-        x, causal_mask(length), memory, padding_mask(memory_mask), train=train,
-        decode=decode)
+        x, self_mask, memory, padding_mask(memory_mask), train=train, decode=decode)
