@@ -189,13 +189,16 @@ def fused_layer_norm(x: jax.Array, scale: jax.Array, bias: jax.Array, *,
 
   The kernel reduces in float32 and keeps each row's mean and reciprocal deviation for its
   backward pass in x's dtype. `interpret` runs the kernel's program on any backend (slowly),
-  for tests.
+  for tests. JAX 0.11 deprecates this module for the tokamax package's layer norm, which is
+  not among this project's requirements.
   """
   # Imported here: Pallas' Triton module is only needed where the choice is made.
   from jax.experimental.pallas.ops.gpu import layer_norm as pallas_layer_norm  # pylint: disable=g-import-not-at-top
   shape = x.shape
-  # The kernel maps over two leading axes.
-  rows = x.reshape(1, -1, shape[-1])
+  # The kernel maps over two leading axes, which become its grid: keep the second short (a
+  # query's tokens, a decoder's positions), the second and third axes of a GPU's grid being
+  # limited to 65,535 blocks.
+  rows = x.reshape(-1, shape[-2], shape[-1]) if x.ndim >= 3 else x[None]
   out = pallas_layer_norm.layer_norm(rows, scale, bias, eps=LAYER_NORM_EPSILON,
                                      interpret=interpret)
   return out.reshape(shape)
