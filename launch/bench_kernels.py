@@ -16,8 +16,9 @@ values, 'base' for ''), and for the learning comparison `--corpus` (a workdir wh
    runs of `--steps` steps of each variant in turn, so that every variant sees the same
    state of the machine; the median run counts. A variant that fails to build or compile
    (a CPU refuses the GPU-only kernels) is reported with its error and the others go on.
-   MFU from the executed FLOPs of the base step (`bench_train.step_flops`): every variant
-   does the model's arithmetic.
+   MFU from the executed FLOPs of the base step (`bench_train.step_flops`, or
+   `--executed_flops` where another run counted them): every variant does the model's
+   arithmetic.
 2. Learning (with `--corpus`): the training split's sessions of at least `--bucket` queries,
    cut to their first `--bucket`, in a seeded order, in batches of the bucket's shape (ids
    beyond the model's vocabulary read as `<unk>`), trained `--learn_steps` steps from the
@@ -65,6 +66,9 @@ _CORPUS = flags.DEFINE_string('corpus', '', 'A workdir with a prepared corpus: t
                               'sessions for the learning comparison (empty: none).')
 _LEARN_STEPS = flags.DEFINE_integer('learn_steps', 300, 'Steps of each learning run.')
 _LEARN_WINDOW = flags.DEFINE_integer('learn_window', 25, 'Steps per mean of the loss curves.')
+_EXECUTED_FLOPS = flags.DEFINE_float(
+    'executed_flops', 0.0, "The base step's executed FLOPs on this batch, when known (another "
+    "run's bench_train --json, 'flops_per_step'); 0: counted here (two lowerings of the step).")
 
 LEARN_VARIANT = 'bf16_head_grads'
 
@@ -116,7 +120,8 @@ def window_means(losses: list[float], window: int) -> list[float]:
 
 def measure(config, *, vocab_size: int, batch_queries: int, bucket: int, variants: list[str],
             steps: int, repeats: int, seed: int, peak_flops_override: float, corpus: str,
-            learn_steps: int, learn_window: int) -> dict[str, Any]:
+            learn_steps: int, learn_window: int, executed_flops: float = 0.0
+            ) -> dict[str, Any]:
   cfg = models.make_config(config.model, vocab_size=vocab_size,
                            max_query_words=config.data.max_query_words)
   if 'kernels' not in cfg.field_names():
@@ -137,7 +142,7 @@ def measure(config, *, vocab_size: int, batch_queries: int, bucket: int, variant
         results[v]['error'] = f'{type(e).__name__}: {str(e).splitlines()[0][:300]}'
         print(f'{v}: failed: {results[v]["error"]}', flush=True)
   built_s = time.perf_counter() - started
-  flops = bench_train.step_flops(cfg, config, queries)['executed']
+  flops = executed_flops or bench_train.step_flops(cfg, config, queries)['executed']
   _, _, weights = models.decoder_io(queries)
   pairs = rows * (bucket - 1)
   for _ in range(repeats):
@@ -242,7 +247,8 @@ def main(argv):
       config, vocab_size=vocab_size, batch_queries=batch_queries, bucket=_BUCKET.value,
       variants=_VARIANTS.value, steps=flags.FLAGS.steps, repeats=flags.FLAGS.repeats,
       seed=flags.FLAGS.seed, peak_flops_override=flags.FLAGS.peak_flops,
-      corpus=_CORPUS.value, learn_steps=_LEARN_STEPS.value, learn_window=_LEARN_WINDOW.value)
+      corpus=_CORPUS.value, learn_steps=_LEARN_STEPS.value, learn_window=_LEARN_WINDOW.value,
+      executed_flops=_EXECUTED_FLOPS.value)
   print_report(report['kernels'])
   if flags.FLAGS.json:
     with open(flags.FLAGS.json, 'w', encoding='utf-8') as f:

@@ -30,7 +30,10 @@
 # A row runs if 60 % of its limit is left of the budget, for at most its limit or what is left;
 # one that fails or runs out of time is recorded and the next one runs. Programs compiled by
 # one row are read back by the next ones (JAX_COMPILATION_CACHE_DIR in the work folder, kept
-# between runs on the same machine, as are the generated logs). Nothing is downloaded: the
+# between runs on the same machine, as are the generated logs). ROWS='e_epoch c_cudnn_norm'
+# runs only those rows (and the data they need, unless an earlier run left it), keeping the
+# other rows' figures from an earlier run on the same machine in the report: the rows a first
+# run had no time for, or a row again after a change. Nothing is downloaded: the
 # missing Python packages come from `.whl/` (launch/gpu_wheels.sh), the data is synthesised.
 # OUTDIR gets three files: rows.md (a table per row, with the device, date and command),
 # rows.json (every figure) and logs.tar.gz (each row's log and JSON).
@@ -43,7 +46,16 @@ mkdir -p "$out"
 out=$(cd "$out" && pwd)
 work=${GPU_ROWS_WORK:-/tmp/gpu_rows}
 mkdir -p "$work"
-rm -f "$work"/*.log "$work"/*.json "$work/steps.tsv"
+rows=${ROWS:-}
+wanted() { [[ -z $rows || " $rows " == *" $1 "* ]]; }
+if [[ -z $rows ]]; then
+  rm -f "$work"/*.log "$work"/*.json "$work/steps.tsv"
+else
+  for name in $rows; do
+    rm -f "$work/$name.log" "$work/$name.json"
+    [[ -f $work/steps.tsv ]] && sed -i "/^$name\t/d" "$work/steps.tsv"
+  done
+fi
 export JAX_COMPILATION_CACHE_DIR=$work/jax_cache
 export PYTHONUNBUFFERED=1
 py=${PYTHON:-python3}
@@ -68,13 +80,18 @@ PY
 } >"$work/machine.txt" 2>&1
 cat "$work/machine.txt"
 
+fits() { (( budget - SECONDS >= $1 * 6 / 10 )); }  # fits SECONDS: 60 % of them are left
+skip() {  # skip NAME LIMIT COMMAND: recorded as skipped
+  printf '%s\tskipped\t0\t%s\t%s\n' "$1" "$2" "$3" >>"$work/steps.tsv"
+  echo "== $1 skipped: $((budget - SECONDS)) s left of ${budget}, it needs about $(($2 * 6 / 10))"
+}
 row() {  # row NAME LIMIT COMMAND...: COMMAND under a limit, if it fits; logged and recorded.
   local name=$1 limit=$2
   shift 2
+  [[ -n ${FORCE:-} ]] || wanted "$name" || return 98
   local left=$((budget - SECONDS))
-  if (( left < limit * 6 / 10 )); then
-    printf '%s\tskipped\t0\t%s\t%s\n' "$name" "$limit" "$*" >>"$work/steps.tsv"
-    echo "== $name skipped: ${left} s left of ${budget}, it needs about $((limit * 6 / 10))"
+  if ! fits "$limit"; then
+    skip "$name" "$limit" "$*"
     return 99
   fi
   (( limit > left )) && limit=$left
@@ -125,41 +142,76 @@ serve_model=(--config=configs/aol.py:small --config.data.raw_files="$work/corpus
              --config.suggest.strategy=blend --config.serve.prepare_after_train=False)
 if [[ $rehearse == 1 ]]; then serve_model+=(--config.model.max_session_queries=8); fi
 
+# The data rows run when a row that reads their output runs and no earlier run left it.
+need_corpus() { wanted bc_kernels || wanted d_serve; }
+
 row a_step 170 "$py" launch/bench_train.py "${model[@]}" "${sizes[@]}" --session_lengths=4 \
   "${a_runs[@]}" --pipeline_sessions=0 "${peer[@]}" --json="$work/a_step.json"
 row a_profile 90 "$py" launch/profile_step.py "${model[@]}" "${sizes[@]}" --bucket=4 \
   --steps="$profile_steps" --top=30 --json="$work/a_profile.json"
-if [[ ! -f $work/corpus/lines.txt || $(cat "$work/corpus/lines.txt") != "$corpus_lines" ]]; then
-  rm -rf "$work/corpus"
-  row corpus 60 "$py" launch/bench_preprocess.py --lines="$corpus_lines" --files="$files" \
-    --write_workers="$files" --keep="$work/corpus" --json="$work/corpus.json" \
-    && echo "$corpus_lines" >"$work/corpus/lines.txt"
-else
-  printf '%s\tkept\t0\t0\t%s\n' corpus "the log and corpus of an earlier run" >>"$work/steps.tsv"
+if need_corpus; then
+  if [[ ! -f $work/corpus/lines.txt || $(cat "$work/corpus/lines.txt") != "$corpus_lines" ]]; then
+    rm -rf "$work/corpus"
+    FORCE=1 row corpus 60 "$py" launch/bench_preprocess.py --lines="$corpus_lines" \
+      --files="$files" --write_workers="$files" --keep="$work/corpus" \
+      --json="$work/corpus.json" && echo "$corpus_lines" >"$work/corpus/lines.txt"
+  else
+    sed -i '/^corpus\t/d' "$work/steps.tsv" 2>/dev/null
+    printf '%s\tkept\t0\t0\t%s\n' corpus "the log and corpus of an earlier run" \
+      >>"$work/steps.tsv"
+  fi
 fi
+# The base step's FLOPs as a_step counted them, if it did: the same step on the same batch.
+flops=$("$py" -c 'import json, sys
+print(json.load(open(sys.argv[1]))["train"]["epoch_mix"]["jax"]["flops_per_step"])' \
+  "$work/a_step.json" 2>/dev/null || echo 0)
 row bc_kernels 170 "$py" launch/bench_kernels.py "${model[@]}" "${sizes[@]}" --bucket=4 \
-  "${kernel_runs[@]}" --corpus="$work/corpus/run" --json="$work/bc_kernels.json"
-rm -rf "$work/serve_workdir"
-row d_train 120 "$py" -m mtn_jax.main --mode=train --workdir="$work/serve_workdir" \
-  "${serve_model[@]}" "${serve_train[@]}"
+  "${kernel_runs[@]}" --corpus="$work/corpus/run" --executed_flops="$flops" \
+  --json="$work/bc_kernels.json"
 sets=()
 for setting in "${serve_model[@]:1}"; do sets+=("--set=${setting#--config.}"); done
-row d_serve 150 "$py" launch/bench_serve.py --workdir="$work/serve_workdir" \
-  --config=configs/aol.py:small "${sets[@]}" --set=serve.warm_up_background=False \
-  "${serve_load[@]}" --half_saturation --json="$work/d_serve.json"
-if [[ ! -f $work/e_log/lines.txt || $(cat "$work/e_log/lines.txt") != "$e_lines" ]]; then
-  rm -rf "$work/e_log"
-  row e_preprocess 100 "$py" launch/bench_preprocess.py --lines="$e_lines" --files="$files" \
-    --write_workers="$files" --keep="$work/e_log" --json="$work/e_preprocess.json" \
-    && echo "$e_lines" >"$work/e_log/lines.txt" && cp "$work/e_preprocess.json" "$work/e_log/"
-else
-  cp "$work/e_log/e_preprocess.json" "$work/"
-  printf '%s\tkept\t0\t0\t%s\n' e_preprocess "the log and corpus of an earlier run" \
-    >>"$work/steps.tsv"
+serve=("$py" launch/bench_serve.py --workdir="$work/serve_workdir" --config=configs/aol.py:small
+       "${sets[@]}" --set=serve.warm_up_background=False "${serve_load[@]}" --half_saturation
+       --json="$work/d_serve.json")
+if wanted d_serve; then
+  # The workdir is trained only if the service's row fits after it.
+  if fits $((120 + 150)); then
+    rm -rf "$work/serve_workdir"
+    if FORCE=1 row d_train 120 "$py" -m mtn_jax.main --mode=train \
+        --workdir="$work/serve_workdir" "${serve_model[@]}" "${serve_train[@]}"; then
+      row d_serve 150 "${serve[@]}"
+    else
+      skip d_serve 150 "no trained workdir: ${serve[*]}"
+    fi
+  else
+    skip d_train $((120 + 150)) "a trained workdir, with d_serve after it"
+    skip d_serve 150 "${serve[*]}"
+  fi
 fi
-row e_epoch 150 "$py" launch/bench_epoch.py "${model[@]}" "${sizes[@]}" \
-  --workdir="$work/e_log/run" --preprocess_json="$work/e_preprocess.json" \
-  --target_lines="$target_lines" --slice_steps="$slice_steps" --json="$work/e_epoch.json"
+epoch=("$py" launch/bench_epoch.py "${model[@]}" "${sizes[@]}" --workdir="$work/e_log/run"
+       --preprocess_json="$work/e_preprocess.json" --target_lines="$target_lines"
+       --slice_steps="$slice_steps" --json="$work/e_epoch.json")
+e_kept=0
+[[ -f $work/e_log/lines.txt && $(cat "$work/e_log/lines.txt") == "$e_lines" ]] && e_kept=1
+if wanted e_epoch && (( e_kept == 0 )) && ! fits $((100 + 150)); then
+  # The log is written only if the epoch's row fits after it.
+  skip e_preprocess $((100 + 150)) "a 40th of the ten-times log, with e_epoch after it"
+  skip e_epoch 150 "${epoch[*]}"
+elif wanted e_epoch; then
+  if (( e_kept == 0 )); then
+    rm -rf "$work/e_log"
+    FORCE=1 row e_preprocess 100 "$py" launch/bench_preprocess.py --lines="$e_lines" \
+      --files="$files" --write_workers="$files" --keep="$work/e_log" \
+      --json="$work/e_preprocess.json" \
+      && echo "$e_lines" >"$work/e_log/lines.txt" && cp "$work/e_preprocess.json" "$work/e_log/"
+  elif ! grep -q "^e_preprocess	" "$work/steps.tsv" 2>/dev/null; then
+    # Measured by an earlier run on this machine: its figures stand.
+    cp "$work/e_log/e_preprocess.json" "$work/"
+    printf '%s\tkept\t0\t0\t%s\n' e_preprocess "the log and corpus of an earlier run" \
+      >>"$work/steps.tsv"
+  fi
+  row e_epoch 150 "${epoch[@]}"
+fi
 row c_cudnn_norm 90 env XLA_FLAGS="${XLA_FLAGS:+$XLA_FLAGS }--xla_gpu_enable_cudnn_layer_norm=true" \
   "$py" launch/bench_train.py "${model[@]}" "${sizes[@]}" --session_lengths=4 "${a_runs[@]}" \
   --pipeline_sessions=0 --json="$work/c_cudnn_norm.json"
