@@ -65,6 +65,8 @@ def pct(x) -> str:
 
 
 def verdict(ok: bool | None) -> str:
+  if _REHEARSE.value:
+    return 'not judged in a rehearsal'
   return 'n/a' if ok is None else ('**met**' if ok else '**not met**')
 
 
