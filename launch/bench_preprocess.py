@@ -46,6 +46,11 @@ _ORDER = flags.DEFINE_enum('order', 'sorted', ['sorted', 'shuffled'],
                            'sorted: by AnonID then time, like AOL; shuffled: random order.')
 _SEED = flags.DEFINE_integer('seed', 0, 'Seed of the synthetic log.')
 _KEEP = flags.DEFINE_string('keep', '', 'Write the log and corpus here and keep them.')
+_WRITE_WORKERS = flags.DEFINE_integer(
+    'write_workers', 1, 'Processes writing the synthetic log\'s files side by side (> 1: each '
+    'file draws from a random stream of its own, so the log differs from one written by one '
+    'process with the same seed).')
+_JSON = flags.DEFINE_string('json', '', 'Also write the figures to this JSON file.')
 _LOGS = flags.DEFINE_string('logs', '', 'Benchmark these AOL-format logs (a glob or a comma-'
                             'separated list, e.g. the real collection) instead of a synthetic one.')
 
@@ -102,22 +107,50 @@ def _user_lines(rng: np.random.Generator, users: np.ndarray, pool: np.ndarray,
           for u, q, s, r, url, c in zip(user_ids, texts, stamps, ranks, line_url, clicked)]
 
 
-def write_log(folder: str, num_lines: int, num_files: int, order: str, seed: int) -> None:
-  """Writes a synthetic log of about `num_lines` lines as `folder/log-NN.tsv.gz`."""
+_HEADER = 'AnonID\tQuery\tQueryTime\tItemRank\tClickURL'
+_URLS = 5_000
+
+
+def _write_file(folder: str, i: int, lines: list[str], order: str,
+                rng: np.random.Generator) -> None:
+  if order == 'shuffled':
+    lines = [lines[j] for j in rng.permutation(len(lines))]
+  with gzip.open(os.path.join(folder, f'log-{i:02d}.tsv.gz'), 'wt', encoding='utf-8',
+                 compresslevel=6) as f:
+    f.write(_HEADER + '\n')
+    f.write('\n'.join(lines) + '\n')
+
+
+def _write_one_file(args) -> None:
+  """One file of a log written by several processes: the query pool of `seed` (the same in
+  every process), this file's users, lines from this file's own random stream."""
+  folder, i, users, order, seed, stream = args
+  pool = _query_pool(np.random.default_rng(seed), 1_000_000)
+  urls = np.array([f'http://www.site{k}.com' for k in range(_URLS)])
+  rng = np.random.default_rng(stream)
+  _write_file(folder, i, _user_lines(rng, users, pool, urls), order, rng)
+
+
+def write_log(folder: str, num_lines: int, num_files: int, order: str, seed: int,
+              workers: int = 1) -> None:
+  """Writes a synthetic log of about `num_lines` lines as `folder/log-NN.tsv.gz`, with
+  `workers` > 1 that many files at a time, each in a process of its own."""
   rng = np.random.default_rng(seed)
+  if workers > 1:
+    user_ids = np.sort(rng.choice(25_000_000, max(num_lines // _LINES_PER_USER, 1),
+                                  replace=False))
+    streams = np.random.SeedSequence(seed).spawn(num_files)
+    jobs = [(folder, i, users, order, seed, streams[i])
+            for i, users in enumerate(np.array_split(user_ids, num_files))]
+    with multiprocessing.get_context('spawn').Pool(min(workers, num_files)) as pool:
+      pool.map(_write_one_file, jobs, chunksize=1)
+    return
   pool = _query_pool(rng, 1_000_000)
-  urls = np.array([f'http://www.site{i}.com' for i in range(5_000)])
+  urls = np.array([f'http://www.site{i}.com' for i in range(_URLS)])
   user_ids = np.sort(rng.choice(25_000_000, max(num_lines // _LINES_PER_USER, 1),
                                 replace=False))
-  header = 'AnonID\tQuery\tQueryTime\tItemRank\tClickURL'
   for i, users in enumerate(np.array_split(user_ids, num_files)):
-    lines = _user_lines(rng, users, pool, urls)
-    if order == 'shuffled':
-      lines = [lines[j] for j in rng.permutation(len(lines))]
-    with gzip.open(os.path.join(folder, f'log-{i:02d}.tsv.gz'), 'wt', encoding='utf-8',
-                   compresslevel=6) as f:
-      f.write(header + '\n')
-      f.write('\n'.join(lines) + '\n')
+    _write_file(folder, i, _user_lines(rng, users, pool, urls), order, rng)
 
 
 def _prepare_and_measure(raw_files: str, workdir: str, connection) -> None:
@@ -141,13 +174,17 @@ def main(argv):
   folder = _KEEP.value or tempfile.mkdtemp(prefix='bench_preprocess_')
   os.makedirs(folder, exist_ok=True)
   try:
+    write_s = None
     if _LOGS.value:
       raw_files, source = _LOGS.value, f'given ({_LOGS.value})'
     else:
       started = time.perf_counter()
-      write_log(folder, _LINES.value, _FILES.value, _ORDER.value, _SEED.value)
+      write_log(folder, _LINES.value, _FILES.value, _ORDER.value, _SEED.value,
+                _WRITE_WORKERS.value)
       raw_files = os.path.join(folder, 'log-*.tsv.gz')
-      source = f'synthetic, {_ORDER.value} (written in {time.perf_counter() - started:.0f} s)'
+      write_s = time.perf_counter() - started
+      source = (f'synthetic, {_ORDER.value} (written in {write_s:.0f} s by '
+                f'{_WRITE_WORKERS.value} process(es))')
     paths = aol_log.expand_paths(raw_files)
     log_bytes = sum(os.path.getsize(p) for p in paths)
     workers = (min(len(paths), os.cpu_count() or 1)
@@ -184,6 +221,20 @@ def main(argv):
             f'{(result["self_kib"] + workers * result["worker_kib"]) / 2**20:.2f} GiB together')
     else:
       print(f'peak RSS: {result["self_kib"] / 2**20:.2f} GiB (read in the main process)')
+    if _JSON.value:
+      with open(_JSON.value, 'w', encoding='utf-8') as f:
+        json.dump({'date': datetime.datetime.now().astimezone().isoformat(timespec='seconds'),
+                   'command': ' '.join(['python', 'launch/bench_preprocess.py', *sys.argv[1:]]),
+                   'cores': os.cpu_count(), 'source': source, 'write_s': write_s,
+                   'files': len(paths), 'log_bytes': log_bytes, 'lines': num_lines,
+                   'readers': workers, 'prepare_s': wall, 'lines_per_s': num_lines / wall,
+                   'cpu_s': {'main': result['self_cpu'], 'readers': result['worker_cpu']},
+                   'peak_rss_gib': {'main': result['self_kib'] / 2**20,
+                                    'reader': result['worker_kib'] / 2**20},
+                   'workdir': os.path.join(folder, 'run'),
+                   'stats': {k: v for k, v in stats.items() if k != 'vocab'}},
+                  f, indent=2, sort_keys=True, default=str)
+      print(f'wrote {_JSON.value}')
   finally:
     if not _KEEP.value:
       shutil.rmtree(folder, ignore_errors=True)

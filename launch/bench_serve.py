@@ -23,7 +23,9 @@ sessions, cut at random positions, are the requests.
    contexts in this process through `Pipeline.suggest` (batches of config.decode.batch_sessions,
    as `--mode=decode` runs them), after one untimed warm-up pass: contexts/s, the median of
    three passes.
-Out: the table on stdout, with the machine, the config and the date. The client and the
+With `--half_saturation`, half the most answered per second is offered once more after the
+rates: the tail target's load. Out: the table on stdout (`--json`: the figures too), with
+the machine, the config and the date. The client and the
 service share the machine's cores: on a small machine the client's own CPU time is part of
 what limits the rate.
 """
@@ -73,6 +75,11 @@ _OFFLINE_BATCHES = flags.DEFINE_list(
     'offline_batches', [], 'Offline batch sizes to measure besides config.decode.batch_sessions '
     '(e.g. the service\'s max_batch: on a CPU a beam search over small batches can be faster, '
     'its rows ending sooner).')
+_HALF_SATURATION = flags.DEFINE_bool(
+    'half_saturation', False, 'After the rates: half the most answered per second at any of '
+    'them offered once more, for the tail target (p99 there against the first rate\'s p50, '
+    'the lone request\'s when that rate is low).')
+_JSON = flags.DEFINE_string('json', '', 'Also write the figures to this JSON file.')
 _SEED = flags.DEFINE_integer('seed', 0, 'Seed of the sessions chosen and the arrival times.')
 _CPU_DEVICES = flags.DEFINE_integer('cpu_devices', None, 'JAX CPU devices of the service and '
                                     'the offline run (--cpu_devices of the command line; '
@@ -306,6 +313,17 @@ def main(argv):
       r = rows[-1]
       r['rss'] = resident_mib(service.process.pid)
       print(f'  {rate:g}/s: {r["ok"]}/{r["sent"]} answered, p50 {r["p50"]:.1f} ms', flush=True)
+    if _HALF_SATURATION.value and rows:
+      saturation = max(r['throughput'] for r in rows)
+      rows.append(asyncio.run(offer(service.url, sessions, saturation / 2, _SECONDS.value,
+                                    config.serve.deadline_ms / 1000, rng)))
+      rows[-1].update(rss=resident_mib(service.process.pid),
+                      rate=f'{saturation / 2:.4g}, half saturation')
+      tail = {'lone_p50_ms': rows[0]['p50'], 'saturation_per_s': saturation,
+              'half_saturation_p99_ms': rows[-1]['p99']}
+      tail['p99_over_lone_p50'] = tail['half_saturation_p99_ms'] / max(rows[0]['p50'], 1e-9)
+      print(f'  half saturation ({saturation / 2:.4g}/s): p99 {rows[-1]["p99"]:.1f} ms = '
+            f'{tail["p99_over_lone_p50"]:.2f}x the p50 at {rows[0]["rate"]}/s', flush=True)
     if _FAULTS_RATE.value:
       # A reload (SIGHUP) a third of the way in, then a drain (SIGTERM) half-way through:
       # under load neither may fail a request (a 503 after the drain began is a refusal).
@@ -337,14 +355,32 @@ def main(argv):
            if r['mean_batch'] else '- | - | - | -')
     print(f'| {r["rate"]} | {r["sent"]} | {r["throughput"]:.1f} | {r["p50"]:.1f} | '
           f'{r["p95"]:.1f} | {r["p99"]:.1f} | {statuses} | {own} | {rss} |')
+  offline_rows = []
   if _OFFLINE.value:
     batches = [config.decode.batch_sessions, *(int(b) for b in _OFFLINE_BATCHES.value)]
-    for o in offline(config, workdir, sessions[:_OFFLINE.value], batches):
+    offline_rows = offline(config, workdir, sessions[:_OFFLINE.value], batches)
+    for o in offline_rows:
       how = ('as --mode=decode' if o['batch'] == config.decode.batch_sessions else
              f'--config.decode.batch_sessions={o["batch"]}')
       print(f'Offline (Pipeline.suggest, batches of {o["batch"]}, {how}; median of 3 passes): '
             f'{o["contexts"]} contexts in {o["seconds"]:.2f} s = {o["rate"]:.1f} contexts/s.')
   print(f'Load average after: {" ".join(f"{x:.1f}" for x in os.getloadavg())}')
+  if _JSON.value:
+    saturation = max((r['throughput'] for r in rows), default=0.0)
+    report = {'date': datetime.datetime.now().astimezone().isoformat(timespec='seconds'),
+              'command': ' '.join(['python', 'launch/bench_serve.py', *sys.argv[1:]]),
+              'workdir': workdir, 'config': _CONFIG.value, 'set': _SET.value,
+              'cores': os.cpu_count(), 'serve': config.serve.to_dict(),
+              'seconds_per_rate': _SECONDS.value, 'rows': rows, 'offline': offline_rows,
+              'saturation_per_s': saturation}
+    if offline_rows:
+      report['saturation_over_offline'] = {
+          str(o['batch']): saturation / o['rate'] for o in offline_rows}
+    if _HALF_SATURATION.value and rows:
+      report['tail'] = tail
+    with open(_JSON.value, 'w', encoding='utf-8') as f:
+      json.dump(report, f, indent=2, sort_keys=True)
+    print(f'wrote {_JSON.value}')
 
 
 if __name__ == '__main__':

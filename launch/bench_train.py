@@ -251,7 +251,10 @@ def step_flops(model_cfg: ModelConfig, config: ml_collections.ConfigDict,
       device group, as `losses.output_layer_losses` does), each costing the per-slot cost
       (from the two lowerings) times its slots. GFLOP/s and MFU use this count.
   """
-  task = tasks.make_task(model_cfg.replace(scan_layers=False), config.train)
+  # Kernel choices outside XLA (cuDNN, Pallas) lower for a GPU only; the arithmetic counted
+  # is the model's either way.
+  plain = {'kernels': ''} if 'kernels' in model_cfg.field_names() else {}
+  task = tasks.make_task(model_cfg.replace(scan_layers=False, **plain), config.train)
   optimizer = train.make_optimizer(config.train, config.model.get('d_model'))
   mesh = parallel.make_mesh()
   cpus = jax.devices('cpu')
@@ -318,6 +321,7 @@ class JaxStep:
     self.mesh = parallel.make_mesh()
     self.steps_per_call = steps_per_call
     optimizer = train.make_optimizer(config.train, config.model.get('d_model'))
+    self._optimizer = optimizer
     self.state = train.create_state(task, optimizer, seed, self.mesh)
     replicated = parallel.replicated(self.mesh)
     one_step = step_function(task, optimizer)
@@ -344,17 +348,31 @@ class JaxStep:
                 self._batch_sharding, np.stack([value] * self.steps_per_call))
             for name, value in inputs.items()}
 
-  def compile(self, batch: dict[str, jax.Array]) -> float:
-    """Compiles the step for this batch shape and runs it once; returns the compile seconds."""
+  def compile(self, batch: dict[str, jax.Array], run: bool = True) -> float:
+    """Compiles the step for this batch shape and, with `run`, runs it once; returns the
+    compile seconds. Several shapes may compile side by side in threads with `run=False`
+    (a run replaces the state, which the threads share)."""
     start = time.perf_counter()
     self._compiled[batch['queries'].shape] = self._step.lower(self.state, batch).compile()
     seconds = time.perf_counter() - start
-    self.run(batch, self.steps_per_call)
+    if run:
+      self.run(batch, self.steps_per_call)
     return seconds
 
   def compiled_text(self, batch: dict[str, jax.Array]) -> str:
     """The optimised HLO of the step compiled for this batch shape."""
     return self._compiled[batch['queries'].shape].as_text()
+
+  def reset(self, seed: int) -> None:
+    """A fresh initial state for `seed` (parameters, optimizer, dropout key); the compiled
+    programs stay."""
+    self.state = train.create_state(self.task, self._optimizer, seed, self.mesh)
+
+  def step(self, batch: dict[str, jax.Array]) -> dict[str, jax.Array]:
+    """One call of the program compiled for this batch's shape (dispatched, not waited
+    for); its sums (loss, tokens, ...)."""
+    self.state, sums = self._compiled[batch['queries'].shape](self.state, batch)
+    return sums
 
   def run(self, batch: dict[str, jax.Array], steps: int) -> tuple[float, float]:
     """(wall, process CPU) seconds per step over `steps` steps (a multiple of the steps per

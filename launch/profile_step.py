@@ -15,7 +15,8 @@ backward pass) to one part: embeddings, query encoder, session level, decoder, o
 and loss, dropout masks, optimizer update, or "no op_name" (copies and buffer initialisation
 that XLA adds, such as the stacked activations a scanned layer stack saves for the backward
 pass); forward and backward apart. Then the `--top` most expensive operations with their
-shapes and op_names. `--trace_dir` keeps the trace for TensorBoard or Perfetto.
+shapes and op_names. `--trace_dir` keeps the trace for TensorBoard or Perfetto; `--json`
+writes the figures.
 """
 
 from __future__ import annotations
@@ -346,6 +347,14 @@ def main(argv):
   for op in result['ops'][:_TOP.value]:
     print(f'{op["us"] / 1e3:8.2f}  {op["op"][:40]:<40} {op["shape"][:34]:<34} '
           f'{op["op_name"][-110:]}')
+  if flags.FLAGS.json:
+    with open(flags.FLAGS.json, 'w', encoding='utf-8') as f:
+      json.dump({'date': time.strftime('%Y-%m-%dT%H:%M:%S%z'),
+                 'command': bench_train.command_line('launch/profile_step.py'),
+                 'machine': machine, 'vocab_size': vocab_size,
+                 'profile': {**result, 'ops': result['ops'][:_TOP.value]}},
+                f, indent=2, sort_keys=True)
+    print(f'wrote {flags.FLAGS.json}')
   if not _TRACE_DIR.value:
     import shutil  # pylint: disable=g-import-not-at-top
     shutil.rmtree(trace_dir, ignore_errors=True)

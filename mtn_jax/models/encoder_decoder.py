@@ -64,9 +64,7 @@ class EncoderDecoder(SessionModel):
     if not cfg.tie_embeddings:
       self.output_projection = nn.Dense(
           cfg.vocab_size, dtype=cfg.dtype, param_dtype=jnp.float32,
-          dot_general=functools.partial(jax.lax.dot_general,
-                                        preferred_element_type=jnp.float32),
-          name='logits')
+          dot_general=layers.head_dot_general(cfg), name='logits')
     if cfg.copy:
       self.copy_head = copying.CopyHead(cfg.d_model, cfg.dtype)
     if cfg.user_memory != 'none':

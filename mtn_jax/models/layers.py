@@ -17,6 +17,9 @@ Shapes: `B` batch rows, `T` query (target) positions, `L` key/value (source) pos
   (memory [B, L, d], memory mask [B, L], decoder inputs int [B, T]) -> hidden [B, T, d].
 - `loop_to_scan_params` / `scan_to_loop_params` convert parameter trees between the two
   layer-stack layouts, so a checkpoint trained with one runs with the other.
+- `KERNELS`: the GPU kernel choices of `config.model.kernels` (cuDNN attention, a fused
+  layer norm, the loss head's gradient products in bfloat16), each a change of how a step
+  runs, none of the parameters.
 """
 
 from __future__ import annotations
@@ -61,6 +64,9 @@ class TransformerConfig(ModelConfig):
   # 'zero_attention', with its attention's hidden units; checkpoints from before it have none.
   user_memory: str = 'none'
   attention_hidden: int = 8
+  # Kernel choices for a GPU (`KERNELS`), comma-separated; '' runs XLA's own kernels
+  # throughout. Checkpoints from before the choice existed have none.
+  kernels: str = ''
 
   @property
   def extended_vocab_size(self) -> int:
@@ -69,7 +75,8 @@ class TransformerConfig(ModelConfig):
     extra = self.max_session_queries * self.max_query_words if self.copy else 0
     return self.vocab_size + extra
 
-  RUNTIME_FIELDS = ModelConfig.RUNTIME_FIELDS + ('remat', 'scan_layers', 'scan_unroll')
+  RUNTIME_FIELDS = ModelConfig.RUNTIME_FIELDS + ('remat', 'scan_layers', 'scan_unroll',
+                                                 'kernels')
   HAS_USER_MEMORY = True
 
   @classmethod
@@ -81,10 +88,53 @@ class TransformerConfig(ModelConfig):
       raise errors.ConfigError(f'config.model.num_heads ({model.num_heads}) must divide '
                                f'config.model.d_model ({model.d_model})')
     check_choice(model, 'remat', ('none', *REMAT_POLICIES))
+    chosen = kernel_set(model.get('kernels', ''))
+    unknown = sorted(chosen - set(KERNELS))
+    if unknown:
+      raise errors.ConfigError(f'config.model.kernels: unknown {", ".join(map(repr, unknown))} '
+                               f'(comma-separated, of {", ".join(KERNELS)}; \'\' for none)')
+    for kernel in sorted(chosen & set(BFLOAT16_KERNELS)):
+      if model.compute_dtype != 'bfloat16':
+        raise errors.ConfigError(f'config.model.kernels={kernel!r} needs '
+                                 "config.model.compute_dtype='bfloat16', got "
+                                 f'{model.compute_dtype!r}')
+
+  def uses(self, kernel: str) -> bool:
+    """Whether `config.model.kernels` chooses `kernel` (one of `KERNELS`)."""
+    return kernel in kernel_set(self.kernels)
 
   @classmethod
   def copies(cls, model) -> bool:
     return bool(model.copy)
+
+
+# What `config.model.kernels` may choose, each measured alone on a GPU against XLA's own
+# kernels (launch/bench_kernels.py):
+#  'cudnn_attention': `jax.nn.dot_product_attention` through cuDNN's fused kernel, its
+#    sequences padded to even lengths (cuDNN refuses odd ones once a masked attention is
+#    differentiated);
+#  'fused_norm': every layer norm through JAX's Pallas Triton kernel (one kernel for the
+#    forward pass, two for the backward) instead of XLA's fusions;
+#  'bf16_head_grads': the output layer's two gradient products (the logits' gradient times
+#    the weights, and times the decoder states) in bfloat16 instead of float32, as PyTorch's
+#    autocast runs them; the logits and the loss stay float32.
+# The first two need an NVIDIA GPU (a CPU run refuses them), the first and last bfloat16.
+KERNELS = ('cudnn_attention', 'fused_norm', 'bf16_head_grads')
+BFLOAT16_KERNELS = ('cudnn_attention', 'bf16_head_grads')
+
+
+def kernel_set(kernels: str) -> frozenset[str]:
+  """The choices of a `config.model.kernels` value ('a,b')."""
+  return frozenset(k.strip() for k in kernels.split(',') if k.strip())
+
+
+def require_gpu(kernel: str) -> None:
+  """Refuses, at trace time, a GPU-only kernel choice on another backend."""
+  backend = jax.default_backend()
+  if backend != 'gpu':
+    raise errors.ConfigError(f'config.model.kernels={kernel!r} runs on an NVIDIA GPU only; '
+                             f"this run's JAX backend is {backend!r}: leave it out of "
+                             'config.model.kernels')
 
 
 REMAT_POLICIES = {
@@ -138,9 +188,53 @@ def _dense(config: TransformerConfig, features, **kwargs) -> nn.DenseGeneral:
   return nn.DenseGeneral(features, dtype=config.dtype, param_dtype=jnp.float32, **kwargs)
 
 
-def layer_norm(config: TransformerConfig, name: str) -> nn.LayerNorm:
+# nn.LayerNorm's default, which `FusedLayerNorm` keeps.
+LAYER_NORM_EPSILON = 1e-6
+
+
+def layer_norm(config: TransformerConfig, name: str) -> nn.Module:
+  """nn.LayerNorm, or with the 'fused_norm' kernel choice `FusedLayerNorm`: the same
+  parameters ('scale', 'bias') and function."""
+  if config.uses('fused_norm'):
+    return FusedLayerNorm(dtype=config.dtype, name=name)
   # Flax reduces the statistics in float32 even for bfloat16 inputs.
-  return nn.LayerNorm(dtype=config.dtype, param_dtype=jnp.float32, name=name)
+  return nn.LayerNorm(epsilon=LAYER_NORM_EPSILON, dtype=config.dtype, param_dtype=jnp.float32,
+                      name=name)
+
+
+def fused_layer_norm(x: jax.Array, scale: jax.Array, bias: jax.Array, *,
+                     interpret: bool = False) -> jax.Array:
+  """Layer norm of x [..., d] over its last axis by JAX's Pallas Triton kernel, in x's dtype.
+
+  The kernel reduces in float32 and keeps each row's mean and reciprocal deviation for its
+  backward pass in x's dtype. `interpret` runs the kernel's program on any backend (slowly),
+  for tests. JAX 0.11 deprecates this module for the tokamax package's layer norm, which is
+  not among this project's requirements.
+  """
+  # Imported here: Pallas' Triton module is only needed where the choice is made.
+  from jax.experimental.pallas.ops.gpu import layer_norm as pallas_layer_norm  # pylint: disable=g-import-not-at-top
+  shape = x.shape
+  # The kernel maps over two leading axes, which become its grid: keep the second short (a
+  # query's tokens, a decoder's positions), the second and third axes of a GPU's grid being
+  # limited to 65,535 blocks.
+  rows = x.reshape(-1, shape[-2], shape[-1]) if x.ndim >= 3 else x[None]
+  out = pallas_layer_norm.layer_norm(rows, scale, bias, eps=LAYER_NORM_EPSILON,
+                                     interpret=interpret)
+  return out.reshape(shape)
+
+
+class FusedLayerNorm(nn.Module):
+  """nn.LayerNorm's parameters and function through `fused_layer_norm` (a GPU only)."""
+
+  dtype: Any
+
+  @nn.compact
+  def __call__(self, x: jax.Array) -> jax.Array:
+    require_gpu('fused_norm')
+    features = x.shape[-1]
+    scale = self.param('scale', nn.initializers.ones, (features,), jnp.float32)
+    bias = self.param('bias', nn.initializers.zeros, (features,), jnp.float32)
+    return fused_layer_norm(x.astype(self.dtype), scale, bias)
 
 
 def _logits_dot(lhs: jax.Array, rhs: jax.Array, contract_rhs: int) -> jax.Array:
@@ -151,6 +245,64 @@ def _logits_dot(lhs: jax.Array, rhs: jax.Array, contract_rhs: int) -> jax.Array:
   """
   return jax.lax.dot_general(lhs, rhs, (((lhs.ndim - 1,), (contract_rhs,)), ((), ())),
                              preferred_element_type=jnp.float32)
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(2,))
+def _logits_dot_low_precision_grads(lhs: jax.Array, rhs: jax.Array, contract_rhs: int
+                                    ) -> jax.Array:
+  """`_logits_dot`, whose backward pass multiplies the output's gradient in the inputs'
+  dtype (bfloat16) rather than in float32.
+
+  By default JAX differentiates the float32 output into a float32 gradient, and so runs both
+  gradient products (with the weights, with the inputs) as float32 matrix products, the
+  slowest kind on a GPU. Here the gradient is rounded to the inputs' dtype first, as PyTorch's
+  autocast does; the products still accumulate in float32, and their results are rounded to
+  the inputs' dtype (the weights' gradient too, as autocast's).
+  """
+  return _logits_dot(lhs, rhs, contract_rhs)
+
+
+def _low_precision_grads_fwd(lhs, rhs, contract_rhs):
+  return _logits_dot(lhs, rhs, contract_rhs), (lhs, rhs)
+
+
+def _low_precision_grads_bwd(contract_rhs, residuals, g):
+  lhs, rhs = residuals
+  g = g.astype(lhs.dtype)
+  d_lhs = jax.lax.dot_general(g, rhs, (((g.ndim - 1,), (1 - contract_rhs,)), ((), ())),
+                              preferred_element_type=jnp.float32)  # [..., k]
+  lead = tuple(range(lhs.ndim - 1))
+  operands = (lhs, g) if contract_rhs == 0 else (g, lhs)  # rhs [k, n] or [n, k]
+  d_rhs = jax.lax.dot_general(*operands, ((lead, lead), ((), ())),
+                              preferred_element_type=jnp.float32)
+  return d_lhs.astype(lhs.dtype), d_rhs.astype(rhs.dtype)
+
+
+_logits_dot_low_precision_grads.defvjp(_low_precision_grads_fwd, _low_precision_grads_bwd)
+
+
+def logits_dot(config: TransformerConfig) -> Callable[[jax.Array, jax.Array, int], jax.Array]:
+  """The output layer's product (lhs [..., k], rhs 2-D, contract_rhs) -> float32, as the
+  'bf16_head_grads' kernel choice has it."""
+  if config.uses('bf16_head_grads'):
+    return _logits_dot_low_precision_grads
+  return _logits_dot
+
+
+def head_dot_general(config: TransformerConfig) -> Callable[..., jax.Array]:
+  """`nn.Dense`'s `dot_general` for an output layer: float32 accumulation and output, and with
+  'bf16_head_grads' bfloat16 gradient products (`_logits_dot_low_precision_grads`)."""
+  if not config.uses('bf16_head_grads'):
+    return functools.partial(jax.lax.dot_general, preferred_element_type=jnp.float32)
+
+  def dot_general(lhs, rhs, dimension_numbers, precision=None, **unused):
+    del precision, unused
+    if (tuple(map(tuple, dimension_numbers[0])) != ((lhs.ndim - 1,), (0,))
+        or rhs.ndim != 2 or any(dimension_numbers[1])):
+      raise ValueError(f'an output layer contracts its input\'s last axis with the kernel\'s '
+                       f'first, got {dimension_numbers}')
+    return _logits_dot_low_precision_grads(lhs, rhs, 0)
+  return dot_general
 
 
 class WordEmbedding(nn.Module):
@@ -182,12 +334,12 @@ class WordEmbedding(nn.Module):
   def attend(self, y: jax.Array) -> jax.Array:
     """Tied output layer: [..., d_model] -> float32 logits [..., vocab]."""
     dtype = self.config.dtype
+    product = logits_dot(self.config)
     y = y.astype(dtype)
     if self.config.emb_dim != self.config.d_model:
-      y = _logits_dot(y, self.projection.astype(dtype), contract_rhs=1).astype(dtype)
+      y = product(y, self.projection.astype(dtype), 1).astype(dtype)
     # Rows of the table have unit variance: rescale so logits start at unit variance too.
-    return _logits_dot(y, self.table.astype(dtype), contract_rhs=1) / np.sqrt(
-        self.config.d_model)
+    return product(y, self.table.astype(dtype), 1) / np.sqrt(self.config.d_model)
 
 
 class PositionEncoding(nn.Module):
@@ -213,6 +365,29 @@ class PositionEncoding(nn.Module):
     table = self.param('positions', nn.initializers.normal(stddev=0.02),
                        (self.max_len, cfg.d_model), jnp.float32)
     return jnp.take(table, positions, axis=0).astype(cfg.dtype)
+
+
+def even_length_attention(query: jax.Array, key: jax.Array, value: jax.Array, mask: jax.Array,
+                          *, implementation: str) -> jax.Array:
+  """`jax.nn.dot_product_attention` over query [B, T, h, k] and key/value [B, L, h, k] with T
+  and L padded to even lengths: a padded key is masked out, a padded query row repeats the
+  mask of the last real one and is dropped from the output [B, T, h, k].
+
+  The same function as without the padding wherever a row may attend to some key; a row that
+  may attend to none (padding) averages the values, the padded one too.
+  """
+  length, keys = query.shape[1], key.shape[1]
+  pad_rows, pad_keys = length % 2, keys % 2
+  if pad_rows or pad_keys:
+    mask = jnp.broadcast_to(mask, mask.shape[:2] + (mask.shape[2], keys))
+    pad = lambda x, n: jnp.pad(x, ((0, 0), (0, n), (0, 0), (0, 0)))
+    query, key, value = pad(query, pad_rows), pad(key, pad_keys), pad(value, pad_keys)
+    if mask.shape[2] == length and pad_rows:
+      mask = jnp.pad(mask, ((0, 0), (0, 0), (0, pad_rows), (0, 0)), mode='edge')
+    mask = jnp.pad(mask, ((0, 0), (0, 0), (0, 0), (0, pad_keys)), constant_values=False)
+  out = jax.nn.dot_product_attention(query, key, value, mask=mask,
+                                     implementation=implementation)
+  return out[:, :length]
 
 
 class Attention(nn.Module):
@@ -249,11 +424,16 @@ class Attention(nn.Module):
       value = project(name='value')(inputs_kv)
       if self.decode:
         key, value, mask = self._update_cache(key, value, mask)
-    # XLA's implementation, not cuDNN's fused kernel: the sequences are short (a query's <= 11
-    # tokens, a session's few queries), where a flash kernel saves little, and cuDNN refuses
-    # odd lengths only when a masked attention is differentiated, after the forward pass was
-    # accepted -- which stopped bfloat16 training on an H200 (docs/PERFORMANCE.md).
-    out = jax.nn.dot_product_attention(query, key, value, mask=mask, implementation='xla')
+    # XLA's implementation unless 'cudnn_attention' is chosen: the sequences are short (a
+    # query's <= 11 tokens, a session's few queries), where a flash kernel may save little,
+    # and cuDNN refuses odd lengths only when a masked attention is differentiated, after the
+    # forward pass was accepted -- which stopped bfloat16 training on an H200
+    # (docs/PERFORMANCE.md); its path pads them.
+    if cfg.uses('cudnn_attention'):
+      require_gpu('cudnn_attention')
+      out = even_length_attention(query, key, value, mask, implementation='cudnn')
+    else:
+      out = jax.nn.dot_product_attention(query, key, value, mask=mask, implementation='xla')
     return _dense(cfg, cfg.d_model, axis=(-2, -1), name='out')(out)
 
   def _memory_keys_values(self, project_memory: Callable[[], tuple[jax.Array, jax.Array]]

@@ -1,0 +1,228 @@
+#!/usr/bin/env bash
+# The GPU rows of issue 45 in one go, on one GPU machine that reaches no package index, most
+# wanted first, within a time budget:
+#
+#   bash launch/gpu_wheels.sh                    # here, once: .whl/ (carry it to the machine)
+#   bash launch/gpu_rows.sh OUTDIR [SECONDS]     # there; SECONDS of wall time, default 480
+#   REHEARSE=1 PYTHON=.venv/bin/python bash launch/gpu_rows.sh OUTDIR   # every row, tiny, on a CPU
+#
+# Rows, each in a process of its own (a `configs/aol.py` step in bfloat16 unless said):
+#   a_step     the step on sessions of 4 queries, alternating with the PyTorch peer compiled
+#              with torch.compile in bfloat16 autocast: step ms, pairs/s, MFU (executed FLOPs),
+#              JAX / peer (launch/bench_train.py)
+#   a_profile  where the step's kernels spend their time, and the device's idle time
+#              (launch/profile_step.py)
+#   corpus     a synthetic AOL-format log of 1M lines, preprocessed: the data of the next rows
+#   bc_kernels XLA's kernels against each `config.model.kernels` choice alone (cuDNN attention,
+#              the Pallas layer norm, the loss head's gradient products in bfloat16), timed
+#              alternately in one process, and what the bfloat16 head gradients change in 300
+#              steps of training on the corpus against another seed's run
+#              (launch/bench_kernels.py)
+#   d_train    `configs/aol.py:small` trained briefly on the corpus (--mode=train): a workdir
+#   d_serve    the service on the GPU: a lone request's p50, loads up to saturation, half of it
+#              (the tail target), offline decoding of the same contexts (launch/bench_serve.py)
+#   e_preprocess  a 40th of a log ten times AOL's 36.4M lines written and preprocessed
+#   e_epoch    a slice of a training epoch through the real input pipeline on that corpus
+#              repeated to the ten-times size: its time, whether the device ever waits for
+#              input, and the projected preprocessing + epoch (launch/bench_epoch.py)
+#   c_cudnn_norm  XLA's flag that rewrites layer norms into cuDNN calls, against a_step's step
+#
+# A row runs if 60 % of its limit is left of the budget, for at most its limit or what is left;
+# one that fails or runs out of time is recorded and the next one runs. Programs compiled by
+# one row are read back by the next ones (JAX_COMPILATION_CACHE_DIR in the work folder, kept
+# between runs on the same machine, as are the generated logs). ROWS='e_epoch c_cudnn_norm'
+# runs only those rows (and the data they need, unless an earlier run left it), keeping the
+# other rows' figures from an earlier run on the same machine in the report: the rows a first
+# run had no time for, or a row again after a change. Nothing is downloaded: the
+# missing Python packages come from `.whl/` (launch/gpu_wheels.sh), the data is synthesised.
+# OUTDIR gets three files: rows.md (a table per row, with the device, date and command),
+# rows.json (every figure) and logs.tar.gz (each row's log and JSON).
+set -u
+out=${1:?usage: bash launch/gpu_rows.sh OUTDIR [SECONDS]}
+budget=${2:-480}
+rehearse=${REHEARSE:-0}
+cd "$(dirname "$0")/.."
+mkdir -p "$out"
+out=$(cd "$out" && pwd)
+work=${GPU_ROWS_WORK:-/tmp/gpu_rows}
+mkdir -p "$work"
+rows=${ROWS:-}
+wanted() { [[ -z $rows || " $rows " == *" $1 "* ]]; }
+if [[ -z $rows ]]; then
+  rm -f "$work"/*.log "$work"/*.json "$work/steps.tsv"
+else
+  for name in $rows; do
+    rm -f "$work/$name.log" "$work/$name.json"
+    [[ -f $work/steps.tsv ]] && sed -i "/^$name\t/d" "$work/steps.tsv"
+  done
+fi
+export JAX_COMPILATION_CACHE_DIR=$work/jax_cache
+export PYTHONUNBUFFERED=1
+py=${PYTHON:-python3}
+
+if [[ $rehearse == 0 ]] && compgen -G '.whl/*.whl' >/dev/null; then
+  "$py" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
+    --target /tmp/site .whl/*.whl && export PYTHONPATH=/tmp/site${PYTHONPATH:+:$PYTHONPATH}
+fi
+
+{ date -u +%Y-%m-%dT%H:%M:%SZ; uname -srm; nproc
+  nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader 2>/dev/null
+  "$py" - <<'PY'
+import importlib
+for name in ('jax', 'jaxlib', 'flax', 'optax', 'grain', 'torch'):
+  try:
+    print(name, importlib.import_module(name).__version__)
+  except Exception as e:  # pylint: disable=broad-except
+    print(name, 'missing:', type(e).__name__)
+import jax
+print('devices', jax.devices())
+PY
+} >"$work/machine.txt" 2>&1
+cat "$work/machine.txt"
+
+# A rehearsal's limits are LIMIT_SCALE (default 3) times the GPU's: a 2-core CPU shared with
+# other jobs compiles and trains the tiny models slower than a GPU machine the large ones.
+scale=${LIMIT_SCALE:-$(( rehearse == 1 ? 3 : 1 ))}
+fits() { (( budget - SECONDS >= $1 * scale * 6 / 10 )); }  # fits LIMIT: 60 % of it is left
+skip() {  # skip NAME LIMIT COMMAND [WHY]: recorded as skipped
+  printf '%s\tskipped\t0\t%s\t%s\n' "$1" "$(($2 * scale))" "$3" >>"$work/steps.tsv"
+  echo "== $1 skipped: ${4:-$((budget - SECONDS)) s left of ${budget}, it needs about $(($2 * scale * 6 / 10))}"
+}
+row() {  # row NAME LIMIT COMMAND...: COMMAND under a limit, if it fits; logged and recorded.
+  local name=$1 limit=$2
+  shift 2
+  [[ -n ${FORCE:-} ]] || wanted "$name" || return 98
+  local left=$((budget - SECONDS))
+  if ! fits "$limit"; then
+    skip "$name" "$limit" "$*"
+    return 99
+  fi
+  limit=$((limit * scale))
+  (( limit > left )) && limit=$left
+  local start=$SECONDS
+  echo "== $name (at most ${limit} s): $*"
+  timeout --signal=TERM --kill-after=10 "$limit" "$@" >"$work/$name.log" 2>&1
+  local rc=$?
+  printf '%s\t%s\t%s\t%s\t%s\n' "$name" "$rc" "$((SECONDS - start))" "$limit" "$*" \
+    >>"$work/steps.tsv"
+  echo "   rc=$rc after $((SECONDS - start)) s"
+  grep -vE '^[IW][0-9]{4} ' "$work/$name.log" | tail -n 12
+  return $rc
+}
+
+aol_lines=36389567
+if [[ $rehearse == 0 ]]; then
+  model=(--config=configs/aol.py --config.model.compute_dtype=bfloat16)
+  sizes=()
+  a_runs=(--steps=20 --repeats=3)
+  profile_steps=5
+  corpus_lines=1000000 files=16
+  kernel_runs=(--steps=20 --repeats=3 --learn_steps=300 --learn_window=25)
+  serve_train=(--config.train.max_steps=30)
+  serve_load=(--rates=5,200,800,3200 --seconds=5 --offline_contexts=512 --offline_batches=8)
+  target_lines=$((10 * aol_lines))
+  slice_steps=300
+else
+  # Every row once, tiny, on a CPU: the demo model, a small vocabulary and batch.
+  model=(--config=configs/demo.py --config.model.compute_dtype=bfloat16)
+  sizes=(--vocab_size=2000 --batch_queries=128)
+  a_runs=(--steps=2 --repeats=1)
+  profile_steps=2
+  corpus_lines=200000 files=2
+  kernel_runs=(--steps=2 --repeats=1 --learn_steps=20 --learn_window=5)
+  serve_train=(--config.train.max_steps=5 --config.input.train_queries_per_batch=64)
+  serve_load=(--rates=2,20 --seconds=2 --offline_contexts=16 --offline_batches=8
+              --set=serve.max_batch=2)
+  target_lines=$((4 * corpus_lines))
+  slice_steps=20
+fi
+e_lines=$((target_lines / 40))
+peer=(--peer --peer_modes=compiled)
+if ! "$py" -c 'import torch' 2>/dev/null; then
+  peer=()
+  echo "no torch here: a_step runs without the PyTorch peer"
+fi
+serve_model=(--config=configs/aol.py:small --config.data.raw_files="$work/corpus/log-*.tsv.gz"
+             --config.suggest.strategy=blend --config.serve.prepare_after_train=False)
+if [[ $rehearse == 1 ]]; then serve_model+=(--config.model.max_session_queries=8); fi
+
+# The data rows run when a row that reads their output runs and no earlier run left it.
+need_corpus() { wanted bc_kernels || wanted d_serve; }
+
+row a_step 170 "$py" launch/bench_train.py "${model[@]}" "${sizes[@]}" --session_lengths=4 \
+  "${a_runs[@]}" --pipeline_sessions=0 "${peer[@]}" --json="$work/a_step.json"
+row a_profile 90 "$py" launch/profile_step.py "${model[@]}" "${sizes[@]}" --bucket=4 \
+  --steps="$profile_steps" --top=30 --json="$work/a_profile.json"
+if need_corpus; then
+  if [[ ! -f $work/corpus/lines.txt || $(cat "$work/corpus/lines.txt") != "$corpus_lines" ]]; then
+    rm -rf "$work/corpus"
+    FORCE=1 row corpus 60 "$py" launch/bench_preprocess.py --lines="$corpus_lines" \
+      --files="$files" --write_workers="$files" --keep="$work/corpus" \
+      --json="$work/corpus.json" && echo "$corpus_lines" >"$work/corpus/lines.txt"
+  else
+    sed -i '/^corpus\t/d' "$work/steps.tsv" 2>/dev/null
+    printf '%s\tkept\t0\t0\t%s\n' corpus "the log and corpus of an earlier run" \
+      >>"$work/steps.tsv"
+  fi
+fi
+# The base step's FLOPs as a_step counted them, if it did: the same step on the same batch.
+flops=$("$py" -c 'import json, sys
+print(json.load(open(sys.argv[1]))["train"]["epoch_mix"]["jax"]["flops_per_step"])' \
+  "$work/a_step.json" 2>/dev/null || echo 0)
+row bc_kernels 170 "$py" launch/bench_kernels.py "${model[@]}" "${sizes[@]}" --bucket=4 \
+  "${kernel_runs[@]}" --corpus="$work/corpus/run" --executed_flops="$flops" \
+  --json="$work/bc_kernels.json"
+sets=()
+for setting in "${serve_model[@]:1}"; do sets+=("--set=${setting#--config.}"); done
+serve=("$py" launch/bench_serve.py --workdir="$work/serve_workdir" --config=configs/aol.py:small
+       "${sets[@]}" --set=serve.warm_up_background=False "${serve_load[@]}" --half_saturation
+       --json="$work/d_serve.json")
+if wanted d_serve; then
+  # The workdir is trained only if the service's row fits after it.
+  if fits $((120 + 150)); then
+    rm -rf "$work/serve_workdir"
+    if FORCE=1 row d_train 120 "$py" -m mtn_jax.main --mode=train \
+        --workdir="$work/serve_workdir" "${serve_model[@]}" "${serve_train[@]}"; then
+      row d_serve 150 "${serve[@]}"
+    else
+      skip d_serve 150 "${serve[*]}" 'd_train made no workdir'
+    fi
+  else
+    skip d_train $((120 + 150)) "a trained workdir, with d_serve after it"
+    skip d_serve 150 "${serve[*]}"
+  fi
+fi
+epoch=("$py" launch/bench_epoch.py "${model[@]}" "${sizes[@]}" --workdir="$work/e_log/run"
+       --preprocess_json="$work/e_preprocess.json" --target_lines="$target_lines"
+       --slice_steps="$slice_steps" --json="$work/e_epoch.json")
+e_kept=0
+[[ -f $work/e_log/lines.txt && $(cat "$work/e_log/lines.txt") == "$e_lines" ]] && e_kept=1
+if wanted e_epoch && (( e_kept == 0 )) && ! fits $((100 + 150)); then
+  # The log is written only if the epoch's row fits after it.
+  skip e_preprocess $((100 + 150)) "a 40th of the ten-times log, with e_epoch after it"
+  skip e_epoch 150 "${epoch[*]}"
+elif wanted e_epoch; then
+  if (( e_kept == 0 )); then
+    rm -rf "$work/e_log"
+    FORCE=1 row e_preprocess 100 "$py" launch/bench_preprocess.py --lines="$e_lines" \
+      --files="$files" --write_workers="$files" --keep="$work/e_log" \
+      --json="$work/e_preprocess.json" \
+      && echo "$e_lines" >"$work/e_log/lines.txt" && cp "$work/e_preprocess.json" "$work/e_log/"
+  elif ! grep -q "^e_preprocess	" "$work/steps.tsv" 2>/dev/null; then
+    # Measured by an earlier run on this machine: its figures stand.
+    cp "$work/e_log/e_preprocess.json" "$work/"
+    printf '%s\tkept\t0\t0\t%s\n' e_preprocess "the log and corpus of an earlier run" \
+      >>"$work/steps.tsv"
+  fi
+  row e_epoch 150 "${epoch[@]}"
+fi
+row c_cudnn_norm 90 env XLA_FLAGS="${XLA_FLAGS:+$XLA_FLAGS }--xla_gpu_enable_cudnn_layer_norm=true" \
+  "$py" launch/bench_train.py "${model[@]}" "${sizes[@]}" --session_lengths=4 "${a_runs[@]}" \
+  --pipeline_sessions=0 --json="$work/c_cudnn_norm.json"
+
+"$py" launch/gpu_rows_report.py --work="$work" --out="$out" --budget="$budget" \
+  --rehearse="$rehearse"
+tar -czf "$out/logs.tar.gz" -C "$work" machine.txt steps.tsv \
+  $(cd "$work" && ls *.log *.json 2>/dev/null)
+echo "== $((SECONDS)) s of ${budget}; wrote $out/rows.md, rows.json, logs.tar.gz"
+cat "$out/rows.md"
