@@ -1,7 +1,7 @@
 """A blind panel of suggestion lists (../shared/JUDGING.md): what a person sees in the top 5.
 
   python experiments/panel.py make --workdir=W --out=P [--contexts=80] [--seed=0]
-      [--not_in=P0,P1] [config flags]
+      [--not_in=P0,P1] [--baseline=W0 --baseline_sources=PLAN] [config flags]
   python experiments/panel.py score --out=P --judgments=J1.json,J2.json
 
 `make` draws `--contexts` (session prefix -> next query) contexts of the validation split
@@ -9,8 +9,9 @@
 others), asks each suggester for its top 5 under the user-facing protocol, and writes
 P/items.md (each context's session and its lists shuffled, named A, B, C, ... per context, no
 system named) for the judges, and P/key.json (which list is which system) for `score`.
-Suggesters: the workdir's pipeline with each setting of SUGGESTERS, and MPC (the training
-log's most popular next queries).
+Suggesters: the workdir's pipeline with each setting of SUGGESTERS, the learned ranker of
+`--baseline` (another workdir, e.g. one whose ranker has other sources) where given, and MPC
+(the training log's most popular next queries).
 
 A judge returns JSON: {"<context number>": {"<list letter>": ["U"|"G"|"N", ... one per
 suggestion]}}: U useful, G garbled, N neither. `score` prints per system and judge the useful
@@ -40,9 +41,6 @@ from mtn_jax.inference.inputs import Context
 # (name, config.suggest overrides) of each pipeline shown.
 SUGGESTERS = (
     ('learned', {'strategy': 'learned'}),
-    ('learned_first5_unrelated0', {'strategy': 'learned', 'session_first': 5,
-                                   'unrelated_first': 0}),
-    ('learned_no_first_places', {'strategy': 'learned', 'session_first': 0}),
     ('generate', {'strategy': 'generate'}))
 SHOWN = 5
 
@@ -71,6 +69,14 @@ def make(args, config) -> None:
     pipe = pipeline.Pipeline.load(variant, args.workdir)
     shown = pipe.suggest(contexts, positions='last')
     lists[name] = [[c['query'] for c in at[0]][:SHOWN] for at in shown]
+  if args.baseline:
+    # Another workdir's learned ranker (other sources, say), shown beside this one's.
+    variant = config.copy_and_resolve_references()
+    variant.suggest.strategy = 'learned'
+    if args.baseline_sources:
+      variant.suggest.sources = args.baseline_sources
+    shown = pipeline.Pipeline.load(variant, args.baseline).suggest(contexts, positions='last')
+    lists['learned_baseline'] = [[c['query'] for c in at[0]][:SHOWN] for at in shown]
   counts = popular.LogCounts.of_workdir(args.workdir)
   lists['mpc'] = [[q for q in counts.most_popular(SHOWN + len(c.queries))
                    if q not in c.queries][:SHOWN] for c in contexts]
@@ -134,6 +140,9 @@ def main() -> None:
   parser.add_argument('--seed', type=int, default=0)
   parser.add_argument('--not_in', help='earlier --out folders, comma-separated: their '
                       'contexts are not drawn again')
+  parser.add_argument('--baseline', help='make: a workdir whose learned ranker is shown too '
+                      "('learned_baseline')")
+  parser.add_argument('--baseline_sources', help="make: the baseline's config.suggest.sources")
   parser.add_argument('--judgments', default='', help='score: comma-separated JSON files')
   args, rest = parser.parse_known_args()
   if args.command == 'score':

@@ -89,6 +89,16 @@ def test_log_sources_by_hand(counts):
   got = sources.Templates(counts.templates, 5).propose(contexts(), positions='all')
   assert texts(got) == [[['news chicago'], ['weather chicago']], [['cheap cars chicago']]]
   assert got[1][0][0]['template'] == 'append:chicago'
+  # BM25 over the logged next queries: the shorter of two equal matches first, a rare word
+  # outweighs a common one, the previous query itself left out, nothing without a shared word.
+  matching = sources.Matching(counts, 2)
+  got = matching.propose(contexts(), positions='all')
+  assert texts(got) == [[['news chicago'], ['weather chicago', 'weather chicago il']],
+                        [['cheap', 'cheap hotels']]]
+  assert got[0][1][0]['score'] > got[0][1][1]['score'] > 0
+  got = matching.propose([Context(('weather chicago',), 0, {}), Context(('zzz',), 0, {})],
+                         positions='last')
+  assert texts(got) == [[['weather chicago il', 'news chicago']], [[]]]
   got = sources.Session().propose([Context(('a', 'b', 'a'), 1, {})], positions='all')
   assert texts(got) == [[['b', 'a'], ['a', 'b']]]
   ran = sources.propose_all([sources.Session(), sources.Popular(counts, 1)], contexts(),

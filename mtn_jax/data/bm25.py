@@ -90,6 +90,16 @@ class Bm25Index:
     return ids, scores
 
 
+def memory_index(documents: Sequence[str], *, k1: float = 1.2, b: float = 0.75) -> Bm25Index:
+  """An index of `documents` built in memory, kept nowhere: for a corpus small enough to index
+  at every start (a training log's distinct queries)."""
+  if not documents:
+    raise ValueError('no documents to index')
+  retriever = _bm25s().BM25(k1=k1, b=b)
+  retriever.index([d.split() for d in documents], show_progress=False)
+  return Bm25Index(retriever, '', '', len(documents), built=True)
+
+
 def open_index(folder: str, documents: Sequence[str], *, k1: float = 1.2,
                b: float = 0.75) -> Bm25Index:
   """The cached index of `documents` in `folder`, built when missing or stale."""

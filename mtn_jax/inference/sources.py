@@ -19,6 +19,7 @@ The sources:
   cooccurring   the queries that most often followed the previous one in the training log;
   templates     reformulations of the previous query by the training log's most frequent
                 edits (`templates`);
+  matching      the training log's queries that best match the previous one (BM25);
   session       the session's own queries so far, latest first.
 A new source is a class with a `name` and `propose`, and its entry in `LOG_SOURCES` (or its
 own construction in `pipeline.Pipeline.load` where it needs a model of its own).
@@ -33,6 +34,7 @@ from typing import Protocol, runtime_checkable
 import numpy as np
 
 from mtn_jax import inference
+from mtn_jax.data import bm25
 from mtn_jax.decoding import search
 from mtn_jax.inference import imdna_proposer
 from mtn_jax.inference import inputs
@@ -266,6 +268,35 @@ class Templates:
 
 
 @dataclasses.dataclass
+class Matching:
+  """The `k` queries of the training log that best match the previous query by BM25 over
+  their words (the log's rare words weigh most), the previous query itself left out: real
+  queries about what the session is about ("bank of america" -> "bank of america online
+  banking"), where the generator may garble and the log's lists know nothing of the session;
+  score: the BM25 score."""
+
+  counts: popular.LogCounts
+  k: int
+  name: str = 'matching'
+
+  def __post_init__(self):
+    # The logged next queries, in the log's order of first appearance (ties: the first seen).
+    self._queries = list(self.counts.issued)
+    self._index = bm25.memory_index(self._queries) if self._queries else None
+
+  def propose(self, contexts, *, positions, batch_rows=0, widths=None) -> Lists:
+    def one(so_far):
+      if self._index is None:
+        return []
+      ids, scores = self._index.top_k([so_far[-1]], self.k + 1)
+      found = [{'query': self._queries[i], 'score': float(score)}
+               for i, score in zip(ids[0].tolist(), scores[0].tolist())
+               if i >= 0 and self._queries[i] != so_far[-1]]
+      return found[:self.k]
+    return _per_position(contexts, positions, one)
+
+
+@dataclasses.dataclass
 class Session:
   """The session's own queries so far, latest first; score: minus the steps back."""
 
@@ -282,6 +313,7 @@ LOG_SOURCES = {
     'popular': lambda counts, k: Popular(counts, k),
     'cooccurring': lambda counts, k: Cooccurring(counts, k),
     'templates': lambda counts, k: Templates(counts.templates, k),
+    'matching': lambda counts, k: Matching(counts, k),
     'session': lambda counts, k: Session(),
 }
 MODEL_SOURCES = ('generate', 'retrieve', 'imdna')
