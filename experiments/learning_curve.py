@@ -5,9 +5,10 @@ for users never seen in training, under the user-facing protocol.
 
 In: workdirs of `configs/aol.py:small` with `config.data.split_by='user'`, each trained on
 some of the training users (`config.data.train_users`; the validation and test users are the
-same in all), each evaluated on test twice: as it is (`--mode=eval`: eval/results.json, MTN
-alone, and beside it the most popular next queries, MPC) and with the blend strategy
-(`--config.suggest.strategy=blend`: eval/blend_results.json).
+same in all) by `--mode=train` (the generator, its fold generators and the learned ranker),
+each evaluated on test with each strategy (`--mode=eval --config.suggest.strategy=S`):
+'learned' (eval/learned_results.json), 'blend' (eval/blend_results.json) and 'generate'
+(eval/results.json: MTN alone, and beside it the most popular next queries, MPC).
 Out: a table (stdout) of R@10 and MRR@10 (user-facing, %) per number of training users, and
 the figure (matplotlib, PNG).
 """
@@ -32,7 +33,8 @@ from mtn_jax.data import sessions
 # pylint: enable=g-import-not-at-top,wrong-import-position
 
 # (label, results file, suggester key in its 'scores_excluding_session')
-CURVES = (('MTN + copy alone', 'results.json', 'model'),
+CURVES = (('learned ranker (the default)', 'learned_results.json', 'model'),
+          ('MTN + copy alone', 'results.json', 'model'),
           ('MPC (most popular next queries)', 'results.json', 'most_popular'),
           ('blend (config.suggest.blend)', 'blend_results.json', 'model'))
 

@@ -49,7 +49,6 @@ import numpy as np
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 # pylint: disable=g-import-not-at-top,wrong-import-position
 from launch import bench_train
-from mtn_jax import config_lib
 from mtn_jax import models
 from mtn_jax import parallel
 from mtn_jax.data import input_pipeline
@@ -228,13 +227,7 @@ def main(argv):
   if len(argv) > 1:
     raise app.UsageError(f'unexpected arguments: {argv[1:]}')
   parallel.set_cpu_devices(flags.FLAGS.cpu_devices)
-  config = bench_train.CONFIG_FLAG.value
-  try:
-    config_lib.validate(config, mode='eval')
-  except config_lib.ConfigError as e:
-    raise app.UsageError(str(e)) from None
-  vocab_size = flags.FLAGS.vocab_size or bench_train.default_vocab_size(config)
-  batch_queries = flags.FLAGS.batch_queries or config.input.train_queries_per_batch
+  config, vocab_size, batch_queries = bench_train.config_and_sizes()
   report = {'date': datetime.datetime.now().astimezone().isoformat(timespec='seconds'),
             'command': bench_train.command_line('launch/bench_kernels.py'),
             'machine': bench_train.machine(),

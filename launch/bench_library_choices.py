@@ -93,7 +93,6 @@ import numpy as np
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 # pylint: disable=g-import-not-at-top,wrong-import-position
 from launch import bench_train
-from mtn_jax import config_lib
 from mtn_jax import models
 from mtn_jax import parallel
 from mtn_jax.data import input_pipeline
@@ -630,14 +629,8 @@ def run() -> dict[str, Any]:
   steps, repeats = bench_train._STEPS.value, bench_train._REPEATS.value
   if steps < 1 or repeats < 1 or _WRITES.value < 1:
     raise app.UsageError('--steps, --repeats and --writes must be positive')
-  config = bench_train.CONFIG_FLAG.value
-  try:
-    config_lib.validate(config, mode='eval')
-  except config_lib.ConfigError as e:
-    raise app.UsageError(str(e)) from None
+  config, vocab_size, batch_queries = bench_train.config_and_sizes()
   seed = bench_train._SEED.value
-  vocab_size = bench_train._VOCAB_SIZE.value or bench_train.default_vocab_size(config)
-  batch_queries = bench_train._BATCH_QUERIES.value or config.input.train_queries_per_batch
   session_lengths = [int(k) for k in bench_train._SESSION_LENGTHS.value]
   report: dict[str, Any] = {
       'date': datetime.datetime.now().astimezone().isoformat(timespec='seconds'),

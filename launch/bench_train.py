@@ -686,17 +686,23 @@ def main(argv):
   run()
 
 
-def run() -> dict[str, Any]:
-  """Measures what the flags ask for; prints it and returns it as `--json` writes it."""
+def config_and_sizes():
+  """(config, vocabulary size, query slots per batch) of the flags, the config checked but for
+  its raw log files, which synthetic batches do not read: what every benchmark of synthetic
+  batches starts from."""
   config = CONFIG_FLAG.value
   try:
-    # Every check but the raw log files', which synthetic batches do not read.
     config_lib.validate(config, mode='eval')
   except config_lib.ConfigError as e:
     raise app.UsageError(str(e)) from None
+  return (config, _VOCAB_SIZE.value or default_vocab_size(config),
+          _BATCH_QUERIES.value or config.input.train_queries_per_batch)
+
+
+def run() -> dict[str, Any]:
+  """Measures what the flags ask for; prints it and returns it as `--json` writes it."""
+  config, vocab_size, batch_queries = config_and_sizes()
   what = _WHAT.value
-  vocab_size = _VOCAB_SIZE.value or default_vocab_size(config)
-  batch_queries = _BATCH_QUERIES.value or config.input.train_queries_per_batch
   report: dict[str, Any] = {
       'date': datetime.datetime.now().astimezone().isoformat(timespec='seconds'),
       'command': command_line(), 'machine': machine(),
