@@ -50,6 +50,7 @@ LONGEST_FIRST = (
     'test_decode.py',
     'test_losses.py',
     'test_recurrent.py',
+    'test_kernels.py',
     'test_old_workdirs.py',
     'test_cli_errors.py',
     'test_copy.py',
