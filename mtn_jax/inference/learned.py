@@ -215,7 +215,7 @@ def _packed_log_probs(model, params, memory, rows: jax.Array, inputs: jax.Array,
 @dataclasses.dataclass
 class _Packing:
   """Token sequences laid side by side in rows of `width` tokens, each row after one memory
-  row; with `width` the longest sequence's length, one sequence a row."""
+  row; with `one_per_row` (a model that cannot pack), each sequence in a row of its own."""
 
   width: int
   one_per_row: bool
@@ -285,6 +285,7 @@ def candidate_log_probs(trained: inference.Trained, contexts: Sequence[Context],
     else:
       rows = np.arange(batch_rows * num_queries)
     packing = _Packing(width, one_per_row=not packs)
+    token_log_probs = np.zeros((0, width), np.float32)
     for row, (i, context) in enumerate(zip(group, group_contexts)):
       first = len(context.queries) - 1 if positions == 'last' else context.first_output
       copied = trained.copied_words(context.queries)
