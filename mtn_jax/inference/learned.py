@@ -305,16 +305,17 @@ def candidate_log_probs(trained: inference.Trained, contexts: Sequence[Context],
         token_log_probs[take] = np.asarray(_packed_log_probs(
             task.model, params, memory, memory_rows[take], inputs[take], targets[take],
             segments[take]))
-    spans = iter(packing.spans)
+    # Each candidate's sum: from its first token to the next candidate's (padding adds 0).
+    spans = np.asarray(packing.spans, np.int64).reshape(-1, 3)
+    sums = (np.add.reduceat(token_log_probs.ravel(), spans[:, 0] * width + spans[:, 1])
+            if len(spans) else np.zeros(0, np.float32))
+    values = np.stack([sums, sums / np.maximum(spans[:, 2] - spans[:, 1], 1)], axis=-1)
+    taken = 0
     for i in group:
       out[i] = []
       for texts in candidates[i]:
-        values = np.zeros((len(texts), 2), np.float32)
-        for j in range(len(texts)):
-          row, begin, end = next(spans)
-          values[j, 0] = token_log_probs[row, begin:end].sum()
-          values[j, 1] = values[j, 0] / (end - begin)
-        out[i].append(values)
+        out[i].append(values[taken:taken + len(texts)].astype(np.float32))
+        taken += len(texts)
   return out
 
 
