@@ -32,7 +32,6 @@ times AOL's 36,389,567).
 from __future__ import annotations
 
 import concurrent.futures
-import datetime
 import json
 import os
 import statistics
@@ -208,20 +207,14 @@ def main(argv):
   if _PREPROCESS_JSON.value:
     with open(_PREPROCESS_JSON.value, encoding='utf-8') as f:
       figures = json.load(f)
-  report = {'date': datetime.datetime.now().astimezone().isoformat(timespec='seconds'),
-            'command': bench_train.command_line('launch/bench_epoch.py'),
-            'machine': bench_train.machine(),
-            'config': json.loads(config.to_json_best_effort())}
+  report = bench_train.new_report(config, 'launch/bench_epoch.py')
   print(f'date: {report["date"]}\ncommand: {report["command"]}', flush=True)
   report['epoch'] = measure(config, workdir=_WORKDIR.value, vocab_size=vocab_size,
                             batch_queries=batch_queries, seed=flags.FLAGS.seed,
                             slice_steps=_SLICE_STEPS.value, preprocess_figures=figures,
                             target_lines=_TARGET_LINES.value)
   print_report(report['epoch'])
-  if flags.FLAGS.json:
-    with open(flags.FLAGS.json, 'w', encoding='utf-8') as f:
-      json.dump(report, f, indent=2, sort_keys=True)
-    print(f'wrote {flags.FLAGS.json}')
+  bench_train.write_report(report, flags.FLAGS.json)
 
 
 if __name__ == '__main__':

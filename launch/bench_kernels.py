@@ -33,8 +33,6 @@ command.
 from __future__ import annotations
 
 import concurrent.futures
-import datetime
-import json
 import os
 import statistics
 import sys
@@ -228,10 +226,7 @@ def main(argv):
     raise app.UsageError(f'unexpected arguments: {argv[1:]}')
   parallel.set_cpu_devices(flags.FLAGS.cpu_devices)
   config, vocab_size, batch_queries = bench_train.config_and_sizes()
-  report = {'date': datetime.datetime.now().astimezone().isoformat(timespec='seconds'),
-            'command': bench_train.command_line('launch/bench_kernels.py'),
-            'machine': bench_train.machine(),
-            'config': json.loads(config.to_json_best_effort())}
+  report = bench_train.new_report(config, 'launch/bench_kernels.py')
   mach = report['machine']
   print(f'date: {report["date"]}\ncommand: {report["command"]}')
   print(f'machine: {mach["host"]}, {mach["cpu_count"]} CPUs; {mach["device_count"]} x '
@@ -243,10 +238,7 @@ def main(argv):
       corpus=_CORPUS.value, learn_steps=_LEARN_STEPS.value, learn_window=_LEARN_WINDOW.value,
       executed_flops=_EXECUTED_FLOPS.value)
   print_report(report['kernels'])
-  if flags.FLAGS.json:
-    with open(flags.FLAGS.json, 'w', encoding='utf-8') as f:
-      json.dump(report, f, indent=2, sort_keys=True)
-    print(f'wrote {flags.FLAGS.json}')
+  bench_train.write_report(report, flags.FLAGS.json)
 
 
 if __name__ == '__main__':

@@ -66,7 +66,6 @@ from __future__ import annotations
 # pylint: disable=protected-access
 
 import contextlib
-import datetime
 import importlib
 import json
 import os
@@ -632,11 +631,8 @@ def run() -> dict[str, Any]:
   config, vocab_size, batch_queries = bench_train.config_and_sizes()
   seed = bench_train._SEED.value
   session_lengths = [int(k) for k in bench_train._SESSION_LENGTHS.value]
-  report: dict[str, Any] = {
-      'date': datetime.datetime.now().astimezone().isoformat(timespec='seconds'),
-      'command': bench_train.command_line(SCRIPT), 'machine': bench_train.machine(),
-      'config': json.loads(config.to_json_best_effort()), 'items': items,
-      'steps': steps, 'repeats': repeats}
+  report = {**bench_train.new_report(config, SCRIPT), 'items': items, 'steps': steps,
+            'repeats': repeats}
   started = time.perf_counter()
   mach = report['machine']
   m = config.model
@@ -681,11 +677,7 @@ def run() -> dict[str, Any]:
   report['seconds'] = time.perf_counter() - started
   report['load_average_1min_after'] = round(os.getloadavg()[0], 2)
   print(f'\ntook {report["seconds"]:.0f} s; load average after {report["load_average_1min_after"]}')
-  path = bench_train._JSON.value
-  if path:
-    with open(path, 'w', encoding='utf-8') as f:
-      json.dump(report, f, indent=2, sort_keys=True, default=str)
-    print(f'wrote {path}')
+  bench_train.write_report(report, bench_train._JSON.value)
   return report
 
 

@@ -699,14 +699,27 @@ def config_and_sizes():
           _BATCH_QUERIES.value or config.input.train_queries_per_batch)
 
 
+def new_report(config, script: str = 'launch/bench_train.py') -> dict[str, Any]:
+  """A benchmark's report as it starts: the date, the command (`command_line(script)`), the
+  machine and the config."""
+  return {'date': datetime.datetime.now().astimezone().isoformat(timespec='seconds'),
+          'command': command_line(script), 'machine': machine(),
+          'config': json.loads(config.to_json_best_effort())}
+
+
+def write_report(report: dict[str, Any], path: str | None) -> None:
+  """`report` as JSON at `path` (`--json`), where given."""
+  if path:
+    with open(path, 'w', encoding='utf-8') as f:
+      json.dump(report, f, indent=2, sort_keys=True, default=str)
+    print(f'wrote {path}')
+
+
 def run() -> dict[str, Any]:
   """Measures what the flags ask for; prints it and returns it as `--json` writes it."""
   config, vocab_size, batch_queries = config_and_sizes()
   what = _WHAT.value
-  report: dict[str, Any] = {
-      'date': datetime.datetime.now().astimezone().isoformat(timespec='seconds'),
-      'command': command_line(), 'machine': machine(),
-      'config': json.loads(config.to_json_best_effort())}
+  report = new_report(config)
   mach = report['machine']
   print(f'date: {report["date"]}')
   print(f'command: {report["command"]}')
@@ -731,10 +744,7 @@ def run() -> dict[str, Any]:
   if what in ('preprocess', 'all'):
     report['preprocess'] = _run_script('bench_preprocess.py', [
         f'--lines={_PREPROCESS_LINES.value}', f'--seed={_SEED.value}'])
-  if _JSON.value:
-    with open(_JSON.value, 'w', encoding='utf-8') as f:
-      json.dump(report, f, indent=2, sort_keys=True)
-    print(f'wrote {_JSON.value}')
+  write_report(report, _JSON.value)
   return report
 
 
