@@ -53,6 +53,7 @@ class EncoderDecoder(SessionModel):
   """See the module docstring. `encoder_class(config, embedding)` builds the encoder."""
 
   encoder_class: type[nn.Module]
+  packs_sequences = True  # the decoder masks sequences that share a row apart
 
   def setup(self):
     cfg = self.config
@@ -127,8 +128,6 @@ class EncoderDecoder(SessionModel):
       return {}
     gate, scores = self.copy_head(hidden, memory)
     return {'gate': gate, 'copy_scores': scores, 'copy_ids': memory['copy_ids']}
-
-  packs_sequences = True
 
   def decode_hidden(self, memory: dict[str, jax.Array], decoder_inputs: jax.Array, *,
                     train: bool = False, decode: bool = False,
