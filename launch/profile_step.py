@@ -197,7 +197,9 @@ def part_of(op_name: str) -> str:
 
 def self_times(events: list[dict]) -> dict[str, float]:
   """Event name -> summed self time (µs): the time nested events on its thread took is not its
-  own (a loop's event spans the operations of its body)."""
+  own (a loop's event spans the operations of its body). An event that starts inside another
+  and ends after it (kernels overlapping on a GPU's stream line) takes only the overlap from
+  the other's time, so that no self time is negative."""
   totals: collections.Counter = collections.Counter()
   by_thread = collections.defaultdict(list)
   for e in events:
@@ -211,7 +213,7 @@ def self_times(events: list[dict]) -> dict[str, float]:
       while stack and stack[-1][0] <= e['ts']:
         close(stack.pop())
       if stack:
-        stack[-1][2] += e['dur']
+        stack[-1][2] += min(e['ts'] + e['dur'], stack[-1][0]) - e['ts']
       stack.append([e['ts'] + e['dur'], e['name'], 0.0, e['dur']])
     while stack:
       close(stack.pop())

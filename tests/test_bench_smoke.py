@@ -66,6 +66,11 @@ def test_self_times_exclude_nested_operations():
             {'pid': 1, 'tid': 1, 'ts': 6.0, 'dur': 1.0, 'name': 'fusion.2'},
             {'pid': 1, 'tid': 2, 'ts': 1.0, 'dur': 4.0, 'name': 'dot.3'}]
   assert profile_step.self_times(events) == {'while.1': 6.0, 'fusion.2': 4.0, 'dot.3': 4.0}
+  # Kernels overlapping without nesting: each loses only the time the other shares with it.
+  overlapping = [{'pid': 1, 'tid': 1, 'ts': 0.0, 'dur': 10.0, 'name': 'fusion.1'},
+                 {'pid': 1, 'tid': 1, 'ts': 8.0, 'dur': 6.0, 'name': 'dot.2'},
+                 {'pid': 1, 'tid': 1, 'ts': 12.0, 'dur': 1.0, 'name': 'copy.3'}]
+  assert profile_step.self_times(overlapping) == {'fusion.1': 8.0, 'dot.2': 5.0, 'copy.3': 1.0}
 
 
 def test_op_names_map_to_parts_of_the_model():

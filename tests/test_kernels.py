@@ -86,8 +86,15 @@ def attention_inputs(seed, length, keys):
     (4, 7, 'padding'),  # [B, 1, 1, L]
     (6, 8, 'padding'),  # even already: nothing padded
 ])
-def test_even_length_attention_is_the_attention_of_the_unpadded_sequences(length, keys, mask):
+def test_even_length_attention_is_the_attention_of_the_unpadded_sequences(length, keys, mask,
+                                                                         monkeypatch):
   query, key, value = attention_inputs(length + keys, length, keys)
+  attention = jax.nn.dot_product_attention
+  shapes = []
+
+  def record_shapes(q, k, v, *, mask, implementation):
+    shapes.append((q.shape[1], k.shape[1], mask.shape[2:]))
+    return attention(q, k, v, mask=mask, implementation=implementation)
   rng = np.random.default_rng(length * keys)
   if mask == 'full':
     allowed = rng.random((2, 1, length, keys)) < 0.5
@@ -102,7 +109,7 @@ def test_even_length_attention_is_the_attention_of_the_unpadded_sequences(length
   def attend(q, k, v, padded):
     if padded:
       return layers.even_length_attention(q, k, v, allowed, implementation='xla')
-    return jax.nn.dot_product_attention(q, k, v, mask=allowed, implementation='xla')
+    return attention(q, k, v, mask=allowed, implementation='xla')
 
   cotangent = jax.random.normal(jax.random.key(9), query.shape, jnp.float32)
   results = []
@@ -112,6 +119,11 @@ def test_even_length_attention_is_the_attention_of_the_unpadded_sequences(length
   for got, want in zip(results[1], results[0]):
     assert got.shape == want.shape
     np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
+  # What cuDNN takes: even lengths, and the mask as a bias of exactly those lengths.
+  monkeypatch.setattr(jax.nn, 'dot_product_attention', record_shapes)
+  layers.even_length_attention(query, key, value, allowed, implementation='xla')
+  [(rows, columns, mask_shape)] = shapes
+  assert rows % 2 == 0 and columns % 2 == 0 and mask_shape == (rows, columns)
 
 
 def test_the_pallas_layer_norm_is_nn_layer_norm():

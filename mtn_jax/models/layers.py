@@ -371,19 +371,20 @@ def even_length_attention(query: jax.Array, key: jax.Array, value: jax.Array, ma
                           *, implementation: str) -> jax.Array:
   """`jax.nn.dot_product_attention` over query [B, T, h, k] and key/value [B, L, h, k] with T
   and L padded to even lengths: a padded key is masked out, a padded query row repeats the
-  mask of the last real one and is dropped from the output [B, T, h, k].
+  mask of the last real one and is dropped from the output [B, T, h, k]. The mask ([B|1, 1,
+  T|1, L|1]) is broadcast to every row and key: cuDNN takes it as a bias of the query's and
+  the keys' lengths and refuses a broadcast one ([B, 1, 1, L], the padding mask).
 
   The same function as without the padding wherever a row may attend to some key; a row that
   may attend to none (padding) averages the values, the padded one too.
   """
   length, keys = query.shape[1], key.shape[1]
   pad_rows, pad_keys = length % 2, keys % 2
+  mask = jnp.broadcast_to(mask, mask.shape[:2] + (length, keys))
   if pad_rows or pad_keys:
-    mask = jnp.broadcast_to(mask, mask.shape[:2] + (mask.shape[2], keys))
     pad = lambda x, n: jnp.pad(x, ((0, 0), (0, n), (0, 0), (0, 0)))
     query, key, value = pad(query, pad_rows), pad(key, pad_keys), pad(value, pad_keys)
-    if mask.shape[2] == length and pad_rows:
-      mask = jnp.pad(mask, ((0, 0), (0, 0), (0, pad_rows), (0, 0)), mode='edge')
+    mask = jnp.pad(mask, ((0, 0), (0, 0), (0, pad_rows), (0, 0)), mode='edge')
     mask = jnp.pad(mask, ((0, 0), (0, 0), (0, 0), (0, pad_keys)), constant_values=False)
   out = jax.nn.dot_product_attention(query, key, value, mask=mask,
                                      implementation=implementation)
