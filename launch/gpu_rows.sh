@@ -35,6 +35,8 @@
 # other rows' figures from an earlier run on the same machine in the report: the rows a first
 # run had no time for, or a row again after a change. Nothing is downloaded: the
 # missing Python packages come from `.whl/` (launch/gpu_wheels.sh), the data is synthesised.
+# d_train may not fit a machine's minutes: launch/gpu_serve_workdir.sh trains its workdir on
+# a CPU instead, and ROWS=d_serve serves it (that script says how).
 # OUTDIR gets three files: rows.md (a table per row, with the device, date and command),
 # rows.json (every figure) and logs.tar.gz (each row's log and JSON).
 set -u
@@ -178,8 +180,15 @@ serve=("$py" launch/bench_serve.py --workdir="$work/serve_workdir" --config=conf
        "${sets[@]}" --set=serve.warm_up_background=False "${serve_load[@]}" --half_saturation
        --json="$work/d_serve.json")
 if wanted d_serve; then
-  # The workdir is trained only if the service's row fits after it.
-  if fits $((120 + 150)); then
+  # The workdir is trained only if the service's row fits after it. ROWS='d_serve' alone
+  # serves a workdir already in the work folder (an earlier run's, or one trained on another
+  # machine and unpacked there: its data/, config.json and checkpoints' params, meta and vocab).
+  if ! wanted d_train && [[ -f $work/serve_workdir/config.json ]]; then
+    sed -i "/^d_train\t/d" "$work/steps.tsv" 2>/dev/null
+    printf '%s\tkept\t0\t0\t%s\n' d_train "a workdir already in the work folder" \
+      >>"$work/steps.tsv"
+    row d_serve 210 "${serve[@]}"  # the time d_train would have taken too
+  elif fits $((120 + 150)); then
     rm -rf "$work/serve_workdir"
     if FORCE=1 row d_train 120 "$py" -m mtn_jax.main --mode=train \
         --workdir="$work/serve_workdir" "${serve_model[@]}" "${serve_train[@]}"; then
