@@ -404,3 +404,27 @@ def test_blocking_repeats_never_repeats_a_word_and_keeps_exact_scores(searched):
   np.testing.assert_allclose(
       scores, search.length_normalize(log_probs, search.sequence_lengths(blocked), ALPHA),
       atol=1e-5, rtol=0)
+
+
+def test_encoded_reuses_the_last_encoding_only_for_the_same_inputs():
+  """The beam and the scoring of a request's candidates share one encoding: `encoded` returns
+  its last memory for equal host inputs (a copy of the arrays too), and encodes anew when the
+  params, a token or the rows differ."""
+  model = tiny_model('mtn', VOCAB_SIZE)
+  params = random_params(model, QUERIES, seed=0)
+  rows = np.array([2, 4], np.int32)
+  first = search.encoded(model, params, {'queries': QUERIES}, rows)
+  assert search.encoded(model, params, {'queries': QUERIES.copy()}, rows.copy()) is first
+  for got, want in zip(jax.tree.leaves(first), jax.tree.leaves(
+      search.encode_sessions(model, params, {'queries': QUERIES}, rows))):
+    np.testing.assert_array_equal(got, want)
+  other_params = jax.tree.map(lambda x: x * 1.5, params)
+  changed_token = QUERIES.copy()
+  changed_token[0, 0, 0] = 9
+  for args in ((other_params, QUERIES, rows), (params, changed_token, rows),
+               (params, QUERIES, np.array([2, 3], np.int32)), (params, QUERIES, None)):
+    again = search.encoded(model, args[0], {'queries': args[1]}, args[2])
+    assert again is not first
+    for got, want in zip(jax.tree.leaves(again), jax.tree.leaves(
+        search.encode_sessions(model, args[0], {'queries': args[1]}, args[2]))):
+      np.testing.assert_array_equal(got, want)

@@ -294,9 +294,8 @@ def candidate_log_probs(trained: inference.Trained, contexts: Sequence[Context],
         for text in texts:
           packing.add(r, _candidate_ids(vocab, text, copied, length))
     if packing.spans:
-      memory = search.encode_sessions(task.model, params,
-                                      {key: batch[key] for key in task.input_keys},
-                                      rows.astype(np.int32))
+      memory = search.encoded(task.model, params, {key: batch[key] for key in task.input_keys},
+                              rows.astype(np.int32))
       inputs, targets, segments, memory_rows = packing.arrays()
       token_log_probs = np.zeros(targets.shape, np.float32)
       # `chunk` packed rows a call, the last call padded with its last row.
