@@ -36,7 +36,7 @@
 # run had no time for, or a row again after a change. Nothing is downloaded: the
 # missing Python packages come from `.whl/` (launch/gpu_wheels.sh), the data is synthesised.
 # d_train may not fit a machine's minutes: launch/gpu_serve_workdir.sh trains its workdir on
-# a CPU instead, and ROWS=d_serve serves it (that script says how).
+# a CPU instead, into .serve/; carried with .whl/, it is served without d_train.
 # OUTDIR gets three files: rows.md (a table per row, with the device, date and command),
 # rows.json (every figure) and logs.tar.gz (each row's log and JSON).
 set -u
@@ -180,13 +180,19 @@ serve=("$py" launch/bench_serve.py --workdir="$work/serve_workdir" --config=conf
        "${sets[@]}" --set=serve.warm_up_background=False "${serve_load[@]}" --half_saturation
        --json="$work/d_serve.json")
 if wanted d_serve; then
-  # The workdir is trained only if the service's row fits after it. ROWS='d_serve' alone
-  # serves a workdir already in the work folder (an earlier run's, or one trained on another
-  # machine and unpacked there: its data/, config.json and checkpoints' params, meta and vocab).
-  if ! wanted d_train && [[ -f $work/serve_workdir/config.json ]]; then
+  # A workdir trained on a CPU and carried (.serve/, launch/gpu_serve_workdir.sh) is served as
+  # it is, as is one an earlier run left in the work folder when ROWS names d_serve alone.
+  # Else the workdir is trained here first, if the service's row fits after it.
+  kept_why=
+  if [[ $rehearse == 0 && -f .serve/serve_workdir.tar.gz ]]; then
+    [[ -f $work/serve_workdir/config.json ]] || tar -xzf .serve/serve_workdir.tar.gz -C "$work"
+    kept_why="trained on a CPU by launch/gpu_serve_workdir.sh and carried"
+  elif ! wanted d_train && [[ -f $work/serve_workdir/config.json ]]; then
+    kept_why="a workdir already in the work folder"
+  fi
+  if [[ -n $kept_why ]]; then
     sed -i "/^d_train\t/d" "$work/steps.tsv" 2>/dev/null
-    printf '%s\tkept\t0\t0\t%s\n' d_train "a workdir already in the work folder" \
-      >>"$work/steps.tsv"
+    printf '%s\tkept\t0\t0\t%s\n' d_train "$kept_why" >>"$work/steps.tsv"
     row d_serve 210 "${serve[@]}"  # the time d_train would have taken too
   elif fits $((120 + 150)); then
     rm -rf "$work/serve_workdir"

@@ -5,9 +5,8 @@
 # trained 30 steps, packed without the optimizer state (serving reads params, meta and vocab).
 #
 #   bash launch/gpu_serve_workdir.sh [TARBALL]   # default .serve/serve_workdir.tar.gz (git-ignored)
-#   # there, carrying .whl and .serve:
-#   mkdir -p /tmp/gpu_rows && tar xzf .serve/serve_workdir.tar.gz -C /tmp/gpu_rows \
-#     && ROWS=d_serve bash launch/gpu_rows.sh OUTDIR 220
+#   # there, carrying .whl and .serve: d_serve serves it, d_train is skipped
+#   bash launch/gpu_rows.sh OUTDIR 480      # or ROWS=d_serve for that row alone
 set -euo pipefail
 tarball=${1:-.serve/serve_workdir.tar.gz}
 cd "$(dirname "$0")/.."
