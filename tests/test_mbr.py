@@ -17,6 +17,10 @@ def test_sentence_bleu_plus_one_exact_values():
   # penalty.
   expected = math.exp((math.log(1 / 3) + math.log(1 / 3) + math.log(1 / 2) + 0) / 4)
   assert mbr.sentence_bleu(['a', 'b', 'c'], ['a', 'x']) == pytest.approx(expected)
+  # Repeated words are clipped to the reference's counts: p1 = 2/3, p2 = (1+1)/(2+1),
+  # p3 = (0+1)/(1+1), p4 = 1 (no 4-gram); the hypothesis is the longer: no brevity penalty.
+  expected = math.exp((2 * math.log(2 / 3) + math.log(1 / 2)) / 4)
+  assert mbr.sentence_bleu(['a', 'a', 'a'], ['a', 'a']) == pytest.approx(expected)
   # No word in common scores 0, however short; so does an empty hypothesis.
   assert mbr.sentence_bleu(['ebay'], ['google']) == 0.0
   assert mbr.sentence_bleu([], ['a']) == 0.0

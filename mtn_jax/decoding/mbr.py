@@ -83,13 +83,18 @@ def _profiled_bleu(hypothesis: tuple[int, list[collections.Counter]],
   if not hyp_len:
     return 0.0
   log_precision = 0.0
-  for n, (hyp, ref) in enumerate(zip(hyp_grams, ref_grams), 1):
-    matches = sum(min(count, ref.get(gram, 0)) for gram, count in hyp.items())
+  for n in range(1, min(hyp_len, MAX_ORDER) + 1):
+    # Orders longer than the hypothesis add log((0 + 1) / (0 + 1)) = 0: not computed.
+    ref = ref_grams[n - 1]
+    matches = 0
+    for gram, count in hyp_grams[n - 1].items():
+      found = ref.get(gram)
+      if found:
+        matches += count if count < found else found
     if n == 1 and not matches:
       return 0.0
     smoothing = 0 if n == 1 else 1
-    log_precision += math.log((matches + smoothing)
-                              / (max(hyp_len - n + 1, 0) + smoothing))
+    log_precision += math.log((matches + smoothing) / (hyp_len - n + 1 + smoothing))
   brevity = min(0.0, 1.0 - ref_len / hyp_len)
   return math.exp(brevity + log_precision / MAX_ORDER)
 

@@ -126,9 +126,16 @@ def about_session(text: str, so_far: Sequence[str]) -> bool:
   """Whether a candidate is about the session: it shares a word with it (a site's name
   standing for its address) and is not one word of it alone (a lone word cut from what was
   typed says less than the query did)."""
-  typed = {w for q in so_far for w in q.split()}
-  session = set().union(*(site_words(q) for q in so_far))
+  typed, session = _session_words(tuple(so_far))
   return bool(site_words(text) & session) and not (len(text.split()) == 1 and text in typed)
+
+
+@functools.lru_cache(maxsize=256)
+def _session_words(so_far: tuple[str, ...]) -> tuple[frozenset[str], frozenset[str]]:
+  """(the words typed, the words with a site's name for its address) of a session, computed
+  once for all its candidates."""
+  return (frozenset(w for q in so_far for w in q.split()),
+          frozenset().union(*(site_words(q) for q in so_far)))
 
 
 def presented(ranked: Sequence[dict], so_far: Sequence[str], counts: popular.LogCounts, *,
