@@ -492,9 +492,9 @@ def encode_sessions(model, params, batch: Mapping[str, jax.Array],
 
 
 class _LastEncoding(threading.local):
-  """The last host batch `encoded` on this thread, its params and rows, and its memory."""
-  inputs: tuple | None = None
-  memory: Memory = None
+  """The last host batch `encoded` on this thread: its model and params (held, so that no
+  other object takes their ids), its inputs' bytes and rows, and its memory."""
+  model = params = inputs = memory = None
 
 
 _last_encoding = _LastEncoding()
@@ -506,19 +506,18 @@ def encoded(model, params, batch: Mapping[str, np.ndarray], rows: np.ndarray | N
   of the candidates of one request encode the same sessions, one after the other
   (`mtn_jax.inference.learned`), and the second call costs nothing.
 
-  Host arrays only (numpy; a device array is encoded anew each time): their bytes, with the
-  model, the params (by identity, held so that no other object takes their id) and the rows,
-  say whether the last result is this one's.
+  Host arrays only (numpy; a device array is encoded anew each time): the same model and
+  params (by identity) and equal arrays and rows return the last memory.
   """
   if not all(isinstance(v, np.ndarray) for v in batch.values()):
     return encode_sessions(model, params, batch, rows)
-  inputs = (model, params, None if rows is None else (rows.dtype.str, rows.tobytes()),
+  inputs = (None if rows is None else (rows.dtype.str, rows.tobytes()),
             tuple((k, v.shape, v.dtype.str, v.tobytes()) for k, v in sorted(batch.items())))
-  last = _last_encoding.inputs
-  if last is None or not (last[0] is model and last[1] is params and last[2:] == inputs[2:]):
-    _last_encoding.memory = encode_sessions(model, params, batch, rows)
-    _last_encoding.inputs = inputs
-  return _last_encoding.memory
+  last = _last_encoding
+  if not (last.model is model and last.params is params and last.inputs == inputs):
+    last.memory = encode_sessions(model, params, batch, rows)
+    last.model, last.params, last.inputs = model, params, inputs
+  return last.memory
 
 
 def search_sessions(model, params, batch: Mapping[str, jax.Array | np.ndarray],

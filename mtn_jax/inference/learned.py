@@ -37,7 +37,7 @@ import math
 import os
 import re
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import jax
 import ml_collections
@@ -122,20 +122,15 @@ def well_formed(text: str, counts: popular.LogCounts, so_far: Sequence[str]) -> 
   return True
 
 
-def about_session(text: str, so_far: Sequence[str]) -> bool:
-  """Whether a candidate is about the session: it shares a word with it (a site's name
-  standing for its address) and is not one word of it alone (a lone word cut from what was
-  typed says less than the query did)."""
-  typed, session = _session_words(tuple(so_far))
-  return bool(site_words(text) & session) and not (len(text.split()) == 1 and text in typed)
-
-
-@functools.lru_cache(maxsize=256)
-def _session_words(so_far: tuple[str, ...]) -> tuple[frozenset[str], frozenset[str]]:
-  """(the words typed, the words with a site's name for its address) of a session, computed
-  once for all its candidates."""
-  return (frozenset(w for q in so_far for w in q.split()),
-          frozenset().union(*(site_words(q) for q in so_far)))
+def about_session(so_far: Sequence[str]) -> Callable[[str], bool]:
+  """Whether a candidate is about the session `so_far`: it shares a word with it (a site's
+  name standing for its address) and is not one word of it alone (a lone word cut from what
+  was typed says less than the query did). The session's words are read once, for all its
+  candidates."""
+  typed = {w for q in so_far for w in q.split()}
+  session = set().union(*(site_words(q) for q in so_far))
+  return lambda text: bool(site_words(text) & session) and not (
+      len(text.split()) == 1 and text in typed)
 
 
 def presented(ranked: Sequence[dict], so_far: Sequence[str], counts: popular.LogCounts, *,
@@ -157,12 +152,13 @@ def presented(ranked: Sequence[dict], so_far: Sequence[str], counts: popular.Log
   if not session_first:
     return list(ranked)
   first, rest, malformed, unrelated = [], [], [], 0
+  about = about_session(so_far)
   for c in ranked:
     if not formed[c['query']]:
       malformed.append(c)
     elif len(first) == session_first:
       rest.append(c)
-    elif about_session(c['query'], so_far):
+    elif about(c['query']):
       first.append(c)
     elif unrelated < unrelated_first:
       first.append(c)
