@@ -176,3 +176,47 @@ def test_the_generator_scores_its_own_beam_as_the_search_did(copy_model):
                                      positions='last', batch_rows=2)
   for lists, values in zip(scored, last):
     np.testing.assert_allclose(values[0], lists[-1], rtol=1e-5, atol=1e-5)
+
+
+def test_the_beams_own_candidates_are_not_forced_again(copy_model):
+  """`learned.beam_log_probs` reads the generator's own hypotheses' log-probabilities off the
+  beam (its length penalty undone, MBR's 'model_score' where reranked): they equal teacher
+  forcing to float rounding, and `candidate_log_probs` given them as `known` forces only the
+  other candidates and returns the known sums as they are."""
+  from mtn_jax.inference import learned  # pylint: disable=g-import-not-at-top
+  cfg, _, params = copy_model
+  trained = inference.Trained(tasks.make_task(cfg, default.get_config().train), params, VOCAB,
+                              step=0, meta={})
+  settings = search.SearchSettings(beam_size=4, max_len=cfg.target_len, length_penalty=1.2,
+                                   emit_unk=True, top_k=4, mbr='beam+session')
+  source = sources.Generate(trained, settings)
+  contexts = [inputs.Context(('w1 zq', 'w3 xv zq'), 0, {}), inputs.Context(('kk w4',), 0, {})]
+  lists = source.propose(contexts, positions='all', batch_rows=2)
+  known = learned.beam_log_probs(trained, source, contexts, lists, 'all')
+  # What MBR adds (the session's queries) has no beam score: such a candidate is not known,
+  # nor one of another source ('w4 w1').
+  texts = [[[c['query'] for c in at] + ['w4 w1'] for at in by_position] for by_position in lists]
+  assert all(set(k) == {c['query'] for c in at if 'model_score' in c}
+             for by_k, by_l in zip(known, lists) for k, at in zip(by_k, by_l))
+  forced = learned.candidate_log_probs(trained, contexts, texts, positions='all', batch_rows=2)
+  packed = []  # the tokens laid in packed rows to be forced
+  add = learned._Packing.add  # pylint: disable=protected-access
+  def counting(self, memory_row, tokens):
+    packed.append(len(tokens))
+    add(self, memory_row, tokens)
+  learned._Packing.add = counting  # pylint: disable=protected-access
+  try:
+    mixed = learned.candidate_log_probs(trained, contexts, texts, positions='all', batch_rows=2,
+                                        known=known)
+  finally:
+    learned._Packing.add = add  # pylint: disable=protected-access
+  vocab_ids = lambda q: min(len(q.split()) + 1, cfg.target_len)
+  unknown_tokens = sum(vocab_ids(q) for by_k, by_t in zip(known, texts)
+                       for k, at in zip(by_k, by_t) for q in at if q not in k)
+  assert 0 < sum(packed) == unknown_tokens
+  for by_k, by_t, by_f, by_m in zip(known, texts, forced, mixed):
+    for k, at, f, m in zip(by_k, by_t, by_f, by_m):
+      np.testing.assert_allclose(m, f, rtol=1e-5, atol=1e-5)
+      for j, q in enumerate(at):
+        if q in k:
+          assert m[j, 0] == np.float32(k[q])

@@ -227,9 +227,16 @@ class _Packing:
   segments: list = dataclasses.field(default_factory=list)
   memory_rows: list = dataclasses.field(default_factory=list)
   spans: list = dataclasses.field(default_factory=list)  # per sequence (row, start, end)
+  given: list = dataclasses.field(default_factory=list)  # per sequence: its known sum, or 0
+
+  def known(self, log_prob: float, num_tokens: int) -> None:
+    """Appends a sequence of `num_tokens` tokens whose sum of log p is known: not packed."""
+    self.spans.append((-1, 0, num_tokens))
+    self.given.append(log_prob)
 
   def add(self, memory_row: int, tokens: Sequence[int]) -> None:
     """Appends a sequence (its tokens, those that count) read after `memory_row`."""
+    self.given.append(0.0)
     if (self.one_per_row or not self.memory_rows or self.memory_rows[-1] != memory_row
         or len(self.targets[-1]) + len(tokens) > self.width):
       self.inputs.append([])
@@ -257,7 +264,9 @@ class _Packing:
 def candidate_log_probs(trained: inference.Trained, contexts: Sequence[Context],
                         candidates: Sequence[Sequence[Sequence[str]]], *, positions: str,
                         batch_rows: int, history_queries: int = 0,
-                        widths: Sequence[int] | None = None) -> list[list[np.ndarray]]:
+                        widths: Sequence[int] | None = None,
+                        known: Sequence[Sequence[dict[str, float]]] | None = None
+                        ) -> list[list[np.ndarray]]:
   """The generator's teacher-forced log-probability of given candidates.
 
   The candidates after one context lie side by side in packed rows (`PACKED_TOKENS`), scored
@@ -270,6 +279,9 @@ def candidate_log_probs(trained: inference.Trained, contexts: Sequence[Context],
     candidates: [context][output position] candidate texts.
     positions: 'last' or 'all', as for `sources.generated`.
     batch_rows: contexts per batch.
+    known: [context][output position] {text: sum of log p} of candidates whose
+      log-probability is already known (the generator's own beam, `beam_log_probs`): those
+      are not teacher forced again.
   Returns:
     [context][output position] float32 [candidates, 2]: the sum of log p over the
     candidate's tokens and `</s>` (`_candidate_ids`), and that sum per token.
@@ -294,9 +306,14 @@ def candidate_log_probs(trained: inference.Trained, contexts: Sequence[Context],
       copied = trained.copied_words(context.queries)
       for p, texts in enumerate(candidates[i]):
         r = row if positions == 'last' else row * num_queries + first + p
+        already = known[i][p] if known is not None else {}
         for text in texts:
-          packing.add(r, _candidate_ids(vocab, text, copied, length))
-    if packing.spans:
+          ids = _candidate_ids(vocab, text, copied, length)
+          if text in already:
+            packing.known(already[text], len(ids))
+          else:
+            packing.add(r, ids)
+    if packing.targets:
       memory = search.encoded(task.model, params, {key: batch[key] for key in task.input_keys},
                               rows.astype(np.int32))
       inputs, targets, segments, memory_rows = packing.arrays()
@@ -307,10 +324,14 @@ def candidate_log_probs(trained: inference.Trained, contexts: Sequence[Context],
         token_log_probs[take] = np.asarray(_packed_log_probs(
             task.model, params, memory, memory_rows[take], inputs[take], targets[take],
             segments[take]))
-    # Each candidate's sum: from its first token to the next candidate's (padding adds 0).
+    # Each candidate's sum: from its first token to the next candidate's (padding adds 0);
+    # a known one's (its span's row is -1) as given.
     spans = np.asarray(packing.spans, np.int64).reshape(-1, 3)
-    sums = (np.add.reduceat(token_log_probs.ravel(), spans[:, 0] * width + spans[:, 1])
-            if len(spans) else np.zeros(0, np.float32))
+    forced = spans[:, 0] >= 0
+    sums = np.asarray(packing.given, np.float64)
+    if forced.any():
+      sums[forced] = np.add.reduceat(token_log_probs.ravel(),
+                                     spans[forced, 0] * width + spans[forced, 1])
     values = np.stack([sums, sums / np.maximum(spans[:, 2] - spans[:, 1], 1)], axis=-1)
     taken = 0
     for i in group:
@@ -318,6 +339,28 @@ def candidate_log_probs(trained: inference.Trained, contexts: Sequence[Context],
       for texts in candidates[i]:
         out[i].append(values[taken:taken + len(texts)].astype(np.float32))
         taken += len(texts)
+  return out
+
+
+def beam_log_probs(trained: inference.Trained, source: sources_lib.Generate,
+                   contexts: Sequence[Context], lists: sources_lib.Lists, positions: str
+                   ) -> list[list[dict[str, float]]]:
+  """[context][output position] {text: sum of log p} of the generator's own hypotheses, read
+  off the beam's scores: the search already summed what teacher forcing would (the same
+  tokens, `</s>` included, under the same softmax; equal to float rounding), so a lone
+  request forces only the other sources' candidates. A hypothesis's score is its
+  `search.length_normalize`d sum ('model_score' once reranked by MBR; the session's queries
+  that MBR adds have none)."""
+  key = 'model_score' if source.settings.mbr != 'none' else 'score'
+  alpha = source.settings.length_penalty
+  length = trained.cfg.target_len
+  out = []
+  del positions  # the lists hold each context's output positions already
+  for context, by_position in zip(contexts, lists):
+    copied = trained.copied_words(context.queries)
+    out.append([{c['query']: c[key] * ((5.0 + len(_candidate_ids(
+        trained.vocab, c['query'], copied, length))) / 6.0) ** alpha
+                 for c in candidates if key in c} for candidates in by_position])
   return out
 
 
@@ -489,9 +532,12 @@ def lists_and_features(trained: inference.Trained, contexts: Sequence[Context],
   if keep is not None:
     texts = [[at if keep(i, p, at) else [] for p, at in enumerate(lists)]
              for i, lists in enumerate(texts)]
+  generator = [s for s in candidate_sources if isinstance(s, sources_lib.Generate)]
+  known = (beam_log_probs(trained, generator[0], contexts, by_source[generator[0].name],
+                          positions) if generator else None)
   scored = candidate_log_probs(trained, contexts, texts, positions=positions,
                                batch_rows=batch_rows, history_queries=history_queries,
-                               widths=widths)
+                               widths=widths, known=known)
   pools = [[Pool(texts[i][p], features(texts[i][p], {n: by_source[n][i][p] for n in names},
                                        so_far[i][p], firsts[i] + p + contexts[i].first_position,
                                        counts, scored[i][p], names, trained.vocab))
