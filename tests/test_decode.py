@@ -155,44 +155,59 @@ def test_scores_are_length_normalised_teacher_forced_log_probs(searched):
   np.testing.assert_allclose(beams[1].reshape(-1, BEAM), expected, atol=1e-4, rtol=0)
 
 
-def test_sequences_side_by_side_score_as_each_alone(searched):
-  """Every row's hypotheses laid side by side in one decoder row (`packed_token_log_probs`,
-  as the learned ranker scores its candidates) get exactly the log-probabilities each gets
-  alone (`sequence_log_prob`), padding at the row's end included; a recurrent model, which
-  cannot mask sequences apart, takes one a row and refuses segments."""
+def _tree_rows(sequences_by_row, packs):
+  """(inputs, parents, picks, targets) lists per packed row, and each sequence's (row, start,
+  end) among its row's targets: a row per memory row holding its sequences as a tree of
+  their shared prefixes (one row per sequence where the model cannot pack)."""
+  rows, spans = [], []
+  for n, sequences in enumerate(sequences_by_row):
+    for k, tokens in enumerate(sequences):
+      if not packs or not k:
+        rows.append((n, [], [], [], [], {}))
+      _, inputs, parents, picks, targets, children = rows[-1]
+      start, position = len(targets), -1
+      for token, target in zip([BOS_ID, *tokens[:-1]], tokens):
+        if (position, token) not in children:
+          children[(position, token)] = len(inputs)
+          inputs.append(token)
+          parents.append(position)
+        position = children[(position, token)]
+        picks.append(position)
+        targets.append(target)
+      spans.append((n, k, len(rows) - 1, start, len(targets)))
+  return rows, spans
+
+
+def test_sequences_packed_as_a_tree_score_as_each_alone(searched):
+  """Every row's hypotheses packed in one decoder row as a tree of their shared prefixes
+  (`packed_token_log_probs`, as the learned ranker scores its candidates) get exactly the
+  log-probabilities each gets alone (`sequence_log_prob`), padding at the row's end
+  included, in fewer positions than their tokens; a recurrent model, which cannot mask
+  sequences apart, takes one a row and refuses parents."""
   model, params, memory, beams = searched
   sequences = np.asarray(beams[0].reshape(-1, BEAM, MAX_LEN))
   alone = np.asarray(search.sequence_log_prob(model, params, memory, jnp.asarray(sequences)))
   lengths = np.asarray(search.sequence_lengths(sequences))
   assert len(set(lengths.ravel())) > 1
   packs = model.packs_sequences
+  rows, spans = _tree_rows([[list(sequences[n, k, :lengths[n, k]]) for k in range(BEAM)]
+                            for n in range(len(sequences))], packs)
+  if packs:  # the beam's hypotheses share prefixes: the tree reads each once
+    assert sum(len(r[1]) for r in rows) < lengths.sum()
   width = BEAM * MAX_LEN + 3 if packs else MAX_LEN
-  rows, spans = [], []  # rows: (memory row, inputs, targets, segments)
-  for n in range(len(sequences)):
-    for k in range(BEAM):
-      if packs and k:
-        _, inputs, targets, segments = rows[-1]
-      else:
-        inputs, targets, segments = [], [], []
-        rows.append((n, inputs, targets, segments))
-      tokens = list(sequences[n, k, :lengths[n, k]])
-      spans.append((n, k, len(rows) - 1, len(targets), len(targets) + len(tokens)))
-      segments += [k + 1 if packs else 1] * len(tokens)
-      inputs += [BOS_ID, *tokens[:-1]]
-      targets += tokens
-  arrays = [np.zeros((len(rows), width), np.int32) for _ in range(3)]
-  for r, (_, *values) in enumerate(rows):
+  arrays = [np.full((len(rows), width), fill, np.int32) for fill in (0, -1, -1, 0)]
+  for r, (_, *values, _) in enumerate(rows):
     for array, value in zip(arrays, values):
       array[r, :len(value)] = value
   rows_memory = jax.tree.map(lambda x: x[np.array([r[0] for r in rows])], memory)
   packed = np.asarray(search.packed_token_log_probs(model, params, rows_memory, *arrays))
-  assert (packed[arrays[2] == 0] == 0).all()
+  assert (packed[arrays[2] == -1] == 0).all()
   for n, k, r, start, end in spans:
     np.testing.assert_allclose(packed[r, start:end].sum(), alone[n, k], atol=1e-4, rtol=1e-5)
   if not packs:
     with pytest.raises(ValueError, match='one sequence per row'):
       model.apply({'params': params}, rows_memory, arrays[0], method='decode',
-                  segments=arrays[2])
+                  parents=arrays[1])
 
 
 def test_stops_at_end_token_or_max_len(searched):

@@ -428,3 +428,20 @@ def test_parameter_shapes_are_traced_once_per_task_class_and_model_config(monkey
   assert jax.tree.leaves(wider) != jax.tree.leaves(first)
   expected = jax.eval_shape(base.GenerationTask(cfg).init_params, jax.random.PRNGKey(0))
   assert jax.tree.leaves(first) == jax.tree.leaves(expected)
+
+
+def test_tree_positions_and_mask_by_hand():
+  """Two sequences sharing the prefix `<s> a` (positions 0, 1) after which one reads b
+  (position 2) and the other c (position 3), a third sequence of its own (4, 5) and padding
+  (6): each position sees itself and its ancestors only, at its depth."""
+  parents = jnp.array([[-1, 0, 1, 1, -1, 4, -1]])
+  positions, mask = layers.tree_positions_and_mask(parents)
+  np.testing.assert_array_equal(positions, [[0, 1, 2, 2, 0, 1, 0]])
+  sees = {i: set(np.flatnonzero(row).tolist()) for i, row in enumerate(np.asarray(mask[0, 0]))}
+  assert sees == {0: {0}, 1: {0, 1}, 2: {0, 1, 2}, 3: {0, 1, 3}, 4: {4}, 5: {4, 5}, 6: {6}}
+  # Side by side (no prefix shared), each sequence is causal within itself; a chain as long
+  # as the row is seen whole (the squaring reaches every ancestor).
+  chain = jnp.arange(-1, 15)[None]
+  positions, mask = layers.tree_positions_and_mask(chain)
+  np.testing.assert_array_equal(positions[0], np.arange(16))
+  np.testing.assert_array_equal(mask[0, 0], np.tril(np.ones((16, 16), bool)))

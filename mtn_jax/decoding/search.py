@@ -447,29 +447,34 @@ def sequence_log_prob(model, params, memory: Memory, sequences: jax.Array) -> ja
 
 
 def packed_token_log_probs(model, params, memory: Memory, inputs: jax.Array,
-                           targets: jax.Array, segments: jax.Array) -> jax.Array:
-  """Teacher-forced log-probabilities of sequences laid side by side, as `sequence_log_prob`
-  gives each alone.
+                           parents: jax.Array, picks: jax.Array,
+                           targets: jax.Array) -> jax.Array:
+  """Teacher-forced log-probabilities of sequences packed as a tree of their shared prefixes,
+  as `sequence_log_prob` gives each alone.
 
   Args:
     model, params: as for `beam_search`; several sequences share a row only where the
-      model `packs_sequences` (else each row holds one, from position 0).
+      model `packs_sequences` (else each row holds one, from position 0, and `parents` is
+      not read).
     memory: leaves [N, ...], row n the context of every sequence of row n.
-    inputs: int [N, P], each sequence's decoder inputs (`<s>`, then its tokens but the last).
-    targets: int [N, P], each sequence's tokens (those that count in its score).
-    segments: int [N, P], the sequence of each position within its row, 1, 2, ...; 0 marks
-      padding.
+    inputs: int [N, P], the decoder inputs: each distinct prefix of the row's sequences
+      (`<s>` and the tokens before) once, at the position that reads its last token.
+    parents: int [N, P], each position's parent (`layers.tree_positions_and_mask`).
+    picks: int [N, M], the position whose next-token distribution scores each target; -1
+      marks padding.
+    targets: int [N, M], each sequence's tokens (those that count in its score), each after
+      the position of its prefix.
   Returns:
-    float32 [N, P]: log p(target | memory, the sequence's earlier tokens) under the full
+    float32 [N, M]: log p(target | memory, the sequence's earlier tokens) under the full
     softmax; 0 at padding.
   """
-  packed = segments if model.packs_sequences else None
+  packed = parents if model.packs_sequences else None
   logits = model.apply({'params': params}, memory, inputs.astype(jnp.int32), method='decode',
-                       segments=packed)
-  log_probs = jax.nn.log_softmax(logits.astype(jnp.float32), axis=-1)
-  token_log_probs = jnp.take_along_axis(log_probs, targets[..., None].astype(jnp.int32),
-                                        axis=-1)[..., 0]
-  return jnp.where(segments > 0, token_log_probs, 0.0)
+                       parents=packed)
+  log_probs = jax.nn.log_softmax(logits.astype(jnp.float32), axis=-1)  # [N, P, V']
+  rows = jnp.arange(log_probs.shape[0])[:, None]
+  token_log_probs = log_probs[rows, jnp.maximum(picks, 0), targets.astype(jnp.int32)]
+  return jnp.where(picks >= 0, token_log_probs, 0.0)
 
 
 # ---------------------------------------------------------------------------------------------

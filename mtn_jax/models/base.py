@@ -257,29 +257,31 @@ class SessionModel(nn.Module):
     del hidden, memory
     return {}
 
-  # Whether a decoder row may hold several sequences side by side (`decode`'s `segments`):
-  # an attention decoder masks them apart; a recurrent one would carry its state across.
+  # Whether a decoder row may hold several sequences as a tree of their shared prefixes
+  # (`decode`'s `parents`): an attention decoder masks each to its own ancestors; a recurrent
+  # one would carry its state across.
   packs_sequences = False
 
   def decode(self, memory, decoder_inputs: jax.Array, *, train: bool = False,
-             decode: bool = False, segments: jax.Array | None = None) -> jax.Array:
+             decode: bool = False, parents: jax.Array | None = None) -> jax.Array:
     """Memory of N rows, decoder_inputs int32 [N, T'] -> float32 scores [N, T', V']
     (`output_scores`).
 
     With `decode`, the call that creates the 'cache' collection (inputs [N, max_len])
     computes as without it; later calls take one step [N, 1] each and continue from it.
-    With `segments` int32 [N, T'] (a model that `packs_sequences`), row n holds several
-    sequences, each starting with `<s>`: segments[n, t] numbers the sequence position t
-    belongs to (0: padding), and each is scored as if it were alone after memory row n.
+    With `parents` int32 [N, T'] (a model that `packs_sequences`), row n holds several
+    sequences as a tree of their prefixes, each starting with `<s>` at a root (-1):
+    parents[n, t] is the position whose token position t follows, and each sequence is
+    scored as if it were alone after memory row n (`layers.tree_positions_and_mask`).
     """
-    if segments is None:
+    if parents is None:
       hidden = self.decode_hidden(memory, decoder_inputs, train=train, decode=decode)
     elif not self.packs_sequences:
       raise ValueError(f'{type(self).__name__} reads one sequence per row: it takes no '
-                       'segments')
+                       'parents')
     else:
       hidden = self.decode_hidden(memory, decoder_inputs, train=train, decode=decode,
-                                  segments=segments)
+                                  parents=parents)
     return self.output_scores(hidden, memory, decode=decode)
 
   def _pairs(self, batch: Batch, train: bool):

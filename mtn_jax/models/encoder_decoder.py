@@ -53,7 +53,7 @@ class EncoderDecoder(SessionModel):
   """See the module docstring. `encoder_class(config, embedding)` builds the encoder."""
 
   encoder_class: type[nn.Module]
-  packs_sequences = True  # the decoder masks sequences that share a row apart
+  packs_sequences = True  # the decoder masks each sequence that shares a row to its own tokens
 
   def setup(self):
     cfg = self.config
@@ -131,8 +131,8 @@ class EncoderDecoder(SessionModel):
 
   def decode_hidden(self, memory: dict[str, jax.Array], decoder_inputs: jax.Array, *,
                     train: bool = False, decode: bool = False,
-                    segments: jax.Array | None = None) -> jax.Array:
-    """memory rows [N, ...], decoder_inputs int32 [N, T'] -> hidden [N, T', d]; `segments`
+                    parents: jax.Array | None = None) -> jax.Array:
+    """memory rows [N, ...], decoder_inputs int32 [N, T'] -> hidden [N, T', d]; `parents`
     int32 [N, T'] as for `SessionModel.decode`.
 
     A copied word outside the vocabulary (an extended id, fed back by the search) is read as
@@ -142,7 +142,7 @@ class EncoderDecoder(SessionModel):
       decoder_inputs = jnp.where(decoder_inputs < self.config.vocab_size, decoder_inputs,
                                  UNK_ID)
     return self.decoder(memory['tokens'], memory['mask'], decoder_inputs, train=train,
-                        decode=decode, segments=segments)
+                        decode=decode, parents=parents)
 
   def output_modules(self) -> tuple[nn.Module, ...]:
     return (self.decoder_table,) if self.config.tie_embeddings else (self.output_projection,)

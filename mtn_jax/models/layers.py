@@ -148,23 +148,31 @@ def causal_mask(length: int) -> jax.Array:
   return jnp.tril(jnp.ones((length, length), dtype=bool))[None, None]
 
 
-def packed_positions_and_mask(segments: jax.Array) -> tuple[jax.Array, jax.Array]:
-  """Sequences laid side by side in a row, each read as if alone.
+def tree_positions_and_mask(parents: jax.Array) -> tuple[jax.Array, jax.Array]:
+  """Sequences packed in a row as a tree of their shared prefixes, each read as if alone.
+
+  Sequences laid side by side are the case where no prefix is shared: each position's parent
+  is the one before it, and each sequence's `<s>` a root. Where several sequences start alike
+  ("bank of america online", "bank of america login"), their common prefix lies in the row
+  once, and each token attends to its own ancestors only (tree attention): the same states as
+  each sequence alone, for fewer positions.
 
   Args:
-    segments: int [B, T], each position's sequence within its row (a sequence's positions
-      are consecutive; 0 marks padding, which nothing real attends to).
+    parents: int [B, T], each position's parent in its row (the position whose token it
+      follows), -1 at a root; a parent lies before its children. Padding is a root that
+      nothing else names.
   Returns:
-    (positions int32 [B, T]: each position's index within its own sequence,
-     self-attention mask bool [B, 1, T, T]: causal within the sequence).
+    (positions int32 [B, T]: each position's depth, its index within its own sequences,
+     self-attention mask bool [B, 1, T, T]: position i sees i and its ancestors).
   """
-  length = segments.shape[-1]
-  index = jnp.arange(length, dtype=jnp.int32)
-  starts = jnp.concatenate([jnp.ones_like(segments[:, :1], dtype=bool),
-                            segments[:, 1:] != segments[:, :-1]], axis=1)
-  first = jax.lax.cummax(jnp.where(starts, index, 0), axis=1)
-  same = segments[:, :, None] == segments[:, None, :]
-  return index - first, (same & causal_mask(length)[0])[:, None]
+  length = parents.shape[-1]
+  index = jnp.arange(length, dtype=parents.dtype)
+  sees = (parents[:, :, None] == index) | (index[:, None] == index)[None]  # one step up
+  # Ancestors by squaring: after k rounds, every ancestor up to 2**k steps up.
+  for _ in range(max(length - 1, 1).bit_length()):
+    sees = sees | (jnp.einsum('bij,bjk->bik', sees.astype(jnp.float32),
+                              sees.astype(jnp.float32)) > 0)
+  return (sees.sum(-1) - 1).astype(jnp.int32), sees[:, None]
 
 
 def padding_mask(valid: jax.Array) -> jax.Array:
@@ -600,10 +608,10 @@ class Decoder(nn.Module):
   reaches a real position, and the teacher-forced pass is exactly the step-by-step decode.
   With `decode`, see `Attention`: the first call (inputs [B, max_len]) creates the cache,
   then each call takes [B, 1]; the next position is kept in the cache too.
-  With `segments` int [B, T] (not when decoding), a row holds several sequences side by side
-  (`packed_positions_and_mask`), each computed exactly as alone in a row of its own: scoring
-  many candidates after one memory row then projects that row's memory once per row, not
-  once per candidate.
+  With `parents` int [B, T] (not when decoding), a row holds several sequences as a tree of
+  their shared prefixes (`tree_positions_and_mask`), each computed exactly as alone in a row
+  of its own: scoring many candidates after one memory row then projects that row's memory
+  once per row, not once per candidate, and reads a shared prefix once.
   """
 
   config: TransformerConfig
@@ -611,14 +619,14 @@ class Decoder(nn.Module):
 
   @nn.compact
   def __call__(self, memory: jax.Array, memory_mask: jax.Array, decoder_inputs: jax.Array, *,
-               train: bool, decode: bool, segments: jax.Array | None = None) -> jax.Array:
+               train: bool, decode: bool, parents: jax.Array | None = None) -> jax.Array:
     cfg = self.config
     length = decoder_inputs.shape[-1]
     positions, self_mask = jnp.arange(length), causal_mask(length)
-    if segments is not None:
+    if parents is not None:
       if decode:
-        raise ValueError('packed sequences (segments) are read whole, not decoded step by step')
-      positions, self_mask = packed_positions_and_mask(segments)
+        raise ValueError('packed sequences (parents) are read whole, not decoded step by step')
+      positions, self_mask = tree_positions_and_mask(parents)
     if decode:
       initialized = self.has_variable('cache', 'next_position')
       next_position = self.variable('cache', 'next_position', lambda: jnp.array(0, jnp.int32))
