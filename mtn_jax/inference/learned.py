@@ -203,7 +203,7 @@ def _candidate_ids(vocab, text: str, copied: Sequence[str], length: int) -> list
 PACKED_TOKENS = 64
 # The candidates' tokens scored in a packed row, at most: each reads the distribution at its
 # prefix's position, so a row of shared prefixes scores more tokens than it has positions.
-PACKED_TARGETS = 2 * PACKED_TOKENS
+PACKED_TARGETS = 4 * PACKED_TOKENS
 # Positions teacher-forced by one call, at most: bounds its [rows, positions, vocabulary]
 # logits. A call takes as many packed rows as the batch has contexts (within this bound): a
 # lone request's candidates then fill a call or two of one row, and the padding of a call's
