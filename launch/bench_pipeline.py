@@ -7,8 +7,11 @@ service costs without HTTP.
 In: a trained workdir (with a ranker for 'learned'). Each strategy's pipeline orders the
 candidates after one session (`--session`, queries separated by ' | '), positions 'last',
 one row padded to the session's length, as the service runs a lone request: `--warmups`
-untimed calls (compilation), then `--repeats` timed ones. Out: one table on stdout (median
-and 90th percentile ms), with the machine, the config and the date.
+untimed calls (compilation), then `--repeats` timed ones. With `--contexts=N`, the requests
+are rather N sessions of the workdir's test split, each cut after a random position, as
+`launch/bench_serve.py` sends them, padded to the service's session widths: one untimed
+pass over them all, then one timed call each. Out: one table on stdout (median and 90th
+percentile ms), with the machine, the config and the date.
 """
 
 from __future__ import annotations
@@ -25,8 +28,13 @@ from absl import app
 from absl import flags
 from ml_collections import config_flags
 
+import numpy as np
+
+from mtn_jax.data import preprocess
+from mtn_jax.data import sessions
 from mtn_jax.inference import pipeline
 from mtn_jax.inference.inputs import Context
+from mtn_jax.serving import engine
 # pylint: enable=wrong-import-position
 
 config_flags.DEFINE_config_file('config', 'configs/aol.py:small')
@@ -35,29 +43,55 @@ flags.DEFINE_list('strategies', ['learned', 'blend'], 'config.suggest.strategy v
 flags.DEFINE_string('session', 'weather | weather chicago', "the session, ' | ' between queries")
 flags.DEFINE_integer('warmups', 3, 'untimed calls first')
 flags.DEFINE_integer('repeats', 30, 'timed calls')
+flags.DEFINE_integer('contexts', 0, 'if > 0: this many test-split sessions cut at random '
+                     'positions (seed 0), one timed call each, instead of --session')
 FLAGS = flags.FLAGS
+
+
+def _requests(workdir: str, count: int, most: int) -> list[tuple[str, ...]]:
+  """`count` sessions of the test split, each cut after a random position (the latest `most`
+  queries), as `launch/bench_serve.py` draws its requests."""
+  split = sessions.load_split(preprocess.data_dir(os.path.abspath(workdir)), 'test')
+  rng = np.random.default_rng(0)
+  out = []
+  for i in rng.integers(0, split.num_sessions, count):
+    texts = split.session_texts(int(i))
+    out.append(tuple(texts[:int(rng.integers(1, len(texts) + 1))][-most:]))
+  return out
 
 
 def main(argv) -> None:
   del argv
-  queries = tuple(q.strip() for q in FLAGS.session.split('|'))
-  context = [Context(queries, len(queries) - 1, {})]
+  most = FLAGS.config.data.max_session_queries
+  if FLAGS.contexts:
+    requests = _requests(FLAGS.workdir, FLAGS.contexts, most)
+    widths = engine.padded_sizes(most)
+    what = (f'{len(requests)} test contexts cut at random positions (mean '
+            f'{np.mean([len(r) for r in requests]):.1f} queries), one call each')
+  else:
+    requests = [tuple(q.strip() for q in FLAGS.session.split('|'))]
+    widths = None
+    what = f'session {" | ".join(requests[0])}, {FLAGS.repeats} calls'
   print(f'{platform.node()} ({platform.machine()}, {os.cpu_count()} CPUs), '
         f'{datetime.datetime.now(datetime.timezone.utc):%Y-%m-%d %H:%M} UTC, '
-        f'{FLAGS.workdir}, session {" | ".join(queries)}\n'
+        f'{FLAGS.workdir}, {what}\n'
         + ' '.join(a for a in sys.argv[1:] if a.startswith('--config')) + '\n')
   print('| strategy | median ms | p90 ms |\n|---|---:|---:|')
   for strategy in FLAGS.strategies:
     config = FLAGS.config.copy_and_resolve_references()
     config.suggest.strategy = strategy
     pipe = pipeline.Pipeline.load(config, FLAGS.workdir, log=lambda *a, **k: None)
-    run = lambda: pipe.ordered(context, positions='last', batch_rows=1, widths=[len(queries)])
-    for _ in range(FLAGS.warmups):
-      run()
+    def run(queries):
+      width = len(queries) if widths is None else next(w for w in widths if w >= len(queries))
+      pipe.ordered([Context(queries, len(queries) - 1, {})], positions='last', batch_rows=1,
+                   widths=[width])
+    timed = requests if FLAGS.contexts else requests * FLAGS.repeats
+    for queries in (requests if FLAGS.contexts else requests * FLAGS.warmups):
+      run(queries)
     times = []
-    for _ in range(FLAGS.repeats):
+    for queries in timed:
       started = time.perf_counter()
-      run()
+      run(queries)
       times.append(1000 * (time.perf_counter() - started))
     times.sort()
     print(f'| {strategy} | {times[len(times) // 2]:.1f} | '
