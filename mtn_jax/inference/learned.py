@@ -299,8 +299,9 @@ def candidate_log_probs(trained: inference.Trained, contexts: Sequence[Context],
                         ) -> list[list[np.ndarray]]:
   """The generator's teacher-forced log-probability of given candidates.
 
-  The candidates after one context lie side by side in packed rows (`PACKED_TOKENS`), scored
-  a fixed number of rows a call (one compiled shape per batch shape, whatever the candidates'
+  The candidates after one context are packed in rows as a tree of their shared prefixes
+  (`PACKED_TOKENS` positions, `PACKED_TARGETS` tokens a row), scored a fixed number of rows a
+  call (one compiled shape per batch shape, whatever the candidates'
   number and lengths).
 
   Args:
