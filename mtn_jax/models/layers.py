@@ -399,6 +399,28 @@ def even_length_attention(query: jax.Array, key: jax.Array, value: jax.Array, ma
   return out[:, :length]
 
 
+# What `jax.nn.dot_product_attention` gives a masked key's score (float32): far below any real
+# score, yet finite, so that a row with every key masked averages them rather than making NaN.
+MASKED_ATTENTION_SCORE = -0.7 * float(np.finfo(np.float32).max)
+
+
+def _cached_attention(query: jax.Array, key: jax.Array, value: jax.Array, mask: jax.Array
+                      ) -> jax.Array:
+  """`jax.nn.dot_product_attention` (XLA's) over heads-major keys and values.
+
+  Args:
+    query: [B, T, heads, head_dim].
+    key, value: [B, heads, L, head_dim].
+    mask: bool, broadcastable to [B, heads, T, L].
+  Returns:
+    [B, T, heads, head_dim].
+  """
+  scores = jnp.einsum('bthd,bhld->bhtl', query, key, preferred_element_type=jnp.float32)
+  scores = jnp.where(mask, scores * query.shape[-1] ** -0.5, MASKED_ATTENTION_SCORE)
+  weights = jax.nn.softmax(scores, axis=-1).astype(value.dtype)
+  return jnp.einsum('bhtl,bhld->bthd', weights, value)
+
+
 class Attention(nn.Module):
   """Multi-head attention: inputs_q [B, T, d], inputs_kv [B, L, d], mask -> [B, T, d].
 
@@ -408,10 +430,14 @@ class Attention(nn.Module):
   With `decode`, a first call with the full-length inputs creates the layer's part of the
   'cache' collection and computes as without it; each later call feeds one position [B, 1, d].
   Self-attention then attends causally over a key/value cache (cached_key / cached_value
-  [B, max_len, heads, head_dim], cache_index), the given mask replaced by "cached positions
+  [B, heads, max_len, head_dim], cache_index), the given mask replaced by "cached positions
   so far". Cross-attention (`cross`) keeps the keys and values of its fixed memory
-  (memory_key / memory_value [B, L, heads, head_dim]), projected once at cache creation
-  instead of at every step; later calls ignore `inputs_kv`.
+  (memory_key / memory_value [B, heads, L, head_dim]), projected once at cache creation
+  instead of at every step; later calls ignore `inputs_kv`. The caches are heads-major, the
+  layout the attention's products read, and decoding attends by `_cached_attention`:
+  `jax.nn.dot_product_attention` takes keys [B, L, heads, head_dim], and XLA then copied
+  every cache into heads-major at every step of a search (a transposing copy per cache per
+  layer, the costliest operations of a CPU's beam step after the output layer).
   """
 
   config: TransformerConfig
@@ -425,14 +451,18 @@ class Attention(nn.Module):
     head_dim = cfg.d_model // cfg.num_heads
     project = functools.partial(_dense, cfg, (cfg.num_heads, head_dim), axis=-1)
     query = project(name='query')(inputs_q)  # [B, T, heads, head_dim]
-    if self.decode and self.cross:
-      key, value = self._memory_keys_values(lambda: (project(name='key')(inputs_kv),
-                                                     project(name='value')(inputs_kv)))
-    else:
-      key = project(name='key')(inputs_kv)
-      value = project(name='value')(inputs_kv)
-      if self.decode:
-        key, value, mask = self._update_cache(key, value, mask)
+    if self.decode:
+      heads_major = lambda x: jnp.swapaxes(x, 1, 2)  # [B, L, heads, hd] -> [B, heads, L, hd]
+      project_kv = lambda: (heads_major(project(name='key')(inputs_kv)),
+                            heads_major(project(name='value')(inputs_kv)))
+      if self.cross:
+        key, value = self._memory_keys_values(project_kv)
+      else:
+        key, value, mask = self._update_cache(*project_kv(), mask)
+      return _dense(cfg, cfg.d_model, axis=(-2, -1), name='out')(
+          _cached_attention(query, key, value, mask))
+    key = project(name='key')(inputs_kv)
+    value = project(name='value')(inputs_kv)
     # XLA's implementation unless 'cudnn_attention' is chosen: the sequences are short (a
     # query's <= 11 tokens, a session's few queries), where a flash kernel may save little,
     # and cuDNN refuses odd lengths only when a masked attention is differentiated, after the
@@ -462,14 +492,14 @@ class Attention(nn.Module):
     cache_index = self.variable('cache', 'cache_index', lambda: jnp.array(0, jnp.int32))
     if not initialized:
       return key, value, mask
-    batch, max_len, heads, head_dim = cached_key.value.shape
-    if key.shape != (batch, 1, heads, head_dim):
+    batch, heads, max_len, head_dim = cached_key.value.shape
+    if key.shape != (batch, heads, 1, head_dim):
       raise ValueError(f'a decoding step takes one position per row: expected keys of shape '
-                       f'{(batch, 1, heads, head_dim)}, got {key.shape}')
+                       f'{(batch, heads, 1, head_dim)}, got {key.shape}')
     index = cache_index.value
-    cached_key.value = jax.lax.dynamic_update_slice(cached_key.value, key, (0, index, 0, 0))
+    cached_key.value = jax.lax.dynamic_update_slice(cached_key.value, key, (0, 0, index, 0))
     cached_value.value = jax.lax.dynamic_update_slice(cached_value.value, value,
-                                                      (0, index, 0, 0))
+                                                      (0, 0, index, 0))
     cache_index.value = index + 1
     seen = (jnp.arange(max_len) <= index)[None, None, None, :]
     return cached_key.value, cached_value.value, seen
