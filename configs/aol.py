@@ -47,10 +47,7 @@ def apply_small(c):
   """CPU-size model and schedule for the 500-user AOL sample (~10k training sessions)."""
   c.model.emb_dim = 128
   if 'd_model' in c.model:  # the attention models
-    # Layer stacks as Python loops here too: on a CPU the training step is within the noise of
-    # nn.scan's, and decoding a lone request is faster without the loop over stacked layers
-    # inside the search's loop (docs/PERFORMANCE.md, "The learned ranker in the pipeline").
-    c.model.scan_layers = False
+    c.model.scan_layers = True  # on a CPU the layouts are within the noise; scan compiles faster
     c.model.d_model = 128
     c.model.num_heads = 4
     c.model.ff_dim = 256

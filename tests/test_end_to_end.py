@@ -113,6 +113,23 @@ def test_evaluation_samples_match_offline_decoding(mtn_run, tmp_path):
     assert sample['predicted'] == sample['suggestions'][0]['query']
 
 
+def test_a_checkpoint_of_scanned_layers_decodes_with_its_layers_in_a_loop(mtn_run):
+  """Inference runs a model's layer stacks as a Python loop whatever layout it was trained in
+  (under `nn.scan` a search would slice each layer's weights out of the stack at every step):
+  the scanned checkpoint's parameters are read into one parameter set per layer."""
+  from configs import demo  # pylint: disable=g-import-not-at-top
+  from mtn_jax import inference  # pylint: disable=g-import-not-at-top
+  from mtn_jax.training import checkpoints  # pylint: disable=g-import-not-at-top
+  workdir, _ = mtn_run
+  config = demo.get_config()
+  config.model.scan_layers = True
+  trained = inference.load_trained(config, str(workdir))
+  assert checkpoints.saved_scan_layers(trained.meta) is True
+  assert trained.task.cfg.scan_layers is False
+  decoder = trained.params['decoder']['stack']
+  assert set(decoder) == {f'layers_{i}' for i in range(trained.task.cfg.decoder_layers)}
+
+
 def test_eval_on_the_validation_split_leaves_the_test_results_alone(mtn_run):
   # Tuning decoding on the validation split must neither read nor overwrite the test results.
   workdir, _ = mtn_run

@@ -3,8 +3,12 @@
 The model is rebuilt from the checkpoint's own saved config, so a run's current
 `config.model` cannot make its checkpoint unloadable; only the fields that leave the
 parameters' meaning unchanged (`ModelConfig.RUNTIME_FIELDS`: dropout, compute dtype, remat,
-the layer layout) are taken from the current config, and a checkpoint trained with one layer
-layout (`scan_layers`) is converted to the other.
+the layer layout) are taken from the current config. Whatever layout a checkpoint was
+trained with, its layer stacks are run as Python loops here (`scan_layers=False`): the
+layouts compute the same, but under `nn.scan` every step of a search's loop slices each
+layer's weights out of the stack, which makes a lone request's beam slower on a CPU
+(docs/PERFORMANCE.md, "The learned ranker in the pipeline"). Training keeps its own layout,
+which decides how the parameters are drawn.
 
 A run's own workdir is evaluated, decoded and suggested from with the config it was trained
 with: `check_config` refuses another `config.model` as training refuses to resume under one
@@ -158,6 +162,7 @@ def load_trained(config: ml_collections.ConfigDict, workdir: str,
     _note_config_differences(cfg, config.model, where)
     task = tasks.make_task(cfg, config.train, data_dir)
     saved_task = task.with_layout(checkpoints.saved_scan_layers(meta))
+    task = task.with_layout(False)
     # Replicated on this process's devices, whatever devices the run was trained on (the
     # saved sharding names the training machine's: another device count would not load).
     on_devices = parallel.replicated(parallel.make_mesh())
@@ -165,8 +170,8 @@ def load_trained(config: ml_collections.ConfigDict, workdir: str,
         lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=on_devices),
         saved_task.abstract_params())
     params = checkpoints.restore(manager, step, abstract_params=abstract_params)['params']
-    if saved_task is not task:
-      params = layers.convert_layer_layout(params, scan_layers=cfg.scan_layers)
+    if getattr(getattr(saved_task, 'cfg', None), 'scan_layers', False):
+      params = layers.convert_layer_layout(params, scan_layers=False)
   finally:
     manager.close()
   return Trained(task, params, vocab, step, meta)
