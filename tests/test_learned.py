@@ -181,6 +181,28 @@ def test_what_is_shown_keeps_word_salad_out_and_the_session_first(counts):
                            attested_only=False) == ranked[:1]
 
 
+def test_the_first_places_take_a_short_querys_site_and_no_words_added_unlogged():
+  """A short query written as a site is about the session; the previous query with words
+  added is kept from the first places unless the log holds it."""
+  log = [['x', 'cheap cars'], ['x', 'cars for kids']]
+  ranked = [{'query': q, 'sources': ['templates']}
+            for q in ('cheap cars for kids', 'ebay', 'cars for kids', 'cheapcars.com', 'x')]
+  so_far = ('cheap cars',)
+  counts = popular.LogCounts.of_sessions(log)
+  assert learned.well_formed('cheap cars for kids', counts, so_far)
+  assert learned.added_to('cheap cars for kids', 'cheap cars')
+  assert not learned.added_to('cars for kids', 'cheap cars')
+  assert learned.about_session(so_far)('cheapcars.com')
+  # Three words joined are no address anyone types.
+  assert not learned.about_session(('pictures of cats',))('picturesofcats.com')
+  shown = learned.presented(ranked, so_far, counts, session_first=2, attested_only=False)
+  assert [c['query'] for c in shown] == ['cars for kids', 'cheapcars.com',
+                                         'cheap cars for kids', 'ebay', 'x']
+  logged = popular.LogCounts.of_sessions(log + [['x', 'cheap cars for kids']])
+  shown = learned.presented(ranked, so_far, logged, session_first=2, attested_only=False)
+  assert [c['query'] for c in shown][:2] == ['cheap cars for kids', 'cars for kids']
+
+
 def test_a_query_does_not_start_or_end_with_a_word_that_never_does():
   """'of' is used 20 times (EDGE_MIN_USES), always inside a query: a cut leaving it first or
   last is not well-formed; a word the log rarely uses ('hats') may go anywhere."""

@@ -122,15 +122,27 @@ def well_formed(text: str, counts: popular.LogCounts, so_far: Sequence[str]) -> 
   return True
 
 
+# A session query of at most this many words written as a site ("bass champs" ->
+# "basschamps.com") is about the session; a longer one joined is no address anyone types.
+SITE_MAX_WORDS = 2
+
+
 def about_session(so_far: Sequence[str]) -> Callable[[str], bool]:
   """Whether a candidate is about the session `so_far`: it shares a word with it (a site's
-  name standing for its address) and is not one word of it alone (a lone word cut from what
-  was typed says less than the query did). The session's words are read once, for all its
-  candidates."""
+  name standing for its address), or is the address of a short query of it ("nhra" ->
+  "nhra.com"), and is not one word of it alone (a lone word cut from what was typed says less
+  than the query did). The session's words are read once, for all its candidates."""
   typed = {w for q in so_far for w in q.split()}
   session = set().union(*(site_words(q) for q in so_far))
+  session |= {''.join(q.split()) for q in so_far if len(q.split()) <= SITE_MAX_WORDS}
   return lambda text: bool(site_words(text) & session) and not (
       len(text.split()) == 1 and text in typed)
+
+
+def added_to(text: str, previous: str) -> bool:
+  """Whether `text` is `previous` with words put before or after it ("mexican insurance" ->
+  "mexican insurance for sale", "free mexican insurance")."""
+  return text.startswith(previous + ' ') or text.endswith(' ' + previous)
 
 
 def presented(ranked: Sequence[dict], so_far: Sequence[str], counts: popular.LogCounts, *,
@@ -142,10 +154,11 @@ def presented(ranked: Sequence[dict], so_far: Sequence[str], counts: popular.Log
   With `attested_only`, none that the generator alone wrote unless `well_formed` (the log's
   and the templates' candidates are queries or one edit of one). Then the first
   `session_first` places go to the best `well_formed` candidates (no word salad), at most
-  `unrelated_first` of them not `about_session` (head queries such as "google"); where the
-  session gives too few, the next well-formed ones in order fill the places. The rest follow
-  in the ranker's order, what is not well-formed last (recall kept below what reads as a
-  query)."""
+  `unrelated_first` of them not `about_session` (head queries such as "google"), none the
+  previous query with words added that the log does not hold (people rate most such
+  additions odd: "mexican insurance for kids", "free the big guy"); where the session gives
+  too few, the next well-formed ones in order fill the places. The rest follow in the
+  ranker's order, what is not well-formed last (recall kept below what reads as a query)."""
   formed = {c['query']: well_formed(c['query'], counts, so_far) for c in ranked}
   if attested_only:
     ranked = [c for c in ranked if set(c['sources']) != {'generate'} or formed[c['query']]]
@@ -156,7 +169,8 @@ def presented(ranked: Sequence[dict], so_far: Sequence[str], counts: popular.Log
   for c in ranked:
     if not formed[c['query']]:
       malformed.append(c)
-    elif len(first) == session_first:
+    elif len(first) == session_first or (
+        added_to(c['query'], so_far[-1]) and not counts.issued.get(c['query'])):
       rest.append(c)
     elif about(c['query']):
       first.append(c)

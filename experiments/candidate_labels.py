@@ -1,0 +1,230 @@
+"""Which of the learned ranker's candidates a person finds useful or garbled, by kind.
+
+  python experiments/candidate_labels.py make --workdir=W --out=L [--contexts=60] [--seed=7]
+      [--not_in=P0,P1] [config flags]
+  python experiments/candidate_labels.py score --out=L --judgments=J1.json,J2.json
+
+A panel (experiments/panel.py) rates the top 5 a presentation shows; it cannot say what
+another presentation of the same candidates would have shown. `make` draws validation
+contexts as `panel.py` does (none that the panels of --not_in showed), asks the workdir's
+learned pipeline for its whole ranked pool, and writes for each context its session and up
+to `--candidates` of the pool, shuffled: the ranker's top 10 and then the best well-formed
+candidates about the session (`learned.well_formed`, `learned.about_session`), the ones a
+presentation chooses its first places from. Judges rate each candidate U / G / N under the
+rubric of ../shared/JUDGING.md. `score` prints the useful and garbled shares by kind of
+candidate (who proposed it, which template, logged or not, well-formed, about the session),
+and the top 5 that each presentation rule of RULES would show, scored by the judges' labels
+(a candidate no judge saw counts as neither: a lower bound on useful and garbled alike).
+
+A judge returns JSON: {"<context number>": {"<candidate number>": "U"|"G"|"N"}}.
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import json
+import os
+import random
+import sys
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+# pylint: disable=wrong-import-position
+from absl import flags
+from ml_collections import config_flags
+
+from mtn_jax.data import preprocess
+from mtn_jax.data import sessions
+from mtn_jax.inference import learned
+from mtn_jax.inference import pipeline
+from mtn_jax.inference import popular
+from mtn_jax.inference.inputs import Context
+# pylint: enable=wrong-import-position
+
+SHOWN = 5
+RANKER_TOP = 10
+
+
+def draw(workdir: str, contexts: int, seed: int, not_in: str):
+  """(contexts, their next queries): validation contexts as `panel.py make` draws them."""
+  valid = sessions.load_split(preprocess.data_dir(os.path.abspath(workdir)), 'valid')
+  pairs = [(i, t) for i in range(valid.num_sessions) for t in range(int(valid.lengths[i]) - 1)]
+  shown_before = set()
+  for earlier in filter(None, (not_in or '').split(',')):
+    with open(os.path.join(earlier, 'key.json'), encoding='utf-8') as f:
+      shown_before |= {tuple(c) for c in json.load(f)['contexts']}
+  pairs = [(i, t) for i, t in pairs if tuple(valid.session_texts(i)[:t + 1]) not in shown_before]
+  chosen = sorted(random.Random(seed).sample(pairs, min(contexts, len(pairs))))
+  return ([Context(tuple(valid.session_texts(i)[:t + 1]), t, {}) for i, t in chosen],
+          [valid.session_texts(i)[t + 1] for i, t in chosen])
+
+
+def kind(candidate: dict, counts: popular.LogCounts, so_far, templates: dict) -> dict:
+  """What a candidate is: its proposers, template, whether logged, well-formed, about."""
+  text = candidate['query']
+  return {'sources': candidate['sources'], 'template': templates.get(text, ''),
+          'logged': bool(counts.issued.get(text)),
+          'well_formed': learned.well_formed(text, counts, so_far),
+          'about': learned.about_session(so_far)(text),
+          'head': text in set(counts.most_popular(20)),
+          'rank': candidate['rank']}
+
+
+def make(args, config) -> None:
+  contexts, references = draw(args.workdir, args.contexts, args.seed, args.not_in)
+  config.decode.exclude_session_queries = True
+  config.suggest.strategy = 'learned'
+  config.suggest.session_first = 0
+  config.suggest.attested_only = False
+  pipe = pipeline.Pipeline.load(config, args.workdir)
+  ranked_lists, by_source = pipe._learned(contexts, positions='last',  # pylint: disable=protected-access
+                                          batch_rows=config.decode.batch_sessions)
+  counts = pipe.log_counts
+  rng = random.Random(args.seed)
+  lines = ['# Candidates to judge', '',
+           'For each context: the session so far (oldest first), then numbered candidate next '
+           'queries. Rate every candidate U (useful), G (garbled) or N (neither), as the '
+           'rubric says.', '']
+  record = {'contexts': [list(c.queries) for c in contexts], 'references': references,
+            'candidates': []}
+  for n, (context, ranked) in enumerate(zip(contexts, ranked_lists), 1):
+    so_far = context.queries
+    ranked = [dict(c, rank=r) for r, c in enumerate(
+        (c for c in ranked[0] if c['query'] not in so_far), 1)]
+    templates = {c['query']: c.get('template', '') for c in by_source['templates'][n - 1][0]}
+    about = learned.about_session(so_far)
+    picked = ranked[:RANKER_TOP] + [
+        c for c in ranked[RANKER_TOP:]
+        if learned.well_formed(c['query'], counts, so_far) and about(c['query'])]
+    picked = picked[:args.candidates]
+    described = [dict(kind(c, counts, so_far, templates), query=c['query']) for c in picked]
+    # The whole ranked pool, for the rules of `score` (unjudged ones count as neither).
+    pool = [dict(kind(c, counts, so_far, templates), query=c['query']) for c in ranked]
+    shuffled = described[:]
+    rng.shuffle(shuffled)
+    default = learned.presented(ranked, so_far, counts, session_first=SHOWN, unrelated_first=1,
+                                attested_only=True)
+    record['candidates'].append({'shown': [c['query'] for c in shuffled], 'pool': pool,
+                                 'default': [c['query'] for c in default[:SHOWN]]})
+    lines += [f'## Context {n}', '', 'Session: ' + ' | '.join(so_far), '']
+    lines += [f'{k}. {c["query"]}' for k, c in enumerate(shuffled, 1)] + ['']
+  os.makedirs(args.out, exist_ok=True)
+  with open(os.path.join(args.out, 'items.md'), 'w', encoding='utf-8') as f:
+    f.write('\n'.join(lines))
+  with open(os.path.join(args.out, 'key.json'), 'w', encoding='utf-8') as f:
+    json.dump(record, f, indent=1)
+  print(f'{len(contexts)} contexts, {sum(len(c["shown"]) for c in record["candidates"])} '
+        f'candidates: {args.out}/items.md')
+
+
+def candidate_kind(c: dict) -> str:
+  if c['head']:
+    return 'head query'
+  only = c['sources']
+  if c['template']:
+    name = c['template'].split(':')[0]
+    return f'template {name}' + (' (logged)' if c['logged'] else '')
+  if only == ['generate']:
+    return 'generator only' + (', logged' if c['logged'] else
+                               ', well-formed' if c['well_formed'] else ', not well-formed')
+  return '+'.join(only) + (' (logged)' if c['logged'] else '')
+
+
+# Presentation rules over the ranked pool: each returns the top 5 shown.
+def _first_places(pool, unrelated_first, admit=lambda c: True, key=None):
+  ordered = sorted(pool, key=key) if key else pool
+  first, rest, unrelated = [], [], 0
+  for c in ordered:
+    if not c['well_formed'] or not admit(c):
+      continue
+    if len(first) == SHOWN:
+      break
+    if c['about']:
+      first.append(c)
+    elif unrelated < unrelated_first:
+      first.append(c)
+      unrelated += 1
+  others = [c for c in pool if c not in first and c['well_formed']]
+  return (first + others)[:SHOWN]
+
+
+DEFAULT = 'default (first 5 about, <= 1 head)'
+RULES = {
+    DEFAULT: lambda pool: _first_places(
+        [c for c in pool if c['sources'] != ['generate'] or c['well_formed']], 1),
+    'ranker order, well-formed only': lambda pool: [c for c in pool if c['well_formed']][:SHOWN],
+    'first 5 about, no head': lambda pool: _first_places(pool, 0),
+    'first 5 about, <= 1 head, no drop templates': lambda pool: _first_places(
+        pool, 1, admit=lambda c: not c['template'].startswith('drop')),
+    'first 5 about, <= 1 head, logged first': lambda pool: _first_places(
+        pool, 1, key=lambda c: (not c['logged'], c['rank'])),
+}
+
+
+def score(args) -> None:
+  with open(os.path.join(args.out, 'key.json'), encoding='utf-8') as f:
+    record = json.load(f)
+  judges = []
+  for path in args.judgments.split(','):
+    with open(path, encoding='utf-8') as f:
+      judges.append(json.load(f))
+  labels = []  # [context] {query: [label of each judge]}
+  for n, entry in enumerate(record['candidates'], 1):
+    at = collections.defaultdict(list)
+    for marks in judges:
+      for k, query in enumerate(entry['shown'], 1):
+        at[query].append(str(marks.get(str(n), {}).get(str(k), 'N')).upper()[:1])
+    labels.append(at)
+  by_kind = collections.defaultdict(lambda: [0, 0, 0])
+  for entry, at in zip(record['candidates'], labels):
+    for c in entry['pool']:
+      if c['query'] in at:
+        marks = at[c['query']]
+        row = by_kind[candidate_kind(c)]
+        row[0] += len(marks)
+        row[1] += marks.count('U')
+        row[2] += marks.count('G')
+  print('| kind of candidate | judgments | useful % | garbled % |\n|---|---:|---:|---:|')
+  for name, (total, useful, garbled) in sorted(by_kind.items(), key=lambda x: -x[1][0]):
+    print(f'| {name} | {total} | {100 * useful / total:.1f} | {100 * garbled / total:.1f} |')
+  same = sum([c['query'] for c in RULES[DEFAULT](e['pool'])] == e['default']
+             for e in record['candidates'])
+  print(f'\n{DEFAULT}: the pipeline\'s own top 5 in {same} of {len(labels)} contexts')
+  print('\n| rule | judge | useful % | garbled % | lists with >= 2 useful % | unjudged % |\n'
+        '|---|---|---:|---:|---:|---:|')
+  for rule, show in RULES.items():
+    for j in range(len(judges)):
+      useful = garbled = two = unjudged = 0
+      for entry, at in zip(record['candidates'], labels):
+        shown = show(entry['pool'])
+        marks = [at[c['query']][j] if c['query'] in at else '?' for c in shown]
+        useful += marks.count('U')
+        garbled += marks.count('G')
+        unjudged += marks.count('?')
+        two += marks.count('U') >= 2
+      total = SHOWN * len(labels)
+      print(f'| {rule} | {j + 1} | {100 * useful / total:.1f} | {100 * garbled / total:.1f} | '
+            f'{100 * two / len(labels):.1f} | {100 * unjudged / total:.1f} |')
+
+
+def main() -> None:
+  parser = argparse.ArgumentParser(description=__doc__.split('\n')[0])
+  parser.add_argument('command', choices=('make', 'score'))
+  parser.add_argument('--workdir')
+  parser.add_argument('--out', required=True)
+  parser.add_argument('--contexts', type=int, default=60)
+  parser.add_argument('--candidates', type=int, default=20)
+  parser.add_argument('--seed', type=int, default=7)
+  parser.add_argument('--not_in', help='earlier panels: their contexts are not drawn again')
+  parser.add_argument('--judgments', default='', help='score: comma-separated JSON files')
+  args, rest = parser.parse_known_args()
+  if args.command == 'score':
+    score(args)
+    return
+  config_flags.DEFINE_config_file('config', 'configs/aol.py:small')
+  flags.FLAGS(['candidate_labels', *rest])
+  make(args, flags.FLAGS.config)
+
+
+if __name__ == '__main__':
+  main()
