@@ -12,6 +12,7 @@ from __future__ import annotations
 import dataclasses
 import os
 
+import jax
 import ml_collections
 
 from mtn_jax import inference
@@ -19,7 +20,8 @@ from mtn_jax.data import hypothesis_files
 from mtn_jax.data import preprocess
 from mtn_jax.data import sessions
 from mtn_jax.decoding import search
-from mtn_jax.inference import generate
+from mtn_jax.inference import habits
+from mtn_jax.inference import sources
 
 
 def settings(generator: hypothesis_files.Generator) -> search.SearchSettings:
@@ -44,10 +46,11 @@ def prepare(config: ml_collections.ConfigDict, workdir: str, split_names: tuple[
     for generator, chosen in hypothesis_files.sessions_of(found, split):
       part = split if len(chosen) == split.num_sessions else sessions.select_sessions(
           split, chosen)
-      _decode(generator, part, log)
+      _decode(generator, part, data_dir, log)
 
 
-def _decode(generator: hypothesis_files.Generator, split: sessions.SessionSplit, log) -> None:
+def _decode(generator: hypothesis_files.Generator, split: sessions.SessionSplit, data_dir: str,
+            log) -> None:
   path = generator.path(split.name)
   trained = inference.load_trained(generator.config, generator.workdir, which='best')
   search_settings = settings(generator)
@@ -60,13 +63,14 @@ def _decode(generator: hypothesis_files.Generator, split: sessions.SessionSplit,
       f'of fold {generator.held_out} of {generator.folds} held out of its training) for the '
       'ranker\'s candidates.', flush=True)
   decode = generator.config.decode
-  by_pair = generate.decode_split(
-      trained, split, search_settings,
+  history_queries = generator.config.data.history_queries
+  beam = sources.Generate(trained, search_settings, history_queries).on_local_devices()
+  histories = habits.past_queries(data_dir, split) if history_queries else None
+  by_session = sources.by_session_length(
+      lambda group, rows: beam.propose(group, positions='all', batch_rows=rows),
+      sources.session_contexts(split, range(split.num_sessions), histories),
       queries_per_batch=decode.batch_sessions * generator.config.data.max_session_queries,
-      log=log)
-  rows: list[list[str]] = []
-  pair = 0
-  for length in split.lengths.tolist():
-    rows += [[c['query'] for c in ranked] for ranked in by_pair[pair:pair + length - 1]] + [[]]
-    pair += length - 1
-  hypothesis_files.write(path, header, rows)
+      multiple_of=jax.local_device_count(), log=log)
+  # A row per query: each position's suggestions, none after the session's last query.
+  rows = [[[c['query'] for c in ranked] for ranked in session] + [[]] for session in by_session]
+  hypothesis_files.write(path, header, [row for session in rows for row in session])

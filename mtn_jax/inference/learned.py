@@ -629,18 +629,6 @@ def build_sources(plan: Sequence[tuple[str, int]], trained: inference.Trained,
   return out
 
 
-def session_contexts(split: sessions.SessionSplit, chosen: Sequence[int]) -> list[Context]:
-  """A context of each chosen session: its queries but the last, suggested after each."""
-  out = []
-  for i in chosen:
-    texts = split.session_texts(int(i))
-    info = {'session': int(i)}
-    if split.users is not None:
-      info['user'] = int(split.users[int(i)])
-    out.append(Context(tuple(texts[:-1]), 0, info, 0, tuple(texts[1:])))
-  return out
-
-
 @dataclasses.dataclass
 class Groups:
   """Learning-to-rank data: one group per (context, position), with rows only where the
@@ -681,7 +669,7 @@ def cross_fitted_groups(config: ml_collections.ConfigDict, workdir: str, log=pri
                                      which='best')
     others = [train.session_texts(i) for i in np.flatnonzero(fold_of != k).tolist()]
     counts = popular.LogCounts.of_sessions(others)
-    contexts = session_contexts(train, np.flatnonzero(fold_of == k).tolist())
+    contexts = sources_lib.session_contexts(train, np.flatnonzero(fold_of == k).tolist())
     candidate_sources = build_sources(plan, trained, counts, settings)
     # A part of the sessions at a time, with a progress line and an ETA after each.
     part = max(PROGRESS_SESSIONS // config.decode.batch_sessions, 1) * config.decode.batch_sessions

@@ -24,9 +24,10 @@ config.decode, read in one place). It never trains or fits anything. Three stage
    queries the session holds are dropped, then the first `top_k` are kept.
 
 `suggest` runs the three stages on `Context`s (decode, suggest, a service); `split_lists`
-runs stages 1-2 on a whole split, its sources computed on every device (evaluation, which
-then shows both protocols with `show`): the same order and the same `show`, so evaluation
-scores exactly the lists decode and suggest write.
+runs stages 1-2 on a whole split's sessions as contexts (evaluation, which then shows both
+protocols with `show`), the generator's beam through the same source, a session length at a
+time over all of this process's devices: the same candidates, the same order and the same
+`show`, so evaluation scores exactly the lists decode and suggest write.
 
 The rankers must read the workdir's vocabulary (the same corpus, preprocessed alike): a
 candidate is given to the ranker as token ids, and ids of another vocabulary would be other
@@ -56,7 +57,6 @@ from mtn_jax.data import sessions
 from mtn_jax.data.vocab import Vocab
 from mtn_jax.decoding import mbr
 from mtn_jax.decoding import search
-from mtn_jax.inference import generate
 from mtn_jax.inference import habits
 from mtn_jax.inference import imdna_proposer
 from mtn_jax.inference import learned
@@ -577,8 +577,9 @@ class Pipeline:
                   retrieved: tuple[Sequence[Sequence[str]], np.ndarray] | None = None,
                   histories: Sequence[Sequence[str]] | None = None,
                   log=print) -> SplitLists:
-    """Stages 1-2 for every (prefix -> next query) pair of `split`, in pair order, the
-    sources computed on every device.
+    """Stages 1-2 for every (prefix -> next query) pair of `split`, in pair order: its
+    sessions as contexts (`sources.session_contexts`), the generator's beam a session length
+    at a time on every device of this process (`sources.by_session_length`).
 
     Args:
       split: the sessions; pair (i, t) predicts query t+1 of session i after 0..t.
@@ -586,7 +587,8 @@ class Pipeline:
       retrieved: where the pipeline retrieves, ([pairs] texts, float [pairs, pool_depth()]
         scores): the retriever's best pool entries for every pair of `split` (evaluation
         ranks the whole pool exactly, and keeps the ranks for its figures).
-      histories: [sessions] each session's user's earlier queries (the habit rule).
+      histories: [sessions] each session's user's earlier queries (the habit rule; the
+        model's input where it personalises).
     """
     s = self.settings
     # Each session's contexts: its queries but the last (which only ever is a reference).
@@ -601,17 +603,24 @@ class Pipeline:
     pair_contexts = lambda: [contexts[i][:t + 1] for i, t in zip(session_of.tolist(),
                                                                  position_of.tolist())]
     sources: dict[str, list[list[str]]] = {}
+    flat = lambda lists: [at for session in lists for at in session]
+    if s.history_queries and histories is None:
+      raise ValueError('split_lists of a model that reads users\' histories needs them')
+    session_contexts = inference_sources.session_contexts(
+        split, range(split.num_sessions), histories if s.history_queries else None)
     if self.ranker is not None:
       ordered, by_source = self._learned(
-          learned.session_contexts(split, range(split.num_sessions)), positions='all',
+          session_contexts, positions='all',
           batch_rows=max(1, queries_per_batch // split.lengths.max()))
-      flat = lambda lists: [at for session in lists for at in session]
       return SplitLists(flat(ordered), {name: texts(flat(lists))
                                         for name, lists in by_source.items()})
-    generative = isinstance(self.trained.task, tasks.Suggests)
-    beams = (generate.decode_split(self.trained, split, s.whole_beam,
-                                   queries_per_batch=queries_per_batch, log=log)
-             if generative else None)
+    beams = None
+    if isinstance(self.trained.task, tasks.Suggests):
+      generator = self._generate().on_local_devices()
+      beams = flat(inference_sources.by_session_length(
+          lambda group, rows: generator.propose(group, positions='all', batch_rows=rows),
+          session_contexts, queries_per_batch=queries_per_batch,
+          multiple_of=jax.local_device_count(), log=log))
     if s.strategy == 'blend':
       at_pairs = pair_contexts()
       by_source = [self._blend_sources(beam, context)

@@ -28,13 +28,17 @@ own construction in `pipeline.Pipeline.load` where it needs a model of its own).
 from __future__ import annotations
 
 import dataclasses
+import time
 from collections.abc import Sequence
 from typing import Protocol, runtime_checkable
 
+import jax
 import numpy as np
 
 from mtn_jax import inference
+from mtn_jax import parallel
 from mtn_jax.data import bm25
+from mtn_jax.data import sessions
 from mtn_jax.decoding import search
 from mtn_jax.inference import imdna_proposer
 from mtn_jax.inference import inputs
@@ -94,6 +98,54 @@ def propose_all(sources: Sequence[Source], contexts: Sequence[Context], *, posit
                             widths=widths) for s in sources}
 
 
+def session_contexts(split: sessions.SessionSplit, chosen: Sequence[int],
+                     histories: Sequence[Sequence[str]] | None = None) -> list[Context]:
+  """A context of each chosen session of `split`: its queries but the last, suggested after
+  each (the last query is only ever a reference); `histories`: [split's sessions] each one's
+  user's earlier queries, for a model that reads them."""
+  out = []
+  for i in chosen:
+    texts = split.session_texts(int(i))
+    info = {'session': int(i)}
+    if split.users is not None:
+      info['user'] = int(split.users[int(i)])
+    history = tuple(histories[int(i)]) if histories is not None else ()
+    out.append(Context(tuple(texts[:-1]), 0, info, 0, tuple(texts[1:]), history))
+  return out
+
+
+PROGRESS_SECONDS = 10.0  # at most one progress line of `by_session_length` this often
+
+
+def by_session_length(propose, contexts: Sequence[Context], *, queries_per_batch: int,
+                      multiple_of: int = 1, log=None) -> list:
+  """`propose(group, batch_rows)` over `contexts` ('all' positions: a whole split's), one
+  session length at a time: a length's contexts `queries_per_batch` query slots a batch (rows
+  a multiple of `multiple_of`, the devices'), as training's batches fill them, rather than
+  every batch as few rows as the longest session allows. Returns the lists in `contexts`'
+  order; `log` gets a progress line at most every `PROGRESS_SECONDS`."""
+  out: list = [None] * len(contexts)
+  by_length: dict[int, list[int]] = {}
+  for i, context in enumerate(contexts):
+    by_length.setdefault(len(context.queries), []).append(i)
+  done, started, last_log = 0, time.time(), time.time()
+  for length in sorted(by_length):
+    rows = max(1, queries_per_batch // length)
+    rows = -(-rows // multiple_of) * multiple_of
+    chosen = by_length[length]
+    for start in range(0, len(chosen), rows):
+      group = chosen[start:start + rows]
+      for i, lists in zip(group, propose([contexts[i] for i in group], rows)):
+        out[i] = lists
+      done += len(group)
+      if log is not None and (time.time() - last_log >= PROGRESS_SECONDS
+                              or done == len(contexts)):
+        last_log = time.time()
+        log(f'  decoded {done:,}/{len(contexts):,} sessions '
+            f'({done / max(last_log - started, 1e-9):.1f} sessions/s)', flush=True)
+  return out
+
+
 # ---------------------------------------------------------------------------------------------
 # Model-backed sources
 
@@ -117,19 +169,25 @@ def batches(trained: inference.Trained, contexts: Sequence[Context], batch_rows:
 
 def generated(trained: inference.Trained, contexts: Sequence[Context],
               settings: search.SearchSettings, *, positions: str, batch_rows: int,
-              history_queries: int = 0, widths: Sequence[int] | None = None) -> Lists:
+              history_queries: int = 0, widths: Sequence[int] | None = None,
+              mesh: jax.sharding.Mesh | None = None) -> Lists:
   """A generative model's suggestions for each context (in order) after each of its output
   positions, ordered and cut as `settings` says (`search.ranked_suggestions`).
 
   Contexts are sorted by length and decoded `batch_rows` at a time, each batch padded to
   its longest context (or to the first of `widths` that holds it, a fixed set of shapes): the
   models are causal over queries, so trailing padding queries change no earlier position.
+  With `mesh` (this process's devices; `trained.params` replicated on them), each batch's
+  rows are split over its devices.
   """
   out: list = [None] * len(contexts)
   for group, group_contexts, batch, lengths in batches(trained, contexts, batch_rows, widths,
                                                        history_queries):
+    model_inputs = {k: batch[k] for k in trained.task.input_keys}
+    if mesh is not None:
+      model_inputs = parallel.shard_batch(model_inputs, mesh)
     sequences, scores = trained.task.suggest(
-        trained.params, {k: batch[k] for k in trained.task.input_keys}, settings,
+        trained.params, model_inputs, settings,
         positions=positions, lengths=lengths if positions == 'last' else None)
     sequences, scores = np.asarray(sequences), np.asarray(scores)
     for row, (i, context) in enumerate(zip(group, group_contexts)):
@@ -161,17 +219,32 @@ def retrieved(retriever: retrieval.Retriever, contexts: Sequence[Context], *, k:
 
 @dataclasses.dataclass
 class Generate:
-  """The workdir's generative beam, every hypothesis in the generator's own order."""
+  """The workdir's generative beam, every hypothesis in the generator's own order; with
+  `mesh`, each batch split over its devices (`on_local_devices`)."""
 
   trained: inference.Trained
   settings: search.SearchSettings  # the whole beam: `Settings.whole_beam`
   history_queries: int = 0
   name: str = 'generate'
+  mesh: jax.sharding.Mesh | None = None
 
   def propose(self, contexts, *, positions, batch_rows, widths=None) -> Lists:
     return generated(self.trained, contexts, self.settings, positions=positions,
                      batch_rows=batch_rows, history_queries=self.history_queries,
-                     widths=widths)
+                     widths=widths, mesh=self.mesh)
+
+  def on_local_devices(self) -> Generate:
+    """This source with its batches split over all of this process's devices (a whole
+    split's evaluation; each process of a multi-host run decodes every context), or itself
+    where there is one device."""
+    devices = jax.local_devices()
+    if len(devices) == 1:
+      return self
+    mesh = jax.sharding.Mesh(np.asarray(devices), ('data',),
+                             axis_types=(jax.sharding.AxisType.Auto,))
+    params = jax.device_put(self.trained.params, parallel.replicated(mesh))
+    return dataclasses.replace(self, trained=dataclasses.replace(self.trained, params=params),
+                               mesh=mesh)
 
 
 @dataclasses.dataclass
