@@ -30,8 +30,7 @@ from ml_collections import config_flags
 
 import numpy as np
 
-from mtn_jax.data import preprocess
-from mtn_jax.data import sessions
+from launch import bench_requests
 from mtn_jax.inference import pipeline
 from mtn_jax.inference.inputs import Context
 from mtn_jax.serving import engine
@@ -48,23 +47,12 @@ flags.DEFINE_integer('contexts', 0, 'if > 0: this many test-split sessions cut a
 FLAGS = flags.FLAGS
 
 
-def _requests(workdir: str, count: int, most: int) -> list[tuple[str, ...]]:
-  """`count` sessions of the test split, each cut after a random position (the latest `most`
-  queries), as `launch/bench_serve.py` draws its requests."""
-  split = sessions.load_split(preprocess.data_dir(os.path.abspath(workdir)), 'test')
-  rng = np.random.default_rng(0)
-  out = []
-  for i in rng.integers(0, split.num_sessions, count):
-    texts = split.session_texts(int(i))
-    out.append(tuple(texts[:int(rng.integers(1, len(texts) + 1))][-most:]))
-  return out
-
-
 def main(argv) -> None:
   del argv
   most = FLAGS.config.data.max_session_queries
   if FLAGS.contexts:
-    requests = _requests(FLAGS.workdir, FLAGS.contexts, most)
+    requests = [tuple(queries) for queries in bench_requests.request_sessions(
+        FLAGS.workdir, FLAGS.contexts, most, seed=0)]
     widths = engine.padded_sizes(most)
     what = (f'{len(requests)} test contexts cut at random positions (mean '
             f'{np.mean([len(r) for r in requests]):.1f} queries), one call each')

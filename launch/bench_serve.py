@@ -111,21 +111,6 @@ def load_config(path: str, overrides):
   return config
 
 
-def request_sessions(workdir: str, count: int, max_queries: int, seed: int) -> list[list[str]]:
-  """`count` sessions of the test split, each cut after a random position (at most
-  `max_queries` queries, the latest)."""
-  from mtn_jax.data import preprocess  # pylint: disable=g-import-not-at-top
-  from mtn_jax.data import sessions  # pylint: disable=g-import-not-at-top
-  split = sessions.load_split(preprocess.data_dir(os.path.abspath(workdir)), 'test')
-  rng = np.random.default_rng(seed)
-  out = []
-  for i in rng.integers(0, split.num_sessions, count):
-    texts = split.session_texts(int(i))
-    end = int(rng.integers(1, len(texts) + 1))
-    out.append(texts[:end][-max_queries:])
-  return out
-
-
 class ServiceProcess:
   """`--mode=serve` on a free loopback port, its output kept."""
 
@@ -304,7 +289,9 @@ def main(argv):
   service = ServiceProcess(workdir, _CONFIG.value, _SET.value)
   with urllib.request.urlopen(f'{service.url}/v1/info') as response:
     max_queries = json.load(response)['max_session_queries']
-  sessions = request_sessions(workdir, max(_OFFLINE.value, 512), max_queries, _SEED.value)
+  from launch import bench_requests  # pylint: disable=g-import-not-at-top
+  sessions = bench_requests.request_sessions(workdir, max(_OFFLINE.value, 512), max_queries,
+                                             _SEED.value)
   rows = []
   try:
     for rate in (float(r) for r in _RATES.value):
