@@ -106,6 +106,21 @@ def test_log_sources_by_hand(counts):
   assert list(ran) == ['session', 'popular']
 
 
+def test_a_split_is_proposed_a_session_length_at_a_time():
+  """Evaluation's executor: each session length's contexts in batches of
+  `queries_per_batch // length` rows (rounded up to the devices' multiple), the lists
+  returned in the contexts' order."""
+  lengths = (2, 1, 2, 3, 1, 2)
+  contexts = [Context(('q',) * n, 0, {'n': i}) for i, n in enumerate(lengths)]
+  calls = []
+  def propose(group, rows):
+    calls.append(([len(c.queries) for c in group], rows))
+    return [c.info['n'] for c in group]
+  out = sources.by_session_length(propose, contexts, queries_per_batch=4, multiple_of=2)
+  assert out == list(range(len(lengths)))
+  assert calls == [([1, 1], 4), ([2, 2], 2), ([2], 2), ([3], 2)]
+
+
 def test_one_candidates_features_by_hand(counts):
   vocab = Vocab.from_counts({'weather': 9, 'chicago': 9}, 1)
   by_source = {'generate': [{'query': 'weather chicago', 'score': -0.5},
