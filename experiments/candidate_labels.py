@@ -27,6 +27,7 @@ import json
 import os
 import random
 import sys
+from collections.abc import Callable
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 # pylint: disable=wrong-import-position
@@ -59,13 +60,47 @@ def draw(workdir: str, contexts: int, seed: int, not_in: str):
           [valid.session_texts(i)[t + 1] for i, t in chosen])
 
 
-def kind(candidate: dict, counts: popular.LogCounts, so_far, templates: dict) -> dict:
-  """What a candidate is: its proposers, template, whether logged, well-formed, about."""
+def shares_word(so_far) -> Callable[[str], bool]:
+  """`learned.about_session` before the sites of short queries counted: a shared word (a
+  site's name standing for its address), not one word of the session alone. The candidates
+  shown to the judges are chosen by it, so that a context drawn again shows the same ones."""
+  typed = {w for q in so_far for w in q.split()}
+  session = set().union(*(learned.site_words(q) for q in so_far))
+  return lambda text: bool(learned.site_words(text) & session) and not (
+      len(text.split()) == 1 and text in typed)
+
+
+def cohesion(text: str, previous: str, counts: popular.LogCounts, ends: dict) -> float:
+  """For a cut of the previous query (a run of its words, not all), the largest share of
+  either word's uses that the word pair it cuts across takes in the log's queries (1: the
+  two words always go together), else 0."""
+  def share(pair):
+    n = counts.bigrams.get(pair, 0)
+    return max(n / max(counts.bigram_starts.get(pair[0], 0), 1), n / max(ends.get(pair[1], 0), 1))
+  words, cut = previous.split(), text.split()
+  for i in range(len(words)):
+    for j in range(i + 1, len(words) + 1):
+      if words[i:j] == cut and (i, j) != (0, len(words)):
+        pairs = ([(words[i - 1], words[i])] if i else []) + (
+            [(words[j - 1], words[j])] if j < len(words) else [])
+        return max((share(pair) for pair in pairs), default=0.0)
+  return 0.0
+
+
+def kind(candidate: dict, counts: popular.LogCounts, so_far, templates: dict, ends) -> dict:
+  """What a candidate is: its proposers, template, whether logged, well-formed, about the
+  session by a shared word, a short session query's site, the previous query with words
+  added, a lone word of the session, how cohesive the pair a cut splits is."""
   text = candidate['query']
+  typed = {w for q in so_far for w in q.split()}
   return {'sources': candidate['sources'], 'template': templates.get(text, ''),
           'logged': bool(counts.issued.get(text)),
           'well_formed': learned.well_formed(text, counts, so_far),
-          'about': learned.about_session(so_far)(text),
+          'about': shares_word(so_far)(text),
+          'short_site': learned.about_session(so_far)(text) and not shares_word(so_far)(text),
+          'added': learned.added_to(text, so_far[-1]),
+          'lone_word': len(text.split()) == 1 and text in typed,
+          'cohesion': cohesion(text, so_far[-1], counts, ends),
           'head': text in set(counts.most_popular(20)),
           'rank': candidate['rank']}
 
@@ -80,6 +115,9 @@ def make(args, config) -> None:
   ranked_lists, by_source = pipe._learned(contexts, positions='last',  # pylint: disable=protected-access
                                           batch_rows=config.decode.batch_sessions)
   counts = pipe.log_counts
+  ends = collections.Counter()  # {word: times it ends a word pair of the log's queries}
+  for (_, second), n in counts.bigrams.items():
+    ends[second] += n
   rng = random.Random(args.seed)
   lines = ['# Candidates to judge', '',
            'For each context: the session so far (oldest first), then numbered candidate next '
@@ -92,14 +130,16 @@ def make(args, config) -> None:
     ranked = [dict(c, rank=r) for r, c in enumerate(
         (c for c in ranked[0] if c['query'] not in so_far), 1)]
     templates = {c['query']: c.get('template', '') for c in by_source['templates'][n - 1][0]}
-    about = learned.about_session(so_far)
+    about = shares_word(so_far)
     picked = ranked[:RANKER_TOP] + [
         c for c in ranked[RANKER_TOP:]
         if learned.well_formed(c['query'], counts, so_far) and about(c['query'])]
     picked = picked[:args.candidates]
-    described = [dict(kind(c, counts, so_far, templates), query=c['query']) for c in picked]
+    described = [dict(kind(c, counts, so_far, templates, ends), query=c['query'])
+                 for c in picked]
     # The whole ranked pool, for the rules of `score` (unjudged ones count as neither).
-    pool = [dict(kind(c, counts, so_far, templates), query=c['query']) for c in ranked]
+    pool = [dict(kind(c, counts, so_far, templates, ends), query=c['query'])
+            for c in ranked]
     shuffled = described[:]
     rng.shuffle(shuffled)
     default = learned.presented(ranked, so_far, counts, session_first=SHOWN, unrelated_first=1,
@@ -130,16 +170,19 @@ def candidate_kind(c: dict) -> str:
   return '+'.join(only) + (' (logged)' if c['logged'] else '')
 
 
-# Presentation rules over the ranked pool: each returns the top 5 shown.
-def _first_places(pool, unrelated_first, admit=lambda c: True, key=None):
-  ordered = sorted(pool, key=key) if key else pool
-  first, rest, unrelated = [], [], 0
-  for c in ordered:
-    if not c['well_formed'] or not admit(c):
-      continue
+# Presentation rules over the ranked pool (what only the generator wrote kept only if
+# well-formed; the first 5 places to the best well-formed candidates `about` the session, at
+# most `unrelated_first` others; then the rest in order, what is not well-formed dropped):
+# each returns the top 5 shown.
+def _first_places(pool, unrelated_first=1, about=lambda c: c['about'], admit=lambda c: True):
+  pool = [c for c in pool if c['sources'] != ['generate'] or c['well_formed']]
+  first, unrelated = [], 0
+  for c in pool:
     if len(first) == SHOWN:
       break
-    if c['about']:
+    if not c['well_formed'] or not admit(c):
+      continue
+    if about(c):
       first.append(c)
     elif unrelated < unrelated_first:
       first.append(c)
@@ -148,16 +191,28 @@ def _first_places(pool, unrelated_first, admit=lambda c: True, key=None):
   return (first + others)[:SHOWN]
 
 
-DEFAULT = 'default (first 5 about, <= 1 head)'
+def _lone_words(pool):
+  """The default's first places, then lone words of the session, then head queries."""
+  about = [c for c in _first_places(pool, about=_SITE, admit=_NOT_ADDED, unrelated_first=0)
+           if _SITE(c)]
+  lone = [c for c in pool if c['lone_word'] and c['well_formed'] and c not in about]
+  rest = [c for c in _first_places(pool, about=_SITE, admit=_NOT_ADDED) if c not in about]
+  return (about + lone + rest)[:SHOWN]
+
+
+_SITE = lambda c: c['about'] or c['short_site']
+_NOT_ADDED = lambda c: not (c['added'] and not c['logged'])
+DEFAULT = 'first 5 about, <= 1 head, a short query\'s site about, no unlogged words added'
+BEFORE = 'first 5 about, <= 1 head (the default before 2026-11-28)'
 RULES = {
-    DEFAULT: lambda pool: _first_places(
-        [c for c in pool if c['sources'] != ['generate'] or c['well_formed']], 1),
+    BEFORE: _first_places,
+    '+ a short query\'s site is about the session': lambda pool: _first_places(pool, about=_SITE),
+    DEFAULT: lambda pool: _first_places(pool, about=_SITE, admit=_NOT_ADDED),
+    '+ no cut across a word pair the log links (>= 50 % of either word\'s uses)': (
+        lambda pool: _first_places(pool, about=_SITE, admit=lambda c: _NOT_ADDED(c) and (
+            c['logged'] or c['cohesion'] < 0.5))),
+    '+ lone words of the session before head queries': _lone_words,
     'ranker order, well-formed only': lambda pool: [c for c in pool if c['well_formed']][:SHOWN],
-    'first 5 about, no head': lambda pool: _first_places(pool, 0),
-    'first 5 about, <= 1 head, no drop templates': lambda pool: _first_places(
-        pool, 1, admit=lambda c: not c['template'].startswith('drop')),
-    'first 5 about, <= 1 head, logged first': lambda pool: _first_places(
-        pool, 1, key=lambda c: (not c['logged'], c['rank'])),
 }
 
 
