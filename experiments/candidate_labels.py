@@ -9,12 +9,13 @@ another presentation of the same candidates would have shown. `make` draws valid
 contexts as `panel.py` does (none that the panels of --not_in showed), asks the workdir's
 learned pipeline for its whole ranked pool, and writes for each context its session and up
 to `--candidates` of the pool, shuffled: the ranker's top 10 and then the best well-formed
-candidates about the session (`learned.well_formed`, `learned.about_session`), the ones a
+candidates sharing a word with the session (`learned.well_formed`, `shares_word`), the ones a
 presentation chooses its first places from. Judges rate each candidate U / G / N under the
 rubric of ../shared/JUDGING.md. `score` prints the useful and garbled shares by kind of
 candidate (who proposed it, which template, logged or not, well-formed, about the session),
 and the top 5 that each presentation rule of RULES would show, scored by the judges' labels
-(a candidate no judge saw counts as neither: a lower bound on useful and garbled alike).
+(a candidate no judge saw counts as neither: a lower bound on useful and garbled alike), and
+checks that the default's rule gives the pipeline's own top 5.
 
 A judge returns JSON: {"<context number>": {"<candidate number>": "U"|"G"|"N"}}.
 """
