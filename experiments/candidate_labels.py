@@ -35,30 +35,14 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from absl import flags
 from ml_collections import config_flags
 
-from mtn_jax.data import preprocess
-from mtn_jax.data import sessions
 from mtn_jax.inference import learned
 from mtn_jax.inference import pipeline
 from mtn_jax.inference import popular
-from mtn_jax.inference.inputs import Context
+import panel  # experiments/panel.py, beside this script
 # pylint: enable=wrong-import-position
 
 SHOWN = 5
 RANKER_TOP = 10
-
-
-def draw(workdir: str, contexts: int, seed: int, not_in: str):
-  """(contexts, their next queries): validation contexts as `panel.py make` draws them."""
-  valid = sessions.load_split(preprocess.data_dir(os.path.abspath(workdir)), 'valid')
-  pairs = [(i, t) for i in range(valid.num_sessions) for t in range(int(valid.lengths[i]) - 1)]
-  shown_before = set()
-  for earlier in filter(None, (not_in or '').split(',')):
-    with open(os.path.join(earlier, 'key.json'), encoding='utf-8') as f:
-      shown_before |= {tuple(c) for c in json.load(f)['contexts']}
-  pairs = [(i, t) for i, t in pairs if tuple(valid.session_texts(i)[:t + 1]) not in shown_before]
-  chosen = sorted(random.Random(seed).sample(pairs, min(contexts, len(pairs))))
-  return ([Context(tuple(valid.session_texts(i)[:t + 1]), t, {}) for i, t in chosen],
-          [valid.session_texts(i)[t + 1] for i, t in chosen])
 
 
 def shares_word(so_far) -> Callable[[str], bool]:
@@ -107,7 +91,7 @@ def kind(candidate: dict, counts: popular.LogCounts, so_far, templates: dict, en
 
 
 def make(args, config) -> None:
-  contexts, references = draw(args.workdir, args.contexts, args.seed, args.not_in)
+  contexts, references, _ = panel.draw(args.workdir, args.contexts, args.seed, args.not_in)
   config.decode.exclude_session_queries = True
   config.suggest.strategy = 'learned'
   config.suggest.session_first = 0

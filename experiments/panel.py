@@ -45,22 +45,29 @@ SUGGESTERS = (
 SHOWN = 5
 
 
-def make(args, config) -> None:
-  data_dir = preprocess.data_dir(os.path.abspath(args.workdir))
-  valid = sessions.load_split(data_dir, 'valid')
+def draw(workdir: str, count: int, seed: int, not_in: str | None
+         ) -> tuple[list[Context], list[str], random.Random]:
+  """(contexts, their next queries, the generator that drew them): `count` (session prefix ->
+  next query) contexts of the validation split, none that the panels of `not_in` (folders,
+  comma-separated) showed: a rule chosen on them is checked on others."""
+  valid = sessions.load_split(preprocess.data_dir(os.path.abspath(workdir)), 'valid')
   pairs = [(i, t) for i in range(valid.num_sessions)
            for t in range(int(valid.lengths[i]) - 1)]
   shown_before = set()
-  for earlier in filter(None, (args.not_in or '').split(',')):
-    # Contexts an earlier panel showed: a rule chosen on them is checked on others.
+  for earlier in filter(None, (not_in or '').split(',')):
     with open(os.path.join(earlier, 'key.json'), encoding='utf-8') as f:
       shown_before |= {tuple(c) for c in json.load(f)['contexts']}
   if shown_before:
     pairs = [(i, t) for i, t in pairs
              if tuple(valid.session_texts(i)[:t + 1]) not in shown_before]
-  rng = random.Random(args.seed)
-  chosen = sorted(rng.sample(pairs, min(args.contexts, len(pairs))))
-  contexts = [Context(tuple(valid.session_texts(i)[:t + 1]), t, {}) for i, t in chosen]
+  rng = random.Random(seed)
+  chosen = sorted(rng.sample(pairs, min(count, len(pairs))))
+  return ([Context(tuple(valid.session_texts(i)[:t + 1]), t, {}) for i, t in chosen],
+          [valid.session_texts(i)[t + 1] for i, t in chosen], rng)
+
+
+def make(args, config) -> None:
+  contexts, references, rng = draw(args.workdir, args.contexts, args.seed, args.not_in)
   lists = {}
   config.decode.exclude_session_queries = True
   for name, overrides in SUGGESTERS:
@@ -101,7 +108,7 @@ def make(args, config) -> None:
   with open(os.path.join(args.out, 'key.json'), 'w', encoding='utf-8') as f:
     json.dump({'key': key, 'lists': lists,
                'contexts': [list(c.queries) for c in contexts],
-               'references': [valid.session_texts(i)[t + 1] for i, t in chosen]}, f, indent=1)
+               'references': references}, f, indent=1)
   print(f'{len(contexts)} contexts, {len(names)} lists each: {args.out}/items.md')
 
 
