@@ -32,9 +32,6 @@ from collections.abc import Callable
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 # pylint: disable=wrong-import-position
-from absl import flags
-from ml_collections import config_flags
-
 from mtn_jax.inference import learned
 from mtn_jax.inference import pipeline
 from mtn_jax.inference import popular
@@ -247,24 +244,9 @@ def score(args) -> None:
             f'{100 * two / len(labels):.1f} | {100 * unjudged / total:.1f} |')
 
 
-def main() -> None:
-  parser = argparse.ArgumentParser(description=__doc__.split('\n')[0])
-  parser.add_argument('command', choices=('make', 'score'))
-  parser.add_argument('--workdir')
-  parser.add_argument('--out', required=True)
-  parser.add_argument('--contexts', type=int, default=60)
+def _arguments(parser: argparse.ArgumentParser) -> None:
   parser.add_argument('--candidates', type=int, default=20)
-  parser.add_argument('--seed', type=int, default=7)
-  parser.add_argument('--not_in', help='earlier panels: their contexts are not drawn again')
-  parser.add_argument('--judgments', default='', help='score: comma-separated JSON files')
-  args, rest = parser.parse_known_args()
-  if args.command == 'score':
-    score(args)
-    return
-  config_flags.DEFINE_config_file('config', 'configs/aol.py:small')
-  flags.FLAGS(['candidate_labels', *rest])
-  make(args, flags.FLAGS.config)
 
 
 if __name__ == '__main__':
-  main()
+  panel.run(__doc__.split('\n')[0], make, score, contexts=60, seed=7, add_arguments=_arguments)

@@ -138,27 +138,35 @@ def score(args) -> None:
             f'{100 * garbled / total:.1f} | {100 * two / lists:.1f} |')
 
 
-def main() -> None:
-  parser = argparse.ArgumentParser(description=__doc__.split('\n')[0])
+def run(description: str, make_fn, score_fn, *, contexts: int, seed: int,
+        add_arguments=lambda parser: None) -> None:
+  """The command line of a study of judged contexts: `make` (the config flags after the
+  study's own) or `score`, with the flags every such study takes and `add_arguments`'."""
+  parser = argparse.ArgumentParser(description=description)
   parser.add_argument('command', choices=('make', 'score'))
   parser.add_argument('--workdir')
   parser.add_argument('--out', required=True)
-  parser.add_argument('--contexts', type=int, default=80)
-  parser.add_argument('--seed', type=int, default=0)
+  parser.add_argument('--contexts', type=int, default=contexts)
+  parser.add_argument('--seed', type=int, default=seed)
   parser.add_argument('--not_in', help='earlier --out folders, comma-separated: their '
                       'contexts are not drawn again')
+  parser.add_argument('--judgments', default='', help='score: comma-separated JSON files')
+  add_arguments(parser)
+  args, rest = parser.parse_known_args()
+  if args.command == 'score':
+    score_fn(args)
+    return
+  config_flags.DEFINE_config_file('config', 'configs/aol.py:small')
+  flags.FLAGS([sys.argv[0], *rest])
+  make_fn(args, flags.FLAGS.config)
+
+
+def _baseline_arguments(parser: argparse.ArgumentParser) -> None:
   parser.add_argument('--baseline', help='make: a workdir whose learned ranker is shown too '
                       "('learned_baseline')")
   parser.add_argument('--baseline_sources', help="make: the baseline's config.suggest.sources")
-  parser.add_argument('--judgments', default='', help='score: comma-separated JSON files')
-  args, rest = parser.parse_known_args()
-  if args.command == 'score':
-    score(args)
-    return
-  config_flags.DEFINE_config_file('config', 'configs/aol.py:small')
-  flags.FLAGS(['panel', *rest])
-  make(args, flags.FLAGS.config)
 
 
 if __name__ == '__main__':
-  main()
+  run(__doc__.split('\n')[0], make, score, contexts=80, seed=0,
+      add_arguments=_baseline_arguments)
