@@ -192,7 +192,7 @@ def test_the_beams_own_candidates_are_not_forced_again(copy_model):
   source = sources.Generate(trained, settings)
   contexts = [inputs.Context(('w1 zq', 'w3 xv zq'), 0, {}), inputs.Context(('kk w4',), 0, {})]
   lists = source.propose(contexts, positions='all', batch_rows=2)
-  known = learned.beam_log_probs(trained, source, contexts, lists, 'all')
+  known = learned.beam_log_probs(trained, source, contexts, lists)
   # What MBR adds (the session's queries) has no beam score: such a candidate is not known,
   # nor one of another source ('w4 w1').
   texts = [[[c['query'] for c in at] + ['w4 w1'] for at in by_position] for by_position in lists]

@@ -80,10 +80,15 @@ class SearchSettings:
     return dataclasses.asdict(self)
 
 
+def length_penalty(length, alpha):
+  """GNMT's length penalty ((5 + length) / 6) ** alpha, element-wise (arrays or numbers)."""
+  return ((5.0 + length) / 6.0) ** alpha
+
+
 def length_normalize(log_prob: jax.Array, length: jax.Array,
                      alpha: float | jax.Array) -> jax.Array:
-  """GNMT length penalty: log_prob / ((5 + length) / 6) ** alpha, element-wise."""
-  return log_prob / ((5.0 + length) / 6.0) ** alpha
+  """log_prob / `length_penalty`, element-wise."""
+  return log_prob / length_penalty(length, alpha)
 
 
 def sequence_lengths(sequences: jax.Array) -> jax.Array:

@@ -389,7 +389,7 @@ def candidate_log_probs(trained: inference.Trained, contexts: Sequence[Context],
 
 
 def beam_log_probs(trained: inference.Trained, source: sources_lib.Generate,
-                   contexts: Sequence[Context], lists: sources_lib.Lists, positions: str
+                   contexts: Sequence[Context], lists: sources_lib.Lists
                    ) -> list[list[dict[str, float]]]:
   """[context][output position] {text: sum of log p} of the generator's own hypotheses, read
   off the beam's scores: the search already summed what teacher forcing would (the same
@@ -401,11 +401,10 @@ def beam_log_probs(trained: inference.Trained, source: sources_lib.Generate,
   alpha = source.settings.length_penalty
   length = trained.cfg.target_len
   out = []
-  del positions  # the lists hold each context's output positions already
   for context, by_position in zip(contexts, lists):
     copied = trained.copied_words(context.queries)
-    out.append([{c['query']: c[key] * ((5.0 + len(_candidate_ids(
-        trained.vocab, c['query'], copied, length))) / 6.0) ** alpha
+    out.append([{c['query']: c[key] * search.length_penalty(len(_candidate_ids(
+        trained.vocab, c['query'], copied, length)), alpha)
                  for c in candidates if key in c} for candidates in by_position])
   return out
 
@@ -579,8 +578,8 @@ def lists_and_features(trained: inference.Trained, contexts: Sequence[Context],
     texts = [[at if keep(i, p, at) else [] for p, at in enumerate(lists)]
              for i, lists in enumerate(texts)]
   generator = [s for s in candidate_sources if isinstance(s, sources_lib.Generate)]
-  known = (beam_log_probs(trained, generator[0], contexts, by_source[generator[0].name],
-                          positions) if generator else None)
+  known = (beam_log_probs(trained, generator[0], contexts, by_source[generator[0].name])
+           if generator else None)
   scored = candidate_log_probs(trained, contexts, texts, positions=positions,
                                batch_rows=batch_rows, history_queries=history_queries,
                                widths=widths, known=known)
