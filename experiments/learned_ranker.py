@@ -12,11 +12,11 @@ users, the figures of both folds pooled), so no figure comes from a pair its ran
 
 User-facing protocol (no query of the session suggested; the candidates hold none): per
 suggester EM@1, R@10 and MRR@10 (%), and each source's candidate recall (the next query among
-its candidates at all). Suggesters: the learned ranker as shown (`learned.presented` with the
-config's rules), without each rule, with the session-first rule over fewer places, alone
-without each feature group (the ablation); each source
-alone; MPC; the quota blend `popular:3,cooccurring:5,generate:10`; the rule list (MPC's first
-3, then the 5 most frequent edit templates of the previous query, then MPC). Writes
+its candidates at all). Suggesters: the learned ranker as shown (`presentation.presented`
+with the config's rules), without each rule, with the session-first rule over fewer places,
+alone without each feature group (the ablation); each source alone; MPC; the quota blend
+`popular:3,cooccurring:5,generate:10`; the rule list (MPC's first 3, then the 5 most frequent
+edit templates of the previous query, then MPC). Writes
 <workdir>/ranker/cross_fitted.json; prints a Markdown table.
 """
 
@@ -40,6 +40,7 @@ from mtn_jax.data import sessions
 from mtn_jax.inference import learned
 from mtn_jax.inference import pipeline
 from mtn_jax.inference import popular
+from mtn_jax.inference import presentation
 # pylint: enable=wrong-import-position
 
 TOP_K = 10
@@ -112,16 +113,16 @@ def main() -> None:
   def learned_lists(columns=None, session_first=config.suggest.session_first,
                     attested_only=config.suggest.attested_only,
                     unrelated_first=config.suggest.unrelated_first):
-    """Every pair's list as `learned.presented` shows it, cross-fitted (`fold_scores`)."""
+    """Every pair's list as `presentation.presented` shows it, cross-fitted (`fold_scores`)."""
     out = []
     for g, values in enumerate(fold_scores(columns)):
       origin = learned.proposers({n: [{'query': q} for q in lst]
                                   for n, lst in groups.lists[g].items()})
       ranked = [{'query': groups.texts[g][j], 'sources': origin[groups.texts[g][j]]}
                 for j in np.argsort(-values, kind='stable')]
-      shown = learned.presented(ranked, groups.sessions[g], counts[groups.folds[g]],
-                                session_first=session_first, attested_only=attested_only,
-                                unrelated_first=unrelated_first)
+      shown = presentation.presented(ranked, groups.sessions[g], counts[groups.folds[g]],
+                                     session_first=session_first, attested_only=attested_only,
+                                     unrelated_first=unrelated_first)
       out.append([c['query'] for c in shown])
     return out
 

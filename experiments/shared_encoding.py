@@ -2,7 +2,7 @@
 save in a lone learned request?
 
 `search.encoded` keeps the last host batch's encoder memory on the calling thread, so that the
-teacher forcing of the learned ranker's candidates (`learned.candidate_log_probs`) reads the
+teacher forcing of the learned ranker's candidates (`teacher_forcing.candidate_log_probs`) reads the
 memory the beam search just computed instead of encoding the same session again. This study
 times `Pipeline.ordered` on lone contexts of the test split (every prefix of its first
 sessions, each padded to the service's session widths), alternating rounds with and without

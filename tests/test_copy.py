@@ -149,12 +149,12 @@ def test_a_session_word_outside_the_vocabulary_is_suggested_verbatim(copy_model)
 
 
 def test_the_generator_scores_its_own_beam_as_the_search_did(copy_model):
-  """The learned ranker's teacher-forced score of a candidate (`learned.candidate_log_probs`)
-  is the log-probability the beam search gave the same words (copied words outside the
-  vocabulary included, by extended id): without a length penalty the search's score is that
-  sum, and per token it is the sum over the words and `</s>` (none after a hypothesis of
-  the most tokens, which the search ends there)."""
-  from mtn_jax.inference import learned  # pylint: disable=g-import-not-at-top
+  """The learned ranker's teacher-forced score of a candidate
+  (`teacher_forcing.candidate_log_probs`) is the log-probability the beam search gave the
+  same words (copied words outside the vocabulary included, by extended id): without a
+  length penalty the search's score is that sum, and per token it is the sum over the words
+  and `</s>` (none after a hypothesis of the most tokens, which the search ends there)."""
+  from mtn_jax.inference import teacher_forcing  # pylint: disable=g-import-not-at-top
   cfg, _, params = copy_model
   trained = inference.Trained(tasks.make_task(cfg, default.get_config().train), params, VOCAB,
                               step=0, meta={})
@@ -164,7 +164,8 @@ def test_the_generator_scores_its_own_beam_as_the_search_did(copy_model):
   beams = sources.generated(trained, contexts, settings, positions='all', batch_rows=2)
   texts = [[[c['query'] for c in at] for at in lists] for lists in beams]
   assert any('zq' in q.split() for lists in texts for at in lists for q in at)
-  scored = learned.candidate_log_probs(trained, contexts, texts, positions='all', batch_rows=2)
+  scored = teacher_forcing.candidate_log_probs(trained, contexts, texts, positions='all',
+                                               batch_rows=2)
   for lists, beam_lists, scores in zip(texts, beams, scored):
     for at, beam, values in zip(lists, beam_lists, scores):
       np.testing.assert_allclose(values[:, 0], [c['score'] for c in beam], rtol=1e-5,
@@ -172,18 +173,18 @@ def test_the_generator_scores_its_own_beam_as_the_search_did(copy_model):
       lengths = np.array([min(len(q.split()) + 1, cfg.target_len) for q in at])
       np.testing.assert_allclose(values[:, 1], values[:, 0] / lengths, rtol=1e-6)
   # A candidate scored after its context's last query only ('last') scores the same.
-  last = learned.candidate_log_probs(trained, contexts, [[t[-1]] for t in texts],
+  last = teacher_forcing.candidate_log_probs(trained, contexts, [[t[-1]] for t in texts],
                                      positions='last', batch_rows=2)
   for lists, values in zip(scored, last):
     np.testing.assert_allclose(values[0], lists[-1], rtol=1e-5, atol=1e-5)
 
 
 def test_the_beams_own_candidates_are_not_forced_again(copy_model):
-  """`learned.beam_log_probs` reads the generator's own hypotheses' log-probabilities off the
-  beam (its length penalty undone, MBR's 'model_score' where reranked): they equal teacher
+  """`teacher_forcing.beam_log_probs` reads the generator's own hypotheses' log-probabilities
+  off the beam (its length penalty undone, MBR's 'model_score' where reranked): they equal teacher
   forcing to float rounding, and `candidate_log_probs` given them as `known` forces only the
   other candidates and returns the known sums as they are."""
-  from mtn_jax.inference import learned  # pylint: disable=g-import-not-at-top
+  from mtn_jax.inference import teacher_forcing  # pylint: disable=g-import-not-at-top
   cfg, _, params = copy_model
   trained = inference.Trained(tasks.make_task(cfg, default.get_config().train), params, VOCAB,
                               step=0, meta={})
@@ -192,24 +193,25 @@ def test_the_beams_own_candidates_are_not_forced_again(copy_model):
   source = sources.Generate(trained, settings)
   contexts = [inputs.Context(('w1 zq', 'w3 xv zq'), 0, {}), inputs.Context(('kk w4',), 0, {})]
   lists = source.propose(contexts, positions='all', batch_rows=2)
-  known = learned.beam_log_probs(trained, source, contexts, lists)
+  known = teacher_forcing.beam_log_probs(trained, source, contexts, lists)
   # What MBR adds (the session's queries) has no beam score: such a candidate is not known,
   # nor one of another source ('w4 w1').
   texts = [[[c['query'] for c in at] + ['w4 w1'] for at in by_position] for by_position in lists]
   assert all(set(k) == {c['query'] for c in at if 'model_score' in c}
              for by_k, by_l in zip(known, lists) for k, at in zip(by_k, by_l))
-  forced = learned.candidate_log_probs(trained, contexts, texts, positions='all', batch_rows=2)
+  forced = teacher_forcing.candidate_log_probs(trained, contexts, texts, positions='all',
+                                               batch_rows=2)
   packed = []  # the tokens laid in packed rows to be forced
-  add = learned._Packing.add  # pylint: disable=protected-access
+  add = teacher_forcing._Packing.add  # pylint: disable=protected-access
   def counting(self, memory_row, tokens):
     packed.append(len(tokens))
     add(self, memory_row, tokens)
-  learned._Packing.add = counting  # pylint: disable=protected-access
+  teacher_forcing._Packing.add = counting  # pylint: disable=protected-access
   try:
-    mixed = learned.candidate_log_probs(trained, contexts, texts, positions='all', batch_rows=2,
-                                        known=known)
+    mixed = teacher_forcing.candidate_log_probs(trained, contexts, texts, positions='all',
+                                                batch_rows=2, known=known)
   finally:
-    learned._Packing.add = add  # pylint: disable=protected-access
+    teacher_forcing._Packing.add = add  # pylint: disable=protected-access
   vocab_ids = lambda q: min(len(q.split()) + 1, cfg.target_len)
   unknown_tokens = sum(vocab_ids(q) for by_k, by_t in zip(known, texts)
                        for k, at in zip(by_k, by_t) for q in at if q not in k)

@@ -13,6 +13,7 @@ from mtn_jax import errors
 from mtn_jax.data.vocab import Vocab
 from mtn_jax.inference import learned
 from mtn_jax.inference import popular
+from mtn_jax.inference import presentation
 from mtn_jax.inference import sources
 from mtn_jax.inference import templates
 from mtn_jax.inference.inputs import Context
@@ -170,29 +171,29 @@ def test_what_is_shown_keeps_word_salad_out_and_the_session_first(counts):
   so_far = ('news', 'weather')
   # 'chicago weather' and 'weather news' hold word pairs no query holds (nor the session's);
   # a lone word has no pair to check, and the log's words are too rare to say where they go.
-  kept = learned.presented(ranked, so_far, counts, session_first=0, attested_only=True)
+  kept = presentation.presented(ranked, so_far, counts, session_first=0, attested_only=True)
   assert [c['query'] for c in kept] == ['ebay', 'cheap hotels', 'weather chicago',
                                         'www.weather.com', 'news', 'weather chicago il']
   # A template's (or the log's) candidate is kept whatever its word pairs.
   ranked[1]['sources'] = ['generate', 'templates']
-  kept = learned.presented(ranked, so_far, counts, session_first=0, attested_only=True)
+  kept = presentation.presented(ranked, so_far, counts, session_first=0, attested_only=True)
   assert 'chicago weather' in [c['query'] for c in kept]
-  assert not learned.well_formed('chicago weather', counts, so_far)
-  assert learned.well_formed('chicago news', counts, ('x', 'chicago news'))  # the session's
+  assert not presentation.well_formed('chicago weather', counts, so_far)
+  assert presentation.well_formed('chicago news', counts, ('x', 'chicago news'))  # the session's
   # The first 3 places: well-formed and about the session ('news' alone is only a word of
   # it); none unrelated, then one ('ebay', the best of them); the rest in order after them,
   # what is not well-formed last.
-  shown = learned.presented(ranked, so_far, counts, session_first=3, attested_only=False)
+  shown = presentation.presented(ranked, so_far, counts, session_first=3, attested_only=False)
   assert [c['query'] for c in shown] == ['weather chicago', 'www.weather.com',
                                          'weather chicago il', 'ebay', 'cheap hotels', 'news',
                                          'chicago weather', 'weather news']
-  shown = learned.presented(ranked, so_far, counts, session_first=3, attested_only=False,
+  shown = presentation.presented(ranked, so_far, counts, session_first=3, attested_only=False,
                             unrelated_first=1)
   assert [c['query'] for c in shown] == ['ebay', 'weather chicago', 'www.weather.com',
                                          'cheap hotels', 'news', 'weather chicago il',
                                          'chicago weather', 'weather news']
   # Nothing about the session among the candidates: the ranker's order stands.
-  assert learned.presented(ranked[:1], ('zzz',), counts, session_first=5,
+  assert presentation.presented(ranked[:1], ('zzz',), counts, session_first=5,
                            attested_only=False) == ranked[:1]
 
 
@@ -204,27 +205,27 @@ def test_the_first_places_take_a_short_querys_site_and_no_words_added_unlogged()
             for q in ('cheap cars for kids', 'ebay', 'cars for kids', 'cheapcars.com', 'x')]
   so_far = ('cheap cars',)
   counts = popular.LogCounts.of_sessions(log)
-  assert learned.well_formed('cheap cars for kids', counts, so_far)
-  assert learned.added_to('cheap cars for kids', 'cheap cars')
-  assert not learned.added_to('cars for kids', 'cheap cars')
-  assert learned.about_session(so_far)('cheapcars.com')
+  assert presentation.well_formed('cheap cars for kids', counts, so_far)
+  assert presentation.added_to('cheap cars for kids', 'cheap cars')
+  assert not presentation.added_to('cars for kids', 'cheap cars')
+  assert presentation.about_session(so_far)('cheapcars.com')
   # Three words joined are no address anyone types.
-  assert not learned.about_session(('pictures of cats',))('picturesofcats.com')
-  shown = learned.presented(ranked, so_far, counts, session_first=2, attested_only=False)
+  assert not presentation.about_session(('pictures of cats',))('picturesofcats.com')
+  shown = presentation.presented(ranked, so_far, counts, session_first=2, attested_only=False)
   assert [c['query'] for c in shown] == ['cars for kids', 'cheapcars.com',
                                          'cheap cars for kids', 'ebay', 'x']
   logged = popular.LogCounts.of_sessions(log + [['x', 'cheap cars for kids']])
-  shown = learned.presented(ranked, so_far, logged, session_first=2, attested_only=False)
+  shown = presentation.presented(ranked, so_far, logged, session_first=2, attested_only=False)
   assert [c['query'] for c in shown][:2] == ['cheap cars for kids', 'cars for kids']
 
 
 def test_a_query_does_not_start_or_end_with_a_word_that_never_does():
   """'of' is used 20 times (EDGE_MIN_USES), always inside a query: a cut leaving it first or
   last is not well-formed; a word the log rarely uses ('hats') may go anywhere."""
-  logged = [['x', f'pictures of cat{n}'] for n in range(learned.EDGE_MIN_USES)]
+  logged = [['x', f'pictures of cat{n}'] for n in range(presentation.EDGE_MIN_USES)]
   counts = popular.LogCounts.of_sessions(logged + [['x', 'hats']])
-  assert counts.bigram_starts['of'] == learned.EDGE_MIN_USES
-  well_formed = lambda text: learned.well_formed(text, counts, ('pictures of cat3',))
+  assert counts.bigram_starts['of'] == presentation.EDGE_MIN_USES
+  well_formed = lambda text: presentation.well_formed(text, counts, ('pictures of cat3',))
   assert well_formed('pictures of cat7') and well_formed('cat3') and well_formed('hats')
   assert not well_formed('pictures of') and not well_formed('of cat3')
   assert not well_formed('cat3 of pictures')  # word pairs nobody typed
@@ -232,7 +233,7 @@ def test_a_query_does_not_start_or_end_with_a_word_that_never_does():
   assert not well_formed('pictures')
   # One use fewer and the log says too little about 'of' to keep it from the edges.
   fewer = popular.LogCounts.of_sessions(logged[1:])
-  assert learned.well_formed('pictures of', fewer, ())
+  assert presentation.well_formed('pictures of', fewer, ())
 
 
 def test_the_ranker_learns_a_known_order():

@@ -1,25 +1,20 @@
 """The learned ranker (`config.suggest.strategy='learned'`): gradient-boosted trees with a
 ranking objective over the pooled candidates of every source.
 
-Each (context, candidate) is described by `FEATURE_GROUPS`: each source's rank and score; the
-generator's length-normalised log-probability of the candidate given the session (teacher
-forced: it scores candidates it did not write, `candidate_log_probs`); how well formed the
-candidate is as a query (the training log's word bigrams, whether the log holds it); its
-popularity and co-occurrence with the previous query; its template's frequency; its word
-overlap with the previous query and the session; its length and the position in the session.
-LightGBM's lambdarank learns the order (a library: boosted trees with a listwise objective are
-the standard learning-to-rank model, and its text model files load without pickle).
+Each (context, candidate) is described by `feature_groups`: each source's rank and score; the
+generator's length-normalised log-probability of the candidate given the session
+(`teacher_forcing`: it scores candidates it did not write); how well formed the candidate is
+as a query (the training log's word bigrams, whether the log holds it); its popularity and
+co-occurrence with the previous query; its template's frequency; its word overlap with the
+previous query and the session; its length and the position in the session. LightGBM's
+lambdarank learns the order (a library: boosted trees with a listwise objective are the
+standard learning-to-rank model, and its text model files load without pickle). What a person
+is shown of the order: `presentation`.
 
 Learning (`fit`, run by `--mode=train`): cross-fitted, as a service meets unseen users. The
 training users are dealt into `config.suggest.ranker_folds` folds; a generator trained
 without each fold (`<workdir>/folds/fold<k>`, `config.train.user_folds`) proposes and scores
 that fold's contexts, and the training log's counts come from the other folds' users only.
-
-What is shown (`presented`): candidates that neither the log holds nor its word bigrams
-support are kept out (`config.suggest.attested_only`: word salad such as "harry city potter"
-has bigrams no query of the log has), and the first `config.suggest.session_first` places go
-to candidates that share a word with the session, so that head queries ("google") fill the
-list only after them, or where the session gives nothing to go on.
 
 The ranker lives beside the checkpoint, `<workdir>/ranker/model.txt` (LightGBM's text
 format) and `ranker.json` (what it was trained for: the checkpoint step, the vocabulary's
@@ -31,15 +26,12 @@ from __future__ import annotations
 import collections
 import dataclasses
 import datetime
-import functools
 import json
 import math
 import os
-import re
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 
-import jax
 import ml_collections
 import numpy as np
 
@@ -48,16 +40,14 @@ from mtn_jax import files
 from mtn_jax import inference
 from mtn_jax.data import preprocess
 from mtn_jax.data import sessions
-from mtn_jax.data.vocab import BOS_ID
-from mtn_jax.data.vocab import EOS_ID
 from mtn_jax.data.vocab import UNK_ID
 from mtn_jax.decoding import search
 from mtn_jax.inference import popular
 from mtn_jax.inference import sources as sources_lib
+from mtn_jax.inference import teacher_forcing
 from mtn_jax.inference.inputs import Context
 
 RANKER_DIR = 'ranker'
-_SITE = re.compile(r'^(?:www\.)?(.+?)(?:\.(?:com|org|net))?$')
 
 
 def parse_sources(plan: str) -> tuple[tuple[str, int], ...]:
@@ -90,98 +80,6 @@ def feature_names(source_names: Sequence[str]) -> list[str]:
   return [name for group in feature_groups(source_names).values() for name in group]
 
 
-def site_words(text: str) -> set[str]:
-  """A query's words, a site's name standing for its address ("www.ebay.com" -> "ebay")."""
-  return {_SITE.match(w).group(1) for w in text.split()}
-
-
-# A word the log's queries use at least this often is known well enough to say whether it
-# starts or ends queries: one that starts (ends) under this share of its uses is no query's
-# first (last) word ("of", "to", "in": what a cut leaves dangling).
-EDGE_MIN_USES = 20
-EDGE_MIN_SHARE = 0.02
-
-
-def well_formed(text: str, counts: popular.LogCounts, so_far: Sequence[str]) -> bool:
-  """Whether `text` reads as a query: the log holds it, or every pair of consecutive words
-  occurs in the log's queries or the session's, and its first and last words can start and
-  end a query (a word the log rarely uses passes: nothing says it cannot)."""
-  if counts.issued.get(text):
-    return True
-  words = text.split()
-  if not words:
-    return False
-  seen = {pair for q in so_far for pair in popular.word_bigrams(q)}
-  if not all(counts.bigrams.get(pair) or pair in seen for pair in zip(words, words[1:])):
-    return False
-  for edge, word in ((('<s>', words[0]), words[0]), ((words[-1], '</s>'), words[-1])):
-    uses = counts.bigram_starts.get(word, 0)
-    if edge not in seen and uses >= EDGE_MIN_USES and (
-        counts.bigrams.get(edge, 0) < EDGE_MIN_SHARE * uses):
-      return False
-  return True
-
-
-# A session query of at most this many words written as a site ("bass champs" ->
-# "basschamps.com") is about the session; a longer one joined is no address anyone types.
-SITE_MAX_WORDS = 2
-
-
-def about_session(so_far: Sequence[str]) -> Callable[[str], bool]:
-  """Whether a candidate is about the session `so_far`: it shares a word with it (a site's
-  name standing for its address), or is the address of a short query of it ("nhra" ->
-  "nhra.com"), and is not one word of it alone (a lone word cut from what was typed says less
-  than the query did). The session's words are read once, for all its candidates."""
-  typed = {w for q in so_far for w in q.split()}
-  session = set().union(*(site_words(q) for q in so_far))
-  session |= {''.join(q.split()) for q in so_far if len(q.split()) <= SITE_MAX_WORDS}
-  return lambda text: bool(site_words(text) & session) and not (
-      len(text.split()) == 1 and text in typed)
-
-
-def added_to(text: str, previous: str) -> bool:
-  """Whether `text` is `previous` with words put before or after it ("mexican insurance" ->
-  "mexican insurance for sale", "free mexican insurance")."""
-  return text.startswith(previous + ' ') or text.endswith(' ' + previous)
-
-
-def presented(ranked: Sequence[dict], so_far: Sequence[str], counts: popular.LogCounts, *,
-              session_first: int, attested_only: bool, unrelated_first: int = 0
-              ) -> list[dict]:
-  """What is shown of `ranked` ({'query', 'sources': the sources proposing it, ...}, best
-  first) after the session `so_far`.
-
-  With `attested_only`, none that the generator alone wrote unless `well_formed` (the log's
-  and the templates' candidates are queries or one edit of one). Then the first
-  `session_first` places go to the best `well_formed` candidates (no word salad), at most
-  `unrelated_first` of them not `about_session` (head queries such as "google"), none the
-  previous query with words added that the log does not hold (people rate most such
-  additions odd: "mexican insurance for kids", "free the big guy"); where the session gives
-  too few, the next well-formed ones in order fill the places. The rest follow in the
-  ranker's order, what is not well-formed last (recall kept below what reads as a query)."""
-  formed = {c['query']: well_formed(c['query'], counts, so_far) for c in ranked}
-  if attested_only:
-    ranked = [c for c in ranked if set(c['sources']) != {'generate'} or formed[c['query']]]
-  if not session_first:
-    return list(ranked)
-  first, rest, malformed, unrelated = [], [], [], 0
-  about = about_session(so_far)
-  for c in ranked:
-    if not formed[c['query']]:
-      malformed.append(c)
-    elif len(first) == session_first or (
-        added_to(c['query'], so_far[-1]) and not counts.issued.get(c['query'])):
-      rest.append(c)
-    elif about(c['query']):
-      first.append(c)
-    elif unrelated < unrelated_first:
-      first.append(c)
-      unrelated += 1
-    else:
-      rest.append(c)
-  return first + rest + malformed
-
-
 def proposers(by_source: dict[str, list[dict]]) -> dict[str, list[str]]:
   """{candidate: the sources proposing it, in the sources' order}."""
   out: dict[str, list[str]] = {}
@@ -189,223 +87,6 @@ def proposers(by_source: dict[str, list[dict]]) -> dict[str, list[str]]:
     for c in candidates:
       if name not in out.setdefault(c['query'], []):
         out[c['query']].append(name)
-  return out
-
-
-# ---------------------------------------------------------------------------------------------
-# The generator as a scorer
-
-
-def _candidate_ids(vocab, text: str, copied: Sequence[str], length: int) -> list[int]:
-  """A candidate's token ids for teacher forcing: its words (a copying model's words outside
-  the vocabulary by extended id), then `</s>` where it fits in `length` (a hypothesis of
-  `length` words ends there without it, as the search ends one)."""
-  if vocab.kind == 'word':
-    extended = {w: len(vocab) + k for k, w in enumerate(copied)}
-    ids = [vocab.id(w) if vocab.id(w) != UNK_ID else extended.get(w, UNK_ID)
-           for w in text.split()]
-  else:
-    ids = vocab.encode_text(text)
-  return ids[:length] + ([EOS_ID] if len(ids) < length else [])
-
-
-# The positions of a packed row: the candidates after one memory row share rows of this many
-# decoder positions (a model that `packs_sequences`), laid as a tree of their prefixes, so that
-# each row's memory is projected once for a few dozen tokens rather than once per candidate, a
-# prefix that candidates share ("bank of america ...") is read once, and a call computes the
-# real tokens rather than candidates padded to the longest.
-PACKED_TOKENS = 64
-# The candidates' tokens scored in a packed row, at most: each reads the distribution at its
-# prefix's position, so a row of shared prefixes scores more tokens than it has positions.
-PACKED_TARGETS = 4 * PACKED_TOKENS
-# Positions teacher-forced by one call, at most: bounds its [rows, positions, vocabulary]
-# logits. A call takes as many packed rows as the batch has contexts (within this bound): a
-# lone request's candidates then fill a call or two of one row, and the padding of a call's
-# last row is all that is computed for nothing.
-SCORED_TOKENS = 4096
-
-
-@functools.partial(jax.jit, static_argnames=('model',))
-def _packed_log_probs(model, params, memory, rows: jax.Array, inputs: jax.Array,
-                      parents: jax.Array, picks: jax.Array, targets: jax.Array) -> jax.Array:
-  """`search.packed_token_log_probs` of packed rows [C, ...] given the memory's rows `rows`
-  [C]."""
-  return search.packed_token_log_probs(model, params, jax.tree.map(lambda x: x[rows], memory),
-                                       inputs, parents, picks, targets)
-
-
-@dataclasses.dataclass
-class _Packing:
-  """Token sequences packed in rows of `width` decoder positions as a tree of their shared
-  prefixes (`layers.tree_positions_and_mask`), each row after one memory row and scoring at
-  most `num_targets` tokens; with `one_per_row` (a model that cannot pack), each sequence in
-  a row of its own. A sequence whose log-probability is `known` takes no room."""
-
-  width: int
-  num_targets: int
-  one_per_row: bool
-  inputs: list = dataclasses.field(default_factory=list)  # [rows] int lists, one per position
-  parents: list = dataclasses.field(default_factory=list)
-  picks: list = dataclasses.field(default_factory=list)  # [rows] int lists, one per target
-  targets: list = dataclasses.field(default_factory=list)
-  children: list = dataclasses.field(default_factory=list)  # [rows] {(parent, token): position}
-  memory_rows: list = dataclasses.field(default_factory=list)
-  spans: list = dataclasses.field(default_factory=list)  # per sequence (row, start, end) targets
-  given: list = dataclasses.field(default_factory=list)  # per sequence: its known sum, or 0
-
-  def known(self, log_prob: float, num_tokens: int) -> None:
-    """Appends a sequence of `num_tokens` tokens whose sum of log p is known: not packed."""
-    self.spans.append((-1, 0, num_tokens))
-    self.given.append(log_prob)
-
-  def _new_positions(self, tokens: Sequence[int]) -> int:
-    """Positions the last row still lacks for the prefixes of `tokens`."""
-    children, parent = self.children[-1], -1
-    for depth, token in enumerate([BOS_ID, *tokens[:-1]]):
-      parent = children.get((parent, token))
-      if parent is None:
-        return len(tokens) - depth
-    return 0
-
-  def add(self, memory_row: int, tokens: Sequence[int]) -> None:
-    """Appends a sequence (its tokens, those that count) read after `memory_row`."""
-    self.given.append(0.0)
-    if (self.one_per_row or not self.memory_rows or self.memory_rows[-1] != memory_row
-        or len(self.inputs[-1]) + self._new_positions(tokens) > self.width
-        or len(self.targets[-1]) + len(tokens) > self.num_targets):
-      for rows in (self.inputs, self.parents, self.picks, self.targets):
-        rows.append([])
-      self.children.append({})
-      self.memory_rows.append(memory_row)
-    row = len(self.targets) - 1
-    inputs, parents, children = self.inputs[row], self.parents[row], self.children[row]
-    start = len(self.targets[row])
-    position = -1
-    for token, target in zip([BOS_ID, *tokens[:-1]], tokens):
-      key = (position, token)
-      if key not in children:
-        children[key] = len(inputs)
-        inputs.append(token)
-        parents.append(position)
-      position = children[key]
-      self.picks[row].append(position)
-      self.targets[row].append(target)
-    self.spans.append((row, start, start + len(tokens)))
-
-  def arrays(self) -> tuple[np.ndarray, ...]:
-    """(inputs, parents) int32 [rows, width], (picks, targets) int32 [rows, num_targets],
-    memory rows int32 [rows]; padding: parent and pick -1, input and target 0."""
-    def padded(lists, width, fill):
-      out = np.full((len(lists), width), fill, np.int32)
-      for row, values in enumerate(lists):
-        out[row, :len(values)] = values
-      return out
-    return (padded(self.inputs, self.width, 0), padded(self.parents, self.width, -1),
-            padded(self.picks, self.num_targets, -1), padded(self.targets, self.num_targets, 0),
-            np.asarray(self.memory_rows, np.int32))
-
-
-def candidate_log_probs(trained: inference.Trained, contexts: Sequence[Context],
-                        candidates: Sequence[Sequence[Sequence[str]]], *, positions: str,
-                        batch_rows: int, history_queries: int = 0,
-                        widths: Sequence[int] | None = None,
-                        known: Sequence[Sequence[dict[str, float]]] | None = None
-                        ) -> list[list[np.ndarray]]:
-  """The generator's teacher-forced log-probability of given candidates.
-
-  The candidates after one context are packed in rows as a tree of their shared prefixes
-  (`PACKED_TOKENS` positions, `PACKED_TARGETS` tokens a row), scored a fixed number of rows a
-  call (one compiled shape per batch shape, whatever the candidates'
-  number and lengths).
-
-  Args:
-    trained: a generative model.
-    contexts: the sessions.
-    candidates: [context][output position] candidate texts.
-    positions: 'last' or 'all', as for `sources.generated`.
-    batch_rows: contexts per batch.
-    known: [context][output position] {text: sum of log p} of candidates whose
-      log-probability is already known (the generator's own beam, `beam_log_probs`): those
-      are not teacher forced again.
-  Returns:
-    [context][output position] float32 [candidates, 2]: the sum of log p over the
-    candidate's tokens and `</s>` (`_candidate_ids`), and that sum per token.
-  """
-  task, params, vocab = trained.task, trained.params, trained.vocab
-  length = trained.cfg.target_len
-  packs = task.model.packs_sequences
-  width = max(PACKED_TOKENS, length) if packs else length
-  num_targets = max(PACKED_TARGETS, length) if packs else length
-  chunk = max(1, min(SCORED_TOKENS // width, batch_rows if packs else 64 * batch_rows))
-  out: list = [None] * len(contexts)
-  for group, group_contexts, batch, lengths in sources_lib.batches(
-      trained, contexts, batch_rows, widths, history_queries):
-    num_queries = batch['queries'].shape[1]
-    if positions == 'last':
-      rows = np.arange(batch_rows) * num_queries + lengths - 1
-    else:
-      rows = np.arange(batch_rows * num_queries)
-    packing = _Packing(width, num_targets, one_per_row=not packs)
-    token_log_probs = np.zeros((0, num_targets), np.float32)
-    for row, (i, context) in enumerate(zip(group, group_contexts)):
-      first = len(context.queries) - 1 if positions == 'last' else context.first_output
-      copied = trained.copied_words(context.queries)
-      for p, texts in enumerate(candidates[i]):
-        r = row if positions == 'last' else row * num_queries + first + p
-        already = known[i][p] if known is not None else {}
-        for text in texts:
-          ids = _candidate_ids(vocab, text, copied, length)
-          if text in already:
-            packing.known(already[text], len(ids))
-          else:
-            packing.add(r, ids)
-    if packing.targets:
-      memory = search.encoded(task.model, params, {key: batch[key] for key in task.input_keys},
-                              rows.astype(np.int32))
-      inputs, parents, picks, targets, memory_rows = packing.arrays()
-      token_log_probs = np.zeros(targets.shape, np.float32)
-      # `chunk` packed rows a call, the last call padded with its last row.
-      for start in range(0, len(targets), chunk):
-        take = np.minimum(np.arange(start, start + chunk), len(targets) - 1)
-        token_log_probs[take] = np.asarray(_packed_log_probs(
-            task.model, params, memory, memory_rows[take], inputs[take], parents[take],
-            picks[take], targets[take]))
-    # Each candidate's sum: from its first token to the next candidate's (padding adds 0);
-    # a known one's (its span's row is -1) as given.
-    spans = np.asarray(packing.spans, np.int64).reshape(-1, 3)
-    forced = spans[:, 0] >= 0
-    sums = np.asarray(packing.given, np.float64)
-    if forced.any():
-      sums[forced] = np.add.reduceat(token_log_probs.ravel(),
-                                     spans[forced, 0] * num_targets + spans[forced, 1])
-    values = np.stack([sums, sums / np.maximum(spans[:, 2] - spans[:, 1], 1)], axis=-1)
-    taken = 0
-    for i in group:
-      out[i] = []
-      for texts in candidates[i]:
-        out[i].append(values[taken:taken + len(texts)].astype(np.float32))
-        taken += len(texts)
-  return out
-
-
-def beam_log_probs(trained: inference.Trained, source: sources_lib.Generate,
-                   contexts: Sequence[Context], lists: sources_lib.Lists
-                   ) -> list[list[dict[str, float]]]:
-  """[context][output position] {text: sum of log p} of the generator's own hypotheses, read
-  off the beam's scores: the search already summed what teacher forcing would (the same
-  tokens, `</s>` included, under the same softmax; equal to float rounding), so a lone
-  request forces only the other sources' candidates. A hypothesis's score is its
-  `search.length_normalize`d sum ('model_score' once reranked by MBR; the session's queries
-  that MBR adds have none)."""
-  key = 'model_score' if source.settings.mbr != 'none' else 'score'
-  alpha = source.settings.length_penalty
-  length = trained.cfg.target_len
-  out = []
-  for context, by_position in zip(contexts, lists):
-    copied = trained.copied_words(context.queries)
-    out.append([{c['query']: c[key] * search.length_penalty(len(_candidate_ids(
-        trained.vocab, c['query'], copied, length)), alpha)
-                 for c in candidates if key in c} for candidates in by_position])
   return out
 
 
@@ -442,7 +123,7 @@ def features(texts: Sequence[str], by_source: dict[str, list[dict]], so_far: Seq
   after the session `so_far` (its last query at `position` of the session).
 
   Args:
-    generator: float32 [len(texts), 2], `candidate_log_probs`' figures of the texts.
+    generator: float32 [len(texts), 2], `teacher_forcing.candidate_log_probs`' figures of the texts.
   """
   nan = float('nan')
   previous = so_far[-1]
@@ -578,11 +259,12 @@ def lists_and_features(trained: inference.Trained, contexts: Sequence[Context],
     texts = [[at if keep(i, p, at) else [] for p, at in enumerate(lists)]
              for i, lists in enumerate(texts)]
   generator = [s for s in candidate_sources if isinstance(s, sources_lib.Generate)]
-  known = (beam_log_probs(trained, generator[0], contexts, by_source[generator[0].name])
+  known = (teacher_forcing.beam_log_probs(trained, generator[0], contexts,
+                                          by_source[generator[0].name])
            if generator else None)
-  scored = candidate_log_probs(trained, contexts, texts, positions=positions,
-                               batch_rows=batch_rows, history_queries=history_queries,
-                               widths=widths, known=known)
+  scored = teacher_forcing.candidate_log_probs(
+      trained, contexts, texts, positions=positions, batch_rows=batch_rows,
+      history_queries=history_queries, widths=widths, known=known)
   pools = [[Pool(texts[i][p], features(texts[i][p], {n: by_source[n][i][p] for n in names},
                                        so_far[i][p], firsts[i] + p + contexts[i].first_position,
                                        counts, scored[i][p], names, trained.vocab))

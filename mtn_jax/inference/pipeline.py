@@ -61,6 +61,7 @@ from mtn_jax.inference import habits
 from mtn_jax.inference import imdna_proposer
 from mtn_jax.inference import learned
 from mtn_jax.inference import popular
+from mtn_jax.inference import presentation
 from mtn_jax.inference import retrieval
 from mtn_jax.inference import sources as inference_sources
 from mtn_jax.inference.inputs import Context
@@ -520,10 +521,10 @@ class Pipeline:
         ranked = [{'query': pool.texts[j], 'score': float(scores[j]),
                    'sources': origin[pool.texts[j]]}
                   for j in np.argsort(-scores, kind='stable')]
-        lists.append(learned.presented(ranked, so_far[i][p], self.log_counts,
-                                       session_first=s.session_first,
-                                       unrelated_first=s.unrelated_first,
-                                       attested_only=s.attested_only))
+        lists.append(presentation.presented(ranked, so_far[i][p], self.log_counts,
+                                            session_first=s.session_first,
+                                            unrelated_first=s.unrelated_first,
+                                            attested_only=s.attested_only))
       out.append(lists)
     return out, by_source
 
