@@ -26,7 +26,6 @@ from mtn_jax.inference import sources as sources_lib
 from mtn_jax.inference.inputs import Context
 
 
-
 def _candidate_ids(vocab, text: str, copied: Sequence[str], length: int) -> list[int]:
   """A candidate's token ids for teacher forcing: its words (a copying model's words outside
   the vocabulary by extended id), then `</s>` where it fits in `length` (a hypothesis of
