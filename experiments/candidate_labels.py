@@ -198,20 +198,29 @@ RULES = {
 }
 
 
-def score(args) -> None:
-  with open(os.path.join(args.out, 'key.json'), encoding='utf-8') as f:
+def read_labels(out: str, judgments: str) -> tuple[dict, list[dict[str, list[str]]]]:
+  """(`make`'s key.json record of the folder `out`, [context] {candidate: the label each
+  judge of `judgments`, comma-separated JSON files, gave it}); a candidate a judge left out
+  is 'N'."""
+  with open(os.path.join(out, 'key.json'), encoding='utf-8') as f:
     record = json.load(f)
   judges = []
-  for path in args.judgments.split(','):
+  for path in judgments.split(','):
     with open(path, encoding='utf-8') as f:
       judges.append(json.load(f))
-  labels = []  # [context] {query: [label of each judge]}
+  labels = []
   for n, entry in enumerate(record['candidates'], 1):
     at = collections.defaultdict(list)
     for marks in judges:
       for k, query in enumerate(entry['shown'], 1):
         at[query].append(str(marks.get(str(n), {}).get(str(k), 'N')).upper()[:1])
     labels.append(at)
+  return record, labels
+
+
+def score(args) -> None:
+  record, labels = read_labels(args.out, args.judgments)
+  judges = range(len(args.judgments.split(',')))
   by_kind = collections.defaultdict(lambda: [0, 0, 0])
   for entry, at in zip(record['candidates'], labels):
     for c in entry['pool']:

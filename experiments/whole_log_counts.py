@@ -18,7 +18,6 @@ from __future__ import annotations
 import argparse
 import collections
 import copy
-import json
 import os
 import sys
 
@@ -33,6 +32,7 @@ from mtn_jax.data import aol_log
 from mtn_jax.data import preprocess
 from mtn_jax.inference import popular
 from mtn_jax.inference import presentation
+import candidate_labels  # experiments/candidate_labels.py, beside this script
 # pylint: enable=wrong-import-position
 
 SHOWN = 5
@@ -64,12 +64,7 @@ def main() -> None:
   config_flags.DEFINE_config_file('config', 'configs/aol.py:small')
   flags.FLAGS([sys.argv[0], *rest])
   config = flags.FLAGS.config
-  with open(os.path.join(args.labels, 'key.json'), encoding='utf-8') as f:
-    record = json.load(f)
-  judges = []
-  for path in args.judgments.split(','):
-    with open(path, encoding='utf-8') as f:
-      judges.append(json.load(f))
+  record, labels = candidate_labels.read_labels(args.labels, args.judgments)
   data_dir = preprocess.data_dir(os.path.abspath(args.workdir))
   users = set(np.load(os.path.join(data_dir, 'train.users.npy')).tolist())
   sessions_only = popular.LogCounts.of_workdir(args.workdir)
@@ -82,16 +77,14 @@ def main() -> None:
                        ('every query of the training users', whole)):
     held = sum(any(set(c[-1].split()) < set(q.split()) for q in counts.issued)
                for c in record['contexts'])
-    for j, marks in enumerate(judges):
+    for j in range(len(args.judgments.split(','))):
       useful = garbled = two = unjudged = 0
-      for n, (so_far, entry) in enumerate(zip(record['contexts'], record['candidates']), 1):
-        label = {q: str(marks.get(str(n), {}).get(str(k), 'N')).upper()[:1]
-                 for k, q in enumerate(entry['shown'], 1)}
+      for so_far, entry, at in zip(record['contexts'], record['candidates'], labels):
         ranked = [{'query': c['query'], 'sources': c['sources']} for c in entry['pool']]
         shown = presentation.presented(ranked, so_far, counts, session_first=SHOWN,
                                        unrelated_first=config.suggest.unrelated_first,
                                        attested_only=config.suggest.attested_only)[:SHOWN]
-        got = [label.get(c['query'], '?') for c in shown]
+        got = [at[c['query']][j] if c['query'] in at else '?' for c in shown]
         useful += got.count('U')
         garbled += got.count('G')
         unjudged += got.count('?')
