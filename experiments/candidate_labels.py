@@ -9,9 +9,9 @@ another presentation of the same candidates would have shown. `make` draws valid
 contexts as `panel.py` does (none that the panels of --not_in showed), asks the workdir's
 learned pipeline for its whole ranked pool, and writes for each context its session and up
 to `--candidates` of the pool, shuffled: the ranker's top 10 and then the best well-formed
-candidates sharing a word with the session (`presentation.well_formed`, `shares_word`), the ones a
-presentation chooses its first places from. Judges rate each candidate U / G / N under the
-rubric of ../shared/JUDGING.md. `score` prints the useful and garbled shares by kind of
+candidates sharing a word with the session (`presentation.well_formed`, `shares_word`), the
+ones a presentation chooses its first places from. Judges rate each candidate U / G / N
+under the rubric of ../shared/JUDGING.md. `score` prints the useful and garbled shares by kind of
 candidate (who proposed it, which template, logged or not, well-formed, about the session),
 and the top 5 that each presentation rule of RULES would show, scored by the judges' labels
 (a candidate no judge saw counts as neither: a lower bound on useful and garbled alike), and
@@ -32,9 +32,9 @@ from collections.abc import Callable
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 # pylint: disable=wrong-import-position
-from mtn_jax.inference import presentation
 from mtn_jax.inference import pipeline
 from mtn_jax.inference import popular
+from mtn_jax.inference import presentation
 import panel  # experiments/panel.py, beside this script
 # pylint: enable=wrong-import-position
 
@@ -43,8 +43,8 @@ RANKER_TOP = 10
 
 
 def shares_word(so_far) -> Callable[[str], bool]:
-  """`presentation.about_session` before the sites of short queries counted: a shared word (a
-  site's name standing for its address), not one word of the session alone. The candidates
+  """`presentation.about_session` before the sites of short queries counted: a shared word
+  (a site's name standing for its address), not one word of the session alone. The candidates
   shown to the judges are chosen by it, so that a context drawn again shows the same ones."""
   typed = {w for q in so_far for w in q.split()}
   session = set().union(*(presentation.site_words(q) for q in so_far))
@@ -79,7 +79,8 @@ def kind(candidate: dict, counts: popular.LogCounts, so_far, templates: dict, en
           'logged': bool(counts.issued.get(text)),
           'well_formed': presentation.well_formed(text, counts, so_far),
           'about': shares_word(so_far)(text),
-          'short_site': presentation.about_session(so_far)(text) and not shares_word(so_far)(text),
+          'short_site': (presentation.about_session(so_far)(text)
+                         and not shares_word(so_far)(text)),
           'added': presentation.added_to(text, so_far[-1]),
           'lone_word': len(text.split()) == 1 and text in typed,
           'cohesion': cohesion(text, so_far[-1], counts, ends),
@@ -124,8 +125,8 @@ def make(args, config) -> None:
             for c in ranked]
     shuffled = described[:]
     rng.shuffle(shuffled)
-    default = presentation.presented(ranked, so_far, counts, session_first=SHOWN, unrelated_first=1,
-                                attested_only=True)
+    default = presentation.presented(ranked, so_far, counts, session_first=SHOWN,
+                                     unrelated_first=1, attested_only=True)
     record['candidates'].append({'shown': [c['query'] for c in shuffled], 'pool': pool,
                                  'default': [c['query'] for c in default[:SHOWN]]})
     lines += [f'## Context {n}', '', 'Session: ' + ' | '.join(so_far), '']
