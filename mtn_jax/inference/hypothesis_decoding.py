@@ -12,7 +12,6 @@ from __future__ import annotations
 import dataclasses
 import os
 
-import jax
 import ml_collections
 
 from mtn_jax import inference
@@ -64,13 +63,11 @@ def _decode(generator: hypothesis_files.Generator, split: sessions.SessionSplit,
       'ranker\'s candidates.', flush=True)
   decode = generator.config.decode
   history_queries = generator.config.data.history_queries
-  beam = sources.Generate(trained, search_settings, history_queries).on_local_devices()
   histories = habits.past_queries(data_dir, split) if history_queries else None
-  by_session = sources.by_session_length(
-      lambda group, rows: beam.propose(group, positions='all', batch_rows=rows),
+  by_session = sources.Generate(trained, search_settings, history_queries).propose_sessions(
       sources.session_contexts(split, range(split.num_sessions), histories),
       queries_per_batch=decode.batch_sessions * generator.config.data.max_session_queries,
-      multiple_of=jax.local_device_count(), log=log)
+      log=log)
   # A row per query: each position's suggestions, none after the session's last query.
   rows = [[[c['query'] for c in ranked] for ranked in session] + [[]] for session in by_session]
   hypothesis_files.write(path, header, [row for session in rows for row in session])

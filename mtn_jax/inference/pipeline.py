@@ -580,7 +580,7 @@ class Pipeline:
                   log=print) -> SplitLists:
     """Stages 1-2 for every (prefix -> next query) pair of `split`, in pair order: its
     sessions as contexts (`sources.session_contexts`), the generator's beam a session length
-    at a time on every device of this process (`sources.by_session_length`).
+    at a time on every device of this process (`sources.Generate.propose_sessions`).
 
     Args:
       split: the sessions; pair (i, t) predicts query t+1 of session i after 0..t.
@@ -617,11 +617,8 @@ class Pipeline:
                                         for name, lists in by_source.items()})
     beams = None
     if isinstance(self.trained.task, tasks.Suggests):
-      generator = self._generate().on_local_devices()
-      beams = flat(inference_sources.by_session_length(
-          lambda group, rows: generator.propose(group, positions='all', batch_rows=rows),
-          session_contexts, queries_per_batch=queries_per_batch,
-          multiple_of=jax.local_device_count(), log=log))
+      beams = flat(self._generate().propose_sessions(
+          session_contexts, queries_per_batch=queries_per_batch, log=log))
     if s.strategy == 'blend':
       at_pairs = pair_contexts()
       by_source = [self._blend_sources(beam, context)

@@ -246,6 +246,16 @@ class Generate:
     return dataclasses.replace(self, trained=dataclasses.replace(self.trained, params=params),
                                mesh=mesh)
 
+  def propose_sessions(self, contexts: Sequence[Context], *, queries_per_batch: int,
+                       log=None) -> list[Lists]:
+    """[context][position] the beam after every position of whole sessions' contexts (a
+    split's: `session_contexts`), on all of this process's devices, a session length at a
+    time (`by_session_length`)."""
+    beam = self.on_local_devices()
+    return by_session_length(
+        lambda group, rows: beam.propose(group, positions='all', batch_rows=rows), contexts,
+        queries_per_batch=queries_per_batch, multiple_of=jax.local_device_count(), log=log)
+
 
 @dataclasses.dataclass
 class Retrieve:
