@@ -60,6 +60,49 @@ def ranking(lists, references) -> dict[str, float]:
   return {'em1': 100 * em / n, 'r10': 100 * r10 / n, 'mrr10': 100 * mrr / n}
 
 
+def fold_counts(config, workdir: str) -> list[popular.LogCounts]:
+  """[folds] the log's counts each fold's pairs were proposed with: the other folds' users'."""
+  folds = config.suggest.ranker_folds
+  train = sessions.load_split(preprocess.data_dir(os.path.abspath(workdir)), 'train')
+  fold_of = sessions.session_folds(train, folds, config.data.split_seed)
+  return [popular.LogCounts.of_sessions(
+      [train.session_texts(i) for i in np.flatnonzero(fold_of != k).tolist()])
+          for k in range(folds)]
+
+
+def cross_fitted_scores(groups: learned.Groups, config, names, columns=None) -> list:
+  """[groups] the ranker's scores of each group's candidates, each fold's groups scored by a
+  ranker trained on the other folds' (`columns`: the features used; all by default)."""
+  ends = np.cumsum(groups.sizes)
+  starts = ends - groups.sizes
+  out = [None] * len(groups.sizes)
+  for k in range(config.suggest.ranker_folds):
+    booster = learned.train_booster(groups, groups.folds != k, config, names, columns)
+    for g in np.flatnonzero(groups.folds == k).tolist():
+      x = groups.features[starts[g]:ends[g]]
+      if columns is not None:
+        x = x[:, columns]
+      out[g] = booster.predict(x) if len(x) else np.zeros(0)
+  return out
+
+
+def presented_lists(groups: learned.Groups, scores, counts, *, session_first: int,
+                    attested_only: bool, unrelated_first: int) -> list[list[str]]:
+  """Every group's list as `presentation.presented` shows it, its candidates in the order of
+  `scores` (`cross_fitted_scores`)."""
+  out = []
+  for g, values in enumerate(scores):
+    origin = learned.proposers({n: [{'query': q} for q in lst]
+                                for n, lst in groups.lists[g].items()})
+    ranked = [{'query': groups.texts[g][j], 'sources': origin[groups.texts[g][j]]}
+              for j in np.argsort(-values, kind='stable')]
+    shown = presentation.presented(ranked, groups.sessions[g], counts[groups.folds[g]],
+                                   session_first=session_first, attested_only=attested_only,
+                                   unrelated_first=unrelated_first)
+    out.append([c['query'] for c in shown])
+  return out
+
+
 def main() -> None:
   parser = argparse.ArgumentParser(description=__doc__.split('\n')[0])
   parser.add_argument('--workdir', required=True)
@@ -76,55 +119,18 @@ def main() -> None:
                                  learned.groups_key(config, args.workdir))
             or learned.cross_fitted_groups(config, args.workdir))
   names = learned.feature_names([n for n, _ in plan])
-  folds = config.suggest.ranker_folds
   references = groups.references
-  # The log's counts each pair's candidates were made with: the other folds' users'.
-  data_dir = preprocess.data_dir(os.path.abspath(args.workdir))
-  train = sessions.load_split(data_dir, 'train')
-  fold_of = sessions.session_folds(train, folds, config.data.split_seed)
-  counts = [popular.LogCounts.of_sessions(
-      [train.session_texts(i) for i in np.flatnonzero(fold_of != k).tolist()])
-            for k in range(folds)]
-  ends = np.cumsum(groups.sizes)
-  starts = ends - groups.sizes
-
+  counts = fold_counts(config, args.workdir)
   scored = {}
-
-  def fold_scores(columns=None, rounds=None):
-    """[pairs] the ranker's scores of each pair's candidates, each fold's pairs scored by a
-    ranker trained on the others' (made once per feature set)."""
-    key = (None if columns is None else tuple(columns), rounds)
-    if key not in scored:
-      cfg = config
-      if rounds is not None:
-        cfg = config.copy_and_resolve_references()
-        cfg.suggest.ranker_rounds = rounds
-      out = [None] * len(groups.sizes)
-      for k in range(folds):
-        booster = learned.train_booster(groups, groups.folds != k, cfg, names, columns)
-        for g in np.flatnonzero(groups.folds == k).tolist():
-          x = groups.features[starts[g]:ends[g]]
-          if columns is not None:
-            x = x[:, columns]
-          out[g] = booster.predict(x) if len(x) else np.zeros(0)
-      scored[key] = out
-    return scored[key]
 
   def learned_lists(columns=None, session_first=config.suggest.session_first,
                     attested_only=config.suggest.attested_only,
                     unrelated_first=config.suggest.unrelated_first):
-    """Every pair's list as `presentation.presented` shows it, cross-fitted (`fold_scores`)."""
-    out = []
-    for g, values in enumerate(fold_scores(columns)):
-      origin = learned.proposers({n: [{'query': q} for q in lst]
-                                  for n, lst in groups.lists[g].items()})
-      ranked = [{'query': groups.texts[g][j], 'sources': origin[groups.texts[g][j]]}
-                for j in np.argsort(-values, kind='stable')]
-      shown = presentation.presented(ranked, groups.sessions[g], counts[groups.folds[g]],
-                                     session_first=session_first, attested_only=attested_only,
-                                     unrelated_first=unrelated_first)
-      out.append([c['query'] for c in shown])
-    return out
+    key = None if columns is None else tuple(columns)
+    if key not in scored:
+      scored[key] = cross_fitted_scores(groups, config, names, columns)
+    return presented_lists(groups, scored[key], counts, session_first=session_first,
+                           attested_only=attested_only, unrelated_first=unrelated_first)
 
   rows = {}
   rows['learned ranker, as shown'] = ranking(learned_lists(), references)
