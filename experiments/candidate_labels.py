@@ -183,6 +183,16 @@ def _lone_words(pool):
   return (about + lone + rest)[:SHOWN]
 
 
+def _others_before_heads(pool):
+  """The default's first places, its head queries moved after the other well-formed
+  candidates (the sites of long queries left out: "conenebula.com" reads as garbled)."""
+  default = RULES[DEFAULT](pool)
+  first = [c for c in default if not c['head']]
+  others = [c for c in pool if c['well_formed'] and not c['head'] and c not in first
+            and _NOT_ADDED(c) and not (c['template'] or '').startswith('dotcom')]
+  return (first + others + [c for c in default if c['head']])[:SHOWN]
+
+
 _SITE = lambda c: c['about'] or c['short_site']
 _NOT_ADDED = lambda c: not (c['added'] and not c['logged'])
 DEFAULT = 'first 5 about, <= 1 head, a short query\'s site about, no unlogged words added'
@@ -195,6 +205,7 @@ RULES = {
         lambda pool: _first_places(pool, about=_SITE, admit=lambda c: _NOT_ADDED(c) and (
             c['logged'] or c['cohesion'] < 0.5))),
     '+ lone words of the session before head queries': _lone_words,
+    '+ the other well-formed candidates before head queries': _others_before_heads,
     'ranker order, well-formed only': lambda pool: [c for c in pool if c['well_formed']][:SHOWN],
 }
 
