@@ -60,14 +60,18 @@ def ranking(lists, references) -> dict[str, float]:
   return {'em1': 100 * em / n, 'r10': 100 * r10 / n, 'mrr10': 100 * mrr / n}
 
 
-def fold_counts(config, workdir: str) -> list[popular.LogCounts]:
-  """[folds] the log's counts each fold's pairs were proposed with: the other folds' users'."""
-  folds = config.suggest.ranker_folds
+def other_folds_sessions(config, workdir: str) -> list[list[tuple[str, ...]]]:
+  """[folds] the training sessions' query texts of every other fold's users: what each fold's
+  pairs were proposed with."""
   train = sessions.load_split(preprocess.data_dir(os.path.abspath(workdir)), 'train')
-  fold_of = sessions.session_folds(train, folds, config.data.split_seed)
-  return [popular.LogCounts.of_sessions(
-      [train.session_texts(i) for i in np.flatnonzero(fold_of != k).tolist()])
-          for k in range(folds)]
+  fold_of = sessions.session_folds(train, config.suggest.ranker_folds, config.data.split_seed)
+  return [[train.session_texts(i) for i in np.flatnonzero(fold_of != k).tolist()]
+          for k in range(config.suggest.ranker_folds)]
+
+
+def fold_counts(others: list) -> list[popular.LogCounts]:
+  """[folds] the log's counts each fold's pairs were proposed with (`other_folds_sessions`)."""
+  return [popular.LogCounts.of_sessions(sessions_of_others) for sessions_of_others in others]
 
 
 def cross_fitted_scores(groups: learned.Groups, config, names, columns=None) -> list:
@@ -120,7 +124,7 @@ def main() -> None:
             or learned.cross_fitted_groups(config, args.workdir))
   names = learned.feature_names([n for n, _ in plan])
   references = groups.references
-  counts = fold_counts(config, args.workdir)
+  counts = fold_counts(other_folds_sessions(config, args.workdir))
   scored = {}
 
   def learned_lists(columns=None, session_first=config.suggest.session_first,

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import argparse
 import collections
+import dataclasses
 import math
 import os
 import sys
@@ -35,8 +36,6 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from absl import flags
 from ml_collections import config_flags
 
-from mtn_jax.data import preprocess
-from mtn_jax.data import sessions
 from mtn_jax.inference import learned
 import learned_ranker  # experiments/learned_ranker.py, beside this script
 # pylint: enable=wrong-import-position
@@ -85,9 +84,8 @@ class Association:
 
 
 def with_features(groups: learned.Groups, extra: np.ndarray) -> learned.Groups:
-  return learned.Groups(np.concatenate([groups.features, extra], 1), groups.labels,
-                        groups.sizes, groups.folds, groups.texts, groups.references,
-                        groups.sessions, groups.lists)
+  """`groups` with the columns `extra` after its features (a new array)."""
+  return dataclasses.replace(groups, features=np.concatenate([groups.features, extra], 1))
 
 
 def main() -> None:
@@ -100,12 +98,9 @@ def main() -> None:
   config = flags.FLAGS.config
   config.suggest.strategy = 'learned'
   default_plan = learned.parse_sources(config.suggest.sources)
-  train = sessions.load_split(preprocess.data_dir(os.path.abspath(args.workdir)), 'train')
-  fold_of = sessions.session_folds(train, config.suggest.ranker_folds, config.data.split_seed)
-  association = [Association([train.session_texts(i)
-                              for i in np.flatnonzero(fold_of != k).tolist()])
-                 for k in range(config.suggest.ranker_folds)]
-  counts = learned_ranker.fold_counts(config, args.workdir)
+  others = learned_ranker.other_folds_sessions(config, args.workdir)
+  association = [Association(sessions_of_others) for sessions_of_others in others]
+  counts = learned_ranker.fold_counts(others)
   rules = {'alone': dict(session_first=0, attested_only=False, unrelated_first=0),
            'as shown': dict(session_first=config.suggest.session_first,
                             attested_only=config.suggest.attested_only,
