@@ -64,17 +64,23 @@ def command(workdir, *overrides, mode: str = 'train', config: str = 'configs/dem
           f'--mode={mode}', *(tiny(config) if with_tiny else ()), *overrides]
 
 
-# The tests' models are tiny: LLVM's optimisation of the code XLA generates for them costs
-# more time than it saves (a cold compile of the tiny MTN's train step: 10 s at the default
-# level, 6 s at 0). The same flag for the test process (conftest.py) and the runs it starts.
-TEST_XLA_FLAGS = '--xla_backend_optimization_level=0'
+# The tests' models are tiny, and CI compiles every program afresh (a cold compilation
+# cache), so compiling costs the suite more than running: LLVM's optimisation of the code XLA
+# generates, and XLA:CPU's MLIR fusion emitters against its older ones, cost more time than
+# they save (BUILD.md, "Development workflow", has the figures). The same flags for the test
+# process (conftest.py) and the runs it starts; the product keeps XLA's defaults.
+TEST_XLA_FLAGS = '--xla_backend_optimization_level=0 --xla_cpu_use_fusion_emitters=false'
+# A run at a config's own sizes (`with_tiny=False`: what the config learns) spends its time
+# running, where the older emitters' code is the slower.
+LEARNING_RUN_XLA_FLAGS = '--xla_backend_optimization_level=0'
 
 
-def env(devices: int | None = 1) -> dict[str, str]:
-  """The runs' environment; `devices` CPU devices, or None to leave the count to the run."""
+def env(devices: int | None = 1, flags: str = TEST_XLA_FLAGS) -> dict[str, str]:
+  """The runs' environment; `devices` CPU devices, or None to leave the count to the run;
+  XLA's `flags`."""
   e = dict(os.environ, PYTHONUNBUFFERED='1', JAX_PLATFORMS='cpu')
   count = '' if devices is None else f'--xla_force_host_platform_device_count={devices} '
-  e['XLA_FLAGS'] = count + TEST_XLA_FLAGS
+  e['XLA_FLAGS'] = count + flags
   # The CLI runs of one test session compile the same tiny programs again and again: a
   # persistent compilation cache shares them between the subprocesses.
   e.setdefault('JAX_COMPILATION_CACHE_DIR', os.path.join(tempfile.gettempdir(),
@@ -89,7 +95,8 @@ def run(workdir, *overrides, mode: str = 'train', config: str = 'configs/demo.py
   """Runs the command line to its end (through this test worker's fork server, `_forked`);
   with `check`, a non-zero exit fails the test with the run's output."""
   args = command(workdir, *overrides, mode=mode, config=config, with_tiny=with_tiny)
-  result = _forked(args, env(devices), timeout, stdin)
+  flags = TEST_XLA_FLAGS if with_tiny else LEARNING_RUN_XLA_FLAGS
+  result = _forked(args, env(devices, flags), timeout, stdin)
   if check and result.returncode != 0:
     raise AssertionError(f'exit {result.returncode}\nstdout:\n{result.stdout[-3000:]}\n'
                          f'stderr:\n{result.stderr[-5000:]}')

@@ -270,8 +270,10 @@ def test_remat_keeps_values_and_gradients():
 
 def test_unrolled_scan_draws_the_same_parameters_and_dropout_masks():
   """`scan_unroll` changes how the compiled loop runs, not what it computes: the same initial
-  parameters bit for bit, and with dropout on the same outputs and gradients up to float
-  rounding (another dropout mask would move them by far more)."""
+  parameters, and with dropout on the same outputs and gradients, up to float rounding
+  (another draw of parameters or dropout masks would move them by far more). Rounding only:
+  XLA may compile the initialisers' arithmetic inside an unrolled loop body to code that
+  rounds otherwise (it does with its older CPU emitters, tests/cli.py's TEST_XLA_FLAGS)."""
   rng = np.random.default_rng(4)
   x, weights = (jnp.asarray(rng.normal(size=(3, 4, 16)), jnp.float32) for _ in range(2))
   mask = layers.padding_mask(jnp.arange(4) < jnp.array([[4], [2], [1]]))
@@ -289,9 +291,12 @@ def test_unrolled_scan_draws_the_same_parameters_and_dropout_masks():
   params, (base_loss, base_grads) = init_and_train(1)
   for unroll in (2, 3):
     unrolled_params, (loss, grads) = init_and_train(unroll)
-    assert jax.tree.all(jax.tree.map(np.array_equal, unrolled_params, params))
-    np.testing.assert_allclose(loss, base_loss, rtol=1e-6)
-    jax.tree.map(functools.partial(np.testing.assert_allclose, rtol=1e-5, atol=1e-6), grads,
+    jax.tree.map(functools.partial(np.testing.assert_allclose, rtol=1e-6, atol=1e-7),
+                 unrolled_params, params)
+    # The loss sums 192 terms of order 1 (to about 0.1), the gradients' entries are of order
+    # 0.01: the parameters' rounding moves either by up to 1e-5, another mask by far more.
+    np.testing.assert_allclose(loss, base_loss, rtol=1e-6, atol=1e-5)
+    jax.tree.map(functools.partial(np.testing.assert_allclose, rtol=1e-5, atol=1e-5), grads,
                  base_grads)
   _, (other_masks_loss, _) = init_and_train(1, dropout_seed=2)
   assert abs(other_masks_loss - base_loss) > 1e-3 * abs(base_loss)

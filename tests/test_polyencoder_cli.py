@@ -482,12 +482,11 @@ def test_ranker_and_imdna_evaluate_as_the_code_before_the_move_did(unscaled_poly
 
 @pytest.mark.slow
 def test_eval_scores_exactly_what_decode_writes(rerank_run, poly_run, tmp_path):
-  """One pipeline: for generate, retrieve, rerank (with the training log's popular and
-  co-occurring queries among the sources) and blend, and a ranker's own pool entries, eval's
-  scored lists are decode's output."""
+  """One pipeline: for retrieve, rerank (with the training log's popular and co-occurring
+  queries among the sources) and blend, and a ranker's own pool entries, eval's scored lists
+  are decode's output. (The generator's own: test_end_to_end.py's samples, decoded, and
+  test_serving.py's suggestions, under the protocols both.)"""
   generator, poly, _ = rerank_run
-  assert_decode_writes_what_eval_scored(generator, generator / 'eval' / 'lists.jsonl',
-                                        tmp_path)
   rerank = ('--config.suggest.strategy=rerank', f'--config.suggest.ranker_workdir={poly}',
             '--config.suggest.popular=3', '--config.suggest.cooccurring=3')
   cli.run(generator, *FEW, *rerank, mode='eval')

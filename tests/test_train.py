@@ -23,12 +23,13 @@ from mtn_jax.training import checkpoints
 from mtn_jax.training import metric_writer
 from tests import cli
 
-# Two short epochs over sessions of 3 or 4 queries (two buckets, so that resuming and sharding
-# meet a shuffled plan of batches of several shapes), a checkpoint every 3 steps, a log line
-# every step.
-SHORT = ('--config.data.max_session_queries=4', '--config.train.num_epochs=2',
-         '--config.train.checkpoint_every_steps=3', '--config.train.log_every_steps=1',
-         '--config.train.keep_checkpoints=2')
+# Two short epochs over `cli.TINY`'s sessions of 3 queries, twice its users' (one bucket: each
+# bucket is a train step to compile in every run; that a restored iterator and the processes'
+# shards follow a shuffled plan of several shapes is tests/test_input_pipeline.py's), a
+# checkpoint every 3 steps, a log line every step.
+SHORT = ('--config.data.demo_users=300', '--config.train.num_epochs=2',
+         '--config.train.checkpoint_every_steps=3',
+         '--config.train.log_every_steps=1', '--config.train.keep_checkpoints=2')
 
 
 def final_params(workdir):
