@@ -107,15 +107,23 @@ def presented_lists(groups: learned.Groups, scores, counts, *, session_first: in
   return out
 
 
+def study_config(program: str, parser: argparse.ArgumentParser):
+  """`parser`'s arguments, and the config that the other arguments name (`--config`,
+  configs/aol.py:small by default, and its `--config.KEY=VALUE` overrides) with the learned
+  strategy: (args, config)."""
+  args, rest = parser.parse_known_args()
+  config_flags.DEFINE_config_file('config', 'configs/aol.py:small')
+  flags.FLAGS([program, *rest])
+  config = flags.FLAGS.config
+  config.suggest.strategy = 'learned'
+  return args, config
+
+
 def main() -> None:
   parser = argparse.ArgumentParser(description=__doc__.split('\n')[0])
   parser.add_argument('--workdir', required=True)
   parser.add_argument('--skip_ablation', action='store_true')
-  args, rest = parser.parse_known_args()
-  config_flags.DEFINE_config_file('config', 'configs/aol.py:small')
-  flags.FLAGS(['learned_ranker', *rest])
-  config = flags.FLAGS.config
-  config.suggest.strategy = 'learned'
+  args, config = study_config('learned_ranker', parser)
   started = time.time()
   plan = learned.parse_sources(config.suggest.sources)
   # The candidates `fit` made (when it made them for these sources), or made again.

@@ -33,8 +33,6 @@ import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 # pylint: disable=wrong-import-position
-from absl import flags
-from ml_collections import config_flags
 
 from mtn_jax.inference import learned
 import learned_ranker  # experiments/learned_ranker.py, beside this script
@@ -92,11 +90,7 @@ def main() -> None:
   parser = argparse.ArgumentParser(description=__doc__.split('\n')[0])
   parser.add_argument('--workdir', required=True)
   parser.add_argument('--wide', default='generate:10,popular:100,cooccurring:30,templates:50')
-  args, rest = parser.parse_known_args()
-  config_flags.DEFINE_config_file('config', 'configs/aol.py:small')
-  flags.FLAGS(['wider_pool', *rest])
-  config = flags.FLAGS.config
-  config.suggest.strategy = 'learned'
+  args, config = learned_ranker.study_config('wider_pool', parser)
   default_plan = learned.parse_sources(config.suggest.sources)
   others = learned_ranker.other_folds_sessions(config, args.workdir)
   association = [Association(sessions_of_others) for sessions_of_others in others]

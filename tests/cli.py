@@ -69,10 +69,10 @@ def command(workdir, *overrides, mode: str = 'train', config: str = 'configs/dem
 # generates, and XLA:CPU's MLIR fusion emitters against its older ones, cost more time than
 # they save (BUILD.md, "Development workflow", has the figures). The same flags for the test
 # process (conftest.py) and the runs it starts; the product keeps XLA's defaults.
-TEST_XLA_FLAGS = '--xla_backend_optimization_level=0 --xla_cpu_use_fusion_emitters=false'
 # A run at a config's own sizes (`with_tiny=False`: what the config learns) spends its time
-# running, where the older emitters' code is the slower.
+# running, where the older emitters' code is the slower: it keeps the newer.
 LEARNING_RUN_XLA_FLAGS = '--xla_backend_optimization_level=0'
+TEST_XLA_FLAGS = f'{LEARNING_RUN_XLA_FLAGS} --xla_cpu_use_fusion_emitters=false'
 
 
 def env(devices: int | None = 1, flags: str = TEST_XLA_FLAGS) -> dict[str, str]:
