@@ -38,9 +38,9 @@ def transformer(m: ml_collections.ConfigDict) -> None:
   # (mtn_jax/models/user_memory.py).
   m.user_memory = 'none'
   m.attention_hidden = 8
-  # Kernel choices for a GPU, comma-separated, each timed alone by launch/bench_kernels.py:
-  # 'cudnn_attention', 'fused_norm' (Pallas), 'bf16_head_grads' (the output layer's gradient
-  # products in bfloat16); '' runs XLA's own kernels (mtn_jax/models/layers.py, KERNELS).
+  # Kernel choices for a GPU, comma-separated, timed by launch/bench_kernels.py:
+  # 'bf16_head_grads' (the output layer's gradient products in bfloat16; needs
+  # compute_dtype='bfloat16'); '' runs XLA's own kernels (mtn_jax/models/layers.py, KERNELS).
   m.kernels = ''
 
 

@@ -15,7 +15,7 @@ values, 'base' for ''), and for the learning comparison `--corpus` (a workdir wh
    compiled side by side in threads (XLA compiles with the GIL released), then `--repeats`
    runs of `--steps` steps of each variant in turn, so that every variant sees the same
    state of the machine; the median run counts. A variant that fails to build or compile
-   (a CPU refuses the GPU-only kernels) is reported with its error and the others go on.
+   (a choice `config.model.kernels` refuses) is reported with its error and the others go on.
    MFU from the executed FLOPs of the base step (`bench_train.step_flops`, or
    `--executed_flops` where another run counted them): every variant does the model's
    arithmetic.
@@ -57,8 +57,9 @@ from mtn_jax.data.vocab import UNK_ID
 
 _BUCKET = flags.DEFINE_integer('bucket', 4, 'Session length (queries) of the batches.')
 _VARIANTS = flags.DEFINE_list(
-    'variants', ['base', 'bf16_head_grads', 'cudnn_attention', 'fused_norm'],
-    "config.model.kernels values to time ('base': none; join several with '+').")
+    'variants', ['base', 'bf16_head_grads'],
+    "config.model.kernels values to time: 'base' (none, XLA's own kernels) and "
+    "'bf16_head_grads' (a choice of several joins them with '+').")
 _CORPUS = flags.DEFINE_string('corpus', '', 'A workdir with a prepared corpus: train on its '
                               'sessions for the learning comparison (empty: none).')
 _LEARN_STEPS = flags.DEFINE_integer('learn_steps', 300, 'Steps of each learning run.')

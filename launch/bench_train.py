@@ -251,8 +251,8 @@ def step_flops(model_cfg: ModelConfig, config: ml_collections.ConfigDict,
       device group, as `losses.output_layer_losses` does), each costing the per-slot cost
       (from the two lowerings) times its slots. GFLOP/s and MFU use this count.
   """
-  # Kernel choices outside XLA (cuDNN, Pallas) lower for a GPU only; the arithmetic counted
-  # is the model's either way.
+  # The kernel choices (`config.model.kernels`) change how a step runs, not the model's
+  # arithmetic: the plain step's is counted.
   plain = {'kernels': ''} if 'kernels' in model_cfg.field_names() else {}
   task = tasks.make_task(model_cfg.replace(scan_layers=False, **plain), config.train)
   optimizer = train.make_optimizer(config.train, config.model.get('d_model'))

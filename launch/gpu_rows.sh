@@ -13,11 +13,10 @@
 #   a_profile  where the step's kernels spend their time, and the device's idle time
 #              (launch/profile_step.py)
 #   corpus     a synthetic AOL-format log of 1M lines, preprocessed: the data of the next rows
-#   bc_kernels XLA's kernels against each `config.model.kernels` choice alone (cuDNN attention,
-#              the Pallas layer norm, the loss head's gradient products in bfloat16), timed
-#              alternately in one process, and what the bfloat16 head gradients change in 300
-#              steps of training on the corpus against another seed's run
-#              (launch/bench_kernels.py)
+#   bc_kernels XLA's kernels against the `config.model.kernels` choice (the loss head's
+#              gradient products in bfloat16), timed alternately in one process, and what the
+#              bfloat16 head gradients change in 300 steps of training on the corpus against
+#              another seed's run (launch/bench_kernels.py)
 #   d_train    `configs/aol.py:small` trained briefly on the corpus (--mode=train): a workdir
 #   d_serve    the service on the GPU: a lone request's p50, loads up to saturation, half of it
 #              (the tail target), offline decoding of the same contexts (launch/bench_serve.py)
@@ -25,12 +24,11 @@
 #   e_epoch    a slice of a training epoch through the real input pipeline on that corpus
 #              repeated to the ten-times size: its time, whether the device ever waits for
 #              input, and the projected preprocessing + epoch (launch/bench_epoch.py)
-#   c_cudnn_norm  XLA's flag that rewrites layer norms into cuDNN calls, against a_step's step
 #
 # A row runs if 60 % of its limit is left of the budget, for at most its limit or what is left;
 # one that fails or runs out of time is recorded and the next one runs. Programs compiled by
 # one row are read back by the next ones (JAX_COMPILATION_CACHE_DIR in the work folder, kept
-# between runs on the same machine, as are the generated logs). ROWS='e_epoch c_cudnn_norm'
+# between runs on the same machine, as are the generated logs). ROWS='e_epoch bc_kernels'
 # runs only those rows (and the data they need, unless an earlier run left it), keeping the
 # other rows' figures from an earlier run on the same machine in the report: the rows a first
 # run had no time for, or a row again after a change. Nothing is downloaded: the
@@ -231,10 +229,6 @@ elif wanted e_epoch; then
   fi
   row e_epoch 150 "${epoch[@]}"
 fi
-row c_cudnn_norm 90 env XLA_FLAGS="${XLA_FLAGS:+$XLA_FLAGS }--xla_gpu_enable_cudnn_layer_norm=true" \
-  "$py" launch/bench_train.py "${model[@]}" "${sizes[@]}" --session_lengths=4 "${a_runs[@]}" \
-  --pipeline_sessions=0 --json="$work/c_cudnn_norm.json"
-
 "$py" launch/gpu_rows_report.py --work="$work" --out="$out" --budget="$budget" \
   --rehearse="$rehearse"
 tar -czf "$out/logs.tar.gz" -C "$work" machine.txt steps.tsv \

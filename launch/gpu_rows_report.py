@@ -117,7 +117,8 @@ def section_a(md, runs, summary):
 
 
 def section_bc(md, runs, summary):
-  md.append('## (b), (c) Kernel choices, each alone, and the bf16 head gradients\' learning')
+  md.append('## (b), (c) The kernel choice against XLA\'s kernels, and the bf16 head '
+            'gradients\' learning')
   r = load('bc_kernels')
   md.append(f'Status: {status(runs, "bc_kernels")}.' + command(runs, 'bc_kernels'))
   if r:
@@ -160,18 +161,6 @@ def section_bc(md, runs, summary):
     if learning and 'error' not in learning:
       summary['bc_learning'] = {key: learning[key] for key in (
           'max_window_gap_bf16_head', 'max_window_gap_other_seed', 'final_window')}
-  c = load('c_cudnn_norm')
-  md.append(f'XLA\'s cuDNN layer norm rewrite (`--xla_gpu_enable_cudnn_layer_norm`), a process '
-            f'of its own, against (a)\'s step: {status(runs, "c_cudnn_norm")}.'
-            + command(runs, 'c_cudnn_norm'))
-  a = load('a_step')
-  if c:
-    step = c['train']['epoch_mix']['jax']['step_s']
-    base = a['train']['epoch_mix']['jax']['step_s'] if a else None
-    md.append(f'Step {step * 1e3:.2f} ms' + (f' against {base * 1e3:.2f} ms in (a): '
-                                             f'{base / step:.3f}x' if base else '') + '.\n')
-    summary['c_cudnn_norm'] = {'step_ms': step * 1e3,
-                               'speedup_over_a': base / step if base else None}
 
 
 def section_d(md, runs, summary):
@@ -278,8 +267,7 @@ def main(argv):
     except Exception as e:  # pylint: disable=broad-except
       md.append(f'\n(this section could not be written: {type(e).__name__}: {e})\n')
   summary['raw'] = {name: load(name) for name in (
-      'a_step', 'a_profile', 'bc_kernels', 'd_serve', 'e_preprocess', 'e_epoch',
-      'c_cudnn_norm', 'corpus')}
+      'a_step', 'a_profile', 'bc_kernels', 'd_serve', 'e_preprocess', 'e_epoch', 'corpus')}
   os.makedirs(_OUT.value, exist_ok=True)
   with open(os.path.join(_OUT.value, 'rows.md'), 'w', encoding='utf-8') as f:
     f.write('\n'.join(md) + '\n')

@@ -18,8 +18,8 @@ vocabulary word or padding, k + 1: the k-th such word).
   once per decode and kept in the 'cache' collection.
 - `mixture_log_probs`: (vocabulary logits [N, T, V], gate logits, scores, copy ids [N, L])
   -> log P over the extended vocabulary [N, T, V + extra], for the search.
-The attention here is computed on its own (one head), because the fused attention kernel of
-the decoder layers returns no weights.
+The attention here is computed on its own (one head), because `jax.nn.dot_product_attention`,
+which the decoder layers use, returns no weights.
 """
 
 from __future__ import annotations

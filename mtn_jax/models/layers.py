@@ -17,9 +17,8 @@ Shapes: `B` batch rows, `T` query (target) positions, `L` key/value (source) pos
   (memory [B, L, d], memory mask [B, L], decoder inputs int [B, T]) -> hidden [B, T, d].
 - `loop_to_scan_params` / `scan_to_loop_params` convert parameter trees between the two
   layer-stack layouts, so a checkpoint trained with one runs with the other.
-- `KERNELS`: the GPU kernel choices of `config.model.kernels` (cuDNN attention, a fused
-  layer norm, the loss head's gradient products in bfloat16), each a change of how a step
-  runs, none of the parameters.
+- `KERNELS`: the kernel choices of `config.model.kernels` (the loss head's gradient products
+  in bfloat16), each a change of how a step runs, none of the parameters.
 """
 
 from __future__ import annotations
@@ -93,11 +92,10 @@ class TransformerConfig(ModelConfig):
     if unknown:
       raise errors.ConfigError(f'config.model.kernels: unknown {", ".join(map(repr, unknown))} '
                                f'(comma-separated, of {", ".join(KERNELS)}; \'\' for none)')
-    for kernel in sorted(chosen & set(BFLOAT16_KERNELS)):
-      if model.compute_dtype != 'bfloat16':
-        raise errors.ConfigError(f'config.model.kernels={kernel!r} needs '
-                                 "config.model.compute_dtype='bfloat16', got "
-                                 f'{model.compute_dtype!r}')
+    if chosen and model.compute_dtype != 'bfloat16':  # every choice of `KERNELS` needs it
+      raise errors.ConfigError(f'config.model.kernels={",".join(sorted(chosen))!r} needs '
+                               "config.model.compute_dtype='bfloat16', got "
+                               f'{model.compute_dtype!r}')
 
   def uses(self, kernel: str) -> bool:
     """Whether `config.model.kernels` chooses `kernel` (one of `KERNELS`)."""
@@ -108,33 +106,20 @@ class TransformerConfig(ModelConfig):
     return bool(model.copy)
 
 
-# What `config.model.kernels` may choose, each measured alone on a GPU against XLA's own
-# kernels (launch/bench_kernels.py):
-#  'cudnn_attention': `jax.nn.dot_product_attention` through cuDNN's fused kernel, its
-#    sequences padded to even lengths (cuDNN refuses odd ones once a masked attention is
-#    differentiated);
-#  'fused_norm': every layer norm through JAX's Pallas Triton kernel (one kernel for the
-#    forward pass, two for the backward) instead of XLA's fusions;
+# What `config.model.kernels` may choose, measured on a GPU against XLA's own kernels
+# (launch/bench_kernels.py):
 #  'bf16_head_grads': the output layer's two gradient products (the logits' gradient times
 #    the weights, and times the decoder states) in bfloat16 instead of float32, as PyTorch's
-#    autocast runs them; the logits and the loss stay float32.
-# The first two need an NVIDIA GPU (a CPU run refuses them), the first and last bfloat16.
-KERNELS = ('cudnn_attention', 'fused_norm', 'bf16_head_grads')
-BFLOAT16_KERNELS = ('cudnn_attention', 'bf16_head_grads')
+#    autocast runs them; the logits and the loss stay float32. It needs bfloat16 compute.
+# Two other choices, cuDNN's fused attention and a Pallas Triton layer norm, were measured
+# slower than XLA's kernels on a GPU, and failed under XLA's CUDA-graph command buffers, so
+# they were removed (docs/PERFORMANCE.md, "The targets' rows").
+KERNELS = ('bf16_head_grads',)
 
 
 def kernel_set(kernels: str) -> frozenset[str]:
   """The choices of a `config.model.kernels` value ('a,b')."""
   return frozenset(k.strip() for k in kernels.split(',') if k.strip())
-
-
-def require_gpu(kernel: str) -> None:
-  """Refuses, at trace time, a GPU-only kernel choice on another backend."""
-  backend = jax.default_backend()
-  if backend != 'gpu':
-    raise errors.ConfigError(f'config.model.kernels={kernel!r} runs on an NVIDIA GPU only; '
-                             f"this run's JAX backend is {backend!r}: leave it out of "
-                             'config.model.kernels')
 
 
 REMAT_POLICIES = {
@@ -196,53 +181,15 @@ def _dense(config: TransformerConfig, features, **kwargs) -> nn.DenseGeneral:
   return nn.DenseGeneral(features, dtype=config.dtype, param_dtype=jnp.float32, **kwargs)
 
 
-# nn.LayerNorm's default, which `FusedLayerNorm` keeps.
+# nn.LayerNorm's default.
 LAYER_NORM_EPSILON = 1e-6
 
 
 def layer_norm(config: TransformerConfig, name: str) -> nn.Module:
-  """nn.LayerNorm, or with the 'fused_norm' kernel choice `FusedLayerNorm`: the same
-  parameters ('scale', 'bias') and function."""
-  if config.uses('fused_norm'):
-    return FusedLayerNorm(dtype=config.dtype, name=name)
+  """nn.LayerNorm in the compute dtype, its parameters ('scale', 'bias') float32."""
   # Flax reduces the statistics in float32 even for bfloat16 inputs.
   return nn.LayerNorm(epsilon=LAYER_NORM_EPSILON, dtype=config.dtype, param_dtype=jnp.float32,
                       name=name)
-
-
-def fused_layer_norm(x: jax.Array, scale: jax.Array, bias: jax.Array, *,
-                     interpret: bool = False) -> jax.Array:
-  """Layer norm of x [..., d] over its last axis by JAX's Pallas Triton kernel, in x's dtype.
-
-  The kernel reduces in float32 and keeps each row's mean and reciprocal deviation for its
-  backward pass in x's dtype. `interpret` runs the kernel's program on any backend (slowly),
-  for tests. JAX 0.11 deprecates this module for the tokamax package's layer norm, which is
-  not among this project's requirements.
-  """
-  # Imported here: Pallas' Triton module is only needed where the choice is made.
-  from jax.experimental.pallas.ops.gpu import layer_norm as pallas_layer_norm  # pylint: disable=g-import-not-at-top
-  shape = x.shape
-  # The kernel maps over two leading axes, which become its grid: keep the second short (a
-  # query's tokens, a decoder's positions), the second and third axes of a GPU's grid being
-  # limited to 65,535 blocks.
-  rows = x.reshape(-1, shape[-2], shape[-1]) if x.ndim >= 3 else x[None]
-  out = pallas_layer_norm.layer_norm(rows, scale, bias, eps=LAYER_NORM_EPSILON,
-                                     interpret=interpret)
-  return out.reshape(shape)
-
-
-class FusedLayerNorm(nn.Module):
-  """nn.LayerNorm's parameters and function through `fused_layer_norm` (a GPU only)."""
-
-  dtype: Any
-
-  @nn.compact
-  def __call__(self, x: jax.Array) -> jax.Array:
-    require_gpu('fused_norm')
-    features = x.shape[-1]
-    scale = self.param('scale', nn.initializers.ones, (features,), jnp.float32)
-    bias = self.param('bias', nn.initializers.zeros, (features,), jnp.float32)
-    return fused_layer_norm(x.astype(self.dtype), scale, bias)
 
 
 def _logits_dot(lhs: jax.Array, rhs: jax.Array, contract_rhs: int) -> jax.Array:
@@ -375,30 +322,6 @@ class PositionEncoding(nn.Module):
     return jnp.take(table, positions, axis=0).astype(cfg.dtype)
 
 
-def even_length_attention(query: jax.Array, key: jax.Array, value: jax.Array, mask: jax.Array,
-                          *, implementation: str) -> jax.Array:
-  """`jax.nn.dot_product_attention` over query [B, T, h, k] and key/value [B, L, h, k] with T
-  and L padded to even lengths: a padded key is masked out, a padded query row repeats the
-  mask of the last real one and is dropped from the output [B, T, h, k]. The mask ([B|1, 1,
-  T|1, L|1]) is broadcast to every row and key: cuDNN takes it as a bias of the query's and
-  the keys' lengths and refuses a broadcast one ([B, 1, 1, L], the padding mask).
-
-  The same function as without the padding wherever a row may attend to some key; a row that
-  may attend to none (padding) averages the values, the padded one too.
-  """
-  length, keys = query.shape[1], key.shape[1]
-  pad_rows, pad_keys = length % 2, keys % 2
-  mask = jnp.broadcast_to(mask, mask.shape[:2] + (length, keys))
-  if pad_rows or pad_keys:
-    pad = lambda x, n: jnp.pad(x, ((0, 0), (0, n), (0, 0), (0, 0)))
-    query, key, value = pad(query, pad_rows), pad(key, pad_keys), pad(value, pad_keys)
-    mask = jnp.pad(mask, ((0, 0), (0, 0), (0, pad_rows), (0, 0)), mode='edge')
-    mask = jnp.pad(mask, ((0, 0), (0, 0), (0, 0), (0, pad_keys)), constant_values=False)
-  out = jax.nn.dot_product_attention(query, key, value, mask=mask,
-                                     implementation=implementation)
-  return out[:, :length]
-
-
 # What `jax.nn.dot_product_attention` gives a masked key's score (float32): far below any real
 # score, yet finite, so that a row with every key masked averages them rather than making NaN.
 MASKED_ATTENTION_SCORE = -0.7 * float(np.finfo(np.float32).max)
@@ -463,16 +386,9 @@ class Attention(nn.Module):
           _cached_attention(query, key, value, mask))
     key = project(name='key')(inputs_kv)
     value = project(name='value')(inputs_kv)
-    # XLA's implementation unless 'cudnn_attention' is chosen: the sequences are short (a
-    # query's <= 11 tokens, a session's few queries), where a flash kernel may save little,
-    # and cuDNN refuses odd lengths only when a masked attention is differentiated, after the
-    # forward pass was accepted -- which stopped bfloat16 training on an H200
-    # (docs/PERFORMANCE.md); its path pads them.
-    if cfg.uses('cudnn_attention'):
-      require_gpu('cudnn_attention')
-      out = even_length_attention(query, key, value, mask, implementation='cudnn')
-    else:
-      out = jax.nn.dot_product_attention(query, key, value, mask=mask, implementation='xla')
+    # XLA's implementation: the sequences are short (a query's <= 11 tokens, a session's few
+    # queries), and cuDNN's fused attention was measured slower on a GPU (see `KERNELS`).
+    out = jax.nn.dot_product_attention(query, key, value, mask=mask, implementation='xla')
     return _dense(cfg, cfg.d_model, axis=(-2, -1), name='out')(out)
 
   def _memory_keys_values(self, project_memory: Callable[[], tuple[jax.Array, jax.Array]]
