@@ -33,8 +33,10 @@
 # other rows' figures from an earlier run on the same machine in the report: the rows a first
 # run had no time for, or a row again after a change. Nothing is downloaded: the
 # missing Python packages come from `.whl/` (launch/gpu_wheels.sh), the data is synthesised.
-# d_train may not fit a machine's minutes: launch/gpu_serve_workdir.sh trains its workdir on
-# a CPU instead, into .serve/; carried with .whl/, it is served without d_train.
+# d_train may not fit a machine's minutes: launch/gpu_serve_workdir.sh makes d_serve's workdir
+# on a CPU instead, into .serve/ (given the README's trained workdir, it packs that one: the
+# default that users are served, the learned ranker); carried with .whl/, it is served
+# without d_train.
 # OUTDIR gets three files: rows.md (a table per row, with the device, date and command),
 # rows.json (every figure) and logs.tar.gz (each row's log and JSON).
 set -u
@@ -172,28 +174,39 @@ print(json.load(open(sys.argv[1]))["train"]["epoch_mix"]["jax"]["flops_per_step"
 row bc_kernels 170 "$py" launch/bench_kernels.py "${model[@]}" "${sizes[@]}" --bucket=4 \
   "${kernel_runs[@]}" --corpus="$work/corpus/run" --executed_flops="$flops" \
   --json="$work/bc_kernels.json"
-sets=()
-for setting in "${serve_model[@]:1}"; do sets+=("--set=${setting#--config.}"); done
-serve=("$py" launch/bench_serve.py --workdir="$work/serve_workdir" --config=configs/aol.py:small
-       "${sets[@]}" --set=serve.warm_up_background=False "${serve_load[@]}" --half_saturation
-       --json="$work/d_serve.json")
+# The service's command; a carried workdir's serve_args.txt (launch/gpu_serve_workdir.sh
+# WORKDIR) holds the overrides it was trained with, in place of d_train's.
+serve_command() {
+  local sets=()
+  if [[ -f $work/serve_workdir/serve_args.txt ]]; then
+    mapfile -t sets <"$work/serve_workdir/serve_args.txt"
+  else
+    for setting in "${serve_model[@]:1}"; do sets+=("--set=${setting#--config.}"); done
+  fi
+  serve=("$py" launch/bench_serve.py --workdir="$work/serve_workdir" --config=configs/aol.py:small
+         "${sets[@]}" --set=serve.prepare_after_train=False --set=serve.warm_up_background=False
+         "${serve_load[@]}" --half_saturation --json="$work/d_serve.json")
+}
 if wanted d_serve; then
-  # A workdir trained on a CPU and carried (.serve/, launch/gpu_serve_workdir.sh) is served as
+  # A workdir made on a CPU and carried (.serve/, launch/gpu_serve_workdir.sh) is served as
   # it is, as is one an earlier run left in the work folder when ROWS names d_serve alone.
   # Else the workdir is trained here first, if the service's row fits after it.
   kept_why=
   if [[ $rehearse == 0 && -f .serve/serve_workdir.tar.gz ]]; then
-    [[ -f $work/serve_workdir/config.json ]] || tar -xzf .serve/serve_workdir.tar.gz -C "$work"
-    kept_why="trained on a CPU by launch/gpu_serve_workdir.sh and carried"
+    rm -rf "$work/serve_workdir"
+    tar -xzf .serve/serve_workdir.tar.gz -C "$work"
+    kept_why="made on a CPU by launch/gpu_serve_workdir.sh and carried"
   elif ! wanted d_train && [[ -f $work/serve_workdir/config.json ]]; then
     kept_why="a workdir already in the work folder"
   fi
+  serve_command
   if [[ -n $kept_why ]]; then
     sed -i "/^d_train\t/d" "$work/steps.tsv" 2>/dev/null
     printf '%s\tkept\t0\t0\t%s\n' d_train "$kept_why" >>"$work/steps.tsv"
-    row d_serve 210 "${serve[@]}"  # the time d_train would have taken too
+    row d_serve 270 "${serve[@]}"  # the time d_train and its d_serve would have taken
   elif fits $((120 + 150)); then
     rm -rf "$work/serve_workdir"
+    serve_command
     if FORCE=1 row d_train 120 "$py" -m mtn_jax.main --mode=train \
         --workdir="$work/serve_workdir" "${serve_model[@]}" "${serve_train[@]}"; then
       row d_serve 150 "${serve[@]}"

@@ -8,9 +8,13 @@ from __future__ import annotations
 
 import json
 import os
+import sys
 
 from absl import app
 from absl import flags
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from configs import aol  # pylint: disable=g-import-not-at-top,wrong-import-position
 
 _WORK = flags.DEFINE_string('work', '/tmp/gpu_rows', "gpu_rows.sh's work folder.")
 _OUT = flags.DEFINE_string('out', None, 'Where rows.md and rows.json go.')
@@ -164,9 +168,16 @@ def section_bc(md, runs, summary):
 
 
 def section_d(md, runs, summary):
-  md.append('## (d) The service on the GPU (`configs/aol.py:small`, the blend)')
-  md.append(f'Workdir: {status(runs, "d_train")}.' + command(runs, 'd_train'))
   r = load('d_serve')
+  served = ''
+  if r:  # the strategy served: an override's, else configs/aol.py:small's own
+    strategy = aol.get_config('small').suggest.strategy
+    for setting in r.get('set', []):
+      if setting.startswith('suggest.strategy='):
+        strategy = setting.split('=', 1)[1]
+    served = f', strategy {strategy!r}'
+  md.append(f'## (d) The service on the GPU (`configs/aol.py:small`{served})')
+  md.append(f'Workdir: {status(runs, "d_train")}.' + command(runs, 'd_train'))
   md.append(f'Load: {status(runs, "d_serve")}.' + command(runs, 'd_serve'))
   if not r:
     return
