@@ -34,7 +34,7 @@
 # run had no time for, or a row again after a change. Nothing is downloaded: the
 # missing Python packages come from `.whl/` (launch/gpu_wheels.sh), the data is synthesised.
 # d_train may not fit a machine's minutes: launch/gpu_serve_workdir.sh makes d_serve's workdir
-# on a CPU instead, into .serve/ (given the README's trained workdir, it packs that one: the
+# on a CPU instead, into .serve/ (given a trained aol.py:small workdir, it packs that one: the
 # default that users are served, the learned ranker); carried with .whl/, it is served
 # without d_train.
 # OUTDIR gets three files: rows.md (a table per row, with the device, date and command),

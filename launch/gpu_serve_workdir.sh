@@ -7,7 +7,7 @@
 #   # there, carrying .whl and .serve: d_serve serves it, d_train is skipped
 #   bash launch/gpu_rows.sh OUTDIR 480      # or ROWS=d_serve for that row alone
 #
-# With WORKDIR, a trained `configs/aol.py:small` workdir (the README's, on the AOL sample:
+# With WORKDIR, a trained `configs/aol.py:small` workdir (docs/RESULTS.md's, on the AOL sample:
 # its default, the learned ranker, is what a user is served) is packed as the service reads
 # it: its config, prepared data, last checkpoint's parameters, meta and vocabulary, and
 # ranker; serve_args.txt beside them holds the `--set` overrides of `configs/aol.py:small`
