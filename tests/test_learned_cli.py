@@ -1,7 +1,8 @@
 """The learned ranker end to end on the tiny demo config: one `--mode=train` makes the
 generator, the fold generators and the ranker; eval scores exactly what decode writes and the
 service shows; a workdir without a ranker suggests by the blend, one whose ranker was trained
-for another checkpoint is refused in one line."""
+for another checkpoint is refused in one line; packed to be served elsewhere
+(launch/pack_serve_workdir.py), it suggests what it did."""
 
 import json
 import shutil
@@ -9,7 +10,10 @@ import shutil
 import pytest
 from fastapi.testclient import TestClient
 
+from launch import pack_serve_workdir
 from mtn_jax.inference import learned
+from mtn_jax.inference import pipeline
+from mtn_jax.inference.inputs import Context
 from mtn_jax.serving import app as app_lib
 from mtn_jax.serving import service as service_lib
 from tests import cli
@@ -107,3 +111,34 @@ def test_without_a_ranker_the_blend_and_with_a_foreign_one_a_refusal(learned_run
   assert refused.returncode == 1
   assert refused.stderr.strip().count('\n') == 0
   assert 'ranker.json: the ranker was trained for checkpoint step' in refused.stderr
+
+
+def test_overrides_name_the_scalar_settings_that_differ():
+  base = {'data': {'split_by': 'session', 'split_fractions': (0.9, 0.05, 0.05), 'raw_files': ''},
+          'serve': {'prepare_after_train': True, 'max_batch': 8}}
+  trained = {'data': {'split_by': 'user', 'split_fractions': [0.9, 0.05, 0.05],
+                      'raw_files': '/logs/a.tsv', 'new_key': 1},
+             'serve': {'prepare_after_train': False, 'max_batch': 8}}
+  # A tuple and the list JSON makes of it are equal; a key the base lacks, and a setting that
+  # acts only when training ends, are left out.
+  assert pack_serve_workdir.overrides(trained, base) == [
+      '--set=data.split_by=user', '--set=data.raw_files=/logs/a.tsv']
+  trained['data']['split_fractions'] = [0.8, 0.1, 0.1]
+  with pytest.raises(ValueError, match='data.split_fractions=.*cannot be passed as an override'):
+    pack_serve_workdir.overrides(trained, base)
+
+
+@pytest.mark.slow
+def test_a_packed_workdir_suggests_what_the_trained_one_does(learned_run, tmp_path):
+  workdir, _ = learned_run
+  config = cli.config(*FEW, *LEARNED)
+  base = cli.config(*FEW, *LEARNED, '--config.suggest.ranker_rounds=150').to_dict()
+  packed = tmp_path / 'packed'
+  assert pack_serve_workdir.pack(str(workdir), str(packed), base) == [
+      '--set=suggest.ranker_rounds=20']
+  assert (packed / 'serve_args.txt').read_text() == '--set=suggest.ranker_rounds=20\n'
+  assert not (packed / 'folds').exists() and not list(packed.glob('checkpoints/*/train'))
+  contexts = [Context(('weather', 'weather chicago'), 1, {}), Context(('ebay',), 0, {})]
+  lists = [pipeline.Pipeline.load(config, str(w), log=lambda *a, **k: None).suggest(
+      contexts, positions='last') for w in (workdir, packed)]
+  assert lists[0] == lists[1] and lists[0][0][0]

@@ -1,0 +1,115 @@
+"""A trained workdir packed as the service reads it, for a machine that only serves it.
+
+  python launch/pack_serve_workdir.py --workdir=W --out=DIR [--config=configs/aol.py:small]
+
+DIR/ gets W's config.json, its prepared data, the checkpoints the service restores (the
+latest, whose meta names the best, and the best) without the optimizer state and the input
+pipeline's position, and the learned ranker if W has one; DIR/serve_args.txt holds the
+`--set section.key=value` overrides that make `--config` the config W was trained with
+(`launch/bench_serve.py` takes them as they are). A key whose value differs and is a list is
+refused: an override cannot express it. launch/gpu_serve_workdir.sh packs d_serve's workdir so.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import sys
+from typing import Any, Iterator
+
+from absl import app
+from absl import flags
+from ml_collections import config_flags
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+# pylint: disable=g-import-not-at-top,wrong-import-position
+from mtn_jax.inference import learned
+from mtn_jax.training import checkpoints
+# pylint: enable=g-import-not-at-top,wrong-import-position
+
+config_flags.DEFINE_config_file('config', 'configs/aol.py:small')
+_WORKDIR = flags.DEFINE_string('workdir', None, 'A trained workdir.', required=True)
+_OUT = flags.DEFINE_string('out', None, 'The packed workdir (a new folder).', required=True)
+
+# What serving reads of a checkpoint; the optimizer state ('train') and the input pipeline's
+# position ('data_iter') are for resuming training.
+SERVED_ITEMS = ('_CHECKPOINT_METADATA', 'commit_success.txt', 'meta', 'params', 'vocab')
+# Acted on when training ends, never by the service.
+TRAINING_ONLY = ('serve.prepare_after_train',)
+
+
+def _leaves(tree: dict, prefix: str = '') -> Iterator[tuple[str, Any]]:
+  for key, value in tree.items():
+    if isinstance(value, dict):
+      yield from _leaves(value, f'{prefix}{key}.')
+    else:
+      yield f'{prefix}{key}', list(value) if isinstance(value, tuple) else value
+
+
+def overrides(trained: dict, base: dict) -> list[str]:
+  """['--set=section.key=value', ...]: the scalar settings of `trained` (a workdir's config,
+  as config.json holds it) that differ from `base`'s, in `trained`'s order. Keys `base` lacks
+  are left out; a list that differs raises ValueError, naming the key."""
+  base_values = dict(_leaves(base))
+  out = []
+  for key, value in _leaves(trained):
+    if key not in base_values or value == base_values[key] or key in TRAINING_ONLY:
+      continue
+    if isinstance(value, list):
+      raise ValueError(f'{key}={value!r} differs from the base config ({base_values[key]!r}), '
+                       'and a list cannot be passed as an override')
+    out.append(f'--set={key}={value}')
+  return out
+
+
+def served_steps(workdir: str) -> list[int]:
+  """The checkpoint steps the service reads: the latest and the best it names."""
+  manager = checkpoints.open_manager(workdir, read_only=True)
+  try:
+    latest = manager.latest_step()
+    if latest is None:
+      raise ValueError(f'{checkpoints.checkpoint_dir(workdir)}: no checkpoint')
+    best = checkpoints.best_step(manager)
+  finally:
+    manager.close()
+  return sorted({latest, latest if best is None else best})
+
+
+def pack(workdir: str, out: str, base: dict) -> list[str]:
+  """Copies what the service reads of `workdir` into `out` (a new folder); returns the
+  overrides written to out/serve_args.txt."""
+  config_path = os.path.join(workdir, 'config.json')
+  if not os.path.exists(config_path):
+    raise ValueError(f'{workdir}: no config.json (not a trained workdir)')
+  with open(config_path, encoding='utf-8') as f:
+    sets = overrides(json.load(f)['config'], base)
+  os.makedirs(out)
+  shutil.copy(config_path, out)
+  shutil.copytree(os.path.join(workdir, 'data'), os.path.join(out, 'data'))
+  for step in served_steps(workdir):
+    source = os.path.join(checkpoints.checkpoint_dir(workdir), str(step))
+    target = os.path.join(checkpoints.checkpoint_dir(out), str(step))
+    os.makedirs(target)
+    for item in SERVED_ITEMS:
+      copy = shutil.copytree if os.path.isdir(os.path.join(source, item)) else shutil.copy
+      copy(os.path.join(source, item), os.path.join(target, item))
+  ranker = learned.ranker_dir(workdir)
+  if os.path.exists(os.path.join(ranker, 'ranker.json')):
+    os.makedirs(learned.ranker_dir(out))
+    for name in ('model.txt', 'ranker.json'):
+      shutil.copy(os.path.join(ranker, name), learned.ranker_dir(out))
+  with open(os.path.join(out, 'serve_args.txt'), 'w', encoding='utf-8') as f:
+    f.write(''.join(line + '\n' for line in sets))
+  return sets
+
+
+def main(argv) -> None:
+  del argv
+  sets = pack(os.path.abspath(_WORKDIR.value), _OUT.value, flags.FLAGS.config.to_dict())
+  print(f'{_OUT.value}: {_WORKDIR.value} packed to serve; overrides of the config: '
+        + (' '.join(sets) or 'none'))
+
+
+if __name__ == '__main__':
+  app.run(main)
