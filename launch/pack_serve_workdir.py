@@ -28,10 +28,6 @@ from mtn_jax.inference import learned
 from mtn_jax.training import checkpoints
 # pylint: enable=g-import-not-at-top,wrong-import-position
 
-config_flags.DEFINE_config_file('config', 'configs/aol.py:small')
-_WORKDIR = flags.DEFINE_string('workdir', None, 'A trained workdir.', required=True)
-_OUT = flags.DEFINE_string('out', None, 'The packed workdir (a new folder).', required=True)
-
 # What serving reads of a checkpoint; the optimizer state ('train') and the input pipeline's
 # position ('data_iter') are for resuming training.
 SERVED_ITEMS = ('_CHECKPOINT_METADATA', 'commit_success.txt', 'meta', 'params', 'vocab')
@@ -106,10 +102,15 @@ def pack(workdir: str, out: str, base: dict) -> list[str]:
 
 def main(argv) -> None:
   del argv
-  sets = pack(os.path.abspath(_WORKDIR.value), _OUT.value, flags.FLAGS.config.to_dict())
-  print(f'{_OUT.value}: {_WORKDIR.value} packed to serve; overrides of the config: '
+  args = flags.FLAGS
+  sets = pack(os.path.abspath(args.workdir), args.out, args.config.to_dict())
+  print(f'{args.out}: {args.workdir} packed to serve; overrides of the config: '
         + (' '.join(sets) or 'none'))
 
 
 if __name__ == '__main__':
+  # Defined here, not on import: tests import `pack` beside other scripts' flags.
+  config_flags.DEFINE_config_file('config', 'configs/aol.py:small')
+  flags.DEFINE_string('workdir', None, 'A trained workdir.', required=True)
+  flags.DEFINE_string('out', None, 'The packed workdir (a new folder).', required=True)
   app.run(main)
