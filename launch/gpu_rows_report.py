@@ -121,8 +121,8 @@ def section_a(md, runs, summary):
 
 
 def section_bc(md, runs, summary):
-  md.append('## (b), (c) The kernel choice against XLA\'s kernels, and the bf16 head '
-            'gradients\' learning')
+  md.append('## (b) The loss head\'s gradient products in bfloat16 against XLA\'s kernels, '
+            'and what the run learns')
   r = load('bc_kernels')
   md.append(f'Status: {status(runs, "bc_kernels")}.' + command(runs, 'bc_kernels'))
   if r:
