@@ -90,11 +90,10 @@ def pack(workdir: str, out: str, base: dict) -> list[str]:
     for item in SERVED_ITEMS:
       copy = shutil.copytree if os.path.isdir(os.path.join(source, item)) else shutil.copy
       copy(os.path.join(source, item), os.path.join(target, item))
-  ranker = learned.ranker_dir(workdir)
-  if os.path.exists(os.path.join(ranker, 'ranker.json')):
+  if learned.LearnedRanker.read_meta(workdir) is not None:
     os.makedirs(learned.ranker_dir(out))
-    for name in ('model.txt', 'ranker.json'):
-      shutil.copy(os.path.join(ranker, name), learned.ranker_dir(out))
+    for name in (learned.RANKER_MODEL, learned.RANKER_META):
+      shutil.copy(os.path.join(learned.ranker_dir(workdir), name), learned.ranker_dir(out))
   with open(os.path.join(out, 'serve_args.txt'), 'w', encoding='utf-8') as f:
     f.write(''.join(line + '\n' for line in sets))
   return sets

@@ -48,6 +48,9 @@ from mtn_jax.inference import teacher_forcing
 from mtn_jax.inference.inputs import Context
 
 RANKER_DIR = 'ranker'
+# The ranker's two files in RANKER_DIR: LightGBM's model and what it was trained for.
+RANKER_MODEL = 'model.txt'
+RANKER_META = 'ranker.json'
 
 
 def parse_sources(plan: str) -> tuple[tuple[str, int], ...]:
@@ -193,7 +196,7 @@ class LearnedRanker:
   @staticmethod
   def read_meta(workdir: str) -> dict | None:
     """`<workdir>/ranker/ranker.json`, or None where there is none."""
-    path = os.path.join(ranker_dir(workdir), 'ranker.json')
+    path = os.path.join(ranker_dir(workdir), RANKER_META)
     if not os.path.exists(path):
       return None
     with open(path, encoding='utf-8') as f:
@@ -218,7 +221,7 @@ class LearnedRanker:
     """`workdir`'s ranker (None where it has none), refused in one line when it was trained
     for another checkpoint or vocabulary."""
     folder = ranker_dir(workdir)
-    meta_path = os.path.join(folder, 'ranker.json')
+    meta_path = os.path.join(folder, RANKER_META)
     meta = cls.read_meta(workdir)
     if meta is None:
       return None
@@ -230,7 +233,7 @@ class LearnedRanker:
           f'{meta.get("checkpoint_step")} and vocabulary {meta.get("vocab_fingerprint")}, '
           f'not for this workdir\'s best checkpoint (step {trained.step}, vocabulary '
           f'{trained.vocab.fingerprint}): run --mode=train again to retrain it')
-    return cls(lightgbm.Booster(model_file=os.path.join(folder, 'model.txt')), meta)
+    return cls(lightgbm.Booster(model_file=os.path.join(folder, RANKER_MODEL)), meta)
 
 
 def lists_and_features(trained: inference.Trained, contexts: Sequence[Context],
@@ -490,9 +493,9 @@ def fit(config: ml_collections.ConfigDict, workdir: str, log=print) -> dict:
   }
   folder = ranker_dir(workdir)
   os.makedirs(folder, exist_ok=True)
-  with files.atomic_path(os.path.join(folder, 'model.txt')) as path:
+  with files.atomic_path(os.path.join(folder, RANKER_MODEL)) as path:
     booster.save_model(path)
-  files.write_text(os.path.join(folder, 'ranker.json'), json.dumps(meta, indent=1) + '\n')
+  files.write_text(os.path.join(folder, RANKER_META), json.dumps(meta, indent=1) + '\n')
   top = ', '.join(f'{n} {v:.2f}' for n, v in list(meta['importance'].items())[:5])
   log(f'Learned ranker: {meta["groups"]:,} contexts, the next query among the candidates of '
       f'{100 * meta["candidate_recall"]:.1f} % of them ({meta["rows"]:,} candidates learned '
