@@ -12,6 +12,8 @@
 #              JAX / peer (launch/bench_train.py)
 #   a_profile  where the step's kernels spend their time, and the device's idle time
 #              (launch/profile_step.py)
+#   a_vocab    a study: a_step's step (no peer) with the vocabulary's rows padded to a multiple
+#              of 128, where XLA pads the loss head's operands on every step (76,604 -> 76,608)
 #   corpus     a synthetic AOL-format log of 1M lines, preprocessed: the data of the next rows
 #   bc_kernels XLA's kernels against the `config.model.kernels` choice (the loss head's
 #              gradient products in bfloat16), timed alternately in one process, and what the
@@ -155,6 +157,12 @@ row a_step 170 "$py" launch/bench_train.py "${model[@]}" "${sizes[@]}" --session
   "${a_runs[@]}" --pipeline_sessions=0 "${peer[@]}" --json="$work/a_step.json"
 row a_profile 90 "$py" launch/profile_step.py "${model[@]}" "${sizes[@]}" --bucket=4 \
   --steps="$profile_steps" --top=30 --json="$work/a_profile.json"
+# The vocabulary a_step ran with (bench_train's default for configs/aol.py: the paper's), its
+# rows padded to a multiple of 128: the model's arithmetic on 0.1 % more rows, no pad op.
+vocab=$(grep -oP -- '--vocab_size=\K[0-9]+' <<<"${sizes[*]}" || echo 76604)
+row a_vocab 120 "$py" launch/bench_train.py "${model[@]}" "${sizes[@]}" \
+  --vocab_size=$(( (vocab + 127) / 128 * 128 )) --session_lengths=4 "${a_runs[@]}" \
+  --pipeline_sessions=0 --json="$work/a_vocab.json"
 if need_corpus; then
   if [[ ! -f $work/corpus/lines.txt || $(cat "$work/corpus/lines.txt") != "$corpus_lines" ]]; then
     rm -rf "$work/corpus"

@@ -118,6 +118,22 @@ def section_a(md, runs, summary):
     md.append('')
     summary['a_profile'] = {'kinds_ms': {k: v / 1e3 for k, v in prof['kinds_us'].items()},
                             'idle_ms': (prof['span_us'] - prof['busy_us']) / 1e3}
+  v = load('a_vocab')
+  md.append('A study, the vocabulary\'s rows padded to a multiple of 128 (else XLA pads the loss '
+            f'head\'s operands on every step): {status(runs, "a_vocab")}.'
+            + command(runs, 'a_vocab'))
+  if v:
+    padded_ms = v['train']['epoch_mix']['jax']['step_s'] * 1e3
+    vocab_size = v['train']['model']['vocab_size']
+    md.append('| vocabulary | step ms | padded step\'s speed-up |\n|---:|---:|---:|')
+    speedup = None
+    if r:
+      base_ms = summary['a_step']['step_ms']
+      speedup = base_ms / padded_ms
+      md.append(f'| {r["train"]["model"]["vocab_size"]:,} (a_step) | {base_ms:.2f} | |')
+    md.append(f'| {vocab_size:,} | {padded_ms:.2f} | '
+              + (f'{speedup:.3f}x |\n' if speedup else 'n/a |\n'))
+    summary['a_vocab'] = {'vocab_size': vocab_size, 'step_ms': padded_ms, 'speedup': speedup}
 
 
 def section_bc(md, runs, summary):
@@ -278,7 +294,8 @@ def main(argv):
     except Exception as e:  # pylint: disable=broad-except
       md.append(f'\n(this section could not be written: {type(e).__name__}: {e})\n')
   summary['raw'] = {name: load(name) for name in (
-      'a_step', 'a_profile', 'bc_kernels', 'd_serve', 'e_preprocess', 'e_epoch', 'corpus')}
+      'a_step', 'a_profile', 'a_vocab', 'bc_kernels', 'd_serve', 'e_preprocess', 'e_epoch',
+      'corpus')}
   os.makedirs(_OUT.value, exist_ok=True)
   with open(os.path.join(_OUT.value, 'rows.md'), 'w', encoding='utf-8') as f:
     f.write('\n'.join(md) + '\n')
