@@ -220,6 +220,18 @@ def test_raw_log_is_sessionized_with_references(tmp_path):
   assert reader.counts['lines_read'] == 7
 
 
+def test_raw_log_counts_its_latin1_lines(tmp_path):
+  """A raw log's line that is not UTF-8 is a query read as Latin-1, counted in the summary
+  as a sessions file's is."""
+  path = tmp_path / 'log.txt'
+  path.write_bytes(b'7\tcaf\xe9 paris\t2006-03-01 10:00:00\n'
+                   b'7\tboston\t2006-03-01 10:01:00\n')
+  reader = make_reader()
+  contexts = list(inputs.read_raw_log(str(path), reader, data_config(), chunk_sessions=2))
+  assert [c.queries for c in contexts] == [('caf\xe9 paris', 'boston')]
+  assert reader.counts['latin1_lines'] == 1 and reader.counts['lines_read'] == 2
+
+
 def test_raw_session_longer_than_the_table_keeps_its_last_queries():
   reader = make_reader(max_session_queries=2)
   contexts = reader.raw_session(['boston', 'hotels', 'red', 'sox'], {'session': 0})

@@ -196,8 +196,8 @@ def read_raw_log(path: str, reader: QueryReader, data: ml_collections.ConfigDict
                  chunk_sessions: int, whole_history: bool = False) -> Iterator[Context]:
   """Contexts for every query of every session of an AOL-format log.
 
-  The log reader's line-level skips (header, malformed lines, empty queries) and removed
-  successive duplicates are added to `reader.counts`. Each context's history is its user's
+  The log reader's line-level skips (header, malformed lines, empty queries), its lines read
+  as Latin-1 and the removed successive duplicates are added to `reader.counts`. Each context's history is its user's
   last `data.history_queries` earlier queries, or all of them with `whole_history` (a user's
   habit query, `mtn_jax.inference.habits`).
   """
@@ -206,6 +206,7 @@ def read_raw_log(path: str, reader: QueryReader, data: ml_collections.ConfigDict
   except aol_log.LogFormatError as e:
     raise DecodeInputError(str(e)) from None
   reader.counts['lines_read'] += log.lines_read
+  reader.counts['latin1_lines'] += log.latin1_lines
   for reason, count in log.skipped.items():
     if count:
       reader.counts[f'skipped_{reason}'] += count
