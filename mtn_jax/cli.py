@@ -24,6 +24,7 @@ from ml_collections import config_flags
 
 from mtn_jax import config_lib
 from mtn_jax import errors
+from mtn_jax import files
 from mtn_jax import modes
 
 USAGE_ERROR = 2  # a wrong flag, config file or config value
@@ -216,17 +217,14 @@ def check_workdir(workdir: str) -> None:
 
 
 def _workdir_problem(workdir: str) -> str | None:
-  """Why --workdir cannot hold a run (a file, or no folder can be made there), else None."""
+  """Why --workdir cannot hold a run (empty, a file, or no folder can be made there), else
+  None."""
+  if not workdir:  # '' would be the current folder, which the run would fill
+    return 'missing --workdir=DIR'
   if os.path.exists(workdir):
     return None if os.path.isdir(workdir) else f'--workdir={workdir} is a file, not a folder'
-  parent = os.path.dirname(os.path.abspath(workdir))
-  while not os.path.exists(parent):
-    parent = os.path.dirname(parent)
-  if not os.path.isdir(parent):
-    return f'--workdir={workdir}: {parent} is a file, not a folder'
-  if not os.access(parent, os.W_OK | os.X_OK):
-    return f'--workdir={workdir}: no permission to create it in {parent}'
-  return None
+  problem = files.cannot_create(workdir)
+  return problem and f'--workdir={workdir}: {problem}'
 
 
 @contextlib.contextmanager

@@ -101,3 +101,17 @@ def write_bytes(path: str | os.PathLike, data: bytes) -> None:
   """Writes `data` to `path` atomically."""
   with atomic_open(path, 'wb') as f:
     f.write(data)
+
+
+def cannot_create(path: str | os.PathLike) -> str | None:
+  """Why a file or folder cannot be made at `path` where none is (the nearest existing
+  folder above it is a file, or is not writable), else None: said before a run's work
+  rather than as an OS error after it."""
+  parent = os.path.dirname(os.path.abspath(path))
+  while not os.path.exists(parent):
+    parent = os.path.dirname(parent)
+  if not os.path.isdir(parent):
+    return f'{parent} is a file, not a folder'
+  if not os.access(parent, os.W_OK | os.X_OK):
+    return f'no permission to create it in {parent}'
+  return None

@@ -133,6 +133,13 @@ def test_missing_required_flags(tmp_path):
       'error: missing --config=FILE[:variant] and --workdir=DIR (see --help)\n')
   result = run('--config=configs/demo.py')
   assert result.returncode == 2 and result.stderr == 'error: missing --workdir=DIR (see --help)\n'
+  # An empty one is missing too, not the current folder (which preprocessing would fill).
+  result = subprocess.run(
+      [sys.executable, '-m', 'mtn_jax.main', f'--config={cli.REPO}/configs/demo.py',
+       '--workdir=', '--mode=preprocess'], cwd=tmp_path,
+      env={**cli.env(), 'PYTHONPATH': str(cli.REPO)}, capture_output=True, text=True, timeout=120)
+  assert result.returncode == 2 and result.stderr == 'error: missing --workdir=DIR (see --help)\n'
+  assert not list(tmp_path.iterdir())
 
 
 @pytest.mark.slow

@@ -6,6 +6,7 @@ logs), and the report built from hand-written results files.
 
 import gzip
 import json
+import os
 
 import ml_collections
 import numpy as np
@@ -230,6 +231,42 @@ def test_raw_log_counts_its_latin1_lines(tmp_path):
   contexts = list(inputs.read_raw_log(str(path), reader, data_config(), chunk_sessions=2))
   assert [c.queries for c in contexts] == [('caf\xe9 paris', 'boston')]
   assert reader.counts['latin1_lines'] == 1 and reader.counts['lines_read'] == 2
+
+
+def test_decode_refuses_an_output_it_cannot_write_before_loading_a_model(tmp_path):
+  """The input as its own output (by name or through a link), a folder, a path under a
+  file: one error naming config.decode.output, before any model loads (the workdir here
+  holds none), and the input untouched."""
+  sessions = tmp_path / 'sessions.tsv'
+  sessions.write_text('boston\thotels\n', encoding='utf-8')
+  link = tmp_path / 'link.tsv'
+  link.symlink_to(sessions)
+  a_file = tmp_path / 'a_file'
+  a_file.write_text('')
+  refused = {sessions: 'is the input file: writing it would erase the sessions',
+             link: 'is the input file', tmp_path: 'is a folder, not a file',
+             a_file / 'out.jsonl': f'{a_file} is a file, not a folder'}
+  config = demo.get_config()
+  for output, reason in refused.items():
+    config.decode.input, config.decode.output = str(sessions), str(output)
+    with pytest.raises(suggest.DecodeOutputError) as e:
+      suggest.decode_file(config, str(tmp_path / 'no_workdir'))
+    assert str(e.value).startswith(f'config.decode.output={output}') and reason in str(e.value)
+  assert sessions.read_text(encoding='utf-8') == 'boston\thotels\n'
+
+
+def test_decode_output_refused_by_the_system_is_named_and_the_input_s_errors_pass(tmp_path):
+  if os.path.exists('/dev/full'):  # every write fails: a full disk
+    with pytest.raises(suggest.DecodeOutputError,
+                       match='^config.decode.output=/dev/full: No space left on device$'):
+      with suggest._written('/dev/full') as write:
+        write('x' * 100)
+  # An error raised while reading the input is not the output's.
+  with pytest.raises(inputs.DecodeInputError, match='^the input$'):
+    with suggest._written(str(tmp_path / 'out.jsonl')) as write:
+      write('a line\n')
+      raise inputs.DecodeInputError('the input')
+  assert (tmp_path / 'out.jsonl').read_text() == 'a line\n'
 
 
 def test_raw_session_longer_than_the_table_keeps_its_last_queries():

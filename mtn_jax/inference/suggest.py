@@ -23,6 +23,7 @@ time needs).
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import sys
@@ -32,6 +33,8 @@ from typing import TextIO
 
 import ml_collections
 
+from mtn_jax import errors
+from mtn_jax import files
 from mtn_jax.inference import inputs
 from mtn_jax.inference import pipeline
 from mtn_jax.inference.inputs import Context
@@ -113,6 +116,56 @@ def _default_output(workdir: str, input_path: str) -> str:
   return os.path.join(os.path.abspath(workdir), 'decode', f'{name}.suggestions.jsonl')
 
 
+class DecodeOutputError(errors.Error):
+  """A decode output that cannot be written; the message names config.decode.output."""
+
+
+def _check_output(output: str, input_path: str) -> None:
+  """Refuses, before the model loads, an output that is the input itself (opening it would
+  erase the sessions before they are read), a folder, or one no file can be made at."""
+  key = f'config.decode.output={output}'
+  if os.path.exists(output):
+    if os.path.samefile(output, input_path):
+      raise DecodeOutputError(f'{key} is the input file: writing it would erase the sessions '
+                              'before they are read')
+    if os.path.isdir(output):
+      raise DecodeOutputError(f'{key} is a folder, not a file')
+  else:
+    problem = files.cannot_create(output)
+    if problem:
+      raise DecodeOutputError(f'{key}: {problem}')
+
+
+@contextlib.contextmanager
+def _written(output: str):
+  """`write(text)` appending to `output` and flushing it (a chunk at a time, so that the
+  file shows the progress). What the system refuses of the output (a full disk) is an error
+  naming config.decode.output; an error of the block itself (the input's) passes as it is."""
+  def refused(e: OSError) -> DecodeOutputError:
+    return DecodeOutputError(f'config.decode.output={output}: {e.strerror or e}')
+  try:
+    out = open(output, 'w', encoding='utf-8')
+  except OSError as e:
+    raise refused(e) from None
+
+  def write(text: str) -> None:
+    try:
+      out.write(text)
+      out.flush()
+    except OSError as e:
+      raise refused(e) from None
+  try:
+    yield write
+  except BaseException:
+    with contextlib.suppress(OSError):
+      out.close()
+    raise
+  try:
+    out.close()
+  except OSError as e:
+    raise refused(e) from None
+
+
 def decode_file(config: ml_collections.ConfigDict, workdir: str) -> dict:
   """Writes suggestions for every session of config.decode.input; returns the counts."""
   dc = config.decode
@@ -122,10 +175,11 @@ def decode_file(config: ml_collections.ConfigDict, workdir: str) -> dict:
   if not os.path.exists(dc.input):
     raise inputs.DecodeInputError(f'{dc.input}: no such decode input file')
   input_format = inputs.detect_format(dc.input)
+  output = dc.output or _default_output(workdir, dc.input)
+  _check_output(output, dc.input)
   config = with_protocol(config, user_facing=False)
   suggestions = pipeline.Pipeline.load(config, workdir)
   trained = suggestions.trained
-  output = dc.output or _default_output(workdir, dc.input)
   os.makedirs(os.path.dirname(os.path.abspath(output)), exist_ok=True)
   reader = inputs.QueryReader(trained.vocab, trained.cfg.max_query_words,
                               trained.cfg.max_session_queries)
@@ -145,14 +199,15 @@ def decode_file(config: ml_collections.ConfigDict, workdir: str) -> dict:
 
   started = last_log = time.time()
   num_sessions = num_records = 0
-  with open(output, 'w', encoding='utf-8') as out:
+  with _written(output) as write:
     for chunk in _chunked(contexts, chunk_size):
+      lines = []
       for context, ranked in zip(chunk, suggestions.suggest(chunk, positions=positions)):
-        for record in _records(context, ranked):
-          out.write(json.dumps(record, ensure_ascii=False) + '\n')
-          num_records += 1
+        lines += [json.dumps(record, ensure_ascii=False) + '\n'
+                  for record in _records(context, ranked)]
         num_sessions += context.first_position == 0
-      out.flush()
+      write(''.join(lines))
+      num_records += len(lines)
       if time.time() - last_log >= PROGRESS_SECONDS:
         last_log = time.time()
         print(f'  {num_sessions:,} sessions done '
