@@ -6,6 +6,7 @@ import collections
 import gzip
 import json
 import os
+import re
 import sys
 import types
 
@@ -375,6 +376,9 @@ def test_errors_are_one_line_and_name_the_input(tmp_path):
   good = write(tmp_path / 'good.tsv', [line(1, 'a', '10:00:00')])
   cases = [(str(tmp_path / 'missing.tsv'), FileNotFoundError, 'missing.tsv: no such log file'),
            (str(tmp_path / 'nothing-*.gz'), FileNotFoundError, 'matches no file'),
+           (str(tmp_path), FileNotFoundError, re.escape(
+               f"{tmp_path}: a folder, not a log file (give its files, e.g. "
+               f"'{tmp_path}/*.txt.gz')")),
            ('', FileNotFoundError, 'config.data.raw_files is empty'),
            (f'{good},{good}', ValueError, 'good.tsv: log file given twice')]
   binary = tmp_path / 'model.bin'

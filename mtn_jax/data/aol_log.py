@@ -304,6 +304,9 @@ def expand_paths(spec: str) -> list[str]:
   if not paths:
     raise MissingLogError(f'no log file given ({spec!r})')
   for path in paths:
+    if os.path.isdir(path):
+      raise MissingLogError(f'{path}: a folder, not a log file (give its files, e.g. '
+                            f'{os.path.join(path, "*.txt.gz")!r})')
     if not os.path.isfile(path):
       raise MissingLogError(f'{path}: no such log file')
   resolved = [os.path.realpath(p) for p in paths]
