@@ -75,6 +75,8 @@ JSON = {'content-type': 'application/json'}
     ('POST', '/v1/suggest', {'content': b'{"session": ["a"', 'headers': JSON}, 400, 'body'),
     ('POST', '/v1/suggest', {'content': b'{"session": ["a"]}',
                              'headers': {'content-type': 'text/plain'}}, 415, 'body'),
+    ('POST', '/v1/suggest', {'content': b'"hello"', 'headers': JSON}, 422, 'body'),
+    ('POST', '/v1/suggest', {'content': b'5', 'headers': JSON}, 422, 'body'),
     ('POST', '/v1/suggest', {'json': {'session': []}}, 422, 'session'),
     ('POST', '/v1/suggest', {'json': {'session': ['a'], 'user': 'ann'}}, 422, 'user'),
     ('POST', '/v1/suggest', {'content': b'{"session": ["' + b'x' * 2000 + b'"]}',

@@ -300,8 +300,9 @@ def create_app(service) -> fastapi.FastAPI:
     field = _field(first['loc'])
     if field == 'body' and first.get('type') == 'missing':  # no body at all
       return _error(400, 'invalid JSON: the body is empty', request, 'body')
-    if field == 'body' and isinstance(first.get('input'), (bytes, str)):
-      # A body FastAPI did not parse: not sent as application/json.
+    if field == 'body' and isinstance(first.get('input'), bytes):
+      # A body FastAPI did not parse: not sent as application/json (one it parsed, a JSON
+      # string or number, is no object: below).
       try:
         json.loads(first['input'])
       except (ValueError, RecursionError) as e:
