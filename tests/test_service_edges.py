@@ -24,6 +24,8 @@ with warnings.catch_warnings():  # starlette's TestClient asks for a package the
   warnings.simplefilter('ignore')
   from fastapi.testclient import TestClient  # pylint: disable=g-import-not-at-top
 
+from configs import demo
+from mtn_jax import errors
 from mtn_jax.serving import app as app_lib
 from mtn_jax.serving import service as service_lib
 from tests import cli
@@ -90,6 +92,23 @@ def test_every_error_has_the_one_shape(stub, method, path, kwargs, status, field
     assert body['error'].startswith('invalid JSON'), body
   if status == 405:
     assert client.request(method, path, **kwargs).headers['allow'], 'no Allow header'
+
+
+def test_an_address_it_cannot_listen_on_is_named_before_any_model_loads(tmp_path):
+  taken = service_lib._bind('127.0.0.1', 0)  # pylint: disable=protected-access
+  taken.listen()
+  port = taken.getsockname()[1]
+  config = demo.get_config()
+  config.serve.host, config.serve.port = '127.0.0.1', port
+  # The workdir holds no model: the address is refused first.
+  with pytest.raises(errors.Error, match=re.escape(
+      f"config.serve.host, port = '127.0.0.1', {port}: cannot listen there "
+      '(Address already in use)')):
+    service_lib.serve(config, str(tmp_path / 'no_workdir'))
+  taken.close()
+  with pytest.raises(errors.Error, match=re.escape(
+      "config.serve.host, port = '999.1.1.1', 0: cannot listen there (")):
+    service_lib._bind('999.1.1.1', 0)  # pylint: disable=protected-access
 
 
 def test_a_deeply_nested_body_is_400_not_a_500():

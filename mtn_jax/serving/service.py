@@ -35,6 +35,7 @@ from jax.experimental.compilation_cache import compilation_cache
 import ml_collections
 import uvicorn
 
+from mtn_jax import errors
 from mtn_jax.serving import app as app_lib
 from mtn_jax.serving import batcher as batcher_lib
 from mtn_jax.serving import engine as engine_lib
@@ -241,11 +242,17 @@ class _Server(uvicorn.Server):
 
 
 def _bind(host: str, port: int) -> socket.socket:
-  family, kind, proto, _, address = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM,
-                                                      flags=socket.AI_PASSIVE)[0]
-  sock = socket.socket(family, kind, proto)
-  sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-  sock.bind(address)
+  """A socket bound to `host`:`port` (not yet listening: a connection is refused until the
+  server runs), or an error naming the two keys and why the system refused them."""
+  try:
+    family, kind, proto, _, address = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM,
+                                                        flags=socket.AI_PASSIVE)[0]
+    sock = socket.socket(family, kind, proto)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.bind(address)
+  except OSError as e:
+    raise errors.Error(f'config.serve.host, port = {host!r}, {port}: cannot listen there '
+                       f'({e.strerror or e})') from None
   sock.set_inheritable(True)
   return sock
 
@@ -300,14 +307,19 @@ def build(config: ml_collections.ConfigDict, workdir: str, log=_say) -> Service:
 
 
 def serve(config: ml_collections.ConfigDict, workdir: str) -> None:
-  """`--mode=serve` (see the module docstring); returns once drained."""
-  run(build(config, workdir))
-
-
-def run(service: Service) -> None:
-  """Serves `service` on its settings' host and port until a signal drains it."""
-  settings = service.settings
+  """`--mode=serve` (see the module docstring); returns once drained. The address is taken
+  before the model loads: a port in use fails at once, not after the warm-up."""
+  settings = ServeSettings.from_config(config)
   sock = _bind(settings.host, settings.port)
+  run(build(config, workdir), sock)
+
+
+def run(service: Service, sock: socket.socket | None = None) -> None:
+  """Serves `service` on `sock` (else its settings' host and port) until a signal drains
+  it."""
+  settings = service.settings
+  if sock is None:
+    sock = _bind(settings.host, settings.port)
   host, port = sock.getsockname()[:2]
   url = f'http://{host if ":" not in host else f"[{host}]"}:{port}'
   uv_config = uvicorn.Config(app_lib.create_app(service), log_level='warning',
