@@ -249,7 +249,7 @@ _HELP_FLAGS = ('-h', '--h', '-help', '--help', '-helpshort', '--helpshort', '-?'
 
 _DECODE_INPUT = """\
 --mode=decode reads --config.decode.input=FILE, plain or gzip, in one of two formats told
-apart by its first non-empty line:
+apart by its first 100 non-empty lines (the format at least half of them have):
   sessions file  one session a line, its queries separated by tabs; suggestions after the
                  last query of each line.
   raw log        an AOL-format log: an `AnonID` header line (AnonID, Query, QueryTime,

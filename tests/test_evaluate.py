@@ -154,6 +154,21 @@ def test_detect_format(tmp_path, first_line, expected):
   assert inputs.detect_format(str(path)) == expected
 
 
+def test_a_log_whose_first_line_is_malformed_is_a_log(tmp_path):
+  """The form at least half of the first lines have: one bad line does not make a log a
+  sessions file (its queries would be suggested after the user ids and times)."""
+  log = ['7\tfoo\tyesterday\t\t\n'] + [f'7\tq{i}\t2006-03-01 10:0{i}:00\n' for i in range(3)]
+  path = tmp_path / 'log.txt'
+  path.write_text(''.join(log), encoding='utf-8')
+  assert inputs.detect_format(str(path)) == 'raw'
+  path.write_text(''.join(log[:1] + ['cheap flights\tboston\n'] * 2), encoding='utf-8')
+  assert inputs.detect_format(str(path)) == 'sessions'
+  # Only the first FORMAT_LINES non-empty lines count.
+  path.write_text('cheap flights\n' * inputs.FORMAT_LINES + ''.join(log[1:] * 100),
+                  encoding='utf-8')
+  assert inputs.detect_format(str(path)) == 'sessions'
+
+
 def test_detect_format_refuses_an_empty_file(tmp_path):
   path = tmp_path / 'empty.txt'
   path.write_text('\n \n', encoding='utf-8')

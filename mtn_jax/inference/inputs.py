@@ -4,7 +4,8 @@ or a request, into `Context`s the suggestion pipeline takes, and contexts into m
 model reads is its task's `context_inputs` in both.
 
 Decode input (plain or gzip, told by its first bytes) is in one of two forms, told apart by
-its first non-empty line:
+its first `FORMAT_LINES` non-empty lines (the form at least half of them have: a log whose
+first line is malformed is still a log):
   sessions  one session a line, its queries separated by tabs; suggestions are made after the
             LAST query of each line;
   raw log   an AOL-format log (`AnonID` header line, or 3 or 5 tab-separated fields with a
@@ -163,6 +164,10 @@ def _is_gzip(path: str) -> bool:
     return f.read(2) == _GZIP_MAGIC
 
 
+# The non-empty lines a decode input's form is told by (the module docstring).
+FORMAT_LINES = 100
+
+
 def detect_format(path: str) -> str:
   """'raw' for an AOL-format log, 'sessions' for a file of tab-separated sessions."""
   if os.path.isdir(path):
@@ -176,12 +181,17 @@ def detect_format(path: str) -> str:
     if b'\0' in head:  # no text file holds a NUL byte; binary files mostly do
       raise DecodeInputError(f'{path}: not a text file (it holds NUL bytes): expected one '
                              'session a line (queries separated by tabs) or an AOL-format log')
-  lines = 0
+  lines = raw = read = 0
   for lines, line in _lines(path, strict=False, counts=collections.Counter()):
     if line.strip():
-      return 'raw' if is_raw_log_line(line) else 'sessions'
-  raise DecodeInputError(f'{path}: no session to decode (the file is empty'
-                         + (f' but for {lines:,} blank lines)' if lines else ')'))
+      raw += is_raw_log_line(line)
+      read += 1
+      if read == FORMAT_LINES:
+        break
+  if not read:
+    raise DecodeInputError(f'{path}: no session to decode (the file is empty'
+                           + (f' but for {lines:,} blank lines)' if lines else ')'))
+  return 'raw' if 2 * raw >= read else 'sessions'
 
 
 def read_sessions_file(path: str, reader: QueryReader, strict: bool) -> Iterator[Context]:
@@ -197,9 +207,9 @@ def read_raw_log(path: str, reader: QueryReader, data: ml_collections.ConfigDict
   """Contexts for every query of every session of an AOL-format log.
 
   The log reader's line-level skips (header, malformed lines, empty queries), its lines read
-  as Latin-1 and the removed successive duplicates are added to `reader.counts`. Each context's history is its user's
-  last `data.history_queries` earlier queries, or all of them with `whole_history` (a user's
-  habit query, `mtn_jax.inference.habits`).
+  as Latin-1 and the removed successive duplicates are added to `reader.counts`. Each
+  context's history is its user's last `data.history_queries` earlier queries, or all of them
+  with `whole_history` (a user's habit query, `mtn_jax.inference.habits`).
   """
   try:
     log = aol_log.read_log(path, strict=data.strict)
