@@ -6,6 +6,7 @@ drain after SIGTERM as a load balancer polling /readyz sees it."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import re
 import signal
@@ -111,6 +112,39 @@ def test_an_address_it_cannot_listen_on_is_named_before_any_model_loads(tmp_path
     service_lib._bind('999.1.1.1', 0)  # pylint: disable=protected-access
 
 
+def test_a_body_that_stops_short_of_its_length_is_408_at_the_deadline():
+  """The client announced 50 bytes and sent 12: the request is answered at its deadline,
+  not held (with its connection) forever."""
+  app, _ = stub_app(deadline_ms=200)
+  sent = []
+
+  async def main():
+    chunks = [{'type': 'http.request', 'body': b'{"session": ', 'more_body': True}]
+
+    async def receive():
+      if chunks:
+        return chunks.pop()
+      await asyncio.sleep(3600)  # the rest never comes
+
+    async def send(message):
+      sent.append(message)
+    scope = {'type': 'http', 'asgi': {'version': '3.0'}, 'http_version': '1.1',
+             'method': 'POST', 'scheme': 'http', 'path': '/v1/suggest', 'raw_path': b'',
+             'query_string': b'', 'root_path': '', 'client': ('127.0.0.1', 5000),
+             'server': ('127.0.0.1', 80), 'headers': [(b'content-type', b'application/json'),
+                                                      (b'content-length', b'50')]}
+    started = time.monotonic()
+    await asyncio.wait_for(app(scope, receive, send), 10)
+    return time.monotonic() - started
+
+  seconds = asyncio.run(main())
+  assert 0.15 < seconds < 5
+  assert [m['status'] for m in sent if m['type'] == 'http.response.start'] == [408]
+  body = json.loads(b''.join(m.get('body', b'') for m in sent
+                             if m['type'] == 'http.response.body'))
+  assert body['field'] == 'body' and 'did not arrive before the deadline' in body['error']
+
+
 def test_a_deeply_nested_body_is_400_not_a_500():
   app, _ = stub_app()  # the default max_body_bytes (16,384) holds 8,000 levels
   deep = b'[' * 8000 + b']' * 8000
@@ -198,7 +232,7 @@ def test_the_description_lists_every_answer_with_its_media_type(stub):
       for status in ('413', '500'):
         assert status in operation['responses'], (method, path, status)
   suggest = schema['paths']['/v1/suggest']['post']['responses']
-  assert {'200', '400', '413', '415', '422', '500', '503', '504'} <= set(suggest)
+  assert {'200', '400', '408', '413', '415', '422', '500', '503', '504'} <= set(suggest)
   assert '$ref' in json.dumps(suggest['422']) and 'Error' in json.dumps(suggest['422'])
   metrics = schema['paths']['/metrics']['get']['responses']['200']['content']
   assert list(metrics) == ['text/plain']

@@ -18,9 +18,9 @@ message, "field": the request's part at fault or null, "request_id"}: a body tha
 JSON (malformed, not UTF-8, nested too deeply, empty) 400; a field the model cannot take 422
 (an empty session, more queries than the model reads, an over-long or empty query, a control
 character other than whitespace, a non-string item, k out of range, a user where the model
-reads none); a body over `max_body_bytes` 413, unread; a full queue or a draining service 503
-with Retry-After; a passed deadline 504; anything else 500 with the request id (logged with
-its traceback), and the service goes on. Every response carries X-Request-ID. No answer holds
+reads none); a body over `max_body_bytes` 413, unread; one short of its Content-Length at the
+deadline 408; a full queue or a draining service 503 with Retry-After; a passed deadline 504;
+anything else 500 with the request id (logged with its traceback), and the service goes on. Every response carries X-Request-ID. No answer holds
 a filesystem path: the model is named by its name and checkpoint step (the log has the
 workdir). The OpenAPI description carries the model's limits (session length, words a query,
 whether a user is read), so a request it allows is one the model takes.
@@ -28,6 +28,7 @@ whether a user is read), so a request it allows is one the model takes.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import hmac
 import ipaddress
@@ -214,13 +215,23 @@ class _Guard:
         # Refused before any of the body is read; the connection is closed after it.
         await reply(413, _too_large(limit), 'body', {'Connection': 'close'})
         return
-      seen = 0
+      seen, complete = 0, False
+      deadline = scope['state']['received'] + service.settings.deadline_ms / 1000
 
       async def limited_receive():
-        nonlocal seen
-        message = await receive()
+        # A body that stops short of its Content-Length would hold the request (and its
+        # connection) forever: it has until the request's deadline to arrive.
+        nonlocal seen, complete
+        if complete:  # only the client's disconnect is left to hear of
+          return await receive()
+        try:
+          message = await asyncio.wait_for(receive(), max(deadline - time.monotonic(), 0.0))
+        except asyncio.TimeoutError:
+          raise fastapi.HTTPException(408, 'the request body did not arrive before the '
+                                      'deadline (config.serve.deadline_ms)') from None
         if message['type'] == 'http.request':
           seen += len(message.get('body', b''))
+          complete = not message.get('more_body', False)
           if seen > limit:
             raise fastapi.HTTPException(413, _too_large(limit))
         return message
@@ -327,7 +338,7 @@ def create_app(service) -> fastapi.FastAPI:
       allowed = (exc.headers or {}).get('Allow', '')
       message = (f'{request.method} is not answered at {request.url.path}; '
                  f'{allowed or "another method"} is')
-    elif code == 413:
+    elif code in (408, 413):
       field = 'body'
     elif code == 400:  # FastAPI's own: a body it could not read
       field, message = 'body', _parse_error(exc)
@@ -340,6 +351,8 @@ def create_app(service) -> fastapi.FastAPI:
             responses={
                 400: {'model': Error, 'description': 'The body is not JSON (not UTF-8, '
                       'malformed, nested too deeply, or empty).'},
+                408: {'model': Error, 'description': 'The body did not arrive (all the '
+                      'bytes its Content-Length announced) within config.serve.deadline_ms.'},
                 415: {'model': Error, 'description': 'The body is not sent as '
                       'application/json.'},
                 422: {'model': Error, 'description': 'A field the model cannot take; '
