@@ -171,9 +171,10 @@ def test_draining_and_internal_errors_have_the_one_shape(stub, monkeypatch):
     assert response.headers['retry-after'] == '1'
 
 
-@pytest.mark.parametrize('text, code', [('a\x00b', 'U+0000'), ('bell\x07', 'U+0007'),
-                                        ('del\x7f', 'U+007F'), ('c1\x9b', 'U+009B'),
-                                        ('half\ud800', 'U+D800')])
+@pytest.mark.parametrize('text, code', [
+    ('a\x00b', 'the control character U+0000'), ('bell\x07', 'the control character U+0007'),
+    ('del\x7f', 'the control character U+007F'), ('c1\x9b', 'the control character U+009B'),
+    ('half\ud800', 'the lone surrogate U+D800')])
 def test_a_control_character_is_refused_naming_the_field(stub, text, code):
   client, _ = stub
   body = json.dumps({'session': ['fine', text]}).encode()  # \ud800 as JSON's escape

@@ -60,9 +60,14 @@ def query_pattern(max_words: int) -> str:
 
 
 def _refused_character(text: str) -> str | None:
-  """The first character of `text` a request may not hold, as U+XXXX, else None."""
+  """The first character of `text` a request may not hold, named ('the control character
+  U+0007', 'the lone surrogate U+D800'), else None."""
   found = _REFUSED_CHARACTER.search(text)
-  return None if found is None else f'U+{ord(found.group()):04X}'
+  if found is None:
+    return None
+  code = ord(found.group())
+  kind = 'lone surrogate' if 0xD800 <= code <= 0xDFFF else 'control character'
+  return f'the {kind} U+{code:04X}'
 
 # Every program JAX lowers for the first time (a new function, or a new shape of one) records
 # this event: their count is the number of compilations, the persistent cache's hits included.
@@ -245,8 +250,8 @@ class Engine:
     for i, text in enumerate(session):
       refused = _refused_character(text)
       if refused:
-        raise BadInput(f'session[{i}]', f'holds the control character {refused}: a query is '
-                       'text (tab and newline count as spaces)')
+        raise BadInput(f'session[{i}]', f'holds {refused}: a query is text (tab and newline '
+                       'count as spaces)')
       if not text.split():
         raise BadInput(f'session[{i}]', 'an empty query')
       words = text.split()
@@ -259,8 +264,9 @@ class Engine:
     if user is not None and not self.personalises:
       raise BadInput('user', 'this model reads no user (it was trained without users\' '
                      'histories): leave the user out')
-    if user is not None and _refused_character(user):
-      raise BadInput('user', f'holds the control character {_refused_character(user)}')
+    refused = None if user is None else _refused_character(user)
+    if refused:
+      raise BadInput('user', f'holds {refused}')
     return Request(tuple(queries), self.top_k if k is None else k, user)
 
   def batch_size(self, n: int) -> int:
