@@ -20,10 +20,11 @@ JSON (malformed, not UTF-8, nested too deeply, empty) 400; a field the model can
 character other than whitespace, a non-string item, k out of range, a user where the model
 reads none); a body over `max_body_bytes` 413, unread; one short of its Content-Length at the
 deadline 408; a full queue or a draining service 503 with Retry-After; a passed deadline 504;
-anything else 500 with the request id (logged with its traceback), and the service goes on. Every response carries X-Request-ID. No answer holds
-a filesystem path: the model is named by its name and checkpoint step (the log has the
-workdir). The OpenAPI description carries the model's limits (session length, words a query,
-whether a user is read), so a request it allows is one the model takes.
+anything else 500 with the request id (logged with its traceback), and the service goes on.
+Every response carries X-Request-ID. No answer holds a filesystem path: the model is named by
+its name and checkpoint step (the log has the workdir). The OpenAPI description carries the
+model's limits (session length, words a query, whether a user is read), so a request it
+allows is one the model takes.
 """
 
 from __future__ import annotations
