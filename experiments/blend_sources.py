@@ -6,9 +6,10 @@ users, under the user-facing protocol (no query of the session suggested again)?
   python experiments/blend_sources.py --workdir=W --folds=F0,F1 --test # then on test, once
 
 In: a workdir of `configs/aol.py:small` trained with `config.data.split_by='user'` and
-evaluated on the validation split (`--mode=eval --config.decode.eval_split=valid`, which
-writes eval/valid_lists.jsonl: every pair's context, reference and the generator's ordered
-list); with `--test` also evaluated on test (eval/lists.jsonl). The training log's lists come
+evaluated on the validation split by the generator's own beam (`--mode=eval
+--config.decode.eval_split=valid --config.suggest.strategy=generate`, which writes
+eval/valid_lists.jsonl: every pair's context, reference and the generator's ordered list);
+with `--test` also evaluated on test (eval/lists.jsonl). The training log's lists come
 from the workdir's training split (`popular.LogCounts`).
 
 The candidates of a pair: the beam (in the generator's order), the most popular next queries

@@ -10,15 +10,19 @@ neural attention".
 from __future__ import annotations
 
 import os
+import sys
 
 from absl import app
 from absl import flags
 import numpy as np
 
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+# pylint: disable=wrong-import-position
 from configs import imdna_movies
 from mtn_jax.data import imdna_library
 from mtn_jax.data import top_k
 from mtn_jax.evaluation import answer_hits
+# pylint: enable=wrong-import-position
 
 _WORKDIR = flags.DEFINE_string('workdir', '/tmp/bm25_ties', 'where the tasks\' data are built')
 

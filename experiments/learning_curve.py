@@ -1,7 +1,8 @@
 """Does the model gain on the most-popular list as the training log grows? A learning curve
 for users never seen in training, under the user-facing protocol.
 
-  python experiments/learning_curve.py --workdirs=W100,W200,WALL --figure=docs/learning_curve.png
+  python experiments/learning_curve.py --workdirs=W100,W200,WALL \
+      --figure=docs/learning_curve_unseen_users.png
 
 In: workdirs of `configs/aol.py:small` with `config.data.split_by='user'`, each trained on
 some of the training users (`config.data.train_users`; the validation and test users are the

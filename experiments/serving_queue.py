@@ -1,8 +1,8 @@
 """How short a tail can any service with the batcher's policy have, on this machine's CPU?
 
 The service's latency target is a p99 at half the saturation rate of at most 2.5x a lone
-request's p50 (docs/PERFORMANCE.md, "Serving"). This study separates what the queue costs from what the HTTP path
-and the shared cores cost:
+request's p50 (docs/PERFORMANCE.md, "Serving"). This study separates what the queue costs
+from what the HTTP path and the shared cores cost:
 1. It measures, in this process, the time of one batch of each padded size through the
    service's own `Engine.run` (sessions of the test split cut at random positions, as
    `launch/bench_serve.py` sends them; the median of `--repeats` calls): f(n).
@@ -17,7 +17,8 @@ and the shared cores cost:
 With a batch time nearly proportional to its size (a CPU: no idle width to fill), the queue
 alone puts the p99 at about five lone requests at half saturation, whatever the service does
 around it: only a fixed cost in every request's path, which lifts the lone p50 as much as the
-tail, brings the ratio down. docs/PERFORMANCE.md, "Serving", quotes its output.
+tail, brings the ratio down. docs/notes/2026-11-26-serving.md quotes its output (and
+docs/PERFORMANCE.md, "Serving", its conclusion).
 
   python experiments/serving_queue.py --workdir=/tmp/mtn_demo --overhead_ms=2.8
   python experiments/serving_queue.py --workdir=/tmp/aol_small --config=configs/aol.py:small \

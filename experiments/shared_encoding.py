@@ -7,8 +7,8 @@ memory the beam search just computed instead of encoding the same session again.
 times `Pipeline.ordered` on lone contexts of the test split (every prefix of its first
 sessions, each padded to the service's session widths), alternating rounds with and without
 the sharing in one process (the other arm encodes anew: `search.encode_sessions`), and prints
-the median and quartile of each arm with the machine and date. docs/PERFORMANCE.md, "The
-learned ranker in the pipeline", quotes its output.
+the median and quartile of each arm with the machine and date.
+docs/notes/2026-11-27-learned-ranker.md quotes its output.
 
   python experiments/shared_encoding.py --workdir=W $U    # U as in docs/RESULTS.md
 """

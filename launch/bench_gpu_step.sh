@@ -4,16 +4,18 @@
 #
 #   bash launch/bench_gpu_step.sh OUTDIR [SECONDS]
 #
-# 1. a jax.profiler trace of the step as it is (launch/profile_step.py: time by part of the
+# The base is the step as these changes were first measured against: layer stacks as nn.scan
+# (configs/aol.py has unrolled them since, the `unroll` change below, which gained).
+# 1. a jax.profiler trace of the base step (launch/profile_step.py: time by part of the
 #    model and by kernel kind, device idle time), sessions of 4 queries;
-# 2. the step as it is, then one change at a time, each in a process of its own (XLA's flags
+# 2. the base step, then one change at a time, each in a process of its own (XLA's flags
 #    are read at start), same batches and seed (launch/bench_train.py, bucket 4):
 #      k4     4 optimizer steps per compiled call (a lax.scan over 4 batches)
 #      chunk  the loss head in chunks of 8192 target slots instead of 2048
 #      unroll layer stacks as Python loops (scan_layers=False)
 #      flags  XLA GPU flags: command buffers (CUDA graphs) for loops and conditionals too,
 #             the latency-hiding scheduler
-# 3. the changes that each gained over the step as it is, together, timed alternately with
+# 3. the changes that each gained over the base step, together, timed alternately with
 #    the PyTorch peer compiled with torch.compile in bfloat16 autocast on the same batches;
 # 4. the same combination profiled.
 # Each step writes OUTDIR/<name>.json and OUTDIR/<name>.log and is named in OUTDIR/steps.txt
@@ -46,7 +48,8 @@ step() {  # step NAME SECONDS COMMAND...: run COMMAND with a limit if it fits, l
 "torch", torch.__version__, jax.devices())'; } >"$out/machine.txt" 2>&1
 cat "$out/machine.txt"
 
-aol=(--config=configs/aol.py --config.model.compute_dtype=bfloat16)
+aol=(--config=configs/aol.py --config.model.compute_dtype=bfloat16
+     --config.model.scan_layers=True)
 bench=(python3 launch/bench_train.py "${aol[@]}" --session_lengths=4 --steps=20 --repeats=3
        --pipeline_sessions=0)
 declare -A change=(
@@ -62,7 +65,7 @@ for name in k4 chunk unroll; do
 done
 step flags 90 env XLA_FLAGS="$gpu_flags" "${bench[@]}" --json="$out/flags.json"
 
-# The changes that gained at least 2 % over the step as it is.
+# The changes that gained at least 2 % over the base step.
 gained=$(python3 - "$out" <<'PY'
 import json, os, sys
 out = sys.argv[1]

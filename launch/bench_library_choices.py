@@ -33,10 +33,11 @@ dropout -- the whole jit-compiled train step (`bench_train.JaxStep`: the trainer
 prefetch -- batches put on the devices from `input_pipeline.make_train_iterator` over a
   synthetic AOL-size split (`--pipeline_sessions`) and `parallel.shard_batch`, by:
     'in the loop'             no prefetch: next() and shard_batch in the consuming thread;
-    'hand-written thread'       the trainer's thread (`config.input.prefetch_batches` ahead);
+    'hand-written thread'     the thread the trainer had before grain (`_HandWrittenPrefetcher`,
+                              `config.input.prefetch_batches` ahead);
     'grain ThreadPrefetch'    grain's `ThreadPrefetchIterDataset` over the same iterator mapped
                               through shard_batch, `prefetch_batches` ahead: the library
-                              equivalent of `_Prefetcher`, host-side session count included;
+                              equivalent of that thread, host-side session count included;
     'grain device_put'        `grain.experimental.device_put` as shipped (a CPU buffer of 4,
                               `jax.device_put` onto the batch sharding, a device buffer of 2).
   Figures: batches per second with nothing else running (`--pipeline_batches` per run), then

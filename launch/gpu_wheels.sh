@@ -27,7 +27,7 @@ wheels=(
   tensorboardX==2.6.5          # training's metric writer (mtn_jax/training/metric_writer.py)
   # the service (mtn_jax/serving/): fastapi and what it needs beside the image's packages
   fastapi==0.165.0 starlette==1.10.0 pydantic==2.14.4 pydantic-core==2.50.5
-  annotated-types==0.8.0 typing-inspection==0.4.5 typing-extensions==4.16.0
+  annotated-types==0.8.0 annotated-doc==0.0.7 typing-inspection==0.4.5 typing-extensions==4.16.0
   opentelemetry-api==1.45.2 uvicorn==0.54.0 httptools==0.9.0 swagger-ui-py==25.7.1
 )
 platforms=()

@@ -14,9 +14,11 @@ Out (stdout): the step's wall time, then the traced time of the compiled program
 backward pass) to one part: embeddings, query encoder, session level, decoder, output layer
 and loss, dropout masks, optimizer update, or "no op_name" (copies and buffer initialisation
 that XLA adds, such as the stacked activations a scanned layer stack saves for the backward
-pass); forward and backward apart. Then the `--top` most expensive operations with their
-shapes and op_names. `--trace_dir` keeps the trace for TensorBoard or Perfetto; `--json`
-writes the figures.
+pass); forward and backward apart. Then the time by kernel kind (matmul, fusion, copy / data
+movement, collective, control flow, other), the device's busy and idle time over the steps,
+and the `--top` most expensive operations with their shapes and op_names. `--trace_dir`
+keeps the trace for TensorBoard or Perfetto; `--from_trace=FILE` summarises a kept trace by
+kernel kind without compiling anything; `--json` writes the figures.
 """
 
 from __future__ import annotations
