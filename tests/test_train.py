@@ -430,3 +430,33 @@ def test_train_says_what_it_preprocessed_and_where_everything_is(reference_run,
     assert f'  {name}' in closing, closing
   again, _ = reference_rerun
   assert 'Reusing the corpus in' in again.stdout  # nothing rebuilt, and it says so
+
+
+def test_a_damaged_checkpoint_is_named_in_one_error_with_the_one_before(tmp_path):
+  """Truncated parameters or a garbage metadata file: one error naming the checkpoint and
+  the earlier one to fall back on, not orbax's or tensorstore's traceback."""
+  from mtn_jax.data.vocab import SPECIAL_TOKENS, Vocab  # pylint: disable=g-import-not-at-top
+  params = {'w': np.arange(4096, dtype=np.float32).reshape(64, 64)}
+  manager = checkpoints.open_manager(str(tmp_path), keep=3)
+  for step in (1, 2):
+    checkpoints.save(manager, step, params=params, train_state={'step': np.int32(step)},
+                     data_iter={}, meta={'best_step': step},
+                     vocab=Vocab(SPECIAL_TOKENS + ('a',)))
+  manager.wait_until_finished()
+  step_dir = tmp_path / 'checkpoints' / '2'
+  largest = max((p for p in (step_dir / 'params').rglob('*') if p.is_file()),
+                key=lambda p: p.stat().st_size)
+  with open(largest, 'r+b') as f:
+    f.truncate(100)
+  abstract = {'w': ocp.utils.to_shape_dtype_struct(params['w'])}
+  reader = checkpoints.open_manager(str(tmp_path), read_only=True)
+  assert checkpoints.restore(reader, 1, abstract_params=abstract)['params']['w'].sum() == (
+      params['w'].sum())
+  with pytest.raises(checkpoints.DamagedCheckpoint, match=re.escape(
+      f'{step_dir}: a damaged or incomplete checkpoint (')) as error:
+    checkpoints.restore(reader, 2, abstract_params=abstract)
+  assert str(error.value).endswith('; move it out of the folder to use step 1')
+  assert '\n' not in str(error.value)
+  (step_dir / 'meta' / 'metadata').write_text('garbage')
+  with pytest.raises(checkpoints.DamagedCheckpoint, match='JSONDecodeError'):
+    checkpoints.read_meta(reader, 2)

@@ -14,6 +14,7 @@ the one with the lowest validation loss (saved with metrics at the end of each e
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import logging
 import os
@@ -27,6 +28,37 @@ from mtn_jax.models.base import ModelConfig
 
 class CheckpointMismatch(errors.Error, ValueError):
   """A checkpoint that belongs to another model or vocabulary."""
+
+
+class DamagedCheckpoint(errors.Error):
+  """A checkpoint whose files cannot be read (truncated, deleted, or garbage)."""
+
+
+@contextlib.contextmanager
+def _reading(manager: ocp.CheckpointManager, step: int):
+  """Reading checkpoint `step`: what a damaged file raises (orbax, tensorstore and the JSON
+  reader raise many kinds) becomes one error naming the checkpoint and the one before it."""
+  try:
+    yield
+  except errors.Error:
+    raise
+  except Exception as e:  # pylint: disable=broad-except
+    # The first exception of the chain says what is wrong ("OUT_OF_RANGE: Error reading ...
+    # params/"); the later ones only that reading failed.
+    cause = e
+    while True:
+      earlier_error = cause.__cause__ or (None if cause.__suppress_context__
+                                          else cause.__context__)
+      if earlier_error is None:
+        break
+      cause = earlier_error
+    what = (str(cause).strip().splitlines() or [''])[0][:240]
+    earlier = [s for s in manager.all_steps() if s < step]
+    raise DamagedCheckpoint(
+        f'{os.path.join(str(manager.directory), str(step))}: a damaged or incomplete '
+        f'checkpoint ({type(cause).__name__}: {what})'
+        + (f'; move it out of the folder to use step {max(earlier)}' if earlier else '')
+    ) from e
 
 
 def checkpoint_dir(workdir: str) -> str:
@@ -126,11 +158,13 @@ def restore(manager: ocp.CheckpointManager, step: int, *, abstract_params,
   if abstract_train_state is not None:
     items.update(train=ocp.args.StandardRestore(abstract_train_state),
                  data_iter=ocp.args.JsonRestore())
-  return dict(manager.restore(step, args=ocp.args.Composite(**items)))
+  with _reading(manager, step):
+    return dict(manager.restore(step, args=ocp.args.Composite(**items)))
 
 
 def read_meta(manager: ocp.CheckpointManager, step: int) -> dict:
-  return manager.restore(step, args=ocp.args.Composite(meta=ocp.args.JsonRestore()))['meta']
+  with _reading(manager, step):
+    return manager.restore(step, args=ocp.args.Composite(meta=ocp.args.JsonRestore()))['meta']
 
 
 def best_step(manager: ocp.CheckpointManager) -> int | None:
