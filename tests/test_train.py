@@ -131,6 +131,10 @@ def test_sigkill_at_random_step_then_resume_is_bit_exact(reference_run, tmp_path
   step, params = final_params(tmp_path)
   assert step == ref_step == total, where
   assert_trees_equal(params, ref_params)
+  # The log holds each step's records once, as the uninterrupted run's does: what the killed
+  # run wrote after its checkpoint was dropped, and written again by the resumed run.
+  logged = lambda workdir: [(r['kind'], r['step']) for r in metric_writer.read_metrics(workdir)]
+  assert logged(str(tmp_path)) == logged(str(ref_dir)), where
 
 
 @pytest.mark.slow

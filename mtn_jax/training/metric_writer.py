@@ -11,16 +11,30 @@ import time
 
 import jax
 
+from mtn_jax import files
+
 
 class MetricWriter:
   """Writes scalars to a JSONL file (one object per call) and TensorBoard (tensorboardX)."""
 
-  def __init__(self, workdir: str, enabled: bool | None = None):
+  def __init__(self, workdir: str, enabled: bool | None = None, resumed_at: int | None = None,
+               redo_validation: bool = False):
+    """With `resumed_at` (a run resumed from the checkpoint of that step), the records a
+    crashed or stopped run wrote after its checkpoint are dropped first, and with
+    `redo_validation` the validation at that step too: the resumed run writes them again, and
+    a reader taking a step's last record would otherwise read the lost run's."""
     self.enabled = jax.process_index() == 0 if enabled is None else enabled
     self._jsonl = self._tb = None
     if self.enabled:
       os.makedirs(workdir, exist_ok=True)
-      self._jsonl = open(os.path.join(workdir, 'metrics.jsonl'), 'a', encoding='utf-8')
+      path = os.path.join(workdir, 'metrics.jsonl')
+      if resumed_at is not None and os.path.exists(path):
+        with open(path, encoding='utf-8') as f:
+          lines = [line for line in f if line.strip()]
+        kept = [line for line in lines if _kept(json.loads(line), resumed_at, redo_validation)]
+        if len(kept) < len(lines):
+          files.write_text(path, ''.join(kept))
+      self._jsonl = open(path, 'a', encoding='utf-8')
       from tensorboardX import SummaryWriter  # pylint: disable=g-import-not-at-top
       self._tb = SummaryWriter(os.path.join(workdir, 'tensorboard'))
 
@@ -40,6 +54,11 @@ class MetricWriter:
     if self.enabled:
       self._jsonl.close()
       self._tb.close()
+
+
+def _kept(record: dict, resumed_at: int, redo_validation: bool) -> bool:
+  return record['step'] < resumed_at or (record['step'] == resumed_at and not (
+      redo_validation and record['kind'] == 'valid'))
 
 
 def read_metrics(workdir: str, kind: str | None = None) -> list[dict]:
