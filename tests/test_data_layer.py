@@ -7,6 +7,7 @@ from __future__ import annotations
 import gzip
 import json
 import os
+import re
 import sys
 
 import numpy as np
@@ -18,6 +19,7 @@ from mtn_jax import errors
 from mtn_jax.data import aol_log
 from mtn_jax.data import preprocess
 from mtn_jax.data import sessions as sessions_lib
+from mtn_jax.data import vocab as vocab_lib
 
 DAY = 1141171200  # 2006-03-01 00:00:00, seconds since 1970
 
@@ -303,3 +305,23 @@ def test_data_config_checks(key, value, message):
   for split_by in ('session', 'user', 'time'):
     c = config('log.tsv', split_by=split_by)
     config_lib.validate(c, mode='preprocess')
+
+
+def test_a_damaged_vocabulary_or_array_is_one_error_naming_the_file(tmp_path):
+  """A truncated or garbage vocab.json, a truncated split array: one error naming the file
+  and what fixes it, not a JSON, numpy or mmap traceback."""
+  vocab = tmp_path / 'vocab.json'
+  for text in ('{"words": ["<pad>", "<u', '{"words": 5}', '[]'):
+    vocab.write_text(text, encoding='utf-8')
+    with pytest.raises(vocab_lib.VocabFileError, match=re.escape(
+        f'{vocab}: not a vocabulary (')) as error:
+      vocab_lib.Vocab.load(str(vocab))
+    assert str(error.value).endswith('run --mode=preprocess again')
+  array = tmp_path / 'test.queries.npy'
+  np.save(array, np.zeros((100, 10), np.int32))
+  with open(array, 'r+b') as f:
+    f.truncate(1000)
+  for mmap_mode in (None, 'r'):
+    with pytest.raises(sessions_lib.CorpusFileError, match=re.escape(
+        f'{array}: not a readable array (')):
+      sessions_lib._array(str(array), mmap_mode)  # pylint: disable=protected-access

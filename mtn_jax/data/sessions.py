@@ -202,7 +202,18 @@ def session_folds(split: SessionSplit, folds: int, seed: int) -> np.ndarray:
 
 
 class CorpusFileError(errors.Error, ValueError):
-  """A corpus file that does not fit the others of its split; the message names it."""
+  """A corpus file that does not fit the others of its split, or cannot be read; the message
+  names it."""
+
+
+def _array(path: str, mmap_mode: str | None = None) -> np.ndarray:
+  """The array of a corpus file, or an error naming a file that is not one (truncated, or
+  garbage)."""
+  try:
+    return np.load(path, mmap_mode=mmap_mode, allow_pickle=False)
+  except (ValueError, OSError, EOFError) as e:
+    raise CorpusFileError(f'{path}: not a readable array ({e}): run --mode=preprocess '
+                          'again') from None
 
 
 def load_split(data_dir: str, split: str, mmap: bool = True) -> SessionSplit:
@@ -220,26 +231,26 @@ def load_split(data_dir: str, split: str, mmap: bool = True) -> SessionSplit:
     if kind not in OPTIONAL_KINDS + ('history',) and not os.path.exists(p):
       raise FileNotFoundError(f'{p} is missing: run --mode=preprocess first')
   mode = 'r' if mmap else None
-  starts = np.load(paths['sessions'], allow_pickle=False)
+  starts = _array(paths['sessions'])
   per_session = {}
   for kind in OPTIONAL_KINDS:
     if not os.path.exists(paths[kind]):
       per_session[kind] = None
       continue
-    per_session[kind] = np.load(paths[kind], allow_pickle=False)
+    per_session[kind] = _array(paths[kind])
     if per_session[kind].shape != (len(starts) - 1,):
       raise CorpusFileError(f'{paths[kind]}: shape {per_session[kind].shape}, but '
                             f'{paths["sessions"]} holds {len(starts) - 1} sessions: run '
                             '--mode=preprocess again')
   history = None
   if os.path.exists(paths['history']):
-    history = np.load(paths['history'], allow_pickle=False)
+    history = _array(paths['history'])
     if history.shape[0] != len(starts) - 1:
       raise CorpusFileError(f'{paths["history"]}: {history.shape[0]} sessions, but '
                             f'{paths["sessions"]} holds {len(starts) - 1}: run '
                             '--mode=preprocess again')
   history_items = candidates.load_history_items(data_dir, split, len(starts) - 1)
-  return SessionSplit(split, np.load(paths['queries'], mmap_mode=mode, allow_pickle=False),
+  return SessionSplit(split, _array(paths['queries'], mmap_mode=mode),
                       starts, paths['text'], **per_session, history=history,
                       history_items=history_items)
 

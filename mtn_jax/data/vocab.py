@@ -24,6 +24,8 @@ from collections.abc import Iterable, Sequence
 
 import numpy as np
 
+from mtn_jax import errors
+
 PAD_ID, UNK_ID, BOS_ID, EOS_ID, SEP_ID = 0, 1, 2, 3, 4
 SPECIAL_TOKENS = ('<pad>', '<unk>', '<s>', '</s>', '<sep>')
 
@@ -104,8 +106,17 @@ class Vocab:
 
   @staticmethod
   def load(path: str) -> Vocab:
+    """The vocabulary `save` wrote to `path`, or an error naming a file that is not one."""
     with open(path, encoding='utf-8') as f:
-      return Vocab.from_json(json.load(f))
+      try:
+        return Vocab.from_json(json.load(f))
+      except (ValueError, TypeError, KeyError, AttributeError) as e:
+        raise VocabFileError(f'{path}: not a vocabulary ({type(e).__name__}: {e}): run '
+                             '--mode=preprocess again') from None
+
+
+class VocabFileError(errors.Error, ValueError):
+  """A vocabulary file that cannot be read as one; the message names it."""
 
 
 @dataclasses.dataclass(frozen=True)
