@@ -206,6 +206,14 @@ def test_checkpoint_of_another_model_is_refused(reference_run, tmp_path):
   result = cli.run(ref_dir, *SHORT, '--config.model.ff_dim=64', check=False)
   assert result.returncode != 0
   assert 'holds another model' in result.stderr and 'model.ff_dim' in result.stderr
+  # Another seed or batch size: the checkpoint's data order would not be continued.
+  for override, key, values in (('--config.seed=1', 'seed', '0, not 1'),
+                                ('--config.input.train_queries_per_batch=128',
+                                 'input.train_queries_per_batch', '240, not 128')):
+    result = cli.run(ref_dir, *SHORT, override, check=False)
+    assert result.returncode == 1 and result.stderr.strip().endswith(
+        f'was trained with config.{key}={values}: a resumed run continues its batches in '
+        f'their order; use {values.split(",")[0]}, or a new workdir'), result.stderr
 
 
 @pytest.mark.slow

@@ -284,6 +284,23 @@ def _run_meta(config: ml_collections.ConfigDict, cfg: ModelConfig, vocab) -> dic
           'config': json.loads(config.to_json_best_effort())}
 
 
+# What fixes a run's batches and their order besides the corpus: a resumed run continues the
+# checkpoint's data iterator, so another value would give neither the one run nor the other.
+DATA_ORDER_KEYS = ('seed', 'input.train_queries_per_batch')
+
+
+def _check_data_order(saved_config: dict, config: ml_collections.ConfigDict, where: str) -> None:
+  """Refuses to resume a checkpoint whose run had another value of a `DATA_ORDER_KEYS`."""
+  for key in DATA_ORDER_KEYS:
+    saved, current = saved_config, config
+    for part in key.split('.'):
+      saved, current = (saved or {}).get(part), current[part]
+    if saved is not None and saved != current:
+      raise checkpoints.CheckpointMismatch(
+          f'{where} was trained with config.{key}={saved!r}, not {current!r}: a resumed run '
+          f'continues its batches in their order; use {saved!r}, or a new workdir')
+
+
 def _restore(manager, step: int, *, task: tasks.GenerationTask, optimizer, mesh,
              saved_meta: dict) -> tuple[TrainState, dict]:
   """The TrainState and data-iterator state of checkpoint `step`, in this run's layer
@@ -462,6 +479,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
     where = f'checkpoint {checkpoints.checkpoint_dir(workdir)}/{latest}'
     saved_meta = checkpoints.read_meta(manager, latest)
     checkpoints.check_compatible(saved_meta, cfg, vocab, where)
+    _check_data_order(saved_meta.get('config', {}), config, where)
     state, iter_state = _restore(manager, latest, task=task, optimizer=optimizer, mesh=mesh,
                                  saved_meta=saved_meta)
     train_iter.set_state(iter_state)
