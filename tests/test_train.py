@@ -472,3 +472,26 @@ def test_a_damaged_checkpoint_is_named_in_one_error_with_the_one_before(tmp_path
   (step_dir / 'meta' / 'metadata').write_text('garbage')
   with pytest.raises(checkpoints.DamagedCheckpoint, match='JSONDecodeError'):
     checkpoints.read_meta(reader, 2)
+
+
+def test_a_save_the_file_system_refuses_is_one_error_naming_the_folder(tmp_path, monkeypatch):
+  """A full disk, whether met by the save or by the background write it started: one error
+  naming the checkpoints' folder, the first cause and the last complete checkpoint."""
+  from mtn_jax.data.vocab import SPECIAL_TOKENS, Vocab  # pylint: disable=g-import-not-at-top
+  manager = checkpoints.open_manager(str(tmp_path))
+
+  def full(*args, **kwargs):
+    del args, kwargs
+    try:
+      raise OSError(28, 'No space left on device')
+    except OSError as e:
+      raise ValueError('RESOURCE_EXHAUSTED: error writing local file') from e
+  monkeypatch.setattr(manager, 'save', full)
+  with pytest.raises(checkpoints.SaveFailed, match=re.escape(
+      f'{tmp_path}/checkpoints: saving the checkpoint of step 3 failed (OSError: [Errno 28] '
+      'No space left on device); no checkpoint is complete')):
+    checkpoints.save(manager, 3, params={'w': np.zeros(2)}, train_state={}, data_iter={},
+                     meta={}, vocab=Vocab(SPECIAL_TOKENS))
+  monkeypatch.setattr(manager, 'wait_until_finished', full)
+  with pytest.raises(checkpoints.SaveFailed, match='saving a checkpoint failed .*No space'):
+    checkpoints.finish(manager)

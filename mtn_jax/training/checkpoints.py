@@ -43,22 +43,49 @@ def _reading(manager: ocp.CheckpointManager, step: int):
   except errors.Error:
     raise
   except Exception as e:  # pylint: disable=broad-except
-    # The first exception of the chain says what is wrong ("OUT_OF_RANGE: Error reading ...
-    # params/"); the later ones only that reading failed.
-    cause = e
-    while True:
-      earlier_error = cause.__cause__ or (None if cause.__suppress_context__
-                                          else cause.__context__)
-      if earlier_error is None:
-        break
-      cause = earlier_error
-    what = (str(cause).strip().splitlines() or [''])[0][:240]
     earlier = [s for s in manager.all_steps() if s < step]
     raise DamagedCheckpoint(
         f'{os.path.join(str(manager.directory), str(step))}: a damaged or incomplete '
-        f'checkpoint ({type(cause).__name__}: {what})'
+        f'checkpoint ({_first_cause(e)})'
         + (f'; move it out of the folder to use step {max(earlier)}' if earlier else '')
     ) from e
+
+
+class SaveFailed(errors.Error):
+  """A checkpoint the file system refused (a full disk); the message names the folder."""
+
+
+@contextlib.contextmanager
+def _writing(manager: ocp.CheckpointManager, what: str):
+  """Saving, or waiting for an asynchronous save to end: a failure (a full disk) becomes one
+  error naming the folder and the last complete checkpoint."""
+  try:
+    yield
+  except errors.Error:
+    raise
+  except Exception as e:  # pylint: disable=broad-except
+    latest = manager.latest_step()
+    raise SaveFailed(f'{manager.directory}: {what} failed ({_first_cause(e)}); '
+                     + (f'the last complete checkpoint is step {latest}' if latest is not None
+                        else 'no checkpoint is complete')) from e
+
+
+def _first_cause(e: BaseException) -> str:
+  """The first exception of `e`'s chain, which says what is wrong ("OUT_OF_RANGE: Error
+  reading ... params/", "No space left on device"): the later ones say only that a read or
+  a write failed."""
+  while True:
+    earlier = e.__cause__ or (None if e.__suppress_context__ else e.__context__)
+    if earlier is None:
+      break
+    e = earlier
+  return f'{type(e).__name__}: ' + (str(e).strip().splitlines() or [''])[0][:240]
+
+
+def finish(manager: ocp.CheckpointManager) -> None:
+  """Waits for the checkpoint being saved in the background, if any."""
+  with _writing(manager, 'saving a checkpoint'):
+    manager.wait_until_finished()
 
 
 def checkpoint_dir(workdir: str) -> str:
@@ -100,13 +127,14 @@ def save(manager: ocp.CheckpointManager, step: int, *, params, train_state, data
   """Saves asynchronously; `valid_loss` marks an end-of-epoch checkpoint as a best candidate.
   The trainer decides when to save (`force`: Orbax's own interval policy is not consulted), and
   a save Orbax declines anyway is an error, never a checkpoint silently missing."""
-  saved = manager.save(step, force=True, args=ocp.args.Composite(
-      params=ocp.args.StandardSave(params),
-      train=ocp.args.StandardSave(train_state),
-      data_iter=ocp.args.JsonSave(data_iter),
-      meta=ocp.args.JsonSave(meta),
-      vocab=ocp.args.JsonSave(vocab.to_json())),
-      metrics=None if valid_loss is None else {'valid_loss': float(valid_loss)})
+  with _writing(manager, f'saving the checkpoint of step {step}'):
+    saved = manager.save(step, force=True, args=ocp.args.Composite(
+        params=ocp.args.StandardSave(params),
+        train=ocp.args.StandardSave(train_state),
+        data_iter=ocp.args.JsonSave(data_iter),
+        meta=ocp.args.JsonSave(meta),
+        vocab=ocp.args.JsonSave(vocab.to_json())),
+        metrics=None if valid_loss is None else {'valid_loss': float(valid_loss)})
   if not saved:
     raise RuntimeError(f'Orbax did not save step {step} in {manager.directory}')
 

@@ -548,7 +548,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
         f'{meta["best_valid_loss"]:.4f} at step {meta["best_step"]})', flush=True)
     if meta.pop('pending_validation', None) is not None:
       # The checkpoint saved when validation was cut short, saved again with its result.
-      manager.wait_until_finished()
+      checkpoints.finish(manager)
       manager.delete(step)
     save(valid_loss=valid['loss'])
     monitor.restart_pace()
@@ -584,14 +584,14 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
         if stop.requested:
           break
       if stop.requested:
-        manager.wait_until_finished()  # "saved" is said once the checkpoint is complete
+        checkpoints.finish(manager)  # "saved" is said once the checkpoint is complete
         pending = (' (its validation runs first when it resumes)'
                    if meta.get('pending_validation') == step else '')
         log(f'{stop.signal_name}: saved a checkpoint at step {step}{pending}; run the same '
             'command again to resume.', flush=True)
     finally:
       train_iter.close()
-      manager.wait_until_finished()
+      checkpoints.finish(manager)
       manager.close()
       writer.close()
   return _summary(step, total_steps, meta, stop.signal_name)
