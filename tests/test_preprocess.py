@@ -700,3 +700,26 @@ def test_history_holds_the_users_earlier_queries_and_never_a_later_one(tmp_path)
                      str(tmp_path / 'v'))
   assert sessions_lib.load_split(preprocess.data_dir(str(tmp_path / 'v')),
                                  'train').history.shape[1] == 0
+
+
+def test_a_corpus_checkpoints_were_trained_on_is_not_rebuilt_with_other_settings(tmp_path):
+  """Other config.data settings would leave the checkpoints with another vocabulary and
+  splits: refused before data/ is touched. The same log moved is no other setting."""
+  log = _many_sessions_log(tmp_path / 'log.tsv', 20)
+  workdir = str(tmp_path / 'w')
+  c = config(log, min_word_count=1, split_fractions=(0.8, 0.1, 0.1))
+  preprocess.prepare(c, workdir)
+  os.makedirs(os.path.join(workdir, 'checkpoints', '30'))
+  before = corpus(preprocess.data_dir(workdir))
+  c.data.min_word_count = 3
+  with pytest.raises(preprocess.CorpusInUseError, match=re.escape(
+      f'{preprocess.data_dir(workdir)} was built with other settings, and the checkpoints in '
+      f'{workdir}/checkpoints were trained on it (config.data.min_word_count: 1 there, 3 '
+      'here): use the settings it was built with, or a new workdir')):
+    preprocess.prepare(c, workdir)
+  assert corpus(preprocess.data_dir(workdir)) == before
+  c.data.min_word_count = 1
+  moved = tmp_path / 'moved.tsv'
+  os.rename(log, moved)
+  c.data.raw_files = str(moved)
+  preprocess.prepare(c, workdir)  # rebuilt from the moved log: the same settings

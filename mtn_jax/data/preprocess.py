@@ -111,10 +111,40 @@ def prepare(config: ml_collections.ConfigDict, workdir: str, verbose: bool = Fal
     if verbose:
       print(f'Reusing the corpus in {target}: same inputs and config.data.')
   else:
+    _check_no_checkpoint_loses_its_corpus(target, manifest, workdir)
     stats = _build(cfg, paths, manifest, workdir)
   if verbose:
     print(summary(stats, target))
   return stats
+
+
+class CorpusInUseError(errors.Error, ValueError):
+  """A corpus that the workdir's checkpoints were trained on, asked for with other settings."""
+
+
+def _check_no_checkpoint_loses_its_corpus(target: str, manifest: dict, workdir: str) -> None:
+  """Refuses to rebuild, with other `config.data` settings, a corpus that the workdir's
+  checkpoints were trained on: they would be left with another vocabulary and splits (train
+  would then refuse them, and eval and decode with the old settings too). The log's paths may
+  differ (the same log moved), and a setting the corpus's manifest does not name (one added
+  since it was built) is not compared."""
+  folder = os.path.join(os.path.abspath(workdir), 'checkpoints')
+  if not (os.path.isdir(folder) and any(name.isdigit() for name in os.listdir(folder))):
+    return
+  try:
+    with open(os.path.join(target, _MANIFEST), encoding='utf-8') as f:
+      built = json.load(f).get('data_config') or {}
+  except (OSError, ValueError):
+    return
+  asked = json.loads(json.dumps(manifest['data_config']))  # as the manifest holds it: lists
+  changed = [k for k in sorted(set(built) & set(asked))
+             if k != 'raw_files' and built[k] != asked[k]]
+  if changed:
+    detail = ', '.join(f'config.data.{k}: {built[k]!r} there, {asked[k]!r} here'
+                       for k in changed)
+    raise CorpusInUseError(f'{target} was built with other settings, and the checkpoints in '
+                           f'{folder} were trained on it ({detail}): use the settings it was '
+                           'built with, or a new workdir')
 
 
 def split_sessions(num_sessions: int, fractions, seed: int) -> list[np.ndarray]:
