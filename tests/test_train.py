@@ -495,3 +495,9 @@ def test_a_save_the_file_system_refuses_is_one_error_naming_the_folder(tmp_path,
   monkeypatch.setattr(manager, 'wait_until_finished', full)
   with pytest.raises(checkpoints.SaveFailed, match='saving a checkpoint failed .*No space'):
     checkpoints.finish(manager)
+
+
+def test_the_time_left_is_rounded_up():
+  from mtn_jax.training import train  # pylint: disable=g-import-not-at-top
+  assert [train._duration(s) for s in (0, 0.2, 59.5, 3661)] == [  # pylint: disable=protected-access
+      '0:00:00', '0:00:01', '0:01:00', '1:01:01']

@@ -300,15 +300,16 @@ def write_report(config: ml_collections.ConfigDict, workdir: str,
                         if key in runs[0].results['scores']])
   sections = ['# Next-query suggestion: results', '',
               'n-gram precision (1/2/3/4-gram, %) and BLEU of the best checkpoint of each run '
-              'on its test split (beam search; references are the raw next queries). Size: '
-              'parameters in MB at fp32.', '', results_table(runs), '',
+              'on its test split (the models by beam search; references are the raw next '
+              'queries). Size: parameters in MB at fp32 (2**20 bytes, as the paper counts).', '',
+              results_table(runs), '',
               '![BLEU per model](bleu.png)', '']
   ranking = ranking_table(runs)
   if ranking:
     sections += ['## Ranked suggestions', '',
                  'Where the logged next query ranks among the distinct suggestions (%); the '
-                 'last columns drop every suggestion that repeats a query of the session, as '
-                 'a deployed suggester would.', '', ranking, '']
+                 'columns "never repeating" drop every suggestion that repeats a query of the '
+                 'session, as a deployed suggester would.', '', ranking, '']
   if has_depth_variants(runs):
     # The paper's Fig. 3 order: the Transformers, then the MTNs.
     ablation = sorted((r for r in runs if ablation_place(r) is not None), key=ablation_place)

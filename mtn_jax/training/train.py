@@ -615,5 +615,6 @@ def _figures(valid: dict[str, float]) -> str:
 
 
 def _duration(seconds: float) -> str:
-  seconds = int(max(seconds, 0))
+  """H:MM:SS, rounded up: a run with a second to go does not say '0:00:00 left'."""
+  seconds = math.ceil(max(seconds, 0))
   return f'{seconds // 3600}:{seconds // 60 % 60:02d}:{seconds % 60:02d}'
