@@ -18,6 +18,7 @@ import contextlib
 import dataclasses
 import logging
 import os
+from collections.abc import Callable
 from typing import Any
 
 import orbax.checkpoint as ocp
@@ -34,40 +35,42 @@ class DamagedCheckpoint(errors.Error):
   """A checkpoint whose files cannot be read (truncated, deleted, or garbage)."""
 
 
-@contextlib.contextmanager
-def _reading(manager: ocp.CheckpointManager, step: int):
-  """Reading checkpoint `step`: what a damaged file raises (orbax, tensorstore and the JSON
-  reader raise many kinds) becomes one error naming the checkpoint and the one before it."""
-  try:
-    yield
-  except errors.Error:
-    raise
-  except Exception as e:  # pylint: disable=broad-except
-    earlier = [s for s in manager.all_steps() if s < step]
-    raise DamagedCheckpoint(
-        f'{os.path.join(str(manager.directory), str(step))}: a damaged or incomplete '
-        f'checkpoint ({_first_cause(e)})'
-        + (f'; move it out of the folder to use step {max(earlier)}' if earlier else '')
-    ) from e
-
-
 class SaveFailed(errors.Error):
   """A checkpoint the file system refused (a full disk); the message names the folder."""
 
 
 @contextlib.contextmanager
-def _writing(manager: ocp.CheckpointManager, what: str):
-  """Saving, or waiting for an asynchronous save to end: a failure (a full disk) becomes one
-  error naming the folder and the last complete checkpoint."""
+def _one_error(describe: Callable[[str], errors.Error]):
+  """What orbax, tensorstore or the JSON reader raise inside (many kinds, with long chains)
+  becomes `describe(its first cause)`, one line; the project's own errors pass as they are."""
   try:
     yield
   except errors.Error:
     raise
   except Exception as e:  # pylint: disable=broad-except
+    raise describe(_first_cause(e)) from e
+
+
+def _reading(manager: ocp.CheckpointManager, step: int):
+  """Reading checkpoint `step`: a damaged file is named, with the checkpoint before it."""
+  def describe(cause: str) -> DamagedCheckpoint:
+    earlier = [s for s in manager.all_steps() if s < step]
+    return DamagedCheckpoint(
+        f'{os.path.join(str(manager.directory), str(step))}: a damaged or incomplete '
+        f'checkpoint ({cause})'
+        + (f'; move it out of the folder to use step {max(earlier)}' if earlier else ''))
+  return _one_error(describe)
+
+
+def _writing(manager: ocp.CheckpointManager, what: str):
+  """Saving, or waiting for an asynchronous save to end: a failure (a full disk) is named,
+  with the last complete checkpoint."""
+  def describe(cause: str) -> SaveFailed:
     latest = manager.latest_step()
-    raise SaveFailed(f'{manager.directory}: {what} failed ({_first_cause(e)}); '
-                     + (f'the last complete checkpoint is step {latest}' if latest is not None
-                        else 'no checkpoint is complete')) from e
+    return SaveFailed(f'{manager.directory}: {what} failed ({cause}); '
+                      + (f'the last complete checkpoint is step {latest}' if latest is not None
+                         else 'no checkpoint is complete'))
+  return _one_error(describe)
 
 
 def _first_cause(e: BaseException) -> str:
