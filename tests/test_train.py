@@ -78,6 +78,13 @@ def test_reference_run_learns_and_logs(reference_run, reference_rerun):
   losses = train_losses(workdir)
   assert [s for s, _ in losses] == list(range(1, len(losses) + 1))
   assert losses[-1][1] < losses[0][1]
+  # The demo smooths its labels: each progress line shows the cross-entropy beside the
+  # objective, the figure the validation loss is comparable with.
+  logged = metric_writer.read_metrics(str(workdir), 'train')
+  shown = [l for l in result.stdout.splitlines() if re.match(r'step \d+/', l)]
+  assert len(shown) == len(logged)
+  for line, record in zip(shown, logged):
+    assert f'loss {record["loss"]:.4f} (cross-entropy {record["nll"]:.4f}) lr' in line
   valid = metric_writer.read_metrics(str(workdir), 'valid')
   # Learned: a nat or more below guessing uniformly over the vocabulary, after each epoch
   # (the second epoch's need not be the lower: at this size and rate it may overfit).

@@ -432,8 +432,12 @@ class _TrainMonitor:
         'eta_s': elapsed / len(fetched) * (self._total_steps - step),
         'compile_s': self._compile_seconds}
     self._writer.write(step, 'train', scalars)
+    # The objective holds label smoothing (or an entropy term) where the config asks for it;
+    # the validation loss is the plain cross-entropy, so that is shown beside it to compare.
+    nll = ('' if math.isclose(scalars['loss'], scalars['nll'], rel_tol=1e-6, abs_tol=1e-6)
+           else f' (cross-entropy {scalars["nll"]:.4f})')
     self._log(f'step {step}/{self._total_steps} epoch {scalars["epoch"]:.2f} loss '
-              f'{scalars["loss"]:.4f} lr {scalars["learning_rate"]:.2e} '
+              f'{scalars["loss"]:.4f}{nll} lr {scalars["learning_rate"]:.2e} '
               f'{scalars["sessions_per_s"]:.0f} sessions/s {scalars["tokens_per_s"]:.0f} '
               f'tokens/s, {_duration(scalars["eta_s"])} left', flush=True)
     self._pending, self._sessions = [], 0
