@@ -24,13 +24,15 @@ def assert_same_list(shown, scored, where, **tolerance):
 
 
 def assert_raw_log_decode_writes_what_eval_scored(workdir, lists_path, tmp_path, *overrides,
-                                                  config: str = 'configs/demo.py'):
+                                                  config: str = 'configs/demo.py',
+                                                  protocols=(False, True)):
   """Eval's lists for users (the habit rule reads each user's past; IMDNA leaves each user's
   own sessions out of its documents; the zero attention family attends over each user's
   earlier queries) against decode of an AOL-format log that holds every session of those
   users, from every split, in the same order: the user's earlier sessions in the log are the
-  past that evaluation reads from the corpus. Both protocols, the same lists and scores;
-  `overrides` and `config` are the run's (those eval was given)."""
+  past that evaluation reads from the corpus. Under `protocols` (exclude_session_queries
+  values, both by default), the same lists and scores; `overrides` and `config` are the
+  run's (those eval was given)."""
   from mtn_jax.data import sessions  # pylint: disable=g-import-not-at-top
   results = json.loads(lists_path.with_name(
       lists_path.name.replace('lists.jsonl', 'results.json')).read_text())
@@ -53,7 +55,8 @@ def assert_raw_log_decode_writes_what_eval_scored(workdir, lists_path, tmp_path,
       number[name, i] = len(number)
   log = tmp_path / f'{lists_path.stem}.log.tsv'
   cli.write_log(log, [(user, [texts for *_, texts in by_user[user]]) for user in sorted(by_user)])
-  for exclude, key in ((False, 'suggestions'), (True, 'suggestions_excluding_session')):
+  for exclude in protocols:
+    key = 'suggestions_excluding_session' if exclude else 'suggestions'
     output = tmp_path / f'{lists_path.stem}.raw.{key}.jsonl'
     cli.run(workdir, *overrides, f'--config.decode.input={log}',
             f'--config.decode.output={output}',

@@ -314,7 +314,8 @@ def test_rerank_with_imdna_and_habits_decodes_what_eval_scored(imdna_run, rerank
                                                                tmp_path):
   """Every rule of 'rerank' at once (the Poly-encoder's scores, IMDNA's next queries, a
   user's habit query first): eval's lists, for users, are what decode writes for a log of
-  those users' sessions, under both protocols."""
+  those users' sessions (under the user-facing protocol: see
+  `assert_decode_writes_what_eval_scored`)."""
   import shutil  # pylint: disable=g-import-not-at-top
   from mtn_jax.data import sessions  # pylint: disable=g-import-not-at-top
   from mtn_jax.inference import habits  # pylint: disable=g-import-not-at-top
@@ -338,7 +339,8 @@ def test_rerank_with_imdna_and_habits_decodes_what_eval_scored(imdna_run, rerank
       habit_firsts += 1
       assert pair['suggestions'][0]['query'] == first
   assert habit_firsts > 0
-  assert_raw_log_decode_writes_what_eval_scored(generator, lists, tmp_path, *FEW, *rerank)
+  assert_raw_log_decode_writes_what_eval_scored(generator, lists, tmp_path, *FEW, *rerank,
+                                                protocols=(True,))
 
 
 @pytest.mark.slow
@@ -400,16 +402,25 @@ def test_graded_poly_encoder_with_lexical_negatives_trains_and_evaluates(tmp_pat
   assert results['pairs'] > 0 and '"r1_of_20"' in json.dumps(results)
 
 
+# The protocols' keys in an eval list (exclude_session_queries=False, True).
+BOTH_PROTOCOLS = (False, True)
+
+
 def assert_decode_writes_what_eval_scored(workdir, lists_path, tmp_path, *overrides,
-                                          config='configs/demo.py'):
+                                          config='configs/demo.py',
+                                          protocols=BOTH_PROTOCOLS):
   """Every pair eval scored (its lists.jsonl), typed as a session whose last query is the
-  pair's context, decoded under both protocols: the same lists, the same scores; the
-  user-facing lists hold no query of their session."""
+  pair's context, decoded under `protocols` (exclude_session_queries values; both by
+  default): the same lists, the same scores; the user-facing lists hold no query of their
+  session. A strategy orders its candidates whatever the protocol, which only filters the
+  shown list (`Pipeline.show`): the strategies other than the generator's own and the
+  learned one are decoded under one protocol each, the two between them."""
   pairs = read_jsonl(lists_path)
   assert pairs
   sessions_file = tmp_path / f'{lists_path.stem}.sessions.txt'
   sessions_file.write_text(''.join('\t'.join(p['context']) + '\n' for p in pairs))
-  for exclude, key in ((False, 'suggestions'), (True, 'suggestions_excluding_session')):
+  for exclude in protocols:
+    key = 'suggestions_excluding_session' if exclude else 'suggestions'
     output = tmp_path / f'{lists_path.stem}.{key}.jsonl'
     cli.run(workdir, *FEW, *overrides, f'--config.decode.input={sessions_file}',
             f'--config.decode.output={output}',
@@ -494,13 +505,13 @@ def test_eval_scores_exactly_what_decode_writes(rerank_run, poly_run, tmp_path):
   assert {'popular', 'cooccurring'} <= set(results['scores'])
   assert 'the 3 most popular + the 3 most co-occurring' in results['strategy']['label']
   assert_decode_writes_what_eval_scored(generator, generator / 'eval' / 'rerank_lists.jsonl',
-                                        tmp_path, *rerank)
+                                        tmp_path, *rerank, protocols=(True,))
   # The Poly-encoder's pool entries for the generator's sessions ('retrieve').
   retrieve = ('--config.suggest.strategy=retrieve', f'--config.suggest.ranker_workdir={poly}')
   cli.run(generator, *FEW, *retrieve, mode='eval')
   assert_decode_writes_what_eval_scored(generator,
                                         generator / 'eval' / 'retrieve_lists.jsonl',
-                                        tmp_path, *retrieve)
+                                        tmp_path, *retrieve, protocols=(False,))
   # The generator's beam blended with the training log's lists by quotas.
   blend = ('--config.suggest.strategy=blend',
            '--config.suggest.blend=popular:2,generate:2,cooccurring:2')
@@ -514,7 +525,7 @@ def test_eval_scores_exactly_what_decode_writes(rerank_run, poly_run, tmp_path):
     assert [s['source'] for s in pair['suggestions_excluding_session'][:2]] == ['popular'] * 2
     assert shown[:2] == [q for q in popular_order(generator) if q not in pair['context']][:2]
   assert_decode_writes_what_eval_scored(generator, generator / 'eval' / 'blend_lists.jsonl',
-                                        tmp_path, *blend)
+                                        tmp_path, *blend, protocols=(True,))
   # The ranker's own pool entries ('generate' of a ranker).
   cli.run(poly_run[0], *FEW, mode='eval', config=RANKER_CONFIG)
   assert_decode_writes_what_eval_scored(poly_run[0], poly_run[0] / 'eval' / 'lists.jsonl',

@@ -145,36 +145,6 @@ def test_sigkill_at_random_step_then_resume_is_bit_exact(reference_run, tmp_path
 
 
 @pytest.mark.slow
-def test_stop_signals_save_a_checkpoint_exit_non_zero_and_resume_exactly(reference_run, tmp_path):
-  """SIGTERM (a scheduler) and SIGINT (Ctrl-C) both stop after a checkpoint, with one line and
-  the shell's exit code for that signal (143, 130), so a script can tell the run did not
-  finish. The run stopped by SIGTERM is resumed and stopped again by SIGINT; running the
-  command once more ends where the uninterrupted run did."""
-  ref_dir, _ = reference_run
-  no_periodic = '--config.train.checkpoint_every_steps=1000'
-  for stop, at_step in ((signal.SIGTERM, 4), (signal.SIGINT, 8)):
-    proc = cli.popen(tmp_path, *SHORT, no_periodic)
-    read = []
-    for line in proc.stdout:
-      read.append(line)
-      if line.startswith(f'step {at_step}/'):
-        proc.send_signal(stop)
-        break
-    output = ''.join(read) + proc.communicate(timeout=120)[0]
-    assert proc.returncode == 128 + stop, output
-    assert f'{signal.Signals(stop).name}: saved a checkpoint at step' in output
-    assert 'Traceback' not in output
-    assert ('Resuming from' in output) == (stop == signal.SIGINT)
-    manager = checkpoints.open_manager(str(tmp_path), read_only=True)
-    saved = manager.latest_step()
-    manager.close()
-    listing = sorted(os.listdir(checkpoints.checkpoint_dir(str(tmp_path))))
-    assert saved is not None and saved >= at_step, f'{listing}\n{output}'
-  cli.run(tmp_path, *SHORT, no_periodic)
-  assert_trees_equal(final_params(tmp_path)[1], final_params(ref_dir)[1])
-
-
-@pytest.mark.slow
 def test_four_devices_match_one(reference_run, tmp_path):
   """Four CPU devices, asked for by `--cpu_devices` alone (no device count in XLA_FLAGS: the
   flag decides), give the same losses as one."""
@@ -398,32 +368,53 @@ def test_two_processes_match_one(reference_run, tmp_path):
 
 
 @pytest.mark.slow
-def test_ctrl_c_during_validation_stops_at_once_and_the_resumed_run_validates_first(tmp_path):
-  """A validation of many small batches: Ctrl-C in it stops within a batch, saving the
-  checkpoint; the run that resumes validates that epoch first, and ends where an
-  uninterrupted run does (the same losses, the same best checkpoint)."""
+def test_stop_signals_save_a_checkpoint_exit_non_zero_and_resume_exactly(tmp_path):
+  """SIGINT (Ctrl-C) and SIGTERM (a scheduler) both stop after a checkpoint, with one line and
+  the shell's exit code for that signal (130, 143), so a script can tell the run did not
+  finish. A validation of many small batches: Ctrl-C in it stops within a batch, saving the
+  checkpoint; the run that resumes validates that epoch first, is stopped by SIGTERM in a
+  training step, and running the command once more ends where an uninterrupted run does
+  (the same losses, the same best checkpoint, the same parameters)."""
   long_validation = ('--config.data.split_fractions=(0.5,0.45,0.05)',
                      '--config.input.eval_queries_per_batch=6', '--config.train.num_epochs=2',
                      '--config.train.log_every_steps=1')
   straight = tmp_path / 'straight'
   cli.run(straight, *long_validation)
   stopped = tmp_path / 'stopped'
-  proc = cli.popen(stopped, *long_validation)
-  read, steps_per_epoch = [], None
-  for line in proc.stdout:
-    read.append(line)
-    if steps_per_epoch is None and ' steps per epoch' in line:
-      steps_per_epoch = int(line.split(' steps per epoch')[0].rsplit('; ', 1)[1])
-    if steps_per_epoch and line.startswith(f'step {steps_per_epoch}/'):
-      proc.send_signal(signal.SIGINT)  # the first epoch's validation has begun
-      break
-  output = ''.join(read) + proc.communicate(timeout=120)[0]
-  assert proc.returncode == 130, output
+  steps_per_epoch = None
+
+  def stop_at(step_of, stop: signal.Signals) -> str:
+    """A run of `stopped` sent `stop` at the progress line of step `step_of(steps per
+    epoch)`; its whole output, once checked for the exit code and the one line."""
+    nonlocal steps_per_epoch
+    proc = cli.popen(stopped, *long_validation)
+    read, at_step = [], None
+    for line in proc.stdout:
+      read.append(line)
+      if steps_per_epoch is None and ' steps per epoch' in line:
+        steps_per_epoch = int(line.split(' steps per epoch')[0].rsplit('; ', 1)[1])
+      if steps_per_epoch and line.startswith(f'step {step_of(steps_per_epoch)}/'):
+        at_step = step_of(steps_per_epoch)
+        proc.send_signal(stop)
+        break
+    output = ''.join(read) + proc.communicate(timeout=120)[0]
+    assert at_step is not None and proc.returncode == 128 + stop, output
+    assert f'{stop.name}: saved a checkpoint at step' in output and 'Traceback' not in output
+    manager = checkpoints.open_manager(str(stopped), read_only=True)
+    saved = manager.latest_step()
+    manager.close()
+    assert saved is not None and saved >= at_step, output
+    return output
+
+  # The last step of the first epoch: its validation has begun.
+  output = stop_at(lambda spe: spe, signal.SIGINT)
   assert (f'SIGINT: saved a checkpoint at step {steps_per_epoch} (its validation runs first '
           'when it resumes)') in output, output
   assert 'epoch 1: validation loss' not in output
-  resumed = cli.run(stopped, *long_validation).stdout
+  resumed = stop_at(lambda spe: spe + 2, signal.SIGTERM)
+  assert 'Resuming from' in resumed
   assert resumed.index('epoch 1: validation loss') < resumed.index(f'step {steps_per_epoch + 1}/')
+  cli.run(stopped, *long_validation)
   valid = lambda w: [(r['step'], r['loss']) for r in metric_writer.read_metrics(str(w), 'valid')]
   assert valid(stopped) == valid(straight) and len(valid(straight)) == 2
   assert train_losses(stopped) == train_losses(straight)
