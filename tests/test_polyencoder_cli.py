@@ -248,7 +248,6 @@ def test_imdna_proposes_what_its_own_evaluation_ranks(imdna_run, rerank_run):
   from configs import imdna_aol  # pylint: disable=g-import-not-at-top
   # pylint: disable=g-import-not-at-top
   from mtn_jax import inference
-  from mtn_jax.data import imdna_library
   from mtn_jax.data import sessions
   from mtn_jax.inference import imdna_proposer
   config = imdna_aol.get_config()
