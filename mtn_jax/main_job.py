@@ -80,8 +80,14 @@ def _train_all(config: ml_collections.ConfigDict, workdir: str, preprocessed: bo
   for k in range(folds):
     print(f'== [{k + 2}/{parts}] The generator without the training users of fold {k} of '
           f'{folds} (the learned ranker\'s candidates for them)', flush=True)
-    fold = train_loop.train_and_evaluate(learned.fold_config(config, k),
-                                         learned.fold_workdir(workdir, k))
+    try:
+      fold = train_loop.train_and_evaluate(learned.fold_config(config, k),
+                                           learned.fold_workdir(workdir, k))
+    except checkpoints.CheckpointMismatch as e:  # config.train.user_folds is ranker_folds here
+      raise checkpoints.CheckpointMismatch(
+          f'{e} (config.suggest.ranker_folds sets the fold generators\' '
+          f'config.train.user_folds: move {os.path.dirname(learned.fold_workdir(workdir, k))} '
+          'away to train them afresh)') from None
     if fold['interrupted']:
       return fold
   print(f'== [{parts}/{parts}] The learned ranker', flush=True)

@@ -5,6 +5,7 @@ for another checkpoint is refused in one line; packed to be served elsewhere
 (launch/pack_serve_workdir.py), it suggests what it did."""
 
 import json
+import re
 import shutil
 
 import pytest
@@ -111,6 +112,50 @@ def test_without_a_ranker_the_blend_and_with_a_foreign_one_a_refusal(learned_run
   assert refused.returncode == 1
   assert refused.stderr.strip().count('\n') == 0
   assert 'ranker.json: the ranker was trained for checkpoint step' in refused.stderr
+  # Damaged files: one line naming the file, exit 1 (a cut model file made LightGBM abort
+  # the process, or load with no trees and score every candidate 0).
+  (foreign / learned.RANKER_DIR / 'ranker.json').write_text(meta_path.read_text())
+  model = foreign / learned.RANKER_DIR / learned.RANKER_MODEL
+  model.write_bytes(model.read_bytes()[:3000])
+  for damage, message in ((None, 'model.txt: not the model ranker.json was written with'),
+                          ('{"sources": [', 'ranker.json: not a readable ranker record')):
+    if damage:
+      (foreign / learned.RANKER_DIR / 'ranker.json').write_text(damage)
+    refused = cli.run(foreign, *FEW, *LEARNED, f'--config.decode.input={sessions_file}',
+                      mode='decode', check=False)
+    assert refused.returncode == 1 and refused.stderr.strip().count('\n') == 0, refused.stderr
+    assert message in refused.stderr
+
+
+@pytest.mark.slow
+def test_train_refits_a_damaged_ranker_and_refuses_other_folds(learned_run, tmp_path):
+  """`--mode=train` on a workdir whose model file was cut refits the ranker (from the cached
+  candidates); another `suggest.ranker_folds` is refused before a fold generator that has
+  seen the users it is to score is resumed or called complete."""
+  workdir, _ = learned_run
+  copy = tmp_path / 'copy'
+  shutil.copytree(workdir, copy, ignore=shutil.ignore_patterns('eval'))
+  model = copy / learned.RANKER_DIR / learned.RANKER_MODEL
+  intact = model.read_bytes()
+  model.write_bytes(intact[:1000])
+  out = cli.run(copy, *FEW, *LEARNED).stdout
+  assert 'is current' not in out and 'the candidates of the last fit' in out, out
+  assert model.read_bytes() == intact  # the same candidates and settings: the same trees
+  refused = cli.run(copy, *FEW, *LEARNED, '--config.suggest.ranker_folds=3', check=False)
+  assert refused.returncode == 1, refused.stderr
+  assert refused.stderr.strip().count('\n') == 0, refused.stderr
+  assert re.search(r'folds/fold0/checkpoints/\d+ was trained with config.train.user_folds=2, '
+                   r'not 3: .*config.suggest.ranker_folds .* move \S+/copy/folds away',
+                   refused.stderr), refused.stderr
+
+
+def test_unreadable_cached_candidates_are_made_again(tmp_path):
+  key = {'plan': [['generate', 4]]}
+  (tmp_path / 'groups.json').write_text(json.dumps({'key': key, 'texts': []}))
+  (tmp_path / 'groups.npz').write_bytes(b'PK\x03\x04 cut short')
+  assert learned.load_groups(str(tmp_path), key) is None
+  (tmp_path / 'groups.json').write_text('{"key": ')
+  assert learned.load_groups(str(tmp_path), key) is None
 
 
 def test_overrides_name_the_scalar_settings_that_differ():

@@ -7,9 +7,9 @@ generator's length-normalised log-probability of the candidate given the session
 as a query (the training log's word bigrams, whether the log holds it); its popularity and
 co-occurrence with the previous query; its template's frequency; its word overlap with the
 previous query and the session; its length and the position in the session. LightGBM's
-lambdarank learns the order (a library: boosted trees with a listwise objective are the
-standard learning-to-rank model, and its text model files load without pickle). What a person
-is shown of the order: `presentation`.
+listwise XE-NDCG objective (`rank_xendcg`) learns the order (a library: boosted trees with a
+listwise objective are the standard learning-to-rank model, and its text model files load
+without pickle). What a person is shown of the order: `presentation`.
 
 Learning (`fit`, run by `--mode=train`): cross-fitted, as a service meets unseen users. The
 training users are dealt into `config.suggest.ranker_folds` folds; a generator trained
@@ -26,10 +26,12 @@ from __future__ import annotations
 import collections
 import dataclasses
 import datetime
+import hashlib
 import json
 import math
 import os
 import time
+import zipfile
 from collections.abc import Sequence
 
 import ml_collections
@@ -195,31 +197,57 @@ class LearnedRanker:
 
   @staticmethod
   def read_meta(workdir: str) -> dict | None:
-    """`<workdir>/ranker/ranker.json`, or None where there is none."""
+    """`<workdir>/ranker/ranker.json`, or None where there is none; a file that is not a
+    JSON record is refused in one line naming it."""
     path = os.path.join(ranker_dir(workdir), RANKER_META)
     if not os.path.exists(path):
       return None
-    with open(path, encoding='utf-8') as f:
-      return json.load(f)
+    try:
+      with open(path, encoding='utf-8') as f:
+        meta = json.load(f)
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+      raise DamagedRanker(f'{path}: not a readable ranker record ({e}): run --mode=train '
+                          'again to refit the ranker') from None
+    if not isinstance(meta, dict):
+      raise DamagedRanker(f'{path}: not a ranker record (a JSON object): run --mode=train '
+                          'again to refit the ranker')
+    return meta
+
+  @staticmethod
+  def model_problem(workdir: str, meta: dict) -> str | None:
+    """Why `<workdir>/ranker/model.txt` is not the model `meta` was written with (missing,
+    or another file: `meta['model_sha256']`), or None. LightGBM aborts the process on some
+    damaged model files instead of raising, so the file is checked before it reads it."""
+    path = os.path.join(ranker_dir(workdir), RANKER_MODEL)
+    if not os.path.exists(path):
+      return f'{path}: missing'
+    if 'model_sha256' in meta and _sha256(path) != meta['model_sha256']:
+      return (f'{path}: not the model {RANKER_META} was written with (its SHA-256 differs: '
+              'damaged or replaced)')
+    return None
 
   @classmethod
   def is_current(cls, workdir: str, trained: inference.Trained,
                  config: ml_collections.ConfigDict) -> bool:
     """Whether `workdir`'s ranker was trained for its best checkpoint with `config`'s
-    sources, folds and rounds."""
-    meta = cls.read_meta(workdir)
+    sources, folds and rounds, and its files are whole (a damaged one is refitted)."""
+    try:
+      meta = cls.read_meta(workdir)
+    except DamagedRanker:
+      return False
     return bool(meta) and (
         meta.get('checkpoint_step') == int(trained.step)
         and meta.get('vocab_fingerprint') == trained.vocab.fingerprint
         and [tuple(x) for x in meta.get('sources', [])] == list(
             parse_sources(config.suggest.sources))
         and meta.get('folds') == config.suggest.ranker_folds
-        and meta.get('rounds') == config.suggest.ranker_rounds)
+        and meta.get('rounds') == config.suggest.ranker_rounds
+        and cls.model_problem(workdir, meta) is None)
 
   @classmethod
   def load(cls, workdir: str, trained: inference.Trained) -> LearnedRanker | None:
     """`workdir`'s ranker (None where it has none), refused in one line when it was trained
-    for another checkpoint or vocabulary."""
+    for another checkpoint or vocabulary, or when its files are damaged."""
     folder = ranker_dir(workdir)
     meta_path = os.path.join(folder, RANKER_META)
     meta = cls.read_meta(workdir)
@@ -233,7 +261,25 @@ class LearnedRanker:
           f'{meta.get("checkpoint_step")} and vocabulary {meta.get("vocab_fingerprint")}, '
           f'not for this workdir\'s best checkpoint (step {trained.step}, vocabulary '
           f'{trained.vocab.fingerprint}): run --mode=train again to retrain it')
-    return cls(lightgbm.Booster(model_file=os.path.join(folder, RANKER_MODEL)), meta)
+    problem = cls.model_problem(workdir, meta)
+    if problem:
+      raise DamagedRanker(f'{problem}: run --mode=train again to refit the ranker')
+    try:
+      booster = lightgbm.Booster(model_file=os.path.join(folder, RANKER_MODEL))
+    except lightgbm.basic.LightGBMError as e:  # a ranker written before the checksum
+      raise DamagedRanker(f'{os.path.join(folder, RANKER_MODEL)}: not a LightGBM model '
+                          f'({str(e).strip()}): run --mode=train again to refit the ranker'
+                          ) from None
+    return cls(booster, meta)
+
+
+class DamagedRanker(errors.Error):
+  """A ranker's files that cannot be read as the ranker they say they are."""
+
+
+def _sha256(path: str) -> str:
+  with open(path, 'rb') as f:
+    return hashlib.file_digest(f, 'sha256').hexdigest()
 
 
 def lists_and_features(trained: inference.Trained, contexts: Sequence[Context],
@@ -415,14 +461,21 @@ def load_groups(folder: str, key: dict) -> Groups | None:
   paths = [os.path.join(folder, name) for name in ('groups.npz', 'groups.json')]
   if not all(os.path.exists(p) for p in paths):
     return None
-  with open(paths[1], encoding='utf-8') as f:
-    texts = json.load(f)
-  if texts.get('key') != key:
+  # A cache: files that cannot be read (a run killed while writing them is not one: each is
+  # written whole or not at all) are made again, not refused.
+  try:
+    with open(paths[1], encoding='utf-8') as f:
+      texts = json.load(f)
+    if not isinstance(texts, dict) or texts.get('key') != key:
+      return None
+    with np.load(paths[0], allow_pickle=False) as arrays:
+      return Groups(arrays['features'], arrays['labels'], arrays['sizes'], arrays['folds'],
+                    texts['texts'], texts['references'],
+                    [tuple(s) for s in texts['sessions']], texts['lists'])
+  except (OSError, ValueError, KeyError, EOFError, zipfile.BadZipFile) as e:
+    print(f'  ranker data: {folder}\'s cached candidates cannot be read ({type(e).__name__}): '
+          'made again', flush=True)
     return None
-  with np.load(paths[0], allow_pickle=False) as arrays:
-    return Groups(arrays['features'], arrays['labels'], arrays['sizes'], arrays['folds'],
-                  texts['texts'], texts['references'],
-                  [tuple(s) for s in texts['sessions']], texts['lists'])
 
 
 def lightgbm_params(config: ml_collections.ConfigDict) -> dict:
@@ -436,7 +489,7 @@ def lightgbm_params(config: ml_collections.ConfigDict) -> dict:
 
 def train_booster(groups: Groups, chosen: np.ndarray, config: ml_collections.ConfigDict,
                   names: Sequence[str], columns: Sequence[int] | None = None):
-  """A LightGBM lambdarank model on the groups `chosen` (bool [groups]) that hold the logged
+  """A LightGBM XE-NDCG model on the groups `chosen` (bool [groups]) that hold the logged
   next query (the others carry no ranking signal); `columns`: the features used (all)."""
   import lightgbm  # pylint: disable=import-outside-toplevel
   ends = np.cumsum(groups.sizes)
@@ -495,6 +548,7 @@ def fit(config: ml_collections.ConfigDict, workdir: str, log=print) -> dict:
   os.makedirs(folder, exist_ok=True)
   with files.atomic_path(os.path.join(folder, RANKER_MODEL)) as path:
     booster.save_model(path)
+    meta['model_sha256'] = _sha256(path)
   files.write_text(os.path.join(folder, RANKER_META), json.dumps(meta, indent=1) + '\n')
   top = ', '.join(f'{n} {v:.2f}' for n, v in list(meta['importance'].items())[:5])
   log(f'Learned ranker: {meta["groups"]:,} contexts, the next query among the candidates of '

@@ -287,18 +287,24 @@ def _run_meta(config: ml_collections.ConfigDict, cfg: ModelConfig, vocab) -> dic
 # What fixes a run's batches and their order besides the corpus: a resumed run continues the
 # checkpoint's data iterator, so another value would give neither the one run nor the other.
 DATA_ORDER_KEYS = ('seed', 'input.train_queries_per_batch')
+# Which users a run trains without (a fold generator of the learned ranker's): another value
+# would resume, or call complete, a generator that has seen the users it is to score.
+HELD_OUT_KEYS = ('train.user_folds', 'train.held_out_fold')
 
 
 def _check_data_order(saved_config: dict, config: ml_collections.ConfigDict, where: str) -> None:
-  """Refuses to resume a checkpoint whose run had another value of a `DATA_ORDER_KEYS`."""
-  for key in DATA_ORDER_KEYS:
+  """Refuses to resume a checkpoint whose run had another value of a `DATA_ORDER_KEYS` or
+  `HELD_OUT_KEYS` key."""
+  for key in DATA_ORDER_KEYS + HELD_OUT_KEYS:
     saved, current = saved_config, config
     for part in key.split('.'):
       saved, current = (saved or {}).get(part), current[part]
     if saved is not None and saved != current:
+      why = ('it was trained without other users' if key in HELD_OUT_KEYS else
+             'a resumed run continues its batches in their order')
       raise checkpoints.CheckpointMismatch(
-          f'{where} was trained with config.{key}={saved!r}, not {current!r}: a resumed run '
-          f'continues its batches in their order; use {saved!r}, or a new workdir')
+          f'{where} was trained with config.{key}={saved!r}, not {current!r}: {why}; use '
+          f'{saved!r}, or a new workdir')
 
 
 def _restore(manager, step: int, *, task: tasks.GenerationTask, optimizer, mesh,
