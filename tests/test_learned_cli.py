@@ -141,12 +141,32 @@ def test_train_refits_a_damaged_ranker_and_refuses_other_folds(learned_run, tmp_
   out = cli.run(copy, *FEW, *LEARNED).stdout
   assert 'is current' not in out and 'the candidates of the last fit' in out, out
   assert model.read_bytes() == intact  # the same candidates and settings: the same trees
+  # Other sources or rounds than the ranker's: its own are used, and the run says so.
+  sessions_file = tmp_path / 'sessions.txt'
+  sessions_file.write_text('weather\tweather chicago\n')
+  other = ('--config.suggest.strategy=learned', '--config.suggest.ranker_rounds=25',
+           '--config.suggest.sources=generate:10,popular:10')
+  noted = cli.run(copy, *FEW, *other, f'--config.decode.input={sessions_file}', mode='decode')
+  assert ("was trained with sources 'generate:4,popular:4,cooccurring:4,templates:4' and 20 "
+          "rounds, not the config's 'generate:10,popular:10' and 25: its own are used"
+          in noted.stdout), noted.stdout
   refused = cli.run(copy, *FEW, *LEARNED, '--config.suggest.ranker_folds=3', check=False)
   assert refused.returncode == 1, refused.stderr
   assert refused.stderr.strip().count('\n') == 0, refused.stderr
   assert re.search(r'folds/fold0/checkpoints/\d+ was trained with config.train.user_folds=2, '
                    r'not 3: .*config.suggest.ranker_folds .* move \S+/copy/folds away',
                    refused.stderr), refused.stderr
+
+
+def test_the_candidates_search_is_what_the_generate_source_runs():
+  """The ranker is stale, and its candidates are made again, when a setting the generator's
+  source searches with changes, and only then: `config.decode`'s beam size and top k are the
+  source's depth in `config.suggest.sources`."""
+  key = lambda *overrides: learned.search_key(cli.config(*FEW, *LEARNED, *overrides))
+  assert key() == key('--config.decode.beam_size=3', '--config.decode.top_k=3')
+  assert key()['beam_size'] == key()['top_k'] == 4 and not key()['exclude_session_queries']
+  assert key('--config.decode.length_penalty=1.0') != key()
+  assert key('--config.suggest.sources=generate:6,popular:4') != key()
 
 
 def test_unreadable_cached_candidates_are_made_again(tmp_path):

@@ -64,6 +64,7 @@ from mtn_jax.evaluation import metrics
 from mtn_jax.evaluation import pool_ranking
 from mtn_jax.evaluation import trivial
 from mtn_jax.inference import habits
+from mtn_jax.inference import learned
 from mtn_jax.inference import pipeline
 
 # Under config.suggest.strategy 'retrieve' or 'rerank', the sources it draws on, scored beside
@@ -134,7 +135,7 @@ def strategy_record(pipe: pipeline.Pipeline) -> dict:
   s, dc = pipe.settings, pipe.settings.search
   label_of = lambda trained: models.spec(trained.cfg.name).label(trained.meta['model'])
   if pipe.ranker is not None:
-    plan = ','.join(f'{name}:{n}' for name, n in pipe.ranker.sources)
+    plan = learned.plan_text(pipe.ranker.sources)
     return {'strategy': 'learned', 'sources': plan,
             'session_first': s.session_first, 'unrelated_first': s.unrelated_first,
             'attested_only': s.attested_only,

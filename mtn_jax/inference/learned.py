@@ -67,6 +67,11 @@ def parse_sources(plan: str) -> tuple[tuple[str, int], ...]:
   return out
 
 
+def plan_text(plan: Sequence[tuple[str, int]]) -> str:
+  """`plan` as `config.suggest.sources` writes it: 'generate:10,popular:10'."""
+  return ','.join(f'{name}:{k}' for name, k in plan)
+
+
 def feature_groups(source_names: Sequence[str]) -> dict[str, list[str]]:
   """{group: its features}, in the order of the feature matrix's columns."""
   return {
@@ -230,7 +235,8 @@ class LearnedRanker:
   def is_current(cls, workdir: str, trained: inference.Trained,
                  config: ml_collections.ConfigDict) -> bool:
     """Whether `workdir`'s ranker was trained for its best checkpoint with `config`'s
-    sources, folds and rounds, and its files are whole (a damaged one is refitted)."""
+    sources, folds, rounds and candidates' search, and its files are whole (a damaged one is
+    refitted)."""
     try:
       meta = cls.read_meta(workdir)
     except DamagedRanker:
@@ -242,6 +248,8 @@ class LearnedRanker:
             parse_sources(config.suggest.sources))
         and meta.get('folds') == config.suggest.ranker_folds
         and meta.get('rounds') == config.suggest.ranker_rounds
+        # (a record written before the search was kept: taken as made with this one)
+        and meta.get('search', search_key(config)) == search_key(config)
         and cls.model_problem(workdir, meta) is None)
 
   @classmethod
@@ -352,11 +360,27 @@ def build_sources(plan: Sequence[tuple[str, int]], trained: inference.Trained,
   out: list[sources_lib.Source] = []
   for name, k in plan:
     if name == 'generate':
-      beam = dataclasses.replace(settings, exclude_session_queries=False, beam_size=k, top_k=k)
-      out.append(sources_lib.Generate(trained, beam, history_queries))
+      out.append(sources_lib.Generate(trained, generator_settings(plan, settings),
+                                      history_queries))
     else:
       out.append(sources_lib.LOG_SOURCES[name](counts, k))
   return out
+
+
+def generator_settings(plan: Sequence[tuple[str, int]],
+                       settings: search.SearchSettings) -> search.SearchSettings:
+  """The search of the plan's `generate` source: its whole beam of the plan's depth, the
+  session's queries kept (what is shown is chosen after ranking)."""
+  k = dict(plan).get('generate', settings.beam_size)
+  return dataclasses.replace(settings, exclude_session_queries=False, beam_size=k, top_k=k)
+
+
+def search_key(config: ml_collections.ConfigDict) -> dict:
+  """The decoding settings the candidates are made with (those `build_sources` passes on:
+  `config.decode`'s beam size and top k are the plan's, so not these)."""
+  settings = generator_settings(parse_sources(config.suggest.sources),
+                                search.SearchSettings.from_config(config.decode))
+  return json.loads(json.dumps(settings.to_dict()))  # as ranker.json reads it back
 
 
 @dataclasses.dataclass
@@ -439,8 +463,7 @@ def groups_key(config: ml_collections.ConfigDict, workdir: str) -> dict:
            for k in range(config.suggest.ranker_folds)]
   return {'sources': [list(x) for x in parse_sources(config.suggest.sources)],
           'folds': config.suggest.ranker_folds, 'fold_steps': steps,
-          'split_seed': config.data.split_seed,
-          'search': search.SearchSettings.from_config(config.decode).to_dict()}
+          'split_seed': config.data.split_seed, 'search': search_key(config)}
 
 
 def save_groups(groups: Groups, folder: str, key: dict) -> None:
@@ -537,6 +560,7 @@ def fit(config: ml_collections.ConfigDict, workdir: str, log=print) -> dict:
                      sorted(zip(names, importance.tolist()), key=lambda kv: -kv[1])},
       'folds': config.suggest.ranker_folds,
       'rounds': config.suggest.ranker_rounds,
+      'search': search_key(config),
       'groups': int(len(groups.sizes)),
       'rows': int(len(groups.labels)),
       'candidate_recall': float(np.mean([r in t for r, t in zip(groups.references,

@@ -357,6 +357,12 @@ class Pipeline:
                            f'candidates: {workdir} holds a {trained.cfg.name!r} ranker')
       ranker = learned.LearnedRanker.load(workdir, trained)
       if ranker is not None:
+        asked = (learned.parse_sources(config.suggest.sources), config.suggest.ranker_rounds)
+        if asked != (ranker.sources, ranker.meta.get('rounds')):
+          log(f'Note: the learned ranker in {learned.ranker_dir(workdir)} was trained with '
+              f'sources {learned.plan_text(ranker.sources)!r} and {ranker.meta.get("rounds")} '
+              f'rounds, not the config\'s {learned.plan_text(asked[0])!r} and {asked[1]}: its '
+              'own are used (--mode=train refits it to the config).')
         return cls(settings, trained, trained, None, None, None, workdir, ranker)
       log(f'Note: {workdir} has no learned ranker ({learned.RANKER_DIR}/ranker.json, made by '
           f'--mode=train): suggesting by the blend {config.suggest.blend!r} instead.')
