@@ -74,7 +74,7 @@ def _train_all(config: ml_collections.ConfigDict, workdir: str, preprocessed: bo
   folds = config.suggest.ranker_folds
   parts = folds + 2
   print(f'== [1/{parts}] The generator', flush=True)
-  summary = _train_one(config, workdir)
+  summary = train_loop.train_and_evaluate(config, workdir)  # its summary once all is made
   if summary['interrupted']:
     return summary
   for k in range(folds):
@@ -96,6 +96,8 @@ def _train_all(config: ml_collections.ConfigDict, workdir: str, preprocessed: bo
     print(f'The learned ranker in {learned.ranker_dir(workdir)} is current.', flush=True)
   else:
     learned.fit(config, workdir)
+  if jax.process_index() == 0:
+    print(training_summary(summary, workdir), flush=True)
   return summary
 
 

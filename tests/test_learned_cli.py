@@ -46,6 +46,10 @@ def test_one_train_command_makes_the_generators_and_the_ranker(learned_run):
                '[4/4] The learned ranker'):
     assert part in out, out
   assert 'ETA' in out and 'most important:' in out
+  # The workdir's summary comes once everything is made, and lists it all.
+  closing = out[out.index('[4/4] The learned ranker'):]
+  assert 'Best checkpoint: step' in closing and out.count('The workdir, ') == 1, out
+  assert all(f'  {name}/' in closing for name in ('checkpoints', 'folds', 'ranker')), closing
   meta = json.loads((workdir / 'ranker' / 'ranker.json').read_text())
   assert meta['sources'] == [['generate', 4], ['popular', 4], ['cooccurring', 4],
                              ['templates', 4]]
@@ -59,7 +63,9 @@ def test_one_train_command_makes_the_generators_and_the_ranker(learned_run):
 @pytest.mark.slow
 def test_eval_decode_and_serve_give_the_same_learned_lists(learned_run, tmp_path):
   workdir, _ = learned_run
-  cli.run(workdir, *FEW, *LEARNED, mode='eval')
+  evaluated = cli.run(workdir, *FEW, *LEARNED, mode='eval').stdout
+  # The generate source searches to its depth in the plan (4), not config.decode's beam.
+  assert re.search(r'Evaluating .* sessions: beam 4, length penalty', evaluated), evaluated
   results = json.loads((workdir / 'eval' / 'learned_results.json').read_text())
   assert results['strategy']['strategy'] == 'learned'
   # Each source alone is scored beside the ranker's lists.

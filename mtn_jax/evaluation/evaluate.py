@@ -300,12 +300,16 @@ def decode_lists(config: ml_collections.ConfigDict, workdir: str, trained: infer
   sources' lists beside them."""
   dc, strategy = config.decode, config.suggest.strategy
   name = models.spec(trained.cfg.name).label(trained.meta['model'])
-  how = ('ranking the candidate pool' if not isinstance(trained.task, tasks.Suggests) else
-         f'beam {dc.beam_size}, length penalty {dc.length_penalty}, at most {dc.max_len} '
-         f'tokens{", <unk> allowed" if dc.emit_unk else ""}')
-  log(f'Evaluating {name} (checkpoint step {trained.step}) on {test.num_pairs:,} '
-      f'{config.decode.eval_split} pairs of {test.num_sessions:,} sessions: {how}.',
-      flush=True)
+
+  def say_what(beam_size: int | None) -> None:
+    """The header: how the model suggests (`beam_size`: its beam; None: it ranks the pool)."""
+    how = ('ranking the candidate pool' if beam_size is None else
+           f'beam {beam_size}, length penalty {dc.length_penalty}, at most {dc.max_len} '
+           f'tokens{", <unk> allowed" if dc.emit_unk else ""}')
+    log(f'Evaluating {name} (checkpoint step {trained.step}) on {test.num_pairs:,} '
+        f'{config.decode.eval_split} pairs of {test.num_sessions:,} sessions: {how}.',
+        flush=True)
+
   started = time.time()
   extra = {}
   queries_per_batch = dc.batch_sessions * config.data.max_session_queries
@@ -314,6 +318,7 @@ def decode_lists(config: ml_collections.ConfigDict, workdir: str, trained: infer
       and not isinstance(trained.task, tasks.ScoresPool)):
     # A Cross-encoder cannot score the whole pool: the sampled protocols alone; it suggests
     # only by reranking (config.suggest.strategy='rerank').
+    say_what(None)
     pool = pool_ranking.rank_sampled(trained, test, workdir, seed=config.seed,
                                      queries_per_batch=dc.batch_sessions, log=log)
     extra['pool'] = pool.figures()
@@ -321,6 +326,10 @@ def decode_lists(config: ml_collections.ConfigDict, workdir: str, trained: infer
     sources = {}
   else:
     suggestions_of = pipeline.Pipeline.load(config, workdir, log=log, trained=trained)
+    ranker = suggestions_of.ranker  # the learned one searches to its generate source's depth
+    say_what(None if not isinstance(trained.task, tasks.Suggests) else
+             learned.generator_settings(ranker.sources, suggestions_of.settings.search).beam_size
+             if ranker is not None else dc.beam_size)
 
     pool = ranked_pool(suggestions_of, test, config, queries_per_batch, log)
     retrieved = None if pool is None else (pool.suggestions, pool.top_scores)
