@@ -326,10 +326,7 @@ def decode_lists(config: ml_collections.ConfigDict, workdir: str, trained: infer
     sources = {}
   else:
     suggestions_of = pipeline.Pipeline.load(config, workdir, log=log, trained=trained)
-    ranker = suggestions_of.ranker  # the learned one searches to its generate source's depth
-    say_what(None if not isinstance(trained.task, tasks.Suggests) else
-             learned.generator_settings(ranker.sources, suggestions_of.settings.search).beam_size
-             if ranker is not None else dc.beam_size)
+    say_what(suggestions_of.beam_size if isinstance(trained.task, tasks.Suggests) else None)
 
     pool = ranked_pool(suggestions_of, test, config, queries_per_batch, log)
     retrieved = None if pool is None else (pool.suggestions, pool.top_scores)

@@ -241,6 +241,7 @@ class LearnedRanker:
       meta = cls.read_meta(workdir)
     except DamagedRanker:
       return False
+    searched = search_key(config)
     return bool(meta) and (
         meta.get('checkpoint_step') == int(trained.step)
         and meta.get('vocab_fingerprint') == trained.vocab.fingerprint
@@ -249,7 +250,7 @@ class LearnedRanker:
         and meta.get('folds') == config.suggest.ranker_folds
         and meta.get('rounds') == config.suggest.ranker_rounds
         # (a record written before the search was kept: taken as made with this one)
-        and meta.get('search', search_key(config)) == search_key(config)
+        and meta.get('search', searched) == searched
         and cls.model_problem(workdir, meta) is None)
 
   @classmethod
@@ -479,7 +480,7 @@ def save_groups(groups: Groups, folder: str, key: dict) -> None:
        'lists': groups.lists}))
 
 
-def load_groups(folder: str, key: dict) -> Groups | None:
+def load_groups(folder: str, key: dict, log=print) -> Groups | None:
   """The groups `save_groups` wrote from `key`, or None."""
   paths = [os.path.join(folder, name) for name in ('groups.npz', 'groups.json')]
   if not all(os.path.exists(p) for p in paths):
@@ -496,8 +497,8 @@ def load_groups(folder: str, key: dict) -> Groups | None:
                     texts['texts'], texts['references'],
                     [tuple(s) for s in texts['sessions']], texts['lists'])
   except (OSError, ValueError, KeyError, EOFError, zipfile.BadZipFile) as e:
-    print(f'  ranker data: {folder}\'s cached candidates cannot be read ({type(e).__name__}): '
-          'made again', flush=True)
+    log(f'  ranker data: {folder}\'s cached candidates cannot be read ({type(e).__name__}): '
+        'made again', flush=True)
     return None
 
 
@@ -541,7 +542,7 @@ def fit(config: ml_collections.ConfigDict, workdir: str, log=print) -> dict:
   log('Learned ranker: candidates and features of the training users\' pairs, each fold '
       'by the generator that never saw it.', flush=True)
   key = groups_key(config, workdir)
-  groups = load_groups(ranker_dir(workdir), key)
+  groups = load_groups(ranker_dir(workdir), key, log)
   if groups is None:
     groups = cross_fitted_groups(config, workdir, log)
     save_groups(groups, ranker_dir(workdir), key)

@@ -421,6 +421,15 @@ class Pipeline:
     `history_queries`."""
     return self.rankers is not None and bool(self.rankers.habit_rate)
 
+  @property
+  def beam_size(self) -> int:
+    """The beam the generator searches with: the learned ranker's generate source's depth in
+    its plan, else config.decode's."""
+    search_settings = self.settings.search
+    if self.ranker is not None:
+      search_settings = learned.generator_settings(self.ranker.sources, search_settings)
+    return search_settings.beam_size
+
   def how(self) -> str:
     s = self.settings
     if self.ranker is not None:
