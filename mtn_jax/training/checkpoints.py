@@ -10,17 +10,24 @@
 Orbax writes each checkpoint to a temporary folder and renames it when complete, so a crash
 never leaves a half checkpoint that looks valid. The last `keep` checkpoints are kept, plus
 the one with the lowest validation loss (saved with metrics at the end of each epoch).
+The meta item also holds a digest of the params' and train's values (`values_digest`),
+compared when they are read back: orbax reads data files changed after the save (a bit
+flipped on disk) without complaint, as other values.
 """
 
 from __future__ import annotations
 
 import contextlib
 import dataclasses
+import hashlib
 import logging
 import os
 from collections.abc import Callable
 from typing import Any
 
+import jax
+import jax.numpy as jnp
+import numpy as np
 import orbax.checkpoint as ocp
 
 from mtn_jax import errors
@@ -51,15 +58,18 @@ def _one_error(describe: Callable[[str], errors.Error]):
     raise describe(_first_cause(e)) from e
 
 
+def _damaged(manager: ocp.CheckpointManager, step: int, cause: str) -> DamagedCheckpoint:
+  """Checkpoint `step` cannot be used because of `cause`: named, with the one before it."""
+  earlier = [s for s in manager.all_steps() if s < step]
+  return DamagedCheckpoint(
+      f'{os.path.join(str(manager.directory), str(step))}: a damaged or incomplete '
+      f'checkpoint ({cause})'
+      + (f'; move it out of the folder to use step {max(earlier)}' if earlier else ''))
+
+
 def _reading(manager: ocp.CheckpointManager, step: int):
   """Reading checkpoint `step`: a damaged file is named, with the checkpoint before it."""
-  def describe(cause: str) -> DamagedCheckpoint:
-    earlier = [s for s in manager.all_steps() if s < step]
-    return DamagedCheckpoint(
-        f'{os.path.join(str(manager.directory), str(step))}: a damaged or incomplete '
-        f'checkpoint ({cause})'
-        + (f'; move it out of the folder to use step {max(earlier)}' if earlier else ''))
-  return _one_error(describe)
+  return _one_error(lambda cause: _damaged(manager, step, cause))
 
 
 def _writing(manager: ocp.CheckpointManager, what: str):
@@ -125,11 +135,65 @@ def architecture(cfg: ModelConfig) -> dict[str, Any]:
   return {k: v for k, v in dataclasses.asdict(cfg).items() if k not in cfg.RUNTIME_FIELDS}
 
 
+# The meta key of the values' digests: {item: values_digest of it} for 'params' and 'train'.
+DIGESTS = 'values_sha256'
+
+
+def values_digest(tree) -> str:
+  """A digest of `tree`'s values: per leaf, its dtype, shape and two checksums of its 32-bit
+  words (`_word_sums`, computed where the values are), hashed by SHA-256. Paths are left
+  out: a restored tree has the target's leaf order, which is the saved tree's, whatever
+  container types orbax gives."""
+  leaves = [np.asarray(x) if not hasattr(x, 'dtype') else
+            jax.random.key_data(x) if jax.dtypes.issubdtype(x.dtype, jax.dtypes.prng_key)
+            else x for x in jax.tree.leaves(tree)]
+  digest = hashlib.sha256()
+  for leaf, sums in zip(leaves, np.asarray(_word_sums(leaves)).reshape(-1, 2)):
+    digest.update(f'{np.dtype(leaf.dtype).str}{tuple(leaf.shape)}{tuple(sums)};'.encode())
+  return digest.hexdigest()
+
+
+@jax.jit
+def _word_sums(leaves: list) -> jax.Array:
+  """[2 * len(leaves)] uint32: per leaf, the sum of its 32-bit words (wider values split,
+  narrower widened) and the sum of each word times its place, both modulo 2**32.
+
+  Written here because a checkpoint's state can be gigabytes on an accelerator: copying it to
+  the host to hash it there would cost more than the save, and these sums are a pass over
+  the values where they are. A flipped bit changes a word by a power of two, so always the
+  first sum; the second changes where words are swapped."""
+  sums = []
+  for x in leaves:
+    x = jnp.asarray(x)
+    if x.dtype.itemsize >= 4:
+      words = jax.lax.bitcast_convert_type(x, jnp.uint32)
+    elif x.dtype.itemsize == 2:
+      words = jax.lax.bitcast_convert_type(x, jnp.uint16).astype(jnp.uint32)
+    else:
+      words = x.astype(jnp.uint32)
+    words = words.reshape(-1)
+    place = jnp.arange(1, words.size + 1, dtype=jnp.uint32)
+    sums += [words.sum(dtype=jnp.uint32), (words * place).sum(dtype=jnp.uint32)]
+  return jnp.stack(sums) if sums else jnp.zeros((0,), jnp.uint32)
+
+
+def _check_values(manager: ocp.CheckpointManager, step: int, restored: dict) -> None:
+  """Refuses restored items whose values are not those saved (a checkpoint saved before the
+  digests existed is read as before)."""
+  saved = restored['meta'].get(DIGESTS, {})
+  for item in ('params', 'train'):
+    if item in restored and item in saved and values_digest(restored[item]) != saved[item]:
+      raise _damaged(manager, step, f'the values read from {item}/ are not those saved: '
+                     'its files changed after it was written')
+
+
 def save(manager: ocp.CheckpointManager, step: int, *, params, train_state, data_iter: dict,
          meta: dict, vocab: Vocab, valid_loss: float | None = None) -> None:
   """Saves asynchronously; `valid_loss` marks an end-of-epoch checkpoint as a best candidate.
   The trainer decides when to save (`force`: Orbax's own interval policy is not consulted), and
   a save Orbax declines anyway is an error, never a checkpoint silently missing."""
+  meta = {**meta, DIGESTS: {'params': values_digest(params),
+                            'train': values_digest(train_state)}}
   with _writing(manager, f'saving the checkpoint of step {step}'):
     saved = manager.save(step, force=True, args=ocp.args.Composite(
         params=ocp.args.StandardSave(params),
@@ -190,7 +254,9 @@ def restore(manager: ocp.CheckpointManager, step: int, *, abstract_params,
     items.update(train=ocp.args.StandardRestore(abstract_train_state),
                  data_iter=ocp.args.JsonRestore())
   with _reading(manager, step):
-    return dict(manager.restore(step, args=ocp.args.Composite(**items)))
+    restored = dict(manager.restore(step, args=ocp.args.Composite(**items)))
+  _check_values(manager, step, restored)
+  return restored
 
 
 def read_meta(manager: ocp.CheckpointManager, step: int) -> dict:
