@@ -155,6 +155,8 @@ def run_all(config: ml_collections.ConfigDict, workdir: str) -> dict:
     return results
   if issubclass(tasks.task_class(config.model), tasks.BringsOwnData):  # its own measures, no report
     return results
+  prefix = evaluation.results_prefix(config.decode.eval_split, config.suggest.strategy)
+  results_path = os.path.join(workdir, 'eval', f'{prefix}results.json')
   if 'model' not in results['scores']:
     # A Cross-encoder cannot score the whole pool: it suggests only by reranking another
     # model's candidates, so its evaluation is the sampled protocols alone and there are no
@@ -162,13 +164,13 @@ def run_all(config: ml_collections.ConfigDict, workdir: str) -> dict:
     print('No report: the model makes no suggestions of its own (a Cross-encoder reranks: '
           '--config.suggest.strategy=rerank); its figures are R@1/20 and R@1/100 above.\n'
           f'\nCheckpoints: {checkpoints.checkpoint_dir(workdir)} (best: step {results["step"]})'
-          f'\nResults:     {os.path.join(workdir, "eval", "results.json")}', flush=True)
+          f'\nResults:     {results_path}', flush=True)
     return results
-  samples = report.load_run(workdir).samples
+  samples = report.load_run(workdir, prefix).samples
   print_samples(samples)
   print('== Report', flush=True)
   report_path = report.write_report(config, workdir, workdirs=[workdir])
   print(f'\nCheckpoints: {checkpoints.checkpoint_dir(workdir)} (best: step {results["step"]})'
-        f'\nResults:     {os.path.join(workdir, "eval", "results.json")}'
+        f'\nResults:     {results_path}'
         f'\nReport:      {report_path}', flush=True)
   return results

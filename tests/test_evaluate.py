@@ -404,12 +404,18 @@ def test_results_table_text(tmp_path):
   ])
 
 
+def report_config(workdirs: str, output: str) -> ml_collections.ConfigDict:
+  """The keys the report reads: the runs, where it goes, and which eval files it reports."""
+  return ml_collections.ConfigDict({'report': {'workdirs': workdirs, 'output': output},
+                                    'decode': {'eval_split': 'test'},
+                                    'suggest': {'strategy': 'generate'}})
+
+
 def test_report_with_depth_variants_has_the_ablation_and_samples(tmp_path):
   workdirs = [write_run(tmp_path, 'mtn', 'mtn', (3, 2, 3), 14.62, (35.7, 21.5, 14.9, 10.2)),
               write_run(tmp_path, 't4', 'transformer', (4, 0, 4), 13.90, (34.2, 19.6, 13.1, 8.9)),
               write_run(tmp_path, 't5', 'transformer', (5, 0, 5), 13.89, (34.0, 19.5, 13.0, 8.8))]
-  config = ml_collections.ConfigDict({'report': {'workdirs': ','.join(workdirs),
-                                                 'output': str(tmp_path / 'out')}})
+  config = report_config(','.join(workdirs), str(tmp_path / 'out'))
   path = report.write_report(config, str(tmp_path / 'mtn'))
   assert path == str(tmp_path / 'out' / 'report.md')
   text = (tmp_path / 'out' / 'report.md').read_text(encoding='utf-8')
@@ -427,7 +433,7 @@ def test_report_with_depth_variants_has_the_ablation_and_samples(tmp_path):
 def test_report_without_depth_variants_has_no_ablation(tmp_path):
   workdirs = [write_run(tmp_path, 'mtn', 'mtn', (3, 2, 3), 14.62, (35.7, 21.5, 14.9, 10.2)),
               write_run(tmp_path, 't', 'transformer', (4, 0, 4), 13.9, (34.2, 19.6, 13.1, 8.9))]
-  config = ml_collections.ConfigDict({'report': {'workdirs': '', 'output': ''}})
+  config = report_config('', '')
   report.write_report(config, str(tmp_path / 'mtn'), workdirs=workdirs)
   out = tmp_path / 'mtn' / 'report'
   assert (out / 'bleu.png').exists() and not (out / 'layers.png').exists()

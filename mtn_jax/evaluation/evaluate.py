@@ -438,6 +438,13 @@ def print_results(results: dict, lists: Lists, log) -> None:
     log(f'  {group.replace("_", " ")} ({figures["pairs"]:,} pairs): {line}')
 
 
+def results_prefix(split: str, strategy: str) -> str:
+  """The prefix of the eval/ files of `split` under `strategy`: '' for the test split and
+  'generate' (the paper's), 'valid_', 'learned_', 'valid_learned_', ... otherwise."""
+  return ('' if split == 'test' else f'{split}_') + ('' if strategy == 'generate'
+                                                     else f'{strategy}_')
+
+
 def write_results(workdir: str, results: dict, lists: Lists, pairs: Pairs, *, strategy: str,
                   seed: int) -> None:
   """`<workdir>/eval/`: results.json, every pair's lists (lists.jsonl) and a seeded sample of
@@ -454,9 +461,7 @@ def write_results(workdir: str, results: dict, lists: Lists, pairs: Pairs, *, st
     samples.append({'session': int(pairs.session[pair]), 'position': int(pairs.position[pair]),
                     'context': pairs.contexts[pair], 'predicted': ranked[0] if ranked else '',
                     'actual': pairs.references[pair], 'suggestions': lists.shown[False][pair]})
-  split_name = results['split']
-  prefix = ('' if split_name == 'test' else f'{split_name}_') + (
-      '' if strategy == 'generate' else f'{strategy}_')
+  prefix = results_prefix(results['split'], strategy)
   with files.atomic_open(os.path.join(eval_dir, f'{prefix}lists.jsonl')) as f:
     for pair, context in enumerate(pairs.contexts):
       f.write(json.dumps({'session': int(pairs.session[pair]),

@@ -2,7 +2,9 @@
 
 In:  `config.report.workdirs`, comma-separated (default: the run's own workdir); each a
      trained and evaluated workdir holding `eval/results.json` and `eval/samples.jsonl`
-     (written by `mtn_jax.evaluation.evaluate`).
+     (written by `mtn_jax.evaluation.evaluate`), or the files of the config's
+     `decode.eval_split` and `suggest.strategy` where they are not the test split and
+     'generate' (`eval/learned_results.json`, ...).
 Out, in `config.report.output` (default `<workdir>/report/`):
   `report.md`   a Table-2-style Markdown table (model, size MB, 1/2/3/4-gram precision, BLEU)
                 with the trivial suggesters' lines, the figures, and sample suggestions in the
@@ -26,6 +28,7 @@ import ml_collections
 
 from mtn_jax import errors
 from mtn_jax import models
+from mtn_jax.evaluation import evaluate
 from mtn_jax.evaluation import metrics
 from mtn_jax.evaluation import trivial
 
@@ -64,16 +67,19 @@ def layer_label(model: str, model_config: dict) -> str:
   return models.spec(model).label(model_config)
 
 
-def load_run(workdir: str) -> EvaluatedRun:
-  """Reads one evaluated workdir; raises ReportError naming it when something is missing."""
+def load_run(workdir: str, prefix: str = '') -> EvaluatedRun:
+  """Reads one evaluated workdir's `prefix`results.json and `prefix`samples.jsonl (the prefix
+  of a split and strategy, `evaluate.results_prefix`); raises ReportError naming it when
+  something is missing."""
   if not os.path.isdir(workdir):
     raise ReportError(f'report workdir {workdir} does not exist')
   eval_dir = os.path.join(workdir, 'eval')
-  results_path = os.path.join(eval_dir, 'results.json')
-  samples_path = os.path.join(eval_dir, 'samples.jsonl')
+  results_path = os.path.join(eval_dir, f'{prefix}results.json')
+  samples_path = os.path.join(eval_dir, f'{prefix}samples.jsonl')
   if not os.path.exists(results_path):
     raise ReportError(f'report workdir {workdir} has not been evaluated ({results_path} is '
-                      'missing): run --mode=eval on it first')
+                      'missing): run --mode=eval on it first with the same '
+                      'config.suggest.strategy and config.decode.eval_split')
   try:
     with open(results_path, encoding='utf-8') as f:
       results = json.load(f)
@@ -287,21 +293,26 @@ def write_report(config: ml_collections.ConfigDict, workdir: str,
     workdirs = [w.strip() for w in config.report.workdirs.split(',') if w.strip()] or [workdir]
   if not workdirs:
     raise ReportError('no workdirs to report on: pass --config.report.workdirs=A,B')
-  runs = [load_run(os.path.abspath(w)) for w in workdirs]
+  prefix = evaluate.results_prefix(config.decode.eval_split, config.suggest.strategy)
+  runs = [load_run(os.path.abspath(w), prefix) for w in workdirs]
   out_dir = os.path.abspath(config.report.output or os.path.join(workdir, 'report'))
   os.makedirs(out_dir, exist_ok=True)
 
   labels = _labels(runs)
+  split, strategy = config.decode.eval_split, config.suggest.strategy
   _bar_chart(os.path.join(out_dir, 'bleu.png'), labels,
              [r.results['scores']['model'] for r in runs],
-             'n-gram precision and BLEU on the test split',
+             f'n-gram precision and BLEU on the {split} split',
              baselines=[(name, runs[0].results['scores'][key]['bleu'])
                         for key, name in trivial.SUGGESTERS.items()
                         if key in runs[0].results['scores']])
   sections = ['# Next-query suggestion: results', '',
               'n-gram precision (1/2/3/4-gram, %) and BLEU of the best checkpoint of each run '
-              'on its test split (the models by beam search; references are the raw next '
-              'queries). Size: parameters in MB at fp32 (2**20 bytes, as the paper counts).', '',
+              f'on its {split} split ('
+              + ('the models by beam search' if strategy == 'generate' else
+                 f'the suggestions of the {strategy} strategy, named under each run\'s samples')
+              + '; references are the raw next queries). Size: parameters in MB at fp32 '
+              '(2**20 bytes, as the paper counts).', '',
               results_table(runs), '',
               '![BLEU per model](bleu.png)', '']
   ranking = ranking_table(runs)
@@ -319,8 +330,10 @@ def write_report(config: ml_collections.ConfigDict, workdir: str,
     sections += ['## Layer ablation', '', '![BLEU per layer layout](layers.png)', '']
   for label, run in zip(labels, runs):
     step, decode = run.results['step'], run.results.get('decode', {})
+    how = run.results.get('strategy', {}).get('label')
     sections += [f'## Sample suggestions: {markdown_cell(label)}', '',
-                 f'Checkpoint step {step}; beam size {decode.get("beam_size", "?")}.', '',
+                 f'Checkpoint step {step}; beam size {decode.get("beam_size", "?")}'
+                 + (f'; {markdown_cell(how)}.' if how else '.'), '',
                  samples_table(run.samples), '']
   report_path = os.path.join(out_dir, 'report.md')
   with open(report_path, 'w', encoding='utf-8') as f:
