@@ -68,13 +68,25 @@ def test_eval_decode_and_serve_give_the_same_learned_lists(learned_run, tmp_path
   assert re.search(r'Evaluating .* sessions: beam 4, length penalty', evaluated), evaluated
   results = json.loads((workdir / 'eval' / 'learned_results.json').read_text())
   assert results['strategy']['strategy'] == 'learned'
-  # Each source alone is scored beside the ranker's lists.
+  # Each source alone is scored beside the ranker's lists, and printed with its figures.
   assert {'model', 'generate', 'popular', 'cooccurring', 'templates'} <= set(
       results['scores_excluding_session'])
+  for key in results['scores']:
+    assert results['scores'][key]['line'] in evaluated, key
+  assert 'Reformulation templates (a source)' in evaluated
   lists_path = workdir / 'eval' / 'learned_lists.jsonl'
   assert_decode_writes_what_eval_scored(workdir, lists_path, tmp_path, *FEW, *LEARNED)
   # The service, as --mode=serve builds it, shows the user-facing lists eval scored.
   pairs = read_jsonl(lists_path)
+  # A list is in the order of its scores (its places: the presentation reorders the ranker's
+  # list), the ranker's own scores kept beside them.
+  for pair in pairs:
+    assert [s['score'] for s in pair['suggestions']] == [
+        1 / place for place in range(1, len(pair['suggestions']) + 1)]
+    excluding = [s['score'] for s in pair['suggestions_excluding_session']]
+    assert excluding == sorted(excluding, reverse=True)
+    assert all(isinstance(s['model_score'], float) for key in (
+        'suggestions', 'suggestions_excluding_session') for s in pair[key])
   # Batches of one request: the client asks one at a time, so no larger batch is ever run,
   # and the service warms up (traces, compiles) the shapes of no larger one.
   service = service_lib.build(cli.config(*FEW, *LEARNED, '--config.serve.history_db=',

@@ -73,7 +73,8 @@ STRATEGY_SOURCES = {'generate': 'Generate (the workdir\'s model)',
                     'retrieve': 'Retrieve (the ranker\'s pool entries)',
                     'imdna': 'IMDNA (next queries of similar sessions)',
                     'popular': 'Popular next queries (a source)',
-                    'cooccurring': 'Co-occurring next queries (a source)'}
+                    'cooccurring': 'Co-occurring next queries (a source)',
+                    'templates': 'Reformulation templates (a source)'}
 NUM_SAMPLES = 50
 
 
@@ -412,9 +413,12 @@ def print_results(results: dict, lists: Lists, log) -> None:
   log(f'{results["pairs"]:,} suggestions in {results["decode_seconds"]:.1f} s '
       f'({results["suggestions_per_s"]:.1f}/s on {results["devices"]}).')
   log(f'Model size: {results["size_mb"]:.2f} MB (fp32), {results["num_params"]:,} parameters.')
-  labels = {key: label for key, label in
-            {'model': lists.label, **STRATEGY_SOURCES, **trivial.SUGGESTERS}.items()
-            if key in results['scores']}
+  # The strategy's sources in the order scored (one without a label here by its name, never
+  # left out), then the trivial suggesters.
+  labels = {'model': lists.label}
+  labels |= {key: STRATEGY_SOURCES.get(key, f'{key} (a source)') for key in results['scores']
+             if key not in labels and key not in trivial.SUGGESTERS}
+  labels |= {key: label for key, label in trivial.SUGGESTERS.items() if key in results['scores']}
   width = max(len(n) for n in labels.values())
   for protocol, heading in (('scores', 'All suggestions'),
                             ('scores_excluding_session',

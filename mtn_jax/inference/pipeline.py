@@ -445,7 +445,7 @@ class Pipeline:
   def score_kind(self) -> str:
     """What a suggestion's 'score' is, in words (the lists' order)."""
     if self.ranker is not None:
-      return 'the learned ranker\'s score'
+      return '1 / place in the presented list (the learned ranker\'s score: model_score)'
     if self.settings.strategy == 'blend':
       return '1 / rank in the blend'
     if self.rankers is not None:
@@ -536,10 +536,15 @@ class Pipeline:
         ranked = [{'query': pool.texts[j], 'score': float(scores[j]),
                    'sources': origin[pool.texts[j]]}
                   for j in np.argsort(-scores, kind='stable')]
-        lists.append(presentation.presented(ranked, so_far[i][p], self.log_counts,
-                                            session_first=s.session_first,
-                                            unrelated_first=s.unrelated_first,
-                                            attested_only=s.attested_only))
+        shown = presentation.presented(ranked, so_far[i][p], self.log_counts,
+                                       session_first=s.session_first,
+                                       unrelated_first=s.unrelated_first,
+                                       attested_only=s.attested_only)
+        # The presentation reorders the ranker's list: a suggestion's score is its place
+        # (1 / place, as the blend's), the ranker's own kept as 'model_score' (as MBR keeps
+        # the beam's), so that a list is always in the order of its scores.
+        lists.append([{**c, 'score': 1 / place, 'model_score': c['score']}
+                      for place, c in enumerate(shown, 1)])
       out.append(lists)
     return out, by_source
 

@@ -11,7 +11,9 @@ suggestion pipeline (`mtn_jax.inference.pipeline`), the lists `--mode=eval` scor
 with the `config.decode.top_k` best suggestions, best first. Every suggestion has a 'score',
 the value its list is ordered by: the beam's length-normalised log-probability, a ranker's
 score, or, where minimum Bayes risk reorders the list (`config.decode.mbr`), its expected
-BLEU, the model's own score then kept as 'model_score' (a session query MBR adds has none). The header line printed before decoding names the kind.
+BLEU, the model's own score then kept as 'model_score' (a session query MBR adds has none);
+under the learned ranker, whose presentation reorders its list, 1 / place, the ranker's
+score kept as 'model_score'. The header line printed before decoding names the kind.
 The changes made to the input are counted and printed at the end.
 
 Input is decoded in chunks of `CHUNK_BATCHES * config.decode.batch_sessions` sessions, each

@@ -66,7 +66,9 @@ SCORES = (
     'minimum Bayes risk (config.decode.mbr): the expected BLEU against '
     'the other hypotheses, 0 to 1, the model\'s own score kept as `model_score`; a ranker '
     '(\'retrieve\', \'rerank\'): the ranker\'s score, unbounded; \'blend\': 1 / rank in the '
-    'blend (1, 1/2, 1/3, ...).')
+    'blend (1, 1/2, 1/3, ...); \'learned\': 1 / place in the list its presentation orders '
+    '(well-formed suggestions about the session first), the learned ranker\'s score kept as '
+    '`model_score`.')
 RETRY_AFTER_SECONDS = 1
 
 
@@ -100,7 +102,9 @@ class Suggestion(pydantic.BaseModel):
                                 'better (GET /v1/info `score` says which kind; the API\'s '
                                 'description says what each is).')
   model_score: float | None = pydantic.Field(
-      None, description='The model\'s own score where MBR reordered the list.')
+      None, description='The score of the model that ranked the list where another order was '
+      'made of it: the beam\'s where MBR reordered it, the learned ranker\'s where its '
+      'presentation did (strategy \'learned\').')
 
 
 class ModelInfo(pydantic.BaseModel):
