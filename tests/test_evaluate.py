@@ -270,18 +270,38 @@ def test_decode_refuses_an_output_it_cannot_write_before_loading_a_model(tmp_pat
   assert sessions.read_text(encoding='utf-8') == 'boston\thotels\n'
 
 
-def test_decode_output_refused_by_the_system_is_named_and_the_input_s_errors_pass(tmp_path):
+def test_decode_output_refused_by_the_system_is_named_and_the_input_s_errors_pass(tmp_path,
+                                                                                   capsys):
   if os.path.exists('/dev/full'):  # every write fails: a full disk
     with pytest.raises(suggest.DecodeOutputError,
                        match='^config.decode.output=/dev/full: No space left on device$'):
       with suggest._written('/dev/full') as write:
         write('x' * 100)
-  # An error raised while reading the input is not the output's.
-  with pytest.raises(inputs.DecodeInputError, match='^the input$'):
-    with suggest._written(str(tmp_path / 'out.jsonl')) as write:
-      write('a line\n')
-      raise inputs.DecodeInputError('the input')
-  assert (tmp_path / 'out.jsonl').read_text() == 'a line\n'
+  # An error raised while reading the input is not the output's; the output is as it was,
+  # what was written before the error beside it (and named), nothing where nothing was.
+  out = tmp_path / 'out.jsonl'
+  out.write_text('an earlier run\n')
+  for written, kept in (('a line\n', True), ('', False)):
+    with pytest.raises(inputs.DecodeInputError, match='^the input$'):
+      with suggest._written(str(out)) as write:
+        write(written)
+        raise inputs.DecodeInputError('the input')
+    assert out.read_text() == 'an earlier run\n'
+    partial = tmp_path / 'out.jsonl.partial'
+    assert partial.exists() == kept and (not kept or partial.read_text() == written)
+    assert (f'Stopped: the suggestions written before are in {partial}; {out} is as it was.'
+            in capsys.readouterr().out) == kept
+    partial.unlink(missing_ok=True)
+  with suggest._written(str(out)) as write:
+    write('a line\n')
+  assert out.read_text() == 'a line\n' and not partial.exists()
+  # A folder the system refuses to make (a file system of its own: /proc) is named too.
+  if os.path.isdir('/proc/self'):
+    config = demo.get_config()
+    config.decode.input, config.decode.output = str(out), '/proc/no_such/out.jsonl'
+    with pytest.raises(suggest.DecodeOutputError,
+                       match='^config.decode.output=/proc/no_such/out.jsonl: '):
+      suggest.decode_file(config, str(tmp_path / 'no_workdir'))
 
 
 def test_raw_session_longer_than_the_table_keeps_its_last_queries():

@@ -136,17 +136,29 @@ def _check_output(output: str, input_path: str) -> None:
     problem = files.cannot_create(output)
     if problem:
       raise DecodeOutputError(f'{key}: {problem}')
+  try:
+    os.makedirs(os.path.dirname(os.path.abspath(output)), exist_ok=True)
+  except OSError as e:
+    raise DecodeOutputError(f'{key}: {e.strerror or e}') from None
+
+
+PARTIAL = '.partial'
 
 
 @contextlib.contextmanager
 def _written(output: str):
-  """`write(text)` appending to `output` and flushing it (a chunk at a time, so that the
-  file shows the progress). What the system refuses of the output (a full disk) is an error
-  naming config.decode.output; an error of the block itself (the input's) passes as it is."""
+  """`write(text)` appending to `output` + PARTIAL and flushing it (a chunk at a time, so
+  that the file shows the progress), renamed to `output` when the block ends: a run stopped
+  by an error leaves `output` as it was and what it wrote in the partial file, and says so.
+  A device or a pipe (`/dev/stdout`) is written as it is. What the system refuses of the
+  output (a full disk) is an error naming config.decode.output; an error of the block itself
+  (the input's) passes as it is."""
   def refused(e: OSError) -> DecodeOutputError:
     return DecodeOutputError(f'config.decode.output={output}: {e.strerror or e}')
+  as_it_is = os.path.exists(output) and not os.path.isfile(output)
+  path = output if as_it_is else output + PARTIAL
   try:
-    out = open(output, 'w', encoding='utf-8')
+    out = open(path, 'w', encoding='utf-8')
   except OSError as e:
     raise refused(e) from None
 
@@ -161,9 +173,16 @@ def _written(output: str):
   except BaseException:
     with contextlib.suppress(OSError):
       out.close()
+      if not as_it_is and not os.path.getsize(path):
+        os.remove(path)
+      elif not as_it_is:
+        print(f'Stopped: the suggestions written before are in {path}; {output} is as it was.',
+              flush=True)
     raise
   try:
     out.close()
+    if not as_it_is:
+      os.replace(path, output)
   except OSError as e:
     raise refused(e) from None
 
@@ -182,7 +201,6 @@ def decode_file(config: ml_collections.ConfigDict, workdir: str) -> dict:
   config = with_protocol(config, user_facing=False)
   suggestions = pipeline.Pipeline.load(config, workdir)
   trained = suggestions.trained
-  os.makedirs(os.path.dirname(os.path.abspath(output)), exist_ok=True)
   reader = inputs.QueryReader(trained.vocab, trained.cfg.max_query_words,
                               trained.cfg.max_session_queries)
   chunk_size = CHUNK_BATCHES * dc.batch_sessions
