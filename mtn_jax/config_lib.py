@@ -127,24 +127,21 @@ def _check_suggest(config) -> None:
   if ranker_mbr and s.strategy != 'rerank':
     raise ConfigError("config.decode.mbr 'ranker' reorders the pooled candidates of 'rerank', "
                       f'but config.suggest.strategy is {s.strategy!r}')
-  if s.strategy in ('blend', 'learned'):  # 'learned' falls back to the blend without a ranker
+  # The plans and the learned ranker's settings are checked whatever the strategy: a wrong
+  # value is a mistake before any work, not when another strategy first reads it.
+  from mtn_jax.inference import learned  # pylint: disable=g-import-not-at-top
+  for key, parse in (('blend', pipeline.parse_blend), ('sources', learned.parse_sources)):
     try:
-      pipeline.parse_blend(s.blend)
+      parse(s[key])
     except ValueError as e:
-      raise ConfigError(f'config.suggest.blend={s.blend!r}: {e}') from None
-  if s.strategy == 'learned':
-    from mtn_jax.inference import learned  # pylint: disable=g-import-not-at-top
-    try:
-      learned.parse_sources(s.sources)
-    except ValueError as e:
-      raise ConfigError(f'config.suggest.sources={s.sources!r}: {e}') from None
-    _positive(config, ['suggest.ranker_folds', 'suggest.ranker_rounds'])
-    if s.ranker_folds < 2:
-      raise ConfigError(f'config.suggest.ranker_folds must be >= 2 (cross-fitting), got '
-                        f'{s.ranker_folds}')
-    for key in ('session_first', 'unrelated_first'):
-      if s[key] < 0:
-        raise ConfigError(f'config.suggest.{key} must be >= 0, got {s[key]}')
+      raise ConfigError(f'config.suggest.{key}={s[key]!r}: {e}') from None
+  _positive(config, ['suggest.ranker_folds', 'suggest.ranker_rounds'])
+  if s.ranker_folds < 2:
+    raise ConfigError(f'config.suggest.ranker_folds must be >= 2 (cross-fitting), got '
+                      f'{s.ranker_folds}')
+  for key in ('session_first', 'unrelated_first'):
+    if s[key] < 0:
+      raise ConfigError(f'config.suggest.{key} must be >= 0, got {s[key]}')
   if s.strategy not in ('generate', 'blend', 'learned') and not s.ranker_workdir:
     raise ConfigError(f'config.suggest.strategy={s.strategy!r} needs a trained ranker: pass '
                       '--config.suggest.ranker_workdir=DIR (a Bi-, Poly- or Cross-encoder run)')

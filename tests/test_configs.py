@@ -115,6 +115,21 @@ def test_a_wrong_mbr_value_is_refused(value, message):
     config_lib.validate(c)
 
 
+@pytest.mark.parametrize('key, value, message', [
+    ('blend', 'bogus:3', "config.suggest.blend='bogus:3'"),
+    ('sources', 'foo:3', "config.suggest.sources='foo:3'"),
+    ('ranker_folds', 1, 'config.suggest.ranker_folds must be >= 2'),
+    ('session_first', -1, 'config.suggest.session_first must be >= 0'),
+])
+def test_the_plans_and_the_learned_settings_are_checked_whatever_the_strategy(key, value,
+                                                                              message):
+  c = default.get_config('mtn')
+  c.data.source, c.suggest[key] = 'demo', value
+  assert c.suggest.strategy == 'generate'  # a strategy that reads none of them
+  with pytest.raises(config_lib.ConfigError, match=re.escape(message)):
+    config_lib.validate(c)
+
+
 def test_the_rankers_mbr_is_for_rerank_only():
   c = default.get_config('mtn')
   c.data.source, c.decode.mbr = 'demo', 'ranker'
