@@ -415,9 +415,9 @@ def print_results(results: dict, lists: Lists, log) -> None:
   log(f'Model size: {results["size_mb"]:.2f} MB (fp32), {results["num_params"]:,} parameters.')
   # The strategy's sources in the order scored (one without a label here by its name, never
   # left out), then the trivial suggesters.
-  labels = {'model': lists.label}
+  labels = {'model': lists.label} if 'model' in results['scores'] else {}
   labels |= {key: STRATEGY_SOURCES.get(key, f'{key} (a source)') for key in results['scores']
-             if key not in labels and key not in trivial.SUGGESTERS}
+             if key != 'model' and key not in trivial.SUGGESTERS}
   labels |= {key: label for key, label in trivial.SUGGESTERS.items() if key in results['scores']}
   width = max(len(n) for n in labels.values())
   for protocol, heading in (('scores', 'All suggestions'),
