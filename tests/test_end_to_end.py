@@ -359,12 +359,3 @@ def test_main_job_again_resumes_and_redoes_eval_and_report(transformer_run):
   for a, b in zip(samples_after, samples_before):
     assert [s['score'] for s in a['suggestions']] == pytest.approx(
         [s['score'] for s in b['suggestions']], abs=1e-4)
-  # Under another strategy the job evaluates, samples and reports that strategy's files
-  # (configs/aol.py:small's default, 'learned', is such a strategy).
-  blended = cli.run(workdir, *RUN, *TRANSFORMER, '--config.suggest.strategy=blend', mode='all')
-  assert f'Results:     {workdir / "eval" / "blend_results.json"}' in blended.stdout
-  results = json.loads((workdir / 'eval' / 'blend_results.json').read_text())
-  report_text = (workdir / 'report' / 'report.md').read_text()
-  assert 'the suggestions of the blend strategy' in report_text
-  assert f'; {results["strategy"]["label"]}.' in report_text
-  assert json.loads((workdir / 'eval' / 'results.json').read_text()) == after

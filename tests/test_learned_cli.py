@@ -32,9 +32,11 @@ FEW = ('--config.train.max_steps=6', '--config.train.num_epochs=1',
 
 @pytest.fixture(scope='module')
 def learned_run(tmp_path_factory):
+  """The main job (`--mode=all`, the default mode) under the learned strategy: the generator,
+  the fold generators and the ranker, then eval, samples and the report of its lists."""
   workdir = tmp_path_factory.mktemp('learned')
-  trained = cli.run(workdir, *FEW, *LEARNED)
-  return workdir, trained
+  ran = cli.run(workdir, *FEW, *LEARNED, mode='all')
+  return workdir, ran
 
 
 @pytest.mark.slow
@@ -55,6 +57,11 @@ def test_one_train_command_makes_the_generators_and_the_ranker(learned_run):
                              ['templates', 4]]
   assert set(meta['importance']) == set(meta['features'])
   assert (workdir / 'folds' / 'fold0' / 'checkpoints').is_dir()
+  # The job evaluates and reports the strategy's lists (eval/learned_*), not the beam's.
+  assert f'Results:     {workdir / "eval" / "learned_results.json"}' in out
+  assert not (workdir / 'eval' / 'results.json').exists()
+  report_text = (workdir / 'report' / 'report.md').read_text()
+  assert 'the suggestions of the learned strategy' in report_text
   # Run again: everything is current, nothing is trained again.
   again = cli.run(workdir, *FEW, *LEARNED)
   assert 'is current' in again.stdout and 'ranker data' not in again.stdout
@@ -62,8 +69,8 @@ def test_one_train_command_makes_the_generators_and_the_ranker(learned_run):
 
 @pytest.mark.slow
 def test_eval_decode_and_serve_give_the_same_learned_lists(learned_run, tmp_path):
-  workdir, _ = learned_run
-  evaluated = cli.run(workdir, *FEW, *LEARNED, mode='eval').stdout
+  workdir, ran = learned_run
+  evaluated = ran.stdout  # the main job's evaluation
   # The generate source searches to its depth in the plan (4), not config.decode's beam.
   assert re.search(r'Evaluating .* sessions: beam 4, length penalty', evaluated), evaluated
   results = json.loads((workdir / 'eval' / 'learned_results.json').read_text())
