@@ -111,6 +111,7 @@ done
 echo "== Report"
 joined=$(IFS=,; echo "${workdirs[*]}")
 "$PYTHON" -m mtn_jax.main --config=configs/aol.py:small --workdir="$OUT_DIR" --mode=report \
+  --config.suggest.strategy=generate \
   --config.report.workdirs="$joined" --config.report.output="$OUT_DIR/report"
 
 # Per-model figures beside the report: the best validation perplexity, and the training

@@ -17,10 +17,12 @@ def read_jsonl(path) -> list[dict]:
 
 def assert_same_list(shown, scored, where, **tolerance):
   """A decoded list is the one eval scored: the same queries in the same order, the scores
-  within `tolerance` (pytest.approx's `abs` or `rel`); `where` names the list on failure."""
+  and the model's own scores where the list has them (MBR's, the learned ranker's) within
+  `tolerance` (pytest.approx's `abs` or `rel`); `where` names the list on failure."""
   assert [s['query'] for s in shown] == [s['query'] for s in scored], where
-  assert [s['score'] for s in shown] == pytest.approx([s['score'] for s in scored],
-                                                      **tolerance), where
+  for key in ('score', 'model_score'):
+    assert [s.get(key) for s in shown] == pytest.approx([s.get(key) for s in scored],
+                                                        **tolerance), (key, where)
 
 
 def assert_raw_log_decode_writes_what_eval_scored(workdir, lists_path, tmp_path, *overrides,

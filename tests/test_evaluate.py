@@ -295,6 +295,13 @@ def test_decode_output_refused_by_the_system_is_named_and_the_input_s_errors_pas
   with suggest._written(str(out)) as write:
     write('a line\n')
   assert out.read_text() == 'a line\n' and not partial.exists()
+  assert sorted(p.name for p in tmp_path.iterdir()) == ['out.jsonl']  # no temporary left
+  # A link (as /dev/stdout is) is written through, in place: the link stays a link.
+  link = tmp_path / 'link.jsonl'
+  link.symlink_to(out)
+  with suggest._written(str(link)) as write:
+    write('through the link\n')
+  assert link.is_symlink() and out.read_text() == 'through the link\n'
   # A folder the system refuses to make (a file system of its own: /proc) is named too.
   if os.path.isdir('/proc/self'):
     config = demo.get_config()

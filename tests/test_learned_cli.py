@@ -19,6 +19,7 @@ from mtn_jax.serving import app as app_lib
 from mtn_jax.serving import service as service_lib
 from tests import cli
 from tests.test_polyencoder_cli import assert_decode_writes_what_eval_scored
+from tests.lists import assert_same_list
 from tests.lists import read_jsonl
 
 LEARNED = ('--config.suggest.strategy=learned', '--config.suggest.ranker_rounds=20',
@@ -104,9 +105,7 @@ def test_eval_decode_and_serve_give_the_same_learned_lists(learned_run, tmp_path
     for pair in pairs:
       answer = client.post('/v1/suggest', json={'session': pair['context']}).json()
       expected = pair['suggestions_excluding_session']
-      assert [s['query'] for s in answer['suggestions']] == [s['query'] for s in expected]
-      assert [s['score'] for s in answer['suggestions']] == pytest.approx(
-          [s['score'] for s in expected], abs=1e-4)
+      assert_same_list(answer['suggestions'], expected, pair['context'], abs=1e-4)
 
 
 @pytest.mark.slow

@@ -527,6 +527,27 @@ def test_values_digest_reads_every_value_dtype_and_shape():
                 {**tree, 'a': tree['a'].reshape(3, 2)},
                 {**tree, 'a': np.nextafter(tree['a'], np.float32(9))}):
     assert checkpoints.values_digest(other) != digest
+  # A flipped bit of any width, 64-bit host values included (JAX would narrow them).
+  import ml_dtypes  # pylint: disable=g-import-not-at-top
+  for value in (np.float32(0.25), ml_dtypes.bfloat16(0.25), ml_dtypes.float8_e4m3fn(0.25),
+                np.float64(0.25), np.int64(2**33), np.bool_(True)):
+    flipped = np.array([value])
+    flipped.view(np.uint8)[0] ^= 1
+    assert checkpoints.values_digest(flipped) != checkpoints.values_digest(np.array([value])), (
+        flipped.dtype)
+  assert checkpoints.values_digest(ml_dtypes.bfloat16(1)) != checkpoints.values_digest(
+      np.float16(1))
+  assert checkpoints.values_digest(np.int64(2**33)) != checkpoints.values_digest(np.int64(0))
+  assert checkpoints.values_digest(0.1) != checkpoints.values_digest(0.1 + 1e-12)
+  # The accelerator's program sums what the host does (here run on the CPU).
+  leaves = [np.arange(-7, 301, dtype=np.float32).reshape(7, -1) * 1e9, np.int32(-3),
+            ml_dtypes.bfloat16(-2.5) * np.ones(5, ml_dtypes.bfloat16), np.array([True, False]),
+            np.array([-1, 7], np.int8), jax.random.key_data(jax.random.key(3))]
+  on_device = np.asarray(checkpoints._device_word_sums(  # pylint: disable=protected-access
+      [jax.device_put(x) for x in leaves])).reshape(-1, 2)
+  on_host = [checkpoints._word_sums(checkpoints._host_words(x), np)  # pylint: disable=protected-access
+             for x in leaves]
+  np.testing.assert_array_equal(on_device, np.array(on_host, np.uint32))
 
 
 def test_a_save_the_file_system_refuses_is_one_error_naming_the_folder(tmp_path, monkeypatch):

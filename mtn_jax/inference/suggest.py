@@ -147,44 +147,43 @@ PARTIAL = '.partial'
 
 @contextlib.contextmanager
 def _written(output: str):
-  """`write(text)` appending to `output` + PARTIAL and flushing it (a chunk at a time, so
-  that the file shows the progress), renamed to `output` when the block ends: a run stopped
-  by an error leaves `output` as it was and what it wrote in the partial file, and says so.
-  A device or a pipe (`/dev/stdout`) is written as it is. What the system refuses of the
-  output (a full disk) is an error naming config.decode.output; an error of the block itself
-  (the input's) passes as it is."""
+  """`write(text)` appending to a temporary file beside `output` and flushing it (a chunk at
+  a time), which replaces `output` when the block ends (`files.atomic_path`): a run stopped
+  by an error leaves `output` as it was, and what it wrote in `output` + PARTIAL, and says
+  so. A link, a device or a pipe (`/dev/stdout`) is written in place, as it is. What the
+  system refuses of the output (a full disk) is an error naming config.decode.output; an
+  error of the block itself (the input's) passes as it is."""
   def refused(e: OSError) -> DecodeOutputError:
     return DecodeOutputError(f'config.decode.output={output}: {e.strerror or e}')
-  as_it_is = os.path.exists(output) and not os.path.isfile(output)
-  path = output if as_it_is else output + PARTIAL
-  try:
-    out = open(path, 'w', encoding='utf-8')
-  except OSError as e:
-    raise refused(e) from None
-
-  def write(text: str) -> None:
+  in_place = os.path.islink(output) or (os.path.exists(output) and not os.path.isfile(output))
+  with (contextlib.nullcontext(output) if in_place else files.atomic_path(output)) as path:
     try:
-      out.write(text)
-      out.flush()
+      out = open(path, 'w', encoding='utf-8')
     except OSError as e:
       raise refused(e) from None
-  try:
-    yield write
-  except BaseException:
-    with contextlib.suppress(OSError):
+
+    def write(text: str) -> None:
+      try:
+        out.write(text)
+        out.flush()
+      except OSError as e:
+        raise refused(e) from None
+    try:
+      yield write
+    except BaseException:
+      with contextlib.suppress(OSError):
+        out.close()
+        if not in_place and os.path.getsize(path):
+          os.replace(path, output + PARTIAL)
+          print(f'Stopped: the suggestions written before are in {output + PARTIAL}; '
+                f'{output} is as it was.', flush=True)
+      raise
+    try:
+      if not in_place:
+        os.fsync(out.fileno())
       out.close()
-      if not as_it_is and not os.path.getsize(path):
-        os.remove(path)
-      elif not as_it_is:
-        print(f'Stopped: the suggestions written before are in {path}; {output} is as it was.',
-              flush=True)
-    raise
-  try:
-    out.close()
-    if not as_it_is:
-      os.replace(path, output)
-  except OSError as e:
-    raise refused(e) from None
+    except OSError as e:
+      raise refused(e) from None
 
 
 def decode_file(config: ml_collections.ConfigDict, workdir: str) -> dict:
@@ -302,5 +301,7 @@ def interactive(config: ml_collections.ConfigDict, workdir: str, stdin: TextIO =
     note = f' ({"; ".join(notes)})' if notes else ''
     say(f'after {" | ".join(session)}{note}:')
     for rank, suggestion in enumerate(ranked, 1):
-      say(f'  {rank}. {suggestion["query"]}  ({suggestion["score"]:.3f})')
+      model = (f'; model {suggestion["model_score"]:.3f}'
+               if suggestion.get('model_score') is not None else '')
+      say(f'  {rank}. {suggestion["query"]}  ({suggestion["score"]:.3f}{model})')
   say()

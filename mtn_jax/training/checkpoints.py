@@ -140,40 +140,65 @@ DIGESTS = 'values_sha256'
 
 
 def values_digest(tree) -> str:
-  """A digest of `tree`'s values: per leaf, its dtype, shape and two checksums of its 32-bit
-  words (`_word_sums`, computed where the values are), hashed by SHA-256. Paths are left
-  out: a restored tree has the target's leaf order, which is the saved tree's, whatever
-  container types orbax gives."""
+  """A digest of `tree`'s values: per leaf, its dtype, shape and two checksums of its words
+  (`_word_sums`), hashed by SHA-256. Paths are left out: a restored tree has the target's
+  leaf order, which is the saved tree's, whatever container types orbax gives.
+
+  The sums are computed where the values are: on an accelerator by one jitted program (a
+  checkpoint's state can be gigabytes there, and copying it to the host would cost more
+  than the save), on the host by NumPy (no program to trace and compile in each run)."""
   leaves = [np.asarray(x) if not hasattr(x, 'dtype') else
             jax.random.key_data(x) if jax.dtypes.issubdtype(x.dtype, jax.dtypes.prng_key)
             else x for x in jax.tree.leaves(tree)]
+  on_host = all(not isinstance(x, jax.Array) or (
+      all(d.platform == 'cpu' for d in x.devices())
+      and (x.is_fully_addressable or x.is_fully_replicated)) for x in leaves)
+  if on_host:  # a replicated array of several processes read from this one's copy
+    sums = [_word_sums(_host_words(x if not isinstance(x, jax.Array) or x.is_fully_addressable
+                                   else x.addressable_data(0)), np) for x in leaves]
+  else:
+    sums = np.asarray(_device_word_sums(leaves)).reshape(-1, 2)
   digest = hashlib.sha256()
-  for leaf, sums in zip(leaves, np.asarray(_word_sums(leaves)).reshape(-1, 2)):
-    digest.update(f'{np.dtype(leaf.dtype).str}{tuple(leaf.shape)}{tuple(sums)};'.encode())
+  for leaf, (total, placed) in zip(leaves, sums):
+    digest.update(f'{np.dtype(leaf.dtype).name}{tuple(leaf.shape)}{total},{placed};'.encode())
   return digest.hexdigest()
 
 
-@jax.jit
-def _word_sums(leaves: list) -> jax.Array:
-  """[2 * len(leaves)] uint32: per leaf, the sum of its 32-bit words (wider values split,
-  narrower widened) and the sum of each word times its place, both modulo 2**32.
+def _word_sums(words, xp) -> tuple:
+  """The sum of `words` (uint32) and the sum of each word times its place (from 1), both
+  modulo 2**32, in the array module `xp` (NumPy or jax.numpy: the same integers). A flipped
+  bit changes a word by a power of two, so always the first sum; the second changes where
+  words are swapped."""
+  words = words.reshape(-1)
+  place = xp.arange(1, words.size + 1, dtype=xp.uint32)
+  return words.sum(dtype=xp.uint32), (words * place).sum(dtype=xp.uint32)
 
-  Written here because a checkpoint's state can be gigabytes on an accelerator: copying it to
-  the host to hash it there would cost more than the save, and these sums are a pass over
-  the values where they are. A flipped bit changes a word by a power of two, so always the
-  first sum; the second changes where words are swapped."""
+
+def _host_words(x) -> np.ndarray:
+  """A host array's bits as uint32 words: 4- and 8-byte values split into them (JAX, without
+  x64, would narrow 8-byte ones), 2- and 1-byte values' bits widened, booleans as 0 or 1."""
+  x = np.ascontiguousarray(x)
+  if x.dtype == np.bool_:
+    return x.astype(np.uint32)
+  if x.dtype.itemsize % 4 == 0:
+    return x.view(np.uint32)
+  return x.view(np.uint16 if x.dtype.itemsize == 2 else np.uint8).astype(np.uint32)
+
+
+@jax.jit
+def _device_word_sums(leaves: list) -> jax.Array:
+  """[2 * len(leaves)] uint32: `_word_sums` of each leaf's words (as `_host_words` makes
+  them), where the leaves are."""
   sums = []
   for x in leaves:
-    x = jnp.asarray(x)
-    if x.dtype.itemsize >= 4:
-      words = jax.lax.bitcast_convert_type(x, jnp.uint32)
-    elif x.dtype.itemsize == 2:
-      words = jax.lax.bitcast_convert_type(x, jnp.uint16).astype(jnp.uint32)
-    else:
+    if x.dtype == jnp.bool_:
       words = x.astype(jnp.uint32)
-    words = words.reshape(-1)
-    place = jnp.arange(1, words.size + 1, dtype=jnp.uint32)
-    sums += [words.sum(dtype=jnp.uint32), (words * place).sum(dtype=jnp.uint32)]
+    elif x.dtype.itemsize == 4:
+      words = jax.lax.bitcast_convert_type(x, jnp.uint32)
+    else:  # 2 or 1 bytes: their bits, widened
+      narrow = jnp.uint16 if x.dtype.itemsize == 2 else jnp.uint8
+      words = jax.lax.bitcast_convert_type(x, narrow).astype(jnp.uint32)
+    sums += _word_sums(words, jnp)
   return jnp.stack(sums) if sums else jnp.zeros((0,), jnp.uint32)
 
 
