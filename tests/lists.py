@@ -21,8 +21,10 @@ def assert_same_list(shown, scored, where, **tolerance):
   `tolerance` (pytest.approx's `abs` or `rel`); `where` names the list on failure."""
   assert [s['query'] for s in shown] == [s['query'] for s in scored], where
   for key in ('score', 'model_score'):
-    assert [s.get(key) for s in shown] == pytest.approx([s.get(key) for s in scored],
-                                                        **tolerance), (key, where)
+    got, want = [s.get(key) for s in shown], [s.get(key) for s in scored]
+    assert [g is None for g in got] == [w is None for w in want], (key, where)
+    assert [g for g in got if g is not None] == pytest.approx(
+        [w for w in want if w is not None], **tolerance), (key, where)
 
 
 def assert_raw_log_decode_writes_what_eval_scored(workdir, lists_path, tmp_path, *overrides,

@@ -266,12 +266,17 @@ def test_interactive_scores_every_suggestion_with_the_aol_small_decode_settings(
   assert len(blocks) == 5
   session_queries_shown = 0
   for block in blocks:
-    lines = re.findall(r'^  \d+\. (.*)  \((-?\d+\.\d+)\)$', block, re.M)
+    # "  1. query  (expected BLEU; model its log-probability)": a session query MBR added
+    # has no log-probability of the model's.
+    lines = re.findall(r'^  \d+\. (.*)  \((-?\d+\.\d+)(?:; model (-?\d+\.\d+))?\)$', block,
+                       re.M)
     assert len(lines) == len(re.findall(r'^  \d+\. ', block, re.M)) > 0
-    scores = [float(score) for _, score in lines]
+    scores = [float(score) for _, score, _ in lines]
     assert scores == sorted(scores, reverse=True) and all(0 <= s <= 1 for s in scores)
+    assert all(float(model) <= 0 for _, _, model in lines if model)
+    assert any(model for _, _, model in lines)
     session_queries_shown += sum(q in (w[0], f'{w[1]} {w[2]}', f'{w[3]} {w[4]}', w[5])
-                                 for q, _ in lines)
+                                 for q, _, _ in lines)
   assert session_queries_shown > 0  # the case that crashed is met
 
 
