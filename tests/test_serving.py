@@ -18,7 +18,6 @@ import signal
 import socket
 import sqlite3
 import subprocess
-import sys
 import threading
 import time
 
@@ -635,7 +634,7 @@ def test_reload_swaps_in_a_new_best_checkpoint_without_failing_a_request(workdir
   assert {a.json()['model']['step'] for a in answers} <= {before, 4}
   after = client.post('/v1/suggest', json={'session': ['a']}).json()
   assert after['model']['step'] == 4 == service.engine.step
-  assert f'mtn_serve_model_step 4.0' in client.get('/metrics').text
+  assert 'mtn_serve_model_step 4.0' in client.get('/metrics').text
 
 
 # ---------------------------------------------------------------------------------------------
