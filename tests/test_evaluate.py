@@ -296,6 +296,13 @@ def test_decode_output_refused_by_the_system_is_named_and_the_input_s_errors_pas
     write('a line\n')
   assert out.read_text() == 'a line\n' and not partial.exists()
   assert sorted(p.name for p in tmp_path.iterdir()) == ['out.jsonl']  # no temporary left
+  fresh = tmp_path / 'fresh.jsonl'
+  with pytest.raises(inputs.DecodeInputError):
+    with suggest._written(str(fresh)) as write:
+      write('a line\n')
+      raise inputs.DecodeInputError('the input')
+  assert not fresh.exists() and f'no {fresh} was written.' in capsys.readouterr().out
+  (tmp_path / 'fresh.jsonl.partial').unlink()
   # A link (as /dev/stdout is) is written through, in place: the link stays a link.
   link = tmp_path / 'link.jsonl'
   link.symlink_to(out)

@@ -155,7 +155,8 @@ def _written(output: str):
   error of the block itself (the input's) passes as it is."""
   def refused(e: OSError) -> DecodeOutputError:
     return DecodeOutputError(f'config.decode.output={output}: {e.strerror or e}')
-  in_place = os.path.islink(output) or (os.path.exists(output) and not os.path.isfile(output))
+  existed = os.path.exists(output)
+  in_place = os.path.islink(output) or (existed and not os.path.isfile(output))
   with (contextlib.nullcontext(output) if in_place else files.atomic_path(output)) as path:
     try:
       out = open(path, 'w', encoding='utf-8')
@@ -176,7 +177,8 @@ def _written(output: str):
         if not in_place and os.path.getsize(path):
           os.replace(path, output + PARTIAL)
           print(f'Stopped: the suggestions written before are in {output + PARTIAL}; '
-                f'{output} is as it was.', flush=True)
+                + (f'{output} is as it was.' if existed else f'no {output} was written.'),
+                flush=True)
       raise
     try:
       if not in_place:
