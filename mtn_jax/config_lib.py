@@ -221,9 +221,14 @@ def _check_decode(config, mode: str) -> None:
   _positive(config, ['decode.beam_size', 'decode.max_len', 'decode.top_k',
                      'decode.batch_sessions'])
   _choice(config, 'decode.eval_split', ('test', 'valid'))
-  if dc.top_k > dc.beam_size:
+  # The model's own beam is all a generative model's 'generate' lists hold; the other
+  # strategies pool more candidates than the beam.
+  from mtn_jax import tasks  # pylint: disable=g-import-not-at-top
+  if (dc.top_k > dc.beam_size and config.suggest.strategy == 'generate'
+      and issubclass(tasks.task_class(config.model), tasks.Suggests)):
     raise ConfigError(f'config.decode.top_k ({dc.top_k}) cannot exceed '
-                      f'config.decode.beam_size ({dc.beam_size})')
+                      f'config.decode.beam_size ({dc.beam_size}) with '
+                      "config.suggest.strategy='generate'")
   if mode == 'decode' and not dc.input:
     raise ConfigError('config.decode.input is empty: pass --config.decode.input=FILE (one '
                       'session a line, queries separated by tabs, or an AOL log)')

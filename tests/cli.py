@@ -91,9 +91,10 @@ def env(devices: int | None = 1, flags: str = TEST_XLA_FLAGS) -> dict[str, str]:
 
 def run(workdir, *overrides, mode: str = 'train', config: str = 'configs/demo.py',
         devices: int | None = 1, timeout: float = 300, check: bool = True,
-        stdin: str | None = None, with_tiny: bool = True) -> subprocess.CompletedProcess:
-  """Runs the command line to its end (through this test worker's fork server, `_forked`);
-  with `check`, a non-zero exit fails the test with the run's output."""
+        stdin: str | bytes | None = None, with_tiny: bool = True) -> subprocess.CompletedProcess:
+  """Runs the command line to its end (through this test worker's fork server, `_forked`),
+  `stdin` its input (a str in UTF-8, or bytes as they are); with `check`, a non-zero exit
+  fails the test with the run's output."""
   args = command(workdir, *overrides, mode=mode, config=config, with_tiny=with_tiny)
   flags = TEST_XLA_FLAGS if with_tiny else LEARNING_RUN_XLA_FLAGS
   result = _forked(args, env(devices, flags), timeout, stdin)
@@ -133,12 +134,10 @@ class _ForkServer:
                                 if k.startswith(IMPORT_TIME_PREFIXES) and k != 'XLA_FLAGS'}
     return read_at_import(run_env) == read_at_import(self.env)
 
-  def run(self, args, run_env, timeout: float, stdin: str | None
-          ) -> subprocess.CompletedProcess:
+  def run(self, args, run_env, timeout: float, stdin: bytes) -> subprocess.CompletedProcess:
     with self._lock, tempfile.TemporaryDirectory(prefix='mtn_jax-run-') as streams:
       paths = {name: os.path.join(streams, name) for name in ('stdin', 'stdout', 'stderr')}
-      with open(paths['stdin'], 'w', encoding='utf-8') as f:
-        f.write(stdin or '')
+      pathlib.Path(paths['stdin']).write_bytes(stdin)
       self._send.write(json.dumps({'arguments': args[3:], 'env': run_env, 'cwd': str(REPO),
                                    **paths}) + '\n')
       self._send.flush()
@@ -148,9 +147,9 @@ class _ForkServer:
         self._reply()
         raise subprocess.TimeoutExpired(args, timeout)
       returncode = self._reply()['status']
-      read = lambda name: pathlib.Path(paths[name]).read_text(encoding='utf-8',
-                                                             errors='replace')
-      return subprocess.CompletedProcess(args, returncode, read('stdout'), read('stderr'))
+      read = lambda name: pathlib.Path(paths[name]).read_bytes()
+      return _as_text(subprocess.CompletedProcess(args, returncode, read('stdout'),
+                                                  read('stderr')))
 
   def alive(self) -> bool:
     return self._process.poll() is None
@@ -170,17 +169,26 @@ class _ForkServer:
 _server: _ForkServer | None = None
 
 
-def _forked(args, run_env, timeout: float, stdin: str | None) -> subprocess.CompletedProcess:
+def _as_text(result: subprocess.CompletedProcess) -> subprocess.CompletedProcess:
+  """`result` with its output read as UTF-8 (a byte that is not: U+FFFD)."""
+  result.stdout, result.stderr = (result.stdout.decode('utf-8', errors='replace'),
+                                  result.stderr.decode('utf-8', errors='replace'))
+  return result
+
+
+def _forked(args, run_env, timeout: float, stdin: str | bytes | None
+            ) -> subprocess.CompletedProcess:
   """`args` run to their end, through the fork server where it can run them; in a fresh
   process where it cannot, and everywhere with MTN_JAX_TEST_FORK=0."""
   global _server
+  stdin = stdin.encode('utf-8') if isinstance(stdin, str) else stdin or b''
   if os.environ.get('MTN_JAX_TEST_FORK', '1') != '0':
     if _server is None or not _server.alive():
       _server = _ForkServer(env())
     if args[1:3] == ['-m', 'mtn_jax.main'] and _server.serves(run_env):
       return _server.run(args, run_env, timeout, stdin)
-  return subprocess.run(args, cwd=REPO, env=run_env, capture_output=True, text=True,
-                        timeout=timeout, input=stdin)
+  return _as_text(subprocess.run(args, cwd=REPO, env=run_env, capture_output=True,
+                                 timeout=timeout, input=stdin))
 
 
 def popen(workdir, *overrides, mode: str = 'train', devices: int = 1) -> subprocess.Popen:

@@ -130,6 +130,18 @@ def test_the_plans_and_the_learned_settings_are_checked_whatever_the_strategy(ke
     config_lib.validate(c)
 
 
+def test_more_suggestions_than_the_beam_only_where_the_strategy_pools_more():
+  c = default.get_config('mtn')
+  c.data.source, c.decode.beam_size, c.decode.top_k = 'demo', 10, 20
+  with pytest.raises(config_lib.ConfigError, match=re.escape(
+      "config.decode.top_k (20) cannot exceed config.decode.beam_size (10) with "
+      "config.suggest.strategy='generate'")):
+    config_lib.validate(c, 'decode')
+  for strategy in ('blend', 'learned'):  # the service's k goes as far
+    c.suggest.strategy = strategy
+    config_lib.validate(c, 'eval')
+
+
 def test_the_rankers_mbr_is_for_rerank_only():
   c = default.get_config('mtn')
   c.data.source, c.decode.mbr = 'demo', 'ranker'

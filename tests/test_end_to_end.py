@@ -160,30 +160,32 @@ def test_decode_sessions_file_counts_and_ranks(trained, tmp_path):
   workdir, overrides = trained
   w = vocabulary_words(workdir, 5)
   lines = [
-      f'{w[0]} {w[1]}\t{w[2]}',  # 1
-      '',  # 2: empty
-      f'{w[0]} zzqqunknown\t{w[1]}\t\t{w[3]}',  # 3: an OOV word and an empty query
-      ' '.join([w[0]] * 12),  # 4: 12 words, cut to 10
-      '\t'.join([w[4]] * 20),  # 5: 20 queries, the model's table holds 16
-      ' \t ',  # 6: blanks only
+      f'\ufeff{w[0]} {w[1]}\t{w[2]}'.encode(),  # 1, after a byte-order mark
+      b'',  # 2: empty
+      # 3: a Latin-1 query (an OOV word) beside a UTF-8 one (another), an empty query
+      f'{w[0]} '.encode() + b'caf\xe9\t' + f'{w[1]} na\u00efve\t\t{w[3]}'.encode(),
+      ' '.join([w[0]] * 12).encode(),  # 4: 12 words, cut to 10
+      '\t'.join([w[4]] * 20).encode(),  # 5: 20 queries, the model's table holds 16
+      b' \t ',  # 6: blanks only
   ]
   input_file = tmp_path / 'sessions.tsv'
-  input_file.write_text('\n'.join(lines) + '\n', encoding='utf-8')
+  input_file.write_bytes(b'\n'.join(lines) + b'\n')
   output = tmp_path / 'out' / 'suggestions.jsonl'
   result = cli.run(workdir, *RUN, *overrides, f'--config.decode.input={input_file}',
                    f'--config.decode.output={output}', mode='decode')
   counts = summary(result.stdout)
   assert {k: counts[k] for k in ('format', 'sessions', 'suggestion_points', 'empty_lines',
                                  'empty_queries', 'oov_words', 'long_queries',
-                                 'long_sessions')} == {
+                                 'long_sessions', 'latin1_lines')} == {
       'format': 'sessions', 'sessions': 4, 'suggestion_points': 4, 'empty_lines': 2,
-      'empty_queries': 1, 'oov_words': 1, 'long_queries': 1, 'long_sessions': 1}
+      'empty_queries': 1, 'oov_words': 2, 'long_queries': 1, 'long_sessions': 1,
+      'latin1_lines': 1}
   assert '2 empty lines skipped' in result.stdout
-  assert '1 words outside the vocabulary became <unk>' in result.stdout
+  assert '2 words outside the vocabulary became <unk>' in result.stdout
   records = read_jsonl(output)
   assert [(r['line'], r['context']) for r in records] == [
       (1, [f'{w[0]} {w[1]}', w[2]]),
-      (3, [f'{w[0]} zzqqunknown', w[1], w[3]]),
+      (3, [f'{w[0]} caf\u00e9', f'{w[1]} na\u00efve', w[3]]),
       (4, [' '.join([w[0]] * 10)]),
       (5, [w[4]] * 16),
   ]
@@ -197,8 +199,9 @@ def test_decode_raw_log_suggests_after_every_query(mtn_run, tmp_path):
   w = vocabulary_words(workdir, 4)
   log = tmp_path / 'log.tsv'
   log.write_text(
-      'AnonID\tQuery\tQueryTime\tItemRank\tClickURL\n'
+      '\ufeffAnonID\tQuery\tQueryTime\tItemRank\tClickURL\n'  # after a byte-order mark
       f'11\t{w[0]}\t2006-03-01 10:00:00\t\t\n'
+      '\n'  # a blank line: skipped, counted, no malformed line even with data.strict
       f'11\t{w[0]}\t2006-03-01 10:00:20\t1\thttp://www.example.com\n'  # click repeat
       f'11\t{w[1]} {w[2]}\t2006-03-01 10:03:00\t\t\n'
       f'11\t{" ".join([w[3]] * 11)}\t2006-03-01 10:09:00\t\t\n'  # 11 words
@@ -207,11 +210,13 @@ def test_decode_raw_log_suggests_after_every_query(mtn_run, tmp_path):
       encoding='utf-8')
   output = tmp_path / 'log.jsonl'
   result = cli.run(workdir, *RUN, *MTN, f'--config.decode.input={log}',
-                   f'--config.decode.output={output}', mode='decode')
+                   f'--config.decode.output={output}', '--config.data.strict=True',
+                   mode='decode')
   counts = summary(result.stdout)
   assert counts['format'] == 'raw' and counts['sessions'] == 3
   assert counts['duplicate_queries'] == 1 and counts['long_queries'] == 1
-  assert counts['skipped_header'] == 1 and counts['lines_read'] == 7
+  assert counts['skipped_header'] == 1 and counts['skipped_empty_line'] == 1
+  assert counts['lines_read'] == 8
   long_query = ' '.join([w[3]] * 10)
   records = read_jsonl(output)
   assert [(r['user'], r['session'], r['position'], r['context'], r['reference'])
@@ -227,16 +232,21 @@ def test_decode_raw_log_suggests_after_every_query(mtn_run, tmp_path):
 def test_interactive_suggestions_from_piped_stdin(mtn_run):
   workdir, _ = mtn_run
   w = vocabulary_words(workdir, 4)
-  typed = f'{w[0]}\n{w[1]} {w[2]}\n\n{w[3]} zzqqunknown\n'
+  # An arrow key's escape sequence is not read as a query; a query that is not UTF-8 is read
+  # as Latin-1 (as decode reads it), the lines before it kept.
+  typed = f'{w[0]}\n\x1b[A\n{w[1]} {w[2]}\n\n{w[3]} '.encode() + b'caf\xe9\n'
   result = cli.run(workdir, *RUN, *MTN, mode='suggest', stdin=typed)
   heads = re.findall(r'^after (.*):$', result.stdout, re.M)
   # The new session starts afresh and notes the unknown word.
   assert heads == [w[0], f'{w[0]} | {w[1]} {w[2]}',
-                   f'{w[3]} zzqqunknown (1 word(s) outside the vocabulary read as <unk>)']
+                   f'{w[3]} caf\u00e9 (1 word(s) outside the vocabulary read as <unk>; not '
+                   'UTF-8: read as Latin-1)']
+  assert ('not read: the query holds the control character U+001B (an arrow or function '
+          'key?); type it again') in result.stdout
   assert result.stdout.count('-- new session --') == 1
   # By default suggest shows what the service shows (the user-facing protocol), and says so.
   assert 'the user-facing protocol' in result.stdout.splitlines()[0]
-  typed_so_far = ([w[0]], [w[0], f'{w[1]} {w[2]}'], [f'{w[3]} <unk>', f'{w[3]} zzqqunknown'])
+  typed_so_far = ([w[0]], [w[0], f'{w[1]} {w[2]}'], [f'{w[3]} <unk>', f'{w[3]} caf\u00e9'])
   blocks = re.split(r'^after .*:$', result.stdout, flags=re.M)[1:]
   for block, session in zip(blocks, typed_so_far, strict=True):
     shown = re.findall(r'^  \d\. (.*)  \((-?\d+\.\d+)\)$', block, re.M)

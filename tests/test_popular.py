@@ -60,6 +60,14 @@ def test_blend_fills_each_quota_with_queries_the_session_does_not_hold():
   assert [r['score'] for r in ranked] == [1 / k for k in range(1, 8)]
   shown = pipeline.show(ranked, ['s1'], exclude_session_queries=True, top_k=4)
   assert [r['query'] for r in shown] == ['p', 'a', 'b', 'x']
+  assert [r['score'] for r in shown] == [1, 1 / 2, 1 / 4, 1 / 5]  # the blend's places
+  # Shown as the pipeline shows the blend: scored by the places shown, with no gap where the
+  # session's query was dropped.
+  by_place = pipeline.show(ranked, ['s1'], exclude_session_queries=True, top_k=4,
+                           scored_by_place=True)
+  assert [(r['query'], r['score']) for r in by_place] == [('p', 1), ('a', 1 / 2), ('b', 1 / 3),
+                                                          ('x', 1 / 4)]
+  assert [r['score'] for r in ranked] == [1 / k for k in range(1, 8)]  # left as it was
   for bad in ('popular', 'popular:0', 'nope:2', 'popular:1,popular:2'):
     with pytest.raises(ValueError):
       pipeline.parse_blend(bad)

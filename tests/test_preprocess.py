@@ -106,7 +106,7 @@ def test_tiny_log_files_exact(tmp_path):
     assert (empty.queries.shape, empty.starts.tolist(), empty.texts) == ((0, 10), [0], [])
   assert stats == {
       'lines_read': 8, 'latin1_lines': 0,
-      'skipped': {'header': 1, 'bad_field_count': 0, 'bad_user_id': 0, 'bad_time': 0,
+      'skipped': {'header': 1, 'empty_line': 0, 'bad_field_count': 0, 'bad_user_id': 0, 'bad_time': 0,
                   'empty_query': 0, 'duplicate_query': 1, 'long_query': 0,
                   'session_too_short': 0, 'session_too_long': 0},
       'train': {'sessions': 2, 'pairs': 4}, 'valid': {'sessions': 0, 'pairs': 0},
@@ -270,9 +270,13 @@ def test_field_counts_header_and_line_ends(tmp_path):
   last = aol_log.read_log(str(no_final_newline))
   for log, header in ((with_header, 1), (without, 0), (crlf, 1), (last, 1)):
     assert log.skipped['header'] == header
-    assert log.skipped['bad_field_count'] == 4
+    assert log.skipped['bad_field_count'] == 3 and log.skipped['empty_line'] == 1
     assert log.records.texts(np.arange(len(log.records)))[:2] == ['a', 'b']
   assert last.lines_read == 8 and last.records.texts(np.array([2])) == ['f']
+  # A byte-order mark before the header (as some editors write UTF-8) is no part of it.
+  bom = aol_log.read_log(write(tmp_path / 'bom.tsv', [aol_log.UTF8_BOM + HEADER.encode()] + rows,
+                               header=False))
+  assert bom.skipped == with_header.skipped and bom.lines_read == with_header.lines_read
   assert np.array_equal(crlf.records.time, with_header.records.time)
   # A header is only a file's first line: later it is a bad AnonID.
   late = aol_log.read_log(write(tmp_path / 'late.tsv', [rows[0], HEADER], header=False))
@@ -325,8 +329,8 @@ def test_chunk_boundaries_and_worker_processes_change_nothing(tmp_path, monkeypa
   monkeypatch.setattr(aol_log, 'CHUNK_BYTES', 37)  # most lines cross a chunk boundary
   chunked = aol_log.read_logs(paths, workers=2)
   assert (chunked.lines_read, chunked.skipped) == (whole.lines_read, whole.skipped) == (
-      202, {'header': 2, 'bad_field_count': 1, 'bad_user_id': 1, 'bad_time': 0,
-            'empty_query': 0})
+      202, {'header': 2, 'empty_line': 0, 'bad_field_count': 1, 'bad_user_id': 1,
+            'bad_time': 0, 'empty_query': 0})
   for field in ('user', 'time', 'num_words', 'text_len', 'text_hash', 'text'):
     assert np.array_equal(getattr(chunked.records, field), getattr(whole.records, field))
   with pytest.raises(aol_log.LogFormatError, match=r'a\.tsv:35: bad_field_count'):
@@ -352,6 +356,7 @@ def test_every_line_is_counted_once(tmp_path):
   rows = [line(1, 'a', '10:00:00'), line(1, 'a', '10:00:00'),  # duplicate
           line(1, 'b', '10:01:00'), line(1, 'c', '10:02:00'),  # a kept session of 3
           '1\tb',  # bad_field_count
+          '',  # empty_line
           line('x', 'b', '10:03:00'),  # bad_user_id
           line(1, 'b', '2006-03-32 10:00:00'),  # bad_time
           b'1\t\xff\xfe\t2006-03-01 10:04:00\t\t',  # Latin-1: a query of the session
@@ -362,7 +367,7 @@ def test_every_line_is_counted_once(tmp_path):
   stats = preprocess.prepare(config(write(tmp_path / 'log.tsv', rows),
                                     split_fractions=(1.0, 0.0, 0.0)), str(tmp_path / 'w'))
   assert stats['skipped'] == {
-      'header': 1, 'bad_field_count': 1, 'bad_user_id': 1, 'bad_time': 1,
+      'header': 1, 'empty_line': 1, 'bad_field_count': 1, 'bad_user_id': 1, 'bad_time': 1,
       'empty_query': 2, 'duplicate_query': 1, 'long_query': 2, 'session_too_short': 2,
       'session_too_long': 6}
   assert stats['latin1_lines'] == 1
@@ -545,7 +550,7 @@ def test_real_sample(aol_sample, tmp_path):
   stats = preprocess.prepare(config(aol_sample), workdir)
   assert stats == {
       'lines_read': 157075, 'latin1_lines': 0,
-      'skipped': {'header': 1, 'bad_field_count': 0, 'bad_user_id': 0, 'bad_time': 0,
+      'skipped': {'header': 1, 'empty_line': 0, 'bad_field_count': 0, 'bad_user_id': 0, 'bad_time': 0,
                   'empty_query': 0, 'duplicate_query': 19984,
                   'long_query': 1626, 'session_too_short': 77219, 'session_too_long': 18100},
       'train': {'sessions': 10669, 'pairs': 27455}, 'valid': {'sessions': 281, 'pairs': 725},

@@ -34,11 +34,12 @@ the same); it makes a typed `CHEAP FLIGHTS` read as the log's `cheap flights`.
 
 Rules, in order. Every line read is counted exactly once: as a query of a kept session, or
 under the first reason of `REASONS` that applies to it.
-1. Line checks (`read_logs`): `header` (a file's first line whose first field is `AnonID`),
+1. Line checks (`read_logs`): `header` (a file's first line whose first field is `AnonID`;
+   a UTF-8 byte-order mark before it is no part of it), `empty_line` (nothing on the line),
    `bad_field_count` (not 3 or 5 tab-separated fields), `bad_user_id` (AnonID is not 1 to 18
    digits), `bad_time` (not a valid `YYYY-MM-DD HH:MM:SS`), `empty_query` (no words, or the
-   log's `-` placeholder for a removed query). The three middle ones are malformed lines: with
-   `strict=True` the first of them raises
+   log's `-` placeholder for a removed query). The three before `empty_query` are malformed
+   lines: with `strict=True` the first of them raises
    `LogFormatError` naming `file:line` and the reason (`-` queries are the real log's own
    content, so strict mode only counts them). Lines skipped here take no part in sessions.
 2. Sessions (`sessionize`): per user, records in time order; equal times keep their input
@@ -89,7 +90,8 @@ import numpy as np
 
 from mtn_jax import errors
 
-LINE_REASONS = ('header', 'bad_field_count', 'bad_user_id', 'bad_time', 'empty_query')
+LINE_REASONS = ('header', 'empty_line', 'bad_field_count', 'bad_user_id', 'bad_time',
+                'empty_query')
 SESSION_REASONS = ('duplicate_query', 'long_query', 'session_too_short', 'session_too_long')
 REASONS = LINE_REASONS + SESSION_REASONS
 MALFORMED = ('bad_field_count', 'bad_user_id', 'bad_time')
@@ -127,6 +129,7 @@ _NEEDS_STR_SPLIT[0x80:] = True
 _NEWLINE, _TAB, _CR, _SPACE, _DASH = (ord(c) for c in '\n\t\r -')
 _GZIP_MAGIC = b'\x1f\x8b'
 _HEADER_FIELD = b'AnonID'
+UTF8_BOM = b'\xef\xbb\xbf'
 
 
 # Characters whose lower case is longer in UTF-8 than they are (Unicode 14; a test checks the
@@ -323,7 +326,11 @@ def _chunks(path: str) -> Iterator[bytearray]:
   try:
     with (gzip.open(path, 'rb') if is_gzip else open(path, 'rb')) as f:
       carry = bytearray()
-      while block := f.read(CHUNK_BYTES):
+      first = f.read(CHUNK_BYTES)
+      # A byte-order mark, as some editors start a UTF-8 file with, is no part of line 1.
+      blocks = itertools.chain([first.removeprefix(UTF8_BOM)],
+                               iter(lambda: f.read(CHUNK_BYTES), b''))
+      for block in blocks:
         cut = block.rfind(b'\n') + 1
         carry += block[:cut] if cut else block
         if cut:
@@ -474,6 +481,7 @@ def _parse_chunk(buf: bytearray, file_start: bool) -> tuple[np.ndarray, Records]
   if file_start and bytes(buf[:line_end[0]]).split(b'\t', 1)[0] == _HEADER_FIELD:
     status[0] = _CODE['header']
     rows = rows[1:]
+  rows, = reject(line_end[rows] > line_start[rows], 'empty_line')
 
   tabs = np.flatnonzero(data == _TAB)
   first_tab = np.searchsorted(tabs, line_start[rows])

@@ -339,7 +339,7 @@ def decode_lists(config: ml_collections.ConfigDict, workdir: str, trained: infer
     lists = suggestions_of.split_lists(test, queries_per_batch=queries_per_batch,
                                        retrieved=retrieved, histories=histories, log=log)
     # Both protocols from the same ordered lists, shown as decode and suggest show them.
-    shown = {exclude: [pipeline.show(ranked, context, exclude, dc.top_k)
+    shown = {exclude: [suggestions_of.show(ranked, context, exclude, dc.top_k)
                        for ranked, context in zip(lists.ordered, pairs.contexts)]
              for exclude in (False, True)}
     sources = lists.sources

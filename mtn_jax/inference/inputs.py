@@ -45,6 +45,32 @@ from mtn_jax.data.vocab import Vocab
 
 _TIME = re.compile(r'\d{4}-\d{2}-\d{2} \d{2}:\d{2}:\d{2}')
 _GZIP_MAGIC = b'\x1f\x8b'
+# Characters a typed query or a request may not hold: the control characters that are not
+# whitespace (NUL, BEL, ESC, DEL, the C1 controls), and lone surrogates (not text). Whitespace,
+# tab and newline included, separates words as in training. A regular expression class body,
+# in the syntax Python and JSON Schema (ECMA-262) share (the service's OpenAPI description).
+CONTROL_CHARACTERS = r'\x00-\x08\x0e-\x1b\x7f-\x84\x86-\x9f'
+_REFUSED_CHARACTER = re.compile(rf'[{CONTROL_CHARACTERS}\ud800-\udfff]')
+
+
+def refused_character(text: str) -> str | None:
+  """The first character of `text` that no query may hold, named ('the control character
+  U+0007', 'the lone surrogate U+D800'), else None."""
+  found = _REFUSED_CHARACTER.search(text)
+  if found is None:
+    return None
+  code = ord(found.group())
+  kind = 'lone surrogate' if 0xD800 <= code <= 0xDFFF else 'control character'
+  return f'the {kind} U+{code:04X}'
+
+
+def decode_line(raw: bytes) -> tuple[str, bool]:
+  """(text, was_latin1) of a line of tab-separated queries: each query that is not UTF-8 is
+  read as Latin-1 (`aol_log.decode_text`), its other queries as they are."""
+  try:
+    return raw.decode('utf-8'), False
+  except UnicodeDecodeError:
+    return '\t'.join(aol_log.decode_text(field)[0] for field in raw.split(b'\t')), True
 
 
 class DecodeInputError(errors.Error, ValueError):
@@ -140,20 +166,19 @@ def is_raw_log_line(line: str) -> bool:
 
 
 def _lines(path: str, strict: bool, counts: collections.Counter) -> Iterator[tuple[int, str]]:
-  """(line number, text without its line end) of a text file. A line that is not UTF-8 is
-  read as Latin-1, as the AOL log's few such queries are written, and counted
-  ('latin1_lines'); `strict` is accepted for the callers' symmetry with the log reader."""
+  """(line number, text without its line end) of a text file (a UTF-8 byte-order mark
+  before line 1 is no part of it). A query that is not UTF-8 is read as Latin-1, as the AOL
+  log's few such queries are written, and its line counted ('latin1_lines'); `strict` is
+  accepted for the callers' symmetry with the log reader."""
   del strict  # every byte string decodes as Latin-1: no line is skipped
   opener = gzip.open if _is_gzip(path) else open
   number = 0
   try:
     with opener(path, 'rb') as f:
       for number, raw in enumerate(f, 1):
-        try:
-          yield number, raw.decode('utf-8').rstrip('\r\n')
-        except UnicodeDecodeError:
-          counts['latin1_lines'] += 1
-          yield number, raw.decode('latin-1').rstrip('\r\n')
+        text, latin1 = decode_line(raw.removeprefix(aol_log.UTF8_BOM) if number == 1 else raw)
+        counts['latin1_lines'] += latin1
+        yield number, text.rstrip('\r\n')
   except (gzip.BadGzipFile, EOFError, zlib.error) as e:
     raise DecodeInputError(f'{path}: corrupt or truncated gzip data after line {number:,} '
                            f'({e})') from None

@@ -163,13 +163,18 @@ def blended(sources: dict[str, Sequence[str]], plan: Sequence[tuple[str, int]],
 
 
 def show(ranked: Sequence[dict], session_so_far: Sequence[str], exclude_session_queries: bool,
-         top_k: int) -> list[dict]:
+         top_k: int, scored_by_place: bool = False) -> list[dict]:
   """What is shown of an ordered list after the queries `session_so_far`: with the
-  user-facing protocol, none the session holds; then the first `top_k`."""
+  user-facing protocol, none the session holds; then the first `top_k`. A list
+  `scored_by_place` (its 'score' 1 / place: the blend's, the learned ranker's) is scored by
+  the places shown, so that the dropped queries of the session leave no gaps."""
   if exclude_session_queries:
     seen = set(session_so_far)
     ranked = [c for c in ranked if c['query'] not in seen]
-  return list(ranked[:top_k])
+  shown = list(ranked[:top_k])
+  if scored_by_place:
+    shown = [{**c, 'score': 1 / place} for place, c in enumerate(shown, 1)]
+  return shown
 
 
 @functools.partial(jax.jit, static_argnames=('task',))
@@ -459,12 +464,19 @@ class Pipeline:
   # -------------------------------------------------------------------------------------------
   # Contexts: decode, suggest, a service
 
+  @property
+  def scored_by_place(self) -> bool:
+    """Whether a suggestion's 'score' is 1 / its place in the list (`score_kind`)."""
+    return self.ranker is not None or self.settings.strategy == 'blend'
+
   def show(self, ranked: Sequence[dict], session_so_far: Sequence[str],
-           exclude_session_queries: bool | None = None) -> list[dict]:
-    """`show` with this pipeline's top_k (and protocol, unless given)."""
+           exclude_session_queries: bool | None = None, top_k: int | None = None
+           ) -> list[dict]:
+    """`show` with this pipeline's protocol and top_k, unless given."""
     exclude = (self.settings.exclude_session_queries if exclude_session_queries is None
                else exclude_session_queries)
-    return show(ranked, session_so_far, exclude, self.settings.top_k)
+    return show(ranked, session_so_far, exclude, top_k or self.settings.top_k,
+                self.scored_by_place)
 
   def suggest(self, contexts: Sequence[Context], *, positions: str,
               batch_rows: int | None = None, widths: Sequence[int] | None = None

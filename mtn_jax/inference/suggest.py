@@ -277,13 +277,20 @@ def interactive(config: ml_collections.ConfigDict, workdir: str, stdin: TextIO =
   # The queries of the sessions typed before this one: the history of a model that
   # personalises.
   earlier: list[str] = []
+  # Bytes where the stream has them: a line that is not UTF-8 is read as Latin-1, as decode
+  # reads its files, not refused with the lines read beside it.
+  read_line = getattr(stdin, 'buffer', stdin).readline
   while True:
     if prompt:
       stdout.write('query> ')
       stdout.flush()
-    line = stdin.readline()
+    line = read_line()
     if not line:
       break
+    line, latin1 = inputs.decode_line(line) if isinstance(line, bytes) else (line, False)
+    if refused := inputs.refused_character(line):
+      say(f'not read: the query holds {refused} (an arrow or function key?); type it again')
+      continue
     if not line.strip():
       if session:
         say('-- new session --')
@@ -298,6 +305,8 @@ def interactive(config: ml_collections.ConfigDict, workdir: str, stdin: TextIO =
                                      widths=(cfg.max_session_queries,))
     unknown = reader.counts['oov_words'] - oov_before
     notes = [f'{unknown} word(s) outside the vocabulary read as <unk>'] if unknown else []
+    if latin1:
+      notes.append('not UTF-8: read as Latin-1')
     if reader.counts['long_queries'] > long_before:
       notes.append(f'query cut to its first {cfg.max_query_words} words')
     note = f' ({"; ".join(notes)})' if notes else ''

@@ -91,9 +91,10 @@ class SuggestRequest(pydantic.BaseModel):
                      'queries; refused by one that reads none.'))
   k: Annotated[pydantic.StrictInt, pydantic.Field(ge=1, le=engine_lib.MAX_K),
                pydantic.BeforeValidator(_whole_number)] | None = pydantic.Field(
-      None, description='Suggestions wanted (default: config.decode.top_k); a generative '
-      'model has at most its beam\'s hypotheses (config.decode.beam_size), fewer where the '
-      'session\'s queries are dropped: the answer\'s k_returned says how many it has.')
+      None, description='Suggestions wanted (default: config.decode.top_k); a list holds at '
+      'most what its strategy finds (a generative model\'s own beam: config.decode.beam_size '
+      'hypotheses; the blend and the learned ranker pool more), fewer where the session\'s '
+      'queries are dropped: the answer\'s k_returned says how many it has.')
 
 
 class Suggestion(pydantic.BaseModel):
@@ -117,8 +118,8 @@ class SuggestResponse(pydantic.BaseModel):
   k: int = pydantic.Field(description='The suggestions asked for (the request\'s `k`, else '
                           'config.decode.top_k).')
   k_returned: int = pydantic.Field(description='The suggestions given: fewer than `k` where '
-                                   'the model has no more (a generative model has at most its '
-                                   'beam\'s config.decode.beam_size hypotheses, fewer once the '
+                                   'the strategy has no more (a generative model\'s own beam '
+                                   'holds config.decode.beam_size hypotheses, fewer once the '
                                    'session\'s own queries are dropped).')
   session: list[str] = pydantic.Field(description='The session as the model read it '
                                       '(normalised as the training queries were: lower-case, '

@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import dataclasses
 import os
-import re
 from concurrent import futures
 import threading
 import time
@@ -38,13 +37,10 @@ from mtn_jax.inference import suggest
 from mtn_jax.inference.inputs import Context
 
 MAX_K = 20  # the most suggestions a request may ask for
-# Characters a query or a user may not hold: the control characters that are not whitespace
-# (NUL, BEL, DEL, the C1 controls), and lone surrogates (not text). Whitespace, tab and newline
-# included, separates words as in training. Regular expression class bodies, in the syntax
-# Python and JSON Schema (ECMA-262) share; the OpenAPI description names the controls alone
-# (a surrogate range is no pattern a Rust or Go validator compiles).
-_CONTROL = r'\x00-\x08\x0e-\x1b\x7f-\x84\x86-\x9f'
-_REFUSED_CHARACTER = re.compile(rf'[{_CONTROL}\ud800-\udfff]')
+# A query or a user holds none of `inputs.refused_character`'s characters. The OpenAPI
+# description names the controls alone (a surrogate range is no pattern a Rust or Go validator
+# compiles).
+_CONTROL = inputs.CONTROL_CHARACTERS
 TEXT_PATTERN = f'^[^{_CONTROL}]*$'  # a user, in the OpenAPI description
 # The characters str.split() separates words at, spelt out: `\s` differs between Python and
 # ECMA-262 (U+001C..U+001F, U+0085, U+FEFF).
@@ -58,16 +54,6 @@ def query_pattern(max_words: int) -> str:
   word, space = f'[^{_SPACE}{_CONTROL}]+', f'[{_SPACE}]'
   return f'^{space}*{word}({space}+{word}){{0,{max_words - 1}}}{space}*$'
 
-
-def _refused_character(text: str) -> str | None:
-  """The first character of `text` a request may not hold, named ('the control character
-  U+0007', 'the lone surrogate U+D800'), else None."""
-  found = _REFUSED_CHARACTER.search(text)
-  if found is None:
-    return None
-  code = ord(found.group())
-  kind = 'lone surrogate' if 0xD800 <= code <= 0xDFFF else 'control character'
-  return f'the {kind} U+{code:04X}'
 
 # Every program JAX lowers for the first time (a new function, or a new shape of one) records
 # this event: their count is the number of compilations, the persistent cache's hits included.
@@ -248,7 +234,7 @@ class Engine:
                      f'{self.max_session_queries}: send the latest {self.max_session_queries}')
     queries = []
     for i, text in enumerate(session):
-      refused = _refused_character(text)
+      refused = inputs.refused_character(text)
       if refused:
         raise BadInput(f'session[{i}]', f'holds {refused}: a query is text (tab and newline '
                        'count as spaces)')
@@ -264,7 +250,7 @@ class Engine:
     if user is not None and not self.personalises:
       raise BadInput('user', 'this model reads no user (it was trained without users\' '
                      'histories): leave the user out')
-    refused = None if user is None else _refused_character(user)
+    refused = None if user is None else inputs.refused_character(user)
     if refused:
       raise BadInput('user', f'holds {refused}')
     return Request(tuple(queries), self.top_k if k is None else k, user)
@@ -302,7 +288,7 @@ class Engine:
                         history=r.history) for r in requests]
     ordered = self.pipeline.ordered(contexts, positions='last', batch_rows=size,
                                     widths=(width,))
-    return [pipeline_lib.show(lists[-1], r.session, self.exclude_session_queries, r.k)
+    return [self.pipeline.show(lists[-1], r.session, self.exclude_session_queries, r.k)
             for r, lists in zip(requests, ordered)]
 
   @staticmethod
