@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The GPU train step of configs/aol.py (bfloat16) and the changes tried on it, in one go, for
-# docs/PERFORMANCE.md ("The train step against the hardware's limit"):
+# docs/PERFORMANCE.md ("The step against the hardware's limit"):
 #
 #   bash launch/bench_gpu_step.sh OUTDIR [SECONDS]
 #

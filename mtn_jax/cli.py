@@ -125,6 +125,8 @@ RETIRED_KEYS = {
                          'contexts (docs/RESULTS.md, "Retired")',
     'suggest.previous_query_bias': 'the bias chosen on validation did not carry over to the '
                                    'test split (docs/RESULTS.md, "Retired")',
+    'train.optimizer': 'it chose nothing: training uses Adam (optax.adam) with '
+                       'config.train.adam_b1, adam_b2 and adam_eps',
 }
 # Config keys another key replaced (one switch per idea): an override of one fails naming it.
 REPLACED_KEYS = {
@@ -155,6 +157,9 @@ def _flag_error_message(error: BaseException, argv) -> str:
   if match:  # get_config raised: the file's own message, which names the file
     flag, kind, message = match.groups()
     return f'{flag}: {message}' if kind == 'ValueError' else f'{flag}: {kind}: {message}'
+  if isinstance(error, AttributeError) and "has no attribute 'get_config'" in text:
+    return (f'--config={_config_argument(argv)}: the file defines no get_config(variant) '
+            'returning the config (configs/default.py shows one)')
   if isinstance(error, (KeyError, AttributeError)):
     # A config key that does not exist: ml_collections names the key alone ('nmu_heads',
     # perhaps with a 'Did you mean' line); the override on the command line says where.

@@ -23,6 +23,16 @@ def _positive(config, keys):
     errors.check_positive(config[section], f'config.{section}', name)
 
 
+def _non_negative(config, keys):
+  """Refuses the first of `keys` ('seed', 'data.split_seed') whose value is below 0: the
+  seeds, and the counts whose 0 means none or no limit."""
+  for key in keys:
+    *section, name = key.split('.')
+    value = (config[section[0]] if section else config)[name]
+    if not value >= 0:
+      raise ConfigError(f'config.{key} must be >= 0, got {value!r}')
+
+
 def _choice(config, key, choices):
   section, name = key.split('.')
   errors.check_choice(config[section], f'config.{section}', name, choices)
@@ -54,6 +64,7 @@ def _check_data(config, mode: str) -> None:
     raise ConfigError('config.data.raw_files is empty: pass --config.data.raw_files='
                       'PATH_OR_GLOB (AOL-format log files), or use configs/demo.py')
   _choice(config, 'data.long_query', aol_log.LONG_QUERY_POLICIES)
+  _non_negative(config, ['data.split_seed', 'data.demo_seed'])
   _positive(config, ['data.session_gap_minutes', 'data.max_query_words',
                      'data.min_session_queries', 'data.max_session_queries',
                      'data.min_word_count', 'data.demo_users'])
@@ -110,6 +121,14 @@ def _check_model(config):
   if m.max_session_queries < d.max_session_queries:
     raise ConfigError(f'config.model.max_session_queries ({m.max_session_queries}) must be '
                       f'>= config.data.max_session_queries ({d.max_session_queries})')
+  # A task with settings of its own (IMDNA's config.imdna) checks them itself.
+  from mtn_jax import tasks  # pylint: disable=g-import-not-at-top
+  check_task = getattr(tasks.task_class(m), 'check_config', None)
+  if check_task is not None:
+    try:
+      check_task(config)
+    except errors.Error as e:
+      raise ConfigError(str(e)) from None
   return model_class
 
 
@@ -178,7 +197,16 @@ def _check_train(config, model_class) -> None:
   _positive(config, ['train.num_epochs', 'train.learning_rate', 'train.log_every_steps',
                      'train.checkpoint_every_steps', 'train.keep_checkpoints',
                      'input.train_queries_per_batch', 'input.eval_queries_per_batch',
-                     'train.loss_chunk_tokens'])
+                     'train.loss_chunk_tokens', 'train.adam_eps', 'input.prefetch_batches'])
+  _non_negative(config, ['seed', 'input.worker_count', 'train.max_steps',
+                         'train.grad_clip_norm', 'train.user_folds'])
+  for key in ('adam_b1', 'adam_b2'):
+    if not 0 <= t[key] < 1:
+      raise ConfigError(f'config.train.{key} must be in [0, 1) (a moving average\'s decay), '
+                        f'got {t[key]!r}')
+  if t.held_out_fold and not t.user_folds:
+    raise ConfigError(f'config.train.held_out_fold={t.held_out_fold} is read only with '
+                      'config.train.user_folds=K (the folds of the training users)')
   _choice(config, 'train.schedule', ('transformer', 'constant'))
   if t.schedule == 'transformer':
     if 'd_model' not in m:
@@ -221,6 +249,7 @@ def _check_decode(config, mode: str) -> None:
   _positive(config, ['decode.beam_size', 'decode.max_len', 'decode.top_k',
                      'decode.batch_sessions'])
   _choice(config, 'decode.eval_split', ('test', 'valid'))
+  _non_negative(config, ['decode.max_eval_sessions'])
   # The model's own beam is all a generative model's 'generate' lists hold; the other
   # strategies pool more candidates than the beam.
   from mtn_jax import tasks  # pylint: disable=g-import-not-at-top

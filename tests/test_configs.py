@@ -63,13 +63,27 @@ def test_a_config_without_the_models_keys_is_refused_naming_one():
     config_lib.validate(c)
 
 
+@pytest.mark.parametrize('name', list(families.FAMILIES))
+def test_every_model_with_every_default_is_a_config_that_trains(name):
+  # `--config=configs/default.py:NAME`, on the demo log; IMDNA's task has settings of its own
+  # (config.imdna), which its config files hold, and says so before any work.
+  c = default.get_config(name)
+  c.data.source = 'demo'
+  if name == 'imdna':
+    with pytest.raises(config_lib.ConfigError, match=re.escape(
+        'reads config.imdna: use configs/imdna_movies.py or configs/imdna_aol.py')):
+      config_lib.validate(c, 'all')
+    return
+  config_lib.validate(c, 'all')
+
+
 def test_the_transformer_schedule_needs_a_d_model():
   c = default.get_config('hred')
   c.data.source = 'demo'
+  assert c.train.schedule == 'constant'  # the family's default
+  c.train.schedule = 'transformer'
   with pytest.raises(config_lib.ConfigError, match="'hred' has no d_model: use 'constant'"):
     config_lib.validate(c)
-  c.train.schedule = 'constant'
-  config_lib.validate(c)
 
 
 def test_movies_are_read_from_the_imdna_configs_section():
@@ -140,6 +154,29 @@ def test_more_suggestions_than_the_beam_only_where_the_strategy_pools_more():
   for strategy in ('blend', 'learned'):  # the service's k goes as far
     c.suggest.strategy = strategy
     config_lib.validate(c, 'eval')
+
+
+@pytest.mark.parametrize('key, value, message', [
+    ('seed', -1, 'config.seed must be >= 0, got -1'),
+    ('data.split_seed', -1, 'config.data.split_seed must be >= 0'),
+    ('data.demo_seed', -2, 'config.data.demo_seed must be >= 0'),
+    ('input.worker_count', -1, 'config.input.worker_count must be >= 0'),
+    ('input.prefetch_batches', 0, 'config.input.prefetch_batches must be positive'),
+    ('train.max_steps', -1, 'config.train.max_steps must be >= 0'),
+    ('train.grad_clip_norm', -1.0, 'config.train.grad_clip_norm must be >= 0'),
+    ('train.adam_b1', 2.0, 'config.train.adam_b1 must be in [0, 1)'),
+    ('train.adam_eps', 0.0, 'config.train.adam_eps must be positive'),
+    ('train.held_out_fold', 3, 'config.train.held_out_fold=3 is read only with '
+                               'config.train.user_folds=K'),
+    ('decode.max_eval_sessions', -5, 'config.decode.max_eval_sessions must be >= 0'),
+])
+def test_a_value_no_run_can_use_is_refused_naming_its_key(key, value, message):
+  c = default.get_config('mtn')
+  c.data.source = 'demo'
+  section, _, name = key.rpartition('.')
+  (c[section] if section else c)[name] = value
+  with pytest.raises(config_lib.ConfigError, match=re.escape(message)):
+    config_lib.validate(c, 'all')
 
 
 def test_the_rankers_mbr_is_for_rerank_only():

@@ -1,11 +1,16 @@
-"""The docs stay short enough to read and their relative links resolve."""
+"""The docs stay short enough to read, their relative links resolve, and the sections the
+code names exist."""
 
 import os
 import re
+import subprocess
 
 from tests.conftest import REPO
 
 _LINK = re.compile(r'\]\(([^)\s]+)\)')
+# A section named in a comment, docstring or doc: `docs/PERFORMANCE.md, "Serving"` or
+# `BUILD.md ("Development workflow")`, the heading's words (or their start) in quotes.
+_SECTION = re.compile(r'((?:docs/[\w./-]+|README|BUILD)\.md)[,:]?\s*\(?"([^"]+)"')
 
 
 def _docs():
@@ -60,3 +65,23 @@ def test_every_relative_link_resolves():
         if anchor not in anchors:
           broken.append(f'{name}: {target} (no such heading)')
   assert not broken, broken
+
+
+def test_every_section_the_code_and_docs_name_exists():
+  tracked = subprocess.run(['git', 'ls-files'], cwd=REPO, capture_output=True, text=True,
+                           check=True).stdout.split()
+  missing = []
+  for name in tracked:
+    if not name.endswith(('.py', '.sh', '.md')):
+      continue
+    # A reference may run over a line end, inside a comment.
+    text = re.sub(r'\n\s*(#\s*)?', ' ', _read(name))
+    for doc, section in _SECTION.findall(text):
+      if not os.path.exists(os.path.join(REPO, doc)):
+        missing.append(f'{name}: {doc} (no such file)')
+        continue
+      headings = [line.lstrip('#').strip() for line in _read(doc).splitlines()
+                  if line.startswith('#')]
+      if not any(h.startswith(section) for h in headings):
+        missing.append(f'{name}: {doc}, "{section}"')
+  assert not missing, missing

@@ -436,6 +436,9 @@ def test_results_table_text(tmp_path):
       f'| Most frequent next query (train) | - | 20.0/10.0/5.0/2.5 | 9.50 | '
       f'1,234 (first 450 of 500 sessions) | `{t_dir}` |',
   ])
+  # Runs evaluated on the validation split (config.decode.eval_split) say so.
+  assert report.results_table(runs, 'valid').splitlines()[0] == (
+      '| Model | Size (MB) | 1/2/3/4-gram | BLEU | Validation pairs | Workdir |')
 
 
 def report_config(workdirs: str, output: str) -> ml_collections.ConfigDict:

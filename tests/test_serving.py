@@ -322,7 +322,8 @@ def test_programs_prepared_when_training_ends_are_all_read_back_at_the_first_sta
     workdir, tmp_path):
   """config.serve.prepare_after_train: --mode=train of a trained workdir (trained to its
   max_steps: nothing more to train) compiles the service's programs into the workdir's
-  compilation cache, and the service's first start compiles none of them again."""
+  compilation cache, and the service's first start compiles none of them again, in a
+  workdir moved since (as a packed one is served elsewhere)."""
   copy = tmp_path / 'run'
   shutil.copytree(workdir, copy, ignore=shutil.ignore_patterns('serve'))
   own_cache = {k: v for k, v in cli.env().items() if k != 'JAX_COMPILATION_CACHE_DIR'}
@@ -337,7 +338,8 @@ def test_programs_prepared_when_training_ends_are_all_read_back_at_the_first_sta
   assert trained.returncode == 0, trained.stdout[-3000:] + trained.stderr[-3000:]
   assert 'The service\'s programs prepared in' in trained.stdout, trained.stdout[-3000:]
   assert os.listdir(copy / 'serve' / 'compile_cache')
-  server = Server(str(copy), *serve, env=own_cache)
+  moved = copy.rename(tmp_path / 'moved')
+  server = Server(str(moved), *serve, env=own_cache)
   try:
     warmed = next(line for line in server.lines if 'compiled in' in line)
     compiled, read_back = map(int, re.search(

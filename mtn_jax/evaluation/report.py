@@ -134,8 +134,12 @@ def _precisions(score: dict) -> str:
   return '/'.join(f'{p:.1f}' for p in score['precisions'])
 
 
+# The pairs column's heading, by the split evaluated (config.decode.eval_split).
+_PAIRS_HEADING = {'test': 'Test pairs', 'valid': 'Validation pairs'}
+
+
 def _pairs(results: dict) -> str:
-  """The number of test pairs, and which part of the test split they come from when
+  """The number of pairs evaluated, and which part of their split they come from when
   `config.decode.max_eval_sessions` limited the evaluation."""
   sessions, total = results.get('sessions'), results.get('sessions_total')
   if sessions is not None and total is not None and sessions < total:
@@ -143,13 +147,13 @@ def _pairs(results: dict) -> str:
   return f'{results["pairs"]:,}'
 
 
-def results_table(runs: Sequence[EvaluatedRun]) -> str:
+def results_table(runs: Sequence[EvaluatedRun], split: str = 'test') -> str:
   """The Table-2 Markdown table: one line per model, then the trivial suggesters' lines.
 
   The trivial suggesters are listed once per distinct test set (their scores depend only on
-  the data), after the models.
+  the data), after the models. `split`: the split the runs were evaluated on.
   """
-  lines = ['| Model | Size (MB) | 1/2/3/4-gram | BLEU | Test pairs | Workdir |',
+  lines = [f'| Model | Size (MB) | 1/2/3/4-gram | BLEU | {_PAIRS_HEADING[split]} | Workdir |',
            '|---|---:|---|---:|---:|---|']
   for label, run in zip(_labels(runs), runs):
     score = run.results['scores']['model']
@@ -172,14 +176,14 @@ def results_table(runs: Sequence[EvaluatedRun]) -> str:
   return '\n'.join(lines)
 
 
-def ranking_table(runs: Sequence[EvaluatedRun]) -> str:
+def ranking_table(runs: Sequence[EvaluatedRun], split: str = 'test') -> str:
   """Ranked-suggestion metrics (%), models then trivial suggesters (once per distinct test
   set): exact match at 1, Recall@5/@10 and MRR@10 over the distinct suggestions, the share of
   top suggestions that repeat a session query, and BLEU and Recall@10 when no suggestion may
   repeat a session query ('-' for a recall at a rank no list reaches). Runs evaluated before
-  these metrics existed are left out."""
+  these metrics existed are left out. `split`: the split the runs were evaluated on."""
   lines = ['| Suggester | EM@1 | R@5 | R@10 | MRR@10 | top-1 repeats session | '
-           'BLEU, never repeating | R@10, never repeating | Test pairs |',
+           f'BLEU, never repeating | R@10, never repeating | {_PAIRS_HEADING[split]} |',
            '|---|---:|---:|---:|---:|---:|---:|---:|---:|']
 
   def recall(ranking: dict, k: int) -> str:
@@ -313,9 +317,9 @@ def write_report(config: ml_collections.ConfigDict, workdir: str,
                  f'the suggestions of the {strategy} strategy, named under each run\'s samples')
               + '; references are the raw next queries). Size: parameters in MB at fp32 '
               '(2**20 bytes, as the paper counts).', '',
-              results_table(runs), '',
+              results_table(runs, split), '',
               '![BLEU per model](bleu.png)', '']
-  ranking = ranking_table(runs)
+  ranking = ranking_table(runs, split)
   if ranking:
     sections += ['## Ranked suggestions', '',
                  'Where the logged next query ranks among the distinct suggestions (%); the '

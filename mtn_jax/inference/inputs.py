@@ -177,7 +177,8 @@ def _lines(path: str, strict: bool, counts: collections.Counter) -> Iterator[tup
     with opener(path, 'rb') as f:
       for number, raw in enumerate(f, 1):
         text, latin1 = decode_line(raw.removeprefix(aol_log.UTF8_BOM) if number == 1 else raw)
-        counts['latin1_lines'] += latin1
+        if latin1:
+          counts['latin1_lines'] += 1
         yield number, text.rstrip('\r\n')
   except (gzip.BadGzipFile, EOFError, zlib.error) as e:
     raise DecodeInputError(f'{path}: corrupt or truncated gzip data after line {number:,} '

@@ -268,6 +268,11 @@ def keep_compiled_programs(settings: ServeSettings, workdir: str, log) -> None:
   folder = os.path.join(os.path.abspath(workdir), settings.compile_cache)
   compilation_cache.set_cache_dir(folder)
   jax.config.update('jax_persistent_cache_min_compile_time_secs', 0.0)
+  # By default JAX points XLA's own GPU autotuning cache at a folder inside the cache, and
+  # that path becomes part of every program's key: a workdir copied, moved or packed to be
+  # served elsewhere would compile everything again. The programs themselves are cached
+  # either way.
+  jax.config.update('jax_persistent_cache_enable_xla_caches', 'none')
   # JAX decides whether to use a cache at its first compilation, which may have come before.
   compilation_cache.reset_cache()
   log(f'Compiled programs kept in {folder}')

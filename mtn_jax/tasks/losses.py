@@ -35,7 +35,8 @@ def _token_losses_and_correct(logits: jax.Array, targets: jax.Array, label_smoot
   smoothing term's mean of log p over the vocabulary is mean(z) - lse, so the forward pass
   reduces the logits [..., V] without writing a log-probability tensor of the same size, and
   accuracy compares the target's logit with the maximum instead of running an argmax
-  (docs/PERFORMANCE.md, "Where the time goes"). A tie for the maximum counts as correct.
+  (docs/notes/2026-11-24-training-throughput.md, "Where the time goes"). A tie for the maximum
+  counts as correct.
   """
   logits = logits.astype(jnp.float32)
   lse = jax.nn.logsumexp(logits, axis=-1)

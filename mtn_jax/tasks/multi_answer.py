@@ -48,6 +48,7 @@ class IMDNATask:
   cfg: ModelConfig
 
   input_keys = ('question', 'documents', 'answers')
+  check_config = staticmethod(check_config)  # config_lib.validate asks it before any work
 
   @classmethod
   def from_config(cls, cfg: ModelConfig, train: ml_collections.ConfigDict,

@@ -180,7 +180,7 @@ def _device_batches(dataset, keys: tuple[str, ...], mesh, prefetch: int,
     return (parallel.shard_batch({k: batch[k] for k in keys}, mesh),
             int((batch[examples_key] >= 0).sum()))
   return iter(grain.experimental.ThreadPrefetchIterDataset(
-      dataset.map(on_devices), prefetch_buffer_size=max(prefetch, 1)))
+      dataset.map(on_devices), prefetch_buffer_size=prefetch))
 
 
 def training_data(config: ml_collections.ConfigDict, workdir: str) -> tasks.TrainingData:
