@@ -706,7 +706,7 @@ def _load_proposer(config: ml_collections.ConfigDict, imdna_workdir: str,
     raise errors.Error(f'config.suggest.imdna_workdir={imdna_workdir}: no such folder (a '
                        'trained configs/imdna_aol.py run)')
   _check_sessions(imdna_workdir, workdir)
-  trained = inference.load_trained(config, imdna_workdir, which='best')
+  trained = inference.load_trained(config, imdna_workdir, which='best', of_the_config=False)
   if not isinstance(trained.task, tasks.AnswersQuestions):
     raise errors.Error(f'config.suggest.imdna_workdir={imdna_workdir} holds a '
                        f'{trained.cfg.name!r} model, not an IMDNA run')
@@ -731,7 +731,7 @@ def _load(config: ml_collections.ConfigDict, workdir: str, key: str) -> inferenc
   if not os.path.isdir(workdir):
     raise errors.Error(f'config.suggest.{key}={workdir}: no such folder (a trained ranker\'s '
                        'workdir)')
-  trained = inference.load_trained(config, workdir, which='best')
+  trained = inference.load_trained(config, workdir, which='best', of_the_config=False)
   if not isinstance(trained.task, (tasks.ScoresCandidates, tasks.ScoresPool)):
     raise errors.Error(f'config.suggest.{key}={workdir} holds a {trained.cfg.name!r} model, '
                        'not a ranker (a Bi-, Poly- or Cross-encoder)')

@@ -135,10 +135,12 @@ def check_config(config: ml_collections.ConfigDict, workdir: str, which: str = '
 
 
 def load_trained(config: ml_collections.ConfigDict, workdir: str,
-                 which: str = 'best') -> Trained:
+                 which: str = 'best', of_the_config: bool = True) -> Trained:
   """Restores the best (lowest validation loss) or latest checkpoint of `workdir`.
 
-  The vocabulary and the model come from the checkpoint itself (see the module docstring).
+  The vocabulary and the model come from the checkpoint itself (see the module docstring);
+  where the run is `of_the_config` (its --workdir, not another run the config names), the
+  `config.model` values the checkpoint overrides are noted.
   """
   workdir = os.path.abspath(workdir)
   if not os.path.isdir(checkpoints.checkpoint_dir(workdir)):
@@ -159,7 +161,8 @@ def load_trained(config: ml_collections.ConfigDict, workdir: str,
     if meta['vocab_fingerprint'] != vocab.fingerprint:
       raise checkpoints.CheckpointMismatch(f'{where}: its vocabulary does not match its meta')
     cfg = saved_model_config(meta, config.model)
-    _note_config_differences(cfg, config.model, where)
+    if of_the_config:
+      _note_config_differences(cfg, config.model, where)
     task = tasks.make_task(cfg, config.train, data_dir)
     saved_task = task.with_layout(checkpoints.saved_scan_layers(meta))
     task = task.with_layout(False)
