@@ -514,6 +514,20 @@ def test_a_checkpoint_whose_values_changed_on_disk_is_refused_by_their_digest(tm
   meta_file.write_text(json.dumps(meta))
   changed = checkpoints.restore(reader, 2, abstract_params=abstract)['params']['w']
   assert (changed != params['w']).any()  # what orbax alone reads: other values, no error
+  # A checkpoint of the digest's first version is checked as that version wrote it: read
+  # where its values are those saved (a changed one: step 3 above), refused where not.
+  for step in (1, 3):
+    meta_file = tmp_path / 'checkpoints' / str(step) / 'meta' / 'metadata'
+    meta = json.loads(meta_file.read_text())
+    meta[checkpoints.DIGESTS] = {
+        'params': checkpoints._first_values_digest(params),  # pylint: disable=protected-access
+        'train': checkpoints._first_values_digest(train_state)}  # pylint: disable=protected-access
+    meta_file.write_text(json.dumps(meta))
+  restored = checkpoints.restore(reader, 1, abstract_params=abstract,
+                                 abstract_train_state=abstract_train)
+  np.testing.assert_array_equal(restored['params']['w'], params['w'])
+  with pytest.raises(checkpoints.DamagedCheckpoint, match='the values read from train/'):
+    checkpoints.restore(reader, 3, abstract_params=abstract, abstract_train_state=abstract_train)
 
 
 def test_values_digest_reads_every_value_dtype_and_shape():
@@ -548,6 +562,20 @@ def test_values_digest_reads_every_value_dtype_and_shape():
   on_host = [checkpoints._word_sums(checkpoints._host_words(x), np)  # pylint: disable=protected-access
              for x in leaves]
   np.testing.assert_array_equal(on_device, np.array(on_host, np.uint32))
+
+
+def test_the_digests_first_version_is_computed_as_it_was_written():
+  """Checkpoints saved by the digest's first version (62484e9 to b52f81e) still read: the
+  digest it wrote for this tree, by its own code (run at 6ec04c1)."""
+  import jax  # pylint: disable=g-import-not-at-top
+  import jax.numpy as jnp  # pylint: disable=g-import-not-at-top
+  tree = {'f32': np.arange(6, dtype=np.float32).reshape(2, 3) / 7,
+          'i32': np.array([-3, 5, 2**31 - 1], np.int32),
+          'bf16': jnp.asarray([1.5, -2.25], jnp.bfloat16), 'i8': np.array([-1, 7], np.int8),
+          'b': np.array([True, False, True]), 'key': jax.random.key(3), 'scalar': np.int32(4),
+          'i64': np.array([2**40 + 5, -7], np.int64)}
+  assert checkpoints._first_values_digest(tree) == (  # pylint: disable=protected-access
+      '2fcdf3632d43e30d9b3871a6cd7653c4337df3af103df2166c7ab54641a21e7b')
 
 
 def test_a_save_the_file_system_refuses_is_one_error_naming_the_folder(tmp_path, monkeypatch):

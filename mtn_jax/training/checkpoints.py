@@ -202,12 +202,42 @@ def _device_word_sums(leaves: list) -> jax.Array:
   return jnp.stack(sums) if sums else jnp.zeros((0,), jnp.uint32)
 
 
+def _first_values_digest(tree) -> str:
+  """`values_digest` as the checkpoints of its first version (2026-11-28, 62484e9 to
+  b52f81e) wrote it, on the host: the same word sums of 1- to 4-byte values, but 8-byte
+  values narrowed to 4 bytes (as JAX without x64 took them), 1-byte values converted rather
+  than their bits widened, and the dtype, shape and sums written otherwise. Read only to
+  check such a checkpoint."""
+  digest = hashlib.sha256()
+  for leaf in jax.tree.leaves(tree):
+    leaf = np.asarray(leaf) if not hasattr(leaf, 'dtype') else leaf
+    if jax.dtypes.issubdtype(leaf.dtype, jax.dtypes.prng_key):
+      leaf = jax.random.key_data(leaf)
+    if isinstance(leaf, jax.Array) and not leaf.is_fully_addressable:
+      x = np.asarray(leaf.addressable_data(0))
+    else:
+      x = np.asarray(leaf)
+    if x.dtype.itemsize == 8 and x.dtype.kind in 'iuf':
+      x = x.astype({'i': np.int32, 'u': np.uint32, 'f': np.float32}[x.dtype.kind])
+    if x.dtype.itemsize >= 4:
+      words = np.ascontiguousarray(x).view(np.uint32)
+    elif x.dtype.itemsize == 2:
+      words = np.ascontiguousarray(x).view(np.uint16).astype(np.uint32)
+    else:
+      words = x.astype(np.uint32)
+    sums = np.asarray(_word_sums(words, np), np.uint32)
+    digest.update(f'{np.dtype(leaf.dtype).str}{tuple(leaf.shape)}{tuple(sums)};'.encode())
+  return digest.hexdigest()
+
+
 def _check_values(manager: ocp.CheckpointManager, step: int, restored: dict) -> None:
   """Refuses restored items whose values are not those saved (a checkpoint saved before the
-  digests existed is read as before)."""
+  digests existed is read as before, one of their first version checked as it was written)."""
   saved = restored['meta'].get(DIGESTS, {})
   for item in ('params', 'train'):
     if item in restored and item in saved and values_digest(restored[item]) != saved[item]:
+      if _first_values_digest(restored[item]) == saved[item]:
+        continue
       raise _damaged(manager, step, f'the values read from {item}/ are not those saved: '
                      'its files changed after it was written')
 
