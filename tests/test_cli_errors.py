@@ -75,8 +75,8 @@ def run(*args, cwd=cli.REPO):
         'missing_config_with_variant', 'missing_config_with_override', 'bad_value_with_variant',
         'unknown_variant', 'bad_value', 'no_log', 'wrong_type', 'wrong_bool', 'unknown_mode',
         'unknown_flag', 'stray_argument', 'retired_gain_from', 'retired_previous_query_bias',
-        'replaced_rerank', 'replaced_user_facing', 'key_of_another_family', 'no_decode_input', 'log_with_the_demo_source',
-        'no_get_config', 'retired_optimizer'])
+        'replaced_rerank', 'replaced_user_facing', 'key_of_another_family', 'no_decode_input',
+        'log_with_the_demo_source', 'no_get_config', 'retired_optimizer'])
 def test_usage_errors_are_one_line_and_exit_2(tmp_path, args, message):
   result = run(*args, f'--workdir={tmp_path}')
   assert result.returncode == 2, result.stderr

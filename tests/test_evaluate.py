@@ -436,6 +436,19 @@ def test_results_table_text(tmp_path):
       f'| Most frequent next query (train) | - | 20.0/10.0/5.0/2.5 | 9.50 | '
       f'1,234 (first 450 of 500 sessions) | `{t_dir}` |',
   ])
+  # Runs of the same pairs list a trivial suggester again only where its figures differ
+  # (runs of other training users: other lists of the log's).
+  same = write_run(tmp_path, 'same', 'mtn', (3, 2, 3), 14.0, (35.0, 21.0, 14.0, 10.0))
+  other = write_run(tmp_path, 'other', 'mtn', (3, 2, 3), 14.0, (35.0, 21.0, 14.0, 10.0))
+  path = os.path.join(other, 'eval', 'results.json')
+  with open(path, encoding='utf-8') as f:
+    results = json.load(f)
+  results['scores']['most_frequent_next']['bleu'] = 9.6
+  with open(path, 'w', encoding='utf-8') as f:
+    json.dump(results, f)
+  table = report.results_table([runs[0]] + [report.load_run(w) for w in (same, other)])
+  assert table.count('| Most frequent next query (train) |') == 2
+  assert table.count('| Repeat previous query |') == 1
   # Runs evaluated on the validation split (config.decode.eval_split) say so.
   assert report.results_table(runs, 'valid').splitlines()[0] == (
       '| Model | Size (MB) | 1/2/3/4-gram | BLEU | Validation pairs | Workdir |')
@@ -475,6 +488,26 @@ def test_report_without_depth_variants_has_no_ablation(tmp_path):
   out = tmp_path / 'mtn' / 'report'
   assert (out / 'bleu.png').exists() and not (out / 'layers.png').exists()
   assert 'Layer ablation' not in (out / 'report.md').read_text(encoding='utf-8')
+
+
+def test_a_report_of_the_learned_strategy_names_the_blend_where_a_run_used_it(tmp_path):
+  workdirs = [write_run(tmp_path, name, 'mtn', (3, 2, 3), 14.62, (35.7, 21.5, 14.9, 10.2))
+              for name in ('ranked', 'no_ranker')]
+  for workdir, used in zip(workdirs, ('learned', 'blend')):  # as eval writes them
+    eval_dir = os.path.join(workdir, 'eval')
+    with open(os.path.join(eval_dir, 'results.json'), encoding='utf-8') as f:
+      results = json.load(f)
+    results['strategy'] = {'strategy': used, 'label': used}
+    with open(os.path.join(eval_dir, 'learned_results.json'), 'w', encoding='utf-8') as f:
+      json.dump(results, f)
+    os.rename(os.path.join(eval_dir, 'samples.jsonl'),
+              os.path.join(eval_dir, 'learned_samples.jsonl'))
+  config = report_config(','.join(workdirs), str(tmp_path / 'out'))
+  config.suggest.strategy = 'learned'
+  report.write_report(config, workdirs[0])
+  text = (tmp_path / 'out' / 'report.md').read_text(encoding='utf-8')
+  assert ('the suggestions of the learned strategy, named under each run\'s samples; blend '
+          'where a run has no learned ranker;') in text
 
 
 def test_report_refuses_missing_and_unevaluated_workdirs(tmp_path):

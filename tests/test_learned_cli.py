@@ -8,6 +8,7 @@ import json
 import re
 import shutil
 
+import numpy as np
 import pytest
 from fastapi.testclient import TestClient
 
@@ -191,6 +192,27 @@ def test_the_candidates_search_is_what_the_generate_source_runs():
   assert key()['beam_size'] == key()['top_k'] == 4 and not key()['exclude_session_queries']
   assert key('--config.decode.length_penalty=1.0') != key()
   assert key('--config.suggest.sources=generate:6,popular:4') != key()
+  # Records of 2026-11-28 hold the protocol unset, which searched alike: still current.
+  old = {**key(), 'exclude_session_queries': None}
+  assert learned._same_search(old, key())  # pylint: disable=protected-access
+  assert not learned._same_search(  # pylint: disable=protected-access
+      {**key(), 'exclude_session_queries': True}, key())
+
+
+def test_cached_candidates_of_an_older_record_are_read(tmp_path):
+  """The candidates a fit cached are read back by a key naming the same search, written
+  before the generator source's protocol was set explicitly."""
+  groups = learned.Groups(np.ones((2, 3), np.float32), np.array([1, 0], np.int32),
+                          np.array([2]), np.array([0]), [['a', 'b']], ['a'], [('q',)],
+                          [{'generate': ['a', 'b']}])
+  search_now = learned.search_key(cli.config(*FEW, *LEARNED))
+  key = {'sources': [['generate', 4]], 'folds': 2, 'fold_steps': [3, 3], 'split_seed': 0,
+         'search': search_now}
+  learned.save_groups(groups, str(tmp_path), {**key, 'search': {
+      **search_now, 'exclude_session_queries': None}})
+  read = learned.load_groups(str(tmp_path), key)
+  assert read is not None and read.texts == groups.texts
+  assert learned.load_groups(str(tmp_path), {**key, 'fold_steps': [3, 4]}) is None
 
 
 def test_unreadable_cached_candidates_are_made_again(tmp_path):

@@ -106,7 +106,8 @@ def test_tiny_log_files_exact(tmp_path):
     assert (empty.queries.shape, empty.starts.tolist(), empty.texts) == ((0, 10), [0], [])
   assert stats == {
       'lines_read': 8, 'latin1_lines': 0,
-      'skipped': {'header': 1, 'empty_line': 0, 'bad_field_count': 0, 'bad_user_id': 0, 'bad_time': 0,
+      'skipped': {'header': 1, 'empty_line': 0, 'bad_field_count': 0, 'bad_user_id': 0,
+                  'bad_time': 0,
                   'empty_query': 0, 'duplicate_query': 1, 'long_query': 0,
                   'session_too_short': 0, 'session_too_long': 0},
       'train': {'sessions': 2, 'pairs': 4}, 'valid': {'sessions': 0, 'pairs': 0},
@@ -550,7 +551,8 @@ def test_real_sample(aol_sample, tmp_path):
   stats = preprocess.prepare(config(aol_sample), workdir)
   assert stats == {
       'lines_read': 157075, 'latin1_lines': 0,
-      'skipped': {'header': 1, 'empty_line': 0, 'bad_field_count': 0, 'bad_user_id': 0, 'bad_time': 0,
+      'skipped': {'header': 1, 'empty_line': 0, 'bad_field_count': 0, 'bad_user_id': 0,
+                  'bad_time': 0,
                   'empty_query': 0, 'duplicate_query': 19984,
                   'long_query': 1626, 'session_too_short': 77219, 'session_too_long': 18100},
       'train': {'sessions': 10669, 'pairs': 27455}, 'valid': {'sessions': 281, 'pairs': 725},

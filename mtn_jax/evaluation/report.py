@@ -147,6 +147,15 @@ def _pairs(results: dict) -> str:
   return f'{results["pairs"]:,}'
 
 
+def _trivial_identity(run: EvaluatedRun, key: str) -> tuple:
+  """What tells a trivial suggester's rows apart: its figures under both protocols and the
+  pairs scored. Runs with other training users (a learning curve) have other lists of the
+  log's, and so other rows, on the same test pairs."""
+  figures = [run.results['scores'][key],
+             run.results.get('scores_excluding_session', {}).get(key)]
+  return key, json.dumps(figures, sort_keys=True), _pairs(run.results)
+
+
 def results_table(runs: Sequence[EvaluatedRun], split: str = 'test') -> str:
   """The Table-2 Markdown table: one line per model, then the trivial suggesters' lines.
 
@@ -166,7 +175,7 @@ def results_table(runs: Sequence[EvaluatedRun], split: str = 'test') -> str:
       if key not in run.results['scores']:  # evaluated before this suggester existed
         continue
       score = run.results['scores'][key]
-      identity = (key, score['line'], _pairs(run.results))
+      identity = _trivial_identity(run, key)
       if identity in seen:
         continue
       seen.add(identity)
@@ -183,35 +192,36 @@ def ranking_table(runs: Sequence[EvaluatedRun], split: str = 'test') -> str:
   repeat a session query ('-' for a recall at a rank no list reaches). Runs evaluated before
   these metrics existed are left out. `split`: the split the runs were evaluated on."""
   lines = ['| Suggester | EM@1 | R@5 | R@10 | MRR@10 | top-1 repeats session | '
-           f'BLEU, never repeating | R@10, never repeating | {_PAIRS_HEADING[split]} |',
-           '|---|---:|---:|---:|---:|---:|---:|---:|---:|']
+           f'BLEU, never repeating | R@10, never repeating | {_PAIRS_HEADING[split]} | '
+           'Workdir |',
+           '|---|---:|---:|---:|---:|---:|---:|---:|---:|---|']
 
   def recall(ranking: dict, k: int) -> str:
     # '-' where no list reaches rank k: the figure would repeat the one before.
     return (f'{ranking[f"recall_at_{k}"]:.1f}' if metrics.RankingScore.reaches(ranking, k)
             else '-')
 
-  def row(label: str, results: dict, key: str) -> str:
-    rank = results['scores'][key]['ranking']
-    user = results['scores_excluding_session'][key]
+  def row(label: str, run: EvaluatedRun, key: str) -> str:
+    rank = run.results['scores'][key]['ranking']
+    user = run.results['scores_excluding_session'][key]
     return (f'| {markdown_cell(label)} | {rank["exact_match"]:.1f} | '
             f'{recall(rank, 5)} | {recall(rank, 10)} | '
             f'{rank["mrr_at_10"]:.1f} | {rank["repeats_session"]:.1f} | {user["bleu"]:.2f} | '
-            f'{recall(user["ranking"], 10)} | {_pairs(results)} |')
+            f'{recall(user["ranking"], 10)} | {_pairs(run.results)} | {code_cell(run.workdir)} |')
 
   ranked = [(label, r) for label, r in zip(_labels(runs), runs)
             if 'ranking' in r.results['scores']['model']
             and 'scores_excluding_session' in r.results]
-  lines += [row(label, run.results, 'model') for label, run in ranked]
+  lines += [row(label, run, 'model') for label, run in ranked]
   seen = set()
   for _, run in ranked:
     for key, name in trivial.SUGGESTERS.items():
       if key not in run.results['scores']:
         continue
-      identity = (key, run.results['scores'][key]['line'], _pairs(run.results))
+      identity = _trivial_identity(run, key)
       if identity not in seen:
         seen.add(identity)
-        lines.append(row(name, run.results, key))
+        lines.append(row(name, run, key))
   return '\n'.join(lines) if ranked else ''
 
 
@@ -310,13 +320,17 @@ def write_report(config: ml_collections.ConfigDict, workdir: str,
              baselines=[(name, runs[0].results['scores'][key]['bleu'])
                         for key, name in trivial.SUGGESTERS.items()
                         if key in runs[0].results['scores']])
+  how = ('the models by beam search' if strategy == 'generate' else
+         f'the suggestions of the {strategy} strategy, named under each run\'s samples')
+  # A workdir without a learned ranker was evaluated by the blend (its results say so).
+  instead = sorted({r.results.get('strategy', {}).get('strategy', strategy) for r in runs}
+                   - {strategy})
+  if instead:
+    how += f'; {" and ".join(instead)} where a run has no learned ranker'
   sections = ['# Next-query suggestion: results', '',
               'n-gram precision (1/2/3/4-gram, %) and BLEU of the best checkpoint of each run '
-              f'on its {split} split ('
-              + ('the models by beam search' if strategy == 'generate' else
-                 f'the suggestions of the {strategy} strategy, named under each run\'s samples')
-              + '; references are the raw next queries). Size: parameters in MB at fp32 '
-              '(2**20 bytes, as the paper counts).', '',
+              f'on its {split} split ({how}; references are the raw next queries). Size: '
+              'parameters in MB at fp32 (2**20 bytes, as the paper counts).', '',
               results_table(runs, split), '',
               '![BLEU per model](bleu.png)', '']
   ranking = ranking_table(runs, split)

@@ -250,7 +250,7 @@ class LearnedRanker:
         and meta.get('folds') == config.suggest.ranker_folds
         and meta.get('rounds') == config.suggest.ranker_rounds
         # (a record written before the search was kept: taken as made with this one)
-        and meta.get('search', searched) == searched
+        and _same_search(meta.get('search', searched), searched)
         and cls.model_problem(workdir, meta) is None)
 
   @classmethod
@@ -384,6 +384,15 @@ def search_key(config: ml_collections.ConfigDict) -> dict:
   return json.loads(json.dumps(settings.to_dict()))  # as ranker.json reads it back
 
 
+def _same_search(saved: dict | None, searched: dict) -> bool:
+  """Whether a record's search (`search_key`) is `searched`. Records written before the
+  generator source's search kept the session's queries explicitly (2026-11-28) hold the
+  protocol unset, which searched alike."""
+  protocol_read = lambda key: {**key, 'exclude_session_queries': bool(
+      key.get('exclude_session_queries'))}
+  return isinstance(saved, dict) and protocol_read(saved) == protocol_read(searched)
+
+
 @dataclasses.dataclass
 class Groups:
   """Learning-to-rank data: one group per (context, position), with rows only where the
@@ -467,6 +476,15 @@ def groups_key(config: ml_collections.ConfigDict, workdir: str) -> dict:
           'split_seed': config.data.split_seed, 'search': search_key(config)}
 
 
+def _same_groups_key(saved, key: dict) -> bool:
+  """Whether a cached record's `groups_key` is `key` (the searches compared by
+  `_same_search`)."""
+  if not isinstance(saved, dict) or saved.keys() != key.keys():
+    return False
+  return all(_same_search(saved[k], key[k]) if k == 'search' else saved[k] == key[k]
+             for k in key)
+
+
 def save_groups(groups: Groups, folder: str, key: dict) -> None:
   """`groups` as `folder`/groups.npz (the arrays) and groups.json (the texts and `key`, what
   they were made from: `groups_key`), for a later fit or a study (`load_groups`)."""
@@ -490,7 +508,7 @@ def load_groups(folder: str, key: dict, log=print) -> Groups | None:
   try:
     with open(paths[1], encoding='utf-8') as f:
       texts = json.load(f)
-    if not isinstance(texts, dict) or texts.get('key') != key:
+    if not isinstance(texts, dict) or not _same_groups_key(texts.get('key'), key):
       return None
     with np.load(paths[0], allow_pickle=False) as arrays:
       return Groups(arrays['features'], arrays['labels'], arrays['sizes'], arrays['folds'],
