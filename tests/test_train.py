@@ -564,6 +564,32 @@ def test_values_digest_reads_every_value_dtype_and_shape():
   np.testing.assert_array_equal(on_device, np.array(on_host, np.uint32))
 
 
+def test_the_best_checkpoint_outlives_a_resume_and_goes_once_another_is_best(tmp_path):
+  """The last `keep` checkpoints and the best one are kept, the best as the newest complete
+  checkpoint's meta names it: a run resumed in another process (a new manager) keeps the best
+  of the run before it (orbax's own BestN, keyed on metrics this process saved, deleted it at
+  the first save), and lets it go once its own checkpoints name another."""
+  from mtn_jax.data.vocab import SPECIAL_TOKENS, Vocab  # pylint: disable=g-import-not-at-top
+  vocab = Vocab(SPECIAL_TOKENS + ('a',))
+  params, train_state = {'w': np.ones(3, np.float32)}, {'step': np.zeros((), np.int32)}
+  folder = tmp_path / 'checkpoints'
+
+  def run(steps_and_best):
+    manager = checkpoints.open_manager(str(tmp_path), keep=1)
+    for step, best in steps_and_best:
+      checkpoints.save(manager, step, params=params, train_state=train_state, data_iter={},
+                       meta={'best_step': best}, vocab=vocab)
+    manager.close()
+    return sorted(int(p.name) for p in folder.iterdir())
+
+  assert run([(1, 1), (2, 1), (3, 1)]) == [1, 3]
+  assert run([(4, 1)]) == [1, 4]  # resumed: step 1 is still the best
+  reader = checkpoints.open_manager(str(tmp_path), read_only=True)
+  assert checkpoints.best_step(reader) == 1
+  # Step 5 is best: step 1 stays until a complete checkpoint names 5, then goes.
+  assert run([(5, 5), (6, 5)]) == [5, 6]
+
+
 def test_the_digests_first_version_is_computed_as_it_was_written():
   """Checkpoints saved by the digest's first version (62484e9 to b52f81e) still read: the
   digest it wrote for this tree, by its own code (run at 6ec04c1)."""

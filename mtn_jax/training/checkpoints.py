@@ -9,7 +9,7 @@
   vocab      the vocabulary's words
 Orbax writes each checkpoint to a temporary folder and renames it when complete, so a crash
 never leaves a half checkpoint that looks valid. The last `keep` checkpoints are kept, plus
-the one with the lowest validation loss (saved with metrics at the end of each epoch).
+the one with the lowest validation loss, which each checkpoint's meta names (`best_step`).
 The meta item also holds a digest of the params' and train's values (`values_digest`),
 compared when they are read back: orbax reads data files changed after the save (a bit
 flipped on disk) without complaint, as other values.
@@ -20,6 +20,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import hashlib
+import json
 import logging
 import os
 from collections.abc import Callable
@@ -105,13 +106,48 @@ def checkpoint_dir(workdir: str) -> str:
   return os.path.join(os.path.abspath(workdir), 'checkpoints')
 
 
+@dataclasses.dataclass
+class _LatestAndBest:
+  """Orbax's preservation policy here: the latest `keep` checkpoints, and the one the newest
+  complete checkpoint names as best (its meta's `best_step`, the trainer's record, which
+  `best_step` reads).
+
+  Not orbax's BestN over the `valid_loss` metrics saved with a checkpoint: this version keeps
+  those in the memory of the process that saved them only, so a resumed run deleted the best
+  checkpoint of the run before it at its first save. A save decides what goes before its own
+  checkpoint is complete, so the newest complete one is the one before it: a step that is
+  best at that save is the save's own, kept as the latest.
+  """
+
+  directory: str
+  keep: int
+
+  def should_preserve(self, checkpoints: list, *, context) -> list[bool]:
+    del context
+    best = self._named_best([info.step for info in checkpoints])
+    latest = len(checkpoints) - self.keep
+    if best is _UNREADABLE:  # keep everything: the next save decides again
+      return [True] * len(checkpoints)
+    return [i >= latest or info.step == best for i, info in enumerate(checkpoints)]
+
+  def _named_best(self, steps: list[int]):
+    for step in sorted(steps, reverse=True):
+      path = os.path.join(self.directory, str(step), 'meta', 'metadata')
+      if not os.path.exists(path):
+        continue  # being written (orbax renames a checkpoint's folder when it is complete)
+      try:
+        with open(path, encoding='utf-8') as f:
+          return json.load(f).get('best_step')
+      except (OSError, ValueError):
+        return _UNREADABLE
+    return None
+
+
+_UNREADABLE = object()
+
+
 def open_manager(workdir: str, keep: int = 2, read_only: bool = False) -> ocp.CheckpointManager:
-  policy = ocp.checkpoint_managers
-  preservation = policy.AnyPreservationPolicy([
-      policy.LatestN(n=keep),
-      policy.BestN(get_metric_fn=lambda m: m['valid_loss'], reverse=True, n=1,
-                   keep_checkpoints_without_metrics=False),
-  ])
+  preservation = _LatestAndBest(checkpoint_dir(workdir), keep)
   options = ocp.CheckpointManagerOptions(preservation_policy=preservation, create=not read_only,
                                          read_only=read_only,
                                          save_interval_steps=0 if read_only else 1)
@@ -243,10 +279,11 @@ def _check_values(manager: ocp.CheckpointManager, step: int, restored: dict) -> 
 
 
 def save(manager: ocp.CheckpointManager, step: int, *, params, train_state, data_iter: dict,
-         meta: dict, vocab: Vocab, valid_loss: float | None = None) -> None:
-  """Saves asynchronously; `valid_loss` marks an end-of-epoch checkpoint as a best candidate.
-  The trainer decides when to save (`force`: Orbax's own interval policy is not consulted), and
-  a save Orbax declines anyway is an error, never a checkpoint silently missing."""
+         meta: dict, vocab: Vocab) -> None:
+  """Saves asynchronously; `meta['best_step']` names the checkpoint to keep as the best
+  (`_LatestAndBest`). The trainer decides when to save (`force`: Orbax's own interval policy
+  is not consulted), and a save Orbax declines anyway is an error, never a checkpoint
+  silently missing."""
   meta = {**meta, DIGESTS: {'params': values_digest(params),
                             'train': values_digest(train_state)}}
   with _writing(manager, f'saving the checkpoint of step {step}'):
@@ -255,8 +292,7 @@ def save(manager: ocp.CheckpointManager, step: int, *, params, train_state, data
         train=ocp.args.StandardSave(train_state),
         data_iter=ocp.args.JsonSave(data_iter),
         meta=ocp.args.JsonSave(meta),
-        vocab=ocp.args.JsonSave(vocab.to_json())),
-        metrics=None if valid_loss is None else {'valid_loss': float(valid_loss)})
+        vocab=ocp.args.JsonSave(vocab.to_json())))
   if not saved:
     raise RuntimeError(f'Orbax did not save step {step} in {manager.directory}')
 

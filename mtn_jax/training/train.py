@@ -536,9 +536,9 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
   step = int(jax.device_get(state.step))
   iter_state = train_iter.get_state()
 
-  def save(valid_loss=None):
+  def save():
     checkpoints.save(manager, step, params=state.params, train_state=state.optimizer_part(),
-                     data_iter=iter_state, meta=meta, vocab=vocab, valid_loss=valid_loss)
+                     data_iter=iter_state, meta=meta, vocab=vocab)
 
   def validate() -> bool:
     """The epoch's validation at `step`, recorded and saved with the checkpoint; False when a
@@ -560,7 +560,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
       # The checkpoint saved when validation was cut short, saved again with its result.
       checkpoints.finish(manager)
       manager.delete(step)
-    save(valid_loss=valid['loss'])
+    save()
     monitor.restart_pace()
     return True
 
