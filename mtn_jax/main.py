@@ -46,16 +46,18 @@ def main(argv):
   if not FLAGS['verbosity'].present:
     # Library INFO logs (orbax writes several per checkpoint) would bury the progress lines.
     logging.set_verbosity(logging.WARNING)
-  config = cli.checked_config(FLAGS['config'], FLAGS.mode)
-  cli.check_workdir(FLAGS.workdir)
-  if FLAGS.mode != 'preprocess':  # the one mode that runs without JAX
-    from mtn_jax import parallel  # pylint: disable=g-import-not-at-top
-    parallel.set_cpu_devices(parallel.cpu_devices_for(FLAGS.mode, FLAGS.cpu_devices))
-  if FLAGS.distributed:
-    import jax  # pylint: disable=g-import-not-at-top
-    jax.distributed.initialize(coordinator_address=FLAGS.coordinator_address,
-                               num_processes=FLAGS.num_processes, process_id=FLAGS.process_id)
+  # Ctrl-C while the config's checks import the libraries (seconds) stops in one line too.
   with cli.run_errors():
+    config = cli.checked_config(FLAGS['config'], FLAGS.mode)
+    cli.check_workdir(FLAGS.workdir)
+    if FLAGS.mode != 'preprocess':  # the one mode that runs without JAX
+      from mtn_jax import parallel  # pylint: disable=g-import-not-at-top
+      parallel.set_cpu_devices(parallel.cpu_devices_for(FLAGS.mode, FLAGS.cpu_devices))
+    if FLAGS.distributed:
+      import jax  # pylint: disable=g-import-not-at-top
+      jax.distributed.initialize(coordinator_address=FLAGS.coordinator_address,
+                                 num_processes=FLAGS.num_processes,
+                                 process_id=FLAGS.process_id)
     stopped_by = modes.MODES[FLAGS.mode](config, FLAGS.workdir)
   sys.exit(cli.EXIT_CODES.get(stopped_by, 0))
 

@@ -590,6 +590,48 @@ def test_the_best_checkpoint_outlives_a_resume_and_goes_once_another_is_best(tmp
   assert run([(5, 5), (6, 5)]) == [5, 6]
 
 
+def test_a_stopped_runs_steps_after_its_last_log_line_are_logged_by_the_resumed_run():
+  """The metrics of the steps after the last log line go with the checkpoint
+  (`_TrainMonitor.window`, in its meta as JSON); the resumed run's next log line covers them
+  with its own, the figures of an uninterrupted run's line."""
+  from mtn_jax.training import train  # pylint: disable=g-import-not-at-top
+
+  class Writer:
+    def __init__(self):
+      self.records = []
+
+    def write(self, step, kind, scalars):
+      self.records.append((step, kind, scalars))
+
+  def monitor(writer, window=()):
+    return train._TrainMonitor(  # pylint: disable=protected-access
+        writer=writer, log=lambda *a, **k: None, schedule=lambda step: 0.1 * step,
+        steps_per_epoch=10, total_steps=20, last_good_checkpoint=lambda: '', window=window)
+
+  rng = np.random.default_rng(0)
+  sums = [{'loss': np.float32(rng.uniform(1, 9)), 'nll': np.float32(rng.uniform(1, 9)),
+           'tokens': np.float32(rng.integers(5, 50)), 'pairs': np.float32(3),
+           'grad_norm': np.float32(rng.uniform())} for _ in range(4)]
+  straight = Writer()
+  whole = monitor(straight)
+  for step, m in enumerate(sums):
+    whole.add(step, m, 2, 0.0)
+  whole.write(4)
+  stopped = monitor(Writer())
+  for step, m in enumerate(sums[:3]):
+    stopped.add(step, m, 2, 0.0)
+  saved = json.loads(json.dumps(stopped.window()))  # as a checkpoint's meta keeps it
+  resumed_writer = Writer()
+  resumed = monitor(resumed_writer, window=saved)
+  resumed.add(3, sums[3], 2, 0.0)
+  resumed.write(4)
+  [(step, kind, figures)] = resumed_writer.records
+  [(_, _, expected)] = straight.records
+  assert (step, kind) == (4, 'train')
+  for key in ('epoch', 'loss', 'nll', 'learning_rate', 'grad_norm'):
+    assert figures[key] == expected[key], key
+
+
 def test_the_digests_first_version_is_computed_as_it_was_written():
   """Checkpoints saved by the digest's first version (62484e9 to b52f81e) still read: the
   digest it wrote for this tree, by its own code (run at 6ec04c1)."""

@@ -36,7 +36,10 @@ class MetricWriter:
           files.write_text(path, ''.join(kept))
       self._jsonl = open(path, 'a', encoding='utf-8')
       from tensorboardX import SummaryWriter  # pylint: disable=g-import-not-at-top
-      self._tb = SummaryWriter(os.path.join(workdir, 'tensorboard'))
+      # TensorBoard hides what a stopped run logged after its checkpoint (the resumed run
+      # logs those steps again), as the JSONL drops it.
+      self._tb = SummaryWriter(os.path.join(workdir, 'tensorboard'),
+                               purge_step=None if resumed_at is None else resumed_at + 1)
 
   def write(self, step: int, kind: str, scalars: dict[str, float]) -> None:
     """`kind` ('train', 'valid', ...) prefixes the TensorBoard tags and is kept in the JSONL."""

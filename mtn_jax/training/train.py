@@ -28,7 +28,7 @@ import os
 import signal
 import threading
 import time
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from typing import Any
 
 import flax
@@ -388,11 +388,14 @@ class _TrainMonitor:
   """
 
   def __init__(self, *, writer, log, schedule, steps_per_epoch: int, total_steps: int,
-               last_good_checkpoint):
+               last_good_checkpoint, window: Sequence[dict] = ()):
+    """`window`: the metrics of the steps after the last log line that a stopped run saved
+    with its checkpoint (`window()`), so the resumed run's next line covers them too."""
     self._writer, self._log, self._schedule = writer, log, schedule
     self._steps_per_epoch, self._total_steps = steps_per_epoch, total_steps
     self._last_good_checkpoint = last_good_checkpoint
-    self._pending: list[tuple[int, dict]] = []
+    self._pending: list[tuple[int, dict]] = [
+        (int(m['step']), {k: v for k, v in m.items() if k != 'step'}) for m in window]
     self._sessions = 0
     self._window_start, self._compile_seconds = time.time(), 0.0
 
@@ -414,6 +417,12 @@ class _TrainMonitor:
             f'non-finite training loss ({m["loss"]}) at step {step}; stopped without saving. '
             + (good if good else 'No checkpoint was written yet.'))
     return fetched
+
+  def window(self) -> list[dict]:
+    """The metrics of the steps since the last log line, checked, as JSON for a checkpoint's
+    meta (floats: the figures a log line sums)."""
+    return [{'step': step, **{k: float(v) for k, v in m.items()}}
+            for (step, _), m in zip(self._pending, self.check())]
 
   def restart_pace(self) -> None:
     """Starts the pace window afresh: the time just spent on validation and its checkpoint is
@@ -483,6 +492,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
   log = print if jax.process_index() == 0 else (lambda *a, **k: None)
 
   latest = manager.latest_step()
+  window = []  # the metrics of the steps after the last log line (`_TrainMonitor`)
   if latest is None:
     state = create_state(task, optimizer, config.seed, mesh)
   else:
@@ -494,6 +504,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
                                  saved_meta=saved_meta)
     train_iter.set_state(iter_state)
     meta.update({k: saved_meta[k] for k in ('valid', 'best_step', 'best_valid_loss')})
+    window = saved_meta.get('train_window', [])
     pending = saved_meta.get('pending_validation')
     if pending is not None:
       meta['pending_validation'] = pending
@@ -532,13 +543,16 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
   monitor = _TrainMonitor(writer=writer, log=log,
                           schedule=learning_rate_schedule(tc, config.model.get('d_model')),
                           steps_per_epoch=steps_per_epoch, total_steps=total_steps,
-                          last_good_checkpoint=last_good_checkpoint)
+                          last_good_checkpoint=last_good_checkpoint,
+                          window=window)
   step = int(jax.device_get(state.step))
   iter_state = train_iter.get_state()
 
   def save():
+    # The steps since the last log line go with the checkpoint (a resumed run logs them).
     checkpoints.save(manager, step, params=state.params, train_state=state.optimizer_part(),
-                     data_iter=iter_state, meta=meta, vocab=vocab)
+                     data_iter=iter_state, meta={**meta, 'train_window': monitor.window()},
+                     vocab=vocab)
 
   def validate() -> bool:
     """The epoch's validation at `step`, recorded and saved with the checkpoint; False when a
@@ -589,7 +603,6 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
           monitor.write(step)
           validate()
         elif _checkpoint_due(step, tc.checkpoint_every_steps) or stop.requested:
-          monitor.check()
           save()
         if stop.requested:
           break
