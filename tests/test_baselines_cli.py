@@ -95,6 +95,10 @@ def test_training_lowers_the_loss_and_resumes_where_it_stopped(baseline):
   assert 'Resuming from' not in baseline.first.stdout
   assert (f'Resuming from checkpoint {baseline.workdir / "checkpoints"}/{FIRST_STEPS}'
           in baseline.resumed.stdout)
+  # The one setting changed for the resumed run is named.
+  assert ('Note: resuming with settings its steps so far were not trained with: '
+          f'config.train.max_steps={TOTAL_STEPS} (was {FIRST_STEPS}); config.json records this '
+          "run's.") in baseline.resumed.stdout
   train = metric_writer.read_metrics(str(baseline.workdir), 'train')
   # The resumed run goes on from the saved step: no step is lost or run twice.
   assert [r['step'] for r in train] == list(range(1, TOTAL_STEPS + 1))

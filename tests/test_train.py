@@ -632,6 +632,18 @@ def test_a_stopped_runs_steps_after_its_last_log_line_are_logged_by_the_resumed_
     assert figures[key] == expected[key], key
 
 
+def test_a_resumed_runs_changed_learning_settings_are_named():
+  from mtn_jax.training import train  # pylint: disable=g-import-not-at-top
+  saved = {'train': {'learning_rate': 0.3, 'max_steps': 20, 'gone': 1},
+           'model': {'dropout': 0.1}, 'decode': {'beam_size': 5}}
+  current = {'train': {'learning_rate': 0.9, 'max_steps': 20, 'new': 2},
+             'model': {'dropout': 0.5}, 'decode': {'beam_size': 10}}
+  # Decoding settings are no training setting; a key one run lacks is no change.
+  assert train.changed_settings(saved, current) == [
+      'config.train.learning_rate=0.9 (was 0.3)', 'config.model.dropout=0.5 (was 0.1)']
+  assert train.changed_settings(saved, saved) == []
+
+
 def test_the_digests_first_version_is_computed_as_it_was_written():
   """Checkpoints saved by the digest's first version (62484e9 to b52f81e) still read: the
   digest it wrote for this tree, by its own code (run at 6ec04c1)."""

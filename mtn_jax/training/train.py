@@ -307,6 +307,24 @@ def _check_data_order(saved_config: dict, config: ml_collections.ConfigDict, whe
           f'{saved!r}, or a new workdir')
 
 
+# The sections whose values shape what training learns: a resumed run may change them (more
+# epochs, another rate), and says which it changed.
+LEARNING_SECTIONS = ('train', 'model', 'input')
+
+
+def changed_settings(saved_config: dict, config: dict) -> list[str]:
+  """'config.train.learning_rate=0.9 (was 0.3)' for each key of `LEARNING_SECTIONS` whose
+  value differs between a checkpoint's run (`saved_config`, its meta's JSON) and this run's
+  (`config`, as JSON); a key one of them lacks is no change."""
+  changed = []
+  for section in LEARNING_SECTIONS:
+    saved, current = saved_config.get(section) or {}, config.get(section) or {}
+    for key in sorted(saved.keys() & current.keys()):
+      if saved[key] != current[key]:
+        changed.append(f'config.{section}.{key}={current[key]!r} (was {saved[key]!r})')
+  return changed
+
+
 def _restore(manager, step: int, *, task: tasks.GenerationTask, optimizer, mesh,
              saved_meta: dict) -> tuple[TrainState, dict]:
   """The TrainState and data-iterator state of checkpoint `step`, in this run's layer
@@ -517,6 +535,10 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
       return _summary(latest, total_steps, meta, None)
     log(f'Resuming from {where} (step {latest} of {total_steps}, epoch '
         f'{latest // steps_per_epoch + 1} of {math.ceil(total_steps / steps_per_epoch)}).')
+    changed = changed_settings(saved_meta.get('config', {}), meta['config'])
+    if changed:
+      log('Note: resuming with settings its steps so far were not trained with: '
+          + ', '.join(changed) + '; config.json records this run\'s.', flush=True)
   if jax.process_index() == 0:
     _save_json(os.path.join(workdir, 'config.json'),
                {'config': meta['config'], 'model': meta['model'], 'vocab_size': len(vocab)})
