@@ -632,6 +632,21 @@ def test_a_stopped_runs_steps_after_its_last_log_line_are_logged_by_the_resumed_
     assert figures[key] == expected[key], key
 
 
+def test_a_second_run_training_in_a_workdir_is_refused_naming_the_first(tmp_path):
+  """Two runs training in one workdir would each write its checkpoints and every record of
+  metrics.jsonl: the second is refused (the lock is the system's, so a killed run holds
+  nothing; a file descriptor of its own conflicts as another process's would)."""
+  from mtn_jax.training import train  # pylint: disable=g-import-not-at-top
+  with train._training_alone(str(tmp_path)):  # pylint: disable=protected-access
+    with pytest.raises(train.WorkdirBusy, match=(
+        rf'{tmp_path}: another run is training in it \(process {os.getpid()}\); wait for it '
+        'to end, or train in another workdir')):
+      with train._training_alone(str(tmp_path)):  # pylint: disable=protected-access
+        pass
+  with train._training_alone(str(tmp_path)):  # released: the next run trains
+    pass
+
+
 def test_a_resumed_runs_changed_learning_settings_are_named():
   from mtn_jax.training import train  # pylint: disable=g-import-not-at-top
   saved = {'train': {'learning_rate': 0.3, 'max_steps': 20, 'gone': 1},

@@ -20,7 +20,9 @@ uninterrupted one bit for bit on CPU.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import fcntl
 import functools
 import json
 import math
@@ -485,14 +487,56 @@ def _save_json(path: str, obj) -> None:
   files.write_text(path, json.dumps(obj, indent=2, sort_keys=True))
 
 
+class WorkdirBusy(errors.Error):
+  """Another run is training in the workdir; the message names its process."""
+
+
+# Held while a run trains in a workdir (`_training_alone`).
+TRAINING_LOCK = '.training.lock'
+
+
+@contextlib.contextmanager
+def _training_alone(workdir: str):
+  """Holds the workdir's training lock for the block, or refuses: two runs training in one
+  workdir would both write its checkpoints and each record of metrics.jsonl. An advisory
+  lock (`fcntl.flock`) the system releases when the process ends, however it ends, so a
+  killed run leaves nothing to clean up. Only process 0 of a multi-process run takes it."""
+  if jax.process_index() != 0:
+    yield
+    return
+  os.makedirs(workdir, exist_ok=True)
+  path = os.path.join(workdir, TRAINING_LOCK)
+  with open(path, 'a+', encoding='utf-8') as f:
+    try:
+      fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+      f.seek(0)
+      holder = f.read().strip() or 'unknown'
+      raise WorkdirBusy(f'{workdir}: another run is training in it (process {holder}); wait '
+                        'for it to end, or train in another workdir') from None
+    f.seek(0)
+    f.truncate()
+    f.write(str(os.getpid()))
+    f.flush()
+    try:
+      yield
+    finally:
+      fcntl.flock(f, fcntl.LOCK_UN)
+
+
 def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
-  """Trains (resuming if possible); returns the final summary.
+  """Trains (resuming if possible), alone in the workdir; returns the final summary.
 
   The summary: 'step', 'total_steps', 'best_step', 'best_valid_loss', 'valid' (every
   validation result), 'stopped_by' ('SIGINT' or 'SIGTERM' when a signal stopped the run after
   a checkpoint, else None) and 'interrupted' (whether it did).
   """
   workdir = os.path.abspath(workdir)
+  with _training_alone(workdir):
+    return _train_and_evaluate(config, workdir)
+
+
+def _train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
   data = training_data(config, workdir)
   vocab, task, steps_per_epoch = data.vocab, data.task, data.steps_per_epoch
   cfg = task.cfg
