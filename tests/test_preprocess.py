@@ -471,6 +471,18 @@ def test_vocabulary_from_training_words_only(tmp_path):
       assert all(i == UNK_ID for i, w in zip(ids, words) if w in eval_only)
 
 
+def test_a_demo_workdir_moved_whole_reuses_its_corpus(tmp_path, capsys):
+  """The demo log lives in the workdir: moved or copied whole (`cp -a`), the workdir's corpus
+  is still current, not built again from the same log at its new path."""
+  c = config('', min_word_count=1, demo_users=60)
+  c.data.source = 'demo'
+  preprocess.prepare(c, str(tmp_path / 'w'))
+  moved = str((tmp_path / 'w').rename(tmp_path / 'moved'))
+  capsys.readouterr()
+  preprocess.prepare(c, moved, verbose=True)
+  assert f'Reusing the corpus in {preprocess.data_dir(moved)}' in capsys.readouterr().out
+
+
 def test_cache_reuse_rebuild_and_atomic_replace(tmp_path, capsys, monkeypatch):
   log = _many_sessions_log(tmp_path / 'log.tsv', 20)
   workdir = str(tmp_path / 'w')
@@ -635,8 +647,9 @@ def test_train_users_keeps_that_many_training_users_and_the_other_splits(tmp_pat
   # 0 (every user) keeps the corpus fingerprint of a config without the key.
   without = config(log, **kw).data.to_dict()
   del without['train_users']
-  assert (preprocess._manifest(ml_collections.ConfigDict(without), [str(log)])['fingerprint']
-          == preprocess._manifest(config(log, **kw).data, [str(log)])['fingerprint'])
+  manifest = lambda data: preprocess._manifest(  # pylint: disable=protected-access
+      data, [str(log)], str(tmp_path / 'all' / 'data'))['fingerprint']
+  assert manifest(ml_collections.ConfigDict(without)) == manifest(config(log, **kw).data)
 
 
 def test_a_log_too_small_to_split_fails_at_preprocessing(tmp_path):

@@ -104,7 +104,7 @@ def prepare(config: ml_collections.ConfigDict, workdir: str, verbose: bool = Fal
     return movies.prepare(config, workdir, verbose)
   target = data_dir(workdir)
   paths = _input_paths(cfg, target)
-  manifest = _manifest(cfg, paths)
+  manifest = _manifest(cfg, paths, target)
   if _is_current(target, manifest):
     with open(os.path.join(target, _STATS), encoding='utf-8') as f:
       stats = json.load(f)
@@ -284,12 +284,17 @@ def _demo_log(target: str, num_users: int, seed: int) -> str:
   return path
 
 
-def _manifest(cfg: ml_collections.ConfigDict, paths: list[str]) -> dict:
+def _manifest(cfg: ml_collections.ConfigDict, paths: list[str], target: str) -> dict:
+  """What the corpus in `target` is built from: the inputs (path, size, time) and
+  config.data. An input inside `target` (the demo log) is named relative to it, so that a
+  workdir moved or copied whole still reads its corpus as current."""
   inputs = []
+  inside = os.path.realpath(target) + os.sep
   for path in paths:
     st = os.stat(path)
-    inputs.append({'path': os.path.realpath(path), 'size': st.st_size,
-                   'mtime_ns': st.st_mtime_ns})
+    real = os.path.realpath(path)
+    name = ('<data>/' + real[len(inside):]) if real.startswith(inside) else real
+    inputs.append({'path': name, 'size': st.st_size, 'mtime_ns': st.st_mtime_ns})
   # train_users=0 (every user) is left out so that corpora built before it existed stay
   # current.
   data_config = {k: v for k, v in cfg.to_dict().items()
