@@ -16,8 +16,8 @@ its candidates at all). Suggesters: the learned ranker as shown (`presentation.p
 with the config's rules), without each rule, with the session-first rule over fewer places,
 alone without each feature group (the ablation); each source alone; MPC; the quota blend
 `popular:3,cooccurring:5,generate:10`; the rule list (MPC's first 3, then the 5 most frequent
-edit templates of the previous query, then MPC). Writes
-<workdir>/ranker/cross_fitted.json; prints a Markdown table.
+edit templates of the previous query, then MPC). Writes <workdir>/ranker/cross_fitted.json
+(with --skip_ablation: cross_fitted_no_ablation.json); prints a Markdown table.
 """
 
 from __future__ import annotations
@@ -185,7 +185,9 @@ def main() -> None:
             'attested_only': config.suggest.attested_only,
             'unrelated_first': config.suggest.unrelated_first, 'rows': rows,
             'seconds': round(time.time() - started, 1)}
-  path = os.path.join(learned.ranker_dir(args.workdir), 'cross_fitted.json')
+  # A run without the ablation keeps the whole record of the last full run.
+  path = os.path.join(learned.ranker_dir(args.workdir), 'cross_fitted_no_ablation.json'
+                      if args.skip_ablation else 'cross_fitted.json')
   os.makedirs(os.path.dirname(path), exist_ok=True)
   with open(path, 'w', encoding='utf-8') as f:
     json.dump(record, f, indent=1)

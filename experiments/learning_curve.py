@@ -45,9 +45,31 @@ def training_users(workdir: str) -> int:
   return len(np.unique(split.users))
 
 
+# The strategy each results file is read for: a workdir without a learned ranker evaluates
+# 'learned' by the blend (its results say so), which is no point of the learned curve.
+STRATEGIES = {'learned_results.json': 'learned', 'blend_results.json': 'blend',
+              'results.json': 'generate'}
+
+
 def ranking(workdir: str, results: str, key: str) -> dict:
-  with open(os.path.join(workdir, 'eval', results), encoding='utf-8') as f:
-    return json.load(f)['scores_excluding_session'][key]['ranking']
+  """The user-facing ranking figures of `key` in `workdir`'s eval/`results`; exits naming
+  the file where it is missing, another strategy's, or of part of the split."""
+  path = os.path.join(workdir, 'eval', results)
+  strategy = STRATEGIES[results]
+  again = (f'python -m mtn_jax.main ... --workdir={workdir} --mode=eval '
+           f'--config.suggest.strategy={strategy}')
+  if not os.path.exists(path):
+    sys.exit(f'{path}: missing; make it with {again}')
+  with open(path, encoding='utf-8') as f:
+    record = json.load(f)
+  used = record.get('strategy', {}).get('strategy', 'generate')
+  if used != strategy:
+    sys.exit(f'{path}: the {used!r} strategy\'s lists, not {strategy!r}\'s (a workdir without '
+             'a learned ranker is evaluated by the blend): train its ranker (--mode=train)')
+  if record.get('sessions', 0) < record.get('sessions_total', 0):
+    sys.exit(f'{path}: {record["sessions"]:,} of the split\'s {record["sessions_total"]:,} '
+             f'sessions (config.decode.max_eval_sessions): evaluate the whole split, {again}')
+  return record['scores_excluding_session'][key]['ranking']
 
 
 def main() -> None:
@@ -56,6 +78,14 @@ def main() -> None:
   parser.add_argument('--figure', required=True, help='the PNG to write')
   args = parser.parse_args()
   workdirs = [w for w in args.workdirs.split(',') if w]
+  if not workdirs:
+    parser.error('--workdirs names no workdir')
+  for workdir in workdirs:
+    if not os.path.isdir(preprocess.data_dir(os.path.abspath(workdir))):
+      parser.error(f'--workdirs: {workdir} holds no corpus (data/): a trained workdir')
+  folder = os.path.dirname(os.path.abspath(args.figure))
+  if not os.path.isdir(folder):
+    parser.error(f'--figure: no folder {folder}')
   users = [training_users(w) for w in workdirs]
   figures = {label: [ranking(w, results, key) for w in workdirs]
              for label, results, key in CURVES}

@@ -121,7 +121,7 @@ def score(args) -> None:
   systems = sorted({name for letters in key.values() for name in letters.values()})
   for path in args.judgments.split(','):
     with open(path, encoding='utf-8') as f:
-      marks = json.load(f)
+      marks = _checked_marks(path, json.load(f), record)
     for system in systems:
       useful = garbled = total = two = lists = 0
       for n, letters in key.items():
@@ -136,6 +136,31 @@ def score(args) -> None:
         two += labels.count('U') >= 2
       print(f'| {system} | {os.path.basename(path)} | {100 * useful / total:.1f} | '
             f'{100 * garbled / total:.1f} | {100 * two / lists:.1f} |')
+
+
+def _checked_marks(path: str, marks, record: dict) -> dict:
+  """A judge's marks, list letters upper-cased; exits naming the file and the first context
+  or list that does not match key.json (a mismatch would score as no useful suggestion)."""
+  if not isinstance(marks, dict):
+    sys.exit(f'{path}: expected {{"<context number>": {{"<list letter>": ["U"|"G"|"N", ...]}}}}')
+  key = record['key']
+  unknown = [n for n in marks if n not in key]
+  if unknown:
+    sys.exit(f'{path}: context {unknown[0]!r} is not in key.json (contexts "1" to '
+             f'"{len(key)}")')
+  checked = {}
+  for n, letters in key.items():
+    given = {str(letter).upper(): m for letter, m in marks.get(n, {}).items()}
+    for letter, system in letters.items():
+      shown = len(record['lists'][system][int(n) - 1])
+      got = given.get(letter)
+      if not isinstance(got, list) or len(got) < shown:
+        sys.exit(f'{path}: context {n}, list {letter}: {len(got) if isinstance(got, list) else 0}'
+                 f' marks for its {shown} suggestions')
+      if any(str(m).upper()[:1] not in 'UGN' for m in got[:shown]):
+        sys.exit(f'{path}: context {n}, list {letter}: marks are U, G or N, got {got[:shown]}')
+    checked[n] = given
+  return checked
 
 
 def run(description: str, make_fn, score_fn, *, contexts: int, seed: int,
@@ -154,8 +179,14 @@ def run(description: str, make_fn, score_fn, *, contexts: int, seed: int,
   add_arguments(parser)
   args, rest = parser.parse_known_args()
   if args.command == 'score':
+    if rest:
+      parser.error(f'unrecognized arguments: {" ".join(rest)}')
+    if not args.judgments:
+      parser.error('score needs --judgments=J1.json[,J2.json]')
     score_fn(args)
     return
+  if not args.workdir:
+    parser.error('make needs --workdir=W')
   config_flags.DEFINE_config_file('config', 'configs/aol.py:small')
   flags.FLAGS([sys.argv[0], *rest])
   make_fn(args, flags.FLAGS.config)
