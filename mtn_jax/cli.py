@@ -232,6 +232,12 @@ def _workdir_problem(workdir: str) -> str | None:
   return problem and f'--workdir={workdir}: {problem}'
 
 
+def not_orbax_thread_failures(record) -> bool:
+  """A logging filter: False for the failure logs (with a traceback) of orbax's background
+  threads, which the save that waits for them raises again (`checkpoints._writing`)."""
+  return not (record.exc_info and f'{os.sep}orbax{os.sep}' in record.pathname)
+
+
 @contextlib.contextmanager
 def run_errors():
   """Around a mode: a problem with the input, config or checkpoint (`errors.Error`), or a

@@ -8,6 +8,7 @@
 errors are one line and an exit code (`mtn_jax.cli`). The modes themselves: `mtn_jax.modes`.
 """
 
+import logging as stdlib_logging
 import sys
 
 from absl import app
@@ -46,6 +47,10 @@ def main(argv):
   if not FLAGS['verbosity'].present:
     # Library INFO logs (orbax writes several per checkpoint) would bury the progress lines.
     logging.set_verbosity(logging.WARNING)
+    # Orbax's background threads log each failure of a checkpoint write with a traceback (a
+    # full disk: one per file being written), then the save that waits for them raises it,
+    # named in one line (`checkpoints._writing`): their copies would bury that line.
+    stdlib_logging.getLogger('absl').addFilter(cli.not_orbax_thread_failures)
   # Ctrl-C while the config's checks import the libraries (seconds) stops in one line too.
   with cli.run_errors():
     config = cli.checked_config(FLAGS['config'], FLAGS.mode)

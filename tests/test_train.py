@@ -694,6 +694,30 @@ def test_a_save_the_file_system_refuses_is_one_error_naming_the_folder(tmp_path,
   monkeypatch.setattr(manager, 'wait_until_finished', full)
   with pytest.raises(checkpoints.SaveFailed, match='saving a checkpoint failed .*No space'):
     checkpoints.finish(manager)
+  # The write of the checkpoint before it failed in the background: named as that one's.
+  with pytest.raises(checkpoints.SaveFailed, match=re.escape(
+      'saving the checkpoint before step 4 failed (OSError: [Errno 28] No space left')):
+    checkpoints.save(manager, 4, params={'w': np.zeros(2)}, train_state={}, data_iter={},
+                     meta={}, vocab=Vocab(SPECIAL_TOKENS))
+
+
+def test_orbax_threads_failure_logs_are_left_to_the_one_line_error():
+  """Orbax's background threads log a traceback per file a failed checkpoint write held (a
+  full disk: hundreds of lines); the save that waits for them names the failure in one line,
+  so the command line drops those copies (not its other logs) unless --verbosity asks."""
+  import logging  # pylint: disable=g-import-not-at-top
+  import sys  # pylint: disable=g-import-not-at-top
+  from mtn_jax import cli  # pylint: disable=g-import-not-at-top
+  try:
+    raise ValueError('RESOURCE_EXHAUSTED')
+  except ValueError:
+    failure = sys.exc_info()
+  record = lambda path, exc_info: logging.LogRecord('absl', logging.ERROR, path, 1, 'x', (),
+                                                    exc_info)
+  orbax = '/venv/site-packages/orbax/checkpoint/_src/futures/future.py'
+  assert not cli.not_orbax_thread_failures(record(orbax, failure))
+  assert cli.not_orbax_thread_failures(record(orbax, None))
+  assert cli.not_orbax_thread_failures(record('/work/mtn_jax/training/train.py', failure))
 
 
 def test_the_time_left_is_rounded_up():

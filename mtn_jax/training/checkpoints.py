@@ -286,6 +286,9 @@ def save(manager: ocp.CheckpointManager, step: int, *, params, train_state, data
   silently missing."""
   meta = {**meta, DIGESTS: {'params': values_digest(params),
                             'train': values_digest(train_state)}}
+  # The checkpoint before it may still be written in the background: a failure there is its.
+  with _writing(manager, f'saving the checkpoint before step {step}'):
+    manager.wait_until_finished()
   with _writing(manager, f'saving the checkpoint of step {step}'):
     saved = manager.save(step, force=True, args=ocp.args.Composite(
         params=ocp.args.StandardSave(params),
