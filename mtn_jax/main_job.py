@@ -59,9 +59,10 @@ def train(config: ml_collections.ConfigDict, workdir: str, preprocessed: bool = 
   summary, after a closing summary (the best checkpoint, the workdir's files). With
   `config.serve.prepare_after_train`, a run that was not stopped then compiles the service's
   programs into its compilation cache (`serving.prepare`), its learned ranker included."""
-  summary = _train_all(config, workdir, preprocessed)
-  if not summary['interrupted'] and jax.process_index() == 0:
-    prepare.after_training(config, workdir)
+  with train_loop.training_alone(workdir):  # the corpus, the generators and the ranker
+    summary = _train_all(config, workdir, preprocessed)
+    if not summary['interrupted'] and jax.process_index() == 0:
+      prepare.after_training(config, workdir)
   return summary
 
 
@@ -125,7 +126,7 @@ def training_summary(summary: dict, workdir: str) -> str:
                  f'{summary["best_valid_loss"]:.4f} (what eval, decode, suggest and serve '
                  f'load), in {checkpoints.checkpoint_dir(workdir)}')
   lines.append(f'The workdir, {workdir}:')
-  for name in sorted(os.listdir(workdir)):
+  for name in sorted(n for n in os.listdir(workdir) if not n.startswith('.')):
     shown = name + ('/' if os.path.isdir(os.path.join(workdir, name)) else '')
     lines.append(f'  {shown:<16} {WORKDIR_FILES.get(name, "")}'.rstrip())
   return '\n'.join(lines)
@@ -141,10 +142,11 @@ def run_all(config: ml_collections.ConfigDict, workdir: str) -> dict:
   """Runs every stage; returns the evaluation results, or {'stopped_by': signal name} when a
   signal stopped training (after a checkpoint)."""
   workdir = os.path.abspath(workdir)
-  print('== Preprocessing', flush=True)
-  preprocess.prepare(config, workdir, verbose=True)
-  print('== Training', flush=True)
-  summary = train(config, workdir, preprocessed=True)
+  with train_loop.training_alone(workdir):
+    print('== Preprocessing', flush=True)
+    preprocess.prepare(config, workdir, verbose=True)
+    print('== Training', flush=True)
+    summary = train(config, workdir, preprocessed=True)
   if summary['interrupted']:
     print(f'Training was stopped at step {summary["step"]}; run the same command again to '
           'resume. Evaluation and report skipped.', flush=True)

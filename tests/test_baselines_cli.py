@@ -96,7 +96,7 @@ def test_training_lowers_the_loss_and_resumes_where_it_stopped(baseline):
   assert (f'Resuming from checkpoint {baseline.workdir / "checkpoints"}/{FIRST_STEPS}'
           in baseline.resumed.stdout)
   # The one setting changed for the resumed run is named.
-  assert ('Note: resuming with settings its steps so far were not trained with: '
+  assert ('Note: resuming with settings changed since its checkpoint: '
           f'config.train.max_steps={TOTAL_STEPS} (was {FIRST_STEPS}); config.json records this '
           "run's.") in baseline.resumed.stdout
   train = metric_writer.read_metrics(str(baseline.workdir), 'train')

@@ -507,7 +507,7 @@ def test_a_report_of_the_learned_strategy_names_the_blend_where_a_run_used_it(tm
   report.write_report(config, workdirs[0])
   text = (tmp_path / 'out' / 'report.md').read_text(encoding='utf-8')
   assert ('the suggestions of the learned strategy, named under each run\'s samples; blend '
-          'where a run has no learned ranker;') in text
+          'where a run had no learned ranker;') in text
 
 
 def test_report_refuses_missing_and_unevaluated_workdirs(tmp_path):

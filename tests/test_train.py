@@ -630,20 +630,35 @@ def test_a_stopped_runs_steps_after_its_last_log_line_are_logged_by_the_resumed_
   assert (step, kind) == (4, 'train')
   for key in ('epoch', 'loss', 'nll', 'learning_rate', 'grad_norm'):
     assert figures[key] == expected[key], key
+  # The pace is the resumed run's own: one step (and its pairs) in its time, not four.
+  assert figures['pairs_per_s'] / figures['steps_per_s'] == pytest.approx(3)
+  assert figures['tokens_per_s'] / figures['steps_per_s'] == pytest.approx(float(sums[3]['tokens']))
 
 
 def test_a_second_run_training_in_a_workdir_is_refused_naming_the_first(tmp_path):
   """Two runs training in one workdir would each write its checkpoints and every record of
   metrics.jsonl: the second is refused (the lock is the system's, so a killed run holds
   nothing; a file descriptor of its own conflicts as another process's would)."""
+  import fcntl  # pylint: disable=g-import-not-at-top
   from mtn_jax.training import train  # pylint: disable=g-import-not-at-top
-  with train._training_alone(str(tmp_path)):  # pylint: disable=protected-access
-    with pytest.raises(train.WorkdirBusy, match=(
-        rf'{tmp_path}: another run is training in it \(process {os.getpid()}\); wait for it '
-        'to end, or train in another workdir')):
-      with train._training_alone(str(tmp_path)):  # pylint: disable=protected-access
+  with train.training_alone(str(tmp_path)):
+    with train.training_alone(str(tmp_path)):  # this process holds it: taken again
+      pass
+    # Another process's lock (here a second open file, which conflicts alike).
+    with open(tmp_path / train.TRAINING_LOCK, encoding='utf-8') as other:
+      with pytest.raises(BlockingIOError):
+        fcntl.flock(other, fcntl.LOCK_EX | fcntl.LOCK_NB)
+  with open(tmp_path / train.TRAINING_LOCK, 'r+', encoding='utf-8') as other:
+    fcntl.flock(other, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    other.truncate()
+    other.write('4242')
+    other.flush()
+    with pytest.raises(train.WorkdirBusy, match=re.escape(
+        f'{tmp_path}: another run is training in it (process 4242); wait for it to end, or '
+        'train in another workdir')):
+      with train.training_alone(str(tmp_path)):
         pass
-  with train._training_alone(str(tmp_path)):  # released: the next run trains
+  with train.training_alone(str(tmp_path)):  # released: the next run trains
     pass
 
 

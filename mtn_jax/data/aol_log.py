@@ -187,11 +187,20 @@ def _latin1_lines_to_utf8(buf: bytearray) -> tuple[bytearray, int]:
     pass
   lines, count = bytes(buf).split(b'\n'), 0
   for i, line in enumerate(lines):
-    if not decode_text(line)[1]:
-      continue
-    lines[i] = b'\t'.join(decode_text(field)[0].encode('utf-8') for field in line.split(b'\t'))
-    count += 1
+    text, latin1 = decode_fields(line)
+    if latin1:
+      lines[i] = text.encode('utf-8')
+      count += 1
   return bytearray(b'\n'.join(lines)), count
+
+
+def decode_fields(line: bytes) -> tuple[str, bool]:
+  """(text, was_latin1) of a line of tab-separated fields: where the line is not UTF-8, each
+  field that is not is read as Latin-1 (`decode_text`), the others as they are."""
+  text, latin1 = decode_text(line)
+  if latin1:
+    text = '\t'.join(decode_text(field)[0] for field in line.split(b'\t'))
+  return text, latin1
 
 
 class LogFormatError(errors.Error, ValueError):

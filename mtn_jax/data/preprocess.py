@@ -287,7 +287,8 @@ def _demo_log(target: str, num_users: int, seed: int) -> str:
 def _manifest(cfg: ml_collections.ConfigDict, paths: list[str], target: str) -> dict:
   """What the corpus in `target` is built from: the inputs (path, size, time) and
   config.data. An input inside `target` (the demo log) is named relative to it, so that a
-  workdir moved or copied whole still reads its corpus as current."""
+  workdir moved whole, or copied keeping its files' times (`cp -a`), still reads its corpus
+  as current."""
   inputs = []
   inside = os.path.realpath(target) + os.sep
   for path in paths:

@@ -322,11 +322,13 @@ def write_report(config: ml_collections.ConfigDict, workdir: str,
                         if key in runs[0].results['scores']])
   how = ('the models by beam search' if strategy == 'generate' else
          f'the suggestions of the {strategy} strategy, named under each run\'s samples')
-  # A workdir without a learned ranker was evaluated by the blend (its results say so).
+  # A run may have been evaluated by another strategy than asked (a workdir without a
+  # learned ranker, by the blend): its results say so.
   instead = sorted({r.results.get('strategy', {}).get('strategy', strategy) for r in runs}
                    - {strategy})
   if instead:
-    how += f'; {" and ".join(instead)} where a run has no learned ranker'
+    how += f'; {" and ".join(instead)} where a run had no {strategy} ' + (
+        'ranker' if strategy == 'learned' else 'lists')
   sections = ['# Next-query suggestion: results', '',
               'n-gram precision (1/2/3/4-gram, %) and BLEU of the best checkpoint of each run '
               f'on its {split} split ({how}; references are the raw next queries). Size: '

@@ -64,15 +64,6 @@ def refused_character(text: str) -> str | None:
   return f'the {kind} U+{code:04X}'
 
 
-def decode_line(raw: bytes) -> tuple[str, bool]:
-  """(text, was_latin1) of a line of tab-separated queries: each query that is not UTF-8 is
-  read as Latin-1 (`aol_log.decode_text`), its other queries as they are."""
-  try:
-    return raw.decode('utf-8'), False
-  except UnicodeDecodeError:
-    return '\t'.join(aol_log.decode_text(field)[0] for field in raw.split(b'\t')), True
-
-
 class DecodeInputError(errors.Error, ValueError):
   """A decode input file that cannot be read; the message names the file (and line)."""
 
@@ -176,7 +167,9 @@ def _lines(path: str, strict: bool, counts: collections.Counter) -> Iterator[tup
   try:
     with opener(path, 'rb') as f:
       for number, raw in enumerate(f, 1):
-        text, latin1 = decode_line(raw.removeprefix(aol_log.UTF8_BOM) if number == 1 else raw)
+        if number == 1:
+          raw = raw.removeprefix(aol_log.UTF8_BOM)
+        text, latin1 = aol_log.decode_fields(raw)
         if latin1:
           counts['latin1_lines'] += 1
         yield number, text.rstrip('\r\n')

@@ -37,6 +37,7 @@ import ml_collections
 
 from mtn_jax import errors
 from mtn_jax import files
+from mtn_jax.data import aol_log
 from mtn_jax.inference import inputs
 from mtn_jax.inference import pipeline
 from mtn_jax.inference.inputs import Context
@@ -287,7 +288,7 @@ def interactive(config: ml_collections.ConfigDict, workdir: str, stdin: TextIO =
     line = read_line()
     if not line:
       break
-    line, latin1 = inputs.decode_line(line) if isinstance(line, bytes) else (line, False)
+    line, latin1 = aol_log.decode_fields(line) if isinstance(line, bytes) else (line, False)
     if refused := inputs.refused_character(line):
       say(f'not read: the query holds {refused} (an arrow or function key?); type it again')
       continue

@@ -37,7 +37,8 @@ class MetricWriter:
       self._jsonl = open(path, 'a', encoding='utf-8')
       from tensorboardX import SummaryWriter  # pylint: disable=g-import-not-at-top
       # TensorBoard hides what a stopped run logged after its checkpoint (the resumed run
-      # logs those steps again), as the JSONL drops it.
+      # logs those steps again), as the JSONL drops it; a validation at the checkpoint's own
+      # step that is redone (`redo_validation`) shows twice there, with the same loss.
       self._tb = SummaryWriter(os.path.join(workdir, 'tensorboard'),
                                purge_step=None if resumed_at is None else resumed_at + 1)
 

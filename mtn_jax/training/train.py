@@ -309,8 +309,8 @@ def _check_data_order(saved_config: dict, config: ml_collections.ConfigDict, whe
           f'{saved!r}, or a new workdir')
 
 
-# The sections whose values shape what training learns: a resumed run may change them (more
-# epochs, another rate), and says which it changed.
+# The sections of training's settings: a resumed run may change them (more epochs, another
+# rate, another logging cadence), and says which it changed.
 LEARNING_SECTIONS = ('train', 'model', 'input')
 
 
@@ -416,6 +416,7 @@ class _TrainMonitor:
     self._last_good_checkpoint = last_good_checkpoint
     self._pending: list[tuple[int, dict]] = [
         (int(m['step']), {k: v for k, v in m.items() if k != 'step'}) for m in window]
+    self._restored = len(window)  # the first pending steps are the stopped run's: no pace
     self._sessions = 0
     self._window_start, self._compile_seconds = time.time(), 0.0
 
@@ -455,6 +456,9 @@ class _TrainMonitor:
       return
     fetched = self.check()
     totals = {k: sum(float(m[k]) for m in fetched) for k in fetched[0]}
+    # The pace is of the steps this process ran in the window's time.
+    ran = fetched[self._restored:] or fetched
+    paced = {k: sum(float(m[k]) for m in ran) for k in ('pairs', 'tokens')}
     now = time.time()
     elapsed = max(now - self._window_start - self._compile_seconds, 1e-9)
     tokens = max(totals['tokens'], 1.0)
@@ -462,9 +466,9 @@ class _TrainMonitor:
         'epoch': step / self._steps_per_epoch, 'loss': totals['loss'] / tokens,
         'nll': totals['nll'] / tokens, 'learning_rate': float(self._schedule(step - 1)),
         'grad_norm': totals['grad_norm'] / len(fetched),
-        'sessions_per_s': self._sessions / elapsed, 'pairs_per_s': totals['pairs'] / elapsed,
-        'tokens_per_s': totals['tokens'] / elapsed, 'steps_per_s': len(fetched) / elapsed,
-        'eta_s': elapsed / len(fetched) * (self._total_steps - step),
+        'sessions_per_s': self._sessions / elapsed, 'pairs_per_s': paced['pairs'] / elapsed,
+        'tokens_per_s': paced['tokens'] / elapsed, 'steps_per_s': len(ran) / elapsed,
+        'eta_s': elapsed / len(ran) * (self._total_steps - step),
         'compile_s': self._compile_seconds}
     self._writer.write(step, 'train', scalars)
     # The objective holds label smoothing (or an entropy term) where the config asks for it;
@@ -475,7 +479,7 @@ class _TrainMonitor:
               f'{scalars["loss"]:.4f}{nll} lr {scalars["learning_rate"]:.2e} '
               f'{scalars["sessions_per_s"]:.0f} sessions/s {scalars["tokens_per_s"]:.0f} '
               f'tokens/s, {_duration(scalars["eta_s"])} left', flush=True)
-    self._pending, self._sessions = [], 0
+    self._pending, self._sessions, self._restored = [], 0, 0
     self._window_start, self._compile_seconds = now, 0.0
 
 
@@ -491,48 +495,72 @@ class WorkdirBusy(errors.Error):
   """Another run is training in the workdir; the message names its process."""
 
 
-# Held while a run trains in a workdir (`_training_alone`).
+# Held while a run trains in a workdir (`training_alone`).
 TRAINING_LOCK = '.training.lock'
+_HELD: set[str] = set()  # the workdirs this process holds the lock of
 
 
 @contextlib.contextmanager
-def _training_alone(workdir: str):
+def training_alone(workdir: str):
   """Holds the workdir's training lock for the block, or refuses: two runs training in one
-  workdir would both write its checkpoints and each record of metrics.jsonl. An advisory
-  lock (`fcntl.flock`) the system releases when the process ends, however it ends, so a
-  killed run leaves nothing to clean up. Only process 0 of a multi-process run takes it."""
-  if jax.process_index() != 0:
+  workdir would both write its corpus, checkpoints, ranker and every record of metrics.jsonl.
+  An advisory lock (`fcntl.flock`) the system releases when the process ends, however it
+  ends, so a killed run leaves nothing to clean up. Held once per process (the main job holds
+  it around training, which takes it again); process 0 of a multi-process run takes it and
+  tells the others, so that they all refuse together."""
+  workdir = os.path.abspath(workdir)
+  if workdir in _HELD:
     yield
     return
+  held, refusal = None, None
+  if jax.process_index() == 0:
+    held, refusal = _lock(workdir)
+  if jax.process_count() > 1:
+    refused = bool(multihost_utils.broadcast_one_to_all(np.int32(refusal is not None)))
+    if refused and refusal is None:
+      refusal = f'{workdir}: another run is training in it (process 0 of this run found it)'
+  if refusal is not None:
+    raise WorkdirBusy(refusal)
+  _HELD.add(workdir)
+  try:
+    yield
+  finally:
+    _HELD.discard(workdir)
+    if held is not None:
+      fcntl.flock(held, fcntl.LOCK_UN)
+      held.close()
+
+
+def _lock(workdir: str):
+  """(the open lock file, None), or (None, the refusal) where another process holds it."""
   os.makedirs(workdir, exist_ok=True)
   path = os.path.join(workdir, TRAINING_LOCK)
-  with open(path, 'a+', encoding='utf-8') as f:
-    try:
-      fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BlockingIOError:
-      f.seek(0)
-      holder = f.read().strip() or 'unknown'
-      raise WorkdirBusy(f'{workdir}: another run is training in it (process {holder}); wait '
-                        'for it to end, or train in another workdir') from None
+  f = open(path, 'a+', encoding='utf-8')  # pylint: disable=consider-using-with
+  try:
+    fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+  except BlockingIOError:
     f.seek(0)
-    f.truncate()
-    f.write(str(os.getpid()))
-    f.flush()
-    try:
-      yield
-    finally:
-      fcntl.flock(f, fcntl.LOCK_UN)
+    holder = f.read().strip() or 'unknown'
+    f.close()
+    return None, (f'{workdir}: another run is training in it (process {holder}); wait for it '
+                  'to end, or train in another workdir')
+  f.seek(0)
+  f.truncate()
+  f.write(str(os.getpid()))
+  f.flush()
+  return f, None
 
 
 def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
-  """Trains (resuming if possible), alone in the workdir; returns the final summary.
+  """Trains (resuming if possible), alone in the workdir (`training_alone`); returns the
+  final summary.
 
   The summary: 'step', 'total_steps', 'best_step', 'best_valid_loss', 'valid' (every
   validation result), 'stopped_by' ('SIGINT' or 'SIGTERM' when a signal stopped the run after
   a checkpoint, else None) and 'interrupted' (whether it did).
   """
   workdir = os.path.abspath(workdir)
-  with _training_alone(workdir):
+  with training_alone(workdir):
     return _train_and_evaluate(config, workdir)
 
 
@@ -581,7 +609,7 @@ def _train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict
         f'{latest // steps_per_epoch + 1} of {math.ceil(total_steps / steps_per_epoch)}).')
     changed = changed_settings(saved_meta.get('config', {}), meta['config'])
     if changed:
-      log('Note: resuming with settings its steps so far were not trained with: '
+      log('Note: resuming with settings changed since its checkpoint: '
           + ', '.join(changed) + '; config.json records this run\'s.', flush=True)
   if jax.process_index() == 0:
     _save_json(os.path.join(workdir, 'config.json'),
