@@ -743,3 +743,18 @@ def test_a_corpus_checkpoints_were_trained_on_is_not_rebuilt_with_other_settings
   os.rename(log, moved)
   c.data.raw_files = str(moved)
   preprocess.prepare(c, workdir)  # rebuilt from the moved log: the same settings
+
+
+def test_a_full_disk_while_building_names_the_corpus_and_leaves_nothing(tmp_path, monkeypatch):
+  log = _many_sessions_log(tmp_path / 'log.tsv', 20)
+  workdir = tmp_path / 'w'
+
+  def full(*args):
+    del args
+    raise OSError(28, 'No space left on device')  # as a write names no file
+  monkeypatch.setattr(preprocess, '_write_corpus', full)
+  with pytest.raises(preprocess.CorpusWriteError, match=re.escape(
+      f'{workdir}/data: writing the corpus failed (No space left on device); nothing was '
+      'changed')):
+    preprocess.prepare(config(log, min_word_count=1), str(workdir))
+  assert not workdir.exists()  # the workdir it made, and its half-built corpus, removed

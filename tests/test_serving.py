@@ -924,3 +924,33 @@ def test_serve_settings_are_checked_before_anything_starts():
                         ('--config.serve.warm_up_threads=-1', 'serve.warm_up_threads')):
     with pytest.raises(config_lib.ConfigError, match=re.escape(f'config.{key}')):
       config_lib.validate(cli.config(override), 'serve')
+
+
+def test_sigterm_while_preparing_the_service_stops_the_compiling_process_too(tmp_path,
+                                                                              monkeypatch):
+  """config.serve.prepare_after_train compiles in a process of its own: SIGTERM to the run
+  (a scheduler) ends both, with the signal's exit code, rather than leaving that one running."""
+  import sys  # pylint: disable=g-import-not-at-top
+  from mtn_jax.serving import prepare  # pylint: disable=g-import-not-at-top
+  started = []
+  real_popen = subprocess.Popen
+
+  def compiling(args, **kwargs):  # a stand-in that would run for a minute
+    del args
+    started.append(real_popen([sys.executable, '-c', 'import time; time.sleep(60)'],
+                              **kwargs))
+    return started[-1]
+
+  monkeypatch.setattr(subprocess, 'Popen', compiling)
+  before = signal.getsignal(signal.SIGTERM)
+  config = cli.config('--config.serve.prepare_after_train=True')
+  timer = threading.Timer(1.0, os.kill, (os.getpid(), signal.SIGTERM))
+  timer.start()
+  try:
+    with pytest.raises(SystemExit) as stopped:
+      prepare.after_training(config, str(tmp_path), log=lambda *a, **k: None)
+  finally:
+    timer.cancel()
+  assert stopped.value.code == 128 + signal.SIGTERM
+  assert started and started[0].poll() is not None  # not left running
+  assert signal.getsignal(signal.SIGTERM) is before

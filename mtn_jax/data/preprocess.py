@@ -349,12 +349,20 @@ def _build(cfg: ml_collections.ConfigDict, paths: list[str], manifest: dict,
     stats = _write_corpus(cfg, paths, build)
     _write_json(os.path.join(build, _MANIFEST), manifest)
     _replace_dir(build, data_dir(workdir))
-  except BaseException:
+  except BaseException as e:
     shutil.rmtree(build, ignore_errors=True)
     if made_workdir and not os.listdir(workdir):
       os.rmdir(workdir)
+    if isinstance(e, OSError) and not e.filename and e.strerror:
+      # A write that failed for want of room names no file: the corpus being built is it.
+      raise CorpusWriteError(f'{data_dir(workdir)}: writing the corpus failed '
+                             f'({e.strerror}); nothing was changed') from None
     raise
   return stats
+
+
+class CorpusWriteError(errors.Error, OSError):
+  """The corpus could not be written (a full disk); the message names its folder."""
 
 
 def _write_corpus(cfg: ml_collections.ConfigDict, paths: list[str], folder: str) -> dict:

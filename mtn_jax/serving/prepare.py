@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
 import tempfile
@@ -43,8 +44,14 @@ def after_training(config: ml_collections.ConfigDict, workdir: str, log=print) -
     with open(path, 'w', encoding='utf-8') as f:
       json.dump(config.to_dict(), f)
     sys.stdout.flush()
-    result = subprocess.run([sys.executable, '-m', 'mtn_jax.serving.prepare', path,
-                             os.path.abspath(workdir)], check=False)
+    # SIGTERM would end this process at once and leave the compiling one running: it ends
+    # this one by an exit that `subprocess.run` meets, which stops the other first.
+    stopped = signal.signal(signal.SIGTERM, _exit_terminated)
+    try:
+      result = subprocess.run([sys.executable, '-m', 'mtn_jax.serving.prepare', path,
+                               os.path.abspath(workdir)], check=False)
+    finally:
+      signal.signal(signal.SIGTERM, stopped)
   if result.returncode != 0:
     log(f'Note: the service\'s programs were not prepared (exit {result.returncode}, above): '
         '--mode=serve compiles them at its first start.')
@@ -52,6 +59,12 @@ def after_training(config: ml_collections.ConfigDict, workdir: str, log=print) -
   log(f'The service\'s programs prepared in {time.time() - started:.1f} s: --mode=serve with '
       'this config reads them back.')
   return True
+
+
+def _exit_terminated(signum, frame) -> None:
+  del frame
+  print('SIGTERM: the service\'s programs were not prepared', file=sys.stderr, flush=True)
+  sys.exit(128 + signum)
 
 
 def _main(argv: list[str]) -> None:
