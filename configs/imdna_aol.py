@@ -33,4 +33,8 @@ def get_config(variant: str = ''):
 
   imdna_movies.apply_training(c)
   c.train.num_epochs = 3
+  # Not the AOL generator's suggesting and serving: IMDNA answers its own questions, and a
+  # generator's `rerank` reads its proposals (config.suggest.imdna_workdir).
+  c.suggest.strategy = 'generate'
+  c.serve.prepare_after_train = False
   return c

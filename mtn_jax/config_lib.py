@@ -179,6 +179,11 @@ def _check_suggest(config) -> None:
       if s[key]:
         raise ConfigError(f'config.suggest.{key} is read by \'rerank\' only, but '
                           f'config.suggest.strategy is {s.strategy!r}')
+  if s.strategy not in ('retrieve', 'rerank'):
+    for key in ('ranker_workdir', 'retriever_workdir'):
+      if s[key]:
+        raise ConfigError(f'config.suggest.{key} is read by \'retrieve\' and \'rerank\' only, '
+                          f'but config.suggest.strategy is {s.strategy!r}')
   _choice(config, 'suggest.index', retrieval.INDEX_KINDS)
   # The ranker of 'generate' is the workdir's own model; another workdir's is checked when it
   # is loaded (`retrieval.check_index`).

@@ -179,6 +179,16 @@ def test_a_value_no_run_can_use_is_refused_naming_its_key(key, value, message):
     config_lib.validate(c, 'all')
 
 
+@pytest.mark.parametrize('strategy', ['generate', 'blend', 'learned'])
+def test_a_ranker_workdir_is_refused_where_no_strategy_reads_it(strategy):
+  c = default.get_config('mtn')
+  c.data.source, c.suggest.strategy, c.suggest.ranker_workdir = 'demo', strategy, '/runs/poly'
+  with pytest.raises(config_lib.ConfigError, match=re.escape(
+      "config.suggest.ranker_workdir is read by 'retrieve' and 'rerank' only, but "
+      f"config.suggest.strategy is {strategy!r}")):
+    config_lib.validate(c)
+
+
 def test_the_rankers_mbr_is_for_rerank_only():
   c = default.get_config('mtn')
   c.data.source, c.decode.mbr = 'demo', 'ranker'

@@ -523,6 +523,13 @@ def test_report_refuses_missing_and_unevaluated_workdirs(tmp_path):
   results_path.write_text(json.dumps(results))
   with pytest.raises(report.ReportError, match=r'lacks scores.repeat_previous.line'):
     report.load_run(broken)
+  # A Cross-encoder's evaluation (the sampled protocols alone): no evaluation makes it more.
+  del results['scores']['model']
+  results['pool'] = {'r1_of_20': 30.0, 'r1_of_100': 10.0}
+  results_path.write_text(json.dumps(results))
+  with pytest.raises(report.ReportError, match=r'makes no suggestions of its own .*leave it '
+                     r'out of config.report.workdirs'):
+    report.load_run(broken)
 
 
 # ---------------------------------------------------------------------------------------------

@@ -5,6 +5,7 @@ documents, and training through the shared trainer (exact resume, evaluation).""
 import functools
 import json
 import os
+import re
 
 import jax
 import jax.numpy as jnp
@@ -302,6 +303,13 @@ def test_training_resumes_exactly_and_evaluation_writes_results(tmp_path):
                                                            'test'))
   for entry in written['answers'].values():
     assert 0 <= entry['hits_at_1'] <= entry['hits_at_10'] <= entry['hits_at_100'] <= 100
+  # decode, suggest and serve are a generator's: one error says where IMDNA serves instead.
+  from mtn_jax import errors  # pylint: disable=g-import-not-at-top
+  from mtn_jax.inference import pipeline  # pylint: disable=g-import-not-at-top
+  with pytest.raises(errors.Error, match=re.escape(
+      "holds an IMDNA model ('imdna'), which answers its own questions (--mode=eval) and "
+      'suggests nothing itself')):
+    pipeline.Pipeline.load(config, str(straight), log=lambda *a, **k: None)
 
 
 def test_preprocess_mode_writes_the_knowledge_base(tmp_path):

@@ -64,3 +64,11 @@ def test_demo_cross_encoder_runs_every_stage_and_exits_0(tmp_path):
   assert 0 <= pool['r1_of_100'] <= pool['r1_of_20'] <= 100, pool
   assert f'R@1/20 {pool["r1_of_20"]:.1f}' in result.stdout
   assert not (tmp_path / 'report').exists()
+  # decode (as suggest and serve) is a generator's: one line says where it serves instead.
+  sessions_file = tmp_path / 'sessions.txt'
+  sessions_file.write_text('weather\tweather chicago\n')
+  refused = cli.run(tmp_path, f'--config.decode.input={sessions_file}', mode='decode',
+                    config='configs/polyencoder_aol.py:demo_cross', check=False)
+  assert refused.returncode == 1 and refused.stderr.count('\n') == 1, refused.stderr
+  assert ("holds a 'crossencoder' model, which scores given candidates and suggests nothing "
+          'itself') in refused.stderr

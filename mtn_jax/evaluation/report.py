@@ -85,6 +85,11 @@ def load_run(workdir: str, prefix: str = '') -> EvaluatedRun:
       results = json.load(f)
   except (json.JSONDecodeError, UnicodeDecodeError) as e:
     raise ReportError(f'{results_path} is not valid JSON: {e}') from None
+  if 'pool' in results and 'model' not in results.get('scores', {}):
+    # A Cross-encoder's evaluation: the sampled protocols alone (eval's R@1/20 and R@1/100).
+    raise ReportError(f'report workdir {workdir} holds a model that makes no suggestions of '
+                      f'its own (a Cross-encoder: {results_path} holds R@1/20 and R@1/100 '
+                      'only): leave it out of config.report.workdirs')
   missing = [k for k in _REQUIRED_KEYS if k not in results]
   required = [name for name in trivial.SUGGESTERS if name not in trivial.OPTIONAL]
   missing += [f'scores.{name}.{k}' for name in ('model', *required)

@@ -356,6 +356,9 @@ class Pipeline:
     already loaded from it)."""
     settings = Settings.from_config(config)
     trained = trained or inference.load_trained(config, workdir, which='best')
+    if (settings.strategy in ('generate', 'learned', 'blend')
+        and not isinstance(trained.task, (tasks.Suggests, tasks.ScoresPool))):
+      raise errors.Error(_no_suggestions_of_its_own(trained, workdir))
     if settings.strategy == 'learned':
       if not isinstance(trained.task, tasks.Suggests):
         raise errors.Error('config.suggest.strategy=\'learned\' ranks a generative model\'s '
@@ -725,6 +728,17 @@ def _check_sessions(imdna_workdir: str, workdir: str) -> None:
     raise errors.Error(f'config.suggest.imdna_workdir={imdna_workdir} was trained on other '
                        f'sessions than {workdir} ({difference}): train it with the same '
                        'config.data')
+
+
+def _no_suggestions_of_its_own(trained: inference.Trained, workdir: str) -> str:
+  """Why `workdir`'s model suggests nothing itself, and where it serves instead."""
+  if isinstance(trained.task, tasks.AnswersQuestions):
+    return (f'{workdir} holds an IMDNA model ({trained.cfg.name!r}), which answers its own '
+            'questions (--mode=eval) and suggests nothing itself: a generator\'s workdir uses '
+            'it as --config.suggest.imdna_workdir of --config.suggest.strategy=rerank')
+  return (f'{workdir} holds a {trained.cfg.name!r} model, which scores given candidates and '
+          'suggests nothing itself (a Cross-encoder): a generator\'s workdir uses it as '
+          '--config.suggest.ranker_workdir of --config.suggest.strategy=rerank')
 
 
 def _load(config: ml_collections.ConfigDict, workdir: str, key: str) -> inference.Trained:

@@ -218,6 +218,10 @@ def decode_file(config: ml_collections.ConfigDict, workdir: str) -> dict:
         f'with {suggester.cfg.name} (checkpoint step {suggester.step}), {suggestions.how()}, '
         f'top {dc.top_k}; score = {suggestions.score_kind()}; '
         f'{protocol_words(bool(config.decode.exclude_session_queries))}.', flush=True)
+  if input_format == 'sessions' and (suggestions.needs_whole_history
+                                     or suggestions.settings.history_queries):
+    print('Note: a sessions file names no users, so the model reads no earlier queries of '
+          'one (an AOL-format log gives each user\'s earlier sessions in it).', flush=True)
 
   started = last_log = time.time()
   num_sessions = num_records = 0
