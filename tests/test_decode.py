@@ -443,3 +443,18 @@ def test_encoded_reuses_the_last_encoding_only_for_the_same_inputs():
     for got, want in zip(jax.tree.leaves(again), jax.tree.leaves(
         search.encode_sessions(model, args[0], {'queries': args[1]}, args[2]))):
       np.testing.assert_array_equal(got, want)
+
+
+def test_decode_says_where_a_model_that_reads_users_is_given_none():
+  """A sessions file names no users: a personalising model, or the habit rule, reads no
+  earlier queries there, and decode says so; a raw log gives them, and a model that reads
+  none needs none."""
+  import types  # pylint: disable=g-import-not-at-top
+  from mtn_jax.inference import suggest  # pylint: disable=g-import-not-at-top
+  pipe = lambda history_queries, whole: types.SimpleNamespace(
+      settings=types.SimpleNamespace(history_queries=history_queries),
+      needs_whole_history=whole)
+  for reads in (pipe(20, False), pipe(0, True)):
+    assert 'a sessions file names no users' in suggest.history_note('sessions', reads)
+    assert suggest.history_note('raw', reads) is None
+  assert suggest.history_note('sessions', pipe(0, False)) is None

@@ -342,13 +342,6 @@ def test_rerank_with_imdna_and_habits_decodes_what_eval_scored(imdna_run, rerank
   assert habit_firsts > 0
   assert_raw_log_decode_writes_what_eval_scored(generator, lists, tmp_path, *FEW, *rerank,
                                                 protocols=(True,))
-  # A sessions file names no users: the habit rule has no past to read, and decode says so.
-  sessions_file = tmp_path / 'one.txt'
-  sessions_file.write_text('\t'.join(read_jsonl(lists)[0]['context']) + '\n')
-  decoded = cli.run(generator, *FEW, *rerank, f'--config.decode.input={sessions_file}',
-                    mode='decode')
-  assert 'Note: a sessions file names no users, so the model reads no earlier queries' in (
-      decoded.stdout)
 
 
 @pytest.mark.slow

@@ -189,6 +189,16 @@ def _written(output: str):
       raise refused(e) from None
 
 
+def history_note(input_format: str, suggestions: pipeline.Pipeline) -> str | None:
+  """What decode says where the pipeline reads users' earlier queries (a personalising model,
+  the habit rule) and the input names no users (a sessions file), else None."""
+  if input_format == 'sessions' and (suggestions.needs_whole_history
+                                     or suggestions.settings.history_queries):
+    return ('Note: a sessions file names no users, so the model reads no earlier queries of '
+            'one (an AOL-format log gives each user\'s earlier sessions in it).')
+  return None
+
+
 def decode_file(config: ml_collections.ConfigDict, workdir: str) -> dict:
   """Writes suggestions for every session of config.decode.input; returns the counts."""
   dc = config.decode
@@ -218,10 +228,9 @@ def decode_file(config: ml_collections.ConfigDict, workdir: str) -> dict:
         f'with {suggester.cfg.name} (checkpoint step {suggester.step}), {suggestions.how()}, '
         f'top {dc.top_k}; score = {suggestions.score_kind()}; '
         f'{protocol_words(bool(config.decode.exclude_session_queries))}.', flush=True)
-  if input_format == 'sessions' and (suggestions.needs_whole_history
-                                     or suggestions.settings.history_queries):
-    print('Note: a sessions file names no users, so the model reads no earlier queries of '
-          'one (an AOL-format log gives each user\'s earlier sessions in it).', flush=True)
+  note = history_note(input_format, suggestions)
+  if note:
+    print(note, flush=True)
 
   started = last_log = time.time()
   num_sessions = num_records = 0
