@@ -193,10 +193,9 @@ def test_the_candidates_search_is_what_the_generate_source_runs():
   assert key('--config.decode.length_penalty=1.0') != key()
   assert key('--config.suggest.sources=generate:6,popular:4') != key()
   # Records of 2026-11-28 hold the protocol unset, which searched alike: still current.
-  old = {**key(), 'exclude_session_queries': None}
-  assert learned._same_search(old, key())  # pylint: disable=protected-access
-  assert not learned._same_search(  # pylint: disable=protected-access
-      {**key(), 'exclude_session_queries': True}, key())
+  as_now = learned._as_written_now  # pylint: disable=protected-access
+  assert as_now({**key(), 'exclude_session_queries': None}) == key()
+  assert as_now({**key(), 'exclude_session_queries': True}) != key()
 
 
 def test_cached_candidates_of_an_older_record_are_read(tmp_path):

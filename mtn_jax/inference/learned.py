@@ -250,7 +250,7 @@ class LearnedRanker:
         and meta.get('folds') == config.suggest.ranker_folds
         and meta.get('rounds') == config.suggest.ranker_rounds
         # (a record written before the search was kept: taken as made with this one)
-        and _same_search(meta.get('search', searched), searched)
+        and _as_written_now(meta.get('search', searched)) == searched
         and cls.model_problem(workdir, meta) is None)
 
   @classmethod
@@ -384,13 +384,13 @@ def search_key(config: ml_collections.ConfigDict) -> dict:
   return json.loads(json.dumps(settings.to_dict()))  # as ranker.json reads it back
 
 
-def _same_search(saved: dict | None, searched: dict) -> bool:
-  """Whether a record's search (`search_key`) is `searched`. Records written before the
-  generator source's search kept the session's queries explicitly (2026-11-28) hold the
+def _as_written_now(search):
+  """A record's search (`search_key`) as `search_key` writes it now: records written before
+  the generator source's search kept the session's queries explicitly (2026-11-28) hold the
   protocol unset, which searched alike."""
-  protocol_read = lambda key: {**key, 'exclude_session_queries': bool(
-      key.get('exclude_session_queries'))}
-  return isinstance(saved, dict) and protocol_read(saved) == protocol_read(searched)
+  if not isinstance(search, dict):
+    return search
+  return {**search, 'exclude_session_queries': bool(search.get('exclude_session_queries'))}
 
 
 @dataclasses.dataclass
@@ -476,15 +476,6 @@ def groups_key(config: ml_collections.ConfigDict, workdir: str) -> dict:
           'split_seed': config.data.split_seed, 'search': search_key(config)}
 
 
-def _same_groups_key(saved, key: dict) -> bool:
-  """Whether a cached record's `groups_key` is `key` (the searches compared by
-  `_same_search`)."""
-  if not isinstance(saved, dict) or saved.keys() != key.keys():
-    return False
-  return all(_same_search(saved[k], key[k]) if k == 'search' else saved[k] == key[k]
-             for k in key)
-
-
 def save_groups(groups: Groups, folder: str, key: dict) -> None:
   """`groups` as `folder`/groups.npz (the arrays) and groups.json (the texts and `key`, what
   they were made from: `groups_key`), for a later fit or a study (`load_groups`)."""
@@ -508,7 +499,9 @@ def load_groups(folder: str, key: dict, log=print) -> Groups | None:
   try:
     with open(paths[1], encoding='utf-8') as f:
       texts = json.load(f)
-    if not isinstance(texts, dict) or not _same_groups_key(texts.get('key'), key):
+    saved = texts.get('key') if isinstance(texts, dict) else None
+    if not isinstance(saved, dict) or {**saved, 'search': _as_written_now(
+        saved.get('search'))} != key:
       return None
     with np.load(paths[0], allow_pickle=False) as arrays:
       return Groups(arrays['features'], arrays['labels'], arrays['sizes'], arrays['folds'],

@@ -183,9 +183,7 @@ def values_digest(tree) -> str:
   The sums are computed where the values are: on an accelerator by one jitted program (a
   checkpoint's state can be gigabytes there, and copying it to the host would cost more
   than the save), on the host by NumPy (no program to trace and compile in each run)."""
-  leaves = [np.asarray(x) if not hasattr(x, 'dtype') else
-            jax.random.key_data(x) if jax.dtypes.issubdtype(x.dtype, jax.dtypes.prng_key)
-            else x for x in jax.tree.leaves(tree)]
+  leaves = _value_leaves(tree)
   on_host = all(not isinstance(x, jax.Array) or (
       all(d.platform == 'cpu' for d in x.devices())
       and (x.is_fully_addressable or x.is_fully_replicated)) for x in leaves)
@@ -198,6 +196,13 @@ def values_digest(tree) -> str:
   for leaf, (total, placed) in zip(leaves, sums):
     digest.update(f'{np.dtype(leaf.dtype).name}{tuple(leaf.shape)}{total},{placed};'.encode())
   return digest.hexdigest()
+
+
+def _value_leaves(tree) -> list:
+  """`tree`'s leaves as arrays: Python scalars made NumPy's, PRNG keys their uint32 data."""
+  return [np.asarray(x) if not hasattr(x, 'dtype') else
+          jax.random.key_data(x) if jax.dtypes.issubdtype(x.dtype, jax.dtypes.prng_key)
+          else x for x in jax.tree.leaves(tree)]
 
 
 def _word_sums(words, xp) -> tuple:
@@ -245,10 +250,7 @@ def _first_values_digest(tree) -> str:
   than their bits widened, and the dtype, shape and sums written otherwise. Read only to
   check such a checkpoint."""
   digest = hashlib.sha256()
-  for leaf in jax.tree.leaves(tree):
-    leaf = np.asarray(leaf) if not hasattr(leaf, 'dtype') else leaf
-    if jax.dtypes.issubdtype(leaf.dtype, jax.dtypes.prng_key):
-      leaf = jax.random.key_data(leaf)
+  for leaf in _value_leaves(tree):
     if isinstance(leaf, jax.Array) and not leaf.is_fully_addressable:
       x = np.asarray(leaf.addressable_data(0))
     else:
