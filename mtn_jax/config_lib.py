@@ -60,7 +60,8 @@ def _check_data(config, mode: str) -> None:
     raise ConfigError('config.data.raw_files is read only when config.data.source is '
                       f"'aol', but it is {d.source!r}: leave raw_files empty, or use a config "
                       'for a log (configs/aol.py)')
-  if d.source == 'aol' and not d.raw_files and mode in ('all', 'preprocess', 'train'):
+  names_no_file = not d.raw_files.replace(',', ' ').strip()  # '' or ' , '
+  if d.source == 'aol' and names_no_file and mode in ('all', 'preprocess', 'train'):
     raise ConfigError('config.data.raw_files is empty: pass --config.data.raw_files='
                       'PATH_OR_GLOB (AOL-format log files), or use configs/demo.py')
   _choice(config, 'data.long_query', aol_log.LONG_QUERY_POLICIES)

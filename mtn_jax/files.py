@@ -1,4 +1,5 @@
-"""Writing files so that a reader never sees half of one: the one atomic-write helper.
+"""Writing files so that a reader never sees half of one: the one atomic-write helper; and
+the workdir's lock, so that one run at a time writes its corpus and checkpoints.
 
 A crash, a Ctrl-C or a full disk in the middle of a write leaves the old file (or none), never
 a truncated one: the bytes go to a temporary file in the same folder, are flushed to disk, and
@@ -9,10 +10,13 @@ within a file system). Folders are made as needed.
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import os
 import tempfile
 from collections.abc import Iterator
 from typing import IO
+
+from mtn_jax import errors
 
 
 @contextlib.contextmanager
@@ -115,3 +119,46 @@ def cannot_create(path: str | os.PathLike) -> str | None:
   if not os.access(parent, os.W_OK | os.X_OK):
     return f'no permission to create it in {parent}'
   return None
+
+
+class WorkdirBusy(errors.Error):
+  """Another run is training or preprocessing in the workdir; the message names its process."""
+
+
+# The workdir's lock file, held while a run writes its corpus or trains (`workdir_alone`).
+WORKDIR_LOCK = '.workdir.lock'
+_HELD: set[str] = set()  # the workdirs this process holds the lock of
+
+
+@contextlib.contextmanager
+def workdir_alone(workdir: str, doing: str) -> Iterator[None]:
+  """Holds `workdir`'s lock for the block (`doing`, e.g. 'training', names what for), or
+  raises WorkdirBusy naming the process that holds it. An advisory lock (`fcntl.flock`) the
+  system releases when the process ends, however it ends, so a killed run leaves nothing to
+  clean up; a process that holds it takes it again at once (training builds the corpus)."""
+  workdir = os.path.abspath(workdir)
+  if workdir in _HELD:
+    yield
+    return
+  os.makedirs(workdir, exist_ok=True)
+  f = open(os.path.join(workdir, WORKDIR_LOCK), 'a+', encoding='utf-8')  # pylint: disable=consider-using-with
+  try:
+    fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+  except BlockingIOError:
+    f.seek(0)
+    pid, _, what = f.read().strip().partition(' ')
+    f.close()
+    raise WorkdirBusy(f'{workdir}: another run is {what or "training"} in it (process '
+                      f'{pid or "unknown"}); wait for it to end, or use another workdir'
+                      ) from None
+  f.seek(0)
+  f.truncate()
+  f.write(f'{os.getpid()} {doing}')
+  f.flush()
+  _HELD.add(workdir)
+  try:
+    yield
+  finally:
+    _HELD.discard(workdir)
+    fcntl.flock(f, fcntl.LOCK_UN)
+    f.close()

@@ -325,3 +325,13 @@ def test_a_damaged_vocabulary_or_array_is_one_error_naming_the_file(tmp_path):
     with pytest.raises(sessions_lib.CorpusFileError, match=re.escape(
         f'{array}: not a readable array (')):
       sessions_lib._array(str(array), mmap_mode)  # pylint: disable=protected-access
+
+
+def test_a_word_spelled_like_a_special_token_is_unknown():
+  """Log text never becomes a special id: `<pad>` as a token would blank the query, `</s>`
+  end it early."""
+  from mtn_jax.data import vocab as vocab_lib  # pylint: disable=g-import-not-at-top
+  v = vocab_lib.Vocab.from_counts({'a': 3, 'b': 2, '<pad>': 9, '</s>': 9}, 1)
+  assert v.words == vocab_lib.SPECIAL_TOKENS + ('a', 'b')
+  assert v.encode_text('a <pad> b </s> <s> <sep> <unk>') == [5, 1, 6, 1, 1, 1, 1]
+  assert [v.id(t) for t in vocab_lib.SPECIAL_TOKENS] == [vocab_lib.UNK_ID] * 5

@@ -111,7 +111,8 @@ def test_tiny_log_files_exact(tmp_path):
                   'empty_query': 0, 'duplicate_query': 1, 'long_query': 0,
                   'session_too_short': 0, 'session_too_long': 0},
       'train': {'sessions': 2, 'pairs': 4}, 'valid': {'sessions': 0, 'pairs': 0},
-      'test': {'sessions': 0, 'pairs': 0}, 'vocab_size': 9, 'candidates': 6}
+      'test': {'sessions': 0, 'pairs': 0}, 'tokenizer': 'word', 'vocab_size': 9,
+      'candidates': 6}
   with open(os.path.join(data_dir, 'stats.json')) as f:
     assert json.load(f) == stats
   # The pool: every distinct training query once (each issued once here: ties by text), with
@@ -279,9 +280,10 @@ def test_field_counts_header_and_line_ends(tmp_path):
                                header=False))
   assert bom.skipped == with_header.skipped and bom.lines_read == with_header.lines_read
   assert np.array_equal(crlf.records.time, with_header.records.time)
-  # A header is only a file's first line: later it is a bad AnonID.
-  late = aol_log.read_log(write(tmp_path / 'late.tsv', [rows[0], HEADER], header=False))
-  assert (late.skipped['header'], late.skipped['bad_user_id']) == (0, 1)
+  # A header inside a file (logs joined by `cat`) is a header too, with strict mode as well.
+  late = aol_log.read_log(write(tmp_path / 'late.tsv', [rows[0], HEADER, rows[0]],
+                                header=False), strict=True)
+  assert (late.skipped['header'], late.skipped['bad_user_id']) == (1, 0)
 
 
 def test_user_ids_and_times_parse_exactly(tmp_path):
@@ -324,13 +326,14 @@ def test_chunk_boundaries_and_worker_processes_change_nothing(tmp_path, monkeypa
           for u in range(5) for i in range(40)]
   rows[17] = line(2, 'caf\u00e9  cr\u00e8me', '10:00:00')  # a non-ASCII query to clean
   rows[33] = '3\tbroken'
-  rows[50] = HEADER  # not a file's first line: a bad AnonID
+  rows[50] = 'user7\tq\t2006-03-01 10:00:00'  # a bad AnonID
+  rows[60] = HEADER  # a header inside a file, as joined logs have
   paths = [write(tmp_path / 'a.tsv', rows[:90]), write(tmp_path / 'b.tsv.gz', rows[90:])]
   whole = aol_log.read_logs(paths, workers=1)
   monkeypatch.setattr(aol_log, 'CHUNK_BYTES', 37)  # most lines cross a chunk boundary
   chunked = aol_log.read_logs(paths, workers=2)
   assert (chunked.lines_read, chunked.skipped) == (whole.lines_read, whole.skipped) == (
-      202, {'header': 2, 'empty_line': 0, 'bad_field_count': 1, 'bad_user_id': 1,
+      202, {'header': 3, 'empty_line': 0, 'bad_field_count': 1, 'bad_user_id': 1,
             'bad_time': 0, 'empty_query': 0})
   for field in ('user', 'time', 'num_words', 'text_len', 'text_hash', 'text'):
     assert np.array_equal(getattr(chunked.records, field), getattr(whole.records, field))
@@ -523,7 +526,7 @@ def test_cache_reuse_rebuild_and_atomic_replace(tmp_path, capsys, monkeypatch):
   with pytest.raises(KeyboardInterrupt):
     preprocess.prepare(c, workdir)
   assert corpus(data_dir) == before
-  assert sorted(os.listdir(workdir)) == ['data']
+  assert sorted(os.listdir(workdir)) == ['.workdir.lock', 'data']
   monkeypatch.undo()
   preprocess.prepare(c, workdir)
   assert 'Reusing' not in capsys.readouterr().out
@@ -568,7 +571,8 @@ def test_real_sample(aol_sample, tmp_path):
                   'empty_query': 0, 'duplicate_query': 19984,
                   'long_query': 1626, 'session_too_short': 77219, 'session_too_long': 18100},
       'train': {'sessions': 10669, 'pairs': 27455}, 'valid': {'sessions': 281, 'pairs': 725},
-      'test': {'sessions': 281, 'pairs': 734}, 'vocab_size': 2731, 'candidates': 27573}
+      'test': {'sessions': 281, 'pairs': 734}, 'tokenizer': 'word', 'vocab_size': 2731,
+      'candidates': 27573}
   # The sample's documented figures: 11,231 sessions, 28,914 pairs, 2,851 words seen at
   # least 8 times in them, and the previous query as suggestion, over all pairs.
   previous_queries, references, counts = [], [], collections.Counter()
@@ -758,3 +762,102 @@ def test_a_full_disk_while_building_names_the_corpus_and_leaves_nothing(tmp_path
       'changed')):
     preprocess.prepare(config(log, min_word_count=1), str(workdir))
   assert not workdir.exists()  # the workdir it made, and its half-built corpus, removed
+
+
+def test_a_corpus_checkpoints_were_trained_on_is_replaced_only_by_the_same_files(tmp_path):
+  """Another log (or the same one changed in place) under a workdir with checkpoints: built
+  aside and compared, refused where any file would differ; a log copied or touched, which
+  makes the same files, is taken."""
+  log = _many_sessions_log(tmp_path / 'log.tsv', 20)
+  workdir = str(tmp_path / 'w')
+  c = config(log, min_word_count=1, split_fractions=(0.8, 0.1, 0.1))
+  preprocess.prepare(c, workdir)
+  os.makedirs(os.path.join(workdir, 'checkpoints', '30'))
+  before = corpus(preprocess.data_dir(workdir))
+  os.utime(log, ns=(1, 2))  # touched: the same bytes
+  preprocess.prepare(c, workdir)
+  assert corpus(preprocess.data_dir(workdir)) == before
+  with open(log, 'a', encoding='utf-8') as f:  # one more session
+    f.write(''.join(line(999, f'new words {i}', f'11:0{i}:00') + '\n' for i in range(3)))
+  with pytest.raises(preprocess.CorpusInUseError, match=re.escape(
+      f'{preprocess.data_dir(workdir)}: the log it was built from changed since the '
+      f'checkpoints in {workdir}/checkpoints were trained on it (its ')):
+    preprocess.prepare(c, workdir)
+  assert corpus(preprocess.data_dir(workdir)) == before
+  assert sorted(os.listdir(workdir)) == ['.workdir.lock', 'checkpoints', 'data']
+
+
+def test_a_damaged_corpus_is_built_again_and_strict_mode_is_not_reused_past(tmp_path, capsys):
+  log = write(tmp_path / 'log.tsv', [line(1, 'a b', '10:00:00'), line(1, 'a c', '10:01:00'),
+                                     line(1, 'a d', '10:02:00'), '1\tbroken',
+                                     line(2, 'b c', '10:00:00'), line(2, 'b d', '10:02:00'),
+                                     line(2, 'b e', '10:03:00')])
+  workdir = str(tmp_path / 'w')
+  c = config(log, min_word_count=1, split_fractions=(1.0, 0.0, 0.0))
+  preprocess.prepare(c, workdir)
+  data_dir = preprocess.data_dir(workdir)
+  before = corpus(data_dir)
+  with open(os.path.join(data_dir, 'train.queries.npy'), 'r+b') as f:
+    f.truncate(100)
+  preprocess.prepare(c, workdir, verbose=True)
+  assert 'Reusing' not in capsys.readouterr().out and corpus(data_dir) == before
+  for damage in ('{"lines_read": 1', '{}'):
+    with open(os.path.join(data_dir, 'stats.json'), 'w', encoding='utf-8') as f:
+      f.write(damage)
+    preprocess.prepare(c, workdir, verbose=True)
+    assert 'Reusing' not in capsys.readouterr().out and corpus(data_dir) == before
+  preprocess.prepare(c, workdir, verbose=True)
+  assert 'Reusing' in capsys.readouterr().out
+  # Built without `strict` from a log with a malformed line: `strict` names it, as a fresh
+  # build would, and leaves the corpus as it was.
+  c.data.strict = True
+  with pytest.raises(aol_log.LogFormatError, match=re.escape(f'{log}:5: bad_field_count')):
+    preprocess.prepare(c, workdir)
+  assert corpus(data_dir) == before
+
+
+def test_a_second_run_preprocessing_in_a_workdir_is_refused(tmp_path):
+  from mtn_jax import files  # pylint: disable=g-import-not-at-top
+  import fcntl  # pylint: disable=g-import-not-at-top
+  log = _many_sessions_log(tmp_path / 'log.tsv', 20)
+  workdir = str(tmp_path / 'w')
+  c = config(log, min_word_count=1, split_fractions=(0.8, 0.1, 0.1))
+  os.makedirs(workdir)
+  with open(os.path.join(workdir, files.WORKDIR_LOCK), 'a+', encoding='utf-8') as other:
+    fcntl.flock(other, fcntl.LOCK_EX | fcntl.LOCK_NB)  # another process's, as far as flock goes
+    other.write('4242 preprocessing')
+    other.flush()
+    with pytest.raises(files.WorkdirBusy, match=re.escape(
+        f'{workdir}: another run is preprocessing in it (process 4242); wait for it to end, '
+        'or use another workdir')):
+      preprocess.prepare(c, workdir)
+    assert not os.path.exists(preprocess.data_dir(workdir))
+  # Training holds the lock and builds its corpus under it.
+  with files.workdir_alone(workdir, 'training'):
+    preprocess.prepare(c, workdir)
+
+
+def test_counts_add_up_with_training_users_left_out_and_the_summary_shows_them(tmp_path):
+  rows = [line(u, f'topic{u % 5} q{i} s{k}', f'{10 + 2 * k:02d}:0{i}:00')
+          for u in range(40) for k in range(3) for i in range(3)]
+  log = write(tmp_path / 'log.tsv', rows)
+  stats = preprocess.prepare(config(log, split_fractions=(0.6, 0.2, 0.2), min_word_count=1,
+                                    split_by='user', train_users=5), str(tmp_path / 'w'))
+  # 19 users left out, each 3 sessions of 3 queries.
+  assert stats['skipped'][preprocess.USER_LEFT_OUT] == 19 * 9
+  kept = preprocess.kept_queries(stats)
+  assert stats['lines_read'] == len(rows) + 1 == kept + sum(stats['skipped'].values())
+  text = preprocess.summary(stats, 'w')
+  assert (f'lines read: {len(rows) + 1:,} (0 of them read as Latin-1): {kept:,} queries '
+          f'kept, {len(rows) + 1 - kept:,} skipped by reason:') in text
+  assert f'  {preprocess.USER_LEFT_OUT:<20}{19 * 9:>12,}' in text
+  assert 'vocabulary: ' in text and ' words, special tokens included' in text
+
+
+def test_expand_paths_takes_files_named_like_globs_and_names_what_is_not_a_file(tmp_path):
+  odd = write(tmp_path / 'log[1].tsv', [line(1, 'a', '10:00:00')])
+  assert aol_log.expand_paths(odd) == [odd]
+  fifo = tmp_path / 'pipe'
+  os.mkfifo(fifo)
+  with pytest.raises(aol_log.MissingLogError, match=re.escape(f'{fifo}: not a regular file')):
+    aol_log.expand_paths(str(fifo))

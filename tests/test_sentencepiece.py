@@ -2,12 +2,14 @@
 travels as JSON, and preprocessing writes piece ids trained on the training split only."""
 
 import json
+import re
 
 import numpy as np
 import pytest
 import sentencepiece
 
 from configs import default
+from mtn_jax import errors
 from mtn_jax.data import extended
 from mtn_jax.data import preprocess
 from mtn_jax.data import sessions as sessions_lib
@@ -35,6 +37,19 @@ def test_round_trip_of_seen_and_unseen_words():
     assert vocab.decode_text(ids + [EOS_ID] + ids) == text
   # The same texts give the same model: vocabularies are reproducible.
   assert train_sentencepiece(TRAIN, 320).fingerprint == vocab.fingerprint
+  # A query's text is never a special id: `<sep>` in it is its characters.
+  for text in ('a<sep>b', 'x <s> </s> <pad> y'):
+    ids = vocab.encode_text(text)
+    assert min(ids) >= len(SPECIAL_TOKENS) and vocab.decode_text(ids) == text
+
+
+def test_a_vocabulary_too_small_for_the_logs_characters_is_one_config_error():
+  texts = [''.join(chr(0x4e00 + i + j) for j in range(3)) for i in range(400)]  # 402 characters
+  with pytest.raises(errors.ConfigError, match=re.escape(
+      'config.data.vocab_size=600 is too small for this log with sentencepiece: it needs at '
+      'least 664 pieces (the special tokens, the 256 bytes and each character its training '
+      'queries use)')):
+    train_sentencepiece(texts, 600)
 
 
 def test_json_round_trip_and_word_vocab_unchanged(tmp_path):

@@ -18,6 +18,7 @@ import orbax.checkpoint as ocp
 import pytest
 
 from mtn_jax import config_lib
+from mtn_jax import files
 from mtn_jax import parallel
 from mtn_jax.training import checkpoints
 from mtn_jax.training import metric_writer
@@ -191,6 +192,14 @@ def test_checkpoint_of_another_model_is_refused(reference_run, tmp_path):
     assert result.returncode == 1 and result.stderr.strip().endswith(
         f'was trained with config.{key}={values}: a resumed run continues its batches in '
         f'their order; use {values.split(",")[0]}, or a new workdir'), result.stderr
+  # Continued on another device count: each batch holds a multiple of it, so the batches
+  # differ (a complete run is only read, on any).
+  result = cli.run(ref_dir, *SHORT, '--config.train.num_epochs=3', '--cpu_devices=2',
+                   devices=None, check=False)
+  assert result.returncode == 1 and result.stderr.strip().endswith(
+      'was trained on 1 device(s), not 2: a resumed run continues its batches in their order, '
+      'and each batch holds a multiple of the device count; resume on 1 (--cpu_devices=1 on a '
+      'CPU), or use a new workdir'), result.stderr
 
 
 @pytest.mark.slow
@@ -645,17 +654,17 @@ def test_a_second_run_training_in_a_workdir_is_refused_naming_the_first(tmp_path
     with train.training_alone(str(tmp_path)):  # this process holds it: taken again
       pass
     # Another process's lock (here a second open file, which conflicts alike).
-    with open(tmp_path / train.TRAINING_LOCK, encoding='utf-8') as other:
+    with open(tmp_path / files.WORKDIR_LOCK, encoding='utf-8') as other:
       with pytest.raises(BlockingIOError):
         fcntl.flock(other, fcntl.LOCK_EX | fcntl.LOCK_NB)
-  with open(tmp_path / train.TRAINING_LOCK, 'r+', encoding='utf-8') as other:
+  with open(tmp_path / files.WORKDIR_LOCK, 'r+', encoding='utf-8') as other:
     fcntl.flock(other, fcntl.LOCK_EX | fcntl.LOCK_NB)
     other.truncate()
     other.write('4242')
     other.flush()
     with pytest.raises(train.WorkdirBusy, match=re.escape(
         f'{tmp_path}: another run is training in it (process 4242); wait for it to end, or '
-        'train in another workdir')):
+        'use another workdir')):
       with train.training_alone(str(tmp_path)):
         pass
   with train.training_alone(str(tmp_path)):  # released: the next run trains

@@ -4,9 +4,10 @@ In: log files in the AOL collection's tab-separated form, one query event a line
 
     AnonID <TAB> Query <TAB> QueryTime [<TAB> ItemRank <TAB> ClickURL]
 
-(3 or 5 fields; ItemRank and ClickURL may be empty; QueryTime is `YYYY-MM-DD HH:MM:SS`), an
-optional `AnonID ...` header as a file's first line, plain or gzip (told by the magic bytes,
-not the name), `\\n` or `\\r\\n` line ends, users interleaved and lines in any order.
+(3 or 5 fields; ItemRank and ClickURL may be empty; QueryTime is `YYYY-MM-DD HH:MM:SS`),
+optional `AnonID ...` header lines (a file's first, and any inside it where files were
+joined), plain or gzip (told by the magic bytes, not the name), `\\n` or `\\r\\n` line ends,
+users interleaved and lines in any order.
 
 Out of `read_logs`: `LogLines`, holding `Records` (one row per line that parses and holds a
 query, as flat numpy columns `[num_records]`, plus the cleaned texts back to back in one byte
@@ -34,8 +35,9 @@ the same); it makes a typed `CHEAP FLIGHTS` read as the log's `cheap flights`.
 
 Rules, in order. Every line read is counted exactly once: as a query of a kept session, or
 under the first reason of `REASONS` that applies to it.
-1. Line checks (`read_logs`): `header` (a file's first line whose first field is `AnonID`;
-   a UTF-8 byte-order mark before it is no part of it), `empty_line` (nothing on the line),
+1. Line checks (`read_logs`): `header` (a line whose first field is `AnonID`: a file's
+   first, or one inside a file where logs were joined; a UTF-8 byte-order mark before a
+   file's first is no part of it), `empty_line` (nothing on the line),
    `bad_field_count` (not 3 or 5 tab-separated fields), `bad_user_id` (AnonID is not 1 to 18
    digits), `bad_time` (not a valid `YYYY-MM-DD HH:MM:SS`), `empty_query` (no words, or the
    log's `-` placeholder for a removed query). The three before `empty_query` are malformed
@@ -306,7 +308,7 @@ def expand_paths(spec: str) -> list[str]:
   for item in (s.strip() for s in spec.split(',')):
     if not item:
       continue
-    if glob.has_magic(item):
+    if glob.has_magic(item) and not os.path.exists(item):  # a file named `log[1].tsv` is a file
       matches = sorted(glob.glob(item))
       if not matches:
         raise MissingLogError(f'log glob {item!r} matches no file')
@@ -320,7 +322,8 @@ def expand_paths(spec: str) -> list[str]:
       raise MissingLogError(f'{path}: a folder, not a log file (give its files, e.g. '
                             f'{os.path.join(path, "*.txt.gz")!r})')
     if not os.path.isfile(path):
-      raise MissingLogError(f'{path}: no such log file')
+      raise MissingLogError(f'{path}: not a regular file' if os.path.exists(path)
+                            else f'{path}: no such log file')
   resolved = [os.path.realpath(p) for p in paths]
   if len(set(resolved)) < len(resolved):
     twice = next(p for i, p in enumerate(paths) if resolved[i] in resolved[:i])
@@ -471,7 +474,7 @@ def _query_words(buf: bytearray, data: np.ndarray, num_newlines: int, begin: np.
   return end, num_words
 
 
-def _parse_chunk(buf: bytearray, file_start: bool) -> tuple[np.ndarray, Records]:
+def _parse_chunk(buf: bytearray) -> tuple[np.ndarray, Records]:
   """Parses `buf` (whole lines, ending in a newline): int8 status [lines], and the records."""
   data = np.frombuffer(buf, np.uint8)
   line_end = np.flatnonzero(data == _NEWLINE)
@@ -487,10 +490,12 @@ def _parse_chunk(buf: bytearray, file_start: bool) -> tuple[np.ndarray, Records]
     status[rows[~ok]] = _CODE[reason]
     return [rows[ok]] + [c[ok] for c in columns]
 
-  if file_start and bytes(buf[:line_end[0]]).split(b'\t', 1)[0] == _HEADER_FIELD:
-    status[0] = _CODE['header']
-    rows = rows[1:]
   rows, = reject(line_end[rows] > line_start[rows], 'empty_line')
+  # Header lines: a file's first, or one inside it where files were joined (`cat a b`). An
+  # AnonID is digits, so only lines that start with the header's letter are looked at.
+  maybe = rows[data[line_start[rows]] == _HEADER_FIELD[0]]
+  rows, = reject(~np.isin(rows, [r for r in maybe.tolist() if bytes(
+      buf[line_start[r]:line_end[r]]).split(b'\t', 1)[0] == _HEADER_FIELD]), 'header')
 
   tabs = np.flatnonzero(data == _TAB)
   first_tab = np.searchsorted(tabs, line_start[rows])
@@ -535,7 +540,7 @@ def read_log(path: str, strict: bool = False) -> LogLines:
   for chunk in _chunks(path):
     chunk, latin1 = _latin1_lines_to_utf8(chunk)
     latin1_lines += latin1
-    status, records = _parse_chunk(chunk, file_start=lines_read == 0)
+    status, records = _parse_chunk(chunk)
     parsed_early += np.count_nonzero(
         np.isin(status[:max(_SNIFF_LINES - lines_read, 0)], _PARSED_CODES))
     if not parsed_early and lines_read + len(status) >= _SNIFF_LINES:

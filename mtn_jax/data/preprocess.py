@@ -29,10 +29,15 @@ user-then-time order, so never a later one), `vocab.json`
 (pairs = sum over sessions of (queries - 1); `lines_read` = queries of kept sessions + all
 skipped lines, checked on every run; `latin1_lines` counts the lines read as Latin-1, which are
 among those, not a skip reason) and `manifest.json`, the fingerprint of the inputs
-(resolved paths, sizes, modification times) and of `config.data` without `strict`. A later
-`prepare` with the same fingerprint reuses the corpus; any change rebuilds it. The corpus is
-built in a temporary folder that then replaces `data/` by a rename, so an interrupted run
-never leaves a half corpus behind (one workdir is prepared by one process at a time).
+(resolved paths, sizes, modification times) and of `config.data` without `strict`, with the
+size of every file written. A later `prepare` with the same fingerprint reuses the corpus
+where every file has its size (a damaged one is built again; with `strict`, one whose log
+had malformed lines is refused as a fresh build would be); any change rebuilds it, except
+where the workdir holds checkpoints: then other settings are refused by name, and other
+inputs may only make the same files again (the same log moved). The corpus is built in a
+temporary folder that then replaces `data/` by a rename, so an interrupted run never leaves
+a half corpus behind, and under the workdir's lock (`files.workdir_alone`): a second run
+preprocessing or training there is refused.
 
 Cost: the log is read by one process per file and CPU core, each parsing about 750k lines
 per second of CPU; the rest is numpy or C-level string work over the kept queries. A
@@ -75,6 +80,8 @@ _STATS, _MANIFEST, _VOCAB = 'stats.json', 'manifest.json', 'vocab.json'
 _BUILD_PREFIX, _OLD_PREFIX = '.data-build-', '.data-old-'
 # Python lists of words live only this many queries at a time.
 _BATCH_QUERIES = 1 << 20
+# The skip reason of the queries of training users left out by `config.data.train_users`.
+USER_LEFT_OUT = 'user_left_out'
 
 
 class EmptyCorpusError(errors.Error, ValueError):
@@ -105,14 +112,24 @@ def prepare(config: ml_collections.ConfigDict, workdir: str, verbose: bool = Fal
   target = data_dir(workdir)
   paths = _input_paths(cfg, target)
   manifest = _manifest(cfg, paths, target)
-  if _is_current(target, manifest):
-    with open(os.path.join(target, _STATS), encoding='utf-8') as f:
-      stats = json.load(f)
+  built = _read_json(os.path.join(target, _MANIFEST))
+  same_recipe = built is not None and built.get('fingerprint') == manifest['fingerprint']
+  stats = _intact_stats(target, built) if same_recipe else None
+  if stats is not None and cfg.strict and any(stats['skipped'].get(reason)
+                                              for reason in aol_log.MALFORMED):
+    stats = None  # built without `strict`: building again names the first malformed line
+  if stats is not None:
     if verbose:
       print(f'Reusing the corpus in {target}: same inputs and config.data.')
   else:
-    _check_no_checkpoint_loses_its_corpus(target, manifest, workdir)
-    stats = _build(cfg, paths, manifest, workdir)
+    # A corpus that checkpoints were trained on is rebuilt from other inputs only into the
+    # same files (the same log moved or copied); the same inputs and settings rebuild it
+    # byte for byte (a damaged corpus).
+    trained_on = (None if same_recipe or built is None
+                  else _checkpoints_folder(workdir))
+    if trained_on:
+      _check_settings_unchanged(target, built, manifest, trained_on)
+    stats = _build(cfg, paths, manifest, workdir, trained_on)
   if verbose:
     print(summary(stats, target))
   return stats
@@ -122,29 +139,54 @@ class CorpusInUseError(errors.Error, ValueError):
   """A corpus that the workdir's checkpoints were trained on, asked for with other settings."""
 
 
-def _check_no_checkpoint_loses_its_corpus(target: str, manifest: dict, workdir: str) -> None:
-  """Refuses to rebuild, with other `config.data` settings, a corpus that the workdir's
-  checkpoints were trained on: they would be left with another vocabulary and splits (train
-  would then refuse them, and eval and decode with the old settings too). The log's paths may
-  differ (the same log moved), and a setting the corpus's manifest does not name (one added
-  since it was built) is not compared."""
+def _checkpoints_folder(workdir: str) -> str | None:
+  """The workdir's checkpoints folder where it holds a checkpoint, else None."""
   folder = os.path.join(os.path.abspath(workdir), 'checkpoints')
-  if not (os.path.isdir(folder) and any(name.isdigit() for name in os.listdir(folder))):
-    return
-  try:
-    with open(os.path.join(target, _MANIFEST), encoding='utf-8') as f:
-      built = json.load(f).get('data_config') or {}
-  except (OSError, ValueError):
-    return
+  if os.path.isdir(folder) and any(name.isdigit() for name in os.listdir(folder)):
+    return folder
+  return None
+
+
+def _check_settings_unchanged(target: str, built: dict, manifest: dict, folder: str) -> None:
+  """Refuses to rebuild, with other `config.data` settings, a corpus that the checkpoints in
+  `folder` were trained on: they would be left with another vocabulary and splits (train
+  would then refuse them, and eval and decode with the old settings too). A setting the
+  corpus's manifest does not name (one added since it was built) is not compared; changed
+  inputs are compared by what they make (`_build`)."""
+  before = built.get('data_config') or {}
   asked = json.loads(json.dumps(manifest['data_config']))  # as the manifest holds it: lists
-  changed = [k for k in sorted(set(built) & set(asked))
-             if k != 'raw_files' and built[k] != asked[k]]
+  changed = [k for k in sorted(set(before) & set(asked))
+             if k != 'raw_files' and before[k] != asked[k]]
   if changed:
-    detail = ', '.join(f'config.data.{k}: {built[k]!r} there, {asked[k]!r} here'
+    detail = ', '.join(f'config.data.{k}: {before[k]!r} there, {asked[k]!r} here'
                        for k in changed)
     raise CorpusInUseError(f'{target} was built with other settings, and the checkpoints in '
                            f'{folder} were trained on it ({detail}): use the settings it was '
                            'built with, or a new workdir')
+
+
+def _read_json(path: str) -> dict | None:
+  """The JSON object in `path`, or None where it is missing or damaged."""
+  try:
+    with open(path, encoding='utf-8') as f:
+      value = json.load(f)
+  except (OSError, ValueError):
+    return None
+  return value if isinstance(value, dict) else None
+
+
+def _intact_stats(target: str, built: dict) -> dict | None:
+  """The corpus's stats where every file of it is as it was written (the sizes the manifest
+  recorded; a corpus older than that record: each file there), else None."""
+  sizes = built.get('sizes')
+  for name in _corpus_files():
+    path = os.path.join(target, name)
+    if name != _MANIFEST and not (os.path.exists(path) and (
+        sizes is None or os.path.getsize(path) == sizes.get(name))):
+      return None
+  stats = _read_json(os.path.join(target, _STATS))
+  needed = {'lines_read', 'skipped', 'vocab_size', *sessions_lib.SPLITS}
+  return stats if stats is not None and needed <= set(stats) else None
 
 
 def split_sessions(num_sessions: int, fractions, seed: int) -> list[np.ndarray]:
@@ -236,6 +278,11 @@ def split_by_time(session_users: np.ndarray, session_times: np.ndarray, fraction
   return [np.flatnonzero(part == k) for k in range(len(fractions))]
 
 
+def kept_queries(stats: dict) -> int:
+  """The queries of the corpus's sessions, every split's (a session of n queries: n - 1 pairs)."""
+  return sum(stats[split]['sessions'] + stats[split]['pairs'] for split in sessions_lib.SPLITS)
+
+
 def summary(stats: dict, where: str) -> str:
   """Table 1 of the paper for this corpus, then the counts behind it."""
   lines = [f'Corpus in {where}', f'{"":<8}{"sessions":>12}{"pairs":>14}']
@@ -246,11 +293,17 @@ def summary(stats: dict, where: str) -> str:
     lines.append(f'training users: {t["kept"]:,} kept of {t["kept"] + t["left_out"]:,} '
                  f'(config.data.train_users); {t["left_out_sessions"]:,} sessions of the '
                  'others left out')
-  lines.append(f'vocabulary: {stats["vocab_size"]:,} words, special tokens included')
+  pieces = stats.get('tokenizer') == 'sentencepiece'
+  lines.append(f'vocabulary: {stats["vocab_size"]:,} {"pieces" if pieces else "words"}, '
+               'special tokens included')
+  if stats.get('cut_queries'):
+    lines.append(f'queries cut to config.data.max_query_tokens pieces: '
+                 f'{stats["cut_queries"]:,}')
   if 'candidates' in stats:
     lines.append(f'candidate pool: {stats["candidates"]:,} distinct training queries')
   lines.append(f'lines read: {stats["lines_read"]:,} ({stats.get("latin1_lines", 0):,} of them '
-               'read as Latin-1); skipped by reason:')
+               f'read as Latin-1): {kept_queries(stats):,} queries kept, '
+               f'{sum(stats["skipped"].values()):,} skipped by reason:')
   lines += [f'  {reason:<20}{count:>12,}' for reason, count in stats['skipped'].items()]
   return '\n'.join(lines)
 
@@ -325,40 +378,56 @@ def session_difference(data_dir_a: str, data_dir_b: str) -> str | None:
   return None
 
 
-def _is_current(target: str, manifest: dict) -> bool:
-  try:
-    with open(os.path.join(target, _MANIFEST), encoding='utf-8') as f:
-      fingerprint = json.load(f).get('fingerprint')
-  except (OSError, ValueError):
-    return False
-  return (fingerprint == manifest['fingerprint']
-          and all(os.path.exists(os.path.join(target, f)) for f in _corpus_files()))
-
-
-def _build(cfg: ml_collections.ConfigDict, paths: list[str], manifest: dict,
-           workdir: str) -> dict:
-  """Writes the corpus into a fresh folder, then swaps it in for `data_dir(workdir)`. A
-  workdir this made is removed again when the build fails (a log that holds no records
-  leaves nothing behind)."""
+def _build(cfg: ml_collections.ConfigDict, paths: list[str], manifest: dict, workdir: str,
+           trained_on: str | None = None) -> dict:
+  """Writes the corpus into a fresh folder, then swaps it in for `data_dir(workdir)`, alone
+  in the workdir (`files.workdir_alone`). A workdir this made is removed again when the build
+  fails (a log that holds no records leaves nothing behind). With `trained_on` (the folder of
+  checkpoints trained on the corpus there), the new corpus replaces it only if every file is
+  the same."""
   made_workdir = not os.path.exists(workdir)
   os.makedirs(workdir, exist_ok=True)
-  _remove_stale_builds(workdir)
-  build = tempfile.mkdtemp(prefix=_BUILD_PREFIX, dir=workdir)
-  os.chmod(build, 0o755)  # mkdtemp makes it private; the corpus is not
-  try:
-    stats = _write_corpus(cfg, paths, build)
-    _write_json(os.path.join(build, _MANIFEST), manifest)
-    _replace_dir(build, data_dir(workdir))
-  except BaseException as e:
-    shutil.rmtree(build, ignore_errors=True)
-    if made_workdir and not os.listdir(workdir):
-      os.rmdir(workdir)
-    if isinstance(e, OSError) and not e.filename and e.strerror:
-      # A write that failed for want of room names no file: the corpus being built is it.
-      raise CorpusWriteError(f'{data_dir(workdir)}: writing the corpus failed '
-                             f'({e.strerror}); nothing was changed') from None
-    raise
+  with files.workdir_alone(workdir, 'preprocessing'):
+    _remove_stale_builds(workdir)
+    build = tempfile.mkdtemp(prefix=_BUILD_PREFIX, dir=workdir)
+    os.chmod(build, 0o755)  # mkdtemp makes it private; the corpus is not
+    try:
+      stats = _write_corpus(cfg, paths, build)
+      names = [n for n in _corpus_files() if n != _MANIFEST]
+      manifest = {**manifest, 'sizes': {n: os.path.getsize(os.path.join(build, n))
+                                        for n in names}}
+      if trained_on:
+        _check_same_corpus(build, data_dir(workdir), names, trained_on)
+      _write_json(os.path.join(build, _MANIFEST), manifest)
+      _replace_dir(build, data_dir(workdir))
+    except BaseException as e:
+      shutil.rmtree(build, ignore_errors=True)
+      if made_workdir and set(os.listdir(workdir)) <= {files.WORKDIR_LOCK}:
+        shutil.rmtree(workdir, ignore_errors=True)
+      if isinstance(e, OSError) and not e.filename and e.strerror:
+        # A write that failed for want of room names no file: the corpus being built is it.
+        raise CorpusWriteError(f'{data_dir(workdir)}: writing the corpus failed '
+                               f'({e.strerror}); nothing was changed') from None
+      raise
   return stats
+
+
+def _check_same_corpus(build: str, target: str, names: list[str], folder: str) -> None:
+  """Refuses to replace the corpus in `target`, which the checkpoints in `folder` were
+  trained on, by the one in `build` unless each of `names` (all but its stats: skipped
+  lines may differ) is byte for byte the same."""
+  for name in names:
+    if name == _STATS:
+      continue
+    try:
+      same = filecmp.cmp(os.path.join(build, name), os.path.join(target, name), shallow=False)
+    except OSError:
+      same = False
+    if not same:
+      raise CorpusInUseError(
+          f'{target}: the log it was built from changed since the checkpoints in {folder} '
+          f'were trained on it (its {name} would differ): give the log it was built from, '
+          'or a new workdir')
 
 
 class CorpusWriteError(errors.Error, OSError):
@@ -375,9 +444,9 @@ def _write_corpus(cfg: ml_collections.ConfigDict, paths: list[str], folder: str)
   skipped = {**log.skipped, **sessions.skipped}
   stats = {'lines_read': log.lines_read,
            'skipped': {reason: skipped[reason] for reason in aol_log.REASONS}}
-  kept_queries = len(sessions.record_index)
-  if log.lines_read != kept_queries + sum(skipped.values()):
-    raise AssertionError(f'{log.lines_read} lines read but {kept_queries} kept and '
+  num_kept = len(sessions.record_index)
+  if log.lines_read != num_kept + sum(skipped.values()):
+    raise AssertionError(f'{log.lines_read} lines read but {num_kept} kept and '
                          f'{sum(skipped.values())} skipped')
   if not sessions.num_sessions:
     raise EmptyCorpusError(
@@ -394,8 +463,12 @@ def _write_corpus(cfg: ml_collections.ConfigDict, paths: list[str], folder: str)
   if cfg.split_by == 'user':
     parts = split_users(session_users, fractions, cfg.split_seed)
     if cfg.train_users:
-      parts[0], stats['train_users'] = keep_train_users(parts[0], session_users,
-                                                        cfg.train_users, cfg.split_seed)
+      kept_train, stats['train_users'] = keep_train_users(parts[0], session_users,
+                                                          cfg.train_users, cfg.split_seed)
+      # The queries of the users left out, so that lines read = kept queries + skipped.
+      stats['skipped'][USER_LEFT_OUT] = int(
+          session_lengths[np.setdiff1d(parts[0], kept_train)].sum())
+      parts[0] = kept_train
   elif cfg.split_by == 'time':
     parts = split_by_time(session_users, session_times, fractions, cfg.split_seed)
   else:
@@ -464,6 +537,10 @@ def _write_corpus(cfg: ml_collections.ConfigDict, paths: list[str], folder: str)
     num_sessions = len(split_starts[split]) - 1
     stats[split] = {'sessions': num_sessions,
                     'pairs': int(split_starts[split][-1]) - num_sessions}
+  if stats['lines_read'] != kept_queries(stats) + sum(stats['skipped'].values()):
+    raise AssertionError(f'{stats["lines_read"]} lines read but {kept_queries(stats)} queries '
+                         f'in the splits and {sum(stats["skipped"].values())} skipped')
+  stats['tokenizer'] = cfg.tokenizer
   stats['vocab_size'] = len(vocab)
   stats['candidates'] = len(pool)
   vocab.save(os.path.join(folder, _VOCAB))

@@ -20,6 +20,7 @@ import functools
 import hashlib
 import io
 import json
+import re
 from collections.abc import Iterable, Sequence
 
 import numpy as np
@@ -39,9 +40,12 @@ class Vocab:
   def __post_init__(self):
     if tuple(self.words[:len(SPECIAL_TOKENS)]) != SPECIAL_TOKENS:
       raise ValueError(f'a vocabulary must start with {SPECIAL_TOKENS}')
-    object.__setattr__(self, '_ids', {w: i for i, w in enumerate(self.words)})
-    if len(self._ids) != len(self.words):
+    if len(set(self.words)) != len(self.words):
       raise ValueError('a vocabulary holds each word once')
+    # The special tokens are ids, never words: a query's word spelled `<pad>` or `</s>` is
+    # `<unk>` (as a token, it would end or blank the query).
+    object.__setattr__(self, '_ids', {w: i for i, w in enumerate(self.words)
+                                      if i >= len(SPECIAL_TOKENS)})
 
   @classmethod
   def from_counts(cls, counts: dict[str, int], min_count: int) -> Vocab:
@@ -55,6 +59,8 @@ class Vocab:
     return len(self.words)
 
   def id(self, word: str) -> int:
+    """The id of a query's `word`; `<unk>` for one not in the table or spelled like a special
+    token."""
     return self._ids.get(word, UNK_ID)
 
   def encode(self, words: Iterable[str]) -> list[int]:
@@ -173,16 +179,34 @@ def train_sentencepiece(texts: Iterable[str], vocab_size: int) -> SentencePieceV
   the same way on every run (one thread, the texts in their order)."""
   import sentencepiece  # pylint: disable=g-import-not-at-top
   model = io.BytesIO()
-  sentencepiece.SentencePieceTrainer.train(
-      sentence_iterator=iter(texts), model_writer=model, vocab_size=vocab_size,
-      model_type='unigram', pad_id=PAD_ID, unk_id=UNK_ID, bos_id=BOS_ID, eos_id=EOS_ID,
-      pad_piece=SPECIAL_TOKENS[PAD_ID], unk_piece=SPECIAL_TOKENS[UNK_ID],
-      bos_piece=SPECIAL_TOKENS[BOS_ID], eos_piece=SPECIAL_TOKENS[EOS_ID],
-      user_defined_symbols=[SPECIAL_TOKENS[SEP_ID]], byte_fallback=True,
-      character_coverage=0.9995, num_threads=1, shuffle_input_sentence=False,
-      input_sentence_size=0, hard_vocab_limit=False, minloglevel=2)
+  try:
+    _train_pieces(sentencepiece, texts, vocab_size, model)
+  except RuntimeError as e:
+    # Every character the training queries use (all but the rarest 0.05 %) is a piece: a
+    # log with many distinct characters needs more pieces than config_lib's floor.
+    found = re.search(r'required_chars\. (\d+) vs (\d+)', str(e))
+    if not found:
+      raise
+    raise errors.ConfigError(
+        f'config.data.vocab_size={vocab_size} is too small for this log with sentencepiece: '
+        f'it needs at least {found.group(2)} pieces (the special tokens, the 256 bytes and '
+        'each character its training queries use)') from None
   vocab = SentencePieceVocab.from_model(model.getvalue())
   if vocab.words[:len(SPECIAL_TOKENS)] != SPECIAL_TOKENS:
     raise AssertionError(f'sentencepiece put the special tokens at '
                          f'{vocab.words[:len(SPECIAL_TOKENS)]}')
   return vocab
+
+
+def _train_pieces(sentencepiece, texts: Iterable[str], vocab_size: int, model: io.BytesIO
+                  ) -> None:
+  sentencepiece.SentencePieceTrainer.train(
+      sentence_iterator=iter(texts), model_writer=model, vocab_size=vocab_size,
+      model_type='unigram', pad_id=PAD_ID, unk_id=UNK_ID, bos_id=BOS_ID, eos_id=EOS_ID,
+      pad_piece=SPECIAL_TOKENS[PAD_ID], unk_piece=SPECIAL_TOKENS[UNK_ID],
+      bos_piece=SPECIAL_TOKENS[BOS_ID], eos_piece=SPECIAL_TOKENS[EOS_ID],
+      # A control symbol, not a user-defined one: the text `<sep>` in a query is its
+      # characters' pieces, never the separator's id.
+      control_symbols=[SPECIAL_TOKENS[SEP_ID]], byte_fallback=True,
+      character_coverage=0.9995, num_threads=1, shuffle_input_sentence=False,
+      input_sentence_size=0, hard_vocab_limit=False, minloglevel=2)

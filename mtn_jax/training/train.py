@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import fcntl
 import functools
 import json
 import math
@@ -283,7 +282,8 @@ def _run_meta(config: ml_collections.ConfigDict, cfg: ModelConfig, vocab) -> dic
   return {'model': checkpoints.architecture(cfg), 'model_config': dataclasses.asdict(cfg),
           'model_name': cfg.name, 'vocab_fingerprint': vocab.fingerprint,
           'vocab_size': len(vocab), 'valid': [], 'best_step': None, 'best_valid_loss': None,
-          'config': json.loads(config.to_json_best_effort())}
+          'config': json.loads(config.to_json_best_effort()),
+          'device_count': jax.device_count()}
 
 
 # What fixes a run's batches and their order besides the corpus: a resumed run continues the
@@ -307,6 +307,17 @@ def _check_data_order(saved_config: dict, config: ml_collections.ConfigDict, whe
       raise checkpoints.CheckpointMismatch(
           f'{where} was trained with config.{key}={saved!r}, not {current!r}: {why}; use '
           f'{saved!r}, or a new workdir')
+
+
+def _check_device_count(saved: int | None, where: str) -> None:
+  """Refuses to resume a checkpoint of a run on another number of devices: each batch
+  holds a multiple of it, so the batches and their order differ (a checkpoint older than
+  this record is not checked)."""
+  if saved is not None and saved != jax.device_count():
+    raise checkpoints.CheckpointMismatch(
+        f'{where} was trained on {saved} device(s), not {jax.device_count()}: a resumed run '
+        'continues its batches in their order, and each batch holds a multiple of the device '
+        f'count; resume on {saved} (--cpu_devices={saved} on a CPU), or use a new workdir')
 
 
 # The sections of training's settings: a resumed run may change them (more epochs, another
@@ -491,64 +502,39 @@ def _save_json(path: str, obj) -> None:
   files.write_text(path, json.dumps(obj, indent=2, sort_keys=True))
 
 
-class WorkdirBusy(errors.Error):
-  """Another run is training in the workdir; the message names its process."""
-
-
-# Held while a run trains in a workdir (`training_alone`).
-TRAINING_LOCK = '.training.lock'
-_HELD: set[str] = set()  # the workdirs this process holds the lock of
+WorkdirBusy = files.WorkdirBusy
+_HELD: set[str] = set()  # the workdirs this process trains in
 
 
 @contextlib.contextmanager
 def training_alone(workdir: str):
-  """Holds the workdir's training lock for the block, or refuses: two runs training in one
-  workdir would both write its corpus, checkpoints, ranker and every record of metrics.jsonl.
-  An advisory lock (`fcntl.flock`) the system releases when the process ends, however it
-  ends, so a killed run leaves nothing to clean up. Held once per process (the main job holds
-  it around training, which takes it again); process 0 of a multi-process run takes it and
-  tells the others, so that they all refuse together."""
+  """Holds the workdir's lock (`files.workdir_alone`) for the block, or refuses: two runs
+  training in one workdir would both write its corpus, checkpoints, ranker and every record
+  of metrics.jsonl. Held once per process (the main job holds it around training, which
+  takes it again); process 0 of a multi-process run takes it and tells the others, so that
+  they all refuse together."""
   workdir = os.path.abspath(workdir)
   if workdir in _HELD:
     yield
     return
-  held, refusal = None, None
-  if jax.process_index() == 0:
-    held, refusal = _lock(workdir)
-  if jax.process_count() > 1:
-    refused = bool(multihost_utils.broadcast_one_to_all(np.int32(refusal is not None)))
-    if refused and refusal is None:
-      refusal = f'{workdir}: another run is training in it (process 0 of this run found it)'
-  if refusal is not None:
-    raise WorkdirBusy(refusal)
-  _HELD.add(workdir)
-  try:
-    yield
-  finally:
-    _HELD.discard(workdir)
-    if held is not None:
-      fcntl.flock(held, fcntl.LOCK_UN)
-      held.close()
-
-
-def _lock(workdir: str):
-  """(the open lock file, None), or (None, the refusal) where another process holds it."""
-  os.makedirs(workdir, exist_ok=True)
-  path = os.path.join(workdir, TRAINING_LOCK)
-  f = open(path, 'a+', encoding='utf-8')  # pylint: disable=consider-using-with
-  try:
-    fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
-  except BlockingIOError:
-    f.seek(0)
-    holder = f.read().strip() or 'unknown'
-    f.close()
-    return None, (f'{workdir}: another run is training in it (process {holder}); wait for it '
-                  'to end, or train in another workdir')
-  f.seek(0)
-  f.truncate()
-  f.write(str(os.getpid()))
-  f.flush()
-  return f, None
+  with contextlib.ExitStack() as held:
+    refusal = None
+    if jax.process_index() == 0:
+      try:
+        held.enter_context(files.workdir_alone(workdir, 'training'))
+      except WorkdirBusy as e:
+        refusal = str(e)
+    if jax.process_count() > 1:
+      refused = bool(multihost_utils.broadcast_one_to_all(np.int32(refusal is not None)))
+      if refused and refusal is None:
+        refusal = f'{workdir}: another run is training in it (process 0 of this run found it)'
+    if refusal is not None:
+      raise WorkdirBusy(refusal)
+    _HELD.add(workdir)
+    try:
+      yield
+    finally:
+      _HELD.discard(workdir)
 
 
 def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
@@ -590,6 +576,8 @@ def _train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict
     saved_meta = checkpoints.read_meta(manager, latest)
     checkpoints.check_compatible(saved_meta, cfg, vocab, where)
     _check_data_order(saved_meta.get('config', {}), config, where)
+    if latest < total_steps or saved_meta.get('pending_validation') is not None:
+      _check_device_count(saved_meta.get('device_count'), where)  # a run that continues
     state, iter_state = _restore(manager, latest, task=task, optimizer=optimizer, mesh=mesh,
                                  saved_meta=saved_meta)
     train_iter.set_state(iter_state)
