@@ -728,7 +728,8 @@ def test_history_holds_the_users_earlier_queries_and_never_a_later_one(tmp_path)
 
 def test_a_corpus_checkpoints_were_trained_on_is_not_rebuilt_with_other_settings(tmp_path):
   """Other config.data settings would leave the checkpoints with another vocabulary and
-  splits: refused before data/ is touched. The same log moved is no other setting."""
+  splits: refused before data/ is touched. The same log moved is no other setting; a log
+  that changed is built aside and taken only where it makes the same files."""
   log = _many_sessions_log(tmp_path / 'log.tsv', 20)
   workdir = str(tmp_path / 'w')
   c = config(log, min_word_count=1, split_fractions=(0.8, 0.1, 0.1))
@@ -746,7 +747,17 @@ def test_a_corpus_checkpoints_were_trained_on_is_not_rebuilt_with_other_settings
   moved = tmp_path / 'moved.tsv'
   os.rename(log, moved)
   c.data.raw_files = str(moved)
-  preprocess.prepare(c, workdir)  # rebuilt from the moved log: the same settings
+  preprocess.prepare(c, workdir)  # rebuilt from the moved log: the same settings and files
+  assert corpus(preprocess.data_dir(workdir)) == before
+  # The log changed: built aside, compared, and refused where a file would differ.
+  with open(moved, 'a', encoding='utf-8') as f:  # one more session
+    f.write(''.join(line(999, f'new words {i}', f'11:0{i}:00') + '\n' for i in range(3)))
+  with pytest.raises(preprocess.CorpusInUseError, match=re.escape(
+      f'{preprocess.data_dir(workdir)}: the log it was built from changed since the '
+      f'checkpoints in {workdir}/checkpoints were trained on it (its ')):
+    preprocess.prepare(c, workdir)
+  assert corpus(preprocess.data_dir(workdir)) == before
+  assert sorted(os.listdir(workdir)) == ['.workdir.lock', 'checkpoints', 'data']
 
 
 def test_a_full_disk_while_building_names_the_corpus_and_leaves_nothing(tmp_path, monkeypatch):
@@ -762,29 +773,6 @@ def test_a_full_disk_while_building_names_the_corpus_and_leaves_nothing(tmp_path
       'changed')):
     preprocess.prepare(config(log, min_word_count=1), str(workdir))
   assert not workdir.exists()  # the workdir it made, and its half-built corpus, removed
-
-
-def test_a_corpus_checkpoints_were_trained_on_is_replaced_only_by_the_same_files(tmp_path):
-  """Another log (or the same one changed in place) under a workdir with checkpoints: built
-  aside and compared, refused where any file would differ; a log copied or touched, which
-  makes the same files, is taken."""
-  log = _many_sessions_log(tmp_path / 'log.tsv', 20)
-  workdir = str(tmp_path / 'w')
-  c = config(log, min_word_count=1, split_fractions=(0.8, 0.1, 0.1))
-  preprocess.prepare(c, workdir)
-  os.makedirs(os.path.join(workdir, 'checkpoints', '30'))
-  before = corpus(preprocess.data_dir(workdir))
-  os.utime(log, ns=(1, 2))  # touched: the same bytes
-  preprocess.prepare(c, workdir)
-  assert corpus(preprocess.data_dir(workdir)) == before
-  with open(log, 'a', encoding='utf-8') as f:  # one more session
-    f.write(''.join(line(999, f'new words {i}', f'11:0{i}:00') + '\n' for i in range(3)))
-  with pytest.raises(preprocess.CorpusInUseError, match=re.escape(
-      f'{preprocess.data_dir(workdir)}: the log it was built from changed since the '
-      f'checkpoints in {workdir}/checkpoints were trained on it (its ')):
-    preprocess.prepare(c, workdir)
-  assert corpus(preprocess.data_dir(workdir)) == before
-  assert sorted(os.listdir(workdir)) == ['.workdir.lock', 'checkpoints', 'data']
 
 
 def test_a_damaged_corpus_is_built_again_and_strict_mode_is_not_reused_past(tmp_path, capsys):
