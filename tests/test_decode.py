@@ -35,11 +35,11 @@ QUERIES = np.array([[[5, 6, 7, 0, 0], [8, 9, 0, 0, 0], [10, 11, 12, 13, 0]],
                     [[14, 15, 0, 0, 0], [16, 17, 18, 0, 0], [0, 0, 0, 0, 0]]], np.int32)
 
 
-def tiny_model(name, vocab_size):
+def tiny_model(name, vocab_size, **changes):
   c = default.get_config(name).model
   sizes = dict(share_embeddings=True, emb_dim=16, d_model=16, num_heads=2, ff_dim=32,
                query_layers=1, session_layers=1, decoder_layers=2, lstm_units=8,
-               max_session_queries=4, dropout=0.0)
+               max_session_queries=4, dropout=0.0, **changes)
   c.update({k: v for k, v in sizes.items() if k in c})  # the keys of the model's family
   return models.create_model(models.make_config(c, vocab_size=vocab_size,
                                                  max_query_words=QUERY_WORDS))
@@ -208,6 +208,31 @@ def test_sequences_packed_as_a_tree_score_as_each_alone(searched):
     with pytest.raises(ValueError, match='one sequence per row'):
       model.apply({'params': params}, rows_memory, arrays[0], method='decode',
                   parents=arrays[1])
+
+
+def test_learned_positions_read_a_packed_row_wider_than_their_table():
+  """A packed row's positions are its sequences' depths: with learned positions (a table of
+  `target_len` rows) a row of many sequences, wider than the table, scores each as alone."""
+  model = tiny_model('mtn', VOCAB_SIZE, learned_positions=True)
+  params = random_params(model, QUERIES, seed=1)
+  memory = search.encode_sessions(model, params, {'queries': QUERIES})
+  candidates = [[10, 11, EOS_ID], [10, 12, 13, EOS_ID], [14, 15, 16, 17, 18, EOS_ID]]
+  num_rows = len(jax.tree.leaves(memory)[0])
+  sequences = np.zeros((num_rows, len(candidates), MAX_LEN), np.int32)
+  for k, candidate in enumerate(candidates):
+    sequences[:, k, :len(candidate)] = candidate
+  alone = np.asarray(search.sequence_log_prob(model, params, memory, jnp.asarray(sequences)))
+  rows, spans = _tree_rows([candidates] * num_rows, True)
+  width = 2 * MAX_LEN + 3
+  assert max(len(r[1]) for r in rows) > MAX_LEN >= model.config.target_len
+  arrays = [np.full((len(rows), width), fill, np.int32) for fill in (0, -1, -1, 0)]
+  for r, (_, *values, _) in enumerate(rows):
+    for array, value in zip(arrays, values):
+      array[r, :len(value)] = value
+  rows_memory = jax.tree.map(lambda x: x[np.array([r[0] for r in rows])], memory)
+  packed = np.asarray(search.packed_token_log_probs(model, params, rows_memory, *arrays))
+  for n, k, r, start, end in spans:
+    np.testing.assert_allclose(packed[r, start:end].sum(), alone[n, k], atol=1e-4, rtol=1e-5)
 
 
 def test_stops_at_end_token_or_max_len(searched):

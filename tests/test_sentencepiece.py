@@ -35,6 +35,10 @@ def test_round_trip_of_seen_and_unseen_words():
     assert vocab.decode_text(ids) == text
     # Decoding stops at </s> and ignores what follows, as for words.
     assert vocab.decode_text(ids + [EOS_ID] + ids) == text
+  # An emitted <unk> stays <unk> (config.decode.emit_unk), a word of its own as with words.
+  cheap, paris = vocab.encode_text('cheap'), vocab.encode_text('paris')
+  assert vocab.decode_text(cheap + [UNK_ID] + paris) == 'cheap <unk> paris'
+  assert vocab.decode_text([UNK_ID, UNK_ID] + paris + [UNK_ID]) == '<unk> <unk> paris <unk>'
   # The same texts give the same model: vocabularies are reproducible.
   assert train_sentencepiece(TRAIN, 320).fingerprint == vocab.fingerprint
   # A query's text is never a special id: `<sep>` in it is its characters.

@@ -153,9 +153,12 @@ class SentencePieceVocab(Vocab):
     for i in np.asarray(ids).tolist():
       if i in (EOS_ID, PAD_ID):
         break
-      if i >= len(SPECIAL_TOKENS):
+      if i >= len(SPECIAL_TOKENS) or i == UNK_ID:
         kept.append(i)
-    return self.processor.decode(kept)
+    text = self.processor.decode(kept)
+    if UNK_ID in kept:  # an emitted `<unk>` stays `<unk>`, a word of its own, as with words
+      text = ' '.join(text.replace(_UNK_SURFACE, f' {SPECIAL_TOKENS[UNK_ID]} ').split())
+    return text
 
   @property
   def fingerprint(self) -> str:
@@ -165,6 +168,10 @@ class SentencePieceVocab(Vocab):
   def to_json(self) -> dict:
     return {**super().to_json(), 'tokenizer': self.kind,
             'model': base64.b64encode(self.model).decode('ascii')}
+
+
+# How sentencepiece writes `<unk>` in decoded text (its trainer's default `unk_surface`).
+_UNK_SURFACE = '\u2047'
 
 
 @functools.lru_cache(maxsize=4)

@@ -310,12 +310,15 @@ class PositionEncoding(nn.Module):
   size_source: str
 
   @nn.compact
-  def __call__(self, positions: jax.Array) -> jax.Array:
+  def __call__(self, positions: jax.Array, longest: int | None = None) -> jax.Array:
+    """`longest` (static): how many positions from 0 `positions` may reach; by default its
+    last axis' length (positions counted along it)."""
     cfg = self.config
     if not cfg.learned_positions:
       return sinusoid(positions, cfg.d_model).astype(cfg.dtype)
-    if positions.shape[-1] > self.max_len:
-      raise ValueError(f'{positions.shape[-1]} positions exceed the learned position table '
+    longest = positions.shape[-1] if longest is None else longest
+    if longest > self.max_len:
+      raise ValueError(f'{longest} positions exceed the learned position table '
                        f'of {self.max_len} rows, fixed by {self.size_source}')
     table = self.param('positions', nn.initializers.normal(stddev=0.02),
                        (self.max_len, cfg.d_model), jnp.float32)
@@ -569,10 +572,14 @@ class Decoder(nn.Module):
     cfg = self.config
     length = decoder_inputs.shape[-1]
     positions, self_mask = jnp.arange(length), causal_mask(length)
+    longest = length
     if parents is not None:
       if decode:
         raise ValueError('packed sequences (parents) are read whole, not decoded step by step')
       positions, self_mask = tree_positions_and_mask(parents)
+      # A packed row's positions are its sequences' depths, not its width: each sequence is
+      # a target of at most `target_len` tokens, as an unpacked row is.
+      longest = min(length, cfg.target_len)
     if decode:
       initialized = self.has_variable('cache', 'next_position')
       next_position = self.variable('cache', 'next_position', lambda: jnp.array(0, jnp.int32))
@@ -582,7 +589,7 @@ class Decoder(nn.Module):
     x = self.embedding(decoder_inputs)
     x = x + PositionEncoding(cfg, cfg.target_len,
                              'config.data.max_query_words + 1 (the words and </s>)',
-                             name='positions')(positions)
+                             name='positions')(positions, longest)
     x = Dropout(cfg.dropout, deterministic=not train)(x)
     return LayerStack(cfg, cfg.decoder_layers, cross_attention=True, name='stack')(
         x, self_mask, memory, padding_mask(memory_mask), train=train, decode=decode)
