@@ -758,6 +758,11 @@ def test_a_corpus_checkpoints_were_trained_on_is_not_rebuilt_with_other_settings
     preprocess.prepare(c, workdir)
   assert corpus(preprocess.data_dir(workdir)) == before
   assert sorted(os.listdir(workdir)) == ['.workdir.lock', 'checkpoints', 'data']
+  with open(os.path.join(preprocess.data_dir(workdir), 'manifest.json'), 'w') as f:
+    f.write('{')  # with no record of how it was built, it is still compared
+  with pytest.raises(preprocess.CorpusInUseError, match='the log it was built from changed'):
+    preprocess.prepare(c, workdir)
+  assert corpus(preprocess.data_dir(workdir)) == before
 
 
 def test_a_full_disk_while_building_names_the_corpus_and_leaves_nothing(tmp_path, monkeypatch):

@@ -124,12 +124,11 @@ def prepare(config: ml_collections.ConfigDict, workdir: str, verbose: bool = Fal
   else:
     # A corpus that checkpoints were trained on is rebuilt from other inputs only into the
     # same files (the same log moved or copied); the same inputs and settings rebuild it
-    # byte for byte (a damaged corpus).
-    trained_on = (None if same_recipe or built is None
-                  else _checkpoints_folder(workdir))
-    if trained_on:
+    # byte for byte (a damaged corpus), and a missing one is made again.
+    trained_on = None if same_recipe else _checkpoints_folder(workdir)
+    if trained_on and built is not None:
       _check_settings_unchanged(target, built, manifest, trained_on)
-    stats = _build(cfg, paths, manifest, workdir, trained_on)
+    stats = _build(cfg, paths, manifest, workdir, trained_on if os.path.isdir(target) else None)
   if verbose:
     print(summary(stats, target))
   return stats
