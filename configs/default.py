@@ -147,7 +147,8 @@ def get_config(variant: str = '') -> ml_collections.ConfigDict:
   # entries the ranker of `ranker_workdir` retrieves), 'rerank' (the workdir's generative
   # beam, the `retrieved` best pool entries of the ranker of `retriever_workdir` and the
   # session's own queries, pooled, scored by the ranker of `ranker_workdir`, deduplicated;
-  # the top_k best are kept). The rankers must share the workdir's vocabulary.
+  # the top_k best are kept; the rankers must share the workdir's vocabulary), 'blend' and
+  # 'learned' (below).
   c.suggest = ml_collections.ConfigDict()
   c.suggest.strategy = 'generate'
   c.suggest.ranker_workdir = ''  # a trained Bi-, Poly- or Cross-encoder's workdir

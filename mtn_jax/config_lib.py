@@ -113,8 +113,9 @@ def _check_model(config):
   missing = [k for k in model_class.config_keys() if k not in m]
   if missing:
     raise ConfigError(f'config.model has no key {missing[0]!r}, which {m.name!r} reads: a '
-                      'config of another model family; start from a config file of '
-                      f'{m.name!r} (or --config=configs/default.py:{m.name})')
+                      'config of another model family (start from a config file of '
+                      f'{m.name!r}, or --config=configs/default.py:{m.name}), or a field '
+                      "its family's keys in configs/families.py lack")
   model_class.check(m)
   if model_class.reads_user_history(m) and d.history_queries == 0:
     raise ConfigError('config.data.history_queries is 0, but the model reads each user\'s '

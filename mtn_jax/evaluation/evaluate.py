@@ -67,14 +67,16 @@ from mtn_jax.inference import habits
 from mtn_jax.inference import learned
 from mtn_jax.inference import pipeline
 
-# Under config.suggest.strategy 'retrieve' or 'rerank', the sources it draws on, scored beside
-# it.
+# Under every strategy but 'generate', the sources it draws on, scored beside it, by these
+# names (another source is named by its own).
 STRATEGY_SOURCES = {'generate': 'Generate (the workdir\'s model)',
                     'retrieve': 'Retrieve (the ranker\'s pool entries)',
                     'imdna': 'IMDNA (next queries of similar sessions)',
                     'popular': 'Popular next queries (a source)',
                     'cooccurring': 'Co-occurring next queries (a source)',
-                    'templates': 'Reformulation templates (a source)'}
+                    'templates': 'Reformulation templates (a source)',
+                    'matching': 'Logged queries matching the previous one (a source)',
+                    'session': 'The session\'s own queries (a source)'}
 NUM_SAMPLES = 50
 
 

@@ -19,7 +19,10 @@ config.decode, read in one place). It never trains or fits anything. Three stage
      habit query first (`config.suggest.habit_rate`, `habits`);
    - 'blend': the generator's beam and the training log's lists (`popular`: the most popular
      next queries; `cooccurring`: those that followed the previous query) by quotas,
-     `config.suggest.blend` (`blended`).
+     `config.suggest.blend` (`blended`);
+   - 'learned': the sources of `config.suggest.sources` as the workdir's ranker was trained
+     on them (`mtn_jax.inference.sources`: the beam and the log's sources, pooled) ordered by
+     that ranker (`learned`), then what is shown first (`presentation`).
 3. What is shown (`show`): with the user-facing protocol (`exclude_session_queries`) the
    queries the session holds are dropped, then the first `top_k` are kept.
 
@@ -307,8 +310,8 @@ class SplitLists:
 
   Attributes:
     ordered: [pairs] the strategy's whole ordered list ({'query', 'score', ...}).
-    sources: {source: [pairs] its candidates' texts in its own order} for 'rerank' and
-      'retrieve' (scored beside the strategy).
+    sources: {source: [pairs] its candidates' texts in its own order} for every strategy
+      but 'generate' (scored beside the strategy).
     pool: the ranker's full-pool ranking of the split (its figures), where a ranker's
       retrieval gives the lists ('generate' of a ranker, 'retrieve').
   """
@@ -330,8 +333,8 @@ class Pipeline:
       ranker, 'retrieve'), or a source of 'rerank' (None where there is none).
     rankers: the ranker and rules of 'rerank' (None for the other strategies).
     proposer: IMDNA's next queries, a source of 'rerank' (None unless configured).
-    log_counts: the training log's popular and co-occurring next queries, sources of
-      'rerank' (None unless `popular` or `cooccurring`).
+    log_counts: the training log's counts behind the log's sources ('blend', 'learned',
+      and 'rerank' with `popular` or `cooccurring`; else None).
   """
 
   def __init__(self, settings: Settings, trained: inference.Trained,
@@ -365,12 +368,17 @@ class Pipeline:
                            f'candidates: {workdir} holds a {trained.cfg.name!r} ranker')
       ranker = learned.LearnedRanker.load(workdir, trained)
       if ranker is not None:
-        asked = (learned.parse_sources(config.suggest.sources), config.suggest.ranker_rounds)
-        if asked != (ranker.sources, ranker.meta.get('rounds')):
+        differs = []
+        if learned.parse_sources(config.suggest.sources) != ranker.sources:
+          differs.append(f'sources {learned.plan_text(ranker.sources)!r}, not the config\'s '
+                         f'{config.suggest.sources!r}')
+        if config.suggest.ranker_rounds != ranker.meta.get('rounds'):
+          differs.append(f'{ranker.meta.get("rounds")} rounds, not the config\'s '
+                         f'{config.suggest.ranker_rounds}')
+        if differs:
           log(f'Note: the learned ranker in {learned.ranker_dir(workdir)} was trained with '
-              f'sources {learned.plan_text(ranker.sources)!r} and {ranker.meta.get("rounds")} '
-              f'rounds, not the config\'s {learned.plan_text(asked[0])!r} and {asked[1]}: its '
-              'own are used (--mode=train refits it to the config).')
+              f'{" and ".join(differs)}: its own are used (--mode=train refits it to the '
+              'config).')
         return cls(settings, trained, trained, None, None, None, workdir, ranker)
       log(f'Note: {workdir} has no learned ranker ({learned.RANKER_DIR}/ranker.json, made by '
           f'--mode=train): suggesting by the blend {config.suggest.blend!r} instead.')

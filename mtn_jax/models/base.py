@@ -76,7 +76,8 @@ class ModelConfig:
   @classmethod
   def check(cls, model: Mapping[str, Any]) -> None:
     """Raises `errors.ConfigError` naming the first key of `model` (the run's `config.model`,
-    which holds every model's keys) whose value this model cannot work with. Each model's
+    which holds its family's keys, configs/families.py) whose value this model cannot work
+    with. Each model's
     config adds its own fields' rules; rules that involve other sections are
     `mtn_jax.config_lib.validate`'s."""
     check_positive(model, 'emb_dim', 'max_session_queries')
