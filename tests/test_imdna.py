@@ -316,3 +316,14 @@ def test_preprocess_mode_writes_the_knowledge_base(tmp_path):
   result = cli.run(tmp_path, mode='preprocess', config='configs/imdna_movies.py:test')
   assert 'Wrote a knowledge base of 60 movies' in result.stdout
   assert (tmp_path / 'data' / 'movies.documents.txt').exists()
+
+
+def test_a_sessions_queries_are_separated_by_id_and_never_by_their_text():
+  """A session's question or document: its queries' ids with `<sep>` between them, by id; a
+  query that holds the text `<sep>` is its words (`<unk>` for that one)."""
+  from mtn_jax.data import imdna_library  # pylint: disable=g-import-not-at-top
+  from mtn_jax.data import vocab as vocab_lib  # pylint: disable=g-import-not-at-top
+  words = vocab_lib.Vocab(vocab_lib.SPECIAL_TOKENS + ('a', 'b'))
+  assert imdna_library.session_ids(words, ['a', 'b <sep> a', 'c']) == [
+      5, vocab_lib.SEP_ID, 6, vocab_lib.UNK_ID, 5, vocab_lib.SEP_ID, vocab_lib.UNK_ID]
+  assert imdna_library.session_ids(words, []) == []

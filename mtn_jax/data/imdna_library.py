@@ -42,6 +42,7 @@ from mtn_jax.data import preprocess
 from mtn_jax.data import sessions
 from mtn_jax.data.synthetic import movies
 from mtn_jax.data.vocab import PAD_ID
+from mtn_jax.data.vocab import SEP_ID
 from mtn_jax.data.vocab import UNK_ID
 from mtn_jax.data.vocab import Vocab
 
@@ -124,18 +125,29 @@ def _movies_library(config: ml_collections.ConfigDict, workdir: str) -> Library:
         answers=pad_rows([[answer_ids[a] for a in q.answers] for q in questions],
                           max(len(q.answers) for q in questions), -1),
         texts=texts, answer_texts=[' | '.join(q.answers) for q in questions])
-  return Library(vocab, documents, _document_tokens(documents, vocab, settings), answers,
-                 np.asarray(vocab.encode(answers), np.int32), splits)
+  return Library(vocab, documents,
+                 _document_tokens([vocab.encode_text(d) for d in documents], settings),
+                 answers, np.asarray(vocab.encode(answers), np.int32), splits)
 
 
-def _document_tokens(documents: Sequence[str], vocab: Vocab,
-                     settings: ml_collections.ConfigDict) -> np.ndarray:
-  rows = [vocab.encode_text(d) for d in documents] + [[]]
-  return pad_rows(rows, settings.max_document_words, PAD_ID)
+def _document_tokens(rows: Sequence[Sequence[int]], settings: ml_collections.ConfigDict
+                     ) -> np.ndarray:
+  """The documents' ids (`rows`), and an empty one last, padded to max_document_words."""
+  return pad_rows(list(rows) + [[]], settings.max_document_words, PAD_ID)
 
 
 def session_text(texts: Sequence[str]) -> str:
+  """A session's queries as one text (what is shown and stored; `session_ids` encodes it)."""
   return ' <sep> '.join(texts)
+
+
+def session_ids(vocab: Vocab, texts: Sequence[str]) -> list[int]:
+  """A session's queries' ids, `<sep>` between them: by id, since a query's own text never
+  encodes to a special token."""
+  ids = []
+  for k, text in enumerate(texts):
+    ids += ([SEP_ID] if k else []) + vocab.encode_text(text)
+  return ids
 
 
 def _aol_library(config: ml_collections.ConfigDict, workdir: str) -> Library:
@@ -173,7 +185,7 @@ def _aol_library(config: ml_collections.ConfigDict, workdir: str) -> Library:
       words = [w for w in dict.fromkeys(vocab.encode_text(text)) if w != UNK_ID]
       answers.append(words or [])
     splits[name] = QuestionSet(
-        question=pad_rows([vocab.encode_text(session_text(c)) for c in contexts],
+        question=pad_rows([session_ids(vocab, c) for c in contexts],
                            settings.max_question_words, PAD_ID, keep='last'),
         documents=ids, document_scores=scores,
         answers=pad_rows(answers, max([len(a) for a in answers] + [1]), -1),
@@ -184,7 +196,8 @@ def _aol_library(config: ml_collections.ConfigDict, workdir: str) -> Library:
   extra['document_users'] = document_users
   extra['index'] = index
   answers = list(vocab.words)
-  return Library(vocab, documents, _document_tokens(documents, vocab, settings), answers,
+  document_ids = [session_ids(vocab, queries) for queries in extra['document_queries']]
+  return Library(vocab, documents, _document_tokens(document_ids, settings), answers,
                  np.arange(len(vocab), dtype=np.int32), splits, extra)
 
 

@@ -51,7 +51,8 @@ class NextQueryProposer:
                                                settings.num_documents, exclude)
     texts = [imdna_library.session_text(c) for c in contexts]
     questions = QuestionSet(
-        question=imdna_library.pad_rows([library.vocab.encode_text(t) for t in texts],
+        question=imdna_library.pad_rows([imdna_library.session_ids(library.vocab, c)
+                                         for c in contexts],
                            settings.max_question_words, PAD_ID, keep='last'),
         documents=ids, document_scores=scores,
         answers=np.full((len(contexts), 1), -1, np.int32), texts=texts,
