@@ -178,6 +178,16 @@ def _tree_rows(sequences_by_row, packs):
   return rows, spans
 
 
+def _packed_arrays(rows, width: int, memory):
+  """`_tree_rows`' rows as the memory of each and (inputs, parents, picks, targets) int32
+  [rows, width], padded as the ranker's packing pads them."""
+  arrays = [np.full((len(rows), width), fill, np.int32) for fill in (0, -1, -1, 0)]
+  for r, (_, *values, _) in enumerate(rows):
+    for array, value in zip(arrays, values):
+      array[r, :len(value)] = value
+  return jax.tree.map(lambda x: x[np.array([r[0] for r in rows])], memory), arrays
+
+
 def test_sequences_packed_as_a_tree_score_as_each_alone(searched):
   """Every row's hypotheses packed in one decoder row as a tree of their shared prefixes
   (`packed_token_log_probs`, as the learned ranker scores its candidates) get exactly the
@@ -195,11 +205,7 @@ def test_sequences_packed_as_a_tree_score_as_each_alone(searched):
   if packs:  # the beam's hypotheses share prefixes: the tree reads each once
     assert sum(len(r[1]) for r in rows) < lengths.sum()
   width = BEAM * MAX_LEN + 3 if packs else MAX_LEN
-  arrays = [np.full((len(rows), width), fill, np.int32) for fill in (0, -1, -1, 0)]
-  for r, (_, *values, _) in enumerate(rows):
-    for array, value in zip(arrays, values):
-      array[r, :len(value)] = value
-  rows_memory = jax.tree.map(lambda x: x[np.array([r[0] for r in rows])], memory)
+  rows_memory, arrays = _packed_arrays(rows, width, memory)
   packed = np.asarray(search.packed_token_log_probs(model, params, rows_memory, *arrays))
   assert (packed[arrays[2] == -1] == 0).all()
   for n, k, r, start, end in spans:
@@ -223,13 +229,8 @@ def test_learned_positions_read_a_packed_row_wider_than_their_table():
     sequences[:, k, :len(candidate)] = candidate
   alone = np.asarray(search.sequence_log_prob(model, params, memory, jnp.asarray(sequences)))
   rows, spans = _tree_rows([candidates] * num_rows, True)
-  width = 2 * MAX_LEN + 3
   assert max(len(r[1]) for r in rows) > MAX_LEN >= model.config.target_len
-  arrays = [np.full((len(rows), width), fill, np.int32) for fill in (0, -1, -1, 0)]
-  for r, (_, *values, _) in enumerate(rows):
-    for array, value in zip(arrays, values):
-      array[r, :len(value)] = value
-  rows_memory = jax.tree.map(lambda x: x[np.array([r[0] for r in rows])], memory)
+  rows_memory, arrays = _packed_arrays(rows, 2 * MAX_LEN + 3, memory)
   packed = np.asarray(search.packed_token_log_probs(model, params, rows_memory, *arrays))
   for n, k, r, start, end in spans:
     np.testing.assert_allclose(packed[r, start:end].sum(), alone[n, k], atol=1e-4, rtol=1e-5)
