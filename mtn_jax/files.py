@@ -148,7 +148,7 @@ def workdir_alone(workdir: str, doing: str) -> Iterator[None]:
     f.seek(0)
     pid, _, what = f.read().strip().partition(' ')
     f.close()
-    raise WorkdirBusy(f'{workdir}: another run is {what or "training"} in it (process '
+    raise WorkdirBusy(f'{workdir}: another run is {what or "working"} in it (process '
                       f'{pid or "unknown"}); wait for it to end, or use another workdir'
                       ) from None
   f.seek(0)

@@ -15,7 +15,6 @@ import ml_collections
 
 from mtn_jax import inference
 from mtn_jax import tasks
-from mtn_jax.data import preprocess
 from mtn_jax.evaluation import evaluate as evaluation
 from mtn_jax.evaluation import report
 from mtn_jax.inference import hypothesis_decoding
@@ -67,8 +66,8 @@ def train(config: ml_collections.ConfigDict, workdir: str, preprocessed: bool = 
 
 
 def _train_all(config: ml_collections.ConfigDict, workdir: str, preprocessed: bool) -> dict:
-  if not preprocessed and jax.process_index() == 0:
-    preprocess.prepare(config, workdir, verbose=True)
+  if not preprocessed:
+    train_loop.prepare_corpus(config, workdir, verbose=True)
   hypothesis_decoding.prepare(config, workdir, ('train', 'valid'))
   if not learns_ranker(config):
     return _train_one(config, workdir)
@@ -84,7 +83,9 @@ def _train_all(config: ml_collections.ConfigDict, workdir: str, preprocessed: bo
     try:
       fold = train_loop.train_and_evaluate(learned.fold_config(config, k),
                                            learned.fold_workdir(workdir, k))
-    except checkpoints.CheckpointMismatch as e:  # config.train.user_folds is ranker_folds here
+    except checkpoints.CheckpointMismatch as e:
+      if 'config.train.user_folds' not in str(e):  # which is ranker_folds here
+        raise
       raise checkpoints.CheckpointMismatch(
           f'{e} (config.suggest.ranker_folds sets the fold generators\' '
           f'config.train.user_folds: move {os.path.dirname(learned.fold_workdir(workdir, k))} '
@@ -144,7 +145,7 @@ def run_all(config: ml_collections.ConfigDict, workdir: str) -> dict:
   workdir = os.path.abspath(workdir)
   with train_loop.training_alone(workdir):
     print('== Preprocessing', flush=True)
-    preprocess.prepare(config, workdir, verbose=True)
+    train_loop.prepare_corpus(config, workdir, verbose=True)
     print('== Training', flush=True)
     summary = train(config, workdir, preprocessed=True)
   if summary['interrupted']:

@@ -753,16 +753,44 @@ def test_a_corpus_checkpoints_were_trained_on_is_not_rebuilt_with_other_settings
   with open(moved, 'a', encoding='utf-8') as f:  # one more session
     f.write(''.join(line(999, f'new words {i}', f'11:0{i}:00') + '\n' for i in range(3)))
   with pytest.raises(preprocess.CorpusInUseError, match=re.escape(
-      f'{preprocess.data_dir(workdir)}: the log it was built from changed since the '
-      f'checkpoints in {workdir}/checkpoints were trained on it (its ')):
+      f'{preprocess.data_dir(workdir)}: the corpus built now would differ from the one the '
+      f'checkpoints in {workdir}/checkpoints were trained on (its ')):
     preprocess.prepare(c, workdir)
   assert corpus(preprocess.data_dir(workdir)) == before
   assert sorted(os.listdir(workdir)) == ['.workdir.lock', 'checkpoints', 'data']
   with open(os.path.join(preprocess.data_dir(workdir), 'manifest.json'), 'w') as f:
     f.write('{')  # with no record of how it was built, it is still compared
-  with pytest.raises(preprocess.CorpusInUseError, match='the log it was built from changed'):
+  with pytest.raises(preprocess.CorpusInUseError, match='the corpus built now would differ'):
     preprocess.prepare(c, workdir)
   assert corpus(preprocess.data_dir(workdir)) == before
+
+
+def test_a_damaged_corpus_checkpoints_were_trained_on_is_made_again_only_as_it_was(
+    tmp_path, monkeypatch):
+  """The same log and settings: a damaged file is made again; where the code that builds
+  the corpus changed what it writes, the checkpoints' corpus is kept and the build refused."""
+  log = _many_sessions_log(tmp_path / 'log.tsv', 20)
+  workdir = str(tmp_path / 'w')
+  data_dir = preprocess.data_dir(workdir)
+  c = config(log, min_word_count=1, split_fractions=(0.8, 0.1, 0.1))
+  preprocess.prepare(c, workdir)
+  os.makedirs(os.path.join(workdir, 'checkpoints', '30'))
+  before = corpus(data_dir)
+  with open(os.path.join(data_dir, 'train.queries.npy'), 'r+b') as f:
+    f.truncate(100)
+  preprocess.prepare(c, workdir)
+  assert corpus(data_dir) == before
+  os.remove(os.path.join(data_dir, 'valid.queries.npy'))  # not whole: rebuilt, compared
+  from_counts = Vocab.from_counts
+  monkeypatch.setattr(Vocab, 'from_counts', classmethod(
+      lambda cls, counts, min_count: Vocab(from_counts(counts, min_count).words[:-1])))
+  with pytest.raises(preprocess.CorpusInUseError, match=r'\(its vocab\.json\): its log, or '
+                     'the code that builds it, changed'):
+    preprocess.prepare(c, workdir)
+  assert not os.path.exists(os.path.join(data_dir, 'valid.queries.npy'))
+  monkeypatch.undo()
+  preprocess.prepare(c, workdir)
+  assert corpus(data_dir) == before
 
 
 def test_a_full_disk_while_building_names_the_corpus_and_leaves_nothing(tmp_path, monkeypatch):

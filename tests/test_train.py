@@ -193,7 +193,7 @@ def test_checkpoint_of_another_model_is_refused(reference_run, tmp_path):
         f'was trained with config.{key}={values}: a resumed run continues its batches in '
         f'their order; use {values.split(",")[0]}, or a new workdir'), result.stderr
   # Continued on another device count: each batch holds a multiple of it, so the batches
-  # differ (a complete run is only read, on any).
+  # differ (a run complete at this count's total steps is only read).
   result = cli.run(ref_dir, *SHORT, '--config.train.num_epochs=3', '--cpu_devices=2',
                    devices=None, check=False)
   assert result.returncode == 1 and result.stderr.strip().endswith(
@@ -660,7 +660,7 @@ def test_a_second_run_training_in_a_workdir_is_refused_naming_the_first(tmp_path
   with open(tmp_path / files.WORKDIR_LOCK, 'r+', encoding='utf-8') as other:
     fcntl.flock(other, fcntl.LOCK_EX | fcntl.LOCK_NB)
     other.truncate()
-    other.write('4242')
+    other.write('4242 training')
     other.flush()
     with pytest.raises(train.WorkdirBusy, match=re.escape(
         f'{tmp_path}: another run is training in it (process 4242); wait for it to end, or '

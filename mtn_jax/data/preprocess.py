@@ -24,10 +24,13 @@ user-then-time order, so never a later one), `vocab.json`
 (training words seen at least `min_word_count` times), `stats.json`:
 
     {"lines_read": n, "latin1_lines": n, "skipped": {reason: count, ...},
-     "train": {"sessions": n, "pairs": n}, "valid": {...}, "test": {...}, "vocab_size": n}
+     "train": {"sessions": n, "pairs": n}, "valid": {...}, "test": {...},
+     "tokenizer": "word" or "sentencepiece", "vocab_size": n, "candidates": n,
+     ["cut_queries": n (sentencepiece), "train_users": {...} (config.data.train_users)]}
 
 (pairs = sum over sessions of (queries - 1); `lines_read` = queries of kept sessions + all
-skipped lines, checked on every run; `latin1_lines` counts the lines read as Latin-1, which are
+skipped lines, checked at every build (the skip reasons: `aol_log.REASONS`, and
+`user_left_out` for the training users `train_users` leaves out); `latin1_lines` counts the lines read as Latin-1, which are
 among those, not a skip reason) and `manifest.json`, the fingerprint of the inputs
 (resolved paths, sizes, modification times) and of `config.data` without `strict`, with the
 size of every file written. A later `prepare` with the same fingerprint reuses the corpus
@@ -119,16 +122,22 @@ def prepare(config: ml_collections.ConfigDict, workdir: str, verbose: bool = Fal
                                               for reason in aol_log.MALFORMED):
     stats = None  # built without `strict`: building again names the first malformed line
   if stats is not None:
+    # A corpus built before its stats named these: the tokenizer is the fingerprint's, and the
+    # left-out users' queries are what the counts lack.
+    stats.setdefault('tokenizer', cfg.tokenizer)
+    if 'train_users' in stats and USER_LEFT_OUT not in stats['skipped']:
+      stats['skipped'][USER_LEFT_OUT] = (stats['lines_read'] - kept_queries(stats)
+                                         - sum(stats['skipped'].values()))
     if verbose:
       print(f'Reusing the corpus in {target}: same inputs and config.data.')
   else:
-    # A corpus that checkpoints were trained on is rebuilt from other inputs only into the
-    # same files (the same log moved or copied); the same inputs and settings rebuild it
-    # byte for byte (a damaged corpus), and a missing one is made again.
-    trained_on = None if same_recipe else _checkpoints_folder(workdir)
-    if trained_on and built is not None:
+    # A corpus that checkpoints were trained on is replaced only by the same files (the same
+    # log moved or copied; a damaged file made again; a missing corpus made anew): whatever
+    # changed, the log or the code that builds it, the checkpoints keep their corpus.
+    trained_on = _checkpoints_folder(workdir)
+    if trained_on and built is not None and not same_recipe:
       _check_settings_unchanged(target, built, manifest, trained_on)
-    stats = _build(cfg, paths, manifest, workdir, trained_on if os.path.isdir(target) else None)
+    stats = _build(cfg, paths, manifest, workdir, trained_on, (built or {}).get('sizes'))
   if verbose:
     print(summary(stats, target))
   return stats
@@ -378,12 +387,12 @@ def session_difference(data_dir_a: str, data_dir_b: str) -> str | None:
 
 
 def _build(cfg: ml_collections.ConfigDict, paths: list[str], manifest: dict, workdir: str,
-           trained_on: str | None = None) -> dict:
+           trained_on: str | None = None, written_sizes: dict | None = None) -> dict:
   """Writes the corpus into a fresh folder, then swaps it in for `data_dir(workdir)`, alone
   in the workdir (`files.workdir_alone`). A workdir this made is removed again when the build
   fails (a log that holds no records leaves nothing behind). With `trained_on` (the folder of
-  checkpoints trained on the corpus there), the new corpus replaces it only if every file is
-  the same."""
+  checkpoints trained on the corpus there), the new corpus replaces it only if every file of
+  it that is there whole (its size the one `written_sizes` recorded) is the same."""
   made_workdir = not os.path.exists(workdir)
   os.makedirs(workdir, exist_ok=True)
   with files.workdir_alone(workdir, 'preprocessing'):
@@ -396,7 +405,7 @@ def _build(cfg: ml_collections.ConfigDict, paths: list[str], manifest: dict, wor
       manifest = {**manifest, 'sizes': {n: os.path.getsize(os.path.join(build, n))
                                         for n in names}}
       if trained_on:
-        _check_same_corpus(build, data_dir(workdir), names, trained_on)
+        _check_same_corpus(build, data_dir(workdir), names, trained_on, written_sizes)
       _write_json(os.path.join(build, _MANIFEST), manifest)
       _replace_dir(build, data_dir(workdir))
     except BaseException as e:
@@ -411,22 +420,22 @@ def _build(cfg: ml_collections.ConfigDict, paths: list[str], manifest: dict, wor
   return stats
 
 
-def _check_same_corpus(build: str, target: str, names: list[str], folder: str) -> None:
+def _check_same_corpus(build: str, target: str, names: list[str], folder: str,
+                       written_sizes: dict | None) -> None:
   """Refuses to replace the corpus in `target`, which the checkpoints in `folder` were
-  trained on, by the one in `build` unless each of `names` (all but its stats: skipped
-  lines may differ) is byte for byte the same."""
+  trained on, by the one in `build` unless each of `names` that `target` holds whole (all but
+  the stats: skipped lines may differ; a file of another size than `written_sizes` records is
+  damaged, made again) is byte for byte the same."""
   for name in names:
-    if name == _STATS:
+    old = os.path.join(target, name)
+    if name == _STATS or not os.path.exists(old) or (
+        written_sizes is not None and os.path.getsize(old) != written_sizes.get(name)):
       continue
-    try:
-      same = filecmp.cmp(os.path.join(build, name), os.path.join(target, name), shallow=False)
-    except OSError:
-      same = False
-    if not same:
+    if not filecmp.cmp(os.path.join(build, name), old, shallow=False):
       raise CorpusInUseError(
-          f'{target}: the log it was built from changed since the checkpoints in {folder} '
-          f'were trained on it (its {name} would differ): give the log it was built from, '
-          'or a new workdir')
+          f'{target}: the corpus built now would differ from the one the checkpoints in '
+          f'{folder} were trained on (its {name}): its log, or the code that builds it, '
+          'changed; give the log it was built from, or use a new workdir')
 
 
 class CorpusWriteError(errors.Error, OSError):

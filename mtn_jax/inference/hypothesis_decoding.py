@@ -21,6 +21,7 @@ from mtn_jax.data import sessions
 from mtn_jax.decoding import search
 from mtn_jax.inference import habits
 from mtn_jax.inference import sources
+from mtn_jax.training import train
 
 
 def settings(generator: hypothesis_files.Generator) -> search.SearchSettings:
@@ -37,7 +38,7 @@ def prepare(config: ml_collections.ConfigDict, workdir: str, split_names: tuple[
     return
   # The run's corpus first (built, or reused when current): the generators are checked
   # against it and decode its sessions.
-  preprocess.prepare(config, workdir)
+  train.prepare_corpus(config, workdir)
   data_dir = preprocess.data_dir(os.path.abspath(workdir))
   found = hypothesis_files.generators(config.train.hypotheses_from, data_dir)
   for name in split_names:

@@ -578,7 +578,8 @@ class Decoder(nn.Module):
         raise ValueError('packed sequences (parents) are read whole, not decoded step by step')
       positions, self_mask = tree_positions_and_mask(parents)
       # A packed row's positions are its sequences' depths, not its width: each sequence is
-      # a target of at most `target_len` tokens, as an unpacked row is.
+      # a target of at most `target_len` tokens, as an unpacked row is (the packer cuts them
+      # so: `teacher_forcing._candidate_ids`; a deeper one would read past the table).
       longest = min(length, cfg.target_len)
     if decode:
       initialized = self.has_variable('cache', 'next_position')

@@ -226,16 +226,23 @@ def training_data(config: ml_collections.ConfigDict, workdir: str) -> tasks.Trai
                       f'({train_split.num_pairs:,} pairs){held_out}')
 
 
-def load_data(config: ml_collections.ConfigDict, workdir: str):
-  """Prepares (or reuses) the corpus: (vocab, {split: SessionSplit}).
-
-  With several processes, process 0 builds the corpus and the others then find it cached.
-  """
+def prepare_corpus(config: ml_collections.ConfigDict, workdir: str, verbose: bool = False
+                   ) -> dict:
+  """`preprocess.prepare` in every process: process 0 builds the corpus (or reuses it), the
+  others then find it current (one build, under process 0's lock of the workdir); its stats.
+  `verbose`: process 0 prints the summary."""
   if jax.process_index() == 0:
-    preprocess.prepare(config, workdir)
+    stats = preprocess.prepare(config, workdir, verbose=verbose)
   if jax.process_count() > 1:
     multihost_utils.sync_global_devices('corpus prepared')
-    preprocess.prepare(config, workdir)
+    if jax.process_index() != 0:
+      stats = preprocess.prepare(config, workdir)
+  return stats
+
+
+def load_data(config: ml_collections.ConfigDict, workdir: str):
+  """Prepares (or reuses) the corpus (`prepare_corpus`): (vocab, {split: SessionSplit})."""
+  prepare_corpus(config, workdir)
   data_dir = preprocess.data_dir(workdir)
   vocab = sessions.load_vocab(data_dir)
   splits = {s: sessions.load_split(data_dir, s) for s in sessions.SPLITS}
@@ -503,7 +510,7 @@ def _save_json(path: str, obj) -> None:
 
 
 WorkdirBusy = files.WorkdirBusy
-_HELD: set[str] = set()  # the workdirs this process trains in
+_TRAINING_IN: set[str] = set()  # the workdirs this process trains in
 
 
 @contextlib.contextmanager
@@ -514,7 +521,7 @@ def training_alone(workdir: str):
   takes it again); process 0 of a multi-process run takes it and tells the others, so that
   they all refuse together."""
   workdir = os.path.abspath(workdir)
-  if workdir in _HELD:
+  if workdir in _TRAINING_IN:
     yield
     return
   with contextlib.ExitStack() as held:
@@ -530,11 +537,11 @@ def training_alone(workdir: str):
         refusal = f'{workdir}: another run is training in it (process 0 of this run found it)'
     if refusal is not None:
       raise WorkdirBusy(refusal)
-    _HELD.add(workdir)
+    _TRAINING_IN.add(workdir)
     try:
       yield
     finally:
-      _HELD.discard(workdir)
+      _TRAINING_IN.discard(workdir)
 
 
 def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
