@@ -281,9 +281,10 @@ def test_field_counts_header_and_line_ends(tmp_path):
   assert bom.skipped == with_header.skipped and bom.lines_read == with_header.lines_read
   assert np.array_equal(crlf.records.time, with_header.records.time)
   # A header inside a file (logs joined by `cat`) is a header too, with strict mode as well.
-  late = aol_log.read_log(write(tmp_path / 'late.tsv', [rows[0], HEADER, rows[0]],
+  late = aol_log.read_log(write(tmp_path / 'late.tsv', [rows[0], HEADER, rows[0],
+                                                      aol_log.UTF8_BOM + HEADER.encode()],
                                 header=False), strict=True)
-  assert (late.skipped['header'], late.skipped['bad_user_id']) == (1, 0)
+  assert (late.skipped['header'], late.skipped['bad_user_id']) == (2, 0)
 
 
 def test_user_ids_and_times_parse_exactly(tmp_path):

@@ -36,8 +36,8 @@ the same); it makes a typed `CHEAP FLIGHTS` read as the log's `cheap flights`.
 Rules, in order. Every line read is counted exactly once: as a query of a kept session, or
 under the first reason of `REASONS` that applies to it.
 1. Line checks (`read_logs`): `header` (a line whose first field is `AnonID`: a file's
-   first, or one inside a file where logs were joined; a UTF-8 byte-order mark before a
-   file's first is no part of it), `empty_line` (nothing on the line),
+   first, or one inside a file where logs were joined; a UTF-8 byte-order mark before it is
+   no part of it), `empty_line` (nothing on the line),
    `bad_field_count` (not 3 or 5 tab-separated fields), `bad_user_id` (AnonID is not 1 to 18
    digits), `bad_time` (not a valid `YYYY-MM-DD HH:MM:SS`), `empty_query` (no words, or the
    log's `-` placeholder for a removed query). The three before `empty_query` are malformed
@@ -491,11 +491,14 @@ def _parse_chunk(buf: bytearray) -> tuple[np.ndarray, Records]:
     return [rows[ok]] + [c[ok] for c in columns]
 
   rows, = reject(line_end[rows] > line_start[rows], 'empty_line')
-  # Header lines: a file's first, or one inside it where files were joined (`cat a b`). An
-  # AnonID is digits, so only lines that start with the header's letter are looked at.
-  maybe = rows[data[line_start[rows]] == _HEADER_FIELD[0]]
-  rows, = reject(~np.isin(rows, [r for r in maybe.tolist() if bytes(
-      buf[line_start[r]:line_end[r]]).split(b'\t', 1)[0] == _HEADER_FIELD]), 'header')
+  # Header lines: a file's first, or one inside it where files were joined (`cat a b`, its
+  # byte-order mark too). An AnonID is digits, so only lines that start with the header's
+  # letter or a mark are looked at.
+  first_bytes = data[line_start[rows]]
+  maybe = rows[(first_bytes == _HEADER_FIELD[0]) | (first_bytes == UTF8_BOM[0])]
+  headers = [r for r in maybe.tolist() if bytes(buf[line_start[r]:line_end[r]]).removeprefix(
+      UTF8_BOM).split(b'\t', 1)[0] == _HEADER_FIELD]
+  rows, = reject(~np.isin(rows, headers), 'header')
 
   tabs = np.flatnonzero(data == _TAB)
   first_tab = np.searchsorted(tabs, line_start[rows])
