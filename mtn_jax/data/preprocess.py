@@ -183,15 +183,18 @@ def _read_json(path: str) -> dict | None:
   return value if isinstance(value, dict) else None
 
 
+def _whole(folder: str, name: str, sizes: dict | None) -> bool:
+  """Whether the corpus file `name` is in `folder` as it was written: of the size `sizes`
+  (the manifest's record) gives it; a corpus older than that record: there at all."""
+  path = os.path.join(folder, name)
+  return os.path.exists(path) and (sizes is None or os.path.getsize(path) == sizes.get(name))
+
+
 def _intact_stats(target: str, built: dict) -> dict | None:
   """The corpus's stats where every file of it is as it was written (the sizes the manifest
   recorded; a corpus older than that record: each file there), else None."""
-  sizes = built.get('sizes')
-  for name in _corpus_files():
-    path = os.path.join(target, name)
-    if name != _MANIFEST and not (os.path.exists(path) and (
-        sizes is None or os.path.getsize(path) == sizes.get(name))):
-      return None
+  if not all(_whole(target, name, built.get('sizes')) for name in _written_files()):
+    return None
   stats = _read_json(os.path.join(target, _STATS))
   needed = {'lines_read', 'skipped', 'vocab_size', *sessions_lib.SPLITS}
   return stats if stats is not None and needed <= set(stats) else None
@@ -367,8 +370,9 @@ def _manifest(cfg: ml_collections.ConfigDict, paths: list[str], target: str) -> 
   return manifest
 
 
-def _corpus_files() -> list[str]:
-  files = [_STATS, _VOCAB, _MANIFEST, *candidates.POOL_FILES]
+def _written_files() -> list[str]:
+  """The corpus's files but its manifest (which records their sizes)."""
+  files = [_STATS, _VOCAB, *candidates.POOL_FILES]
   for split in sessions_lib.SPLITS:
     files += [os.path.basename(p) for p in sessions_lib.split_paths('', split).values()]
   return files
@@ -401,11 +405,10 @@ def _build(cfg: ml_collections.ConfigDict, paths: list[str], manifest: dict, wor
     os.chmod(build, 0o755)  # mkdtemp makes it private; the corpus is not
     try:
       stats = _write_corpus(cfg, paths, build)
-      names = [n for n in _corpus_files() if n != _MANIFEST]
       manifest = {**manifest, 'sizes': {n: os.path.getsize(os.path.join(build, n))
-                                        for n in names}}
+                                        for n in _written_files()}}
       if trained_on:
-        _check_same_corpus(build, data_dir(workdir), names, trained_on, written_sizes)
+        _check_same_corpus(build, data_dir(workdir), trained_on, written_sizes)
       _write_json(os.path.join(build, _MANIFEST), manifest)
       _replace_dir(build, data_dir(workdir))
     except BaseException as e:
@@ -420,17 +423,16 @@ def _build(cfg: ml_collections.ConfigDict, paths: list[str], manifest: dict, wor
   return stats
 
 
-def _check_same_corpus(build: str, target: str, names: list[str], folder: str,
-                       written_sizes: dict | None) -> None:
+def _check_same_corpus(build: str, target: str, folder: str, written_sizes: dict | None
+                       ) -> None:
   """Refuses to replace the corpus in `target`, which the checkpoints in `folder` were
-  trained on, by the one in `build` unless each of `names` that `target` holds whole (all but
-  the stats: skipped lines may differ; a file of another size than `written_sizes` records is
-  damaged, made again) is byte for byte the same."""
-  for name in names:
-    old = os.path.join(target, name)
-    if name == _STATS or not os.path.exists(old) or (
-        written_sizes is not None and os.path.getsize(old) != written_sizes.get(name)):
+  trained on, by the one in `build` unless each file that `target` holds whole (`_whole`; a
+  damaged or missing one is made again) but the stats (skipped lines may differ) is byte for
+  byte the same."""
+  for name in _written_files():
+    if name == _STATS or not _whole(target, name, written_sizes):
       continue
+    old = os.path.join(target, name)
     if not filecmp.cmp(os.path.join(build, name), old, shallow=False):
       raise CorpusInUseError(
           f'{target}: the corpus built now would differ from the one the checkpoints in '
@@ -452,10 +454,6 @@ def _write_corpus(cfg: ml_collections.ConfigDict, paths: list[str], folder: str)
   skipped = {**log.skipped, **sessions.skipped}
   stats = {'lines_read': log.lines_read,
            'skipped': {reason: skipped[reason] for reason in aol_log.REASONS}}
-  num_kept = len(sessions.record_index)
-  if log.lines_read != num_kept + sum(skipped.values()):
-    raise AssertionError(f'{log.lines_read} lines read but {num_kept} kept and '
-                         f'{sum(skipped.values())} skipped')
   if not sessions.num_sessions:
     raise EmptyCorpusError(
         f'no session kept from {log.lines_read:,} lines of {len(paths)} file(s) '
@@ -545,6 +543,7 @@ def _write_corpus(cfg: ml_collections.ConfigDict, paths: list[str], folder: str)
     num_sessions = len(split_starts[split]) - 1
     stats[split] = {'sessions': num_sessions,
                     'pairs': int(split_starts[split][-1]) - num_sessions}
+  # Every line counted once: a query of a split's session, or under a skip reason.
   if stats['lines_read'] != kept_queries(stats) + sum(stats['skipped'].values()):
     raise AssertionError(f'{stats["lines_read"]} lines read but {kept_queries(stats)} queries '
                          f'in the splits and {sum(stats["skipped"].values())} skipped')

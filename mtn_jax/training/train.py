@@ -227,17 +227,16 @@ def training_data(config: ml_collections.ConfigDict, workdir: str) -> tasks.Trai
 
 
 def prepare_corpus(config: ml_collections.ConfigDict, workdir: str, verbose: bool = False
-                   ) -> dict:
+                   ) -> None:
   """`preprocess.prepare` in every process: process 0 builds the corpus (or reuses it), the
-  others then find it current (one build, under process 0's lock of the workdir); its stats.
+  others then find it current (one build, under process 0's lock of the workdir).
   `verbose`: process 0 prints the summary."""
   if jax.process_index() == 0:
-    stats = preprocess.prepare(config, workdir, verbose=verbose)
+    preprocess.prepare(config, workdir, verbose=verbose)
   if jax.process_count() > 1:
     multihost_utils.sync_global_devices('corpus prepared')
     if jax.process_index() != 0:
-      stats = preprocess.prepare(config, workdir)
-  return stats
+      preprocess.prepare(config, workdir)
 
 
 def load_data(config: ml_collections.ConfigDict, workdir: str):
@@ -510,20 +509,16 @@ def _save_json(path: str, obj) -> None:
 
 
 WorkdirBusy = files.WorkdirBusy
-_TRAINING_IN: set[str] = set()  # the workdirs this process trains in
 
 
 @contextlib.contextmanager
 def training_alone(workdir: str):
   """Holds the workdir's lock (`files.workdir_alone`) for the block, or refuses: two runs
   training in one workdir would both write its corpus, checkpoints, ranker and every record
-  of metrics.jsonl. Held once per process (the main job holds it around training, which
-  takes it again); process 0 of a multi-process run takes it and tells the others, so that
-  they all refuse together."""
+  of metrics.jsonl. The process that holds it takes it again at once (the main job holds it
+  around training, which takes it again); process 0 of a multi-process run takes it and
+  tells the others, so that they all refuse together."""
   workdir = os.path.abspath(workdir)
-  if workdir in _TRAINING_IN:
-    yield
-    return
   with contextlib.ExitStack() as held:
     refusal = None
     if jax.process_index() == 0:
@@ -537,11 +532,7 @@ def training_alone(workdir: str):
         refusal = f'{workdir}: another run is training in it (process 0 of this run found it)'
     if refusal is not None:
       raise WorkdirBusy(refusal)
-    _TRAINING_IN.add(workdir)
-    try:
-      yield
-    finally:
-      _TRAINING_IN.discard(workdir)
+    yield
 
 
 def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
