@@ -12,6 +12,7 @@ import pytest
 from mtn_jax import errors
 from mtn_jax.data.vocab import Vocab
 from mtn_jax.inference import learned
+from mtn_jax.inference import pipeline
 from mtn_jax.inference import popular
 from mtn_jax.inference import presentation
 from mtn_jax.inference import sources
@@ -195,6 +196,23 @@ def test_what_is_shown_keeps_word_salad_out_and_the_session_first(counts):
   # Nothing about the session among the candidates: the ranker's order stands.
   assert presentation.presented(ranked[:1], ('zzz',), counts, session_first=5,
                            attested_only=False) == ranked[:1]
+
+
+def test_the_sessions_own_queries_take_no_first_place(counts):
+  """What the user-facing protocol shows of the presented list is the presentation of the
+  candidates the session does not hold: a query of the session, which `show` drops, keeps
+  no first place from a candidate about the session (nor lets a head query into one)."""
+  ranked = [{'query': q, 'sources': ['templates']}
+            for q in ('weather', 'weather chicago', 'ebay', 'weather chicago il', 'news')]
+  so_far = ('news', 'weather')
+  shown = presentation.presented(ranked, so_far, counts, session_first=2, attested_only=False,
+                                 unrelated_first=1)
+  assert [c['query'] for c in shown] == ['weather chicago', 'ebay', 'weather',
+                                         'weather chicago il', 'news']
+  without = [c for c in ranked if c['query'] not in so_far]
+  user_facing = pipeline.show(shown, so_far, exclude_session_queries=True, top_k=5)
+  assert user_facing == presentation.presented(without, so_far, counts, session_first=2,
+                                               attested_only=False, unrelated_first=1)
 
 
 def test_the_first_places_take_a_short_querys_site_and_no_words_added_unlogged():

@@ -88,9 +88,11 @@ def presented(ranked: Sequence[dict], so_far: Sequence[str], counts: popular.Log
   `session_first` places go to the best `well_formed` candidates (no word salad), at most
   `unrelated_first` of them not `about_session` (head queries such as "google"), none the
   previous query with words added that the log does not hold (people rate most such
-  additions odd: "mexican insurance for kids", "free the big guy"); where the session gives
-  too few, the next well-formed ones in order fill the places. The rest follow in the
-  ranker's order, what is not well-formed last (recall kept below what reads as a query)."""
+  additions odd: "mexican insurance for kids", "free the big guy"), none a query of the
+  session (the user-facing protocol drops those, `pipeline.show`: the places stay with what
+  it shows, as if they had never been candidates); where the session gives too few, the
+  next well-formed ones in order fill the places. The rest follow in the ranker's order, what
+  is not well-formed last (recall kept below what reads as a query)."""
   formed = {c['query']: well_formed(c['query'], counts, so_far) for c in ranked}
   if attested_only:
     ranked = [c for c in ranked if set(c['sources']) != {'generate'} or formed[c['query']]]
@@ -98,10 +100,11 @@ def presented(ranked: Sequence[dict], so_far: Sequence[str], counts: popular.Log
     return list(ranked)
   first, rest, malformed, unrelated = [], [], [], 0
   about = about_session(so_far)
+  issued = set(so_far)
   for c in ranked:
     if not formed[c['query']]:
       malformed.append(c)
-    elif len(first) == session_first or (
+    elif len(first) == session_first or c['query'] in issued or (
         added_to(c['query'], so_far[-1]) and not counts.issued.get(c['query'])):
       rest.append(c)
     elif about(c['query']):
