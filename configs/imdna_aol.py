@@ -7,8 +7,8 @@ The question is the session so far; its documents are the K training sessions of
 users BM25 finds most like it; the answers are the words of the logged next query, and the
 candidate next queries are those that follow in the retrieved sessions
 (`mtn_jax.tasks.multi_answer`). The corpus settings are `configs/aol.py:small`'s, so the splits are
-the ones MTN and the trivial suggesters are measured on. Variant '+embeddings': the
-supervised-embedding baseline on the same questions.
+the ones MTN and the trivial suggesters are measured on. Variant 'embeddings'
+(`configs/imdna_aol.py:embeddings`): the supervised-embedding baseline on the same questions.
 """
 
 from configs import aol

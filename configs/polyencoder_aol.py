@@ -65,7 +65,7 @@ def get_config(variant: str = ''):
   c.input.train_queries_per_batch = 512
   c.input.eval_queries_per_batch = 512
   c.decode.top_k = 10
-  c.decode.beam_size = 10  # read by generative models only; top_k may not exceed it
+  c.decode.beam_size = 10  # read by generative models only
   c.decode.batch_sessions = 64
   if c.model.name == 'crossencoder':
     # Every (context, candidate) pair is encoded jointly: 16 pairs per context.

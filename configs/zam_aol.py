@@ -42,7 +42,7 @@ def get_config(variant: str = ''):
   c.input.train_queries_per_batch = 512
   c.input.eval_queries_per_batch = 1024
   c.decode.top_k = 10
-  c.decode.beam_size = 10  # read by generative models only; top_k may not exceed it
+  c.decode.beam_size = 10  # read by generative models only
   if variant == 'demo':
     c.data.source = 'demo'
     c.data.demo_users = 600

@@ -192,6 +192,11 @@ def _check_suggest(config) -> None:
   # What the model can do is asked of its task's capabilities (`mtn_jax.tasks.base`).
   from mtn_jax import tasks  # pylint: disable=g-import-not-at-top
   task_class = tasks.task_class(m)
+  if s.strategy in ('learned', 'blend', 'rerank') and not issubclass(task_class, tasks.Suggests):
+    raise ConfigError(f'config.suggest.strategy={s.strategy!r} orders a generative model\'s '
+                      f'suggestions among other candidates, and {name!r} writes none (a '
+                      "ranker orders its pool with 'generate', or reranks a generator's beam "
+                      "as config.suggest.ranker_workdir of the generator's run)")
   if (s.index == 'usearch' and s.strategy == 'generate'
       and issubclass(task_class, (tasks.ScoresPool, tasks.ScoresCandidates))
       and not (issubclass(task_class, tasks.ScoresPool) and task_class.vector_index(m))):
@@ -237,7 +242,15 @@ def _check_train(config, model_class) -> None:
                         "the validation and test users are only with config.data.split_by="
                         f"'user' (got {d.split_by!r})")
   from mtn_jax import tasks  # pylint: disable=g-import-not-at-top
-  if t.hypotheses_from and not issubclass(tasks.task_class(m), tasks.ScoresCandidates):
+  task_class = tasks.task_class(m)
+  # The training keys only some tasks read: set for another, they would change nothing.
+  if t.entropy_weight and not issubclass(task_class, tasks.Suggests):
+    raise ConfigError('config.train.entropy_weight regularises a generator\'s output '
+                      f'distribution over the vocabulary; {m.name!r} has none (set it to 0)')
+  if t.user_folds and issubclass(task_class, tasks.BringsOwnData):
+    raise ConfigError('config.train.user_folds holds users of the session corpus out of '
+                      f'training; {m.name!r} trains on data of its own (set it to 0)')
+  if t.hypotheses_from and not issubclass(task_class, tasks.ScoresCandidates):
     raise ConfigError('config.train.hypotheses_from gives the rankers that score given '
                       'candidates (Bi-, Poly- and Cross-encoders) generated ones to learn '
                       f'from; {m.name!r} reads none')

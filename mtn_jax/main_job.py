@@ -133,12 +133,6 @@ def training_summary(summary: dict, workdir: str) -> str:
   return '\n'.join(lines)
 
 
-def evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict:
-  """`--mode=eval`: the generators' suggestions for the split it reads first, as `train`."""
-  hypothesis_decoding.prepare(config, workdir, (config.decode.eval_split,))
-  return evaluation.evaluate(config, workdir)
-
-
 def run_all(config: ml_collections.ConfigDict, workdir: str) -> dict:
   """Runs every stage; returns the evaluation results, or {'stopped_by': signal name} when a
   signal stopped training (after a checkpoint)."""
@@ -153,7 +147,7 @@ def run_all(config: ml_collections.ConfigDict, workdir: str) -> dict:
           'resume. Evaluation and report skipped.', flush=True)
     return {'stopped_by': summary['stopped_by']}
   print('== Evaluation', flush=True)
-  results = evaluate(config, workdir)
+  results = evaluation.evaluate(config, workdir)
   if jax.process_index() != 0:
     return results
   if issubclass(tasks.task_class(config.model), tasks.BringsOwnData):  # its own measures, no report

@@ -20,10 +20,10 @@ def train(config, workdir):
 
 
 def evaluate(config, workdir):
-  from mtn_jax import main_job  # pylint: disable=g-import-not-at-top
+  from mtn_jax.evaluation import evaluate as evaluation  # pylint: disable=g-import-not-at-top
   from mtn_jax.inference import trained  # pylint: disable=g-import-not-at-top
   trained.check_config(config, workdir)
-  main_job.evaluate(config, workdir)
+  evaluation.evaluate(config, workdir)
 
 
 def decode(config, workdir):

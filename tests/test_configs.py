@@ -189,6 +189,62 @@ def test_a_ranker_workdir_is_refused_where_no_strategy_reads_it(strategy):
     config_lib.validate(c)
 
 
+@pytest.mark.parametrize('name, key, value, reader', [
+    ('crossencoder', 'pool_negatives', 5, 'the Bi- and Poly-encoders'),
+    ('crossencoder', 'context_encoder', 'mtn', 'the Bi- and Poly-encoders'),
+    ('crossencoder', 'poly_codes', 64, 'the Poly-encoder'),
+    ('crossencoder', 'lexical_negatives', 5, 'the Bi- and Poly-encoders'),
+    ('biencoder', 'poly_codes', 64, 'the Poly-encoder'),
+    ('polyencoder', 'cross_negatives', 99, 'the Cross-encoder'),
+    ('polyencoder', 'copy', True, 'the generators'),
+    ('biencoder', 'attention_hidden', 99, "the generators' user memory"),
+])
+def test_a_rankers_key_it_does_not_read_is_refused(name, key, value, reader):
+  """The rankers share one family's keys (configs/families.py): set for a ranker that does
+  not read it, a key would change nothing."""
+  c = default.get_config(name)
+  c.data.source, c.model[key] = 'demo', value
+  with pytest.raises(config_lib.ConfigError, match=re.escape(
+      f"config.model.{key} is read by {reader}")):
+    config_lib.validate(c)
+  c.model[key] = default.get_config(name).model[key]
+  config_lib.validate(c)
+
+
+@pytest.mark.parametrize('name, strategy', [('polyencoder', 'learned'), ('zam', 'blend'),
+                                            ('crossencoder', 'rerank')])
+def test_a_strategy_over_a_generators_beam_is_refused_for_a_ranker(name, strategy):
+  """Before any work: the pipeline would refuse it only after training."""
+  c = default.get_config(name)
+  c.data.source, c.suggest.strategy = 'demo', strategy
+  if strategy == 'rerank':
+    c.suggest.ranker_workdir = '/runs/poly'
+  with pytest.raises(config_lib.ConfigError, match=re.escape(
+      f"config.suggest.strategy={strategy!r} orders a generative model's suggestions")):
+    config_lib.validate(c)
+
+
+@pytest.mark.parametrize('name, key, value, message', [
+    ('polyencoder', 'entropy_weight', 0.1, "config.train.entropy_weight regularises a "
+                                           "generator's output"),
+    ('imdna', 'user_folds', 2, "'imdna' trains on data of its own"),
+    ('zam', 'user_folds', 2, "config.model.user_model='hem' learns a vector per training user"),
+])
+def test_a_training_key_the_task_does_not_read_is_refused(name, key, value, message):
+  if name == 'imdna':
+    from configs import imdna_aol  # pylint: disable=g-import-not-at-top
+    c = imdna_aol.get_config()
+    c.data.raw_files = 'log.tsv'
+  else:
+    c = default.get_config(name)
+    c.data.source = 'demo'
+  c.data.split_by, c.train[key] = 'user', value
+  if name == 'zam':
+    c.model.user_model = 'hem'
+  with pytest.raises(config_lib.ConfigError, match=re.escape(message)):
+    config_lib.validate(c)
+
+
 def test_the_rankers_mbr_is_for_rerank_only():
   c = default.get_config('mtn')
   c.data.source, c.decode.mbr = 'demo', 'ranker'

@@ -114,6 +114,12 @@ def test_ranker_learns_from_generators_that_never_saw_its_users(tmp_path):
     assert all(0 < len(c) <= 5 for i, c in enumerate(cached[k]) if i not in set(ends))
   assert (generators[0] / 'hypotheses' / 'valid.jsonl').exists()
   assert not (generators[1] / 'hypotheses' / 'valid.jsonl').exists()
+  # Evaluation ranks the pool and the session's queries: it decodes nothing.
+  out = cli.run(tmp_path / 'ranker', *USER_SPLIT, '--config.decode.max_eval_sessions=8',
+                '--config.model.session_candidates=True', f'--config.train.hypotheses_from={both}',
+                mode='eval', config='configs/polyencoder_aol.py:demo_bi').stdout
+  assert 'Decoding' not in out and 'MRR' in out
+  assert not any((g / 'hypotheses' / 'test.jsonl').exists() for g in generators)
 
   # Another ranker on the same corpus, a Cross-encoder, reuses the cached suggestions.
   out = ranker(tmp_path / 'ranker2', both, name='demo_cross').stdout

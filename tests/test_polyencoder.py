@@ -318,10 +318,9 @@ def test_candidate_cache_round_trip_and_invalidation(tmp_path):
     assert stored['leaf_0'].shape == (3, 8)
 
 
-def test_cross_encoder_has_no_cache_and_cannot_rank_the_whole_pool():
+def test_cross_encoder_cannot_rank_the_whole_pool():
   task = rankers.CrossEncoderTask(ranker_config('crossencoder'),
                                         pool_queries=sessions()[0])
-  assert task.encode_candidates(None, None) is None
   assert not isinstance(task, tasks.ScoresPool) and isinstance(task, tasks.ScoresCandidates)
 
 

@@ -182,6 +182,23 @@ def test_each_family_members_training_objective_reads_the_history(user_model, tm
     assert float(loss(params, history)) != float(loss(params, jnp.zeros_like(history)))
 
 
+@pytest.mark.parametrize('user_model', zam.USER_MODELS)
+def test_only_zam_reports_a_weight_on_the_zero_vector(user_model, tmp_path):
+  """Evaluation reports the mean weight on the zero vector (`evaluate.history_groups`) where
+  it is finite: ZAM's memory has one; AEM attends without it, QEM and HEM to nothing."""
+  model, params, batch = family_model(user_model)
+  task = zero_attention.ZeroAttentionTask(model.config, data_dir=str(tmp_path),
+                                           word_noise=np.zeros(20, np.float32),
+                                           train_users=np.arange(3))
+  out = task.attention(params, batch)
+  assert out['zero_weight'].shape == (2, 2)
+  if user_model == 'zam':
+    weights = np.asarray(out['zero_weight'])
+    assert np.all((weights > 0) & (weights <= 1)) and weights[1].min() > 0.999  # no history
+  else:
+    assert np.isnan(np.asarray(out['zero_weight'])).all()
+
+
 def test_session_query_is_causal():
   model, params, batch = family_model('zam', query_from='session')
   changed = dict(batch, queries=batch['queries'].at[0, 2].set(jnp.array([12, 13, 0])))

@@ -118,8 +118,7 @@ def evaluate(trained, config: ml_collections.ConfigDict, workdir: str) -> dict:
     print(f'  {name:<6} ' + ', '.join(f'{k.replace("_", " ")} {v:.1f}'
                                      for k, v in entry.items()))
   if task_name == 'aol':
-    results['queries'] = _aol_query_figures(library, questions, split, scores['model'],
-                                            ranked['bm25'])
+    results['queries'] = _aol_query_figures(library, questions, split, scores['model'])
     for name, entry in results['queries'].items():
       print(f'  next query, {name}: ' + ', '.join(f'{k.replace("_", " ")} {v:.2f}'
                                                   for k, v in entry.items() if k != 'pairs'))
@@ -143,10 +142,9 @@ def evaluate(trained, config: ml_collections.ConfigDict, workdir: str) -> dict:
 
 
 def _aol_query_figures(library: Library, questions: QuestionSet, split: str,
-                       model_scores: np.ndarray, bm25_ranked: np.ndarray) -> dict:
+                       model_scores: np.ndarray) -> dict:
   """Next-query ranking (`metrics.suggestion_ranking`) of the model's candidate queries, of
   the same candidates in BM25's order, and of the trivial suggesters."""
-  del bm25_ranked
   contexts = library.extra[split]['contexts']
   references = questions.answer_texts
   candidates = [imdna_library.following_queries(library, questions, i, contexts[i])

@@ -71,7 +71,7 @@ def _write_json(path: str, value) -> None:
 def candidate_cache(trained, pool: candidates.CandidatePool, workdir: str, log=print):
   """The task's `encode_candidates` of the whole pool for `trained`'s checkpoint: read from
   `<workdir>/candidate_cache/` when it was made for the same checkpoint, pool and model,
-  else computed and written there. None for a model with nothing to cache."""
+  else computed and written there."""
   task = trained.task
   folder = os.path.join(workdir, _CACHE_DIR)
   meta_path = os.path.join(folder, 'meta.json')
@@ -79,8 +79,6 @@ def candidate_cache(trained, pool: candidates.CandidatePool, workdir: str, log=p
   key = _cache_key(trained, pool)
   shapes = jax.eval_shape(task.encode_candidates, trained.params,
                           jax.ShapeDtypeStruct(pool.queries.shape, jnp.int32))
-  if shapes is None:
-    return None
   leaves, treedef = jax.tree.flatten(shapes)
   if os.path.exists(meta_path) and os.path.exists(vectors_path):
     with open(meta_path, encoding='utf-8') as f:

@@ -43,7 +43,7 @@ from mtn_jax.training import checkpoints
 
 @dataclasses.dataclass(frozen=True)
 class Trained:
-  task: tasks.GenerationTask
+  task: tasks.Task
   params: Any
   vocab: Vocab
   step: int

@@ -66,7 +66,7 @@ class ModelSpec:
     """The smallest batch the model takes, for making (or shaping) its parameters: one
     session of two queries (and their out-of-vocabulary numbers, for a copying model)."""
     queries = jnp.ones((1, 2, cfg.max_query_words), jnp.int32)
-    if getattr(cfg, 'copy', False):
+    if type(cfg).copies(cfg):
       return {'queries': queries, 'oov': jnp.zeros_like(queries)}
     return {'queries': queries}
 

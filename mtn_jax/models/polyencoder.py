@@ -65,6 +65,23 @@ from mtn_jax.models.dropout import Dropout
 CONTEXT_ENCODERS = ('flat', 'mtn')
 
 
+# The keys the rankers inherit or share that only some of them read: key -> (who reads it,
+# in words; the registered names of those that do).
+UNREAD_KEYS = {
+    'copy': ('the generators (MTN, the Transformer)',),
+    'attention_hidden': ("the generators' user memory",),
+    'kernels': ("the generators' output layer",),
+    'context_encoder': ('the Bi- and Poly-encoders', 'biencoder', 'polyencoder'),
+    'pool_negatives': ('the Bi- and Poly-encoders', 'biencoder', 'polyencoder'),
+    'lexical_negatives': ('the Bi- and Poly-encoders (the Cross-encoder draws its negatives '
+                          'with config.model.cross_negatives)', 'biencoder', 'polyencoder'),
+    'scaled_scores': ("the Bi- and Poly-encoders (the Cross-encoder's score is a learned "
+                      "layer's output, not a dot product)", 'biencoder', 'polyencoder'),
+    'poly_codes': ('the Poly-encoder', 'polyencoder'),
+    'cross_negatives': ('the Cross-encoder', 'crossencoder'),
+}
+
+
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class RankerConfig(mtn.MTNConfig):
   """The encoders' fields (MTN's, for `context_encoder='mtn'`) and the rankers' own.
@@ -100,14 +117,14 @@ class RankerConfig(mtn.MTNConfig):
     for key in ('pool_negatives', 'lexical_negatives'):
       if model[key] < 0:
         raise errors.ConfigError(f'config.model.{key} must be >= 0, got {model[key]}')
-    if model.lexical_negatives and model.name == 'crossencoder':
-      raise errors.ConfigError('config.model.lexical_negatives is for the Bi- and Poly-encoders '
-                               '(the Cross-encoder draws its negatives with '
-                               'config.model.cross_negatives)')
-    if model.scaled_scores and model.name == 'crossencoder':
-      raise errors.ConfigError('config.model.scaled_scores is for the Bi- and Poly-encoders (the '
-                               "Cross-encoder's score is a learned layer's output, not a dot "
-                               'product)')
+    # The family's keys (configs/families.py) this ranker does not read: set to anything but
+    # their default they would change nothing.
+    defaults = {f.name: f.default for f in dataclasses.fields(cls)}
+    for key, readers in UNREAD_KEYS.items():
+      if model.name not in readers and model.get(key, defaults[key]) != defaults[key]:
+        raise errors.ConfigError(f'config.model.{key} is read by {readers[0]} only; '
+                                 f'{model.name!r} does not read it (leave it at '
+                                 f'{defaults[key]!r})')
 
   @classmethod
   def copies(cls, model) -> bool:

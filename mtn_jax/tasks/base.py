@@ -23,8 +23,9 @@ it reads to suggest (evaluation gathers them from the corpus, decode and the ser
 sessions they are given, `mtn_jax.inference.inputs.context_batch`), `training_inputs` those
 and what only its loss reads.
 
-`GenerationTask` is next-query generation with teacher forcing (MTN, the Transformer and the
-recurrent baselines). `RankingTask` is the base of the rankers, which score candidate queries
+`ModelTask` is what every task shares (its model, the layout of its layer stacks, its
+parameters). `GenerationTask` is next-query generation with teacher forcing (MTN, the
+Transformer and the recurrent baselines). `RankingTask` is the base of the rankers, which score candidate queries
 (the training split's distinct queries, `mtn_jax.data.candidates`) rather than write one.
 Which task serves which model is `mtn_jax.tasks.registry`'s table; `make_task` builds it.
 """
@@ -227,8 +228,71 @@ def shapes_of_params(task) -> Any:
   return jax.tree.map(lambda leaf: leaf, _ABSTRACT_PARAMS[key])
 
 
+@dataclasses.dataclass(frozen=True, eq=False)
+class ModelTask:
+  """What every task shares: its model, built once from `cfg`, the layout of the model's layer
+  stacks, its parameters and the mean training loss. A subclass adds its inputs, its loss and
+  its capabilities; one whose model takes another batch than a session's queries overrides
+  `example_batch`.
+
+  Attributes:
+    cfg: the model's config; the model is built from it.
+  """
+
+  cfg: ModelConfig
+
+  @functools.cached_property
+  def model(self) -> nn.Module:
+    # One module object per task: the search compiles once per model (a static argument).
+    return models.create_model(self.cfg)
+
+  @property
+  def spec(self) -> models.ModelSpec:
+    return models.spec(self.cfg.name)
+
+  @property
+  def reads_users(self) -> bool:
+    """Whether the model reads each user's earlier queries (its config class decides)."""
+    return type(self.cfg).reads_user_history(self.cfg)
+
+  @property
+  def copies(self) -> bool:
+    """Whether the model mixes copied session words into its output (its config class
+    decides)."""
+    return type(self.cfg).copies(self.cfg)
+
+  def with_layout(self, scan_layers: bool | None) -> ModelTask:
+    """This task with the model's layer stacks in the layout `scan_layers` (unchanged for
+    None or a model without layer stacks): the layout a checkpoint was saved in."""
+    if scan_layers is None or getattr(self.cfg, 'scan_layers', scan_layers) == scan_layers:
+      return self
+    return dataclasses.replace(self, cfg=self.cfg.replace(scan_layers=scan_layers))
+
+  def example_batch(self) -> dict[str, jax.Array]:
+    """The smallest batch the model takes (`models.ModelSpec.example_batch`), with a user's
+    earlier queries for a model that reads them."""
+    batch = self.spec.example_batch(self.cfg)
+    if self.reads_users:
+      batch['history'] = jnp.ones((1, 1, self.cfg.max_query_words), jnp.int32)
+    return batch
+
+  def init_params(self, rng: jax.Array) -> Any:
+    """The model's initial parameters, made from its example batch."""
+    return self.model.init({'params': rng}, self.example_batch(), train=False)['params']
+
+  def abstract_params(self) -> Any:
+    """The parameters' shapes and dtypes (`jax.ShapeDtypeStruct`s), at no compute cost."""
+    return shapes_of_params(self)
+
+  @staticmethod
+  def training_loss(sums: Mapping[str, jax.Array]) -> jax.Array:
+    """The mean training loss per real target token (per scored context, or question, for a
+    task that counts those as its 'tokens')."""
+    return sums['loss'] / jnp.maximum(sums['tokens'], 1.0)
+
+
 @dataclasses.dataclass(frozen=True)
-class GenerationTask:
+class GenerationTask(ModelTask):
   """Generate the next query word by word (see the module docstring).
 
   Attributes:
@@ -238,7 +302,6 @@ class GenerationTask:
       group (`losses.output_layer_losses`).
   """
 
-  cfg: ModelConfig
   label_smoothing: float = 0.0
   entropy_weight: float = 0.0
   chunk_tokens: int = 256
@@ -257,14 +320,6 @@ class GenerationTask:
     memory the user's earlier queries."""
     return (('queries',) + (('oov',) if self.copies else ())
             + (('history',) if self.reads_users else ()))
-
-  @property
-  def reads_users(self) -> bool:
-    return getattr(self.cfg, 'user_memory', 'none') != 'none'
-
-  @property
-  def copies(self) -> bool:
-    return getattr(self.cfg, 'copy', False)
 
   def context_inputs(self, split, vocab) -> SplitInputs:
     """'oov' [num_queries, n] for a copying model (the numbers of the words outside the
@@ -285,33 +340,6 @@ class GenerationTask:
     """`context_inputs`: teacher forcing reads nothing else."""
     return self.context_inputs(split, vocab)
 
-  @functools.cached_property
-  def model(self) -> nn.Module:
-    # One module object per task: the search compiles once per model (a static argument).
-    return models.create_model(self.cfg)
-
-  def with_layout(self, scan_layers: bool | None) -> GenerationTask:
-    """This task with the model's layer stacks in the layout `scan_layers` (unchanged for
-    None or a model without layer stacks): the layout a checkpoint was saved in."""
-    if scan_layers is None or getattr(self.cfg, 'scan_layers', scan_layers) == scan_layers:
-      return self
-    return dataclasses.replace(self, cfg=self.cfg.replace(scan_layers=scan_layers))
-
-  @property
-  def spec(self) -> models.ModelSpec:
-    return models.spec(self.cfg.name)
-
-  def init_params(self, rng: jax.Array) -> Any:
-    """The model's initial parameters, made from its example batch."""
-    batch = self.spec.example_batch(self.cfg)
-    if self.reads_users:
-      batch['history'] = jnp.ones((1, 1, self.cfg.max_query_words), jnp.int32)
-    return self.model.init({'params': rng}, batch, train=False)['params']
-
-  def abstract_params(self) -> Any:
-    """The parameters' shapes and dtypes (`jax.ShapeDtypeStruct`s), at no compute cost."""
-    return shapes_of_params(self)
-
   def loss_sums(self, params, batch: Mapping[str, jax.Array], *, train: bool, rngs=None,
                 groups: int = 1) -> dict[str, jax.Array]:
     """`losses.session_losses`: float32 'loss', 'nll', 'correct', 'tokens', 'pairs' sums."""
@@ -320,11 +348,6 @@ class GenerationTask:
         label_smoothing=self.label_smoothing if train else 0.0,
         entropy_weight=self.entropy_weight if train else 0.0,
         chunk_tokens=self.chunk_tokens, groups=groups)
-
-  @staticmethod
-  def training_loss(sums: Mapping[str, jax.Array]) -> jax.Array:
-    """The mean training loss per real target token."""
-    return sums['loss'] / jnp.maximum(sums['tokens'], 1.0)
 
   @staticmethod
   def summarize(totals: Mapping[str, Any]) -> dict[str, float]:
@@ -346,15 +369,16 @@ class GenerationTask:
 
 
 @dataclasses.dataclass(frozen=True, eq=False)
-class RankingTask:
+class RankingTask(ModelTask):
   """The base of the rankers: models that score candidate next queries.
 
-  A subclass sets `from_config` and the model's `example_batch`, its loss (`loss_sums`, with
+  A subclass sets `from_config` (and `example_batch`, where its model reads more than the
+  queries), its loss (`loss_sums`, with
   'loss', 'nll', 'correct', 'tokens', 'pairs' sums, 'tokens' counting the scored contexts so
   the trainer's per-token figures are per context), and how it scores candidates:
     `encode_candidates(params, candidates int32 [C, n])` -> the part of the pool's scoring
       that depends on the candidates alone, computed once per checkpoint
-      (`mtn_jax.inference.retrieval` caches it), or None;
+      (`mtn_jax.inference.retrieval` caches it);
     `score_pool(params, batch, cache)` -> float32 [B, S-1, C], every pool candidate scored
       after each session prefix (position t predicts query t+1);
     `score_candidates(params, batch, candidates int32 [B, S-1, K, n])` -> float32
@@ -366,25 +390,6 @@ class RankingTask:
     cfg: the model's config.
   """
 
-  cfg: ModelConfig
-
-  @functools.cached_property
-  def model(self) -> nn.Module:
-    return models.create_model(self.cfg)
-
-  @property
-  def spec(self) -> models.ModelSpec:
-    return models.spec(self.cfg.name)
-
-  def with_layout(self, scan_layers: bool | None) -> RankingTask:
-    if scan_layers is None or getattr(self.cfg, 'scan_layers', scan_layers) == scan_layers:
-      return self
-    return dataclasses.replace(self, cfg=self.cfg.replace(scan_layers=scan_layers))
-
-  @property
-  def reads_users(self) -> bool:
-    return type(self.cfg).reads_user_history(self.cfg)
-
   def context_inputs(self, split, vocab) -> SplitInputs:
     """Nothing beyond the queries (a subclass that reads a user says what)."""
     del split, vocab
@@ -393,20 +398,6 @@ class RankingTask:
   def training_inputs(self, split, vocab) -> SplitInputs:
     """`context_inputs` (a subclass adds its targets and negatives)."""
     return self.context_inputs(split, vocab)
-
-  def example_batch(self) -> dict[str, jax.Array]:
-    return self.spec.example_batch(self.cfg)
-
-  def init_params(self, rng: jax.Array) -> Any:
-    return self.model.init({'params': rng}, self.example_batch(), train=False)['params']
-
-  def abstract_params(self) -> Any:
-    return shapes_of_params(self)
-
-  @staticmethod
-  def training_loss(sums: Mapping[str, jax.Array]) -> jax.Array:
-    """The mean training loss per scored context."""
-    return sums['loss'] / jnp.maximum(sums['tokens'], 1.0)
 
   @staticmethod
   def summarize(totals: Mapping[str, Any]) -> dict[str, float]:

@@ -16,7 +16,6 @@ import functools
 from collections.abc import Mapping
 from typing import Any
 
-import flax.linen as nn
 import jax
 import jax.numpy as jnp
 import ml_collections
@@ -42,10 +41,8 @@ def check_config(config: ml_collections.ConfigDict) -> None:
 
 
 @dataclasses.dataclass(frozen=True, eq=False)
-class IMDNATask:
+class IMDNATask(base.ModelTask):
   """Multi-label answer prediction (see the module docstring); `cfg` is an IMDNAConfig."""
-
-  cfg: ModelConfig
 
   input_keys = ('question', 'documents', 'answers')
   check_config = staticmethod(check_config)  # config_lib.validate asks it before any work
@@ -79,23 +76,9 @@ class IMDNATask:
         f'{len(library.documents):,} documents, {len(library.answers):,} candidate answers',
         examples_key='question_ids')
 
-  @functools.cached_property
-  def model(self) -> nn.Module:
-    return models.create_model(self.cfg)
-
-  def with_layout(self, scan_layers: bool | None) -> IMDNATask:
-    del scan_layers  # no layer stacks
-    return self
-
   def example_batch(self) -> dict[str, jax.Array]:
     return {'question': jnp.ones((1, self.cfg.max_query_words), jnp.int32),
             'documents': jnp.ones((1, 1, 2), jnp.int32)}
-
-  def init_params(self, rng: jax.Array) -> Any:
-    return self.model.init({'params': rng}, self.example_batch(), train=False)['params']
-
-  def abstract_params(self) -> Any:
-    return base.shapes_of_params(self)
 
   def loss_sums(self, params, batch: Mapping[str, jax.Array], *, train: bool, rngs=None,
                 groups: int = 1) -> dict[str, jax.Array]:
@@ -123,10 +106,6 @@ class IMDNATask:
           params, {k: batch[k] for k in ('question', 'documents')}, task=self))
       out[rows[rows >= 0]] = probabilities[rows >= 0]
     return out
-
-  @staticmethod
-  def training_loss(sums: Mapping[str, jax.Array]) -> jax.Array:
-    return sums['loss'] / jnp.maximum(sums['tokens'], 1.0)
 
   @staticmethod
   def summarize(totals: Mapping[str, Any]) -> dict[str, float]:

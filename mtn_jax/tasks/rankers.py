@@ -539,10 +539,6 @@ class CrossEncoderTask(base.RankingTask):
       return softmax_losses(logits, real)
     return softmax_losses(logits, real, graded_targets(logits, candidates, next_queries))
 
-  def encode_candidates(self, params, candidates: jax.Array) -> None:
-    del params, candidates
-    return None
-
   def score_candidates(self, params, batch: Mapping[str, jax.Array],
                        candidates: jax.Array) -> jax.Array:
     """candidates int32 [B, S-1, K, n] -> float32 [B, S-1, K]."""

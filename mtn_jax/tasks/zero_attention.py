@@ -86,6 +86,17 @@ class ZeroAttentionTask(base.RankingTask):
   word_noise: np.ndarray | None = None
   train_users: np.ndarray | None = None
 
+  @staticmethod
+  def check_config(config: ml_collections.ConfigDict) -> None:
+    """Refuses what the family cannot learn (`config_lib.validate` asks before any work)."""
+    if config.model.user_model == 'hem' and config.train.user_folds:
+      # HEM learns a vector per training user (`train_users`, the whole training split's):
+      # the held-out fold's users would read rows no step trains, where a user never seen
+      # reads the row for none.
+      raise errors.Error("config.train.user_folds holds users out of training, and "
+                         "config.model.user_model='hem' learns a vector per training user: "
+                         "use another user model ('qem', 'aem' or 'zam'), or no folds")
+
   @classmethod
   def from_config(cls, cfg: ModelConfig, train: ml_collections.ConfigDict,
                   data_dir: str | None = None) -> ZeroAttentionTask:
@@ -112,8 +123,8 @@ class ZeroAttentionTask(base.RankingTask):
 
   def context_inputs(self, split, vocab) -> base.SplitInputs:
     """Per session: 'history_items' [num_sessions, M] (AEM, ZAM); 'user' (each session's
-    user as `user_index` numbers them, from `split.users`, -1 for none) and 'history'
-    (HEM)."""
+    user as `user_index` numbers them, from `split.users`: 0 for one never seen in
+    training) and 'history' (HEM)."""
     del vocab
     if self.cfg.user_model == 'qem':
       return base.SplitInputs()
@@ -222,7 +233,10 @@ class ZeroAttentionTask(base.RankingTask):
     return jnp.einsum('bta,ca->btc', self.contexts(params, batch)['context'], cache)
 
   def attention(self, params, batch: Mapping[str, jax.Array]) -> dict[str, jax.Array]:
-    """The history attention of each context: 'weights' [B, S-1, M], 'zero_weight'
-    [B, S-1] (zeros for QEM and HEM)."""
+    """The history attention of each context: 'weights' [B, S-1, M] (zeros for QEM and
+    HEM, which attend to nothing) and 'zero_weight' [B, S-1], the mass on the zero vector
+    (NaN but for ZAM: only its memory has one, so no figure is reported for the others)."""
     out = self.contexts(params, batch)
-    return {'weights': out['weights'], 'zero_weight': out['zero_weight']}
+    zero_weight = (out['zero_weight'] if self.cfg.user_model == 'zam'
+                   else jnp.full_like(out['zero_weight'], jnp.nan))
+    return {'weights': out['weights'], 'zero_weight': zero_weight}

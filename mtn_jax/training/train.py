@@ -103,7 +103,7 @@ def make_optimizer(train: ml_collections.ConfigDict,
 # State and steps
 
 
-def _state_maker(task: tasks.GenerationTask, optimizer: optax.GradientTransformation):
+def _state_maker(task: tasks.Task, optimizer: optax.GradientTransformation):
   """rng -> the initial TrainState: parameters from the model's example batch, fresh
   optimizer state, a dropout key."""
   def create(rng):
@@ -114,7 +114,7 @@ def _state_maker(task: tasks.GenerationTask, optimizer: optax.GradientTransforma
   return create
 
 
-def abstract_state(task: tasks.GenerationTask, optimizer: optax.GradientTransformation,
+def abstract_state(task: tasks.Task, optimizer: optax.GradientTransformation,
                    mesh) -> TrainState:
   """The state's shapes, dtypes and (replicated) shardings, computed without any work: the
   restore target, and what the benchmarks count."""
@@ -124,14 +124,14 @@ def abstract_state(task: tasks.GenerationTask, optimizer: optax.GradientTransfor
                       shapes)
 
 
-def create_state(task: tasks.GenerationTask, optimizer: optax.GradientTransformation,
+def create_state(task: tasks.Task, optimizer: optax.GradientTransformation,
                  seed: int, mesh) -> TrainState:
   """The initial state for `seed`, created replicated on the mesh by one jit."""
   return jax.jit(_state_maker(task, optimizer), out_shardings=parallel.replicated(mesh))(
       jax.random.PRNGKey(seed))
 
 
-def train_step(state: TrainState, batch: dict, *, task: tasks.GenerationTask, optimizer,
+def train_step(state: TrainState, batch: dict, *, task: tasks.Task, optimizer,
                data_groups: int) -> tuple[TrainState, dict]:
   """One optimizer step on a batch of sessions (the task's `input_keys` of a batch dict).
 
@@ -152,11 +152,11 @@ def train_step(state: TrainState, batch: dict, *, task: tasks.GenerationTask, op
   return state.replace(step=state.step + 1, params=params, opt_state=opt_state), sums
 
 
-def eval_step(params, batch: dict, *, task: tasks.GenerationTask, data_groups: int) -> dict:
+def eval_step(params, batch: dict, *, task: tasks.Task, data_groups: int) -> dict:
   return task.loss_sums(params, batch, train=False, groups=data_groups)
 
 
-def make_steps(task: tasks.GenerationTask, optimizer, mesh):
+def make_steps(task: tasks.Task, optimizer, mesh):
   """(train step, eval step) with their static arguments bound, ready for `jax.jit`: one
   data-parallel loss group per device of the mesh."""
   return (functools.partial(train_step, task=task, optimizer=optimizer, data_groups=mesh.size),
@@ -262,7 +262,7 @@ def model_config(config: ml_collections.ConfigDict, vocab, split,
   return models.make_config(config.model, **sizes)
 
 
-def evaluate_loss(params, batches: Iterable[dict], *, task: tasks.GenerationTask, mesh,
+def evaluate_loss(params, batches: Iterable[dict], *, task: tasks.Task, mesh,
                   eval_fn, should_stop=None) -> dict[str, float] | None:
   """The task's validation figures over one pass of `batches` (`task.summarize`).
 
@@ -344,7 +344,7 @@ def changed_settings(saved_config: dict, config: dict) -> list[str]:
   return changed
 
 
-def _restore(manager, step: int, *, task: tasks.GenerationTask, optimizer, mesh,
+def _restore(manager, step: int, *, task: tasks.Task, optimizer, mesh,
              saved_meta: dict) -> tuple[TrainState, dict]:
   """The TrainState and data-iterator state of checkpoint `step`, in this run's layer
   layout whichever layout the checkpoint holds (`layers.convert_layer_layout`)."""
