@@ -37,6 +37,7 @@ from ml_collections import config_flags
 
 from mtn_jax.data import preprocess
 from mtn_jax.data import sessions
+from mtn_jax.evaluation import metrics
 from mtn_jax.inference import learned
 from mtn_jax.inference import pipeline
 from mtn_jax.inference import popular
@@ -46,18 +47,12 @@ from mtn_jax.inference import presentation
 TOP_K = 10
 
 
-def ranking(lists, references) -> dict[str, float]:
-  """EM@1, R@10, MRR@10 (%) of ranked lists [pairs][k] against the references."""
-  em = r10 = mrr = 0.0
-  for ranked, reference in zip(lists, references):
-    top = ranked[:TOP_K]
-    if top and top[0] == reference:
-      em += 1
-    if reference in top:
-      r10 += 1
-      mrr += 1 / (top.index(reference) + 1)
-  n = max(len(references), 1)
-  return {'em1': 100 * em / n, 'r10': 100 * r10 / n, 'mrr10': 100 * mrr / n}
+def ranking(lists, references, sessions_so_far) -> dict[str, float]:
+  """EM@1, R@10, MRR@10 (%) of ranked lists [pairs][k] against the references, as the
+  evaluation scores them (`metrics.suggestion_ranking`: over the distinct suggestions)."""
+  scores = metrics.suggestion_ranking([lst[:TOP_K] for lst in lists], references,
+                                      sessions_so_far)
+  return {'em1': scores.exact_match, 'r10': scores.recall_at_10, 'mrr10': scores.mrr_at_10}
 
 
 def other_folds_sessions(config, workdir: str) -> list[list[tuple[str, ...]]]:
@@ -132,6 +127,7 @@ def main() -> None:
             or learned.cross_fitted_groups(config, args.workdir))
   names = learned.feature_names([n for n, _ in plan])
   references = groups.references
+  score = lambda lists: ranking(lists, references, groups.sessions)
   counts = fold_counts(other_folds_sessions(config, args.workdir))
   scored = {}
 
@@ -145,40 +141,43 @@ def main() -> None:
                            attested_only=attested_only, unrelated_first=unrelated_first)
 
   rows = {}
-  rows['learned ranker, as shown'] = ranking(learned_lists(), references)
-  rows['learned ranker, attested only, no first places'] = ranking(
-      learned_lists(session_first=0), references)
-  rows['learned ranker alone (neither rule)'] = ranking(
-      learned_lists(session_first=0, attested_only=False), references)
+  rows['learned ranker, as shown'] = score(learned_lists())
+  rows['learned ranker, attested only, no first places'] = score(
+      learned_lists(session_first=0))
+  rows['learned ranker alone (neither rule)'] = score(
+      learned_lists(session_first=0, attested_only=False))
   for places in (3, 5):
     for unrelated in (0, 1, 2):
       rows[f'learned ranker, attested only, first {places} places well-formed with at most '
-           f'{unrelated} unrelated'] = ranking(
-               learned_lists(session_first=places, unrelated_first=unrelated), references)
+           f'{unrelated} unrelated'] = score(
+               learned_lists(session_first=places, unrelated_first=unrelated))
   if not args.skip_ablation:
     for group, members in learned.feature_groups([n for n, _ in plan]).items():
       columns = [i for i, n in enumerate(names) if n not in members]
-      rows[f'learned ranker alone without the {group} features'] = ranking(
-          learned_lists(columns, session_first=0, attested_only=False), references)
+      rows[f'learned ranker alone without the {group} features'] = score(
+          learned_lists(columns, session_first=0, attested_only=False))
   not_session = lambda lst, g: [q for q in lst if q not in groups.sessions[g]]
   for name, _ in plan:
     lists = [not_session(groups.lists[g][name], g) for g in range(len(references))]
-    rows[f'{name} alone'] = ranking(lists, references)
+    rows[f'{name} alone'] = score(lists)
     rows[f'{name} alone']['candidate_recall'] = 100 * float(np.mean(
         [r in lst for r, lst in zip(references, lists)]))
   pool_recall = 100 * float(np.mean([r in t for r, t in zip(references, groups.texts)]))
+  # The blend as the pipeline builds it: the beam, and the log's lists of its own depth
+  # (co-occurring: the previous query's followers alone), from the fold's counts.
   blend = pipeline.parse_blend('popular:3,cooccurring:5,generate:10')
-  rows['quota blend popular:3,cooccurring:5,generate:10'] = ranking(
+  rows['quota blend popular:3,cooccurring:5,generate:10'] = score(
       [[c['query'] for c in pipeline.blended(
-          {n: groups.lists[g].get(n, []) for n in pipeline.BLEND_SOURCES}, blend,
-          groups.sessions[g]) if c['query'] not in groups.sessions[g]]
-       for g in range(len(references))], references)
+          pipeline.blend_sources(groups.lists[g].get('generate', []), groups.sessions[g],
+                                 counts[groups.folds[g]], TOP_K), blend, groups.sessions[g])
+        if c['query'] not in groups.sessions[g]]
+       for g in range(len(references))])
   rules = []
   for g in range(len(references)):
     mpc = not_session(groups.lists[g]['popular'], g)
     edits = not_session(groups.lists[g].get('templates', []), g)
     rules.append(list(dict.fromkeys(mpc[:3] + edits[:5] + mpc[3:])))
-  rows['rule list (MPC 3, then 5 edit templates, then MPC)'] = ranking(rules, references)
+  rows['rule list (MPC 3, then 5 edit templates, then MPC)'] = score(rules)
   record = {'pairs': len(references), 'pool_candidate_recall': pool_recall,
             'sources': config.suggest.sources, 'rounds': config.suggest.ranker_rounds,
             'session_first': config.suggest.session_first,

@@ -122,9 +122,10 @@ def _missing_config_file(config_argument: str | None) -> str | None:
 # Config keys that once existed, and why they went: an override of one fails with this line.
 RETIRED_KEYS = {
     'suggest.gain_from': 'the expected-gain model chose the previous query for 99.98 % of '
-                         'contexts (docs/RESULTS.md, "Retired")',
+                         'contexts (docs/notes/2026-11-25-candidate-rankers.md, "Retired")',
     'suggest.previous_query_bias': 'the bias chosen on validation did not carry over to the '
-                                   'test split (docs/RESULTS.md, "Retired")',
+                                   'test split (docs/notes/2026-11-25-candidate-rankers.md, '
+                                   '"Retired")',
     'train.optimizer': 'it chose nothing: training uses Adam (optax.adam) with '
                        'config.train.adam_b1, adam_b2 and adam_eps',
 }

@@ -205,7 +205,7 @@ def test_a_rankers_key_it_does_not_read_is_refused(name, key, value, reader):
   c = default.get_config(name)
   c.data.source, c.model[key] = 'demo', value
   with pytest.raises(config_lib.ConfigError, match=re.escape(
-      f"config.model.{key} is read by {reader}")):
+      f"config.model.{key} is for {reader}")):
     config_lib.validate(c)
   c.model[key] = default.get_config(name).model[key]
   config_lib.validate(c)

@@ -273,6 +273,13 @@ def test_warm_up_on_threads_runs_every_shape_once_the_smallest_alone_first(monke
 
 
 @pytest.mark.slow
+def test_readiness_says_while_the_other_batch_shapes_compile(service, client, monkeypatch):
+  """Ready once a request of any size runs; `warming` until every shape is compiled."""
+  monkeypatch.setattr(service.engine, 'warmed', threading.Event())
+  assert client.get('/readyz').json() == {'ready': True, 'step': service.engine.step,
+                                          'warming': True}
+
+
 def test_a_background_warm_up_pads_to_compiled_shapes_and_changes_no_suggestion(service,
                                                                                   monkeypatch):
   """With warm_up_background the engine is ready once a lone request and the largest batch
@@ -362,7 +369,8 @@ def test_response_health_readiness_and_metrics(service, client):
   assert 'history' not in body
   assert re.fullmatch(r'[0-9a-f]{16}', response.headers['x-request-id'])
   assert client.get('/healthz').json() == {'status': 'ok'}
-  assert client.get('/readyz').json() == {'ready': True, 'step': service.engine.step}
+  assert client.get('/readyz').json() == {'ready': True, 'step': service.engine.step,
+                                          'warming': False}
   info = client.get('/v1/info').json()
   assert info['max_session_queries'] == MAX_QUERIES and info['personalises']
   metrics = client.get('/metrics').text
@@ -530,6 +538,34 @@ def test_batches_run_at_once_on_the_workers():
     assert [r if isinstance(r, str) else type(r) for r in results] == expected, workers
 
 
+def test_a_request_given_up_on_frees_its_place_in_the_queue():
+  """Requests that got their 504 while a batch ran hold no place: a request after them is
+  queued, not refused as if the queue were full."""
+  def run(requests):
+    time.sleep(0.6)
+    return [r + '!' for r in requests]
+
+  async def main():
+    batcher = batcher_lib.Batcher(run, max_batch=1, max_wait=0, queue_bound=2, workers=1)
+    batcher.start()
+    try:
+      async def one(request, seconds):
+        try:
+          return await batcher.submit(request, time.monotonic() + seconds)
+        except batcher_lib.DeadlineExceeded as e:
+          return type(e)
+      running = asyncio.create_task(one('a', 5))
+      await asyncio.sleep(0.1)  # 'a' runs; 'b' and 'c' fill the queue and time out
+      given_up = await asyncio.gather(one('b', 0.1), one('c', 0.1))
+      assert batcher.depth == 0
+      return given_up, await one('d', 5), await running
+    finally:
+      await batcher.stop()
+
+  given_up, late, first = asyncio.run(main())
+  assert given_up == [batcher_lib.DeadlineExceeded] * 2 and (late, first) == ('d!', 'a!')
+
+
 def test_prepare_sees_the_batches_in_the_order_they_came():
   # The first batch's preparation is slow and its run slower: the second batch is prepared
   # after it all the same, and finishes first; each request gets its own answer.
@@ -593,18 +629,35 @@ def test_a_users_earlier_sessions_are_their_history(service, client):
 
 def test_history_store_is_bounded_per_user_and_in_wal_mode(tmp_path):
   path = str(tmp_path / 'h' / 'histories.sqlite')
-  store = history_lib.HistoryStore(path, per_user=3)
+  store = history_lib.HistoryStore(path, per_user=3, window=16)
   for session in (['a', 'b'], ['c'], ['d', 'e'], ['f']):
     store.observe('ann', session)
   store.observe('bob', ['x'])
   assert store.earlier('ann') == ('c', 'd', 'e') and store.earlier('bob') == ()
   assert store.observe('ann', ['f', 'g']) == ('c', 'd', 'e')  # the same session goes on
   store.close()
-  again = history_lib.HistoryStore(path, per_user=3)
+  again = history_lib.HistoryStore(path, per_user=3, window=16)
   assert again.current('ann') == ('f', 'g') and again.earlier('ann') == ('c', 'd', 'e')
   db = sqlite3.connect(path)
   assert db.execute('PRAGMA journal_mode').fetchone()[0] == 'wal'
   assert db.execute('SELECT COUNT(*) FROM queries WHERE user = ?', ('ann',)).fetchone()[0] == 3
+
+
+def test_a_session_past_the_window_slides_on_without_joining_the_history(tmp_path):
+  """Past the model's window (max_session_queries) a client sends the latest `window`
+  queries: the session goes on, and none of its queries becomes an earlier one."""
+  store = history_lib.HistoryStore(str(tmp_path / 'histories.sqlite'), per_user=100, window=3)
+  store.observe('ann', ['old'])
+  session = ['a', 'b', 'c', 'd', 'e', 'f']
+  for end in range(1, len(session) + 1):
+    assert store.observe('ann', session[max(0, end - 3):end]) == ('old',)
+  assert store.observe('ann', ['d', 'e', 'f']) == ('old',)  # the same request again
+  assert store.current('ann') == tuple(session)
+  assert store.observe('ann', ['e', 'f', 'g']) == ('old',)
+  assert store.current('ann') == (*session, 'g')
+  # Another session (it does not begin with the stored one's last queries): the whole
+  # stored session joins the history.
+  assert store.observe('ann', ['x', 'y', 'z']) == ('old', *session, 'g')
 
 
 # ---------------------------------------------------------------------------------------------

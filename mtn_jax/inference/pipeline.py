@@ -165,6 +165,15 @@ def blended(sources: dict[str, Sequence[str]], plan: Sequence[tuple[str, int]],
           for rank, (q, name) in enumerate(order.items(), 1)]
 
 
+def blend_sources(beam: Sequence[str], context: Sequence[str], counts: popular.LogCounts,
+                  top_k: int) -> dict[str, list[str]]:
+  """The sources of 'blend' after `context`: the beam, and the training log's lists
+  (`counts`) deep enough to fill `top_k` once the session's queries are dropped."""
+  depth = top_k + len(context)
+  return {'generate': list(beam), 'popular': counts.most_popular(depth),
+          'cooccurring': counts.followers(context[-1], depth)}
+
+
 def show(ranked: Sequence[dict], session_so_far: Sequence[str], exclude_session_queries: bool,
          top_k: int, scored_by_place: bool = False) -> list[dict]:
   """What is shown of an ordered list after the queries `session_so_far`: with the
@@ -572,11 +581,7 @@ class Pipeline:
     return out, by_source
 
   def _blend_sources(self, beam: list[str], context: Sequence[str]) -> dict[str, list[str]]:
-    """The sources of 'blend' after `context`: the beam, and the training log's lists deep
-    enough to fill top_k once the session's queries are dropped."""
-    depth = self.settings.top_k + len(context)
-    return {'generate': beam, 'popular': self.log_counts.most_popular(depth),
-            'cooccurring': self.log_counts.followers(context[-1], depth)}
+    return blend_sources(beam, context, self.log_counts, self.settings.top_k)
 
   def _blend(self, beam: list[str], context: Sequence[str]) -> list[dict]:
     return blended(self._blend_sources(beam, context), self.settings.blend, context)

@@ -66,19 +66,19 @@ CONTEXT_ENCODERS = ('flat', 'mtn')
 
 
 # The keys the rankers inherit or share that only some of them read: key -> (who reads it,
-# in words; the registered names of those that do).
+# why another does not or None, the registered names of the rankers that read it).
 UNREAD_KEYS = {
-    'copy': ('the generators (MTN, the Transformer)',),
-    'attention_hidden': ("the generators' user memory",),
-    'kernels': ("the generators' output layer",),
-    'context_encoder': ('the Bi- and Poly-encoders', 'biencoder', 'polyencoder'),
-    'pool_negatives': ('the Bi- and Poly-encoders', 'biencoder', 'polyencoder'),
-    'lexical_negatives': ('the Bi- and Poly-encoders (the Cross-encoder draws its negatives '
-                          'with config.model.cross_negatives)', 'biencoder', 'polyencoder'),
-    'scaled_scores': ("the Bi- and Poly-encoders (the Cross-encoder's score is a learned "
-                      "layer's output, not a dot product)", 'biencoder', 'polyencoder'),
-    'poly_codes': ('the Poly-encoder', 'polyencoder'),
-    'cross_negatives': ('the Cross-encoder', 'crossencoder'),
+    'copy': ('the generators (MTN, the Transformer)', None, ()),
+    'attention_hidden': ("the generators' user memory", None, ()),
+    'kernels': ("the generators' output layer", None, ()),
+    'context_encoder': ('the Bi- and Poly-encoders', None, ('biencoder', 'polyencoder')),
+    'pool_negatives': ('the Bi- and Poly-encoders', None, ('biencoder', 'polyencoder')),
+    'lexical_negatives': ('the Bi- and Poly-encoders', 'the Cross-encoder draws its negatives '
+                          'with config.model.cross_negatives', ('biencoder', 'polyencoder')),
+    'scaled_scores': ('the Bi- and Poly-encoders', "the Cross-encoder's score is a learned "
+                      "layer's output, not a dot product", ('biencoder', 'polyencoder')),
+    'poly_codes': ('the Poly-encoder', None, ('polyencoder',)),
+    'cross_negatives': ('the Cross-encoder', None, ('crossencoder',)),
 }
 
 
@@ -120,11 +120,10 @@ class RankerConfig(mtn.MTNConfig):
     # The family's keys (configs/families.py) this ranker does not read: set to anything but
     # their default they would change nothing.
     defaults = {f.name: f.default for f in dataclasses.fields(cls)}
-    for key, readers in UNREAD_KEYS.items():
+    for key, (who, why, readers) in UNREAD_KEYS.items():
       if model.name not in readers and model.get(key, defaults[key]) != defaults[key]:
-        raise errors.ConfigError(f'config.model.{key} is read by {readers[0]} only; '
-                                 f'{model.name!r} does not read it (leave it at '
-                                 f'{defaults[key]!r})')
+        raise errors.ConfigError(f'config.model.{key} is for {who}; {model.name!r} does not '
+                                 f'read it ({why or f"leave it at {defaults[key]!r}"})')
 
   @classmethod
   def copies(cls, model) -> bool:

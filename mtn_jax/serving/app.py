@@ -150,6 +150,10 @@ class Info(pydantic.BaseModel):
 class Ready(pydantic.BaseModel):
   ready: bool
   step: int
+  warming: bool = pydantic.Field(description=(
+      'Batch shapes are still compiling behind the ready ones (config.serve.'
+      'warm_up_background): every request is answered, padded to a compiled shape, and '
+      'slower while the compiler shares the CPU.'))
 
 
 class Error(pydantic.BaseModel):
@@ -404,11 +408,14 @@ def create_app(service) -> fastapi.FastAPI:
       503: {'model': Error, 'description': 'Draining after SIGTERM: send requests elsewhere.',
             'headers': retry_doc}})
   async def readyz(request: fastapi.Request) -> Any:
-    """200 once every batch shape is compiled and while not draining; else 503."""
+    """200 once a request of any size can run (every batch shape compiled, or with
+    config.serve.warm_up_background those that hold a lone request and the largest batch,
+    `warming` until the rest are) and while not draining; else 503."""
     if service.draining:
       return _error(503, 'draining', request,
                     headers={'Retry-After': str(RETRY_AFTER_SECONDS)})
-    return {'ready': True, 'step': service.engine.step}
+    return {'ready': True, 'step': service.engine.step,
+            'warming': not service.engine.warmed.is_set()}
 
   @app.get('/metrics', response_class=responses.PlainTextResponse, responses={
       200: {'description': 'Prometheus\' text format.',

@@ -9,8 +9,8 @@ second batch runs on another core while the first does, and the event loop keeps
 refusing and timing out requests meanwhile. An optional `prepare` step (the users'
 histories) runs first on one thread of its own, batch after batch in the order the batches
 formed, so that a user's requests are seen in the order they came even when their batches
-overlap. A request whose caller has stopped waiting (its deadline passed) is dropped before
-its batch runs. A batch that raises is run again one request at a time, so that one bad
+overlap. A request whose caller has stopped waiting (its deadline passed, or the client went)
+leaves the queue at once: it holds no place a waiting request could take. A batch that raises is run again one request at a time, so that one bad
 request fails alone.
 """
 
@@ -33,7 +33,7 @@ class DeadlineExceeded(Exception):
   """The request was not answered before its deadline (504)."""
 
 
-@dataclasses.dataclass
+@dataclasses.dataclass(eq=False)  # one request: compared by identity
 class _Item:
   request: Any
   future: asyncio.Future
@@ -116,13 +116,18 @@ class Batcher:
     if len(self._queue) >= self.queue_bound:
       raise QueueFull(f'{len(self._queue)} requests are waiting')
     future = asyncio.get_running_loop().create_future()
-    self._queue.append(_Item(request, future, time.monotonic(), deadline))
+    item = _Item(request, future, time.monotonic(), deadline)
+    self._queue.append(item)
     self._on_depth(len(self._queue))
     self._wake.set()
     try:
       return await asyncio.wait_for(future, max(deadline - time.monotonic(), 0.0))
     except (asyncio.TimeoutError, TimeoutError):
       raise DeadlineExceeded('not answered before the deadline') from None
+    finally:
+      if future.cancelled() and item in self._queue:  # its caller stopped waiting
+        self._queue.remove(item)  # its place is free for a request someone awaits
+        self._on_depth(len(self._queue))
 
   async def _loop(self) -> None:
     loop = asyncio.get_running_loop()

@@ -1,12 +1,14 @@
 """Each user's earlier queries, in SQLite: the history a personalising model (or the habit rule)
 reads, kept across restarts and crashes.
 
-A request names its whole session so far. The user's current session is stored as it comes
-(`sessions`, one row a user); a request whose session does not continue the stored one
-(the stored queries are not its beginning) starts a new session, and the stored one's queries
-join the user's earlier queries (`queries`), of which the latest `per_user` are kept. A
-request's history is thus its user's queries before this session, as a raw log's earlier
-sessions are decode's history.
+A request names its whole session so far, or, past the model's `window` (its
+max_session_queries), the latest `window` queries of it. The user's current session is stored
+(`sessions`, one row a user); a request continues it when the stored queries are its
+beginning, or, for a request of `window` queries, when it begins with the stored session's
+last queries (the window slid on: its new queries are added to the stored session). Any other
+request starts a new session, and the stored one's queries join the user's earlier queries
+(`queries`), of which the latest `per_user` are kept. A request's history is thus its user's
+queries before this session, as a raw log's earlier sessions are decode's history.
 
 The database is in WAL mode and every request's change is one committed transaction, so a
 process killed at any moment (kill -9) loses nothing it answered; `synchronous=NORMAL` syncs
@@ -41,9 +43,9 @@ CREATE TABLE IF NOT EXISTS sessions (
 class HistoryStore:
   """Users' earlier queries in the SQLite file `path` (see the module docstring)."""
 
-  def __init__(self, path: str, per_user: int):
+  def __init__(self, path: str, per_user: int, window: int):
     os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
-    self.path, self.per_user = path, per_user
+    self.path, self.per_user, self.window = path, per_user, window
     # One connection, used by one thread at a time (the lock); autocommit off by hand.
     self._db = sqlite3.connect(path, check_same_thread=False, isolation_level=None,
                                timeout=10.0)
@@ -66,7 +68,11 @@ class HistoryStore:
         row = db.execute('SELECT queries FROM sessions WHERE user = ?', (user,)).fetchone()
         stored = json.loads(row[0]) if row else []
         now = time.time()
-        if stored and session[:len(stored)] != stored:  # a new session: the last one ended
+        slid = self._slid_by(stored, session)
+        if slid:  # the same session, sent as its latest `window` queries
+          # At most as many as the user's history keeps: what it could ever add to it.
+          session = (stored + session[slid:])[-max(self.per_user, self.window):]
+        elif stored and session[:len(stored)] != stored:  # a new session: the last one ended
           db.executemany('INSERT INTO queries (user, query, at) VALUES (?, ?, ?)',
                          [(user, q, now) for q in stored])
           db.execute('DELETE FROM queries WHERE user = ? AND id <= (SELECT id FROM queries '
@@ -82,6 +88,16 @@ class HistoryStore:
         db.execute('ROLLBACK')
         raise
     return tuple(q for (q,) in reversed(earlier))
+
+  def _slid_by(self, stored: list[str], session: list[str]) -> int:
+    """How many of `session`'s first queries are the stored session's last ones, where
+    `session` is a full window that slid on past them (0: it did not)."""
+    if len(session) != self.window or len(stored) < self.window:
+      return 0
+    for overlap in range(self.window, 0, -1):  # the whole window: the same request again
+      if stored[-overlap:] == session[:overlap]:
+        return overlap
+    return 0
 
   def earlier(self, user: str) -> tuple[str, ...]:
     """`user`'s earlier queries, oldest first (nothing recorded)."""

@@ -305,7 +305,8 @@ def build(config: ml_collections.ConfigDict, workdir: str, log=_say) -> Service:
   store = None
   if settings.history_db and engine.personalises:
     path = os.path.join(os.path.abspath(workdir), settings.history_db)
-    store = history_lib.HistoryStore(path, settings.history_per_user)
+    store = history_lib.HistoryStore(path, settings.history_per_user,
+                                     engine.max_session_queries)
     log(f'Users\' histories: {path}')
   return Service(engine, settings, store,
                  loader=lambda: engine_lib.Engine.load(config, workdir, log=log), log=log)
