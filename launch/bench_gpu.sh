@@ -16,8 +16,10 @@
 # next one runs. Nothing here is specific to one kind of GPU; on a CPU it runs too (slowly).
 set -u
 out=${1:?usage: bash launch/bench_gpu.sh OUTDIR}
-mkdir -p "$out"
-cd "$(dirname "$0")/.."
+# OUTDIR as given from where the command runs, before the cd to the repository.
+out=$(mkdir -p "$out" && cd "$out" && pwd) || exit 1
+cd "$(dirname "$0")/.." || exit 1
+py=${PYTHON:-python3}  # e.g. PYTHON=.venv/bin/python (BUILD.md's set-up)
 export PYTHONUNBUFFERED=1
 
 step() {  # step NAME SECONDS COMMAND...: run COMMAND with a limit, log it, record its status.
@@ -32,22 +34,25 @@ step() {  # step NAME SECONDS COMMAND...: run COMMAND with a limit, log it, reco
 }
 
 { date -u; uname -a; nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv \
-    2>/dev/null; python3 -c 'import jax, flax; print("jax", jax.__version__, "flax",
+    2>/dev/null; "$py" -c 'import jax, flax; print("jax", jax.__version__, "flax",
 flax.__version__, jax.devices())'; } >"$out/machine.txt" 2>&1
 cat "$out/machine.txt"
 # Fail fast: if the project does not import here, no step can run.
-step imports 120 python3 -c 'import grain, bm25s, usearch
+step imports 120 "$py" -c 'import grain, bm25s, usearch
 from mtn_jax import main; from mtn_jax.training import train; from mtn_jax.evaluation import evaluate; print("imports ok")' || exit 1
 
-step rankers 110 python3 launch/bench_rankers.py --pools=1000,100000 --cross_direct \
+step rankers 110 "$py" launch/bench_rankers.py --pools=1000,100000 --cross_direct \
   --repeats=20 --warmup=2 --json="$out/rankers.json"
-step train_bf16 180 python3 launch/bench_train.py --config=configs/aol.py \
+# The layer stacks as nn.scan, as the tables of docs/PERFORMANCE.md were measured (configs/aol.py
+# has unrolled them since).
+scan=(--config.model.scan_layers=True)
+step train_bf16 180 "$py" launch/bench_train.py --config=configs/aol.py "${scan[@]}" \
   --config.model.compute_dtype=bfloat16 --repeats=3 --json="$out/train_bf16.json"
-step train_fp32 150 python3 launch/bench_train.py --config=configs/aol.py \
+step train_fp32 150 "$py" launch/bench_train.py --config=configs/aol.py "${scan[@]}" \
   --pipeline_sessions=0 --repeats=3 --json="$out/train_fp32.json"
-step peer 150 python3 launch/bench_train.py --config=configs/aol.py --peer \
+step peer 150 "$py" launch/bench_train.py --config=configs/aol.py "${scan[@]}" --peer \
   --peer_modes=eager,compiled --session_lengths=4 --pipeline_sessions=0 --repeats=3 --json="$out/peer.json"
-step rankers_scaling 100 python3 launch/bench_rankers.py --sizes=64x1,256x4 \
+step rankers_scaling 100 "$py" launch/bench_rankers.py --sizes=64x1,256x4 \
   --pools=1000,10000,100000 --cross_direct --repeats=10 --warmup=1 \
   --json="$out/rankers_scaling.json"
 exit 0

@@ -23,8 +23,10 @@
 set -u
 out=${1:?usage: bash launch/bench_gpu_step.sh OUTDIR [SECONDS]}
 budget=${2:-540}
-mkdir -p "$out"
-cd "$(dirname "$0")/.."
+# OUTDIR as given from where the command runs, before the cd to the repository.
+out=$(mkdir -p "$out" && cd "$out" && pwd) || exit 1
+cd "$(dirname "$0")/.." || exit 1
+py=${PYTHON:-python3}  # e.g. PYTHON=.venv/bin/python (BUILD.md's set-up)
 export PYTHONUNBUFFERED=1
 
 step() {  # step NAME SECONDS COMMAND...: run COMMAND with a limit if it fits, log it.
@@ -44,13 +46,13 @@ step() {  # step NAME SECONDS COMMAND...: run COMMAND with a limit if it fits, l
 }
 
 { date -u; nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv 2>/dev/null
-  python3 -c 'import jax, flax, torch; print("jax", jax.__version__, "flax", flax.__version__,
+  "$py" -c 'import jax, flax, torch; print("jax", jax.__version__, "flax", flax.__version__,
 "torch", torch.__version__, jax.devices())'; } >"$out/machine.txt" 2>&1
 cat "$out/machine.txt"
 
 aol=(--config=configs/aol.py --config.model.compute_dtype=bfloat16
      --config.model.scan_layers=True)
-bench=(python3 launch/bench_train.py "${aol[@]}" --session_lengths=4 --steps=20 --repeats=3
+bench=("$py" launch/bench_train.py "${aol[@]}" --session_lengths=4 --steps=20 --repeats=3
        --pipeline_sessions=0)
 declare -A change=(
   [k4]="--steps_per_call=4"
@@ -58,7 +60,7 @@ declare -A change=(
   [unroll]="--config.model.scan_layers=False")
 gpu_flags='--xla_gpu_enable_command_buffer=FUSION,CUBLAS,CUBLASLT,CUSTOM_CALL,CUDNN,CONDITIONAL,WHILE --xla_gpu_enable_latency_hiding_scheduler=true'
 
-step profile_base 110 python3 launch/profile_step.py "${aol[@]}" --bucket=4 --steps=5 --top=30
+step profile_base 110 "$py" launch/profile_step.py "${aol[@]}" --bucket=4 --steps=5 --top=30
 step base 90 "${bench[@]}" --json="$out/base.json"
 for name in k4 chunk unroll; do
   step "$name" 90 "${bench[@]}" ${change[$name]} --json="$out/$name.json"
@@ -66,7 +68,7 @@ done
 step flags 90 env XLA_FLAGS="$gpu_flags" "${bench[@]}" --json="$out/flags.json"
 
 # The changes that gained at least 2 % over the base step.
-gained=$(python3 - "$out" <<'PY'
+gained=$("$py" - "$out" <<'PY'
 import json, os, sys
 out = sys.argv[1]
 def step_s(name):
@@ -88,6 +90,6 @@ for name in $gained; do
 done
 step peer_best 150 env XLA_FLAGS="$use_flags" "${bench[@]}" "${best[@]}" --peer \
   --peer_modes=compiled --json="$out/peer_best.json"
-step profile_best 100 env XLA_FLAGS="$use_flags" python3 launch/profile_step.py "${aol[@]}" \
+step profile_best 100 env XLA_FLAGS="$use_flags" "$py" launch/profile_step.py "${aol[@]}" \
   --bucket=4 --steps=5 --top=30 $(printf '%s\n' "${best[@]}" | grep -v steps_per_call)
 exit 0

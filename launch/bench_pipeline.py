@@ -31,6 +31,7 @@ from ml_collections import config_flags
 import numpy as np
 
 from launch import bench_requests
+from mtn_jax.decoding import search
 from mtn_jax.inference import pipeline
 from mtn_jax.inference.inputs import Context
 from mtn_jax.serving import engine
@@ -70,6 +71,10 @@ def main(argv) -> None:
     config.suggest.strategy = strategy
     pipe = pipeline.Pipeline.load(config, FLAGS.workdir, log=lambda *a, **k: None)
     def run(queries):
+      # A request's beam and its candidates' scoring share one encoding of its session
+      # (`search.encoded` keeps the last): --session repeats one session, which a call must
+      # not find encoded by the call before it.
+      search._last_encoding.inputs = None  # pylint: disable=protected-access
       width = len(queries) if widths is None else next(w for w in widths if w >= len(queries))
       pipe.ordered([Context(queries, len(queries) - 1, {})], positions='last', batch_rows=1,
                    widths=[width])

@@ -196,7 +196,13 @@ def main(argv):
     child = context.Process(target=_prepare_and_measure,
                             args=(raw_files, os.path.join(folder, 'run'), sender))
     child.start()
-    result = receiver.recv()
+    sender.close()  # the child's end alone stays open: a child that dies ends the wait
+    try:
+      result = receiver.recv()
+    except EOFError:
+      child.join()
+      raise SystemExit(f'preparing {raw_files} failed (exit code {child.exitcode}; its error '
+                       'is printed above)') from None
     child.join()
     stats, wall = result['stats'], result['wall']
     num_lines = stats['lines_read']

@@ -216,13 +216,15 @@ def dual_function(task, top_k: int):
   return jax.jit(one_context)
 
 
-def cross_function(task, top_k: int, chunk: int):
+def cross_function(task, top_k: int, chunk: int, pool_size: int):
   def one_context(params, session, candidates):
-    # candidates int32 [C, n], C a multiple of `chunk`.
+    # candidates int32 [C, n], C a multiple of `chunk`; rows from `pool_size` on are padding,
+    # scored (a whole chunk runs) but never returned.
     score = lambda block: task.model.apply({'params': params}, session[None], block[None],
                                            method='score_last')[0]
     scores = jax.lax.map(score, candidates.reshape(-1, chunk, candidates.shape[-1]))
-    scores = scores.reshape(-1)
+    scores = jnp.where(jnp.arange(candidates.shape[0]) < pool_size, scores.reshape(-1),
+                       -jnp.inf)
     return jax.lax.top_k(scores, top_k) if top_k else scores
   return jax.jit(one_context)
 
@@ -333,7 +335,7 @@ def measure(config, *, rankers: list[str], pools: list[int], sizes: list, vocab_
           ids = np.zeros((padded, n), np.int32)
           ids[:size_c] = pool[:size_c]
           ids = jnp.asarray(ids)
-          call = cross_function(task, min(top_k, size_c), chunk)
+          call = cross_function(task, min(top_k, size_c), chunk, size_c)
           ctx = [jnp.asarray(s) for s in sessions]
           times = time_calls(lambda s, ids=ids, call=call: call(params, s, ids), ctx, warmup,
                              repeats)

@@ -32,10 +32,8 @@ what limits the rate.
 
 from __future__ import annotations
 
-import ast
 import asyncio
 import datetime
-import importlib.util
 import json
 import os
 import platform
@@ -52,6 +50,7 @@ from absl import app
 from absl import flags
 from absl import logging
 import aiohttp
+from ml_collections import config_flags
 import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -88,27 +87,14 @@ flags.mark_flag_as_required('workdir')
 
 
 def load_config(path: str, overrides):
-  """The config file with `section.key=value` overrides, as the command line applies them."""
-  name, _, variant = path.partition(':')
-  spec = importlib.util.spec_from_file_location('bench_config', os.path.join(REPO, name))
-  module = importlib.util.module_from_spec(spec)
-  sys.path.insert(0, REPO)
-  spec.loader.exec_module(module)
-  config = module.get_config(variant) if variant else module.get_config()
-  for override in overrides:
-    key, value = override.split('=', 1)
-    *sections, field = key.split('.')
-    node = config
-    for section in sections:
-      node = node[section]
-    old = node[field]
-    if isinstance(old, bool):
-      node[field] = value.lower() in ('true', '1')
-    elif isinstance(old, str):
-      node[field] = value
-    else:
-      node[field] = type(old)(ast.literal_eval(value))
-  return config
+  """The config file with `section.key=value` overrides, parsed as the command line parses
+  them (ml_collections' config flag: the service gets the same overrides as flags)."""
+  argv = ['bench_serve', f'--config={os.path.join(REPO, path)}',
+          *(f'--config.{override}' for override in overrides)]
+  values = flags.FlagValues()
+  config_flags.DEFINE_config_file('config', flag_values=values, sys_argv=argv)
+  values(argv)
+  return values.config
 
 
 class ServiceProcess:

@@ -114,7 +114,7 @@ row() {  # row NAME LIMIT COMMAND...: COMMAND under a limit, if it fits; logged 
   return $rc
 }
 
-aol_lines=36389567
+aol_lines=36389567 aol_train_pairs=4285507  # the paper's Table 1
 if [[ $rehearse == 0 ]]; then
   model=(--config=configs/aol.py --config.model.compute_dtype=bfloat16)
   sizes=()
@@ -124,7 +124,7 @@ if [[ $rehearse == 0 ]]; then
   kernel_runs=(--steps=20 --repeats=3 --learn_steps=300 --learn_window=25)
   serve_train=(--config.train.max_steps=30)
   serve_load=(--rates=5,200,800,3200 --seconds=5 --offline_contexts=512 --offline_batches=8)
-  target_lines=$((10 * aol_lines))
+  target_lines=$((10 * aol_lines)) target_pairs=$((10 * aol_train_pairs))
   slice_steps=300
 else
   # Every row once, tiny, on a CPU: the demo model, a small vocabulary and batch.
@@ -137,7 +137,7 @@ else
   serve_train=(--config.train.max_steps=5 --config.input.train_queries_per_batch=64)
   serve_load=(--rates=2,20 --seconds=2 --offline_contexts=16 --offline_batches=8
               --set=serve.max_batch=2)
-  target_lines=$((4 * corpus_lines))
+  target_lines=$((4 * corpus_lines)) target_pairs=$((target_lines / 5))
   slice_steps=20
 fi
 e_lines=$((target_lines / 40))
@@ -228,6 +228,7 @@ if wanted d_serve; then
 fi
 epoch=("$py" launch/bench_epoch.py "${model[@]}" "${sizes[@]}" --workdir="$work/e_log/run"
        --preprocess_json="$work/e_preprocess.json" --target_lines="$target_lines"
+       --target_pairs="$target_pairs"
        --slice_steps="$slice_steps" --json="$work/e_epoch.json")
 e_kept=0
 [[ -f $work/e_log/lines.txt && $(cat "$work/e_log/lines.txt") == "$e_lines" ]] && e_kept=1

@@ -14,13 +14,29 @@ hosts_file=$1; shift
 mapfile -t hosts < <(grep -v '^\s*\(#\|$\)' "$hosts_file")
 port=${PORT:-12355}
 repo=$(cd "$(dirname "$0")/.." && pwd)
+printf -v quoted_repo %q "$repo"  # the remote shell reads the command: a path with spaces
 pids=()
 for i in "${!hosts[@]}"; do
-  cmd="cd $repo && .venv/bin/python -m mtn_jax.main --mode=train --distributed \
+  cmd="cd $quoted_repo && .venv/bin/python -m mtn_jax.main --mode=train --distributed \
 --coordinator_address=${hosts[0]}:$port --num_processes=${#hosts[@]} --process_id=$i $(printf '%q ' "$@")"
-  if [ "${hosts[$i]}" = localhost ]; then bash -c "$cmd" & else ssh "${hosts[$i]}" "$cmd" & fi
+  # Each in a process group of its own, so that stopping it stops the training under it.
+  if [ "${hosts[$i]}" = localhost ]; then setsid bash -c "$cmd" & else setsid ssh "${hosts[$i]}" "$cmd" & fi
   pids+=($!)
 done
+# One process that fails leaves the others waiting at a collective (on CPU devices for up to
+# 30 minutes): the first failure stops the rest (a remote one through its ssh connection).
 status=0
-for pid in "${pids[@]}"; do wait "$pid" || status=$?; done
+remaining=("${pids[@]}")
+while ((${#remaining[@]})); do
+  wait -n -p done_pid "${remaining[@]}" && rc=0 || rc=$?
+  still=()
+  for pid in "${remaining[@]}"; do [[ $pid == "$done_pid" ]] || still+=("$pid"); done
+  remaining=("${still[@]}")
+  if ((rc != 0 && status == 0)); then
+    status=$rc
+    echo "process $done_pid exited with $rc: stopping the others" >&2
+    # The group, or the process where setsid has not made its group yet.
+    for pid in "${remaining[@]}"; do kill -- "-$pid" 2>/dev/null || kill "$pid" 2>/dev/null || true; done
+  fi
+done
 exit $status
