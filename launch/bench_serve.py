@@ -227,8 +227,8 @@ async def offer(url: str, sessions, rate: float, seconds: float, deadline_s: flo
       spread[int(float(le))] = int(count - below)
     below = count
   delta = lambda name: metric(after, name) - metric(before, name)
-  server_ms = 1000 * delta('mtn_serve_suggest_seconds_sum') / max(
-      delta('mtn_serve_suggest_seconds_count'), 1)
+  answered = lambda part: delta(f'mtn_serve_suggest_seconds_{part}{{status="200"}}')
+  server_ms = 1000 * answered('sum') / max(answered('count'), 1)  # the 200s, as the client's
   batch_ms = 1000 * delta('mtn_serve_batch_seconds_sum') / max(
       delta('mtn_serve_batch_seconds_count'), 1)
   q = (lambda p: 1000 * float(np.percentile(latencies, p))) if latencies else (lambda p: 0.0)

@@ -8,6 +8,7 @@ prints `Serving on http://HOST:PORT ...` once it listens (port 0: a free one).""
 from __future__ import annotations
 
 import sys
+import threading
 import time
 
 from mtn_jax.serving import engine as engine_lib
@@ -35,6 +36,8 @@ class StubEngine(engine_lib.Engine):
     self.max_session_queries, self.max_query_words = 4, 10
     self.exclude_session_queries = True
     self._reader = _Reader()
+    self.warmed = threading.Event()
+    self.warmed.set()  # nothing to compile
 
   def info(self):
     return {'name': 'stub', 'step': self.step, 'workdir': self.workdir, 'score': 'none',

@@ -373,9 +373,12 @@ def test_response_health_readiness_and_metrics(service, client):
                                           'warming': False}
   info = client.get('/v1/info').json()
   assert info['max_session_queries'] == MAX_QUERIES and info['personalises']
+  assert client.post('/v1/suggest', json={'session': []}).status_code == 422
   metrics = client.get('/metrics').text
+  # The answers' latency apart from the refusals' (an overloaded service's quick 503s).
   for name in ('mtn_serve_requests_total{route="/v1/suggest",status="200"}',
-               'mtn_serve_suggest_seconds_bucket', 'mtn_serve_batch_size_bucket',
+               'mtn_serve_suggest_seconds_count{status="200"}',
+               'mtn_serve_suggest_seconds_count{status="422"}', 'mtn_serve_batch_size_bucket',
                'mtn_serve_queue_depth', f'mtn_serve_model_step {float(service.engine.step)}'):
     assert name in metrics, name
   assert client.get('/docs').status_code == 200
@@ -469,6 +472,8 @@ class SlowEngine:
 
   def __init__(self, seconds: float = 0.0, suggestions=None):
     self.seconds, self.suggestions = seconds, suggestions
+    self.warmed = threading.Event()
+    self.warmed.set()  # nothing to compile
 
   def info(self):
     return {'name': 'stub', 'step': self.step, 'workdir': self.workdir, 'score': 'none',
@@ -591,6 +596,25 @@ def test_prepare_sees_the_batches_in_the_order_they_came():
   assert isinstance(results[2], ValueError)
   assert prepared == [['a'], ['b'], ['d']]
   assert finished[0] == ['B'] and finished[-1] == ['A'], finished
+
+
+def test_no_reload_while_draining_and_a_reload_holds_no_exit():
+  """A reload after SIGTERM is refused (nothing would serve the new model); one under way
+  runs on a daemon thread, which the interpreter does not wait for at exit."""
+  client, service = stub_client(SlowEngine())
+  loaded, daemon = threading.Event(), []
+
+  def loader():
+    loaded.set()
+    daemon.append(threading.current_thread().daemon)
+    return SlowEngine()
+  service.loader = loader
+  with client:
+    assert client.post('/admin/reload').json()['reloaded'] and daemon == [True]
+    service.begin_drain()
+    loaded.clear()
+    answer = asyncio.run(service.reload())
+  assert answer['reloaded'] is False and answer['error'] == 'draining' and not loaded.is_set()
 
 
 def test_admin_is_for_loopback_or_the_token(tmp_path):

@@ -256,7 +256,8 @@ class _Guard:
       service.inflight -= 1
       service.metrics.requests.labels(route, str(status['code'])).inc()
       if route == '/v1/suggest':
-        service.metrics.latency.observe(time.monotonic() - scope['state']['received'])
+        service.metrics.latency.labels(str(status['code'])).observe(
+            time.monotonic() - scope['state']['received'])
 
 
 def _too_large(limit: int) -> str:

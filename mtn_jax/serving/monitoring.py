@@ -19,9 +19,10 @@ class Metrics:
     r = self.registry
     self.requests = prom.Counter('mtn_serve_requests', 'HTTP requests answered, by route and '
                                  'status', ['route', 'status'], registry=r)
+    # By status: an overloaded service's quick refusals (503) would pull the answers' mean down.
     self.latency = prom.Histogram('mtn_serve_suggest_seconds', 'Time to answer POST '
-                                  '/v1/suggest (every status)', buckets=LATENCY_BUCKETS,
-                                  registry=r)
+                                  '/v1/suggest, by status', ['status'],
+                                  buckets=LATENCY_BUCKETS, registry=r)
     buckets = sorted({1, 2, 4, 8, 16, 32, 64, 128, 256, max_batch})
     self.batch_size = prom.Histogram('mtn_serve_batch_size', 'Requests per batch run (before '
                                      'padding)', buckets=[b for b in buckets if b <= max_batch],

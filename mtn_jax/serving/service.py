@@ -29,6 +29,7 @@ import sys
 import threading
 import time
 from collections.abc import Callable, Sequence
+from typing import Any
 
 import jax
 from jax.experimental.compilation_cache import compilation_cache
@@ -138,12 +139,14 @@ class Service:
     """Loads and warms a new engine off the event loop, then swaps it in."""
     if self.loader is None:
       return {'reloaded': False, 'error': 'this service has no loader'}
+    if self.draining:  # the process is about to exit: a new model would answer nothing
+      return {'reloaded': False, 'step': self.engine.step, 'error': 'draining'}
     async with self._reload_lock:
       old, started = self.engine, time.monotonic()
       self.log(f'Reloading the best checkpoint of {old.workdir} ...')
       try:
         # A thread of its own: the batches keep running on the worker threads meanwhile.
-        new = await asyncio.to_thread(self.loader)
+        new = await _in_daemon_thread(self.loader)
       except Exception as e:  # pylint: disable=broad-except
         self.metrics.reloads.labels('failed').inc()
         self.log(f'Reload failed, step {old.step} still serving: {e}')
@@ -180,6 +183,34 @@ class Service:
       if now >= end:
         return False
       await asyncio.sleep(0.02)
+
+
+def _in_daemon_thread(function: Callable[[], Any]) -> asyncio.Future:
+  """`function()` on a daemon thread, awaitable: unlike the loop's executor, which the
+  interpreter waits for at exit, a reload still loading when SIGTERM comes does not hold the
+  process past `config.serve.drain_seconds`."""
+  loop = asyncio.get_running_loop()
+  future = loop.create_future()
+
+  def settle(result, error) -> None:
+    if not future.done():
+      if error is None:
+        future.set_result(result)
+      else:
+        future.set_exception(error)
+
+  def target() -> None:
+    try:
+      result, error = function(), None
+    except Exception as e:  # pylint: disable=broad-except
+      result, error = None, e
+    try:
+      loop.call_soon_threadsafe(settle, result, error)
+    except RuntimeError:  # the loop has closed: the service stopped meanwhile
+      pass
+
+  threading.Thread(target=target, daemon=True, name='reload').start()
+  return future
 
 
 class _Server(uvicorn.Server):
@@ -317,6 +348,9 @@ def serve(config: ml_collections.ConfigDict, workdir: str) -> None:
   before the model loads: a port in use fails at once, not after the warm-up."""
   settings = ServeSettings.from_config(config)
   sock = _bind(settings.host, settings.port)
+  # Until the service listens (and handles it), SIGHUP would end the process: the model
+  # loading is the latest checkpoint already.
+  signal.signal(signal.SIGHUP, signal.SIG_IGN)
   run(build(config, workdir), sock)
 
 
