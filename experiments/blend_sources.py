@@ -23,14 +23,15 @@ of the training log (MPC) and the queries that followed the previous one there
     candidate is the next query, estimated per (source, rank) on pairs of other sessions,
     combined over the sources proposing it as a noisy-or, best first.
 A blend with a choice (quota, calibration) is scored by 2-fold cross-fitting over the
-sessions it is chosen on: chosen or estimated on one half, scored on the other, the two
-halves' figures pooled. It is chosen on the validation split, or with `--folds` on the
+users it is chosen on: chosen or estimated on one half of the users, scored on the other's
+pairs, the two halves' figures pooled (until 2026-11-29 the halves were of sessions, so one
+user's sessions could be on both sides). It is chosen on the validation split, or with `--folds` on the
 training users' pairs, each with the beam of a generator trained without that user
 (`config.train.user_folds=2`, F0 and F1 holding out fold 0 and 1) and the log counts of the
 other fold's users: ~15x the validation split's pairs; validation then checks the choice.
 `--test` scores the blends so chosen on test, once.
 
-Out (stdout): per blend EM@1, R@1/5/10 and MRR@10 (%), the pairs, and with `--test` both
+Out (stdout): per blend EM@1, R@5, R@10 and MRR@10 (%, as the evaluation scores them), the pairs, and with `--test` both
 splits. Nothing is written.
 """
 
@@ -52,6 +53,7 @@ from mtn_jax import parallel
 from mtn_jax.data import hypothesis_files
 from mtn_jax.data import preprocess
 from mtn_jax.data import sessions
+from mtn_jax.evaluation import metrics
 from mtn_jax.inference import hypothesis_decoding
 from mtn_jax.inference import pipeline
 from mtn_jax.inference import popular
@@ -82,24 +84,27 @@ class LogLists:
     return sorted(found, key=lambda q: -self.issued[q])[:k]
 
 
-def make_pair(session: int, context: list[str], reference: str, beam: list[str],
+def make_pair(session: int, user: int, context: list[str], reference: str, beam: list[str],
               log: LogLists) -> dict:
   """A pair with its sources' candidates, the session's queries dropped."""
   seen = set(context)
   fresh = lambda queries: [q for q in dict.fromkeys(queries) if q not in seen]
   depth = TOP_K + len(context)  # as deep as the pipeline reads them
-  return {'session': session, 'reference': reference, 'generate': fresh(beam),
+  return {'session': session, 'user': user, 'context': context, 'reference': reference,
+          'generate': fresh(beam),
           'popular': fresh(log.counts.most_popular(depth)),
           'cooccurring': fresh(log.counts.followers(context[-1], depth)),
           'topical': fresh(log.topical(context[-1], depth))}
 
 
-def read_pairs(path: str, counts: LogLists) -> list[dict]:
-  """Every pair of an evaluation's lists.jsonl (the generator's whole beam in order)."""
+def read_pairs(path: str, split: sessions.SessionSplit, counts: LogLists) -> list[dict]:
+  """Every pair of an evaluation's lists.jsonl of `split` (the generator's whole beam in
+  order)."""
   with open(path, encoding='utf-8') as f:
     rows = [json.loads(line) for line in f]
-  return [make_pair(row['session'], row['context'], row['reference'],
-                    [s['query'] for s in row['suggestions']], counts) for row in rows]
+  return [make_pair(row['session'], int(split.users[row['session']]), row['context'],
+                    row['reference'], [s['query'] for s in row['suggestions']], counts)
+          for row in rows]
 
 
 def cross_fitted_training_pairs(workdir: str, fold_workdirs: str) -> list[dict]:
@@ -119,22 +124,19 @@ def cross_fitted_training_pairs(workdir: str, fold_workdirs: str) -> list[dict]:
   texts = [train.session_texts(i) for i in range(train.num_sessions)]
   counts = [LogLists([t for t, f in zip(texts, fold_of) if f != held_out])
             for held_out in range(found[0].folds)]
-  return [make_pair(i, queries[:t + 1], queries[t + 1], beams[train.starts[i] + t],
-                    counts[fold_of[i]])
+  return [make_pair(i, int(train.users[i]), queries[:t + 1], queries[t + 1],
+                    beams[train.starts[i] + t], counts[fold_of[i]])
           for i, queries in enumerate(texts) for t in range(len(queries) - 1)]
 
 
 def figures(lists: list[list[str]], pairs: list[dict]) -> dict[str, float]:
-  """EM@1, R@1/5/10, MRR@10 (%) of the first TOP_K of each list."""
-  ranks = []
-  for shown, pair in zip(lists, pairs):
-    shown = shown[:TOP_K]
-    ranks.append(shown.index(pair['reference']) + 1 if pair['reference'] in shown else 0)
-  ranks = np.array(ranks)
-  hit = ranks > 0
-  return {'EM@1': 100 * np.mean(ranks == 1), 'R@5': 100 * np.mean(hit & (ranks <= 5)),
-          'R@10': 100 * np.mean(hit), 'MRR@10': 100 * np.mean(np.where(hit, 1 / np.maximum(
-              ranks, 1), 0)), 'pairs': len(pairs)}
+  """EM@1, R@5, R@10, MRR@10 (%) of the first TOP_K of each list, as the evaluation scores
+  them (`metrics.suggestion_ranking`)."""
+  scores = metrics.suggestion_ranking([shown[:TOP_K] for shown in lists],
+                                      [p['reference'] for p in pairs],
+                                      [p['context'] for p in pairs])
+  return {'EM@1': scores.exact_match, 'R@5': scores.recall_at_5, 'R@10': scores.recall_at_10,
+          'MRR@10': scores.mrr_at_10, 'pairs': len(pairs)}
 
 
 def chained(*lists: list[str]) -> list[str]:
@@ -188,8 +190,11 @@ def plans() -> list[tuple[tuple[str, int], ...]]:
 
 
 def halves(pairs: list[dict]) -> tuple[list[dict], list[dict]]:
-  """Two halves of the pairs by session (every pair of a session in one half)."""
-  return ([p for p in pairs if p['session'] % 2 == 0], [p for p in pairs if p['session'] % 2])
+  """Two halves of the pairs by user (every pair of a user in one half: a choice is scored
+  on users it was not made on)."""
+  folds = sessions.user_folds(np.array([p['user'] for p in pairs]), 2, seed=0)
+  return ([p for p, f in zip(pairs, folds) if f == 0],
+          [p for p, f in zip(pairs, folds) if f == 1])
 
 
 def cross_fitted(pairs: list[dict], choose, apply) -> dict[str, float]:
@@ -231,7 +236,7 @@ TRIVIAL = {
 
 def table(title: str, pairs: list[dict], plan=None, chance=None) -> None:
   """The trivial blends, and the chosen ones: `plan` and `chance` as given, else chosen by
-  2-fold cross-fitting over `pairs`' sessions."""
+  2-fold cross-fitting over `pairs`' users."""
   print(f'\n{title}: {len(pairs):,} pairs (user-facing protocol, %)')
   print('| blend | EM@1 | R@5 | R@10 | MRR@10 |\n|---|---:|---:|---:|---:|')
   for name, blend in TRIVIAL.items():
@@ -258,7 +263,8 @@ def main() -> None:
   data_dir = preprocess.data_dir(os.path.abspath(args.workdir))
   train = sessions.load_split(data_dir, 'train')
   counts = LogLists([train.session_texts(i) for i in range(train.num_sessions)])
-  valid = read_pairs(os.path.join(args.workdir, 'eval', 'valid_lists.jsonl'), counts)
+  valid = read_pairs(os.path.join(args.workdir, 'eval', 'valid_lists.jsonl'),
+                     sessions.load_split(data_dir, 'valid'), counts)
   chosen_on = valid
   if args.folds:
     chosen_on = cross_fitted_training_pairs(args.workdir, args.folds)
@@ -272,7 +278,8 @@ def main() -> None:
   if args.folds:
     table('validation, blends chosen on the training users', valid, plan, chance)
   if args.test:
-    test = read_pairs(os.path.join(args.workdir, 'eval', 'lists.jsonl'), counts)
+    test = read_pairs(os.path.join(args.workdir, 'eval', 'lists.jsonl'),
+                      sessions.load_split(data_dir, 'test'), counts)
     table('test, blends chosen before', test, plan, chance)
 
 

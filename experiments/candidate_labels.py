@@ -219,7 +219,7 @@ def read_labels(out: str, judgments: str) -> tuple[dict, list[dict[str, list[str
   judges = []
   for path in judgments.split(','):
     with open(path, encoding='utf-8') as f:
-      judges.append(json.load(f))
+      judges.append(_checked_labels(path, json.load(f), record))
   labels = []
   for n, entry in enumerate(record['candidates'], 1):
     at = collections.defaultdict(list)
@@ -228,6 +228,22 @@ def read_labels(out: str, judgments: str) -> tuple[dict, list[dict[str, list[str
         at[query].append(str(marks.get(str(n), {}).get(str(k), 'N')).upper()[:1])
     labels.append(at)
   return record, labels
+
+
+def _checked_labels(path: str, marks, record: dict) -> dict:
+  """A judge's {context: {candidate number: mark}}; exits naming the file and the first
+  context or candidate that does not match key.json (left out, it would score as 'N')."""
+  if not isinstance(marks, dict):
+    sys.exit(f'{path}: expected {{"<context number>": {{"<candidate number>": "U"|"G"|"N"}}}}')
+  for n, entry in enumerate(record['candidates'], 1):
+    given = marks.get(str(n))
+    if not isinstance(given, dict):
+      sys.exit(f'{path}: context {n} has no marks ({len(record["candidates"])} contexts)')
+    for k in range(1, len(entry['shown']) + 1):
+      if str(given.get(str(k), '')).upper()[:1] not in ('U', 'G', 'N') or not given.get(str(k)):
+        sys.exit(f'{path}: context {n}, candidate {k}: marks are U, G or N, got '
+                 f'{given.get(str(k))!r}')
+  return marks
 
 
 def score(args) -> None:

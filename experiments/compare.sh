@@ -11,7 +11,8 @@
 #      are config overrides given to every model (e.g. --config.decode.max_eval_sessions=100).
 # Out: OUT_DIR/<model>/ one workdir per model (corpus, checkpoints, metrics.jsonl, eval/),
 #      OUT_DIR/report/ (report.md: the Table-2 table with the trivial suggesters' lines;
-#      bleu.png: Fig. 2; layers.png: Fig. 3), and OUT_DIR/summary.md: per model the best
+#      bleu.png: Fig. 2; layers.png: Fig. 3; each workdir's eval/ holds the test and the
+#      validation figures), and OUT_DIR/summary.md: per model the best
 #      validation perplexity, the training throughput and the wall times of training and
 #      evaluation. Run from anywhere; the Python is ${PYTHON:-python}.
 #
@@ -102,6 +103,8 @@ for entry in "${MODELS[@]}"; do
   run "$name" "$config" train 2>&1 | tee "$OUT_DIR/$name.train.log"
   trained=$SECONDS
   run "$name" "$config" eval 2>&1 | tee "$OUT_DIR/$name.eval.log"
+  # The table's validation columns (eval/valid_results.json).
+  run "$name" "$config" eval --config.decode.eval_split=valid > "$OUT_DIR/$name.eval_valid.log" 2>&1
   printf '%s\t%d\t%d\n' "$name" $((trained - start)) $((SECONDS - trained)) \
     >> "$OUT_DIR/wall_times.tsv"
   echo "$name: wall time $((trained - start)) s training, $((SECONDS - trained)) s evaluation"

@@ -108,7 +108,10 @@ def study_config(program: str, parser: argparse.ArgumentParser):
   strategy: (args, config)."""
   args, rest = parser.parse_known_args()
   config_flags.DEFINE_config_file('config', 'configs/aol.py:small')
-  flags.FLAGS([program, *rest])
+  try:
+    flags.FLAGS([program, *rest])
+  except flags.Error as e:  # a mistyped flag: one line, not a traceback
+    parser.error(str(e))
   config = flags.FLAGS.config
   config.suggest.strategy = 'learned'
   return args, config

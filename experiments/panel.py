@@ -55,6 +55,8 @@ def draw(workdir: str, count: int, seed: int, not_in: str | None
            for t in range(int(valid.lengths[i]) - 1)]
   shown_before = set()
   for earlier in filter(None, (not_in or '').split(',')):
+    if not os.path.isfile(os.path.join(earlier, 'key.json')):
+      sys.exit(f'--not_in: {earlier} holds no key.json (a folder `make` wrote)')
     with open(os.path.join(earlier, 'key.json'), encoding='utf-8') as f:
       shown_before |= {tuple(c) for c in json.load(f)['contexts']}
   if shown_before:
@@ -188,7 +190,10 @@ def run(description: str, make_fn, score_fn, *, contexts: int, seed: int,
   if not args.workdir:
     parser.error('make needs --workdir=W')
   config_flags.DEFINE_config_file('config', 'configs/aol.py:small')
-  flags.FLAGS([sys.argv[0], *rest])
+  try:
+    flags.FLAGS([sys.argv[0], *rest])
+  except flags.Error as e:  # a mistyped flag: one line, not a traceback
+    parser.error(str(e))
   make_fn(args, flags.FLAGS.config)
 
 
