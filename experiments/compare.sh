@@ -69,9 +69,10 @@ MODELS=(
 # Every model suggests with its own beam (`strategy=generate`): the paper compares the
 # generators, and configs/aol.py:small's default (the learned ranker) would train fold
 # generators and a ranker that this table does not read.
-run() {  # run NAME CONFIG MODE: one mode of mtn_jax.main on OUT_DIR/NAME
+run() {  # run NAME CONFIG MODE [FLAG ...]: one mode of mtn_jax.main on OUT_DIR/NAME
   "$PYTHON" -m mtn_jax.main --config="$2" --workdir="$OUT_DIR/$1" --mode="$3" \
-    --config.data.raw_files="$RAW_LOG" --config.suggest.strategy=generate "${OVERRIDES[@]}"
+    --config.data.raw_files="$RAW_LOG" --config.suggest.strategy=generate "${OVERRIDES[@]}" \
+    "${@:4}"
 }
 
 echo "== Corpus: $RAW_LOG, once per workdir"
