@@ -80,7 +80,8 @@ def get_config(variant: str = ''):
     c.model.emb_dim = c.model.d_model = 32
     c.model.num_heads = 2
     c.model.ff_dim = 64
-    c.model.poly_codes = 4
+    if c.model.name == 'polyencoder':
+      c.model.poly_codes = 4
     c.train.num_epochs = 3
     c.train.warmup_steps = 50
     c.train.learning_rate = 0.5  # peak 1.25e-2 at step 50, at d_model 32
