@@ -19,9 +19,7 @@ figures are the slow end; a trained model stops most beams after a few words.
 
 from __future__ import annotations
 
-import datetime
 import os
-import platform
 import statistics
 import sys
 import time
@@ -34,6 +32,7 @@ from ml_collections import config_flags
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 # pylint: disable=g-import-not-at-top,wrong-import-position
+from launch import bench_report
 from launch import synthetic_batches
 from mtn_jax import inference
 from mtn_jax import models
@@ -103,12 +102,7 @@ def main(argv):
   cfg = task.cfg
   dc = config.decode
   num_queries = _SESSION_QUERIES.value
-  devices = jax.devices()
-  print(f'date: {datetime.datetime.now().isoformat(timespec="seconds")}')
-  print(f'machine: {platform.node()}, {platform.machine()}, {os.cpu_count()} CPU cores, '
-        f'{platform.processor() or platform.platform()}')
-  print(f'devices: {len(devices)} x {devices[0].device_kind} ({jax.default_backend()}), '
-        f'jax {jax.__version__}')
+  bench_report.print_header(bench_report.command_line('launch/bench_decode.py', ('__main__',)))
   overrides = config_flags.get_override_values(flags.FLAGS['config'])
   print(f'config: {config_flags.get_config_filename(flags.FLAGS["config"])}'
         + (f', overrides {overrides}' if overrides else ''))

@@ -228,10 +228,6 @@ def main(argv):
   parallel.set_cpu_devices(flags.FLAGS.cpu_devices)
   config, vocab_size, batch_queries = bench_train.config_and_sizes()
   report = bench_train.new_report(config, 'launch/bench_kernels.py')
-  mach = report['machine']
-  print(f'date: {report["date"]}\ncommand: {report["command"]}')
-  print(f'machine: {mach["host"]}, {mach["cpu_count"]} CPUs; {mach["device_count"]} x '
-        f'{mach["device_kind"]} ({mach["platform"]}), jax {mach["jax"]}', flush=True)
   report['kernels'] = measure(
       config, vocab_size=vocab_size, batch_queries=batch_queries, bucket=_BUCKET.value,
       variants=_VARIANTS.value, steps=flags.FLAGS.steps, repeats=flags.FLAGS.repeats,

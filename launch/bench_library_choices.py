@@ -635,14 +635,9 @@ def run() -> dict[str, Any]:
   report = {**bench_train.new_report(config, SCRIPT), 'items': items, 'steps': steps,
             'repeats': repeats}
   started = time.perf_counter()
-  mach = report['machine']
   m = config.model
-  print(f'date: {report["date"]}')
-  print(f'command: {report["command"]}')
-  print(f'machine: {mach["host"]}, {mach["cpu_count"]} CPUs ({mach["processor"]}), load '
-        f'average {mach["load_average_1min"]}; {mach["device_count"]} x {mach["device_kind"]} '
-        f'({mach["platform"]}), jax {mach["jax"]}, flax {_version("flax")}, grain '
-        f'{_version("grain")}, tensorboardX {_version("tensorboardX")}')
+  print(f'libraries: flax {_version("flax")}, grain {_version("grain")}, tensorboardX '
+        f'{_version("tensorboardX")}')
   print(f'config: {bench_train.config_args()[0][len("--config="):]}: {m.name}, d_model '
         f'{m.d_model}, emb {m.emb_dim}, ff {m.ff_dim}, {m.num_heads} heads, layers '
         f'{m.query_layers}Q/{m.session_layers}S/{m.decoder_layers}D, {m.compute_dtype}, '

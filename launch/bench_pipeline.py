@@ -16,9 +16,7 @@ percentile ms), with the machine, the config and the date.
 
 from __future__ import annotations
 
-import datetime
 import os
-import platform
 import sys
 import time
 
@@ -30,6 +28,7 @@ from ml_collections import config_flags
 
 import numpy as np
 
+from launch import bench_report
 from launch import bench_requests
 from mtn_jax.decoding import search
 from mtn_jax.inference import pipeline
@@ -61,10 +60,9 @@ def main(argv) -> None:
     requests = [tuple(q.strip() for q in FLAGS.session.split('|'))]
     widths = None
     what = f'session {" | ".join(requests[0])}, {FLAGS.repeats} calls'
-  print(f'{platform.node()} ({platform.machine()}, {os.cpu_count()} CPUs), '
-        f'{datetime.datetime.now(datetime.timezone.utc):%Y-%m-%d %H:%M} UTC, '
-        f'{FLAGS.workdir}, {what}\n'
-        + ' '.join(a for a in sys.argv[1:] if a.startswith('--config')) + '\n')
+  bench_report.print_header(bench_report.command_line('launch/bench_pipeline.py',
+                                                      ('__main__',)))
+  print(f'{FLAGS.workdir}, {what}\n')
   print('| strategy | median ms | p90 ms |\n|---|---:|---:|')
   for strategy in FLAGS.strategies:
     config = FLAGS.config.copy_and_resolve_references()

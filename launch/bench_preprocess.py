@@ -19,12 +19,10 @@ machine runs, wall time does).
 
 from __future__ import annotations
 
-import datetime
 import gzip
 import json
 import multiprocessing
 import os
-import platform
 import resource
 import shutil
 import sys
@@ -37,6 +35,7 @@ import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from configs import default  # pylint: disable=g-import-not-at-top,wrong-import-position
+from launch import bench_report  # pylint: disable=g-import-not-at-top,wrong-import-position
 from mtn_jax.data import aol_log  # pylint: disable=g-import-not-at-top,wrong-import-position
 from mtn_jax.data import preprocess  # pylint: disable=g-import-not-at-top,wrong-import-position
 
@@ -206,10 +205,9 @@ def main(argv):
     child.join()
     stats, wall = result['stats'], result['wall']
     num_lines = stats['lines_read']
-    print(f'date: {datetime.datetime.now().astimezone().isoformat(timespec="seconds")}')
-    print(f'machine: {os.cpu_count()} CPUs, {platform.platform()}, '
-          f'{platform.processor() or platform.machine()}, Python {platform.python_version()}, '
-          f'numpy {np.__version__}; load average {load_before:.1f} before, '
+    header = bench_report.print_header(' '.join(['python', 'launch/bench_preprocess.py',
+                                                  *sys.argv[1:]]), devices=False)
+    print(f'numpy {np.__version__}; load average {load_before:.1f} before, '
           f'{os.getloadavg()[0]:.1f} after')
     print(f'config.data: {json.dumps(result["config"], sort_keys=True)}')
     print(f'log: {num_lines:,} lines in {len(paths)} files, {log_bytes / 2**20:.0f} MiB, '
@@ -229,9 +227,7 @@ def main(argv):
       print(f'peak RSS: {result["self_kib"] / 2**20:.2f} GiB (read in the main process)')
     if _JSON.value:
       with open(_JSON.value, 'w', encoding='utf-8') as f:
-        json.dump({'date': datetime.datetime.now().astimezone().isoformat(timespec='seconds'),
-                   'command': ' '.join(['python', 'launch/bench_preprocess.py', *sys.argv[1:]]),
-                   'cores': os.cpu_count(), 'source': source, 'write_s': write_s,
+        json.dump({**header, 'cores': os.cpu_count(), 'source': source, 'write_s': write_s,
                    'files': len(paths), 'log_bytes': log_bytes, 'lines': num_lines,
                    'readers': workers, 'prepare_s': wall, 'lines_per_s': num_lines / wall,
                    'cpu_s': {'main': result['self_cpu'], 'readers': result['worker_cpu']},

@@ -42,11 +42,8 @@ is printed (the 1-minute load average) and should be low.
 
 from __future__ import annotations
 
-import datetime
 import json
 import os
-import platform
-import shlex
 import statistics
 import sys
 import tempfile
@@ -62,6 +59,7 @@ from ml_collections import config_flags
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 # pylint: disable=g-import-not-at-top,wrong-import-position
+from launch import bench_report
 from launch import synthetic_batches
 from mtn_jax import models
 from mtn_jax import parallel
@@ -121,36 +119,6 @@ _INDEX = flags.DEFINE_enum(
 
 # ---------------------------------------------------------------------------------------------
 # Machine
-
-
-def cpu_model() -> str:
-  try:
-    with open('/proc/cpuinfo', encoding='utf-8') as f:
-      for line in f:
-        if line.startswith('model name'):
-          return line.split(':', 1)[1].strip()
-  except OSError:
-    pass
-  return platform.processor() or platform.machine()
-
-
-def machine() -> dict[str, Any]:
-  devices = jax.devices()
-  return {'host': platform.node(), 'cpu_model': cpu_model(), 'cpu_count': os.cpu_count(),
-          'usable_cores': len(os.sched_getaffinity(0)), 'platform': jax.default_backend(),
-          'device_kind': devices[0].device_kind, 'device_count': len(devices),
-          'jax': jax.__version__, 'load_average_1min': round(os.getloadavg()[0], 2)}
-
-
-def command_line() -> str:
-  name = config_flags.get_config_filename(flags.FLAGS['config'])
-  overrides = config_flags.get_override_values(flags.FLAGS['config'])
-  given = []
-  for module in dict.fromkeys((__name__, '__main__')):
-    given += [f.serialize() for f in flags.FLAGS.get_key_flags_for_module(module)
-              if f.present and f.name != 'config' and f.serialize() not in given]
-  return shlex.join(['python', 'launch/bench_rankers.py', f'--config={name}',
-                     *(f'--config.{k}={v}' for k, v in sorted(overrides.items())), *given])
 
 
 # ---------------------------------------------------------------------------------------------
@@ -426,18 +394,10 @@ def run() -> dict[str, Any]:
   if not pools or pools[0] < 1:
     raise app.UsageError(f'--pools: expected positive sizes, got {_POOLS.value}')
   sizes = [parse_size(s) for s in _SIZES.value] or [None]
-  report: dict[str, Any] = {
-      'date': datetime.datetime.now().astimezone().isoformat(timespec='seconds'),
-      'command': command_line(), 'machine': machine(),
-      'config': json.loads(config.to_json_best_effort()), 'paper_ms': {
-          r: {str(c): ms for c, ms in v.items()} for r, v in PAPER_MS.items()}}
-  mach = report['machine']
-  print(f'date: {report["date"]}')
-  print(f'command: {report["command"]}')
-  print(f'machine: {mach["host"]}, {mach["cpu_model"]}, {mach["cpu_count"]} CPU cores '
-        f'({mach["usable_cores"]} usable), load average {mach["load_average_1min"]}; '
-        f'{mach["device_count"]} x {mach["device_kind"]} ({mach["platform"]}), '
-        f'jax {mach["jax"]}')
+  report: dict[str, Any] = bench_report.print_header(bench_report.command_line(
+      'launch/bench_rankers.py', (__name__, '__main__')))
+  report.update(config=json.loads(config.to_json_best_effort()), paper_ms={
+      r: {str(c): ms for c, ms in v.items()} for r, v in PAPER_MS.items()})
   print(f'setup: random weights, vocabulary {_VOCAB_SIZE.value:,}; one context of '
         f'{_SESSION_QUERIES.value} synthetic AOL-shaped queries of <= '
         f'{config.data.max_query_words} words; top {_TOP_K.value} kept; median and mean of '
@@ -455,10 +415,7 @@ def run() -> dict[str, Any]:
   print('ms per context (median, with the mean in brackets), candidate vectors precomputed '
         'for the Bi-/Poly-encoders; the paper\'s: BERT-base-sized models (12 layers, d 768) on '
         'an 80-core Xeon CPU. "extrap.": linear in the pool from the largest pool timed.')
-  if _JSON.value:
-    with open(_JSON.value, 'w', encoding='utf-8') as f:
-      json.dump(report, f, indent=2, sort_keys=True)
-    print(f'wrote {_JSON.value}')
+  bench_report.write_json(report, _JSON.value)
   return report
 
 

@@ -33,10 +33,8 @@ what limits the rate.
 from __future__ import annotations
 
 import asyncio
-import datetime
 import json
 import os
-import platform
 import re
 import signal
 import statistics
@@ -55,6 +53,7 @@ import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 # pylint: disable=g-import-not-at-top,wrong-import-position
+from launch import bench_report
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 # pylint: enable=g-import-not-at-top,wrong-import-position
 
@@ -268,10 +267,10 @@ def main(argv):
   from mtn_jax import parallel  # pylint: disable=g-import-not-at-top
   parallel.set_cpu_devices(parallel.cpu_devices_for('decode', _CPU_DEVICES.value))
   rng = np.random.default_rng(_SEED.value)
-  print(f'bench_serve: {workdir} ({_CONFIG.value} {" ".join(_SET.value)}), '
-        f'{platform.machine()} {platform.system()}, {os.cpu_count()} cores, '
-        f'load average {" ".join(f"{x:.1f}" for x in os.getloadavg())}, Python '
-        f'{platform.python_version()}, {datetime.date.today()}', flush=True)
+  header = bench_report.print_header(' '.join(['python', 'launch/bench_serve.py',
+                                                *sys.argv[1:]]), devices=False)
+  print(f'bench_serve: {workdir} ({_CONFIG.value} {" ".join(_SET.value)}), load average '
+        f'{" ".join(f"{x:.1f}" for x in os.getloadavg())}', flush=True)
   service = ServiceProcess(workdir, _CONFIG.value, _SET.value)
   with urllib.request.urlopen(f'{service.url}/v1/info') as response:
     max_queries = json.load(response)['max_session_queries']
@@ -340,9 +339,7 @@ def main(argv):
   print(f'Load average after: {" ".join(f"{x:.1f}" for x in os.getloadavg())}')
   if _JSON.value:
     saturation = max((r['throughput'] for r in rows), default=0.0)
-    report = {'date': datetime.datetime.now().astimezone().isoformat(timespec='seconds'),
-              'command': ' '.join(['python', 'launch/bench_serve.py', *sys.argv[1:]]),
-              'workdir': workdir, 'config': _CONFIG.value, 'set': _SET.value,
+    report = {**header, 'workdir': workdir, 'config': _CONFIG.value, 'set': _SET.value,
               'cores': os.cpu_count(), 'serve': config.serve.to_dict(),
               'seconds_per_rate': _SECONDS.value, 'rows': rows, 'offline': offline_rows,
               'saturation_per_s': saturation}

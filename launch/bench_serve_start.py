@@ -21,9 +21,7 @@ what else runs: note the load.
 
 from __future__ import annotations
 
-import datetime
 import os
-import platform
 import re
 import shutil
 import signal
@@ -36,6 +34,8 @@ from absl import app
 from absl import flags
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, REPO)
+from launch import bench_report  # pylint: disable=g-import-not-at-top,wrong-import-position
 
 _WORKDIR = flags.DEFINE_string('workdir', None, 'A trained workdir (required; not changed).')
 _CONFIG = flags.DEFINE_string('config', 'configs/demo.py', 'Its config file (path[:variant]).')
@@ -112,9 +112,8 @@ def start_once(workdir: str) -> dict:
 
 def main(argv):
   del argv
-  print(f'{datetime.datetime.now(datetime.timezone.utc):%Y-%m-%d %H:%M} UTC, '
-        f'{platform.node()}, {os.cpu_count()} CPUs, {_CONFIG.value} {" ".join(_SET.value)}',
-        flush=True)
+  bench_report.print_header(' '.join(['python', 'launch/bench_serve_start.py', *sys.argv[1:]]),
+                            devices=False)
   with tempfile.TemporaryDirectory(prefix='bench_serve_start-') as folder:
     workdir = os.path.join(folder, 'workdir')
     shutil.copytree(_WORKDIR.value, workdir,

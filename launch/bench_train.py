@@ -45,10 +45,8 @@ intra_op_parallelism_threads=1' with `--peer_threads=1`.
 from __future__ import annotations
 
 import dataclasses
-import datetime
 import json
 import os
-import platform
 import resource
 import shlex
 import statistics
@@ -77,6 +75,7 @@ from mtn_jax.data import input_pipeline
 from mtn_jax.data import preprocess
 from mtn_jax.data.sessions import SessionSplit
 from mtn_jax.training import train
+from launch import bench_report
 from launch.synthetic_batches import model_inputs, synthetic_queries
 from mtn_jax.models.base import ModelConfig
 # pylint: enable=g-import-not-at-top,wrong-import-position
@@ -200,31 +199,15 @@ def peak_memory() -> dict[str, Any]:
           'what': 'process peak RSS (the device reports no memory statistics)'}
 
 
-def machine() -> dict[str, Any]:
-  devices = jax.devices()
-  return {'host': platform.node(), 'cpu_count': os.cpu_count(),
-          'processor': platform.processor() or platform.machine(),
-          'platform': jax.default_backend(), 'device_kind': devices[0].device_kind,
-          'device_count': len(devices), 'jax': jax.__version__,
-          'load_average_1min': round(os.getloadavg()[0], 2)}
-
-
 def config_args() -> list[str]:
   """`--config=FILE` and its `--config.key=value` overrides, as given."""
-  name = config_flags.get_config_filename(flags.FLAGS[CONFIG_FLAG.name])
-  overrides = config_flags.get_override_values(flags.FLAGS[CONFIG_FLAG.name])
-  return [f'--config={name}'] + [f'--config.{key}={value}'
-                                 for key, value in sorted(overrides.items())]
+  return bench_report.config_args(CONFIG_FLAG.name)
 
 
 def command_line(script: str = 'launch/bench_train.py') -> str:
   """The command that ran: the config and every flag of this module or of the script that
   imports it which was given on the command line."""
-  given = []
-  for module in dict.fromkeys((__name__, '__main__')):
-    given += [f for f in flags.FLAGS.get_key_flags_for_module(module)
-              if f.present and f.name != CONFIG_FLAG.name and f not in given]
-  return shlex.join(['python', script, *config_args(), *(f.serialize() for f in given)])
+  return bench_report.command_line(script, (__name__, '__main__'), CONFIG_FLAG.name)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -700,19 +683,14 @@ def config_and_sizes():
 
 
 def new_report(config, script: str = 'launch/bench_train.py') -> dict[str, Any]:
-  """A benchmark's report as it starts: the date, the command (`command_line(script)`), the
-  machine and the config."""
-  return {'date': datetime.datetime.now().astimezone().isoformat(timespec='seconds'),
-          'command': command_line(script), 'machine': machine(),
-          'config': json.loads(config.to_json_best_effort())}
+  """A benchmark's report as it starts, its 'date:', 'machine:' and 'command:' lines printed
+  (`bench_report.print_header`), and the config."""
+  report = bench_report.print_header(command_line(script))
+  report['config'] = json.loads(config.to_json_best_effort())
+  return report
 
 
-def write_report(report: dict[str, Any], path: str | None) -> None:
-  """`report` as JSON at `path` (`--json`), where given."""
-  if path:
-    with open(path, 'w', encoding='utf-8') as f:
-      json.dump(report, f, indent=2, sort_keys=True, default=str)
-    print(f'wrote {path}')
+write_report = bench_report.write_json
 
 
 def run() -> dict[str, Any]:
@@ -720,12 +698,6 @@ def run() -> dict[str, Any]:
   config, vocab_size, batch_queries = config_and_sizes()
   what = _WHAT.value
   report = new_report(config)
-  mach = report['machine']
-  print(f'date: {report["date"]}')
-  print(f'command: {report["command"]}')
-  print(f'machine: {mach["host"]}, {mach["cpu_count"]} CPUs ({mach["processor"]}), load '
-        f'average {mach["load_average_1min"]}; {mach["device_count"]} x {mach["device_kind"]} '
-        f'({mach["platform"]}), jax {mach["jax"]}', flush=True)
   if what in ('train', 'all'):
     report['train'] = measure_train(
         config, vocab_size=vocab_size, batch_queries=batch_queries,

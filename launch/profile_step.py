@@ -31,7 +31,6 @@ import os
 import re
 import sys
 import tempfile
-import time
 
 from absl import app
 from absl import flags
@@ -40,6 +39,7 @@ import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 # pylint: disable=g-import-not-at-top,wrong-import-position
+from launch import bench_report
 from launch import bench_train
 from mtn_jax import models
 from mtn_jax import parallel
@@ -324,12 +324,7 @@ def main(argv):
   vocab_size = flags.FLAGS.vocab_size or bench_train.default_vocab_size(config)
   batch_queries = flags.FLAGS.batch_queries or config.input.train_queries_per_batch
   trace_dir = _TRACE_DIR.value or tempfile.mkdtemp(prefix='profile_step_')
-  machine = bench_train.machine()
-  print(f'date: {time.strftime("%Y-%m-%dT%H:%M:%S%z")}')
-  print(f'command: {bench_train.command_line("launch/profile_step.py")}')
-  print(f'machine: {machine["host"]}, {machine["cpu_count"]} CPUs, load average '
-        f'{machine["load_average_1min"]}; {machine["device_count"]} x '
-        f'{machine["device_kind"]} ({machine["platform"]}), jax {machine["jax"]}')
+  header = bench_report.print_header(bench_train.command_line('launch/profile_step.py'))
   result = profile(config, vocab_size=vocab_size, batch_queries=batch_queries,
                    bucket=_BUCKET.value, steps=flags.FLAGS.steps, seed=flags.FLAGS.seed,
                    trace_dir=trace_dir)
@@ -351,14 +346,9 @@ def main(argv):
   for op in result['ops'][:_TOP.value]:
     print(f'{op["us"] / 1e3:8.2f}  {op["op"][:40]:<40} {op["shape"][:34]:<34} '
           f'{op["op_name"][-110:]}')
-  if flags.FLAGS.json:
-    with open(flags.FLAGS.json, 'w', encoding='utf-8') as f:
-      json.dump({'date': time.strftime('%Y-%m-%dT%H:%M:%S%z'),
-                 'command': bench_train.command_line('launch/profile_step.py'),
-                 'machine': machine, 'vocab_size': vocab_size,
-                 'profile': {**result, 'ops': result['ops'][:_TOP.value]}},
-                f, indent=2, sort_keys=True)
-    print(f'wrote {flags.FLAGS.json}')
+  bench_report.write_json({**header, 'vocab_size': vocab_size,
+                           'profile': {**result, 'ops': result['ops'][:_TOP.value]}},
+                          flags.FLAGS.json)
   if not _TRACE_DIR.value:
     import shutil  # pylint: disable=g-import-not-at-top
     shutil.rmtree(trace_dir, ignore_errors=True)
