@@ -192,6 +192,9 @@ def test_only_zam_reports_a_weight_on_the_zero_vector(user_model, tmp_path):
                                            train_users=np.arange(3))
   out = task.attention(params, batch)
   assert out['zero_weight'].shape == (2, 2)
+  # What a context offers to suggest from: the training targets are the loss's alone.
+  assert 'targets' in task.input_keys and 'targets' not in task.context_keys
+  assert set(task.context_keys) == set(task.input_keys) - {'targets'}
   if user_model == 'zam':
     weights = np.asarray(out['zero_weight'])
     assert np.all((weights > 0) & (weights <= 1)) and weights[1].min() > 0.999  # no history

@@ -253,8 +253,7 @@ class Retriever:
     `exclude_session_queries`, never one the session holds up to that position."""
     task = self.trained.task
     extra = max(len(q) for q in sessions_queries) if exclude_session_queries else 0
-    # The model's inputs; the training targets are not among what a session offers.
-    inputs = {key: batch[key] for key in task.input_keys if key in batch}
+    inputs = {key: batch[key] for key in task.context_keys}
     wanted = min(k + extra, len(self.pool))
     if self.index is None:
       ids, scores = jax.device_get(retrieve(self.trained.params, inputs, self.cache, task=task,

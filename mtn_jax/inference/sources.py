@@ -183,7 +183,7 @@ def generated(trained: inference.Trained, contexts: Sequence[Context],
   out: list = [None] * len(contexts)
   for group, group_contexts, batch, lengths in batches(trained, contexts, batch_rows, widths,
                                                        history_queries):
-    model_inputs = {k: batch[k] for k in trained.task.input_keys}
+    model_inputs = {k: batch[k] for k in trained.task.context_keys}
     if mesh is not None:
       model_inputs = parallel.shard_batch(model_inputs, mesh)
     sequences, scores = trained.task.suggest(

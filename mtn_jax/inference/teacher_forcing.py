@@ -190,7 +190,7 @@ def candidate_log_probs(trained: inference.Trained, contexts: Sequence[Context],
           else:
             packing.add(r, ids)
     if packing.targets:
-      memory = search.encoded(task.model, params, {key: batch[key] for key in task.input_keys},
+      memory = search.encoded(task.model, params, {key: batch[key] for key in task.context_keys},
                               rows.astype(np.int32))
       inputs, parents, picks, targets, memory_rows = packing.arrays()
       token_log_probs = np.zeros(targets.shape, np.float32)

@@ -36,7 +36,7 @@ import dataclasses
 import functools
 import math
 from collections.abc import Callable, Iterable, Mapping
-from typing import Any, Protocol, runtime_checkable
+from typing import Any, ClassVar, Protocol, runtime_checkable
 
 import flax.linen as nn
 import grain
@@ -59,7 +59,10 @@ class Task(Protocol):
 
   Attributes:
     cfg: the model's config; the model is built from it.
-    input_keys: the batch keys its steps read, the ones put on the devices.
+    input_keys: the batch keys its training and evaluation steps read, the ones put on the
+      devices.
+    context_keys: those the model reads to suggest after a context (`input_keys` but what
+      only the loss reads: targets, negatives), which decode and the service give it.
     model: the Linen module.
     reads_users: whether the model reads who the user is or their earlier queries.
   """
@@ -68,6 +71,9 @@ class Task(Protocol):
 
   @property
   def input_keys(self) -> tuple[str, ...]: ...
+
+  @property
+  def context_keys(self) -> tuple[str, ...]: ...
 
   @property
   def reads_users(self) -> bool: ...
@@ -240,6 +246,14 @@ class ModelTask:
   """
 
   cfg: ModelConfig
+
+  # The keys of `input_keys` that only the loss reads (a subclass's targets, negatives).
+  LOSS_KEYS: ClassVar[tuple[str, ...]] = ()
+
+  @property
+  def context_keys(self) -> tuple[str, ...]:
+    """The batch keys the model reads to suggest: `input_keys` but `LOSS_KEYS`."""
+    return tuple(k for k in self.input_keys if k not in self.LOSS_KEYS)
 
   @functools.cached_property
   def model(self) -> nn.Module:

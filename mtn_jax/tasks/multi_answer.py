@@ -45,6 +45,7 @@ class IMDNATask(base.ModelTask):
   """Multi-label answer prediction (see the module docstring); `cfg` is an IMDNAConfig."""
 
   input_keys = ('question', 'documents', 'answers')
+  LOSS_KEYS = ('answers',)
   check_config = staticmethod(check_config)  # config_lib.validate asks it before any work
 
   @classmethod

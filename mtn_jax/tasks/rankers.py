@@ -296,6 +296,8 @@ class DualEncoderTask(base.RankingTask):
             if cfg.pool_negatives or cfg.lexical_negatives else None)
     return cls(cfg, pool_queries=pool, data_dir=data_dir, hypotheses_from=hypotheses_from)
 
+  LOSS_KEYS = ('lexical', 'hypotheses')
+
   @property
   def input_keys(self) -> tuple[str, ...]:
     return (('queries',) + (('lexical',) if self.cfg.lexical_negatives else ())
@@ -485,6 +487,8 @@ class CrossEncoderTask(base.RankingTask):
                        'the candidate pool)')
     return cls(cfg, pool_queries=candidate_pool.load_pool(data_dir).queries,
                data_dir=data_dir, hypotheses_from=train.get('hypotheses_from', ''))
+
+  LOSS_KEYS = ('hypotheses',)
 
   @property
   def input_keys(self) -> tuple[str, ...]:

@@ -108,6 +108,8 @@ class ZeroAttentionTask(base.RankingTask):
     return cls(cfg, data_dir=data_dir, word_noise=word_noise_logits(pool, cfg.vocab_size),
                train_users=np.unique(users) if users is not None else np.zeros(0, np.int64))
 
+  LOSS_KEYS = ('targets',)
+
   @property
   def input_keys(self) -> tuple[str, ...]:
     keys = ('queries', 'targets')
@@ -131,7 +133,8 @@ class ZeroAttentionTask(base.RankingTask):
     items = split.history_items
     if items is None or items.shape[1] == 0:
       raise errors.Error(f'config.model.user_model={self.cfg.user_model!r} needs the users\' '
-                         'earlier queries: set config.data.history_queries > 0')
+                         'earlier queries: set config.data.history_queries > 0 (the '
+                         f'{split.name} split has none)')
     if self.cfg.user_model == 'hem':
       return base.SplitInputs(per_session={'user': user_index(self.train_users, split.users),
                                            'history': split.history})
