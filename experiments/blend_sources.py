@@ -25,14 +25,14 @@ of the training log (MPC) and the queries that followed the previous one there
 A blend with a choice (quota, calibration) is scored by 2-fold cross-fitting over the
 users it is chosen on: chosen or estimated on one half of the users, scored on the other's
 pairs, the two halves' figures pooled (until 2026-11-29 the halves were of sessions, so one
-user's sessions could be on both sides). It is chosen on the validation split, or with `--folds` on the
-training users' pairs, each with the beam of a generator trained without that user
+user's sessions could be on both sides). It is chosen on the validation split, or with
+`--folds` on the training users' pairs, each with the beam of a generator trained without that user
 (`config.train.user_folds=2`, F0 and F1 holding out fold 0 and 1) and the log counts of the
 other fold's users: ~15x the validation split's pairs; validation then checks the choice.
 `--test` scores the blends so chosen on test, once.
 
-Out (stdout): per blend EM@1, R@5, R@10 and MRR@10 (%, as the evaluation scores them), the pairs, and with `--test` both
-splits. Nothing is written.
+Out (stdout): per blend EM@1, R@5, R@10 and MRR@10 (%, as the evaluation scores them), the
+pairs, and with `--test` both splits. Nothing is written.
 """
 
 from __future__ import annotations
@@ -100,6 +100,9 @@ def make_pair(session: int, user: int, context: list[str], reference: str, beam:
 def read_pairs(path: str, split: sessions.SessionSplit, counts: LogLists) -> list[dict]:
   """Every pair of an evaluation's lists.jsonl of `split` (the generator's whole beam in
   order)."""
+  if split.users is None:
+    sys.exit(f'the {split.name} split has no users (a corpus written before they were kept): '
+             'run --mode=preprocess again')
   with open(path, encoding='utf-8') as f:
     rows = [json.loads(line) for line in f]
   return [make_pair(row['session'], int(split.users[row['session']]), row['context'],
@@ -193,6 +196,9 @@ def halves(pairs: list[dict]) -> tuple[list[dict], list[dict]]:
   """Two halves of the pairs by user (every pair of a user in one half: a choice is scored
   on users it was not made on)."""
   folds = sessions.user_folds(np.array([p['user'] for p in pairs]), 2, seed=0)
+  if len(set(folds.tolist())) < 2:
+    sys.exit(f'{len(pairs)} pairs of a single user: too few users to choose on one half and '
+             'score on the other')
   return ([p for p, f in zip(pairs, folds) if f == 0],
           [p for p, f in zip(pairs, folds) if f == 1])
 

@@ -212,8 +212,8 @@ RULES = {
 
 def read_labels(out: str, judgments: str) -> tuple[dict, list[dict[str, list[str]]]]:
   """(`make`'s key.json record of the folder `out`, [context] {candidate: the label each
-  judge of `judgments`, comma-separated JSON files, gave it}); a candidate a judge left out
-  is 'N'."""
+  judge of `judgments`, comma-separated JSON files, gave it}); a judgment that leaves a
+  context or candidate out is refused (`_checked_labels`)."""
   with open(os.path.join(out, 'key.json'), encoding='utf-8') as f:
     record = json.load(f)
   judges = []

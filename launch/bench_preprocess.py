@@ -205,8 +205,8 @@ def main(argv):
     child.join()
     stats, wall = result['stats'], result['wall']
     num_lines = stats['lines_read']
-    header = bench_report.print_header(' '.join(['python', 'launch/bench_preprocess.py',
-                                                  *sys.argv[1:]]), devices=False)
+    header = bench_report.print_header(
+        bench_report.argv_line('launch/bench_preprocess.py', sys.argv[1:]), devices=False)
     print(f'numpy {np.__version__}; load average {load_before:.1f} before, '
           f'{os.getloadavg()[0]:.1f} after')
     print(f'config.data: {json.dumps(result["config"], sort_keys=True)}')

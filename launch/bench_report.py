@@ -38,7 +38,9 @@ def cpu_model() -> str:
 def machine(devices: bool = True) -> dict[str, Any]:
   """The host, its CPU and load, Python, and with `devices` JAX's backend and devices."""
   out = {'host': platform.node(), 'cpu_model': cpu_model(), 'cpu_count': os.cpu_count(),
-         'usable_cores': len(os.sched_getaffinity(0)), 'python': platform.python_version(),
+         'usable_cores': (len(os.sched_getaffinity(0)) if hasattr(os, 'sched_getaffinity')
+                          else os.cpu_count()),  # macOS has no affinity
+         'python': platform.python_version(),
          'load_average_1min': round(os.getloadavg()[0], 2)}
   if devices:
     import jax  # pylint: disable=g-import-not-at-top
@@ -77,6 +79,12 @@ def config_args(config_flag: str = 'config') -> list[str]:
   name = config_flags.get_config_filename(flags.FLAGS[config_flag])
   overrides = config_flags.get_override_values(flags.FLAGS[config_flag])
   return [f'--config={name}'] + [f'--config.{k}={v}' for k, v in sorted(overrides.items())]
+
+
+def argv_line(script: str, argv: list[str]) -> str:
+  """The command of a script that parses its own arguments: `script` and `argv`, quoted as a
+  shell would need them."""
+  return shlex.join(['python', script, *argv])
 
 
 def command_line(script: str, modules: tuple[str, ...], config_flag: str = 'config') -> str:

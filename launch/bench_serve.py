@@ -267,8 +267,8 @@ def main(argv):
   from mtn_jax import parallel  # pylint: disable=g-import-not-at-top
   parallel.set_cpu_devices(parallel.cpu_devices_for('decode', _CPU_DEVICES.value))
   rng = np.random.default_rng(_SEED.value)
-  header = bench_report.print_header(' '.join(['python', 'launch/bench_serve.py',
-                                                *sys.argv[1:]]), devices=False)
+  header = bench_report.print_header(
+      bench_report.argv_line('launch/bench_serve.py', sys.argv[1:]), devices=False)
   print(f'bench_serve: {workdir} ({_CONFIG.value} {" ".join(_SET.value)}), load average '
         f'{" ".join(f"{x:.1f}" for x in os.getloadavg())}', flush=True)
   service = ServiceProcess(workdir, _CONFIG.value, _SET.value)

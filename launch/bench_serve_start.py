@@ -112,7 +112,7 @@ def start_once(workdir: str) -> dict:
 
 def main(argv):
   del argv
-  bench_report.print_header(' '.join(['python', 'launch/bench_serve_start.py', *sys.argv[1:]]),
+  bench_report.print_header(bench_report.argv_line('launch/bench_serve_start.py', sys.argv[1:]),
                             devices=False)
   with tempfile.TemporaryDirectory(prefix='bench_serve_start-') as folder:
     workdir = os.path.join(folder, 'workdir')

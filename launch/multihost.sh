@@ -19,24 +19,32 @@ pids=()
 for i in "${!hosts[@]}"; do
   cmd="cd $quoted_repo && .venv/bin/python -m mtn_jax.main --mode=train --distributed \
 --coordinator_address=${hosts[0]}:$port --num_processes=${#hosts[@]} --process_id=$i $(printf '%q ' "$@")"
-  # Each in a process group of its own, so that stopping it stops the training under it.
-  if [ "${hosts[$i]}" = localhost ]; then setsid bash -c "$cmd" & else setsid ssh "${hosts[$i]}" "$cmd" & fi
+  # Each in a process group of its own, so that stopping it stops the training under it; a
+  # remote one on a terminal (-tt), whose hangup when its connection closes stops it there.
+  if [ "${hosts[$i]}" = localhost ]; then setsid bash -c "$cmd" & else setsid ssh -tt "${hosts[$i]}" "$cmd" & fi
   pids+=($!)
 done
 # One process that fails leaves the others waiting at a collective (on CPU devices for up to
-# 30 minutes): the first failure stops the rest (a remote one through its ssh connection).
+# 30 minutes): the first failure stops the rest. Polled, not `wait -n -p` (bash 5.1 and later).
 status=0
 remaining=("${pids[@]}")
 while ((${#remaining[@]})); do
-  wait -n -p done_pid "${remaining[@]}" && rc=0 || rc=$?
   still=()
-  for pid in "${remaining[@]}"; do [[ $pid == "$done_pid" ]] || still+=("$pid"); done
+  for pid in "${remaining[@]}"; do
+    if kill -0 "$pid" 2>/dev/null; then still+=("$pid"); continue; fi
+    wait "$pid" && rc=0 || rc=$?
+    if ((rc != 0 && status == 0)); then
+      status=$rc
+      echo "process $pid exited with $rc: stopping the others" >&2
+    fi
+  done
   remaining=("${still[@]}")
-  if ((rc != 0 && status == 0)); then
-    status=$rc
-    echo "process $done_pid exited with $rc: stopping the others" >&2
+  if ((status != 0)); then
     # The group, or the process where setsid has not made its group yet.
     for pid in "${remaining[@]}"; do kill -- "-$pid" 2>/dev/null || kill "$pid" 2>/dev/null || true; done
+    for pid in "${remaining[@]}"; do wait "$pid" 2>/dev/null || true; done
+    break
   fi
+  ((${#remaining[@]})) && sleep 1
 done
 exit $status

@@ -22,6 +22,7 @@ from mtn_jax.inference import retrieval
 from mtn_jax.models import polyencoder
 from mtn_jax.models.base import session_sources
 from mtn_jax.tasks import rankers
+from mtn_jax.training import checkpoints
 
 N = 4  # tokens per query
 
@@ -316,6 +317,18 @@ def test_candidate_cache_round_trip_and_invalidation(tmp_path):
   # Nothing of it is a pickle: the vectors load with pickling refused.
   with np.load(tmp_path / 'candidate_cache' / 'vectors.npz', allow_pickle=False) as stored:
     assert stored['leaf_0'].shape == (3, 8)
+
+
+def test_a_rankers_checkpoint_is_not_compared_on_keys_its_model_does_not_read():
+  """A Bi-encoder trained when its config carried other codes (the demo's 4) still loads
+  under the family's default; a Poly-encoder's codes are its own and still compared."""
+  bi = ranker_config('biencoder')
+  saved = {**checkpoints.architecture(bi), 'poly_codes': 4, 'cross_negatives': 9,
+           'decoder_layers': 7}
+  assert checkpoints.architecture_differences(saved, bi) == {}
+  poly = ranker_config('polyencoder')
+  saved = {**checkpoints.architecture(poly), 'poly_codes': poly.poly_codes + 1}
+  assert set(checkpoints.architecture_differences(saved, poly)) == {'poly_codes'}
 
 
 def test_cross_encoder_cannot_rank_the_whole_pool():

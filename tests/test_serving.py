@@ -543,32 +543,60 @@ def test_batches_run_at_once_on_the_workers():
     assert [r if isinstance(r, str) else type(r) for r in results] == expected, workers
 
 
+def run_with_deadlines(run, scenario, **settings):
+  """`scenario(ask)` on a started Batcher of `run` (one worker), where `await ask(request,
+  seconds)` is the request's answer, or DeadlineExceeded (the class) once `seconds` pass."""
+  async def main():
+    batcher = batcher_lib.Batcher(run, max_wait=0, workers=1, **settings)
+    batcher.start()
+
+    async def ask(request, seconds):
+      try:
+        return await batcher.submit(request, time.monotonic() + seconds)
+      except batcher_lib.DeadlineExceeded as e:
+        return type(e)
+    try:
+      return await scenario(batcher, ask)
+    finally:
+      await batcher.stop()
+  return asyncio.run(main())
+
+
+def slow_echo(seconds: float):
+  def run(requests):
+    time.sleep(seconds)
+    return [r + '!' for r in requests]
+  return run
+
+
 def test_a_request_given_up_on_frees_its_place_in_the_queue():
   """Requests that got their 504 while a batch ran hold no place: a request after them is
   queued, not refused as if the queue were full."""
-  def run(requests):
-    time.sleep(0.6)
-    return [r + '!' for r in requests]
+  async def scenario(batcher, ask):
+    running = asyncio.create_task(ask('a', 5))
+    await asyncio.sleep(0.1)  # 'a' runs; 'b' and 'c' fill the queue and time out
+    given_up = await asyncio.gather(ask('b', 0.1), ask('c', 0.1))
+    assert batcher.depth == 0
+    return given_up, await ask('d', 5), await running
 
-  async def main():
-    batcher = batcher_lib.Batcher(run, max_batch=1, max_wait=0, queue_bound=2, workers=1)
-    batcher.start()
-    try:
-      async def one(request, seconds):
-        try:
-          return await batcher.submit(request, time.monotonic() + seconds)
-        except batcher_lib.DeadlineExceeded as e:
-          return type(e)
-      running = asyncio.create_task(one('a', 5))
-      await asyncio.sleep(0.1)  # 'a' runs; 'b' and 'c' fill the queue and time out
-      given_up = await asyncio.gather(one('b', 0.1), one('c', 0.1))
-      assert batcher.depth == 0
-      return given_up, await one('d', 5), await running
-    finally:
-      await batcher.stop()
-
-  given_up, late, first = asyncio.run(main())
+  given_up, late, first = run_with_deadlines(slow_echo(0.6), scenario, max_batch=1,
+                                             queue_bound=2)
   assert given_up == [batcher_lib.DeadlineExceeded] * 2 and (late, first) == ('d!', 'a!')
+
+
+def test_the_batcher_goes_on_after_every_waiting_request_gave_up():
+  """The queue empties while the only worker is busy (its requests' deadlines pass): the
+  batcher still answers the next request, sent once the worker is free."""
+  async def scenario(batcher, ask):
+    del batcher
+    first = asyncio.create_task(ask('a', 5))
+    await asyncio.sleep(0.1)
+    gave_up = await ask('b', 0.1)  # waits for the busy worker, and gives up
+    assert await first == 'a!'
+    return gave_up, await ask('c', 5)
+
+  assert run_with_deadlines(slow_echo(0.4), scenario, max_batch=4, queue_bound=8) == (
+      batcher_lib.DeadlineExceeded, 'c!')
 
 
 def test_prepare_sees_the_batches_in_the_order_they_came():
@@ -615,6 +643,19 @@ def test_no_reload_while_draining_and_a_reload_holds_no_exit():
     loaded.clear()
     answer = asyncio.run(service.reload())
   assert answer['reloaded'] is False and answer['error'] == 'draining' and not loaded.is_set()
+
+
+def test_a_load_that_exits_fails_the_reload_and_frees_the_next():
+  client, service = stub_client(SlowEngine())
+
+  def exits():
+    raise SystemExit(3)
+  service.loader = exits
+  with client:
+    failed = client.post('/admin/reload').json()
+    assert failed['reloaded'] is False and 'SystemExit(3)' in failed['error']
+    service.loader = SlowEngine
+    assert client.post('/admin/reload').json()['reloaded']
 
 
 def test_admin_is_for_loopback_or_the_token(tmp_path):
@@ -682,6 +723,17 @@ def test_a_session_past_the_window_slides_on_without_joining_the_history(tmp_pat
   # Another session (it does not begin with the stored one's last queries): the whole
   # stored session joins the history.
   assert store.observe('ann', ['x', 'y', 'z']) == ('old', *session, 'g')
+  # The window fills as a request goes unseen (refused before it was recorded): the session
+  # goes on all the same.
+  store.observe('bob', ['p', 'q'])
+  assert store.observe('bob', ['q', 'r', 's']) == () and store.current('bob') == ('p', 'q', 'r',
+                                                                                  's')
+  # Half a window is the least overlap that continues one: with a window of 16, a session
+  # that begins with the last query of the one before is a new one.
+  wide = history_lib.HistoryStore(str(tmp_path / 'wide.sqlite'), per_user=100, window=16)
+  first = [f'q{i}' for i in range(16)]
+  wide.observe('cy', first)
+  assert wide.observe('cy', ['q15'] + [f'n{i}' for i in range(15)]) == tuple(first)
 
 
 # ---------------------------------------------------------------------------------------------

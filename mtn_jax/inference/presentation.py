@@ -90,7 +90,8 @@ def presented(ranked: Sequence[dict], so_far: Sequence[str], counts: popular.Log
   previous query with words added that the log does not hold (people rate most such
   additions odd: "mexican insurance for kids", "free the big guy"), none a query of the
   session (the user-facing protocol drops those, `pipeline.show`: the places stay with what
-  it shows, as if they had never been candidates); where the session gives too few, the
+  it shows, as if they had never been candidates; the paper's protocol, which keeps them,
+  shows them after the first places); where the session gives too few, the
   next well-formed ones in order fill the places. The rest follow in the ranker's order, what
   is not well-formed last (recall kept below what reads as a query)."""
   formed = {c['query']: well_formed(c['query'], counts, so_far) for c in ranked}

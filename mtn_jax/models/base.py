@@ -90,6 +90,12 @@ class ModelConfig:
       raise errors.ConfigError('config.model.user_memory is an option of MTN and the '
                                f"Transformer; {model.name!r} has none (set it to 'none')")
 
+  def unread_fields(self) -> tuple[str, ...]:
+    """Fields of this config that the model it names does not read (a family's keys that
+    only some of its models use): they fix nothing, and a checkpoint is not compared on
+    them (`mtn_jax.training.checkpoints.architecture`)."""
+    return ()
+
   @classmethod
   def reads_user_history(cls, model: Mapping[str, Any]) -> bool:
     """Whether the model, as `model` sets it, reads each user's earlier queries

@@ -125,6 +125,10 @@ class RankerConfig(mtn.MTNConfig):
         raise errors.ConfigError(f'config.model.{key} is for {who}; {model.name!r} does not '
                                  f'read it ({why or f"leave it at {defaults[key]!r}"})')
 
+  def unread_fields(self) -> tuple[str, ...]:
+    return ('decoder_layers',) + tuple(
+        key for key, (_, _, readers) in UNREAD_KEYS.items() if self.name not in readers)
+
   @classmethod
   def copies(cls, model) -> bool:
     del model

@@ -6,7 +6,8 @@
                         (normalised), "model": {"name", "step"}, "ms": server time,
                         "history": the user's earlier queries read (with a user)}
   GET  /v1/info     the model and the limits a request must keep
-  GET  /healthz     200 while the process serves; /readyz 200 once warm and while not draining
+  GET  /healthz     200 while the process serves; /readyz 200 once a request of any size
+                    runs ('warming' while other batch shapes compile) and while not draining
   GET  /metrics     Prometheus metrics
   POST /admin/reload  loads the workdir's best checkpoint, warms it up and swaps it in; only
                     from loopback, or with `Authorization: Bearer <config.serve.admin_token>`

@@ -10,8 +10,8 @@ refusing and timing out requests meanwhile. An optional `prepare` step (the user
 histories) runs first on one thread of its own, batch after batch in the order the batches
 formed, so that a user's requests are seen in the order they came even when their batches
 overlap. A request whose caller has stopped waiting (its deadline passed, or the client went)
-leaves the queue at once: it holds no place a waiting request could take. A batch that raises is run again one request at a time, so that one bad
-request fails alone.
+leaves the queue at once: it holds no place a waiting request could take. A batch that
+raises is run again one request at a time, so that one bad request fails alone.
 """
 
 from __future__ import annotations
@@ -136,8 +136,12 @@ class Batcher:
         self._wake.clear()
         await self._wake.wait()
       await self._free.acquire()
-      # Wait for batch-mates: until the batch is full or its oldest request has waited enough.
-      while len(self._queue) < self.max_batch and not self.flush:
+      if not self._queue:  # those waiting gave up while every worker was busy
+        self._free.release()
+        continue
+      # Wait for batch-mates: until the batch is full or its oldest request has waited enough
+      # (or every request waiting gave up meanwhile).
+      while self._queue and len(self._queue) < self.max_batch and not self.flush:
         left = self._queue[0].enqueued + self.max_wait - time.monotonic()
         if left <= 0:
           break

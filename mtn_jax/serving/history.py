@@ -4,8 +4,9 @@ reads, kept across restarts and crashes.
 A request names its whole session so far, or, past the model's `window` (its
 max_session_queries), the latest `window` queries of it. The user's current session is stored
 (`sessions`, one row a user); a request continues it when the stored queries are its
-beginning, or, for a request of `window` queries, when it begins with the stored session's
-last queries (the window slid on: its new queries are added to the stored session). Any other
+beginning, or, for a request of `window` queries, when it begins with at least half a
+window of the stored session's last queries (the window slid on: its new queries are added
+to the stored session). Any other
 request starts a new session, and the stored one's queries join the user's earlier queries
 (`queries`), of which the latest `per_user` are kept. A request's history is thus its user's
 queries before this session, as a raw log's earlier sessions are decode's history.
@@ -91,10 +92,12 @@ class HistoryStore:
 
   def _slid_by(self, stored: list[str], session: list[str]) -> int:
     """How many of `session`'s first queries are the stored session's last ones, where
-    `session` is a full window that slid on past them (0: it did not)."""
-    if len(session) != self.window or len(stored) < self.window:
+    `session` is a full window that slid on past them: by the whole window (the same request
+    again) or by at least half of it (a request or two the service never saw in between);
+    0: it did not (a new session may well begin with the last query of the one before)."""
+    if len(session) != self.window:
       return 0
-    for overlap in range(self.window, 0, -1):  # the whole window: the same request again
+    for overlap in range(min(self.window, len(stored)), max(1, self.window // 2) - 1, -1):
       if stored[-overlap:] == session[:overlap]:
         return overlap
     return 0

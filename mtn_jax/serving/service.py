@@ -139,9 +139,9 @@ class Service:
     """Loads and warms a new engine off the event loop, then swaps it in."""
     if self.loader is None:
       return {'reloaded': False, 'error': 'this service has no loader'}
-    if self.draining:  # the process is about to exit: a new model would answer nothing
-      return {'reloaded': False, 'step': self.engine.step, 'error': 'draining'}
     async with self._reload_lock:
+      if self.draining:  # the process is about to exit: a new model would answer nothing
+        return {'reloaded': False, 'step': self.engine.step, 'error': 'draining'}
       old, started = self.engine, time.monotonic()
       self.log(f'Reloading the best checkpoint of {old.workdir} ...')
       try:
@@ -202,8 +202,11 @@ def _in_daemon_thread(function: Callable[[], Any]) -> asyncio.Future:
   def target() -> None:
     try:
       result, error = function(), None
-    except Exception as e:  # pylint: disable=broad-except
-      result, error = None, e
+    except BaseException as e:  # pylint: disable=broad-except
+      # Even SystemExit: an unsettled future would hold the reload lock for good. As an
+      # ordinary error, so that it fails the reload and not the event loop.
+      result, error = None, (e if isinstance(e, Exception)
+                             else RuntimeError(f'the load stopped: {e!r}'))
     try:
       loop.call_soon_threadsafe(settle, result, error)
     except RuntimeError:  # the loop has closed: the service stopped meanwhile

@@ -167,8 +167,9 @@ def open_manager(workdir: str, keep: int = 2, read_only: bool = False) -> ocp.Ch
 def architecture(cfg: ModelConfig) -> dict[str, Any]:
   """The fields of the model's config that fix its parameters and their meaning: all but
   `cfg.RUNTIME_FIELDS` (dropout, compute dtype, remat, layer layout), under which any
-  checkpoint may be restored."""
-  return {k: v for k, v in dataclasses.asdict(cfg).items() if k not in cfg.RUNTIME_FIELDS}
+  checkpoint may be restored, and those its model does not read (`cfg.unread_fields()`)."""
+  left_out = set(cfg.RUNTIME_FIELDS) | set(cfg.unread_fields())
+  return {k: v for k, v in dataclasses.asdict(cfg).items() if k not in left_out}
 
 
 # The meta key of the values' digests: {item: values_digest of it} for 'params' and 'train'.
