@@ -385,7 +385,8 @@ def test_response_health_readiness_and_metrics(service, client):
   schema = client.get('/openapi.json').json()
   assert {'/v1/suggest', '/healthz', '/readyz'} <= set(schema['paths'])
   page = client.get('/')
-  assert page.status_code == 200 and 'textContent' in page.text and 'innerHTML' not in page.text
+  script = client.get('/page.js').text
+  assert page.status_code == 200 and 'textContent' in script and 'innerHTML' not in script
 
 
 # ---------------------------------------------------------------------------------------------
@@ -480,7 +481,11 @@ class SlowEngine:
             'how': 'stub', 'top_k': 5, 'max_session_queries': 4, 'max_query_words': 10,
             'personalises': False, 'user_facing': True}
 
+  refuse = None  # a message: every request is refused with it (422)
+
   def check(self, session, k, user):
+    if self.refuse:
+      raise engine_lib.BadInput('session', self.refuse)
     return engine_lib.Request(tuple(session), k or 5, user)
 
   def run(self, requests):
@@ -656,6 +661,27 @@ def test_a_load_that_exits_fails_the_reload_and_frees_the_next():
     assert failed['reloaded'] is False and 'SystemExit(3)' in failed['error']
     service.loader = SlowEngine
     assert client.post('/admin/reload').json()['reloaded']
+
+
+def test_the_pages_run_no_inline_script_and_admin_refuses_other_sites():
+  """The page's script is a file of this host (no inline script may run on it), no page may
+  be framed by another site, and a page of another origin cannot make the service reload
+  (a form's POST from it needs no preflight)."""
+  client, service = stub_client(SlowEngine())
+  service.loader = SlowEngine
+  with client:
+    page = client.get('/')
+    policy = page.headers['content-security-policy']
+    assert "script-src 'self';" in policy and "frame-ancestors 'none'" in policy
+    assert '<script src="/page.js">' in page.text and '<script>' not in page.text
+    assert client.get('/page.js').headers['content-type'].startswith('text/javascript')
+    assert "frame-ancestors 'none'" in client.get('/docs').headers['content-security-policy']
+    assert client.get('/docs/assets/swagger-initializer.js').status_code == 404  # not served
+    other = client.post('/admin/reload', headers={'Origin': 'http://evil.example',
+                                                  'Content-Type': 'text/plain'}, content='x')
+    assert other.status_code == 403 and 'another origin' in other.json()['error']
+    same = client.post('/admin/reload', headers={'Origin': 'http://testserver'})
+    assert same.status_code == 200 and same.json()['reloaded']
 
 
 def test_admin_is_for_loopback_or_the_token(tmp_path):
@@ -1004,14 +1030,54 @@ def test_the_page_shows_a_suggestion_as_text_never_html(browser):
   server = ThreadServer(app_lib.create_app(stub))
   try:
     browser.get(server.url + '/')
-    _type(browser, 'anything')
+    _type(browser, payload)  # the session comes back as the model read it, shown too
     assert _wait(lambda: _texts(browser, '#suggestions .text')) == [
         payload, '<b>bold</b> & "quoted"']
+    assert _texts(browser, '#session li') == [payload]
     time.sleep(0.5)  # an image that failed to load would have fired its onerror by now
     with pytest.raises(NoAlertPresentException):
       browser.switch_to.alert.text  # pylint: disable=expression-not-assigned
-    assert browser.execute_script(
-        'return document.querySelectorAll("#suggestions img, #suggestions b").length') == 0
+    assert browser.execute_script('return document.querySelectorAll("img, b").length') == 0
+    # An error's message is shown as text as well, in the status line.
+    engine.refuse = payload
+    _type(browser, 'more')
+    _wait(lambda: 'error' in browser.find_element('id', 'status').get_attribute('class'))
+    assert _texts(browser, '#status') == [f'422: session: {payload}']
+    assert browser.execute_script('return document.querySelectorAll("img, b").length') == 0
+  finally:
+    server.stop()
+
+
+class LateFirstEngine(SlowEngine):
+  """Answers a session of one query late, the others at once."""
+
+  def run(self, requests):
+    if len(requests[0].session) == 1:
+      time.sleep(1.5)
+    return super().run(requests)
+
+
+@pytest.mark.slow
+def test_the_page_shows_only_the_latest_answer(browser):
+  """An answer that comes after a later request's (or after "New session") is dropped: it
+  would put back a session the user moved on from."""
+  from selenium.webdriver.common.by import By  # pylint: disable=g-import-not-at-top
+  stub = service_lib.Service(LateFirstEngine(), service_lib.ServeSettings(workers=2),
+                             compilations=lambda: 0, log=_quiet)
+  server = ThreadServer(app_lib.create_app(stub))
+  try:
+    browser.get(server.url + '/')
+    _type(browser, 'hotels')
+    _type(browser, 'hotels rome')
+    _wait(lambda: _texts(browser, '#suggestions .text') == ['hotels rome more'], chrome=browser)
+    time.sleep(2.0)  # the first request's answer has come by now, and is not shown
+    assert _texts(browser, '#session li') == ['hotels', 'hotels rome']
+    assert _texts(browser, '#suggestions .text') == ['hotels rome more']
+    browser.find_element(By.ID, 'new-session').click()
+    _type(browser, 'weather')  # late again; "New session" comes before its answer
+    browser.find_element(By.ID, 'new-session').click()
+    time.sleep(2.0)
+    assert _texts(browser, '#session li') == [] and _texts(browser, '#suggestions .text') == []
   finally:
     server.stop()
 

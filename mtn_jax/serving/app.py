@@ -38,6 +38,7 @@ import json
 import logging
 import os
 import time
+import urllib.parse
 import uuid
 from typing import Annotated, Any
 
@@ -46,7 +47,6 @@ import fastapi.openapi.utils
 import pydantic
 from fastapi import responses
 from fastapi.openapi import docs as docs_lib
-from starlette import staticfiles
 from fastapi.exceptions import RequestValidationError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
@@ -57,7 +57,17 @@ logger = logging.getLogger('mtn_jax.serving')
 
 _STATIC = os.path.join(os.path.dirname(os.path.abspath(__file__)), 'static')
 PAGE = os.path.join(_STATIC, 'index.html')
+PAGE_SCRIPT = os.path.join(_STATIC, 'page.js')
 FAVICON = os.path.join(_STATIC, 'favicon.svg')
+# The headers of every page a browser shows: scripts from this host only (none inline on the
+# page; Swagger UI's one inline start-up script on /docs), never inside another site's frame.
+_PAGE_HEADERS = {'X-Content-Type-Options': 'nosniff', 'Referrer-Policy': 'no-referrer'}
+_PAGE_POLICY = ("default-src 'self'; script-src 'self'; style-src 'self' 'unsafe-inline'; "
+                "img-src 'self'; frame-ancestors 'none'")
+_DOCS_POLICY = ("default-src 'self'; script-src 'self' 'unsafe-inline'; "
+                "style-src 'self' 'unsafe-inline'; img-src 'self' data:; frame-ancestors 'none'")
+# Swagger UI's files that /docs reads (swagger-ui-py ships its whole distribution).
+_DOCS_FILES = {'swagger-ui-bundle.js': 'text/javascript', 'swagger-ui.css': 'text/css'}
 DOCS_ASSETS = '/docs/assets'
 # What a suggestion's score is, for each config.suggest.strategy (the API's description).
 SCORES = (
@@ -265,8 +275,8 @@ def _too_large(limit: int) -> str:
   return f'the request body is over {limit} bytes (config.serve.max_body_bytes)'
 
 
-_ROUTES = ('/', '/v1/suggest', '/v1/info', '/healthz', '/readyz', '/metrics', '/admin/reload',
-           '/docs', '/openapi.json')
+_ROUTES = ('/', '/page.js', '/v1/suggest', '/v1/info', '/healthz', '/readyz', '/metrics',
+           '/admin/reload', '/docs', '/openapi.json')
 
 
 def _is_loopback(host: str | None) -> bool:
@@ -310,6 +320,12 @@ def create_app(service) -> fastapi.FastAPI:
                  500: {'model': Error, 'description': 'An internal error (the log has it).'}})
   with open(PAGE, encoding='utf-8') as f:
     page = f.read()
+  with open(PAGE_SCRIPT, encoding='utf-8') as f:
+    page_script = f.read()
+  docs_files = {}
+  for name, media_type in _DOCS_FILES.items():
+    with open(os.path.join(_swagger_ui_folder(), name), 'rb') as f:
+      docs_files[name] = (f.read(), media_type)
   with open(FAVICON, 'rb') as f:
     favicon = f.read()
 
@@ -437,6 +453,10 @@ def create_app(service) -> fastapi.FastAPI:
                    ) -> dict[str, Any]:
     """Loads the workdir's best checkpoint, compiles it and swaps it in; requests keep being
     answered by the previous model meanwhile."""
+    origin = request.headers.get('origin')
+    if origin is not None and urllib.parse.urlsplit(origin).netloc != request.headers.get('host'):
+      # A page of another site in a browser on this host: a form's POST needs no preflight.
+      return _error(403, 'admin is not answered to pages of another origin', request)
     token = service.settings.admin_token
     if token:
       if not hmac.compare_digest((authorization or '').encode(), f'Bearer {token}'.encode()):
@@ -449,9 +469,13 @@ def create_app(service) -> fastapi.FastAPI:
 
   @app.get('/', response_class=responses.HTMLResponse, include_in_schema=False)
   async def index():
-    return responses.HTMLResponse(page, headers={
-        'Content-Security-Policy': "default-src 'self'; script-src 'self' 'unsafe-inline'; "
-                                   "style-src 'self' 'unsafe-inline'; img-src 'self'"})
+    return responses.HTMLResponse(page, headers={'Content-Security-Policy': _PAGE_POLICY,
+                                                 **_PAGE_HEADERS})
+
+  @app.get('/page.js', include_in_schema=False)
+  async def script():
+    return responses.Response(page_script, media_type='text/javascript',
+                              headers=_PAGE_HEADERS)
 
   @app.get('/favicon.ico', include_in_schema=False)
   async def icon():
@@ -459,15 +483,22 @@ def create_app(service) -> fastapi.FastAPI:
                               headers={'Cache-Control': 'max-age=86400'})
 
   # Swagger UI from the swagger-ui-py package's files: nothing is fetched off this host.
-  app.mount(DOCS_ASSETS, staticfiles.StaticFiles(directory=_swagger_ui_folder()),
-            name='docs-assets')
+  @app.get(DOCS_ASSETS + '/{name}', include_in_schema=False)
+  async def docs_file(name: str, request: fastapi.Request):
+    if name not in docs_files:
+      return _error(404, f'no {DOCS_ASSETS}/{name}', request)
+    content, media_type = docs_files[name]
+    return responses.Response(content, media_type=media_type, headers={
+        'Cache-Control': 'max-age=86400', **_PAGE_HEADERS})
 
   @app.get('/docs', include_in_schema=False)
   async def docs():
-    return docs_lib.get_swagger_ui_html(
+    html = docs_lib.get_swagger_ui_html(
         openapi_url='/openapi.json', title='mtn_jax suggestions: API',
         swagger_js_url=f'{DOCS_ASSETS}/swagger-ui-bundle.js',
         swagger_css_url=f'{DOCS_ASSETS}/swagger-ui.css', swagger_favicon_url='/favicon.ico')
+    html.headers.update({'Content-Security-Policy': _DOCS_POLICY, **_PAGE_HEADERS})
+    return html
 
   def openapi() -> dict:
     if app.openapi_schema is None:
