@@ -31,6 +31,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 # pylint: disable=g-import-not-at-top,wrong-import-position
 from mtn_jax.data import preprocess
 from mtn_jax.data import sessions
+from mtn_jax.training import checkpoints
 # pylint: enable=g-import-not-at-top,wrong-import-position
 
 # (label, results file, suggester key in its 'scores_excluding_session')
@@ -66,6 +67,10 @@ def ranking(workdir: str, results: str, key: str) -> dict:
   if used != strategy:
     sys.exit(f'{path}: the {used!r} strategy\'s lists, not {strategy!r}\'s (a workdir without '
              'a learned ranker is evaluated by the blend): train its ranker (--mode=train)')
+  best = checkpoints.named_best_step(workdir)
+  if best is not None and record.get('step') != best:
+    sys.exit(f'{path}: written for step {record.get("step")}; the best checkpoint is now step '
+             f'{best}: evaluate it again, {again}')
   if record.get('sessions', 0) < record.get('sessions_total', 0):
     sys.exit(f'{path}: {record["sessions"]:,} of the split\'s {record["sessions_total"]:,} '
              f'sessions (config.decode.max_eval_sessions): evaluate the whole split, {again}')

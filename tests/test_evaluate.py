@@ -532,6 +532,21 @@ def test_report_refuses_missing_and_unevaluated_workdirs(tmp_path):
     report.load_run(broken)
 
 
+def test_report_refuses_results_of_a_checkpoint_that_is_no_longer_the_best(tmp_path):
+  """Evaluated at step 40, trained on to a new best at step 60: the report would show the
+  older checkpoint's figures as the run's."""
+  workdir = write_run(tmp_path, 'trained_on', 'mtn', (3, 2, 3), 1.0, (1.0, 1.0, 1.0, 1.0))
+  for step, best in ((40, 40), (60, 60)):  # the checkpoints' meta, as the trainer writes it
+    meta = tmp_path / 'trained_on' / 'checkpoints' / str(step) / 'meta'
+    meta.mkdir(parents=True)
+    (meta / 'metadata').write_text(json.dumps({'best_step': best}))
+    if step == 40:
+      assert report.load_run(workdir).results['step'] == 40
+  with pytest.raises(report.ReportError, match=r'written for step 40, and the best checkpoint '
+                     r'of .*trained_on is now step 60: re-run --mode=eval'):
+    report.load_run(workdir)
+
+
 # ---------------------------------------------------------------------------------------------
 # What a model reads: the same for evaluation, decode and the service
 

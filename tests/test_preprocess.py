@@ -883,3 +883,18 @@ def test_expand_paths_takes_files_named_like_globs_and_names_what_is_not_a_file(
   os.mkfifo(fifo)
   with pytest.raises(aol_log.MissingLogError, match=re.escape(f'{fifo}: not a regular file')):
     aol_log.expand_paths(str(fifo))
+
+
+def test_the_settings_a_corpus_was_built_with_are_told_apart_from_the_configs(tmp_path):
+  """What eval, decode and serve (which read a workdir's corpus as it was built) note of a
+  config whose `config.data` asks for another corpus."""
+  rows = [line(u, f'query {u} {i}', f'10:{i:02d}:00') for u in range(1, 9) for i in range(4)]
+  log = write(tmp_path / 'log.tsv', rows)
+  kwargs = dict(split_fractions=(0.5, 0.25, 0.25), min_word_count=1)
+  workdir = str(tmp_path / 'w')
+  assert preprocess.settings_differences(config(log, **kwargs).data, workdir) == []  # none
+  preprocess.prepare(config(log, **kwargs), workdir)
+  assert preprocess.settings_differences(config(log, **kwargs).data, workdir) == []
+  other = config(tmp_path / 'moved.tsv', **{**kwargs, 'min_word_count': 3, 'strict': True})
+  assert preprocess.settings_differences(other.data, workdir) == [
+      'config.data.min_word_count: 1 there, 3 here']

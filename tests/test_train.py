@@ -419,10 +419,11 @@ def test_stop_signals_save_a_checkpoint_exit_non_zero_and_resume_exactly(tmp_pat
   output = stop_at(lambda spe: spe, signal.SIGINT)
   assert (f'SIGINT: saved a checkpoint at step {steps_per_epoch} (its validation runs first '
           'when it resumes)') in output, output
-  assert 'epoch 1: validation loss' not in output
+  assert f'validation at step {steps_per_epoch} ' not in output
   resumed = stop_at(lambda spe: spe + 2, signal.SIGTERM)
   assert 'Resuming from' in resumed
-  assert resumed.index('epoch 1: validation loss') < resumed.index(f'step {steps_per_epoch + 1}/')
+  assert resumed.index(f'validation at step {steps_per_epoch} ') < resumed.index(
+      f'step {steps_per_epoch + 1}/')
   cli.run(stopped, *long_validation)
   valid = lambda w: [(r['step'], r['loss']) for r in metric_writer.read_metrics(str(w), 'valid')]
   assert valid(stopped) == valid(straight) and len(valid(straight)) == 2

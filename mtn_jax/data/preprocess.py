@@ -143,6 +143,24 @@ def prepare(config: ml_collections.ConfigDict, workdir: str, verbose: bool = Fal
   return stats
 
 
+def settings_differences(data: ml_collections.ConfigDict, workdir: str) -> list[str]:
+  """The `config.data` settings (`data`) other than those `workdir`'s corpus was built with,
+  as 'config.data.KEY: X there, Y here' (none where there is no corpus; the log files and a
+  setting the corpus's manifest does not name are not compared)."""
+  built = _read_json(os.path.join(data_dir(workdir), _MANIFEST))
+  if built is None:
+    return []
+  return _differences(built.get('data_config') or {}, _data_config(data))
+
+
+def _differences(before: dict, asked: dict) -> list[str]:
+  """'config.data.KEY: X there, Y here' for the settings both name that differ (not the log
+  files: changed inputs are compared by what they make)."""
+  asked = json.loads(json.dumps(asked))  # as a manifest holds it: lists
+  return [f'config.data.{k}: {before[k]!r} there, {asked[k]!r} here'
+          for k in sorted(set(before) & set(asked)) if k != 'raw_files' and before[k] != asked[k]]
+
+
 class CorpusInUseError(errors.Error, ValueError):
   """A corpus that the workdir's checkpoints were trained on, asked for with other settings."""
 
@@ -161,16 +179,20 @@ def _check_settings_unchanged(target: str, built: dict, manifest: dict, folder: 
   would then refuse them, and eval and decode with the old settings too). A setting the
   corpus's manifest does not name (one added since it was built) is not compared; changed
   inputs are compared by what they make (`_build`)."""
-  before = built.get('data_config') or {}
-  asked = json.loads(json.dumps(manifest['data_config']))  # as the manifest holds it: lists
-  changed = [k for k in sorted(set(before) & set(asked))
-             if k != 'raw_files' and before[k] != asked[k]]
+  changed = _differences(built.get('data_config') or {}, manifest['data_config'])
   if changed:
-    detail = ', '.join(f'config.data.{k}: {before[k]!r} there, {asked[k]!r} here'
-                       for k in changed)
+    detail = ', '.join(changed)
     raise CorpusInUseError(f'{target} was built with other settings, and the checkpoints in '
                            f'{folder} were trained on it ({detail}): use the settings it was '
                            'built with, or a new workdir')
+
+
+def _data_config(cfg: ml_collections.ConfigDict) -> dict:
+  """The settings a corpus records: `config.data` but `strict` (it changes no corpus it
+  builds) and `train_users` at 0 (every user: left out so that corpora built before it
+  existed stay current)."""
+  return {k: v for k, v in cfg.to_dict().items()
+          if k != 'strict' and not (k == 'train_users' and not v)}
 
 
 def _read_json(path: str) -> dict | None:
@@ -360,11 +382,7 @@ def _manifest(cfg: ml_collections.ConfigDict, paths: list[str], target: str) -> 
     real = os.path.realpath(path)
     name = ('<data>/' + real[len(inside):]) if real.startswith(inside) else real
     inputs.append({'path': name, 'size': st.st_size, 'mtime_ns': st.st_mtime_ns})
-  # train_users=0 (every user) is left out so that corpora built before it existed stay
-  # current.
-  data_config = {k: v for k, v in cfg.to_dict().items()
-                 if k != 'strict' and not (k == 'train_users' and not v)}
-  manifest = {'format': CORPUS_FORMAT, 'inputs': inputs, 'data_config': data_config}
+  manifest = {'format': CORPUS_FORMAT, 'inputs': inputs, 'data_config': _data_config(cfg)}
   manifest['fingerprint'] = hashlib.sha256(
       json.dumps(manifest, sort_keys=True).encode()).hexdigest()
   return manifest

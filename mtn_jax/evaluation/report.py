@@ -31,6 +31,7 @@ from mtn_jax import models
 from mtn_jax.evaluation import evaluate
 from mtn_jax.evaluation import metrics
 from mtn_jax.evaluation import trivial
+from mtn_jax.training import checkpoints
 
 SAMPLES_PER_MODEL = 10
 _REQUIRED_KEYS = ('model', 'model_config', 'size_mb', 'step', 'pairs', 'scores')
@@ -97,6 +98,10 @@ def load_run(workdir: str, prefix: str = '') -> EvaluatedRun:
   if missing:
     raise ReportError(f'{results_path} lacks {", ".join(missing)}: re-run --mode=eval on '
                       f'{workdir}')
+  best = checkpoints.named_best_step(workdir)
+  if best is not None and results.get('step') != best:
+    raise ReportError(f'{results_path} was written for step {results.get("step")}, and the '
+                      f'best checkpoint of {workdir} is now step {best}: re-run --mode=eval')
   if not os.path.exists(samples_path):
     raise ReportError(f'report workdir {workdir} has no {samples_path}: re-run --mode=eval')
   samples = []
@@ -319,12 +324,15 @@ def write_report(config: ml_collections.ConfigDict, workdir: str,
 
   labels = _labels(runs)
   split, strategy = config.decode.eval_split, config.suggest.strategy
+  # The trivial suggesters' lines only where every run has the same ones (one test set):
+  # another corpus's would be drawn as this one's.
+  shared = [key for key in trivial.SUGGESTERS if all(key in r.results['scores'] for r in runs)
+            and len({_trivial_identity(r, key) for r in runs}) == 1]
   _bar_chart(os.path.join(out_dir, 'bleu.png'), labels,
              [r.results['scores']['model'] for r in runs],
              f'n-gram precision and BLEU on the {split} split',
-             baselines=[(name, runs[0].results['scores'][key]['bleu'])
-                        for key, name in trivial.SUGGESTERS.items()
-                        if key in runs[0].results['scores']])
+             baselines=[(trivial.SUGGESTERS[key], runs[0].results['scores'][key]['bleu'])
+                        for key in shared])
   how = ('the models by beam search' if strategy == 'generate' else
          f'the suggestions of the {strategy} strategy, named under each run\'s samples')
   # A run may have been evaluated by another strategy than asked (a workdir without a

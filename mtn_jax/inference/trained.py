@@ -132,6 +132,14 @@ def check_config(config: ml_collections.ConfigDict, workdir: str, which: str = '
   sizes = {k: getattr(saved, k, 0) for k in DATA_SIZES if k in config_class.field_names()}
   checkpoints.check_model(meta['model'], config_class.from_fields(config.model, **sizes), where,
                           ignore=DATA_SIZES)
+  differences = preprocess.settings_differences(config.data, workdir)
+  if differences:
+    print(f'Note: the corpus of {workdir} was built with other config.data settings '
+          f'({"; ".join(differences)}): its corpus and model are read as they were trained, '
+          'these settings are not used.', flush=True)
+  if meta.get('best_step') is None:
+    print(f'Note: no checkpoint of {workdir} was validated yet (training stopped before its '
+          f'first validation): the latest, step {step}, is used.', flush=True)
 
 
 def load_trained(config: ml_collections.ConfigDict, workdir: str,

@@ -361,6 +361,18 @@ def read_meta(manager: ocp.CheckpointManager, step: int) -> dict:
     return manager.restore(step, args=ocp.args.Composite(meta=ocp.args.JsonRestore()))['meta']
 
 
+def named_best_step(workdir: str) -> int | None:
+  """The checkpoint `load_trained(which='best')` restores, read from the checkpoints' meta
+  files alone (no orbax manager): the step the newest complete checkpoint names as best, else
+  that newest one; None without checkpoints."""
+  folder = checkpoint_dir(workdir)
+  steps = sorted(int(n) for n in os.listdir(folder) if n.isdigit()) if os.path.isdir(folder) else []
+  if not steps:
+    return None
+  best = _LatestAndBest(folder, keep=0)._named_best(steps)  # pylint: disable=protected-access
+  return steps[-1] if best is None or best is _UNREADABLE else int(best)
+
+
 def best_step(manager: ocp.CheckpointManager) -> int | None:
   """The step of the lowest validation loss so far, as recorded by the latest checkpoint."""
   latest = manager.latest_step()

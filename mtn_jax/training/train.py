@@ -436,6 +436,7 @@ class _TrainMonitor:
     self._restored = len(window)  # the first pending steps are the stopped run's: no pace
     self._sessions = 0
     self._window_start, self._compile_seconds = time.time(), 0.0
+    self._paused_seconds = 0.0
 
   def add(self, step: int, sums: dict, sessions: int, compile_seconds: float) -> None:
     """The metrics (device arrays, not waited for) of the step that started from state step
@@ -462,10 +463,15 @@ class _TrainMonitor:
     return [{'step': step, **{k: float(v) for k, v in m.items()}}
             for (step, _), m in zip(self._pending, self.check())]
 
+  def pause(self, seconds: float) -> None:
+    """Leaves `seconds` spent on no step (a checkpoint's save) out of the pace, as a
+    compilation's are."""
+    self._paused_seconds += seconds
+
   def restart_pace(self) -> None:
     """Starts the pace window afresh: the time just spent on validation and its checkpoint is
     no training time (counting it made the time left jump after every epoch)."""
-    self._window_start, self._compile_seconds = time.time(), 0.0
+    self._window_start, self._compile_seconds, self._paused_seconds = time.time(), 0.0, 0.0
 
   def write(self, step: int) -> None:
     """Checks the pending metrics and writes one log line over them."""
@@ -477,7 +483,7 @@ class _TrainMonitor:
     ran = fetched[self._restored:] or fetched
     paced = {k: sum(float(m[k]) for m in ran) for k in ('pairs', 'tokens')}
     now = time.time()
-    elapsed = max(now - self._window_start - self._compile_seconds, 1e-9)
+    elapsed = max(now - self._window_start - self._compile_seconds - self._paused_seconds, 1e-9)
     tokens = max(totals['tokens'], 1.0)
     scalars = {
         'epoch': step / self._steps_per_epoch, 'loss': totals['loss'] / tokens,
@@ -497,7 +503,7 @@ class _TrainMonitor:
               f'{scalars["sessions_per_s"]:.0f} sessions/s {scalars["tokens_per_s"]:.0f} '
               f'tokens/s, {_duration(scalars["eta_s"])} left', flush=True)
     self._pending, self._sessions, self._restored = [], 0, 0
-    self._window_start, self._compile_seconds = now, 0.0
+    self._window_start, self._compile_seconds, self._paused_seconds = now, 0.0, 0.0
 
 
 # ---------------------------------------------------------------------------------------------
@@ -647,7 +653,7 @@ def _train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict
       return False
     writer.write(step, 'valid', valid)
     _record_validation(meta, step, valid)
-    log(f'epoch {math.ceil(step / steps_per_epoch)}: validation loss '
+    log(f'validation at step {step} (epoch {step / steps_per_epoch:.2f}): loss '
         f'{valid["loss"]:.4f}, {_figures(valid)} (best '
         f'{meta["best_valid_loss"]:.4f} at step {meta["best_step"]})', flush=True)
     if meta.pop('pending_validation', None) is not None:
@@ -683,7 +689,9 @@ def _train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict
           monitor.write(step)
           validate()
         elif _checkpoint_due(step, tc.checkpoint_every_steps) or stop.requested:
+          saving = time.time()
           save()
+          monitor.pause(time.time() - saving)
         if stop.requested:
           break
       if stop.requested:
