@@ -1049,12 +1049,21 @@ def test_the_page_shows_a_suggestion_as_text_never_html(browser):
 
 
 class LateFirstEngine(SlowEngine):
-  """Answers a session of one query late, the others at once."""
+  """Answers a session of one query late (`late_answered` set once it has), the others at
+  once."""
+
+  def __init__(self):
+    super().__init__()
+    self.late_answered = threading.Event()
 
   def run(self, requests):
-    if len(requests[0].session) == 1:
-      time.sleep(1.5)
-    return super().run(requests)
+    if len(requests[0].session) != 1:
+      return super().run(requests)
+    time.sleep(1.0)
+    try:
+      return super().run(requests)
+    finally:
+      self.late_answered.set()
 
 
 @pytest.mark.slow
@@ -1062,21 +1071,25 @@ def test_the_page_shows_only_the_latest_answer(browser):
   """An answer that comes after a later request's (or after "New session") is dropped: it
   would put back a session the user moved on from."""
   from selenium.webdriver.common.by import By  # pylint: disable=g-import-not-at-top
-  stub = service_lib.Service(LateFirstEngine(), service_lib.ServeSettings(workers=2),
+  engine = LateFirstEngine()
+  stub = service_lib.Service(engine, service_lib.ServeSettings(workers=2),
                              compilations=lambda: 0, log=_quiet)
   server = ThreadServer(app_lib.create_app(stub))
+  # The page has had the late answer once the server sent it and the browser ran its tasks.
+  settled = lambda: engine.late_answered.wait(10) and time.sleep(0.3) is None
   try:
     browser.get(server.url + '/')
     _type(browser, 'hotels')
     _type(browser, 'hotels rome')
     _wait(lambda: _texts(browser, '#suggestions .text') == ['hotels rome more'], chrome=browser)
-    time.sleep(2.0)  # the first request's answer has come by now, and is not shown
+    assert settled()  # the first request's answer has come, and is not shown
     assert _texts(browser, '#session li') == ['hotels', 'hotels rome']
     assert _texts(browser, '#suggestions .text') == ['hotels rome more']
     browser.find_element(By.ID, 'new-session').click()
+    engine.late_answered.clear()
     _type(browser, 'weather')  # late again; "New session" comes before its answer
     browser.find_element(By.ID, 'new-session').click()
-    time.sleep(2.0)
+    assert settled()
     assert _texts(browser, '#session li') == [] and _texts(browser, '#suggestions .text') == []
   finally:
     server.stop()
