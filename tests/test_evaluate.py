@@ -545,6 +545,13 @@ def test_report_refuses_results_of_a_checkpoint_that_is_no_longer_the_best(tmp_p
   with pytest.raises(report.ReportError, match=r'written for step 40, and the best checkpoint '
                      r'of .*trained_on is now step 60: re-run --mode=eval'):
     report.load_run(workdir)
+  # A report folder that cannot be made is named by its key.
+  (tmp_path / 'a_file').write_text('x')
+  with pytest.raises(report.ReportError, match=r'config.report.output=.*a_file: cannot be the '
+                     r"report's folder \(File exists\)"):
+    report.write_report(report_config(write_run(tmp_path, 'ok', 'mtn', (3, 2, 3), 1.0,
+                                                (1.0, 1.0, 1.0, 1.0)), str(tmp_path / 'a_file')),
+                        str(tmp_path / 'ok'))
 
 
 # ---------------------------------------------------------------------------------------------

@@ -320,7 +320,11 @@ def write_report(config: ml_collections.ConfigDict, workdir: str,
   prefix = evaluate.results_prefix(config.decode.eval_split, config.suggest.strategy)
   runs = [load_run(os.path.abspath(w), prefix) for w in workdirs]
   out_dir = os.path.abspath(config.report.output or os.path.join(workdir, 'report'))
-  os.makedirs(out_dir, exist_ok=True)
+  try:
+    os.makedirs(out_dir, exist_ok=True)
+  except OSError as e:
+    raise ReportError(f'config.report.output={out_dir}: cannot be the report\'s folder '
+                      f'({e.strerror})') from None
 
   labels = _labels(runs)
   split, strategy = config.decode.eval_split, config.suggest.strategy
