@@ -580,11 +580,9 @@ class Pipeline:
       out.append(lists)
     return out, by_source
 
-  def _blend_sources(self, beam: list[str], context: Sequence[str]) -> dict[str, list[str]]:
-    return blend_sources(beam, context, self.log_counts, self.settings.top_k)
-
   def _blend(self, beam: list[str], context: Sequence[str]) -> list[dict]:
-    return blended(self._blend_sources(beam, context), self.settings.blend, context)
+    return blended(blend_sources(beam, context, self.log_counts, self.settings.top_k),
+                   self.settings.blend, context)
 
   def _log_sources(self) -> list[tuple[str, int]]:
     """(LogCounts source, candidates) of the training log's sources in use."""
@@ -669,7 +667,7 @@ class Pipeline:
           session_contexts, queries_per_batch=queries_per_batch, log=log))
     if s.strategy == 'blend':
       at_pairs = pair_contexts()
-      by_source = [self._blend_sources(beam, context)
+      by_source = [blend_sources(beam, context, self.log_counts, self.settings.top_k)
                    for beam, context in zip(texts(beams), at_pairs)]
       for name in BLEND_SOURCES:
         sources[name] = [pair[name] for pair in by_source]

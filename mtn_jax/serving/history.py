@@ -6,9 +6,8 @@ max_session_queries), the latest `window` queries of it. The user's current sess
 (`sessions`, one row a user); a request continues it when the stored queries are its
 beginning, or, for a request of `window` queries, when it begins with at least half a
 window of the stored session's last queries (the window slid on: its new queries are added
-to the stored session). Any other
-request starts a new session, and the stored one's queries join the user's earlier queries
-(`queries`), of which the latest `per_user` are kept. A request's history is thus its user's
+to the stored session). Any other request starts a new session, and the stored one's queries
+join the user's earlier queries (`queries`), of which the latest `per_user` are kept. A request's history is thus its user's
 queries before this session, as a raw log's earlier sessions are decode's history.
 
 The database is in WAL mode and every request's change is one committed transaction, so a
