@@ -197,6 +197,13 @@ def _check_suggest(config) -> None:
                       f'suggestions among other candidates, and {name!r} writes none (a '
                       "ranker orders its pool with 'generate', or reranks a generator's beam "
                       "as config.suggest.ranker_workdir of the generator's run)")
+  if s.strategy == 'learned':
+    from mtn_jax import models  # pylint: disable=g-import-not-at-top
+    if models.REGISTRY[name].config_class.reads_user_history(m):
+      raise ConfigError(f"config.suggest.strategy='learned' ranks candidates of contexts "
+                        "without the users' earlier queries, which this model reads "
+                        f'(config.model.user_memory={m.get("user_memory")!r}): suggest by '
+                        "'generate', 'blend' or 'rerank'")
   if (s.index == 'usearch' and s.strategy == 'generate'
       and issubclass(task_class, (tasks.ScoresPool, tasks.ScoresCandidates))
       and not (issubclass(task_class, tasks.ScoresPool) and task_class.vector_index(m))):

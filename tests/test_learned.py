@@ -290,6 +290,18 @@ def test_a_ranker_for_another_checkpoint_or_vocabulary_is_refused(tmp_path):
       {'checkpoint_step': 40, 'vocab_fingerprint': 'another'}))
   with pytest.raises(errors.Error, match='and vocabulary another, not'):
     learned.LearnedRanker.load(str(tmp_path), trained)
+  # Trained on features this code no longer computes, in this order: one line, not LightGBM's
+  # error at the first suggestion (or, at the same count, another column's values scored).
+  names = learned.feature_names(['generate'])
+  for recorded, message in ((names[:-1], f'not trained on {names[-1]}'),
+                            (names + ['retired'], 'trained on retired, no longer computed'),
+                            (names[::-1], 'the same features in another order')):
+    (folder / 'ranker.json').write_text(json.dumps(
+        {'checkpoint_step': 40, 'vocab_fingerprint': vocab.fingerprint,
+         'sources': [['generate', 4]], 'features': recorded}))
+    with pytest.raises(errors.Error, match=r'ranker.json: the ranker was trained on other '
+                       rf'features than this code computes \({message}\): run --mode=train'):
+      learned.LearnedRanker.load(str(tmp_path), trained)
 
 
 def test_sources_plans_are_checked():
@@ -299,3 +311,6 @@ def test_sources_plans_are_checked():
               'generate:3,generate:4', 'retrieve:3'):
     with pytest.raises(ValueError):
       learned.parse_sources(bad)
+  # The session's queries: its training pools hold none, so it would meet them first live.
+  with pytest.raises(ValueError, match="'session' is no source of the learned ranker"):
+    learned.parse_sources('generate:3,session:2')

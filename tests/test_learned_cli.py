@@ -13,6 +13,7 @@ import pytest
 from fastapi.testclient import TestClient
 
 from launch import pack_serve_workdir
+from mtn_jax import inference
 from mtn_jax.inference import learned
 from mtn_jax.inference import pipeline
 from mtn_jax.inference.inputs import Context
@@ -170,11 +171,33 @@ def test_train_refits_a_damaged_ranker_and_refuses_other_folds(learned_run, tmp_
   sessions_file = tmp_path / 'sessions.txt'
   sessions_file.write_text('weather\tweather chicago\n')
   other = ('--config.suggest.strategy=learned', '--config.suggest.ranker_rounds=20',
-           '--config.suggest.sources=generate:10,popular:10')
-  noted = cli.run(copy, *FEW, *other, f'--config.decode.input={sessions_file}', mode='decode')
-  # Only what differs is named (the rounds are the ranker's).
+           '--config.suggest.sources=generate:10,popular:10', '--config.decode.length_penalty=2.0')
+  output = tmp_path / 'other.jsonl'
+  noted = cli.run(copy, *FEW, *other, f'--config.decode.input={sessions_file}',
+                  f'--config.decode.output={output}', mode='decode')
+  # Only what differs is named (the rounds are the ranker's); the candidates' search too (the
+  # generator's features depend on it).
   assert ("was trained with sources 'generate:4,popular:4,cooccurring:4,templates:4', not "
-          "the config's 'generate:10,popular:10': its own are used" in noted.stdout), noted.stdout
+          "the config's 'generate:10,popular:10' and config.decode.length_penalty=0.6, not the "
+          "config's 2.0: its own are used" in noted.stdout), noted.stdout
+  own = tmp_path / 'own.jsonl'
+  cli.run(copy, *FEW, *LEARNED, f'--config.decode.input={sessions_file}',
+          f'--config.decode.output={own}', mode='decode')
+  assert output.read_text() == own.read_text()
+  # The ranker is stale once its fold generators' best checkpoints or the features computed
+  # are not those it was trained on (older records, holding no steps, are taken as current).
+  config = cli.config(*FEW, *LEARNED)
+  trained = inference.load_trained(config, str(copy), which='best')
+  meta_path = copy / learned.RANKER_DIR / learned.RANKER_META
+  record = json.loads(meta_path.read_text())
+  assert record['fold_steps'] == learned.fold_steps(config, str(copy))
+  assert None not in record['fold_steps']
+  assert learned.LearnedRanker.is_current(str(copy), trained, config)
+  for changed in ({'fold_steps': [3, 2]}, {'features': record['features'][1:]}):
+    meta_path.write_text(json.dumps({**record, **changed}))
+    assert not learned.LearnedRanker.is_current(str(copy), trained, config), changed
+  meta_path.write_text(json.dumps({k: v for k, v in record.items() if k != 'fold_steps'}))
+  assert learned.LearnedRanker.is_current(str(copy), trained, config)
   refused = cli.run(copy, *FEW, *LEARNED, '--config.suggest.ranker_folds=3', check=False)
   assert refused.returncode == 1, refused.stderr
   assert refused.stderr.strip().count('\n') == 0, refused.stderr
@@ -212,6 +235,14 @@ def test_cached_candidates_of_an_older_record_are_read(tmp_path):
   read = learned.load_groups(str(tmp_path), key)
   assert read is not None and read.texts == groups.texts
   assert learned.load_groups(str(tmp_path), {**key, 'fold_steps': [3, 4]}) is None
+  # A run killed between its two files: the arrays of one key beside the texts of another.
+  texts = (tmp_path / 'groups.json').read_bytes()
+  other = {**key, 'fold_steps': [3, 4]}
+  learned.save_groups(groups, str(tmp_path), other)
+  assert learned.load_groups(str(tmp_path), other) is not None
+  (tmp_path / 'groups.json').write_bytes(texts)
+  assert learned.load_groups(str(tmp_path), key) is None
+  assert learned.load_groups(str(tmp_path), other) is None
 
 
 def test_unreadable_cached_candidates_are_made_again(tmp_path):

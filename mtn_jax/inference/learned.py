@@ -48,6 +48,7 @@ from mtn_jax.inference import popular
 from mtn_jax.inference import sources as sources_lib
 from mtn_jax.inference import teacher_forcing
 from mtn_jax.inference.inputs import Context
+from mtn_jax.training import checkpoints
 
 RANKER_DIR = 'ranker'
 # The ranker's two files in RANKER_DIR: LightGBM's model and what it was trained for.
@@ -64,6 +65,12 @@ def parse_sources(plan: str) -> tuple[tuple[str, int], ...]:
   out = sources_lib.parse_plan(plan, ('generate',) + tuple(sources_lib.LOG_SOURCES))
   if out[0][0] != 'generate':
     raise ValueError(f'{plan!r}: the generator comes first (it scores every candidate)')
+  if 'session' in dict(out):
+    # Its training pools hold none of the session's queries (`lists_and_features`'
+    # `drop_session`): the ranker would meet them first when it suggests.
+    raise ValueError(f"{plan!r}: 'session' is no source of the learned ranker (it learns from "
+                     "candidates without the session's queries, which the user-facing "
+                     'protocol never shows)')
   return out
 
 
@@ -194,6 +201,16 @@ class LearnedRanker:
   def source_names(self) -> list[str]:
     return [name for name, _ in self.sources]
 
+  def candidate_search(self, default: search.SearchSettings) -> search.SearchSettings:
+    """The search its candidates were made with (ranker.json's `search`: the generator's
+    features depend on it), `default` for a record that holds none (written before it was
+    kept) and for a field it lacks."""
+    recorded = _as_written_now(self.meta.get('search'))
+    if not isinstance(recorded, dict):
+      return default
+    fields = {f.name for f in dataclasses.fields(search.SearchSettings)}
+    return dataclasses.replace(default, **{k: v for k, v in recorded.items() if k in fields})
+
   def scores(self, matrix: np.ndarray) -> np.ndarray:
     """float [rows]: the ranker's score of each feature row (higher first)."""
     if not len(matrix):
@@ -234,23 +251,27 @@ class LearnedRanker:
   @classmethod
   def is_current(cls, workdir: str, trained: inference.Trained,
                  config: ml_collections.ConfigDict) -> bool:
-    """Whether `workdir`'s ranker was trained for its best checkpoint with `config`'s
-    sources, folds, rounds and candidates' search, and its files are whole (a damaged one is
-    refitted)."""
+    """Whether `workdir`'s ranker was trained for its best checkpoint and its fold
+    generators' with `config`'s sources, folds, rounds and candidates' search, on the
+    features this code computes, and its files are whole (a damaged one is refitted)."""
     try:
       meta = cls.read_meta(workdir)
     except DamagedRanker:
       return False
+    plan = parse_sources(config.suggest.sources)
     searched = search_key(config)
+    steps = fold_steps(config, workdir)
     return bool(meta) and (
         meta.get('checkpoint_step') == int(trained.step)
         and meta.get('vocab_fingerprint') == trained.vocab.fingerprint
-        and [tuple(x) for x in meta.get('sources', [])] == list(
-            parse_sources(config.suggest.sources))
+        and [tuple(x) for x in meta.get('sources', [])] == list(plan)
         and meta.get('folds') == config.suggest.ranker_folds
         and meta.get('rounds') == config.suggest.ranker_rounds
-        # (a record written before the search was kept: taken as made with this one)
+        and meta.get('features') == feature_names([name for name, _ in plan])
+        # (a record written before the search or the fold generators' steps were kept:
+        # taken as made with these)
         and _as_written_now(meta.get('search', searched)) == searched
+        and meta.get('fold_steps', steps) == steps
         and cls.model_problem(workdir, meta) is None)
 
   @classmethod
@@ -270,6 +291,12 @@ class LearnedRanker:
           f'{meta.get("checkpoint_step")} and vocabulary {meta.get("vocab_fingerprint")}, '
           f'not for this workdir\'s best checkpoint (step {trained.step}, vocabulary '
           f'{trained.vocab.fingerprint}): run --mode=train again to retrain it')
+    computed = feature_names([name for name, _ in meta.get('sources', [])])
+    if meta.get('features') != computed:
+      raise errors.Error(
+          f'{meta_path}: the ranker was trained on other features than this code computes '
+          f'({_feature_difference(meta.get("features"), computed)}): run --mode=train again '
+          'to refit it')
     problem = cls.model_problem(workdir, meta)
     if problem:
       raise DamagedRanker(f'{problem}: run --mode=train again to refit the ranker')
@@ -284,6 +311,26 @@ class LearnedRanker:
 
 class DamagedRanker(errors.Error):
   """A ranker's files that cannot be read as the ranker they say they are."""
+
+
+def _feature_difference(recorded, computed: Sequence[str]) -> str:
+  """What tells a record's feature list from `computed`, in words."""
+  if not isinstance(recorded, list):
+    return 'its record lists none'
+  missing = [n for n in computed if n not in recorded]
+  extra = [n for n in recorded if n not in computed]
+  if missing or extra:
+    return '; '.join(part for part in (
+        missing and 'not trained on ' + ', '.join(missing),
+        extra and 'trained on ' + ', '.join(extra) + ', no longer computed') if part)
+  return 'the same features in another order'
+
+
+def fold_steps(config: ml_collections.ConfigDict, workdir: str) -> list[int | None]:
+  """Each fold generator's best checkpoint step (None: none yet), read from its checkpoints'
+  meta files alone."""
+  return [checkpoints.named_best_step(fold_workdir(workdir, k))
+          for k in range(config.suggest.ranker_folds)]
 
 
 def _sha256(path: str) -> str:
@@ -467,22 +514,26 @@ def cross_fitted_groups(config: ml_collections.ConfigDict, workdir: str, log=pri
 
 def groups_key(config: ml_collections.ConfigDict, workdir: str) -> dict:
   """What `cross_fitted_groups` makes its candidates from: the sources, the folds, the fold
-  generators' best checkpoints and the decoding settings."""
+  generators' best checkpoints, the decoding settings, and the features it computes."""
+  plan = parse_sources(config.suggest.sources)
   steps = [int(inference.load_trained(fold_config(config, k), fold_workdir(workdir, k),
                                       which='best').step)
            for k in range(config.suggest.ranker_folds)]
-  return {'sources': [list(x) for x in parse_sources(config.suggest.sources)],
+  return {'sources': [list(x) for x in plan],
           'folds': config.suggest.ranker_folds, 'fold_steps': steps,
-          'split_seed': config.data.split_seed, 'search': search_key(config)}
+          'split_seed': config.data.split_seed, 'search': search_key(config),
+          'features': feature_names([name for name, _ in plan])}
 
 
 def save_groups(groups: Groups, folder: str, key: dict) -> None:
-  """`groups` as `folder`/groups.npz (the arrays) and groups.json (the texts and `key`, what
-  they were made from: `groups_key`), for a later fit or a study (`load_groups`)."""
+  """`groups` as `folder`/groups.npz (the arrays) and groups.json (the texts), each holding
+  `key`, what they were made from (`groups_key`), for a later fit or a study (`load_groups`).
+  Each file is written whole or not at all, but not the two together: the key in both tells
+  a pair from two runs' halves."""
   os.makedirs(folder, exist_ok=True)
   with files.atomic_path(os.path.join(folder, 'groups.npz'), suffix='.npz') as path:
     np.savez(path, features=groups.features, labels=groups.labels, sizes=groups.sizes,
-             folds=groups.folds)
+             folds=groups.folds, key=np.array(json.dumps(key, sort_keys=True)))
   files.write_text(os.path.join(folder, 'groups.json'), json.dumps(
       {'key': key, 'texts': groups.texts,
        'references': groups.references, 'sessions': [list(s) for s in groups.sessions],
@@ -490,12 +541,12 @@ def save_groups(groups: Groups, folder: str, key: dict) -> None:
 
 
 def load_groups(folder: str, key: dict, log=print) -> Groups | None:
-  """The groups `save_groups` wrote from `key`, or None."""
+  """The groups `save_groups` wrote from `key` (both files), or None."""
   paths = [os.path.join(folder, name) for name in ('groups.npz', 'groups.json')]
   if not all(os.path.exists(p) for p in paths):
     return None
-  # A cache: files that cannot be read (a run killed while writing them is not one: each is
-  # written whole or not at all) are made again, not refused.
+  # A cache: files that cannot be read, or that two runs wrote (one killed between its two
+  # files), are made again, not refused.
   try:
     with open(paths[1], encoding='utf-8') as f:
       texts = json.load(f)
@@ -504,6 +555,8 @@ def load_groups(folder: str, key: dict, log=print) -> Groups | None:
         saved.get('search'))} != key:
       return None
     with np.load(paths[0], allow_pickle=False) as arrays:
+      if json.loads(str(arrays['key'])) != json.loads(json.dumps(saved)):
+        return None
       return Groups(arrays['features'], arrays['labels'], arrays['sizes'], arrays['folds'],
                     texts['texts'], texts['references'],
                     [tuple(s) for s in texts['sessions']], texts['lists'])
@@ -571,6 +624,7 @@ def fit(config: ml_collections.ConfigDict, workdir: str, log=print) -> dict:
       'importance': {n: round(float(v) / total, 4) for n, v in
                      sorted(zip(names, importance.tolist()), key=lambda kv: -kv[1])},
       'folds': config.suggest.ranker_folds,
+      'fold_steps': fold_steps(config, workdir),
       'rounds': config.suggest.ranker_rounds,
       'search': search_key(config),
       'groups': int(len(groups.sizes)),

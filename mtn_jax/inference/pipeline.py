@@ -177,12 +177,14 @@ def blend_sources(beam: Sequence[str], context: Sequence[str], counts: popular.L
 def show(ranked: Sequence[dict], session_so_far: Sequence[str], exclude_session_queries: bool,
          top_k: int, scored_by_place: bool = False) -> list[dict]:
   """What is shown of an ordered list after the queries `session_so_far`: with the
-  user-facing protocol, none the session holds; then the first `top_k`. A list
+  user-facing protocol, none the session holds and none empty (the rule of
+  `metrics.without_session_queries`, which scores the user-facing protocol); then the first
+  `top_k`. A list
   `scored_by_place` (its 'score' 1 / place: the blend's, the learned ranker's) is scored by
   the places shown, so that the dropped queries of the session leave no gaps."""
   if exclude_session_queries:
     seen = set(session_so_far)
-    ranked = [c for c in ranked if c['query'] not in seen]
+    ranked = [c for c in ranked if c['query'] and c['query'] not in seen]
   shown = list(ranked[:top_k])
   if scored_by_place:
     shown = [{**c, 'score': 1 / place} for place, c in enumerate(shown, 1)]
@@ -358,7 +360,8 @@ class Pipeline:
                     or (rankers is not None and bool(settings.popular or settings.cooccurring)))
     self.log_counts = popular.LogCounts.of_workdir(workdir) if needs_counts else None
     self.sources = (learned.build_sources(ranker.sources, trained, self.log_counts,
-                                          settings.search, settings.history_queries)
+                                          ranker.candidate_search(settings.search),
+                                          settings.history_queries)
                     if ranker is not None else [])
 
   @classmethod
@@ -384,6 +387,11 @@ class Pipeline:
         if config.suggest.ranker_rounds != ranker.meta.get('rounds'):
           differs.append(f'{ranker.meta.get("rounds")} rounds, not the config\'s '
                          f'{config.suggest.ranker_rounds}')
+        # The generator's features of a candidate depend on the search that made the beam.
+        own = ranker.candidate_search(settings.search).to_dict()
+        asked = learned.generator_settings(ranker.sources, settings.search).to_dict()
+        differs += [f'config.decode.{k}={own[k]!r}, not the config\'s {asked[k]!r}'
+                    for k in own if own[k] != asked[k]]
         if differs:
           log(f'Note: the learned ranker in {learned.ranker_dir(workdir)} was trained with '
               f'{" and ".join(differs)}: its own are used (--mode=train refits it to the '
