@@ -3,7 +3,7 @@
 Pass the log with `--config.data.raw_files=PATH_OR_GLOB` (the AOL collection's
 user-ct-test-collection-*.txt(.gz) files, or any log in that format).
 
-`small` is sized for a CPU and the 500-user sample: d_model 128, ~2.9k-word vocabulary.
+`small` is sized for a CPU and the 500-user sample: d_model 128, a vocabulary of ~2.7k-2.9k words (by split).
 """
 
 from configs import default

@@ -1,16 +1,22 @@
 """The main job: MTN on the embedded, generated demo log. Trains in minutes on a CPU.
 
 python -m mtn_jax.main --config=configs/demo.py --workdir=/tmp/mtn_demo
+
+`configs/demo.py:transformer` is the paper's Transformer baseline at the same sizes.
 """
 
 from configs import default
 
 
+VARIANTS = ('mtn', 'transformer')
+
+
 def get_config(variant: str = ''):
-  if variant:
-    raise ValueError(f'configs/demo.py: unknown variant {variant!r} (it has none: use '
-                     '--config=configs/demo.py)')
-  c = default.get_config('mtn')
+  name = variant or 'mtn'
+  if name not in VARIANTS:
+    raise ValueError(f'configs/demo.py: unknown variant {variant!r} (known: '
+                     + ', '.join(VARIANTS) + ')')
+  c = default.get_config(name)
   c.data.source = 'demo'
   c.data.demo_users = 1500
   c.data.min_word_count = 2
@@ -19,7 +25,8 @@ def get_config(variant: str = ''):
   c.model.num_heads = 4
   c.model.ff_dim = 128
   c.model.query_layers = 2
-  c.model.session_layers = 1
+  if name == 'mtn':
+    c.model.session_layers = 1
   c.model.decoder_layers = 2
   # The 2-layer stacks' loops unrolled: the same parameters, masks and function, faster on a
   # 2-core CPU (docs/PERFORMANCE.md, "Training on a 2-core CPU"); results move only by float

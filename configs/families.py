@@ -4,9 +4,12 @@
 A config file names its model with `use(c, NAME)` (or starts from
 `default.get_config(NAME)`, `--config=configs/default.py:NAME` on the command line), which
 gives `config.model` that model's keys and no other family's: a key under `config.model` is
-one its model reads (`mtn_jax.models.REGISTRY` pairs each name with its config class, whose
-fields these are), and `--config.model.KEY=VALUE` for a key of another family fails naming
-the family that has it.
+a field of its model's config class (`mtn_jax.models.REGISTRY` pairs each name with its
+class), one the model reads or, for the rankers' keys of the layers they share with MTN and
+its decoder (`UNREAD_KEYS` in mtn_jax/models/polyencoder.py), one that must stay at its
+default. `--config.model.KEY=VALUE` for a key of another family fails naming the models that
+read it, and `--config.model.name` changed on the command line fails naming a key the new
+model lacks or does not read.
 """
 
 from __future__ import annotations

@@ -6,7 +6,7 @@ choices made knowing the logged next query, among the pooled candidates.
       --config.suggest.strategy=rerank --config.suggest.ranker_workdir=RANKER \
       [--config.suggest.retrieved=0] [--config.decode.eval_split=valid]
 
-Prints corpus BLEU (METRICS.md) of: the ranker's first choice; repeating the previous query;
+Prints corpus BLEU (mtn_jax/evaluation/metrics.py) of: the ranker's first choice; repeating the previous query;
 and the best candidate by sentence BLEU against the next query (an oracle, an upper bound no
 suggester reaches) among all pooled candidates, the session's queries, the beam, and the
 two-way choices "previous query or the beam's first" and "previous query or the ranker's

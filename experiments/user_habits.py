@@ -8,7 +8,7 @@ the strongest top-1 BLEU suggester on the AOL sample (docs/RESULTS.md), and no c
 judged from the session alone beats it. Many users, though, come back to the same few
 queries. `mtn_jax.inference.habits` (what `config.suggest.habit_rate` does in 'rerank') suggests a
 user's habit query first where their past shows it right often enough; this prints corpus
-BLEU (METRICS.md) of repeating the previous query and of that rule, the previous query
+BLEU (mtn_jax/evaluation/metrics.py) of repeating the previous query and of that rule, the previous query
 elsewhere, for every rate and minimum past of the grid, with how many contexts it changes,
 how many of those it suggests the next query exactly, and for how many users. Nothing is
 fitted: a user's figures come from their own past alone, as a new user's would, so the
@@ -101,7 +101,7 @@ def report(name: str, contexts: list[Context]) -> dict[tuple[float, int], float]
 
 def pair_counts(suggestions: list[str], references: list[str]) -> np.ndarray:
   """int64 [pairs, 2 * MAX_ORDER + 1]: each pair's clipped n-gram matches, n-grams
-  (METRICS.md) and reference length, which sum to a corpus's."""
+  (mtn_jax/evaluation/metrics.py) and reference length, which sum to a corpus's."""
   matches = np.array([metrics.match_matrix([s, r])[:, 0, 1]
                       for s, r in zip(suggestions, references)])
   lengths = np.array([[len(r.split())] for r in references])
@@ -110,7 +110,7 @@ def pair_counts(suggestions: list[str], references: list[str]) -> np.ndarray:
 
 
 def corpus_bleu(counts: np.ndarray) -> float:
-  """METRICS.md's BLEU of pairs' `pair_counts`."""
+  """The BLEU of `metrics` of pairs' `pair_counts`."""
   n, total = metrics.MAX_NGRAM_ORDER, counts.sum(0)
   return metrics.bleu_of_counts(total[:n], total[n:2 * n], total[-1])
 

@@ -57,9 +57,31 @@ def test_a_config_without_the_models_keys_is_refused_naming_one():
   with pytest.raises(config_lib.ConfigError,
                      match="config.model has no key 'lstm_units', which 'seq2seq' reads"):
     config_lib.validate(c)
+  # A model that reads fewer keys than the config holds: the config's other keys would be
+  # recorded in the workdir as if they shaped it.
+  c = default.get_config('mtn')
+  c.data.source = 'demo'
+  c.model.name = 'transformer'
+  with pytest.raises(config_lib.ConfigError,
+                     match="config.model.num_levels is not a key of 'transformer'"):
+    config_lib.validate(c)
   c = default.get_config()
   c.data.source = 'demo'
   with pytest.raises(config_lib.ConfigError, match='config.model.name is empty'):
+    config_lib.validate(c)
+
+
+def test_the_learned_ranker_is_refused_for_a_model_that_reads_user_histories():
+  # Its candidates are made and learned from without the users' earlier queries: refused
+  # before the generator and the fold generators train, not when the ranker's turn comes.
+  c = default.get_config('mtn')
+  c.data.source = 'demo'
+  c.suggest.strategy = 'learned'
+  config_lib.validate(c)
+  c.model.user_memory, c.data.history_queries = 'attention', 5
+  with pytest.raises(config_lib.ConfigError, match=re.escape(
+      "config.suggest.strategy='learned' ranks candidates of contexts without the users' "
+      "earlier queries, which this model reads (config.model.user_memory='attention')")):
     config_lib.validate(c)
 
 

@@ -22,7 +22,8 @@ RUN = ('--config.train.num_epochs=2', '--config.decode.top_k=3')
 # queries (two buckets), the Transformer only sessions of 3. MTN's layers run under `nn.scan`,
 # as the shipped configs' do (the tiny runs of other tests loop over them).
 MTN = ('--config.data.max_session_queries=4', '--config.model.scan_layers=True')
-TRANSFORMER = ('--config.model.name=transformer', '--config.data.max_session_queries=3')
+TRANSFORMER = ('--config.data.max_session_queries=3',)
+TRANSFORMER_CONFIG = 'configs/demo.py:transformer'
 BLEU_LINE = r'BLEU = \d+\.\d\d, \d+\.\d/\d+\.\d/\d+\.\d/\d+\.\d'
 
 
@@ -37,8 +38,9 @@ def transformer_run(tmp_path_factory):
   workdir = tmp_path_factory.mktemp('transformer')
   # Trained and evaluated on two (simulated) devices; the main job re-evaluates it on one,
   # loading checkpoints saved with another device count.
-  cli.run(workdir, *RUN, *TRANSFORMER, mode='train', devices=2)
-  return workdir, cli.run(workdir, *RUN, *TRANSFORMER, mode='eval', devices=2)
+  cli.run(workdir, *RUN, *TRANSFORMER, mode='train', config=TRANSFORMER_CONFIG, devices=2)
+  return workdir, cli.run(workdir, *RUN, *TRANSFORMER, mode='eval', config=TRANSFORMER_CONFIG,
+                          devices=2)
 
 
 def vocabulary_words(workdir, count):
@@ -152,12 +154,12 @@ def test_eval_on_the_validation_split_leaves_the_test_results_alone(mtn_run):
 @pytest.fixture(params=['mtn', 'transformer'])
 def trained(request, mtn_run, transformer_run):
   if request.param == 'mtn':
-    return mtn_run[0], MTN
-  return transformer_run[0], TRANSFORMER
+    return mtn_run[0], MTN, 'configs/demo.py'
+  return transformer_run[0], TRANSFORMER, TRANSFORMER_CONFIG
 
 
 def test_decode_sessions_file_counts_and_ranks(trained, tmp_path):
-  workdir, overrides = trained
+  workdir, overrides, config = trained
   w = vocabulary_words(workdir, 5)
   lines = [
       f'\ufeff{w[0]} {w[1]}\t{w[2]}'.encode(),  # 1, after a byte-order mark
@@ -172,7 +174,7 @@ def test_decode_sessions_file_counts_and_ranks(trained, tmp_path):
   input_file.write_bytes(b'\n'.join(lines) + b'\n')
   output = tmp_path / 'out' / 'suggestions.jsonl'
   result = cli.run(workdir, *RUN, *overrides, f'--config.decode.input={input_file}',
-                   f'--config.decode.output={output}', mode='decode')
+                   f'--config.decode.output={output}', mode='decode', config=config)
   counts = summary(result.stdout)
   assert {k: counts[k] for k in ('format', 'sessions', 'suggestion_points', 'empty_lines',
                                  'empty_queries', 'oov_words', 'long_queries',
@@ -358,7 +360,7 @@ def test_main_job_again_resumes_and_redoes_eval_and_report(transformer_run):
   before = json.loads((workdir / 'eval' / 'results.json').read_text())
   samples_before = read_jsonl(workdir / 'eval' / 'samples.jsonl')
   steps = [r['step'] for r in read_jsonl(workdir / 'metrics.jsonl') if r['kind'] == 'train']
-  result = cli.run(workdir, *RUN, *TRANSFORMER, mode='all')
+  result = cli.run(workdir, *RUN, *TRANSFORMER, mode='all', config=TRANSFORMER_CONFIG)
   assert 'Reusing the corpus' in result.stdout
   assert 'Training is already complete' in result.stdout
   assert [r['step'] for r in read_jsonl(workdir / 'metrics.jsonl')

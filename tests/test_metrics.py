@@ -348,6 +348,8 @@ def test_without_session_queries_compares_exactly_and_keeps_order():
       'Paris', 'paris hotels', 'paris ']
   assert metrics.without_session_queries(suggestions, []) == suggestions
   assert metrics.without_session_queries([], ['paris']) == []
+  # An empty suggestion (a model that ends the query at once) is no suggestion to a person.
+  assert metrics.without_session_queries(['', 'rome', ''], ['paris']) == ['rome']
   # The protocol that never repeats the session: the next distinct one moves up to rank 1.
   kept = metrics.without_session_queries(['a', 'b', 'a', 'c'], ['a'])
   score = metrics.suggestion_ranking([kept], ['b'], [['a']])

@@ -68,6 +68,13 @@ def test_blend_fills_each_quota_with_queries_the_session_does_not_hold():
   assert [(r['query'], r['score']) for r in by_place] == [('p', 1), ('a', 1 / 2), ('b', 1 / 3),
                                                           ('x', 1 / 4)]
   assert [r['score'] for r in ranked] == [1 / k for k in range(1, 8)]  # left as it was
+  # An empty query (a model that ends the query at once) is not shown to a person; the
+  # paper's protocol scores it as written.
+  with_empty = [{'query': '', 'score': 1.0}] + ranked
+  assert [r['query'] for r in pipeline.show(with_empty, ['s1'], exclude_session_queries=True,
+                                            top_k=2)] == ['p', 'a']
+  assert [r['query'] for r in pipeline.show(with_empty, ['s1'], exclude_session_queries=False,
+                                            top_k=2)] == ['', 'p']
   for bad in ('popular', 'popular:0', 'nope:2', 'popular:1,popular:2'):
     with pytest.raises(ValueError):
       pipeline.parse_blend(bad)

@@ -70,7 +70,8 @@ def sentence_bleu(hypothesis: Sequence[str], reference: Sequence[str]) -> float:
 
   Lin & Och (2004)'s add-one smoothing of the precisions of orders 2 to 4 (not of unigrams),
   so that a short query with no 4-gram is not scored 0 while one with no word in common is;
-  the brevity penalty of METRICS.md (none when the hypothesis is at least as long).
+  the brevity penalty of mtn_jax/evaluation/metrics.py's BLEU (none when the hypothesis is at
+  least as long).
   """
   return _profiled_bleu(_profile(hypothesis), _profile(reference))
 

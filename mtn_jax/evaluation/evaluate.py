@@ -1,29 +1,35 @@
-"""Test-split evaluation of the best checkpoint: n-gram precision and BLEU (`--mode=eval`).
+"""Evaluation of the best checkpoint on one split: n-gram precision, BLEU and the ranking
+figures (`--mode=eval`).
 
-In:  `<workdir>/checkpoints` (the best checkpoint's params only) and `<workdir>/data` (the test
-     split, and the train split for a trivial suggester).
-Out: `<workdir>/eval/results.json` and `<workdir>/eval/samples.jsonl`, and the BLEU lines
-     printed; with `config.decode.eval_split='valid'` the validation split is evaluated
-     instead, into `eval/valid_results.json` and `eval/valid_samples.jsonl` (for tuning
-     decoding settings without touching the test split; the report reads only the test
-     results).
+In:  `<workdir>/checkpoints` (the best checkpoint's params only) and `<workdir>/data` (the
+     split `config.decode.eval_split`, test by default, and the train split for the trivial
+     suggesters).
+Out: `<workdir>/eval/<prefix>results.json`, `<prefix>samples.jsonl` and `<prefix>lists.jsonl`,
+     and the figures printed. The prefix (`results_prefix`) names the split and strategy
+     where they are not the test split and 'generate': `valid_` for the validation split (for
+     tuning decoding settings without touching the test split), `learned_`,
+     `valid_learned_`, ...; the report reads the files of the config's split and strategy.
 `evaluate` runs four steps: the lists (`decode_lists`), their scores (`scores`), the printed
 figures (`print_results`), the files (`write_results`).
 
-Every (session prefix -> next query) pair of the test split is decoded by beam search
-(`config.decode`). Each batch of sessions `queries` int32 [batch, queries, tokens] goes through
-the model once without its last query (the contexts of positions 0..S-2 do not depend on it),
-and all S-1 positions of every session are searched in parallel. Candidates are the best
-hypothesis' words joined by spaces (an emitted `<unk>` stays `<unk>`); references are the raw
-next-query texts of the log (`SessionSplit.texts`), never mapped through the vocabulary
-(METRICS.md). For context the same metrics are given for two suggesters that learn nothing
-from sessions: the previous query repeated, and the most frequent next query in the training
-split after the same previous query (by raw text; the previous query repeated when it never
-occurs there).
+Every (session prefix -> next query) pair of the split gets the suggestion pipeline's list
+(`config.suggest.strategy`; 'generate' is the model's own beam search, `config.decode`). Each
+batch of sessions `queries` int32 [batch, queries, tokens] goes through the model once without
+its last query (the contexts of positions 0..S-2 do not depend on it), and all S-1 positions
+of every session are searched in parallel. Suggestions are the hypotheses' words joined by
+spaces (an emitted `<unk>` stays `<unk>`); references are the raw next-query texts of the log
+(`SessionSplit.texts`), never mapped through the vocabulary (mtn_jax/evaluation/metrics.py).
+For context the same metrics are given for four suggesters that learn nothing from sessions
+(`mtn_jax.evaluation.trivial`): the previous query repeated; the most frequent next query in
+the training split after the same previous query (by raw text; the previous query repeated
+when it never occurs there); the training split's most popular next queries (MPC); the
+previous query's most frequent followers, then MPC. Under a strategy that pools sources, each
+source's own list is scored too.
 
 results.json: model name and architecture, size (MB at fp32) and parameter count, checkpoint
-step, number of sessions and pairs, decode settings, `scores` ({'model', 'repeat_previous',
-'most_frequent_next'} -> BLEU of the top suggestion, precisions, brevity penalty, lengths, the
+step, number of sessions and pairs, decode settings, `scores` ({'model', the sources' names
+under a pooling strategy, 'repeat_previous', 'most_frequent_next', 'most_popular',
+'most_cooccurring'} -> BLEU of the top suggestion, precisions, brevity penalty, lengths, the
 printed `line`, and under 'ranking' exact match at 1, Recall@5/@10, MRR@10 over the distinct
 suggestions and the share of top suggestions that repeat a session query: `metrics`), the
 same under `scores_excluding_session` for the user-facing protocol that drops every

@@ -165,10 +165,12 @@ def distinct(suggestions: Sequence[str]) -> list[str]:
 
 def without_session_queries(suggestions: Sequence[str], session: Sequence[str]) -> list[str]:
   """The suggestions that repeat no query of the session, in their order (a user-facing
-  suggester never offers what the user has already typed). Strings compare exactly: `Paris`
-  does not repeat `paris`."""
+  suggester never offers what the user has already typed), and none empty (what a model
+  writes when it ends the query at once; a person is offered nothing to click). Strings
+  compare exactly: `Paris` does not repeat `paris`. `pipeline.show` applies the same rule to
+  the suggestion pipeline's lists."""
   seen = set(session)
-  return [s for s in suggestions if s not in seen]
+  return [s for s in suggestions if s and s not in seen]
 
 
 RANKING_CUTOFF = 10  # the deepest rank any ranking metric reads
@@ -260,7 +262,7 @@ def suggestion_ranking(suggestions: Sequence[Sequence[str]], references: Sequenc
 
 
 def match_matrix(texts: Sequence[str]) -> np.ndarray:
-  """float32 [MAX_NGRAM_ORDER, T, T] the clipped n-gram matches (METRICS.md) of every pair of
+  """float32 [MAX_NGRAM_ORDER, T, T] the clipped n-gram matches (the module docstring) of every pair of
   `texts`, n = 1..MAX_NGRAM_ORDER (symmetric: a match is the smaller count of a shared
   n-gram)."""
   words = [t.split() for t in texts]
@@ -280,14 +282,14 @@ def match_matrix(texts: Sequence[str]) -> np.ndarray:
 
 
 def ngram_totals(texts: Sequence[str]) -> np.ndarray:
-  """float64 [len(texts), MAX_NGRAM_ORDER] the n-grams each text holds (METRICS.md's
+  """float64 [len(texts), MAX_NGRAM_ORDER] the n-grams each text holds (the module docstring's
   total_n)."""
   lengths = np.array([len(t.split()) for t in texts], np.float64)
   return np.maximum(lengths[:, None] - np.arange(MAX_NGRAM_ORDER), 0)
 
 
 def bleu_of_counts(matches: np.ndarray, ngrams: np.ndarray, reference_length: float) -> float:
-  """METRICS.md's BLEU of a corpus from its summed clipped matches and n-grams
+  """The module docstring's BLEU of a corpus from its summed clipped matches and n-grams
   [MAX_NGRAM_ORDER] and its references' length, by the engine of `bleu` (sacrebleu, its
   settings)."""
   return float(BLEU.compute_bleu(

@@ -305,7 +305,7 @@ def _write_text(path: str, text: str) -> None:
 
 
 def prepare(config: ml_collections.ConfigDict, workdir: str, verbose: bool = False) -> dict:
-  """Writes the world of `config.data.movies` into `<workdir>/data/` (see the module
+  """Writes the world of `config.movies` into `<workdir>/data/` (see the module
   docstring), or reuses it; returns the manifest with each task's split sizes."""
   settings = config.movies
   data_dir = os.path.join(os.path.abspath(workdir), 'data')
