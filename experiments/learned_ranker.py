@@ -125,9 +125,7 @@ def main() -> None:
   started = time.time()
   plan = learned.parse_sources(config.suggest.sources)
   # The candidates `fit` made (when it made them for these sources), or made again.
-  groups = (learned.load_groups(learned.ranker_dir(args.workdir),
-                                 learned.groups_key(config, args.workdir))
-            or learned.cross_fitted_groups(config, args.workdir))
+  groups = learned.cached_groups(config, args.workdir)
   names = learned.feature_names([n for n, _ in plan])
   references = groups.references
   score = lambda lists: ranking(lists, references, groups.sessions)

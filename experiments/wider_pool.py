@@ -105,11 +105,7 @@ def main() -> None:
                           (args.wide, os.path.join(learned.ranker_dir(args.workdir), 'wide'))):
     config.suggest.sources = sources
     plan = learned.parse_sources(sources)
-    key = learned.groups_key(config, args.workdir)
-    groups = learned.load_groups(folder, key)
-    if groups is None:
-      groups = learned.cross_fitted_groups(config, args.workdir)
-      learned.save_groups(groups, folder, key)
+    groups = learned.cached_groups(config, args.workdir, folder)
     names = learned.feature_names([n for n, _ in plan])
     ends = np.cumsum(groups.sizes)
     starts = ends - groups.sizes

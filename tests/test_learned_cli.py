@@ -206,6 +206,38 @@ def test_train_refits_a_damaged_ranker_and_refuses_other_folds(learned_run, tmp_
                    refused.stderr), refused.stderr
 
 
+@pytest.mark.slow
+def test_a_stopped_ranker_data_stage_makes_again_only_the_folds_it_had_not_finished(
+    learned_run, tmp_path):
+  workdir, _ = learned_run
+  copy = tmp_path / 'copy'
+  shutil.copytree(workdir, copy, ignore=shutil.ignore_patterns('eval'))
+  config = cli.config(*FEW, *LEARNED)
+  whole = learned.load_groups(learned.ranker_dir(str(copy)),
+                              learned.groups_key(config, str(copy)))
+  assert whole is not None
+  for name in ('groups.npz', 'groups.json'):
+    (copy / learned.RANKER_DIR / name).unlink()
+
+  def stop_at_fold_1(line, **_):
+    if 'fold 1' in line:
+      raise KeyboardInterrupt
+  with pytest.raises(KeyboardInterrupt):
+    learned.cached_groups(config, str(copy), log=stop_at_fold_1)
+  parts = copy / learned.RANKER_DIR / 'parts'
+  assert sorted(p.name for p in parts.iterdir()) == ['fold0']
+  lines = []
+  again = learned.cached_groups(config, str(copy), log=lambda line, **_: lines.append(line))
+  assert any('fold 0, the candidates made before' in line for line in lines), lines
+  assert not any(line.startswith('  ranker data: fold 0,') and 'sessions;' in line
+                 for line in lines), lines
+  # The same groups as a run never stopped, and the parts gone once the whole is kept.
+  for field in ('features', 'labels', 'sizes', 'folds'):
+    np.testing.assert_array_equal(getattr(again, field), getattr(whole, field))
+  assert again.texts == whole.texts and again.lists == whole.lists
+  assert not parts.exists()
+
+
 def test_the_candidates_search_is_what_the_generate_source_runs():
   """The ranker is stale, and its candidates are made again, when a setting the generator's
   source searches with changes, and only then: `config.decode`'s beam size and top k are the

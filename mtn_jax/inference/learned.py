@@ -30,6 +30,7 @@ import hashlib
 import json
 import math
 import os
+import shutil
 import time
 import zipfile
 from collections.abc import Sequence
@@ -463,25 +464,57 @@ class Groups:
   lists: list[dict[str, list[str]]]
 
 
-def cross_fitted_groups(config: ml_collections.ConfigDict, workdir: str, log=print) -> Groups:
+def cached_groups(config: ml_collections.ConfigDict, workdir: str, folder: str | None = None,
+                  log=print) -> Groups:
+  """The cross-fitted groups of `config`'s sources: those kept in `folder` (default: the
+  workdir's ranker folder) where they were made from the same `groups_key`, else made
+  (`cross_fitted_groups`, each fold's part kept under `folder`/parts until all are) and kept
+  there."""
+  folder = folder or ranker_dir(workdir)
+  key = groups_key(config, workdir)
+  groups = load_groups(folder, key, log)
+  if groups is not None:
+    log('  ranker data: the candidates of the last fit (the same fold generators and sources)',
+        flush=True)
+    return groups
+  parts = os.path.join(folder, 'parts')
+  groups = cross_fitted_groups(config, workdir, key, parts, log)
+  save_groups(groups, folder, key)
+  shutil.rmtree(parts, ignore_errors=True)
+  return groups
+
+
+def cross_fitted_groups(config: ml_collections.ConfigDict, workdir: str, key: dict,
+                        parts_dir: str, log=print) -> Groups:
   """Every training pair's candidates and features, cross-fitted: the pairs of fold k's
   users proposed and scored by the generator trained without them, the log's counts taken
-  from the other folds' users (`Groups`: described where the next query is a candidate)."""
+  from the other folds' users (`Groups`: described where the next query is a candidate).
+  Each fold's part is kept in `parts_dir`/fold<k> under its share of `key` (`groups_key`):
+  a run stopped on the way makes again only the folds it had not finished."""
   folds = config.suggest.ranker_folds
   plan = parse_sources(config.suggest.sources)
   data_dir = preprocess.data_dir(os.path.abspath(workdir))
   train = sessions.load_split(data_dir, 'train')
   fold_of = sessions.session_folds(train, folds, config.data.split_seed)
   settings = search.SearchSettings.from_config(config.decode)
-  out = collections.defaultdict(list)
-  started, done = time.time(), 0
+  parts, to_make = {}, []
   for k in range(folds):
+    parts[k] = load_groups(os.path.join(parts_dir, f'fold{k}'), _fold_key(key, k), log)
+    if parts[k] is None:
+      to_make.append(k)
+    else:
+      log(f'  ranker data: fold {k}, the candidates made before (the same fold generator)',
+          flush=True)
+  left = sum(int((fold_of == k).sum()) for k in to_make)
+  started, done = time.time(), 0
+  for k in to_make:
     trained = inference.load_trained(fold_config(config, k), fold_workdir(workdir, k),
                                      which='best')
     others = [train.session_texts(i) for i in np.flatnonzero(fold_of != k).tolist()]
     counts = popular.LogCounts.of_sessions(others)
     contexts = sources_lib.session_contexts(train, np.flatnonzero(fold_of == k).tolist())
     candidate_sources = build_sources(plan, trained, counts, settings)
+    out = collections.defaultdict(list)
     # A part of the sessions at a time, with a progress line and an ETA after each.
     part = max(PROGRESS_SESSIONS // config.decode.batch_sessions, 1) * config.decode.batch_sessions
     for start in range(0, len(contexts), part):
@@ -496,7 +529,6 @@ def cross_fitted_groups(config: ml_collections.ConfigDict, workdir: str, log=pri
           out['features'].append(pool.features)
           out['labels'].append(np.array([t == reference for t in pool.texts], np.int32))
           out['sizes'].append(len(pool.texts))
-          out['folds'].append(k)
           out['texts'].append(pool.texts)
           out['references'].append(reference)
           out['sessions'].append(context.queries[:p + 1])
@@ -506,10 +538,28 @@ def cross_fitted_groups(config: ml_collections.ConfigDict, workdir: str, log=pri
       elapsed = time.time() - started
       log(f'  ranker data: fold {k}, {min(start + part, len(contexts)):,} of '
           f'{len(contexts):,} sessions; {elapsed:.0f} s, ETA '
-          f'{elapsed / done * (train.num_sessions - done):.0f} s', flush=True)
-  return Groups(np.concatenate(out['features']), np.concatenate(out['labels']),
-                np.asarray(out['sizes']), np.asarray(out['folds']), out['texts'],
-                out['references'], out['sessions'], out['lists'])
+          f'{elapsed / done * (left - done):.0f} s', flush=True)
+    parts[k] = Groups(np.concatenate(out['features']), np.concatenate(out['labels']),
+                      np.asarray(out['sizes']), np.full(len(out['sizes']), k),
+                      out['texts'], out['references'], out['sessions'], out['lists'])
+    save_groups(parts[k], os.path.join(parts_dir, f'fold{k}'), _fold_key(key, k))
+  return concatenate([parts[k] for k in range(folds)])
+
+
+def concatenate(parts: Sequence[Groups]) -> Groups:
+  """The groups of `parts`, one after another."""
+  return Groups(np.concatenate([g.features for g in parts]),
+                np.concatenate([g.labels for g in parts]),
+                np.concatenate([g.sizes for g in parts]),
+                np.concatenate([g.folds for g in parts]),
+                [t for g in parts for t in g.texts], [r for g in parts for r in g.references],
+                [s for g in parts for s in g.sessions], [x for g in parts for x in g.lists])
+
+
+def _fold_key(key: dict, k: int) -> dict:
+  """Fold k's share of `key` (`groups_key`): its generator's step, not the other folds'."""
+  return {**{name: v for name, v in key.items() if name != 'fold_steps'}, 'fold': k,
+          'fold_step': key['fold_steps'][k]}
 
 
 def groups_key(config: ml_collections.ConfigDict, workdir: str) -> dict:
@@ -605,14 +655,7 @@ def fit(config: ml_collections.ConfigDict, workdir: str, log=print) -> dict:
   started = time.time()
   log('Learned ranker: candidates and features of the training users\' pairs, each fold '
       'by the generator that never saw it.', flush=True)
-  key = groups_key(config, workdir)
-  groups = load_groups(ranker_dir(workdir), key, log)
-  if groups is None:
-    groups = cross_fitted_groups(config, workdir, log)
-    save_groups(groups, ranker_dir(workdir), key)
-  else:
-    log('  ranker data: the candidates of the last fit (the same fold generators and sources)',
-        flush=True)
+  groups = cached_groups(config, workdir, log=log)
   booster = train_booster(groups, np.ones(len(groups.sizes), bool), config, names)
   importance = booster.feature_importance(importance_type='gain')
   total = float(importance.sum()) or 1.0
