@@ -121,7 +121,11 @@ def learns_ranker(config: ml_collections.ConfigDict) -> bool:
 def training_summary(summary: dict, workdir: str) -> str:
   """The lines printed when training ends: the best checkpoint and the workdir's files."""
   workdir = os.path.abspath(workdir)
-  lines = [f'Training done at step {summary["step"]:,} of {summary["total_steps"]:,}.']
+  step, total = summary['step'], summary['total_steps']
+  # A workdir trained further by an earlier config than this one asks: no "step 300 of 100".
+  lines = [f'Training done at step {step:,} of {total:,}.' if step <= total else
+           f'Training done at step {step:,}, past the {total:,} this config trains (an earlier '
+           'run trained further).']
   if summary.get('best_step') is not None:
     lines.append(f'Best checkpoint: step {summary["best_step"]:,}, validation loss '
                  f'{summary["best_valid_loss"]:.4f} (what eval, decode, suggest and serve '

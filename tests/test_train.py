@@ -98,6 +98,13 @@ def test_reference_run_learns_and_logs(reference_run, reference_rerun):
   again, before = reference_rerun
   assert 'Training is already complete' in again.stdout and 'Resuming' not in again.stdout
   assert losses == before
+  # Run with fewer steps than it was trained: said so, not "step N of fewer than N".
+  fewer = cli.run(workdir, *SHORT, '--config.train.max_steps=2').stdout
+  step = losses[-1][0]
+  assert (f'is step {step} past the 2 this config trains (an earlier run trained further)'
+          in fewer), fewer
+  assert f'Training done at step {step:,}, past the 2 this config trains' in fewer, fewer
+  assert train_losses(workdir) == before
 
 
 def committed_steps(workdir) -> list[int]:

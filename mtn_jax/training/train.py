@@ -593,9 +593,10 @@ def _train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict
     if latest >= total_steps and pending is None:
       manager.close()
       train_iter.close()
-      log(f'Training is already complete: {where} is step {latest} of {total_steps} (best '
-          f'validation loss {meta["best_valid_loss"]:.4f} at step {meta["best_step"]}).',
-          flush=True)
+      of = (f'of {total_steps}' if latest == total_steps else
+            f'past the {total_steps} this config trains (an earlier run trained further)')
+      log(f'Training is already complete: {where} is step {latest} {of} (best validation '
+          f'loss {meta["best_valid_loss"]:.4f} at step {meta["best_step"]}).', flush=True)
       return _summary(latest, total_steps, meta, None)
     log(f'Resuming from {where} (step {latest} of {total_steps}, epoch '
         f'{latest // steps_per_epoch + 1} of {math.ceil(total_steps / steps_per_epoch)}).')
