@@ -170,7 +170,7 @@ def run_all(config: ml_collections.ConfigDict, workdir: str) -> dict:
   samples = report.load_run(workdir, prefix).samples
   print_samples(samples)
   print('== Report', flush=True)
-  report_path = report.write_report(config, workdir, workdirs=[workdir])
+  report_path = report.write_report(config, workdir)  # config.report.workdirs, or this run
   print(f'\nCheckpoints: {checkpoints.checkpoint_dir(workdir)} (best: step {results["step"]})'
         f'\nResults:     {results_path}'
         f'\nReport:      {report_path}', flush=True)

@@ -355,17 +355,20 @@ def test_report_of_its_own_workdir_by_default(mtn_run, tmp_path):
   assert '## Sample suggestions: MTN' in text
 
 
-def test_main_job_again_resumes_and_redoes_eval_and_report(transformer_run):
+def test_main_job_again_resumes_and_redoes_eval_and_report(mtn_run, transformer_run):
   workdir, _ = transformer_run
   before = json.loads((workdir / 'eval' / 'results.json').read_text())
   samples_before = read_jsonl(workdir / 'eval' / 'samples.jsonl')
   steps = [r['step'] for r in read_jsonl(workdir / 'metrics.jsonl') if r['kind'] == 'train']
-  result = cli.run(workdir, *RUN, *TRANSFORMER, mode='all', config=TRANSFORMER_CONFIG)
+  # The report over the runs config.report.workdirs lists, as --mode=report's.
+  result = cli.run(workdir, *RUN, *TRANSFORMER, f'--config.report.workdirs={mtn_run[0]},{workdir}',
+                   mode='all', config=TRANSFORMER_CONFIG)
   assert 'Reusing the corpus' in result.stdout
   assert 'Training is already complete' in result.stdout
   assert [r['step'] for r in read_jsonl(workdir / 'metrics.jsonl')
           if r['kind'] == 'train'] == steps  # no step trained twice
-  assert (workdir / 'report' / 'report.md').exists()
+  text = (workdir / 'report' / 'report.md').read_text(encoding='utf-8')
+  assert '| MTN |' in text and '| Transformer |' in text
   # The evaluation on one device equals the one on two.
   after = json.loads((workdir / 'eval' / 'results.json').read_text())
   assert before['devices'] == '2 x cpu' and after['devices'] == '1 x cpu'
