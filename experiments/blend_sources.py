@@ -88,7 +88,7 @@ def make_pair(session: int, user: int, context: list[str], reference: str, beam:
               log: LogLists) -> dict:
   """A pair with its sources' candidates, the session's queries dropped."""
   seen = set(context)
-  fresh = lambda queries: [q for q in dict.fromkeys(queries) if q not in seen]
+  fresh = lambda queries: [q for q in dict.fromkeys(queries) if q and q not in seen]
   depth = TOP_K + len(context)  # as deep as the pipeline reads them
   return {'session': session, 'user': user, 'context': context, 'reference': reference,
           'generate': fresh(beam),

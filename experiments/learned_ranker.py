@@ -124,8 +124,11 @@ def main() -> None:
   args, config = study_config('learned_ranker', parser)
   started = time.time()
   plan = learned.parse_sources(config.suggest.sources)
-  # The candidates `fit` made (when it made them for these sources), or made again.
-  groups = learned.cached_groups(config, args.workdir)
+  # The candidates `fit` made (when it made them for these sources), or made again and kept
+  # apart from the fit's (the next fit would otherwise make its own again).
+  folder = learned.ranker_dir(args.workdir)
+  groups = (learned.load_groups(folder, learned.groups_key(config, args.workdir))
+            or learned.cached_groups(config, args.workdir, os.path.join(folder, 'study')))
   names = learned.feature_names([n for n, _ in plan])
   references = groups.references
   score = lambda lists: ranking(lists, references, groups.sessions)

@@ -7,7 +7,7 @@ latest, whose meta names the best, and the best) without the optimizer state and
 pipeline's position, and the learned ranker if W has one; DIR/serve_args.txt holds the
 `--set section.key=value` overrides that make `--config` the config W was trained with
 (`launch/bench_serve.py` takes them as they are). A key whose value differs and is a list is
-refused: an override cannot express it. launch/gpu_serve_workdir.sh packs d_serve's workdir so.
+refused: an override cannot express it; so is a base config of another model. launch/gpu_serve_workdir.sh packs d_serve's workdir so.
 """
 
 from __future__ import annotations
@@ -48,6 +48,11 @@ def overrides(trained: dict, base: dict) -> list[str]:
   as config.json holds it) that differ from `base`'s, in `trained`'s order. Keys `base` lacks
   are left out; a list that differs raises ValueError, naming the key."""
   base_values = dict(_leaves(base))
+  # A config holds its model's keys only: another model's is another config file.
+  name = trained.get('model', {}).get('name')
+  if name != base_values.get('model.name'):
+    raise ValueError(f"the workdir's model is {name!r}, the base config's "
+                     f"{base_values.get('model.name')!r}: pass --config of a {name!r} config")
   out = []
   for key, value in _leaves(trained):
     if key not in base_values or value == base_values[key] or key in TRAINING_ONLY:

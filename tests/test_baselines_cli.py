@@ -50,7 +50,7 @@ VARIANTS = {
     'hred_aol': ('', 'small'),
     'mnsrf_aol': ('', 'small'),
     'default': ('mtn', 'transformer', 'biencoder', 'polyencoder', 'crossencoder'),
-    'demo': ('',),
+    'demo': ('', 'transformer'),
     'imdna_movies': ('', 'qa', 'recs', 'test', 'qa+embeddings', 'recs+embeddings'),
     'imdna_aol': ('', 'embeddings'),
     'polyencoder_aol': ('', 'small', 'poly64', 'poly360', 'bi', 'cross', 'demo', 'demo_bi',

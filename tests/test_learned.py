@@ -2,6 +2,7 @@
 source, one candidate's features, what is shown, the ranker's training on a problem whose right
 order is known, and the refusal of a ranker trained for another checkpoint."""
 
+import dataclasses
 import json
 import math
 import types
@@ -11,6 +12,7 @@ import pytest
 
 from mtn_jax import errors
 from mtn_jax.data.vocab import Vocab
+from mtn_jax.decoding import search
 from mtn_jax.inference import learned
 from mtn_jax.inference import pipeline
 from mtn_jax.inference import popular
@@ -302,6 +304,29 @@ def test_a_ranker_for_another_checkpoint_or_vocabulary_is_refused(tmp_path):
     with pytest.raises(errors.Error, match=r'ranker.json: the ranker was trained on other '
                        rf'features than this code computes \({message}\): run --mode=train'):
       learned.LearnedRanker.load(str(tmp_path), trained)
+  # A source this code no longer ranks (the session's queries, before it was refused).
+  (folder / 'ranker.json').write_text(json.dumps(
+      {'checkpoint_step': 40, 'vocab_fingerprint': vocab.fingerprint,
+       'sources': [['generate', 4], ['session', 2]],
+       'features': learned.feature_names(['generate', 'session'])}))
+  with pytest.raises(errors.Error, match=r"ranker.json: the ranker was trained with sources "
+                     r"this code does not rank \(.*'session' is no source"):
+    learned.LearnedRanker.load(str(tmp_path), trained)
+
+
+def test_the_candidates_are_searched_as_the_ranker_was_trained():
+  default = search.SearchSettings(beam_size=10, max_len=12, length_penalty=0.6, emit_unk=False,
+                                  top_k=5, exclude_session_queries=True)
+  made = learned.generator_settings((('generate', 4),), default)
+  assert (made.beam_size, made.top_k, made.exclude_session_queries) == (4, 4, False)
+  # A record written before the search was kept: searched as the plan says, nothing to note.
+  ranker = learned.LearnedRanker(None, {'sources': [['generate', 4]]})
+  assert ranker.candidate_search(default) == made
+  # A record with its search: its values, whatever the config's.
+  recorded = dataclasses.replace(made, length_penalty=1.0, max_len=9).to_dict()
+  ranker = learned.LearnedRanker(None, {'sources': [['generate', 4]], 'search': recorded})
+  assert ranker.candidate_search(default) == dataclasses.replace(made, length_penalty=1.0,
+                                                                 max_len=9)
 
 
 def test_sources_plans_are_checked():

@@ -261,7 +261,7 @@ def test_cached_candidates_of_an_older_record_are_read(tmp_path):
                           [{'generate': ['a', 'b']}])
   search_now = learned.search_key(cli.config(*FEW, *LEARNED))
   key = {'sources': [['generate', 4]], 'folds': 2, 'fold_steps': [3, 3], 'split_seed': 0,
-         'search': search_now}
+         'search': search_now, 'features': learned.feature_names(['generate'])}
   learned.save_groups(groups, str(tmp_path), {**key, 'search': {
       **search_now, 'exclude_session_queries': None}})
   read = learned.load_groups(str(tmp_path), key)
@@ -275,13 +275,21 @@ def test_cached_candidates_of_an_older_record_are_read(tmp_path):
   (tmp_path / 'groups.json').write_bytes(texts)
   assert learned.load_groups(str(tmp_path), key) is None
   assert learned.load_groups(str(tmp_path), other) is None
+  # Made before the features were recorded: made again, and said why.
+  older = {k: v for k, v in key.items() if k != 'features'}
+  learned.save_groups(groups, str(tmp_path), older)
+  said = []
+  assert learned.load_groups(str(tmp_path), key, log=lambda line, **_: said.append(line)) is None
+  assert said and 'made by an older version, which did not record their features' in said[0]
 
 
 def test_unreadable_cached_candidates_are_made_again(tmp_path):
-  key = {'plan': [['generate', 4]]}
+  key = {'plan': [['generate', 4]], 'features': ['generate_rank'], 'search': None}
   (tmp_path / 'groups.json').write_text(json.dumps({'key': key, 'texts': []}))
   (tmp_path / 'groups.npz').write_bytes(b'PK\x03\x04 cut short')
-  assert learned.load_groups(str(tmp_path), key) is None
+  said = []
+  assert learned.load_groups(str(tmp_path), key, log=lambda line, **_: said.append(line)) is None
+  assert said and 'cannot be read (BadZipFile)' in said[0], said
   (tmp_path / 'groups.json').write_text('{"key": ')
   assert learned.load_groups(str(tmp_path), key) is None
 
@@ -296,6 +304,10 @@ def test_overrides_name_the_scalar_settings_that_differ():
   # acts only when training ends, are left out.
   assert pack_serve_workdir.overrides(trained, base) == [
       '--set=data.split_by=user', '--set=data.raw_files=/logs/a.tsv']
+  with pytest.raises(ValueError, match="the workdir's model is 'transformer', the base "
+                     "config's 'mtn': pass --config of a 'transformer' config"):
+    pack_serve_workdir.overrides({**trained, 'model': {'name': 'transformer'}},
+                                 {**base, 'model': {'name': 'mtn'}})
   trained['data']['split_fractions'] = [0.8, 0.1, 0.1]
   with pytest.raises(ValueError, match='data.split_fractions=.*cannot be passed as an override'):
     pack_serve_workdir.overrides(trained, base)

@@ -75,6 +75,11 @@ def test_blend_fills_each_quota_with_queries_the_session_does_not_hold():
                                             top_k=2)] == ['p', 'a']
   assert [r['query'] for r in pipeline.show(with_empty, ['s1'], exclude_session_queries=False,
                                             top_k=2)] == ['', 'p']
+  # ... nor counted in its source's quota: the quotas are what the protocol shows.
+  ranked = pipeline.blended({'generate': ['', 'a', 'b'], 'popular': ['p', 'q']},
+                            pipeline.parse_blend('popular:1,generate:2'), session_so_far=['s'])
+  assert [r['query'] for r in pipeline.show(ranked, ['s'], exclude_session_queries=True,
+                                            top_k=3)] == ['p', 'a', 'b']
   for bad in ('popular', 'popular:0', 'nope:2', 'popular:1,popular:2'):
     with pytest.raises(ValueError):
       pipeline.parse_blend(bad)

@@ -67,8 +67,9 @@ class SearchSettings:
   # The beam's suggestions reordered by minimum Bayes risk (`mtn_jax.decoding.mbr`): 'none', 'beam' (among
   # the hypotheses), 'beam+session' (the session's queries are candidates too).
   mbr: str = 'none'
-  # The user-facing protocol: no suggestion repeats a query the session already holds
-  # (decode and suggest output; evaluation reports both protocols whatever this says).
+  # The user-facing protocol: no suggestion repeats a query the session already holds, none
+  # is empty (decode and suggest output; evaluation reports both protocols whatever this
+  # says).
   exclude_session_queries: bool = False
 
   @classmethod
@@ -132,9 +133,9 @@ def ranked_suggestions(vocab: Vocab, sequences: np.ndarray, scores: np.ndarray,
                            else settings.top_k, oov_words)
   if settings.mbr != 'none':
     ranked = mbr.rerank(ranked, session if settings.mbr == 'beam+session' else ())
-  if settings.exclude_session_queries:
+  if settings.exclude_session_queries:  # `pipeline.show`'s rule: none typed, none empty
     typed = set(session)
-    ranked = [r for r in ranked if r['query'] not in typed]
+    ranked = [r for r in ranked if r['query'] and r['query'] not in typed]
   return ranked[:settings.top_k]
 
 

@@ -33,7 +33,7 @@ under a pooling strategy, 'repeat_previous', 'most_frequent_next', 'most_popular
 printed `line`, and under 'ranking' exact match at 1, Recall@5/@10, MRR@10 over the distinct
 suggestions and the share of top suggestions that repeat a session query: `metrics`), the
 same under `scores_excluding_session` for the user-facing protocol that drops every
-suggestion repeating a query of the session, wall time and suggestions per second. The
+suggestion repeating a query of the session (and any empty one), wall time and suggestions per second. The
 trivial suggesters' lists: `mtn_jax.evaluation.trivial`. samples.jsonl: a seeded sample of
 pairs, one JSON object a line with the context queries, the predicted and the actual next
 query and the top suggestions with their scores, for the report's sample tables.
@@ -117,7 +117,8 @@ def score_suggesters(suggestions: dict[str, list[list[str]]], references: Sequen
   """{suggester: `score_entry`} of each suggester's ranked lists [pairs][k].
 
   With `exclude_session`, the user-facing protocol: every suggestion that repeats a query of
-  the session so far is dropped before scoring (the top is then the first that does not).
+  the session so far, or is empty, is dropped before scoring (the top is then the first
+  kept: `metrics.without_session_queries`).
   """
   entries = {}
   for name, ranked in suggestions.items():
@@ -148,8 +149,10 @@ def strategy_record(pipe: pipeline.Pipeline) -> dict:
     return {'strategy': 'learned', 'sources': plan,
             'session_first': s.session_first, 'unrelated_first': s.unrelated_first,
             'attested_only': s.attested_only,
-            'ranker': {k: pipe.ranker.meta[k] for k in ('checkpoint_step', 'folds', 'rounds',
-                                                       'groups', 'importance')},
+            'ranker': {**{k: pipe.ranker.meta[k] for k in ('checkpoint_step', 'folds',
+                                                          'rounds', 'groups', 'importance')},
+                       # the search its candidates were made with, not config.decode's
+                       'search': pipe.ranker.candidate_search(dc).to_dict()},
             'label': f'{label_of(pipe.trained)}: {plan}, by the learned ranker'}
   if s.strategy == 'blend':
     plan = ','.join(f'{name}:{n}' for name, n in s.blend)

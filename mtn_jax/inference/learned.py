@@ -206,11 +206,12 @@ class LearnedRanker:
     """The search its candidates were made with (ranker.json's `search`: the generator's
     features depend on it), `default` for a record that holds none (written before it was
     kept) and for a field it lacks."""
+    made = generator_settings(self.sources, default)
     recorded = _as_written_now(self.meta.get('search'))
     if not isinstance(recorded, dict):
-      return default
+      return made
     fields = {f.name for f in dataclasses.fields(search.SearchSettings)}
-    return dataclasses.replace(default, **{k: v for k, v in recorded.items() if k in fields})
+    return dataclasses.replace(made, **{k: v for k, v in recorded.items() if k in fields})
 
   def scores(self, matrix: np.ndarray) -> np.ndarray:
     """float [rows]: the ranker's score of each feature row (higher first)."""
@@ -292,6 +293,11 @@ class LearnedRanker:
           f'{meta.get("checkpoint_step")} and vocabulary {meta.get("vocab_fingerprint")}, '
           f'not for this workdir\'s best checkpoint (step {trained.step}, vocabulary '
           f'{trained.vocab.fingerprint}): run --mode=train again to retrain it')
+    try:  # sources this code no longer learns from (the session's queries)
+      parse_sources(plan_text(meta.get('sources', [])))
+    except (ValueError, TypeError) as e:
+      raise errors.Error(f'{meta_path}: the ranker was trained with sources this code does '
+                         f'not rank ({e}): run --mode=train again to refit it') from None
     computed = feature_names([name for name, _ in meta.get('sources', [])])
     if meta.get('features') != computed:
       raise errors.Error(
@@ -539,8 +545,11 @@ def cross_fitted_groups(config: ml_collections.ConfigDict, workdir: str, key: di
       log(f'  ranker data: fold {k}, {min(start + part, len(contexts)):,} of '
           f'{len(contexts):,} sessions; {elapsed:.0f} s, ETA '
           f'{elapsed / done * (left - done):.0f} s', flush=True)
+    if not out['features']:  # a fold of no session
+      out['features'], out['labels'] = [np.zeros((0, len(key['features'])), np.float32)], [
+          np.zeros(0, np.int32)]
     parts[k] = Groups(np.concatenate(out['features']), np.concatenate(out['labels']),
-                      np.asarray(out['sizes']), np.full(len(out['sizes']), k),
+                      np.asarray(out['sizes'], int), np.full(len(out['sizes']), k),
                       out['texts'], out['references'], out['sessions'], out['lists'])
     save_groups(parts[k], os.path.join(parts_dir, f'fold{k}'), _fold_key(key, k))
   return concatenate([parts[k] for k in range(folds)])
@@ -601,6 +610,10 @@ def load_groups(folder: str, key: dict, log=print) -> Groups | None:
     with open(paths[1], encoding='utf-8') as f:
       texts = json.load(f)
     saved = texts.get('key') if isinstance(texts, dict) else None
+    if isinstance(saved, dict) and 'features' not in saved:
+      log(f'  ranker data: {folder}\'s cached candidates were made by an older version, '
+          'which did not record their features: made again', flush=True)
+      return None
     if not isinstance(saved, dict) or {**saved, 'search': _as_written_now(
         saved.get('search'))} != key:
       return None

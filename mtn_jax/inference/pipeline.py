@@ -24,7 +24,8 @@ config.decode, read in one place). It never trains or fits anything. Three stage
      on them (`mtn_jax.inference.sources`: the beam and the log's sources, pooled) ordered by
      that ranker (`learned`), then what is shown first (`presentation`).
 3. What is shown (`show`): with the user-facing protocol (`exclude_session_queries`) the
-   queries the session holds are dropped, then the first `top_k` are kept.
+   queries the session holds and any empty one are dropped, then the first `top_k` are
+   kept.
 
 `suggest` runs the three stages on `Context`s (decode, suggest, a service); `split_lists`
 runs stages 1-2 on a whole split's sessions as contexts (evaluation, which then shows both
@@ -160,7 +161,7 @@ def blended(sources: dict[str, Sequence[str]], plan: Sequence[tuple[str, int]],
         if with_quota and fresh == quota:
           break
         order.setdefault(query, name)
-        fresh += query not in seen
+        fresh += bool(query) and query not in seen  # what the user-facing protocol shows
   return [{'query': q, 'score': 1 / rank, 'source': name}
           for rank, (q, name) in enumerate(order.items(), 1)]
 
