@@ -40,7 +40,8 @@ def get_config(variant: str = '') -> ml_collections.ConfigDict:
   c.data.split_fractions = (0.95, 0.025, 0.025)
   # 'session': the paper's random split of sessions; 'user': all of a user's sessions in one
   # split (sizes still by sessions), to measure suggestions for users never seen in training;
-  # 'time': valid and test get users' latest sessions, so a user's history is the past.
+  # 'time': valid and test get users' latest sessions (one each a user at most), so a user's
+  # history is the past; per user, not one cut in time for everyone.
   c.data.split_by = 'session'
   c.data.split_seed = 0
   # split_by='user' only: train on this many of the training users (a seeded choice), the

@@ -54,6 +54,10 @@ def test_oov_numbers_follow_first_appearance():
   np.testing.assert_array_equal(extended.oov_numbers(words, VOCAB, 4),
                                 [[0, 1, 0, 0], [0, 2, 1, 0], [1, 0, 0, 0]])
   assert extended.oov_words(words, VOCAB) == ['zq', 'xv']
+  # A special token's spelling typed as a word is <unk>, never a word to copy back as text.
+  typed = [['<unk>', 'zq', '</s>'], ['<pad>', 'xv']]
+  np.testing.assert_array_equal(extended.oov_numbers(typed, VOCAB, 3), [[0, 1, 0], [0, 2, 0]])
+  assert extended.oov_words(typed, VOCAB) == ['zq', 'xv']
   batch = session_batch()
   # After query 0 one such word can be copied, after query 1 two.
   np.testing.assert_array_equal(copying.copyable_words(batch), [[1, 2, 2], [1, 1, 1]])

@@ -686,6 +686,24 @@ def test_split_by_time_gives_valid_and_test_each_users_latest_sessions():
   assert all(np.array_equal(a, b) for a, b in zip(parts, again))
 
 
+def test_a_time_split_of_fewer_users_than_its_shares_ask_says_so(tmp_path):
+  # 40 users of 3 sessions: a fifth of the 120 sessions is 24 a split, and each user gives
+  # valid and test one session at most: 24 each, met; with 0.4 each, 48 asked, 40 given.
+  rows = [line(u, f'topic{u % 5} q{i} s{k}', f'{10 + 2 * k:02d}:0{i}:00')
+          for u in range(40) for k in range(3) for i in range(3)]
+  log = write(tmp_path / 'log.tsv', rows)
+  stats = preprocess.prepare(config(log, split_fractions=(0.6, 0.2, 0.2), min_word_count=1,
+                                    split_by='time'), str(tmp_path / 'w'))
+  assert 'time_split_short' not in stats and stats['test']['sessions'] == 24
+  stats = preprocess.prepare(config(log, split_fractions=(0.2, 0.4, 0.4), min_word_count=1,
+                                    split_by='time'), str(tmp_path / 'w2'))
+  assert stats['time_split_short'] == {'valid': [40, 48], 'test': [40, 48]}
+  assert stats['valid']['sessions'] == stats['test']['sessions'] == 40
+  text = preprocess.summary(stats, 'w2')
+  assert ("test: 40 sessions of the 48 config.data.split_fractions asks (split_by='time' "
+          'takes one session a user at most)') in text
+
+
 def test_history_holds_the_users_earlier_queries_and_never_a_later_one(tmp_path):
   # User 1: sessions A (10:00), B (12:00) and C (14:00); user 2: one session at 11:00. With
   # M = 4, B's history is A's queries, C's is the last four of A and B; a later query (of C,

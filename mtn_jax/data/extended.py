@@ -20,6 +20,7 @@ from collections.abc import Sequence
 import numpy as np
 
 from mtn_jax.data.sessions import SessionSplit
+from mtn_jax.data.vocab import SPECIAL_TOKENS
 from mtn_jax.data.vocab import UNK_ID
 from mtn_jax.data.vocab import Vocab
 
@@ -32,9 +33,15 @@ def oov_words(session_words: Sequence[Sequence[str]], vocab: Vocab) -> list[str]
   seen: dict[str, None] = {}
   for words in session_words:
     for word in words:
-      if vocab.id(word) == UNK_ID:
+      if _copyable(word, vocab):
         seen.setdefault(word)
   return list(seen)
+
+
+def _copyable(word: str, vocab: Vocab) -> bool:
+  """Whether `word` is outside `vocab` and may be copied: a special token's spelling typed
+  as a word ("<unk>", "</s>") is `<unk>`, never text a suggestion writes."""
+  return vocab.id(word) == UNK_ID and word not in SPECIAL_TOKENS
 
 
 def oov_numbers(session_words: Sequence[Sequence[str]], vocab: Vocab,
@@ -47,7 +54,7 @@ def oov_numbers(session_words: Sequence[Sequence[str]], vocab: Vocab,
   seen: dict[str, int] = {}
   for row, words in enumerate(session_words):
     for column, word in enumerate(words[:width]):
-      if vocab.id(word) == UNK_ID:
+      if _copyable(word, vocab):
         numbers[row, column] = seen.setdefault(word, len(seen) + 1)
   return numbers
 

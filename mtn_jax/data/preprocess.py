@@ -281,7 +281,10 @@ def split_by_time(session_users: np.ndarray, session_times: np.ndarray, fraction
   Users are taken in a seeded random order; each gives its latest session to test, while the
   test split's share of the sessions is not filled, then (in a second pass over the same
   order) its latest remaining session to valid; all else is training. Sizes follow
-  `fractions` counted in sessions; a user with one session gives it to one split at most.
+  `fractions` counted in sessions, one session a user at most in each of valid and test (so
+  a log of fewer users than a share asks gives that split fewer: `prepare` says so); a user
+  with one session gives it to one split at most. Each user's order is its own: another
+  user's training session may be later than a test session (no global time cut).
 
   Args:
     session_users: int [num_sessions], each session's user.
@@ -329,6 +332,9 @@ def summary(stats: dict, where: str) -> str:
   pieces = stats.get('tokenizer') == 'sentencepiece'
   lines.append(f'vocabulary: {stats["vocab_size"]:,} {"pieces" if pieces else "words"}, '
                'special tokens included')
+  for split, (got, asked) in stats.get('time_split_short', {}).items():
+    lines.append(f'{split}: {got:,} sessions of the {asked:,} config.data.split_fractions '
+                 "asks (split_by='time' takes one session a user at most)")
   if stats.get('cut_queries'):
     lines.append(f'queries cut to config.data.max_query_tokens pieces: '
                  f'{stats["cut_queries"]:,}')
@@ -495,6 +501,13 @@ def _write_corpus(cfg: ml_collections.ConfigDict, paths: list[str], folder: str)
       parts[0] = kept_train
   elif cfg.split_by == 'time':
     parts = split_by_time(session_users, session_times, fractions, cfg.split_seed)
+    # A user gives valid and test a session each at most: with fewer users than a share
+    # asks, that split is smaller than the fractions say, and the summary says so.
+    asked = [int(round(f * len(session_users))) for f in fractions]
+    short = {split: [int(len(parts[k])), asked[k]] for k, split in ((1, 'valid'), (2, 'test'))
+             if len(parts[k]) < asked[k]}
+    if short:
+      stats['time_split_short'] = short
   else:
     parts = split_sessions(sessions.num_sessions, fractions, cfg.split_seed)
   _check_splits_needed(parts, fractions, session_users, cfg.split_by)
