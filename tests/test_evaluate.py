@@ -369,7 +369,7 @@ def test_suggestion_list_keeps_top_k_and_drops_empty_slots():
 
 def test_describe_counts():
   text = suggest.describe_counts({'empty_lines': 2, 'long_queries': 1,
-                                  'skipped_bad_time': 3}, 10, 16)
+                                  'skipped_bad_time': 3}, '10 words', 16)
   assert '2 empty lines skipped' in text and '1 queries cut to 10 words' in text
   assert '0 contexts cut to their last 16 queries' in text
   assert text.endswith('3 log lines skipped (bad_time)')

@@ -9,6 +9,7 @@ import pytest
 import sentencepiece
 
 from configs import default
+from mtn_jax import config_lib
 from mtn_jax import errors
 from mtn_jax.data import extended
 from mtn_jax.data import preprocess
@@ -20,6 +21,7 @@ from mtn_jax.data.vocab import train_sentencepiece
 from mtn_jax.data.vocab import UNK_ID
 from mtn_jax.data.vocab import Vocab
 from mtn_jax.decoding import search
+from mtn_jax.inference import inputs
 from tests import cli
 
 TRAIN = ['cheap flights to paris', 'new york hotels', 'paris hotels', 'cheap new york flights',
@@ -73,6 +75,55 @@ def test_json_round_trip_and_word_vocab_unchanged(tmp_path):
   ids = np.array([vocab.encode_text('new york hotels') + [EOS_ID]])
   assert search.suggestion_list(vocab, ids, np.array([-1.0]), 1) == [
       {'query': 'new york hotels', 'score': -1.0}]
+
+
+def test_a_hypothesis_of_a_cut_character_or_odd_spaces_is_no_suggestion():
+  vocab = train_sentencepiece(TRAIN, 320)
+  cafe = vocab.encode_text('caf\u00e9')
+  # A byte piece alone (the first byte of a two-byte character) makes no character.
+  lead = vocab.id('<0xC3>')
+  assert vocab.decode_text([lead]) == '\ufffd'
+  paris, spaces = vocab.encode_text('paris'), vocab.encode_text(' ')
+  assert vocab.decode_text(spaces + paris + spaces + spaces + paris + spaces) == 'paris paris'
+  # The beam's best is a cut character: the next ones take the places asked for.
+  beam = np.zeros((3, 8), np.int32)
+  for row, ids in enumerate((paris + [lead], cafe, paris)):
+    beam[row, :len(ids) + 1] = ids + [EOS_ID]
+  assert [s['query'] for s in search.suggestion_list(
+      vocab, beam, np.array([-1.0, -2.0, -3.0]), 2)] == ['caf\u00e9', 'paris']
+
+
+def test_a_query_is_cut_to_the_whole_words_its_pieces_fit():
+  vocab = train_sentencepiece(TRAIN, 320)
+  reader = inputs.QueryReader(vocab, 8, 16)
+  fits = 'cheap flights paris'
+  assert reader.pieces(fits) <= 8 and reader.query('Cheap  Flights PARIS') == fits
+  # More pieces than the model's 8 slots, in few words: whole words kept, counted, said so.
+  long = 'cheap flights z\u00fcrich b\u00e4ckerei'
+  assert len(long.split()) < 8 < reader.pieces(long)
+  kept = reader.query(long).split()
+  words = long.split()
+  assert kept == words[:len(kept)] and reader.pieces(' '.join(kept)) <= 8
+  assert reader.pieces(' '.join(words[:len(kept) + 1])) > 8  # the next word would not fit
+  assert reader.counts['long_queries'] == 1
+  assert reader.limit == 'the words of 8 subword pieces'
+  assert inputs.QueryReader(Vocab(SPECIAL_TOKENS), 10, 16).limit == '10 words'
+
+
+def test_a_search_shorter_than_a_querys_pieces_or_blocking_pieces_is_refused():
+  c = default.get_config('mtn')
+  c.data.source, c.data.tokenizer, c.data.max_query_tokens = 'demo', 'sentencepiece', 12
+  c.decode.max_len = 12
+  with pytest.raises(errors.ConfigError, match=re.escape(
+      'config.decode.max_len (12) counts subword pieces with '
+      "config.data.tokenizer='sentencepiece': at least config.data.max_query_tokens + 1 (13)")):
+    config_lib.validate(c)
+  c.decode.max_len, c.decode.block_repeats = 13, True
+  with pytest.raises(errors.ConfigError, match='config.decode.block_repeats blocks repeated '
+                     'tokens, which .* are pieces, not words'):
+    config_lib.validate(c)
+  c.decode.block_repeats = False
+  config_lib.validate(c)
 
 
 def test_preprocessing_with_sentencepiece(tmp_path):

@@ -157,8 +157,10 @@ class SentencePieceVocab(Vocab):
         kept.append(i)
     text = self.processor.decode(kept)
     if UNK_ID in kept:  # an emitted `<unk>` stays `<unk>`, a word of its own, as with words
-      text = ' '.join(text.replace(_UNK_SURFACE, f' {SPECIAL_TOKENS[UNK_ID]} ').split())
-    return text
+      text = text.replace(_UNK_SURFACE, f' {SPECIAL_TOKENS[UNK_ID]} ')
+    # Single spaces, as the corpus's queries (a piece of spaces alone would leave two, or one
+    # at an end); byte pieces that make no character decode to U+FFFD (`search` drops those).
+    return ' '.join(text.split())
 
   @property
   def fingerprint(self) -> str:

@@ -113,10 +113,21 @@ def to_words(vocab: Vocab, sequence: Sequence[int] | np.ndarray | jax.Array,
 def suggestion_list(vocab: Vocab, sequences: np.ndarray, scores: np.ndarray,
                     top_k: int, oov_words: Sequence[str] = ()) -> list[dict]:
   """The first `top_k` hypotheses (int [beam, max_len], scores [beam], best first) as
-  [{'query': words joined by spaces, 'score': float}]; empty beam slots are left out.
+  [{'query': words joined by spaces, 'score': float}]; empty beam slots are left out, and
+  so is a text holding U+FFFD (subword byte pieces that make no character: a cut one).
   `oov_words`: the context's words outside the vocabulary (`to_words`)."""
-  return [{'query': vocab.decode_text(sequences[k], oov_words), 'score': float(scores[k])}
-          for k in range(min(top_k, len(scores))) if np.isfinite(scores[k])]
+  out = []
+  for k in range(len(scores)):
+    if len(out) == top_k:
+      break
+    if np.isfinite(scores[k]):
+      text = vocab.decode_text(sequences[k], oov_words)
+      if BROKEN_CHARACTER not in text:
+        out.append({'query': text, 'score': float(scores[k])})
+  return out
+
+
+BROKEN_CHARACTER = '\ufffd'  # what a decoder writes for bytes that make no character
 
 
 def ranked_suggestions(vocab: Vocab, sequences: np.ndarray, scores: np.ndarray,

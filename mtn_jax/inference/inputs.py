@@ -96,19 +96,38 @@ class QueryReader:
   """Cleans and cuts query texts the way the model needs them, counting every change."""
 
   def __init__(self, vocab: Vocab, max_query_words: int, max_session_queries: int):
+    """`max_query_words`: the model's token slots a query (`ModelConfig.max_query_words`):
+    words, or with a subword vocabulary pieces."""
     self.vocab = vocab
     self.max_query_words = max_query_words
     self.max_session_queries = max_session_queries
     self.counts: collections.Counter = collections.Counter()
 
+  @property
+  def limit(self) -> str:
+    """What a query is cut to, in words: '10 words', or 'the words of 24 subword pieces'."""
+    return (f'{self.max_query_words} words' if self.vocab.kind == 'word' else
+            f'the words of {self.max_query_words} subword pieces')
+
+  def pieces(self, text: str) -> int:
+    """The token slots `text` takes, normalised: its words, or its subword pieces."""
+    if self.vocab.kind == 'word':
+      return len(text.split())
+    return len(self.vocab.encode_text(aol_log.normalize_query(text)))
+
   def query(self, text: str) -> str:
     """A kept query's text: normalised as the corpus's queries are
-    (`aol_log.normalize_query`: lower-case, single spaces), cut to its first
-    max_query_words words (counted when cut, and its words outside the vocabulary counted)."""
+    (`aol_log.normalize_query`: lower-case, single spaces), cut to the first words that fit
+    the model's token slots (`limit`; counted when cut, and its words outside the vocabulary
+    counted). Cut by whole words: with subword pieces, a query's last pieces cut off would
+    leave a word cut mid-way."""
     words = aol_log.normalize_query(text).split(' ') if text.split() else []
-    if len(words) > self.max_query_words:
-      self.counts['long_queries'] += 1
-      words = words[:self.max_query_words]
+    cut = len(words) > self.max_query_words
+    words = words[:self.max_query_words]
+    while len(words) > 1 and self.pieces(' '.join(words)) > self.max_query_words:
+      words.pop()
+      cut = True
+    self.counts['long_queries'] += cut
     if self.vocab.kind == 'word':  # subword pieces leave no word unknown
       self.counts['oov_words'] += sum(self.vocab.id(w) == UNK_ID for w in words)
     return ' '.join(words)

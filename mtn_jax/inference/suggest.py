@@ -75,17 +75,17 @@ _COUNT_WORDS = {
     'empty_queries': 'empty queries skipped',
     'duplicate_queries': 'successive duplicate queries removed',
     'oov_words': 'words outside the vocabulary became <unk>',
-    'long_queries': 'queries cut to {n} words',
+    'long_queries': 'queries cut to {n}',
     'long_sessions': 'contexts cut to their last {s} queries',
 }
 
 
-def describe_counts(counts: dict, max_query_words: int, max_session_queries: int) -> str:
-  """The input changes in words, e.g. '3 empty lines skipped, 2 queries cut to 10 words'."""
+def describe_counts(counts: dict, limit: str, max_session_queries: int) -> str:
+  """The input changes in words, e.g. '3 empty lines skipped, 2 queries cut to 10 words'
+  (`limit`: what a query is cut to, `inputs.QueryReader.limit`)."""
   parts = []
   for key, words in _COUNT_WORDS.items():
-    parts.append(f'{counts.get(key, 0):,} '
-                 + words.format(n=max_query_words, s=max_session_queries))
+    parts.append(f'{counts.get(key, 0):,} ' + words.format(n=limit, s=max_session_queries))
   for key in sorted(k for k in counts if k.startswith('skipped_')):
     parts.append(f'{counts[key]:,} log lines skipped ({key[len("skipped_"):]})')
   return ', '.join(parts)
@@ -254,7 +254,7 @@ def decode_file(config: ml_collections.ConfigDict, workdir: str) -> dict:
             'seconds': round(elapsed, 3), 'output': os.path.abspath(output)}
   print(f'Decoded {num_sessions:,} sessions ({num_records:,} suggestion points) in '
         f'{elapsed:.1f} s ({num_sessions / max(elapsed, 1e-9):.1f} sessions/s) into {output}.')
-  print('Input changes: ' + describe_counts(counts, trained.cfg.max_query_words,
+  print('Input changes: ' + describe_counts(counts, reader.limit,
                                             trained.cfg.max_session_queries) + '.')
   print('Summary: ' + json.dumps(counts, sort_keys=True), flush=True)
   return counts
@@ -322,7 +322,7 @@ def interactive(config: ml_collections.ConfigDict, workdir: str, stdin: TextIO =
     if latin1:
       notes.append('not UTF-8: read as Latin-1')
     if reader.counts['long_queries'] > long_before:
-      notes.append(f'query cut to its first {cfg.max_query_words} words')
+      notes.append(f'query cut to {reader.limit}')
     note = f' ({"; ".join(notes)})' if notes else ''
     say(f'after {" | ".join(session)}{note}:')
     for rank, suggestion in enumerate(ranked, 1):

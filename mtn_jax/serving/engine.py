@@ -244,6 +244,10 @@ class Engine:
       if len(words) > self.max_query_words:
         raise BadInput(f'session[{i}]', f'{len(words)} words; the model reads at most '
                        f'{self.max_query_words} a query')
+      slots = self._reader.pieces(text)
+      if slots > self.max_query_words:  # subword pieces: more than the words
+        raise BadInput(f'session[{i}]', f'{slots} subword pieces; the model reads at most '
+                       f'{self.max_query_words} a query')
       queries.append(self._reader.query(text))
     if k is not None and not 1 <= k <= MAX_K:
       raise BadInput('k', f'{k} is out of range 1..{MAX_K}')
