@@ -172,7 +172,8 @@ def test_cli_trains_and_decodes_with_subwords(tmp_path):
   overrides = ('--config.data.tokenizer=sentencepiece', '--config.data.vocab_size=400',
                '--config.data.max_query_tokens=12', '--config.decode.max_len=13',
                '--config.train.max_steps=6', '--config.model.copy=True')
-  cli.run(tmp_path, *overrides, mode='train')
+  trained = cli.run(tmp_path, *overrides, mode='train')
+  assert re.search(r'vocabulary \d+ subword pieces;', trained.stdout), trained.stdout
   sessions_file = tmp_path / 'in.tsv'
   sessions_file.write_text('CHEAP Flights\tparis hotels\n', encoding='utf-8')
   output = tmp_path / 'out.jsonl'

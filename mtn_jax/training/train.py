@@ -609,7 +609,8 @@ def _train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict
                {'config': meta['config'], 'model': meta['model'], 'vocab_size': len(vocab)})
 
   log(f'Model {cfg.name}: {models.count_params(state.params):,} parameters, '
-      f'{models.size_mb(state.params):.1f} MB (fp32); vocabulary {len(vocab):,} words; '
+      f'{models.size_mb(state.params):.1f} MB (fp32); vocabulary {len(vocab):,} '
+      f'{"words" if vocab.kind == "word" else "subword pieces"}; '
       f'{data.description}; '
       f'{steps_per_epoch} steps per epoch on {jax.device_count()} device(s); '
       f'{total_steps} steps in all.')
