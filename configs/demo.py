@@ -8,14 +8,11 @@ python -m mtn_jax.main --config=configs/demo.py --workdir=/tmp/mtn_demo
 from configs import default
 
 
-VARIANTS = ('mtn', 'transformer')
-
-
 def get_config(variant: str = ''):
+  if variant not in ('', 'transformer'):
+    raise ValueError(f'configs/demo.py: unknown variant {variant!r} (expected "" or '
+                     '"transformer")')
   name = variant or 'mtn'
-  if name not in VARIANTS:
-    raise ValueError(f'configs/demo.py: unknown variant {variant!r} (known: '
-                     + ', '.join(VARIANTS) + ')')
   c = default.get_config(name)
   c.data.source = 'demo'
   c.data.demo_users = 1500

@@ -116,6 +116,7 @@ def _check_model(config):
                       'config of another model family (start from a config file of '
                       f'{m.name!r}, or --config=configs/default.py:{m.name}), or a field '
                       "its family's keys in configs/families.py lack")
+  model_class.check(m)  # first: it names some other models' keys more precisely
   # A key left from another model's config (`--config.model.name` changed on the command
   # line) would be recorded in the workdir's config as if it shaped the model.
   unread = [k for k in m if k not in model_class.config_keys()]
@@ -124,7 +125,6 @@ def _check_model(config):
                       f'read it: start from a config file of {m.name!r} (or '
                       f'--config=configs/default.py:{m.name}) rather than changing '
                       'config.model.name')
-  model_class.check(m)
   if model_class.reads_user_history(m) and d.history_queries == 0:
     raise ConfigError('config.data.history_queries is 0, but the model reads each user\'s '
                       'earlier queries: set it to the number to keep (e.g. 20)')
