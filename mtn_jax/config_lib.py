@@ -293,7 +293,8 @@ def _check_decode(config, mode: str) -> None:
     raise ConfigError(f'config.decode.top_k ({dc.top_k}) cannot exceed '
                       f'config.decode.beam_size ({dc.beam_size}) with '
                       "config.suggest.strategy='generate'")
-  if config.data.tokenizer == 'sentencepiece':
+  if (config.data.tokenizer == 'sentencepiece'
+      and issubclass(tasks.task_class(config.model), tasks.Suggests)):
     # The search counts pieces: a shorter one than a query's pieces cuts words (and
     # multi-byte characters) mid-way; and a repeated piece is no repeated word ("mike s forum s").
     if dc.max_len < config.data.max_query_tokens + 1:

@@ -22,10 +22,6 @@ class _Reader:
   def query(text: str) -> str:
     return ' '.join(text.lower().split())
 
-  @staticmethod
-  def pieces(text: str) -> int:
-    return len(text.split())  # a word vocabulary's
-
 
 class StubEngine(engine_lib.Engine):
   """`engine.Engine`'s request checks without a model: each request is answered with its

@@ -23,6 +23,7 @@ from mtn_jax.data.vocab import Vocab
 from mtn_jax.decoding import search
 from mtn_jax.inference import inputs
 from tests import cli
+from tests.test_polyencoder_cli import assert_decode_writes_what_eval_scored
 
 TRAIN = ['cheap flights to paris', 'new york hotels', 'paris hotels', 'cheap new york flights',
          'www.myspace.com', 'caf\u00e9 au lait'] * 20
@@ -93,21 +94,24 @@ def test_a_hypothesis_of_a_cut_character_or_odd_spaces_is_no_suggestion():
       vocab, beam, np.array([-1.0, -2.0, -3.0]), 2)] == ['caf\u00e9', 'paris']
 
 
-def test_a_query_is_cut_to_the_whole_words_its_pieces_fit():
+def test_a_query_is_read_as_the_corpus_read_it_words_then_pieces():
+  """Decode's and the service's reader keeps a query's first data.max_query_words words, and
+  the model its first pieces (`inputs.context_split`), as preprocessing cut the corpus that
+  eval reads: the same ids either way. A query of more pieces than the slots is counted."""
   vocab = train_sentencepiece(TRAIN, 320)
-  reader = inputs.QueryReader(vocab, 8, 16)
-  fits = 'cheap flights paris'
-  assert reader.pieces(fits) <= 8 and reader.query('Cheap  Flights PARIS') == fits
-  # More pieces than the model's 8 slots, in few words: whole words kept, counted, said so.
+  reader = inputs.QueryReader(vocab, 10, 16, token_slots=8)
+  assert reader.query('Cheap  Flights PARIS') == 'cheap flights paris'
+  assert reader.counts['long_queries'] == 0
   long = 'cheap flights z\u00fcrich b\u00e4ckerei'
-  assert len(long.split()) < 8 < reader.pieces(long)
-  kept = reader.query(long).split()
-  words = long.split()
-  assert kept == words[:len(kept)] and reader.pieces(' '.join(kept)) <= 8
-  assert reader.pieces(' '.join(words[:len(kept) + 1])) > 8  # the next word would not fit
-  assert reader.counts['long_queries'] == 1
-  assert reader.limit == 'the words of 8 subword pieces'
+  assert len(long.split()) < 10 and len(vocab.encode_text(long)) > 8
+  assert reader.query(long) == long and reader.counts['long_queries'] == 1
+  assert reader.query(' '.join(['paris'] * 12)) == ' '.join(['paris'] * 10)
+  assert reader.counts['long_queries'] == 2
+  assert reader.limit == '10 words, and 8 subword pieces'
   assert inputs.QueryReader(Vocab(SPECIAL_TOKENS), 10, 16).limit == '10 words'
+  # What the model reads of it: the first 8 pieces, as preprocessing wrote the corpus's.
+  split = inputs.context_split([inputs.Context((long,), 0, {})], vocab, 8)
+  assert split.queries[0].tolist() == vocab.encode_text(long)[:8]
 
 
 def test_a_search_shorter_than_a_querys_pieces_or_blocking_pieces_is_refused():
@@ -124,6 +128,11 @@ def test_a_search_shorter_than_a_querys_pieces_or_blocking_pieces_is_refused():
     config_lib.validate(c)
   c.decode.block_repeats = False
   config_lib.validate(c)
+  # A ranker searches nothing: its decode settings are no concern of its vocabulary.
+  ranker = default.get_config('polyencoder')
+  ranker.data.source, ranker.data.tokenizer = 'demo', 'sentencepiece'
+  ranker.decode.block_repeats = True
+  config_lib.validate(ranker)
 
 
 def test_preprocessing_with_sentencepiece(tmp_path):
@@ -183,3 +192,12 @@ def test_cli_trains_and_decodes_with_subwords(tmp_path):
   assert record['context'] == ['cheap flights', 'paris hotels']  # normalised as the log is
   assert record['suggestions'] and all('\u2581' not in s['query'] and '<' not in s['query']
                                        for s in record['suggestions'])  # detokenised text
+  # Decode reads a query as the corpus that eval reads was cut (words, then pieces; half the
+  # demo's queries take more than 12 pieces here): the lists eval scored, both protocols.
+  cli.run(tmp_path, *overrides, '--config.decode.max_eval_sessions=8', mode='eval')
+  lists = tmp_path / 'eval' / 'lists.jsonl'
+  pairs = [json.loads(line) for line in lists.read_text().splitlines()]
+  vocab = sessions_lib.load_vocab(preprocess.data_dir(str(tmp_path)))
+  assert any(len(vocab.encode_text(q)) > 12 for p in pairs for q in p['context'])
+  (tmp_path / 'decoded').mkdir()
+  assert_decode_writes_what_eval_scored(tmp_path, lists, tmp_path / 'decoded', *overrides)

@@ -26,7 +26,8 @@ user-then-time order, so never a later one), `vocab.json`
     {"lines_read": n, "latin1_lines": n, "skipped": {reason: count, ...},
      "train": {"sessions": n, "pairs": n}, "valid": {...}, "test": {...},
      "tokenizer": "word" or "sentencepiece", "vocab_size": n, "candidates": n,
-     ["cut_queries": n (sentencepiece), "train_users": {...} (config.data.train_users)]}
+     ["cut_queries": n (sentencepiece), "train_users": {...} (config.data.train_users),
+      "time_split_short": {split: [sessions, asked]} (split_by='time', a share not met)]}
 
 (pairs = sum over sessions of (queries - 1); `lines_read` = queries of kept sessions + all
 skipped lines, checked at every build (the skip reasons: `aol_log.REASONS`, and

@@ -114,7 +114,7 @@ def suggestion_list(vocab: Vocab, sequences: np.ndarray, scores: np.ndarray,
                     top_k: int, oov_words: Sequence[str] = ()) -> list[dict]:
   """The first `top_k` hypotheses (int [beam, max_len], scores [beam], best first) as
   [{'query': words joined by spaces, 'score': float}]; empty beam slots are left out, and
-  so is a text holding U+FFFD (subword byte pieces that make no character: a cut one).
+  so is a subword text holding U+FFFD (byte pieces that make no character: a cut one).
   `oov_words`: the context's words outside the vocabulary (`to_words`)."""
   out = []
   for k in range(len(scores)):
@@ -122,7 +122,7 @@ def suggestion_list(vocab: Vocab, sequences: np.ndarray, scores: np.ndarray,
       break
     if np.isfinite(scores[k]):
       text = vocab.decode_text(sequences[k], oov_words)
-      if BROKEN_CHARACTER not in text:
+      if vocab.kind == 'word' or BROKEN_CHARACTER not in text:
         out.append({'query': text, 'score': float(scores[k])})
   return out
 

@@ -17,8 +17,10 @@ first line is malformed is still a log):
 Queries are normalised as the corpus's are (`aol_log.normalize_query`: lower-cased, words on
 single spaces), and a line that is not UTF-8 is read as Latin-1 (counted). What the model
 cannot take is adapted and counted: empty lines and empty queries are skipped, words outside
-the vocabulary become `<unk>`, queries longer than the model's `max_query_words` are cut to
-their first words, and a context longer than the model's query-position table
+the vocabulary become `<unk>`, queries longer than the words the model reads
+(`Trained.query_words`) are cut to their first words (with subword pieces, a query of more
+pieces than the model's slots is counted: the model reads its first pieces, as the corpus's
+were cut), and a context longer than the model's query-position table
 (`model.max_session_queries`) keeps its last queries.
 """
 
@@ -95,42 +97,45 @@ class Context:
 class QueryReader:
   """Cleans and cuts query texts the way the model needs them, counting every change."""
 
-  def __init__(self, vocab: Vocab, max_query_words: int, max_session_queries: int):
-    """`max_query_words`: the model's token slots a query (`ModelConfig.max_query_words`):
-    words, or with a subword vocabulary pieces."""
+  def __init__(self, vocab: Vocab, max_query_words: int, max_session_queries: int,
+               token_slots: int | None = None):
+    """`max_query_words`: the most words a query keeps (`Trained.query_words`);
+    `token_slots`: with subword pieces, the model's slots a query (`ModelConfig`'s
+    max_query_words)."""
     self.vocab = vocab
     self.max_query_words = max_query_words
     self.max_session_queries = max_session_queries
+    self.token_slots = token_slots
     self.counts: collections.Counter = collections.Counter()
+
+  @classmethod
+  def for_model(cls, trained) -> QueryReader:
+    """The reader of `trained`'s (an `inference.Trained`) queries, as its corpus read them."""
+    return cls(trained.vocab, trained.query_words, trained.cfg.max_session_queries,
+               trained.cfg.max_query_words)
 
   @property
   def limit(self) -> str:
-    """What a query is cut to, in words: '10 words', or 'the words of 24 subword pieces'."""
-    return (f'{self.max_query_words} words' if self.vocab.kind == 'word' else
-            f'the words of {self.max_query_words} subword pieces')
-
-  def pieces(self, text: str) -> int:
-    """The token slots `text` takes, normalised: its words, or its subword pieces."""
-    if self.vocab.kind == 'word':
-      return len(text.split())
-    return len(self.vocab.encode_text(aol_log.normalize_query(text)))
+    """What a query is cut to, in words: '10 words', or '10 words, and 24 subword pieces'."""
+    if self.vocab.kind == 'word' or self.token_slots is None:
+      return f'{self.max_query_words} words'
+    return f'{self.max_query_words} words, and {self.token_slots} subword pieces'
 
   def query(self, text: str) -> str:
     """A kept query's text: normalised as the corpus's queries are
-    (`aol_log.normalize_query`: lower-case, single spaces), cut to the first words that fit
-    the model's token slots (`limit`; counted when cut, and its words outside the vocabulary
-    counted). Cut by whole words: with subword pieces, a query's last pieces cut off would
-    leave a word cut mid-way."""
+    (`aol_log.normalize_query`: lower-case, single spaces), cut to its first max_query_words
+    words (counted when cut, and its words outside the vocabulary counted). With subword
+    pieces, a query of more pieces than the model's slots is counted too: the model reads its
+    first pieces (`context_split`), as the corpus's queries were cut."""
     words = aol_log.normalize_query(text).split(' ') if text.split() else []
-    cut = len(words) > self.max_query_words
-    words = words[:self.max_query_words]
-    while len(words) > 1 and self.pieces(' '.join(words)) > self.max_query_words:
-      words.pop()
-      cut = True
-    self.counts['long_queries'] += cut
+    kept = ' '.join(words[:self.max_query_words])
+    if len(words) > self.max_query_words or (
+        self.vocab.kind != 'word' and self.token_slots is not None
+        and len(self.vocab.encode_text(kept)) > self.token_slots):
+      self.counts['long_queries'] += 1
     if self.vocab.kind == 'word':  # subword pieces leave no word unknown
-      self.counts['oov_words'] += sum(self.vocab.id(w) == UNK_ID for w in words)
-    return ' '.join(words)
+      self.counts['oov_words'] += sum(self.vocab.id(w) == UNK_ID for w in kept.split())
+    return kept
 
   def session_line(self, line: str, number: int) -> Context | None:
     """A sessions-file line -> a Context suggesting after its last query (None: empty)."""

@@ -213,8 +213,7 @@ def decode_file(config: ml_collections.ConfigDict, workdir: str) -> dict:
   config = with_protocol(config, user_facing=False)
   suggestions = pipeline.Pipeline.load(config, workdir)
   trained = suggestions.trained
-  reader = inputs.QueryReader(trained.vocab, trained.cfg.max_query_words,
-                              trained.cfg.max_session_queries)
+  reader = inputs.QueryReader.for_model(trained)
   chunk_size = CHUNK_BATCHES * dc.batch_sessions
   if input_format == 'raw':
     contexts = inputs.read_raw_log(dc.input, reader, config.data, chunk_sessions=chunk_size,
@@ -275,8 +274,7 @@ def interactive(config: ml_collections.ConfigDict, workdir: str, stdin: TextIO =
   config = with_protocol(config, user_facing=True)
   suggestions = pipeline.Pipeline.load(config, workdir)
   cfg = suggestions.trained.cfg
-  reader = inputs.QueryReader(suggestions.trained.vocab, cfg.max_query_words,
-                              cfg.max_session_queries)
+  reader = inputs.QueryReader.for_model(suggestions.trained)
   prompt = stdin.isatty()
 
   def say(text: str = '') -> None:

@@ -57,6 +57,16 @@ class Trained:
   def model(self) -> nn.Module:
     return self.task.model
 
+  @property
+  def query_words(self) -> int:
+    """The most words of a query the model reads, as its corpus kept them: its token slots
+    with a word vocabulary; with subword pieces, the corpus's `config.data.max_query_words`
+    (the pieces then fill the slots, cut beyond as the corpus's were)."""
+    if self.vocab.kind == 'word':
+      return self.cfg.max_query_words
+    data = self.meta.get('config', {}).get('data', {})
+    return int(data.get('max_query_words', self.cfg.max_query_words))
+
   def copied_words(self, queries: Sequence[str]) -> list[str]:
     """The words outside the vocabulary that a copying model may write by extended id in a
     context of `queries` (`extended.oov_words`); none for a model that does not copy."""

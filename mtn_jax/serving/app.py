@@ -152,8 +152,7 @@ class Info(pydantic.BaseModel):
   top_k: int = pydantic.Field(description='Suggestions given when a request has no `k`.')
   max_k: int
   max_session_queries: int
-  max_query_words: int = pydantic.Field(description='The most words a query may hold; with '
-                                        'a subword vocabulary, the most subword pieces too.')
+  max_query_words: int = pydantic.Field(description='The most words a query may hold.')
   personalises: bool = pydantic.Field(description='Whether a request may name a `user`.')
   user_facing: bool = pydantic.Field(description='True: no query of the session is '
                                      'suggested again.')

@@ -168,10 +168,9 @@ class Engine:
     cfg = pipeline.trained.cfg
     self.max_session_queries = cfg.max_session_queries
     self.widths = padded_sizes(cfg.max_session_queries)
-    self.max_query_words = cfg.max_query_words
+    self.max_query_words = pipeline.trained.query_words
     # Normalises and cuts queries as decode's reader does; its counts are not read.
-    self._reader = inputs.QueryReader(pipeline.trained.vocab, cfg.max_query_words,
-                                      cfg.max_session_queries)
+    self._reader = inputs.QueryReader.for_model(pipeline.trained)
 
   @classmethod
   def load(cls, config: ml_collections.ConfigDict, workdir: str, log=print,
@@ -243,10 +242,6 @@ class Engine:
       words = text.split()
       if len(words) > self.max_query_words:
         raise BadInput(f'session[{i}]', f'{len(words)} words; the model reads at most '
-                       f'{self.max_query_words} a query')
-      slots = self._reader.pieces(text)
-      if slots > self.max_query_words:  # subword pieces: more than the words
-        raise BadInput(f'session[{i}]', f'{slots} subword pieces; the model reads at most '
                        f'{self.max_query_words} a query')
       queries.append(self._reader.query(text))
     if k is not None and not 1 <= k <= MAX_K:
