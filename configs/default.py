@@ -53,8 +53,9 @@ def get_config(variant: str = '') -> ml_collections.ConfigDict:
   c.data.min_word_count = 8  # vocabulary: training words seen at least this often
   # 'word': the paper's word vocabulary (min_word_count); 'sentencepiece': a subword model of
   # vocab_size pieces trained on the training split, each query written in at most
-  # max_query_tokens pieces (cut beyond, counted); suggestions are detokenised, metrics stay
-  # on words. The <= max_query_words filter applies either way.
+  # max_query_tokens pieces (cut beyond, counted; decode and serve read queries alike);
+  # suggestions are detokenised, metrics stay on words. The <= max_query_words filter applies
+  # either way.
   c.data.tokenizer = 'word'
   c.data.vocab_size = 4000
   c.data.max_query_tokens = 24
@@ -116,13 +117,13 @@ def get_config(variant: str = '') -> ml_collections.ConfigDict:
   c.decode = ml_collections.ConfigDict()
   c.decode.beam_size = 5
   c.decode.length_penalty = 0.6  # GNMT alpha: scores are log p / ((5 + len) / 6) ** alpha
-  c.decode.max_len = 11  # words + </s>
+  c.decode.max_len = 11  # words + </s> (subword pieces + </s>: >= data.max_query_tokens + 1)
   c.decode.top_k = 5  # suggestions written per session
   # False: `<unk>` is never suggested (it tells a user nothing and never matches a logged
   # query, though on logs with many rare words it is often the likeliest token).
   c.decode.emit_unk = False
   # True: a suggestion never holds a word twice (queries almost never do; a copy mixture
-  # otherwise loops on the word it copies).
+  # otherwise loops on the word it copies). Word vocabularies only (it blocks tokens).
   c.decode.block_repeats = False
   # Minimum Bayes risk (mtn_jax/decoding/mbr.py): the lists reordered by expected BLEU
   # against their own candidates, comma-separated. 'beam': the generator's beam (every
