@@ -307,7 +307,7 @@ def test_the_service_reads_the_decode_protocol(monkeypatch):
   from mtn_jax.inference import pipeline  # pylint: disable=g-import-not-at-top
   from mtn_jax.serving import engine  # pylint: disable=g-import-not-at-top
   cfg = types.SimpleNamespace(max_session_queries=4, max_query_words=5)
-  fake = types.SimpleNamespace(trained=types.SimpleNamespace(cfg=cfg, vocab=None))
+  fake = types.SimpleNamespace(trained=types.SimpleNamespace(cfg=cfg, vocab=None, query_words=5))
   monkeypatch.setattr(engine, '_listen', lambda: None)
   monkeypatch.setattr(engine.Engine, 'warm_up', lambda self, *args, **kwargs: None)
   monkeypatch.setattr(pipeline.Pipeline, 'load', lambda config, workdir, log: fake)
