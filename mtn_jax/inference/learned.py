@@ -575,11 +575,8 @@ def groups_key(config: ml_collections.ConfigDict, workdir: str) -> dict:
   """What `cross_fitted_groups` makes its candidates from: the sources, the folds, the fold
   generators' best checkpoints, the decoding settings, and the features it computes."""
   plan = parse_sources(config.suggest.sources)
-  steps = [int(inference.load_trained(fold_config(config, k), fold_workdir(workdir, k),
-                                      which='best').step)
-           for k in range(config.suggest.ranker_folds)]
   return {'sources': [list(x) for x in plan],
-          'folds': config.suggest.ranker_folds, 'fold_steps': steps,
+          'folds': config.suggest.ranker_folds, 'fold_steps': fold_steps(config, workdir),
           'split_seed': config.data.split_seed, 'search': search_key(config),
           'features': feature_names([name for name, _ in plan])}
 
