@@ -180,9 +180,9 @@ def show(ranked: Sequence[dict], session_so_far: Sequence[str], exclude_session_
   """What is shown of an ordered list after the queries `session_so_far`: with the
   user-facing protocol, none the session holds and none empty (the rule of
   `metrics.without_session_queries`, which scores the user-facing protocol); then the first
-  `top_k`. A list
-  `scored_by_place` (its 'score' 1 / place: the blend's, the learned ranker's) is scored by
-  the places shown, so that the dropped queries of the session leave no gaps."""
+  `top_k`. A list `scored_by_place` (its 'score' 1 / place: the blend's, the learned
+  ranker's) is scored by the places shown, so that the dropped queries of the session leave
+  no gaps."""
   if exclude_session_queries:
     seen = set(session_so_far)
     ranked = [c for c in ranked if c['query'] and c['query'] not in seen]
