@@ -3,6 +3,7 @@ travels as JSON, and preprocessing writes piece ids trained on the training spli
 
 import json
 import re
+import types
 
 import numpy as np
 import pytest
@@ -107,11 +108,50 @@ def test_a_query_is_read_as_the_corpus_read_it_words_then_pieces():
   assert reader.query(long) == long and reader.counts['long_queries'] == 1
   assert reader.query(' '.join(['paris'] * 12)) == ' '.join(['paris'] * 10)
   assert reader.counts['long_queries'] == 2
-  assert reader.limit == '10 words, and 8 subword pieces'
+  assert reader.limit == '10 words, the model reading its first 8 subword pieces'
   assert inputs.QueryReader(Vocab(SPECIAL_TOKENS), 10, 16).limit == '10 words'
   # What the model reads of it: the first 8 pieces, as preprocessing wrote the corpus's.
   split = inputs.context_split([inputs.Context((long,), 0, {})], vocab, 8)
   assert split.queries[0].tolist() == vocab.encode_text(long)[:8]
+
+
+def test_a_subword_model_reads_its_corpus_word_limit_in_every_mode(monkeypatch):
+  """The words a query keeps are the corpus's `data.max_query_words`, not the model's piece
+  slots: decode's reader cuts to them, and the service refuses more (and reads a query within
+  them to its first pieces, as eval's corpus was cut)."""
+  from mtn_jax.inference import pipeline  # pylint: disable=g-import-not-at-top
+  from mtn_jax.inference.trained import Trained  # pylint: disable=g-import-not-at-top
+  from mtn_jax.serving import engine  # pylint: disable=g-import-not-at-top
+  vocab = train_sentencepiece(TRAIN, 320)
+  cfg = types.SimpleNamespace(max_session_queries=4, max_query_words=8)
+  trained = Trained(types.SimpleNamespace(cfg=cfg), None, vocab, 0,
+                    {'config': {'data': {'max_query_words': 3}}})
+  assert trained.query_words == 3
+  reader = inputs.QueryReader.for_model(trained)
+  assert reader.query('cheap flights to paris') == 'cheap flights to'
+  monkeypatch.setattr(engine, '_listen', lambda: None)
+  monkeypatch.setattr(engine.Engine, 'warm_up', lambda self, *args, **kwargs: None)
+  monkeypatch.setattr(pipeline.Pipeline, 'load',
+                      lambda config, workdir, log: types.SimpleNamespace(trained=trained))
+  served = engine.Engine.load(default.get_config('mtn'), '/nowhere')
+  assert served.max_query_words == 3
+  with pytest.raises(engine.BadInput, match='4 words; the model reads at most 3'):
+    served.check(['cheap flights to paris'], 1, None)
+  within = 'z\u00fcrich b\u00e4ckerei caf\u00e9'
+  assert len(vocab.encode_text(within)) > 8
+  served.check([within], 1, None)
+  # A word vocabulary's model reads as many words as it has slots.
+  words = Trained(types.SimpleNamespace(cfg=cfg), None, Vocab(SPECIAL_TOKENS), 0, {})
+  assert words.query_words == 8
+
+
+def test_a_word_holding_the_replacement_character_is_a_word_vocabularys_own():
+  # Only subword byte pieces make a U+FFFD of bytes that make no character; a word
+  # vocabulary's word that holds one (a log's own text) is suggested as it is.
+  vocab = Vocab(SPECIAL_TOKENS + ('caf\ufffd',))
+  ids = np.array([[vocab.id('caf\ufffd'), EOS_ID]])
+  assert search.suggestion_list(vocab, ids, np.array([-1.0]), 1) == [
+      {'query': 'caf\ufffd', 'score': -1.0}]
 
 
 def test_a_search_shorter_than_a_querys_pieces_or_blocking_pieces_is_refused():

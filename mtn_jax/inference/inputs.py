@@ -116,10 +116,12 @@ class QueryReader:
 
   @property
   def limit(self) -> str:
-    """What a query is cut to, in words: '10 words', or '10 words, and 24 subword pieces'."""
+    """What a query is cut to, in words: '10 words', or '10 words, the model reading its
+    first 24 subword pieces'."""
     if self.vocab.kind == 'word' or self.token_slots is None:
       return f'{self.max_query_words} words'
-    return f'{self.max_query_words} words, and {self.token_slots} subword pieces'
+    return (f'{self.max_query_words} words, the model reading its first {self.token_slots} '
+            'subword pieces')
 
   def query(self, text: str) -> str:
     """A kept query's text: normalised as the corpus's queries are

@@ -225,7 +225,8 @@ class Engine:
   def check(self, session: Sequence[str], k: int | None, user: str | None) -> Request:
     """The request as the model reads it, or BadInput naming the field at fault. Unlike
     decode, which adapts a file's sessions (and counts what it changed), a request the model
-    would have to change is refused."""
+    would have to change is refused; with subword pieces, a query within the words the model
+    reads (`Trained.query_words`) is read to its first pieces, as the corpus's were."""
     if not session:
       raise BadInput('session', 'empty: give the session\'s queries so far, oldest first')
     if len(session) > self.max_session_queries:
