@@ -53,6 +53,7 @@ from mtn_jax import parallel
 from mtn_jax.data import hypothesis_files
 from mtn_jax.data import preprocess
 from mtn_jax.data import sessions
+from mtn_jax.decoding import search
 from mtn_jax.evaluation import metrics
 from mtn_jax.inference import hypothesis_decoding
 from mtn_jax.inference import pipeline
@@ -88,7 +89,7 @@ def make_pair(session: int, user: int, context: list[str], reference: str, beam:
               log: LogLists) -> dict:
   """A pair with its sources' candidates, the session's queries dropped."""
   seen = set(context)
-  fresh = lambda queries: [q for q in dict.fromkeys(queries) if q and q not in seen]
+  fresh = lambda queries: [q for q in dict.fromkeys(queries) if search.shown_to_user(q, seen)]
   depth = TOP_K + len(context)  # as deep as the pipeline reads them
   return {'session': session, 'user': user, 'context': context, 'reference': reference,
           'generate': fresh(beam),

@@ -130,6 +130,15 @@ def suggestion_list(vocab: Vocab, sequences: np.ndarray, scores: np.ndarray,
 BROKEN_CHARACTER = '\ufffd'  # what a decoder writes for bytes that make no character
 
 
+def shown_to_user(query: str, typed: set[str] | frozenset[str]) -> bool:
+  """Whether the user-facing protocol shows `query` after a session whose queries are
+  `typed`: it is not one of them, nor empty (a model that ends the query at once writes '';
+  a person is offered nothing to click). The one rule of `ranked_suggestions`, the
+  pipeline's lists (`pipeline.show`, the blend's quotas) and their scores
+  (`metrics.without_session_queries`)."""
+  return bool(query) and query not in typed
+
+
 def ranked_suggestions(vocab: Vocab, sequences: np.ndarray, scores: np.ndarray,
                        settings: SearchSettings, session: Sequence[str] = (),
                        oov_words: Sequence[str] = ()) -> list[dict]:
@@ -144,9 +153,9 @@ def ranked_suggestions(vocab: Vocab, sequences: np.ndarray, scores: np.ndarray,
                            else settings.top_k, oov_words)
   if settings.mbr != 'none':
     ranked = mbr.rerank(ranked, session if settings.mbr == 'beam+session' else ())
-  if settings.exclude_session_queries:  # `pipeline.show`'s rule: none typed, none empty
+  if settings.exclude_session_queries:
     typed = set(session)
-    ranked = [r for r in ranked if r['query'] and r['query'] not in typed]
+    ranked = [r for r in ranked if shown_to_user(r['query'], typed)]
   return ranked[:settings.top_k]
 
 

@@ -32,6 +32,8 @@ from collections.abc import Sequence
 import numpy as np
 from sacrebleu.metrics import BLEU
 
+from mtn_jax.decoding import search
+
 MAX_NGRAM_ORDER = 4
 
 
@@ -164,13 +166,11 @@ def distinct(suggestions: Sequence[str]) -> list[str]:
 
 
 def without_session_queries(suggestions: Sequence[str], session: Sequence[str]) -> list[str]:
-  """The suggestions that repeat no query of the session, in their order (a user-facing
-  suggester never offers what the user has already typed), and none empty (what a model
-  writes when it ends the query at once; a person is offered nothing to click). Strings
-  compare exactly: `Paris` does not repeat `paris`. `pipeline.show` applies the same rule to
-  the suggestion pipeline's lists."""
+  """The suggestions the user-facing protocol shows (`search.shown_to_user`: none that
+  repeats a query of the session, none empty), in their order. Strings compare exactly:
+  `Paris` does not repeat `paris`."""
   seen = set(session)
-  return [s for s in suggestions if s and s not in seen]
+  return [s for s in suggestions if search.shown_to_user(s, seen)]
 
 
 RANKING_CUTOFF = 10  # the deepest rank any ranking metric reads

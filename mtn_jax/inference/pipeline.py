@@ -161,7 +161,7 @@ def blended(sources: dict[str, Sequence[str]], plan: Sequence[tuple[str, int]],
         if with_quota and fresh == quota:
           break
         order.setdefault(query, name)
-        fresh += bool(query) and query not in seen  # what the user-facing protocol shows
+        fresh += search.shown_to_user(query, seen)
   return [{'query': q, 'score': 1 / rank, 'source': name}
           for rank, (q, name) in enumerate(order.items(), 1)]
 
@@ -178,14 +178,13 @@ def blend_sources(beam: Sequence[str], context: Sequence[str], counts: popular.L
 def show(ranked: Sequence[dict], session_so_far: Sequence[str], exclude_session_queries: bool,
          top_k: int, scored_by_place: bool = False) -> list[dict]:
   """What is shown of an ordered list after the queries `session_so_far`: with the
-  user-facing protocol, none the session holds and none empty (the rule of
-  `metrics.without_session_queries`, which scores the user-facing protocol); then the first
-  `top_k`. A list `scored_by_place` (its 'score' 1 / place: the blend's, the learned
+  user-facing protocol, none the session holds and none empty (`search.shown_to_user`);
+  then the first `top_k`. A list `scored_by_place` (its 'score' 1 / place: the blend's, the learned
   ranker's) is scored by the places shown, so that the dropped queries of the session leave
   no gaps."""
   if exclude_session_queries:
     seen = set(session_so_far)
-    ranked = [c for c in ranked if c['query'] and c['query'] not in seen]
+    ranked = [c for c in ranked if search.shown_to_user(c['query'], seen)]
   shown = list(ranked[:top_k])
   if scored_by_place:
     shown = [{**c, 'score': 1 / place} for place, c in enumerate(shown, 1)]
