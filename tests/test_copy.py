@@ -124,6 +124,20 @@ def test_a_target_outside_the_vocabulary_and_the_context_is_unk():
       losses.extended_targets(targets, jnp.array([[4]]), 37), [[[40, UNK_ID, 7]]])
 
 
+def test_a_copied_word_fed_back_to_the_decoder_is_read_as_unk(copy_model):
+  """The search feeds a copied word back by its extended id, which the decoder's word table
+  has no row for: it reads `<unk>` there, as training read the same word (the queries hold
+  `<unk>` for it), whatever the extended id."""
+  cfg, model, params = copy_model
+  memory = model.apply({'params': params}, session_batch(), method='encode')
+  inputs = jnp.array([[1, 5, 0, 0]] * 6, jnp.int32)  # <s>, a word: rows of memory
+  decode = lambda ids: model.apply({'params': params}, memory, ids, method='decode')
+  as_unk = decode(inputs.at[:, 2].set(UNK_ID))
+  for extended_id in (cfg.vocab_size, cfg.vocab_size + 5, cfg.extended_vocab_size - 1):
+    np.testing.assert_allclose(decode(inputs.at[:, 2].set(extended_id)), as_unk, atol=1e-6)
+  assert not np.allclose(decode(inputs.at[:, 2].set(6)), as_unk, atol=1e-4)
+
+
 def test_a_session_word_outside_the_vocabulary_is_suggested_verbatim(copy_model):
   """With the gate shut on the vocabulary (its bias very negative), every suggested word is
   copied; a context made only of unknown words is then written back in those words."""

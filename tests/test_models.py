@@ -450,3 +450,148 @@ def test_tree_positions_and_mask_by_hand():
   positions, mask = layers.tree_positions_and_mask(chain)
   np.testing.assert_array_equal(positions[0], np.arange(16))
   np.testing.assert_array_equal(mask[0, 0], np.tril(np.ones((16, 16), bool)))
+
+
+@pytest.mark.parametrize('name', CONFIGS)
+def test_earlier_queries_reach_every_later_position(name):
+  """The converse of causality: a change to query 0 alone moves the encoding of every later
+  query and every pair's likelihood; the session context is what MTN adds to a query
+  encoder (without it each query would be encoded alone)."""
+  cfg = CONFIGS[name]
+  fns, params = compiled(cfg), init_params(cfg)
+  queries = make_queries(2)
+  changed = queries.at[:, 0].set(make_queries(3)[:, 0])
+  memory, changed_memory = fns['encode'](params, queries), fns['encode'](params, changed)
+  rows = memory['tokens'].reshape(BATCH, QUERIES, *memory['tokens'].shape[1:])
+  changed_rows = changed_memory['tokens'].reshape(rows.shape)
+  for t in range(1, QUERIES):
+    assert not np.allclose(rows[:, t], changed_rows[:, t], atol=1e-3), t
+  moved = np.abs(np.asarray(pair_logliks(fns['forward'](params, queries), queries)
+                            - pair_logliks(fns['forward'](params, changed), changed)))
+  assert (moved > 1e-4).all(), moved
+
+
+@pytest.mark.parametrize('name', ['mtn_k2', 'mtn_k3', 'transformer'])
+def test_the_order_of_earlier_queries_is_read(name):
+  """Swapping queries 0 and 1 of a 4-query session moves the likelihood of query 3 after
+  query 2: the session encoder reads query positions (attention alone is blind to the order
+  of the queries it attends to, and query 2 itself is the same)."""
+  cfg = CONFIGS[name]
+  fns, params = compiled(cfg), init_params(cfg)
+  queries = make_queries(2, num_queries=4)
+  swapped = queries.at[:, 0].set(queries[:, 1]).at[:, 1].set(queries[:, 0])
+  last_pair = lambda q: pair_logliks(fns['forward'](params, q), q)[:, 2]
+  assert (np.abs(np.asarray(last_pair(queries) - last_pair(swapped))) > 1e-4).all()
+
+
+@pytest.mark.parametrize('name', ['mtn_k2', 'mtn_k3'])
+def test_each_of_the_k_minus_1_session_levels_reaches_the_memory(name):
+  """A K-level MTN stacks K-1 session levels (the query encoder is the first level), each
+  one's output on the way to the memory: moving one level's Add & Norm bias moves it."""
+  cfg = CONFIGS[name]
+  fns, params = compiled(cfg), init_params(cfg)
+  levels = sorted(k for k in params if k.startswith('session_levels_'))
+  assert levels == [f'session_levels_{i}' for i in range(cfg.num_levels - 1)]
+  queries = make_queries(2)
+  memory = fns['encode'](params, queries)['tokens']
+  for level in levels:
+    norm = params[level]['add_norm']
+    # Not a constant shift, which a LayerNorm above it would take out.
+    shift = np.random.default_rng(0).normal(size=norm['bias'].shape)
+    moved = {**params, level: {**params[level], 'add_norm': {**norm,
+                                                             'bias': norm['bias'] + shift}}}
+    assert not np.allclose(fns['encode'](moved, queries)['tokens'], memory, atol=1e-3), level
+
+
+def np_layer_norm(x, p):
+  x = np.asarray(x, np.float64)
+  centred = x - x.mean(-1, keepdims=True)
+  return (centred / np.sqrt((centred**2).mean(-1, keepdims=True) + layers.LAYER_NORM_EPSILON)
+          * p['scale'] + p['bias'])
+
+
+def np_attention(x, memory, mask, p):
+  """Vaswani et al.'s multi-head attention: x [B, T, d], memory [B, L, d], mask [B, T, L]."""
+  project = lambda h, name: np.einsum('bld,dhk->blhk', h, p[name]['kernel']) + p[name]['bias']
+  query, key, value = project(x, 'query'), project(memory, 'key'), project(memory, 'value')
+  scores = np.einsum('bthk,blhk->bhtl', query, key) / np.sqrt(query.shape[-1])
+  scores = np.where(mask[:, None], scores, -np.inf)
+  weights = np.exp(scores - scores.max(-1, keepdims=True))
+  weights /= weights.sum(-1, keepdims=True)
+  heads = np.einsum('bhtl,blhk->bthk', weights, value)
+  return np.einsum('bthk,hkd->btd', heads, p['out']['kernel']) + p['out']['bias']
+
+
+def np_decoder_layer(x, memory, self_mask, memory_mask, p, pre_norm):
+  """A Transformer decoder layer by its definition: post-norm LayerNorm(x + f(x)) for each
+  sublayer f (the paper's), pre-norm x + f(LayerNorm(x))."""
+  feed_forward = lambda h: (np.maximum(h @ p['ff_hidden']['kernel'] + p['ff_hidden']['bias'], 0)
+                            @ p['ff_output']['kernel'] + p['ff_output']['bias'])
+  sublayers = (('self_attention', lambda h: np_attention(h, h, self_mask, p['self_attention'])),
+               ('cross_attention', lambda h: np_attention(h, memory, memory_mask,
+                                                          p['cross_attention'])),
+               ('feed_forward', feed_forward))
+  for name, sublayer in sublayers:
+    norm = p[f'{name}_norm']
+    x = x + sublayer(np_layer_norm(x, norm)) if pre_norm else np_layer_norm(x + sublayer(x), norm)
+  return x
+
+
+@pytest.mark.parametrize('pre_norm', [False, True])
+def test_layer_stack_computes_the_transformer_layers_by_their_definition(pre_norm):
+  """Two decoder layers (self-attention under a causal mask, cross-attention under a padding
+  mask, feed-forward), each by the definition above in float64, and with pre-norm the
+  stack's final LayerNorm; random parameters, LayerNorms included."""
+  cfg = MTN2.replace(pre_norm=pre_norm, scan_layers=False, dropout=0.0)
+  stack = layers.LayerStack(cfg, 2, cross_attention=True)
+  rng = np.random.default_rng(0)
+  x = rng.normal(size=(2, 4, 16)).astype(np.float32)
+  memory = rng.normal(size=(2, 3, 16)).astype(np.float32)
+  memory_valid = np.array([[True, True, True], [True, False, False]])
+  self_mask, memory_mask = layers.causal_mask(4), layers.padding_mask(jnp.asarray(memory_valid))
+  shapes = jax.eval_shape(lambda: stack.init(jax.random.key(0), x, self_mask, memory,
+                                             memory_mask, train=False))['params']
+  params = jax.tree.map(np.asarray, random_like(shapes, seed=1))
+  out = stack.apply({'params': params}, x, self_mask, memory, memory_mask, train=False)
+  expected = x
+  for i in range(2):
+    expected = np_decoder_layer(expected, memory, np.tril(np.ones((4, 4), bool))[None],
+                                np.broadcast_to(memory_valid[:, None], (2, 4, 3)),
+                                params[f'layers_{i}'], pre_norm)
+  if pre_norm:
+    expected = np_layer_norm(expected, params['final_norm'])
+  else:
+    assert 'final_norm' not in params
+  np.testing.assert_allclose(out, expected, atol=2e-5, rtol=1e-5)
+
+
+def test_tied_output_layer_scales_the_table_product_by_one_over_root_d_model():
+  """Logits of the tied output layer: (y P^T) E^T / sqrt(d_model), P the emb_dim -> d_model
+  projection and E the unit-variance table, so that the logits start at unit variance."""
+  cfg = MTN3  # emb_dim 12 != d_model 16: the projection is used in both directions
+  table = layers.WordEmbedding(cfg)
+  y = np.random.default_rng(0).normal(size=(3, 16)).astype(np.float32)
+  params = jax.tree.map(np.asarray, random_like(jax.eval_shape(
+      lambda: table.init(jax.random.key(0), jnp.zeros((3,), jnp.int32)))['params'], seed=2))
+  logits = table.apply({'params': params}, y, method='attend')
+  expected = (y @ params['projection'].T) @ params['embedding'].T / np.sqrt(16)
+  np.testing.assert_allclose(logits, expected, atol=1e-5, rtol=1e-5)
+
+
+def test_a_personalised_mtn_reads_its_users_history_and_no_other_users():
+  """With a user memory (`user_memory='attention'`, AEM's attention over the user's earlier
+  queries), a session's likelihoods move with its own user's history and with no other
+  session's."""
+  cfg = MTN2.replace(user_memory='attention')
+  model = create_model(cfg)
+  queries = make_queries(1)
+  history = jnp.asarray(np.random.default_rng(0).integers(SEP_ID + 1, VOCAB, (BATCH, 2, WORDS)),
+                        jnp.int32).at[1].set(0)  # session 1's user has no history
+  forward = jax.jit(lambda params, h: model.apply(
+      {'params': params}, {'queries': queries, 'history': h}, train=False))
+  params = random_like(jax.eval_shape(lambda: model.init(
+      jax.random.key(0), {'queries': queries, 'history': history}, train=False))['params'])
+  logits = forward(params, history)
+  other = forward(params, history.at[0].set(history[0, ::-1] % (VOCAB - 10) + 10))
+  assert not np.allclose(logits[0], other[0], atol=1e-4)
+  np.testing.assert_allclose(logits[1], other[1], atol=1e-6)
