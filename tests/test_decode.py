@@ -128,6 +128,15 @@ def test_to_words_stops_at_end():
   assert search.to_words(vocab, jnp.array([6, 5, 6])) == ['to', 'how', 'to']
 
 
+def test_to_words_stops_at_padding_too():
+  # A sequence given without `</s>` (a caller's, or one padded after max_len) ends at its
+  # first padding id, as documented (`Vocab.decode`): a word after it is no part of the
+  # query, and `<pad>` is never written as a word.
+  vocab = Vocab(SPECIAL_TOKENS + ('how', 'to', 'cook'))
+  assert search.to_words(vocab, np.array([5, PAD_ID, 7, EOS_ID])) == ['how']
+  assert vocab.decode_text(np.array([6, 7, PAD_ID, 5])) == 'to cook'
+
+
 def test_suggest_matches_beam_search_on_the_memory(searched):
   model, params, memory, beams = searched
   sequences, scores = search.beam_search(model, params, memory, beam_size=BEAM,
@@ -381,7 +390,12 @@ def test_long_hypotheses_and_early_stopping_are_exact():
   # the only sequences are w^k </s> (k < MAX_LEN) and w^MAX_LEN, a single chain that a beam of 4 never prunes, so the
   # search must return the exact best 4 of these 7, whether they are long (a strong length
   # penalty, a rare `</s>`) or short (a likely `</s>` fills the beam after 4 steps, and the
-  # search may stop before MAX_LEN). The shapes are the fixture's: nothing recompiles.
+  # search may stop before MAX_LEN). Last, a beam of one (the shapes of
+  # `test_beam_of_one_is_greedy`) under a strong length penalty, whose best is of MAX_LEN: the
+  # search may stop only when no live hypothesis can reach the worst finished score at any
+  # length still to come, and a bound at the current length alone (a longer hypothesis gains
+  # from the penalty) stops it at a short one. The shapes are the fixture's: nothing
+  # recompiles.
   model = tiny_model('mtn', VOCAB_SIZE)
   params = random_params(model, QUERIES, seed=0)
   memory = search.encode_sessions(model, params, {'queries': QUERIES})
@@ -390,17 +404,18 @@ def test_long_hypotheses_and_early_stopping_are_exact():
                     for k in range(MAX_LEN)] + [[word] * MAX_LEN], np.int32)
   lengths = search.sequence_lengths(jnp.asarray(chain))
   best_lengths = set()
-  for end_boost, alpha in ((-1.0, 3.0), (0.0, 1.0), (1.0, 0.6), (3.0, 0.0)):
+  for beam, end_boost, alpha in ((BEAM, -1.0, 3.0), (BEAM, 0.0, 1.0), (BEAM, 1.0, 0.6),
+                                 (BEAM, 3.0, 0.0), (1, 3.0, 10.0)):
     changes = {other: -1e9 for other in range(word + 1, VOCAB_SIZE)}
     changes[EOS_ID] = end_boost
     masked = with_output_bias(params, VOCAB_SIZE, changes)
     log_probs = search.sequence_log_prob(model, masked, memory,
                                          jnp.broadcast_to(chain, (6, *chain.shape)))
     all_scores = np.asarray(search.length_normalize(log_probs, lengths, alpha))
-    sequences, scores = search.beam_search(model, masked, memory, beam_size=BEAM,
+    sequences, scores = search.beam_search(model, masked, memory, beam_size=beam,
                                            max_len=MAX_LEN, length_penalty=alpha)
     for row in range(6):
-      best = np.argsort(-all_scores[row])[:BEAM]
+      best = np.argsort(-all_scores[row])[:beam]
       np.testing.assert_allclose(scores[row], all_scores[row, best], atol=1e-4, rtol=0)
       np.testing.assert_array_equal(sequences[row], chain[best])
       best_lengths.add(int(lengths[best[0]]))

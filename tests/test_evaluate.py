@@ -367,6 +367,22 @@ def test_suggestion_list_keeps_top_k_and_drops_empty_slots():
       'red sox', 'boston', '']
 
 
+def test_excluding_session_queries_still_fills_top_k_from_the_whole_beam():
+  # The user-facing protocol drops the session's queries after decoding the beam: it must
+  # read past the first top_k hypotheses, or a session query among them leaves the list short
+  # (here the best hypothesis is typed already: 'boston' alone instead of two suggestions).
+  sequences = np.array([[VOCAB.id('red'), VOCAB.id('sox'), 3, 0],
+                        [VOCAB.id('boston'), 3, 0, 0],
+                        [VOCAB.id('cheap'), VOCAB.id('flights'), 3, 0],
+                        [VOCAB.id('hotels'), 3, 0, 0]])
+  scores = np.array([-0.5, -1.0, -1.5, -2.0], np.float32)
+  settings = search.SearchSettings(beam_size=4, max_len=4, length_penalty=0.0,
+                                   emit_unk=False, top_k=2, exclude_session_queries=True)
+  assert search.ranked_suggestions(VOCAB, sequences, scores, settings,
+                                   session=['hotels', 'red sox']) == [
+      {'query': 'boston', 'score': -1.0}, {'query': 'cheap flights', 'score': -1.5}]
+
+
 def test_describe_counts():
   text = suggest.describe_counts({'empty_lines': 2, 'long_queries': 1,
                                   'skipped_bad_time': 3}, '10 words', 16)

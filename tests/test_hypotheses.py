@@ -34,9 +34,13 @@ def test_select_sessions_keeps_rows_texts_and_per_session_fields(tmp_path):
   texts = ['a b', 'c', 'd e f', 'g', 'h', 'i j', 'k']
   (tmp_path / 'split.txt').write_text(''.join(t + '\n' for t in texts))
   queries = np.arange(7 * 3, dtype=np.int32).reshape(7, 3)
+  # Per session, M = 2 past queries of its user (words [3, 2, 3]) and their pool entries.
+  history = np.arange(3 * 2 * 3, dtype=np.int32).reshape(3, 2, 3)
+  history_items = np.array([[-1, 4], [7, 8], [5, -1]], np.int32)
   split = sessions.SessionSplit('train', queries, np.array([0, 2, 5, 7]),
                                 str(tmp_path / 'split.txt'), users=np.array([10, 11, 12]),
-                                start_times=np.array([100, 200, 300]))
+                                start_times=np.array([100, 200, 300]), history=history,
+                                history_items=history_items)
   picked = sessions.select_sessions(split, np.array([2, 0]))
   np.testing.assert_array_equal(picked.starts, [0, 2, 4])
   np.testing.assert_array_equal(picked.queries, queries[[5, 6, 0, 1]])
@@ -44,6 +48,10 @@ def test_select_sessions_keeps_rows_texts_and_per_session_fields(tmp_path):
   assert picked.session_texts(1) == ['a b', 'c']
   np.testing.assert_array_equal(picked.users, [12, 10])
   np.testing.assert_array_equal(picked.start_times, [300, 100])
+  # The history is per session too: a selection that lost it (or kept another session's)
+  # would give the history models the wrong user's past queries.
+  np.testing.assert_array_equal(picked.history, history[[2, 0]])
+  np.testing.assert_array_equal(picked.history_items, [[5, -1], [-1, 4]])
   # A selection of a selection reads the right lines of the file too.
   again = sessions.select_sessions(picked, np.array([1]))
   assert again.texts == ['a b', 'c'] and again.num_pairs == 1

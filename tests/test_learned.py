@@ -92,7 +92,7 @@ def test_log_sources_by_hand(counts):
   assert [c['score'] for c in got[0][0]] == [1.0, 0.0]
   got = sources.Templates(counts.templates, 5).propose(contexts(), positions='all')
   assert texts(got) == [[['news chicago'], ['weather chicago']], [['cheap cars chicago']]]
-  assert got[1][0][0]['template'] == 'append:chicago'
+  assert got[1][0][0]['template'] == 'append:chicago' and got[1][0][0]['score'] == 2.0
   # BM25 over the logged next queries: the shorter of two equal matches first, a rare word
   # outweighs a common one, the previous query itself left out, nothing without a shared word.
   matching = sources.Matching(counts, 2)
@@ -108,6 +108,27 @@ def test_log_sources_by_hand(counts):
   ran = sources.propose_all([sources.Session(), sources.Popular(counts, 1)], contexts(),
                             positions='last', batch_rows=1)
   assert list(ran) == ['session', 'popular']
+
+
+def test_imdna_proposals_keep_each_users_own_sessions_out_of_reach():
+  """IMDNA's source hands the proposer each context's user (the proposer then leaves that
+  user's training sessions out of its documents); where a context names no user, none."""
+  asked = []
+
+  class Proposer:
+    def propose(self, sessions, k, users=None):
+      asked.append(([list(s) for s in sessions], users))
+      return [[f'{s[-1]} {i}' for i in range(k)] for s in sessions]
+
+  source = sources.IMDNA(Proposer(), 2)
+  got = source.propose([Context(('a', 'b'), 0, {'user': 7}), Context(('c',), 0, {'user': 3})],
+                       positions='all', batch_rows=1)
+  assert asked[-1] == ([['a'], ['a', 'b'], ['c']], [7, 7, 3])
+  assert texts(got) == [[['a 0', 'a 1'], ['b 0', 'b 1']], [['c 0', 'c 1']]]
+  assert [c['score'] for c in got[0][0]] == [-1, -2]
+  source.propose([Context(('a',), 0, {'user': 7}), Context(('c',), 0, {})], positions='last',
+                 batch_rows=1)
+  assert asked[-1][1] is None
 
 
 def test_a_split_is_proposed_a_session_length_at_a_time():
@@ -164,7 +185,24 @@ def test_one_candidates_features_by_hand(counts):
   news = dict(zip(learned.feature_names(names), matrix[1].tolist()))
   assert news['logged'] == 0 and news['unseen_bigrams'] == 2
   assert math.isnan(news['template_frequency'])
+  assert news['min_bigram_count'] == 0  # (weather, news) was never logged
   del nan
+  # A previous query of two words: the overlaps' denominators differ (the words of both, the
+  # candidate's words); words added before the previous query extend it too.
+  so_far = ('news', 'cheap cars')
+  by_source = {'generate': [{'query': 'cheap hotels in chicago', 'score': -1.0},
+                            {'query': 'free cheap cars', 'score': -2.0}]}
+  matrix = learned.features(['cheap hotels in chicago', 'free cheap cars'], by_source, so_far,
+                            1, counts, generator[:2], ['generate'], vocab)
+  hotels, free = (dict(zip(learned.feature_names(['generate']), r)) for r in matrix.tolist())
+  assert (hotels['overlap_previous'], hotels['overlap_session']) == pytest.approx((1 / 5, 1 / 4))
+  assert (hotels['extends_previous'], free['extends_previous']) == (0, 1)
+  assert free['overlap_previous'] == pytest.approx(2 / 3) and free['previous_words'] == 2
+  # The pool: no empty text; the session's queries left out only when asked.
+  by_source = {'generate': [{'query': ''}, {'query': 'cheap cars'}, {'query': ' '}],
+               'popular': [{'query': 'ebay'}, {'query': 'cheap cars'}]}
+  assert learned.pool_texts(by_source, so_far, drop_session=True) == ['ebay']
+  assert learned.pool_texts(by_source, so_far, drop_session=False) == ['cheap cars', 'ebay']
 
 
 def test_what_is_shown_keeps_word_salad_out_and_the_session_first(counts):

@@ -4,6 +4,7 @@ service shows; a workdir without a ranker suggests by the blend, one whose ranke
 for another checkpoint is refused in one line; packed to be served elsewhere
 (launch/pack_serve_workdir.py), it suggests what it did."""
 
+import collections
 import json
 import re
 import shutil
@@ -14,8 +15,10 @@ from fastapi.testclient import TestClient
 
 from launch import pack_serve_workdir
 from mtn_jax import inference
+from mtn_jax.data import sessions
 from mtn_jax.inference import learned
 from mtn_jax.inference import pipeline
+from mtn_jax.inference import popular
 from mtn_jax.inference.inputs import Context
 from mtn_jax.serving import app as app_lib
 from mtn_jax.serving import service as service_lib
@@ -111,6 +114,24 @@ def test_eval_decode_and_serve_give_the_same_learned_lists(learned_run, tmp_path
 
 
 @pytest.mark.slow
+def test_the_learned_lists_are_the_rankers_order_before_the_presentation_moves_it(learned_run):
+  """With nothing moved (no first places, nothing kept out) a list is the pool in the order
+  of the ranker's scores; the default presentation shows the same candidates, reordered."""
+  workdir, _ = learned_run
+  contexts = [Context(tuple(p['context']), len(p['context']) - 1, {})
+              for p in read_jsonl(workdir / 'eval' / 'learned_lists.jsonl')[:8]]
+  load = lambda *overrides: pipeline.Pipeline.load(cli.config(*FEW, *LEARNED, *overrides),
+                                                   str(workdir), log=lambda *a, **k: None)
+  unmoved = load('--config.suggest.session_first=0', '--config.suggest.attested_only=False')
+  ranked = unmoved.ordered(contexts, positions='last')
+  presented = load().ordered(contexts, positions='last')
+  for [by_ranker], [shown] in zip(ranked, presented):
+    scores = [c['model_score'] for c in by_ranker]
+    assert scores == sorted(scores, reverse=True) and len(set(scores)) > 1, by_ranker
+    assert {c['query'] for c in shown} <= {c['query'] for c in by_ranker}
+
+
+@pytest.mark.slow
 def test_without_a_ranker_the_blend_and_with_a_foreign_one_a_refusal(learned_run, tmp_path):
   workdir, _ = learned_run
   old = tmp_path / 'old'
@@ -193,7 +214,8 @@ def test_train_refits_a_damaged_ranker_and_refuses_other_folds(learned_run, tmp_
   assert record['fold_steps'] == learned.fold_steps(config, str(copy))
   assert None not in record['fold_steps']
   assert learned.LearnedRanker.is_current(str(copy), trained, config)
-  for changed in ({'fold_steps': [3, 2]}, {'features': record['features'][1:]}):
+  for changed in ({'fold_steps': [3, 2]}, {'features': record['features'][1:]},
+                  {'rounds': record['rounds'] + 1}):
     meta_path.write_text(json.dumps({**record, **changed}))
     assert not learned.LearnedRanker.is_current(str(copy), trained, config), changed
   meta_path.write_text(json.dumps({k: v for k, v in record.items() if k != 'fold_steps'}))
@@ -208,7 +230,7 @@ def test_train_refits_a_damaged_ranker_and_refuses_other_folds(learned_run, tmp_
 
 @pytest.mark.slow
 def test_a_stopped_ranker_data_stage_makes_again_only_the_folds_it_had_not_finished(
-    learned_run, tmp_path):
+    learned_run, tmp_path, monkeypatch):
   workdir, _ = learned_run
   copy = tmp_path / 'copy'
   shutil.copytree(workdir, copy, ignore=shutil.ignore_patterns('eval'))
@@ -226,8 +248,16 @@ def test_a_stopped_ranker_data_stage_makes_again_only_the_folds_it_had_not_finis
     learned.cached_groups(config, str(copy), log=stop_at_fold_1)
   parts = copy / learned.RANKER_DIR / 'parts'
   assert sorted(p.name for p in parts.iterdir()) == ['fold0']
-  lines = []
+  lines, counted = [], []
+  of_sessions = popular.LogCounts.of_sessions
+  monkeypatch.setattr(popular.LogCounts, 'of_sessions', staticmethod(lambda texts: (
+      counted.append(list(texts)) or of_sessions(counted[-1]))))
   again = learned.cached_groups(config, str(copy), log=lambda line, **_: lines.append(line))
+  # Cross-fitted: fold 1's candidates were counted from the other fold's users alone.
+  train = sessions.load_split(str(copy / 'data'), 'train')
+  fold_of = sessions.session_folds(train, 2, config.data.split_seed)
+  others = [tuple(train.session_texts(i)) for i in np.flatnonzero(fold_of == 0).tolist()]
+  assert [collections.Counter(map(tuple, c)) for c in counted] == [collections.Counter(others)]
   assert any('fold 0, the candidates made before' in line for line in lines), lines
   assert not any(line.startswith('  ranker data: fold 0,') and 'sessions;' in line
                  for line in lines), lines

@@ -13,6 +13,7 @@ import pytest
 from mtn_jax.models import create_model
 from mtn_jax.models import decoder_io
 from mtn_jax.models import make_config
+from mtn_jax.tasks import GenerationTask
 from mtn_jax.tasks.losses import output_layer_losses, session_losses, token_losses
 
 
@@ -210,3 +211,14 @@ def test_session_losses_refuse_a_batch_that_does_not_split_into_groups():
     session_losses(model, random_params(model), {'queries': SESSIONS}, train=False,
                    chunk_tokens=4,
                    groups=3)
+
+
+def test_the_training_loss_is_the_mean_per_real_target_token():
+  """The step's loss and the logged training loss: the loss summed over the batch's target
+  tokens, over their number (not over the pairs, which would weigh long queries more); an
+  all-padding batch (0 tokens) gives its sum, 0, not a division by zero."""
+  sums = {'loss': jnp.float32(6.0), 'nll': jnp.float32(5.0), 'tokens': jnp.float32(4.0),
+          'pairs': jnp.float32(2.0)}
+  assert float(GenerationTask.training_loss(sums)) == 1.5
+  assert float(GenerationTask.training_loss({**sums, 'loss': jnp.float32(0.0),
+                                             'tokens': jnp.float32(0.0)})) == 0.0

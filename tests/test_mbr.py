@@ -48,3 +48,29 @@ def test_rerank_picks_the_consensus_and_can_pick_a_session_query():
   assert {r['query']: r['model_score'] for r in with_session if 'model_score' in r} == {
       r['query']: r['score'] for r in ranked}
   assert mbr.rerank([]) == []
+
+
+def test_rerank_ties_among_session_queries_put_the_latest_first():
+  # Neither session query shares a word with the evidence (utility 0 each): the documented
+  # tie order is the session's, latest query first, the one a user most likely returns to.
+  reranked = mbr.rerank([{'query': 'google', 'score': -1.0}], session=['ebay', 'yahoo'])
+  assert [(r['query'], r['score']) for r in reranked] == [
+      ('google', 1.0), ('yahoo', 0.0), ('ebay', 0.0)]
+
+
+def test_rerank_ties_among_hypotheses_keep_the_beams_order():
+  # Three equally likely hypotheses with no word in common: each has utility 1/3 exactly (its
+  # own weight), so the order is the search's, not reversed or shuffled by the sort.
+  ranked = [{'query': q, 'score': -2.0} for q in ('ebay', 'google', 'yahoo')]
+  reranked = mbr.rerank(ranked)
+  assert [r['query'] for r in reranked] == ['ebay', 'google', 'yahoo']
+  assert [r['score'] for r in reranked] == [1 / 3] * 3
+
+
+def test_rerank_session_query_that_the_beam_proposed_keeps_its_model_score():
+  # A query both typed and proposed is one candidate: the model did propose it, so it keeps
+  # the beam's score as 'model_score' (the session adds only queries the beam lacks).
+  ranked = [{'query': 'google', 'score': -1.0}, {'query': 'ebay', 'score': -2.0}]
+  reranked = mbr.rerank(ranked, session=['ebay', 'yahoo'])
+  assert {r['query']: r.get('model_score') for r in reranked} == {
+      'google': -1.0, 'ebay': -2.0, 'yahoo': None}

@@ -513,6 +513,10 @@ def test_eval_scores_exactly_what_decode_writes(rerank_run, poly_run, tmp_path):
   # The Poly-encoder's pool entries for the generator's sessions ('retrieve').
   retrieve = ('--config.suggest.strategy=retrieve', f'--config.suggest.ranker_workdir={poly}')
   cli.run(generator, *FEW, *retrieve, mode='eval')
+  # Retrieved deep enough that top_k are shown once the session's queries are dropped.
+  top_k = cli.config(*FEW, *retrieve).decode.top_k
+  assert {len(p['suggestions_excluding_session'])
+          for p in read_jsonl(generator / 'eval' / 'retrieve_lists.jsonl')} == {top_k}
   assert_decode_writes_what_eval_scored(generator,
                                         generator / 'eval' / 'retrieve_lists.jsonl',
                                         tmp_path, *retrieve, protocols=(False,))

@@ -85,6 +85,16 @@ def test_blend_fills_each_quota_with_queries_the_session_does_not_hold():
       pipeline.parse_blend(bad)
 
 
+def test_the_blends_log_lists_run_deep_enough_to_fill_top_k_without_the_session(tmp_path):
+  """`blend_sources`: the log's lists hold top_k + the session's length, so that top_k are
+  left once the session's queries (here the most popular) are dropped."""
+  from mtn_jax.inference import pipeline  # pylint: disable=g-import-not-at-top
+  counts = popular.LogCounts(toy_split(tmp_path))
+  got = pipeline.blend_sources(['z'], ['b', 'a'], counts, top_k=1)
+  assert got == {'generate': ['z'], 'popular': ['b', 'c', 'd'], 'cooccurring': ['b', 'c']}
+  assert counts.followers('a', 1) == ['b'] and counts.followers('a', 5) == ['b', 'c']
+
+
 def test_every_trivial_suggester_has_its_lists(tmp_path):
   split = toy_split(tmp_path)
   lists = trivial.lists(split, ['a', 'q'], [['a'], ['z', 'q']], k=2)

@@ -686,6 +686,20 @@ def test_split_by_time_gives_valid_and_test_each_users_latest_sessions():
   assert all(np.array_equal(a, b) for a, b in zip(parts, again))
 
 
+def test_split_by_time_takes_a_users_last_sessions_down_to_none_left_for_training():
+  # The documented rule: each user gives its latest session to test, then its latest remaining
+  # one to valid, while they are short; a user of one session gives it to one split at most
+  # (test), a user of two may give both (training keeps none of its). Here the shares ask 2
+  # sessions each of 3: user 7's one session and user 3's later one go to test, user 3's
+  # earlier one to valid, whatever the order of the users.
+  session_users = np.array([3, 7, 3])
+  session_times = np.array([200, 50, 100])
+  for seed in (0, 1):
+    train, valid, test = preprocess.split_by_time(session_users, session_times,
+                                                  (0.0, 0.5, 0.5), seed=seed)
+    assert (train.tolist(), valid.tolist(), test.tolist()) == ([], [2], [0, 1])
+
+
 def test_a_time_split_of_fewer_users_than_its_shares_ask_says_so(tmp_path):
   # 40 users of 3 sessions: a fifth of the 120 sessions is 24 a split, and each user gives
   # valid and test one session at most: 24 each, met; with 0.4 each, 48 asked, 40 given.

@@ -90,3 +90,32 @@ def test_what_is_shown_under_the_user_facing_protocol_is_the_order_with_the_sess
   assert [c['query'] for c in shown] == ['cheap flights paris hotel', 'cheap flights paris hotels']
   assert [c['score'] for c in shown] == pytest.approx(
       [utilities[c['query']] for c in shown], rel=1e-6)
+
+
+def test_rerank_keeps_the_generators_order_on_ties_and_pools_no_empty_text():
+  """Candidates the ranker scores alike keep the order they were pooled in (the beam's
+  first); an empty or blank candidate is never pooled, however a ranker would score it."""
+  scores = {'b': 1.0, 'a': 1.0, 'c': 1.0, 'x': 0.5, '': 9.0, ' ': 9.0}
+  out = rankers_with_scores(scores, use_mbr=False).order(
+      [['x']], [[[['b', '', 'a', ' ']]], [[['c']]]], batch_rows=1)
+  assert [c['query'] for c in out[0][0]] == ['b', 'a', 'c', 'x']
+
+
+def test_each_position_shows_its_list_without_any_query_of_the_session_so_far(tmp_path):
+  """`Pipeline.suggest`: after each output position the user-facing protocol drops every
+  query of the session up to it (not the last alone), and only those."""
+  from configs import default  # pylint: disable=g-import-not-at-top
+  from mtn_jax.inference.inputs import Context  # pylint: disable=g-import-not-at-top
+  config = default.get_config()
+  config.suggest.strategy = 'generate'
+  config.decode.exclude_session_queries = True
+  config.decode.top_k = 10
+  suggester = pipeline.Pipeline(pipeline.Settings.from_config(config), None, None, None, None,
+                                None, str(tmp_path))
+  ranked = [{'query': q, 'score': -float(i)} for i, q in enumerate(['a', 'b', 'c', 'd'])]
+  suggester.ordered = lambda contexts, **_: [[ranked] * (len(c.queries) - c.first_output)
+                                             for c in contexts]
+  lists = suggester.suggest([Context(('a', 'b', 'c'), 0, {}), Context(('c', 'b'), 1, {})],
+                            positions='all')
+  assert [[[s['query'] for s in at] for at in by_context] for by_context in lists] == [
+      [['b', 'c', 'd'], ['c', 'd'], ['d']], [['a', 'd']]]

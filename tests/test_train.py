@@ -691,6 +691,65 @@ def test_a_resumed_runs_changed_learning_settings_are_named():
   assert train.changed_settings(saved, saved) == []
 
 
+def test_a_checkpoint_of_another_vocabulary_is_refused_naming_both():
+  """Ids mean words only under the vocabulary they were trained with: a checkpoint of the same
+  model and size but another word list would train and suggest silently wrong words."""
+  from configs import default  # pylint: disable=g-import-not-at-top
+  from mtn_jax import models  # pylint: disable=g-import-not-at-top
+  from mtn_jax.data.vocab import SPECIAL_TOKENS  # pylint: disable=g-import-not-at-top
+  from mtn_jax.data.vocab import Vocab  # pylint: disable=g-import-not-at-top
+  vocab = Vocab(SPECIAL_TOKENS + ('cheap', 'flights'))
+  other = Vocab(SPECIAL_TOKENS + ('cheap', 'hotels'))
+  cfg = models.make_config(default.get_config('mtn').model, vocab_size=len(vocab),
+                           max_query_words=5)
+  meta = {'vocab_fingerprint': vocab.fingerprint, 'vocab_size': len(vocab),
+          'model': checkpoints.architecture(cfg)}
+  checkpoints.check_compatible(meta, cfg, vocab, 'the checkpoint')  # its own: accepted
+  with pytest.raises(checkpoints.CheckpointMismatch) as refused:
+    checkpoints.check_compatible(meta, cfg, other, 'the checkpoint')
+  assert str(refused.value) == (
+      f'the checkpoint was trained with another vocabulary (fingerprint {vocab.fingerprint}, '
+      f'7 words; this data has {other.fingerprint}, 7 words): use the workdir it was trained '
+      'in, or a new workdir')
+
+
+def test_each_training_step_draws_its_own_dropout_key():
+  """Step s's dropout key is the run's key folded with s (`TrainState.dropout_rng`): each step
+  drops other units, and a resumed run's step s drops the same ones as the run it resumes.
+  One key for every step would apply one mask throughout, which is no dropout. A stub task
+  whose loss reads only the key it is given (a model would take seconds to trace)."""
+  import jax  # pylint: disable=g-import-not-at-top
+  import jax.numpy as jnp  # pylint: disable=g-import-not-at-top
+  import optax  # pylint: disable=g-import-not-at-top
+  from mtn_jax.training import train  # pylint: disable=g-import-not-at-top
+
+  class KeyEcho:
+    @staticmethod
+    def loss_sums(params, batch, *, train, rngs, groups):
+      del batch, train, groups
+      keep = jax.random.bernoulli(rngs['dropout'], 0.5, params.shape)
+      return {'loss': (params * keep).sum(), 'tokens': jnp.float32(1), 'key': rngs['dropout'],
+              'keep': keep}
+
+    @staticmethod
+    def training_loss(sums):
+      return sums['loss'] / sums['tokens']
+
+  optimizer = optax.sgd(0.0)
+  params = jnp.ones(64)
+  state = train.TrainState(step=jnp.zeros((), jnp.int32), params=params,
+                           opt_state=optimizer.init(params), dropout_rng=jax.random.PRNGKey(7))
+  step = jax.jit(functools.partial(train.train_step, task=KeyEcho(), optimizer=optimizer,
+                                   data_groups=1))
+  masks = []
+  for s in range(3):
+    state, sums = step(state, {})
+    assert int(state.step) == s + 1
+    np.testing.assert_array_equal(sums['key'], jax.random.fold_in(jax.random.PRNGKey(7), s))
+    masks.append(tuple(np.asarray(sums['keep'])))
+  assert len(set(masks)) == 3  # another mask of the 64 units each step
+
+
 def test_the_digests_first_version_is_computed_as_it_was_written():
   """Checkpoints saved by the digest's first version (62484e9 to b52f81e) still read: the
   digest it wrote for this tree, by its own code (run at 6ec04c1)."""
