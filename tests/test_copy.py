@@ -240,3 +240,43 @@ def test_the_beams_own_candidates_are_not_forced_again(copy_model):
       for j, q in enumerate(at):
         if q in k:
           assert m[j, 0] == np.float32(k[q])
+
+
+def test_a_windowed_context_is_scored_after_its_own_output_positions(copy_model):
+  """A raw log's windowed context suggests only after positions first_output.. (here after
+  its 2nd and 3rd queries): a candidate scored there with positions='all' scores what it
+  does after the same queries with positions='last', not what it would after the 1st."""
+  from mtn_jax.inference import teacher_forcing  # pylint: disable=g-import-not-at-top
+  cfg, _, params = copy_model
+  trained = inference.Trained(tasks.make_task(cfg, default.get_config().train), params, VOCAB,
+                              step=0, meta={})
+  session = ('w1 zq', 'w3 xv zq', 'zq w2')
+  texts = [['w4 w1', 'zq w5'], ['w6', 'w2 zq w7']]
+  [windowed] = teacher_forcing.candidate_log_probs(
+      trained, [inputs.Context(session, 1, {})], [texts], positions='all', batch_rows=1)
+  assert len(windowed) == 2
+  last = teacher_forcing.candidate_log_probs(
+      trained, [inputs.Context(session[:2], 0, {}), inputs.Context(session, 0, {})],
+      [[texts[0]], [texts[1]]], positions='last', batch_rows=2)
+  for at, values in zip(windowed, last):
+    np.testing.assert_allclose(at, values[0], rtol=1e-5, atol=1e-5)
+
+
+def test_a_pool_with_more_tokens_than_a_packed_row_scores_each_candidate_as_alone(copy_model):
+  """64 candidates of the most words sharing a 3-word prefix fit a packed row's positions
+  but not its 256 scored tokens (`PACKED_TARGETS`): they spill into a second row, no error,
+  and each scores as it does in a row of its own."""
+  from mtn_jax.inference import teacher_forcing  # pylint: disable=g-import-not-at-top
+  cfg, _, params = copy_model
+  trained = inference.Trained(tasks.make_task(cfg, default.get_config().train), params, VOCAB,
+                              step=0, meta={})
+  pool = [f'w1 w2 w3 w{y} w{x}' for y in (4, 5) for x in range(32)]
+  assert len(pool) * cfg.target_len > teacher_forcing.PACKED_TARGETS
+  context = inputs.Context(('w7 w8',), 0, {})
+  [[together]] = teacher_forcing.candidate_log_probs(trained, [context], [[pool]],
+                                                     positions='last', batch_rows=1)
+  alone = teacher_forcing.candidate_log_probs(trained, [context] * len(pool),
+                                              [[[text]] for text in pool],
+                                              positions='last', batch_rows=16)
+  np.testing.assert_allclose(together, np.concatenate([a[0] for a in alone]), rtol=1e-5,
+                             atol=1e-5)

@@ -171,6 +171,63 @@ def test_hits_and_recall_at_k():
   assert answer_hits.recall_at(ranked, answers, (3,)) == {'recall_at_3': 75.0}
 
 
+def _stub_library(split='test', **extra):
+  """Four words ('paris', 'louvre', 'museum' are the candidate answers, 'hotels' is not),
+  two documents and the padding row a missing document (-1) lands on."""
+  from mtn_jax.data import imdna_library  # pylint: disable=g-import-not-at-top
+  from mtn_jax.data.vocab import SPECIAL_TOKENS  # pylint: disable=g-import-not-at-top
+  from mtn_jax.data.vocab import Vocab  # pylint: disable=g-import-not-at-top
+  vocab = Vocab(SPECIAL_TOKENS + ('paris', 'louvre', 'museum', 'hotels'))
+  paris, louvre, museum, hotels = vocab.encode(['paris', 'louvre', 'museum', 'hotels'])
+  questions = imdna_library.QuestionSet(
+      question=np.array([[paris, hotels, 0]], np.int32),
+      documents=np.array([[0, -1, 1]], np.int32),
+      document_scores=np.array([[2.0, 5.0, 0.5]], np.float32),
+      answers=np.array([[1]], np.int32), texts=['paris hotels'], answer_texts=['b'])
+  library = imdna_library.Library(
+      vocab=vocab, documents=['paris louvre louvre', 'museum hotels'],
+      document_tokens=np.array([[paris, louvre, louvre], [museum, hotels, 0], [0, 0, 0]],
+                               np.int32),
+      answers=['paris', 'louvre', 'museum'],
+      answer_words=np.array([paris, louvre, museum], np.int32),
+      splits={split: questions}, extra=extra)
+  return library, questions
+
+
+def test_bm25_alone_sums_the_scores_of_the_documents_holding_each_answer():
+  """BM25's HITS figure beside the model's: each answer scores the BM25 scores of the
+  retrieved documents holding it, once per document however often it occurs there ('louvre'
+  twice in document 0: 2.0, not 4.0), a missing document (-1, score 5.0) nothing; with
+  `exclude_question_words` (a movie question's entity is never its answer) the question's
+  own words score -1, the bottom of the list."""
+  library, questions = _stub_library()
+  np.testing.assert_array_equal(
+      answer_hits.bm25_answer_scores(library, questions, exclude_question_words=False),
+      [[2.0, 2.0, 0.5]])
+  np.testing.assert_array_equal(
+      answer_hits.bm25_answer_scores(library, questions, exclude_question_words=True),
+      [[-1.0, 2.0, 0.5]])
+
+
+def test_the_most_frequent_next_query_follows_the_contexts_last_query(tmp_path):
+  """AOL's next-query figures: 'most frequent next' answers the context's LAST query. In
+  training 'a' was followed by 'b', 'x' by 'c'; after ('x', 'a') the logged next query 'b'
+  is the one suggested."""
+  from mtn_jax.data.sessions import SessionSplit  # pylint: disable=g-import-not-at-top
+  texts = ['a', 'b', 'x', 'c']
+  path = tmp_path / 'train.text.txt'
+  path.write_text(''.join(t + '\n' for t in texts), encoding='utf-8')
+  train = SessionSplit('train', np.zeros((4, 2), np.int32), np.array([0, 2, 4]), str(path))
+  library, questions = _stub_library(
+      test={'contexts': [['x', 'a']]}, train_split=train,
+      document_queries=[['x', 'a', 'b'], ['museum hotels']])
+  scores = np.zeros((1, len(library.vocab)), np.float32)
+  figures = answer_hits._aol_query_figures(  # pylint: disable=protected-access
+      library, questions, 'test', scores)
+  assert figures['most_frequent_next']['exact_match'] == 100.0
+  assert figures['bm25']['exact_match'] == 100.0  # 'b', after 'a' in document 0
+
+
 # ---------------------------------------------------------------------------------------------
 # The movie world
 

@@ -65,6 +65,59 @@ def test_templates_by_hand():
       ('cheap hotels', 'substitute:cars>hotels', 1)]
 
 
+def test_a_site_is_not_made_a_site_again_and_only_a_one_word_site_is_stripped():
+  """'ebay.com' is already an address: no 'ebay.com.com' nor 'www.ebay.com.com' is proposed
+  after it; and 'www.' / '.com' come off a one-word query only ('buy on ebay.com' is no
+  site to strip)."""
+  assert dict(templates.edits('ebay.com')) == {'strip_site': 'ebay'}
+  assert dict(templates.edits('www.ebay.com')) == {'strip_site': 'ebay'}
+  assert dict(templates.edits('buy ebay.com')) == {
+      'drop_last': 'buy', 'drop_first': 'ebay.com', 'join': 'buyebay.com'}
+
+
+def test_a_query_rewritten_in_every_word_is_no_substitution():
+  """Only one word swapped is a substitution: 'cheap flights' -> 'new york' is another
+  query, and counting it as 'substitute:cheap>new' would propose 'new flights' later."""
+  assert templates.templates_of('cheap flights', 'new york') == []
+  assert templates.templates_of('cheap flights to paris', 'new flights to rome') == []
+
+
+def test_a_template_never_writes_a_word_twice():
+  """A prepend whose word already starts the query, or a substitution whose new word the
+  query already holds, does not apply: 'weather weather news' and 'cheap hotels hotels' are
+  no suggestions."""
+  learnt = templates.Templates(
+      {'prepend:weather': 3, 'substitute:flights>hotels': 2}, 5)
+  assert learnt.propose('weather news', 5) == []
+  assert learnt.propose('cheap flights hotels', 5) == [('weather cheap flights hotels',
+                                                         'prepend:weather', 3)]
+  assert learnt.propose('cheap flights', 5) == [
+      ('weather cheap flights', 'prepend:weather', 3),
+      ('cheap hotels', 'substitute:flights>hotels', 2)]
+
+
+def test_templates_of_equal_count_are_proposed_in_the_order_of_their_names():
+  """A tie goes to the template's name, whatever kind it is and whichever word of the
+  query it substitutes: the same query gets the same list on every run (set order of the
+  query's words varies with the interpreter's hash seed)."""
+  learnt = templates.Templates(
+      {'www': 2, 'substitute:flights>hotels': 2, 'substitute:cheap>free': 2}, 6)
+  assert learnt.propose('cheap flights', 3) == [
+      ('free flights', 'substitute:cheap>free', 2),
+      ('cheap hotels', 'substitute:flights>hotels', 2),
+      ('www.cheapflights.com', 'www', 2)]
+
+
+def test_keep_per_kind_keeps_the_most_frequent_appends():
+  """Any query gets the `keep_per_kind` most frequent appends (and prepends), not the first
+  counted nor one more: here 'b' (3) and 'c' (2), not 'a' (1)."""
+  learnt = templates.Templates(
+      {'append:a': 1, 'append:b': 3, 'append:c': 2, 'prepend:x': 1}, 7, keep_per_kind=2)
+  assert list(learnt.counts) == ['append:b', 'append:c', 'append:a', 'prepend:x']
+  assert learnt.propose('q', 10) == [('q b', 'append:b', 3), ('q c', 'append:c', 2),
+                                     ('x q', 'prepend:x', 1)]
+
+
 @pytest.fixture(name='counts')
 def _counts():
   return popular.LogCounts.of_sessions(SESSIONS)
@@ -292,6 +345,58 @@ def test_a_query_does_not_start_or_end_with_a_word_that_never_does():
   # One use fewer and the log says too little about 'of' to keep it from the edges.
   fewer = popular.LogCounts.of_sessions(logged[1:])
   assert presentation.well_formed('pictures of', fewer, ())
+
+
+def test_a_logged_query_is_well_formed_and_an_edge_at_the_minimum_share_is_kept():
+  """'of' is used 50 times, once to start a query ('of mice'): exactly EDGE_MIN_SHARE (2%)
+  of its uses, enough for 'of cat3' to read as a query. One use more inside a query and it
+  starts under 2% of them: 'of cat3' is no query, but 'of mice' is, since the log holds it
+  (what people typed is a query whatever its edges)."""
+  logged = [['x', f'pictures of cat{n}'] for n in range(49)] + [['x', 'of mice']]
+  counts = popular.LogCounts.of_sessions(logged)
+  assert counts.bigram_starts['of'] == 50 and counts.bigrams[('<s>', 'of')] == 1
+  assert presentation.well_formed('of cat3', counts, ())
+  more = popular.LogCounts.of_sessions(logged + [['x', 'pictures of cat49']])
+  assert not presentation.well_formed('of cat3', more, ())
+  assert presentation.well_formed('of mice', more, ())
+
+
+def test_a_query_that_ends_as_the_user_ended_one_is_not_malformed():
+  """'pictures' ends none of its 20 logged uses, but the user ended a query with it: the
+  session's own edges and word pairs stand, so what the user typed (and a query made of
+  its pairs) reads as a query."""
+  logged = [['x', f'pictures of cat{n}'] for n in range(presentation.EDGE_MIN_USES)]
+  counts = popular.LogCounts.of_sessions(logged)
+  assert not presentation.well_formed('cat pictures', counts, ())
+  assert presentation.well_formed('cat pictures', counts, ('cat pictures',))
+  assert presentation.well_formed('cute cat pictures', counts, ('cute cat', 'cat pictures'))
+
+
+def test_a_lone_word_of_the_session_takes_no_first_place(counts):
+  """A word cut from what the user typed ('cheap' after 'cheap flights') says less than the
+  query did: it is not about the session, and a related query comes first."""
+  about = presentation.about_session(('cheap flights',))
+  assert not about('cheap') and not about('flights')
+  assert about('cheap hotels')
+  ranked = [{'query': q, 'sources': ['templates']} for q in ('cheap', 'cheap hotels')]
+  shown = presentation.presented(ranked, ('cheap flights',), counts, session_first=1,
+                                 attested_only=False)
+  assert [c['query'] for c in shown] == ['cheap hotels', 'cheap']
+
+
+def test_words_put_before_the_previous_query_count_as_added_to_it():
+  """'free cheap cars' is 'cheap cars' with a word put before it: like one put after it, it
+  takes no first place unless the log holds it."""
+  assert presentation.added_to('free cheap cars', 'cheap cars')
+  assert not presentation.added_to('supercheap cars', 'cheap cars')  # a word, not its end
+  log = [['x', 'cheap cars'], ['x', 'free cheap'], ['x', 'cars for kids']]
+  counts = popular.LogCounts.of_sessions(log)
+  ranked = [{'query': q, 'sources': ['templates']}
+            for q in ('free cheap cars', 'cars for kids', 'cheapcars.com')]
+  assert presentation.well_formed('free cheap cars', counts, ('cheap cars',))
+  shown = presentation.presented(ranked, ('cheap cars',), counts, session_first=2,
+                                 attested_only=False)
+  assert [c['query'] for c in shown] == ['cars for kids', 'cheapcars.com', 'free cheap cars']
 
 
 def test_the_ranker_learns_a_known_order():

@@ -36,6 +36,15 @@ def test_cooccurring_then_the_popular_list(tmp_path):
   assert counts.lists([['x', 'a'], ['b']], 2, 'cooccurring') == [['b', 'c'], ['c', 'b']]
 
 
+def test_followers_are_the_k_most_frequent_next_queries_without_fallback(tmp_path):
+  """The 'most frequent next' suggester asks for k followers: it gets at most k (k=1: the
+  single most frequent, 'b' after 'a'), and none where the query was never followed."""
+  counts = popular.LogCounts(toy_split(tmp_path))
+  assert counts.followers('a', 1) == ['b']
+  assert counts.followers('a', 5) == ['b', 'c']
+  assert counts.followers('q', 3) == []
+
+
 def test_counts_of_given_sessions_equal_the_split_file_counts(tmp_path):
   split = toy_split(tmp_path)
   from_file = popular.LogCounts(split)
@@ -92,7 +101,6 @@ def test_the_blends_log_lists_run_deep_enough_to_fill_top_k_without_the_session(
   counts = popular.LogCounts(toy_split(tmp_path))
   got = pipeline.blend_sources(['z'], ['b', 'a'], counts, top_k=1)
   assert got == {'generate': ['z'], 'popular': ['b', 'c', 'd'], 'cooccurring': ['b', 'c']}
-  assert counts.followers('a', 1) == ['b'] and counts.followers('a', 5) == ['b', 'c']
 
 
 def test_every_trivial_suggester_has_its_lists(tmp_path):
