@@ -5,8 +5,10 @@ generators trained without one fold of the users each, and a ranker that learns 
 suggestions, each training session's from the generator that never saw its user.
 """
 
+import dataclasses
 import json
 
+import ml_collections
 import numpy as np
 import pytest
 
@@ -80,6 +82,92 @@ def test_config_refuses_folds_that_hold_no_user_out():
   ranker = polyencoder_aol.get_config('cross')
   ranker.data.raw_files, ranker.train.hypotheses_from = 'log.tsv', 'a,b'
   config_lib.validate(ranker, 'train')
+
+
+def _training_sessions(tmp_path):
+  """Six training sessions of five users (two with two sessions), their texts on disk."""
+  lengths = [2, 3, 2, 1, 2, 3]
+  texts = [f'q{i}' for i in range(sum(lengths))]
+  (tmp_path / 'train.txt').write_text(''.join(t + '\n' for t in texts))
+  return sessions.SessionSplit(
+      'train', np.zeros((len(texts), 3), np.int32), np.concatenate([[0], np.cumsum(lengths)]),
+      str(tmp_path / 'train.txt'), users=np.array([10, 11, 12, 10, 13, 11]))
+
+
+def _fold_generators(tmp_path, folds=2, split_seed=0):
+  config = lambda k: ml_collections.ConfigDict(
+      {'data': {'split_seed': split_seed}, 'train': {'user_folds': folds, 'held_out_fold': k}})
+  return [hypothesis_files.Generator(str(tmp_path / f'g{k}'), config(k), folds, k)
+          for k in range(folds)]
+
+
+def test_each_training_session_reads_the_generator_that_never_saw_its_user(tmp_path):
+  """Cross-fitting: a training session's suggestions come from the generator that held its
+  user's fold out, read back row for row from that generator's file; every other split's from
+  the first generator (no generator saw those users). A file made for other sessions is
+  refused rather than read."""
+  split = _training_sessions(tmp_path)
+  found = _fold_generators(tmp_path)
+  fold_of_session = sessions.session_folds(split, 2, 0)
+  assert set(fold_of_session.tolist()) == {0, 1}
+  assigned = hypothesis_files.sessions_of(found, split)
+  assert [g.held_out for g, _ in assigned] == [0, 1]
+  for generator, chosen in assigned:
+    np.testing.assert_array_equal(chosen, np.flatnonzero(fold_of_session == generator.held_out))
+    part = sessions.select_sessions(split, chosen)
+    hypothesis_files.write(generator.path('train'),
+                           {'sessions': hypothesis_files.fingerprint(part)},
+                           [[f'{text} by g{generator.held_out}'] for text in part.texts])
+  rows = hypothesis_files.split_suggestions(found, split)
+  fold_of_row = np.repeat(fold_of_session, split.lengths)
+  assert rows == [[f'{text} by g{k}'] for text, k in zip(split.texts, fold_of_row)]
+  # Another split: all its sessions from the first generator, whose file alone exists.
+  valid = dataclasses.replace(split, name='valid')
+  assert [(g.held_out, c.tolist()) for g, c in hypothesis_files.sessions_of(found, valid)] == [
+      (0, list(range(6)))]
+  hypothesis_files.write(found[0].path('valid'), {'sessions': hypothesis_files.fingerprint(valid)},
+                         [['x']] * len(valid.texts))
+  assert hypothesis_files.split_suggestions(found, valid) == [['x']] * len(valid.texts)
+  # Generator 1's file read for generator 0's sessions: refused by name.
+  (tmp_path / 'g0' / 'hypotheses' / 'train.jsonl').write_text(
+      (tmp_path / 'g1' / 'hypotheses' / 'train.jsonl').read_text())
+  with pytest.raises(errors.Error, match='g0/hypotheses/train.jsonl does not hold the '
+                                         'suggestions for the train sessions'):
+    hypothesis_files.split_suggestions(found, split)
+
+
+def test_generators_must_hold_out_each_fold_of_one_split_once(tmp_path, monkeypatch):
+  """`config.train.hypotheses_from` names K generators that hold out folds 0..K-1 of one
+  user_folds=K and one split_seed: two holding out the same fold would leave the other
+  fold's users with suggestions from a generator that saw them."""
+  monkeypatch.setattr(hypothesis_files.preprocess, 'session_difference', lambda a, b: None)
+
+  def workdir(name, fold, folds=2, seed=0):
+    path = tmp_path / name
+    path.mkdir()
+    (path / 'config.json').write_text(json.dumps({'config': {
+        'data': {'split_seed': seed}, 'train': {'user_folds': folds, 'held_out_fold': fold}}}))
+    return str(path)
+
+  a, b, c, d = workdir('a', 0), workdir('b', 1), workdir('c', 0), workdir('d', 1, seed=5)
+  found = hypothesis_files.generators(f'{b}, {a},', str(tmp_path))
+  assert [(g.workdir, g.held_out, g.folds) for g in found] == [(b, 1, 2), (a, 0, 2)]
+  for names in (f'{a},{c}', f'{a},{d}', a):
+    with pytest.raises(errors.Error, match='hold out each fold of one user_folds=K once'):
+      hypothesis_files.generators(names, str(tmp_path))
+
+
+def test_suggestions_are_encoded_first_words_first_and_padded():
+  """int32 [queries, H, n]: H the longest list (1 when all are empty), each text's first n
+  token ids (the words a query starts with, as the splits keep them), padding 0."""
+  from mtn_jax.data import vocab as vocab_lib  # pylint: disable=g-import-not-at-top
+  words = vocab_lib.Vocab(vocab_lib.SPECIAL_TOKENS + ('a', 'b', 'c'))
+  a, b, c = words.encode(['a', 'b', 'c'])
+  encoded = hypothesis_files.encode([['a b c', 'b'], [], ['c zzz']], words, 2)
+  assert encoded.dtype == np.int32
+  np.testing.assert_array_equal(encoded, [[[a, b], [b, 0]], [[0, 0], [0, 0]],
+                                          [[c, vocab_lib.UNK_ID], [0, 0]]])
+  assert hypothesis_files.encode([[], []], words, 3).shape == (2, 1, 3)
 
 
 USER_SPLIT = ('--config.data.split_by=user', '--config.train.log_every_steps=1')

@@ -7,6 +7,7 @@ import json
 import os
 import re
 
+import flax.linen as nn
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -14,6 +15,7 @@ import pytest
 
 from configs import imdna_movies
 from mtn_jax.data import bm25
+from mtn_jax.data import sessions as session_data
 from mtn_jax.data import top_k
 from mtn_jax.data.synthetic import movies
 from mtn_jax.evaluation import evaluate
@@ -159,6 +161,103 @@ def test_removing_the_document_that_holds_the_answer_removes_it_from_the_top():
   assert logits_without[0] == 0.0 and logits_without[3] > 0
 
 
+def softmax_over(logits, mask):
+  weights = np.where(mask, np.exp(logits - logits[mask].max()), 0.0)
+  return weights / weights.sum()
+
+
+def test_one_inference_step_by_hand():
+  """Sordoni et al.'s step (module docstring): the query attentive read over the real
+  question tokens, the document read keyed by [s, q_t] over the real document tokens, and
+  the GRU fed [g_q * q_t, g_d * d_t], each gate scaling its own read (gates of 1/2 here)."""
+  rng = np.random.default_rng(0)
+  state = jnp.asarray(rng.normal(size=(2, 5)), jnp.float32)
+  question = jnp.asarray(rng.normal(size=(2, 4, 6)), jnp.float32)
+  documents = jnp.asarray(rng.normal(size=(2, 7, 6)), jnp.float32)
+  question_mask = jnp.array([[True, True, False, False], [True, True, True, True]])
+  documents_mask = jnp.array([[True] * 5 + [False] * 2, [True, False] * 3 + [True]])
+  encodings = (question, question_mask, documents, documents_mask)
+  step = imdna.InferenceStep(5)
+  params = jax.jit(step.init)(jax.random.PRNGKey(0), state, encodings)['params']
+  for gate in ('query_gate', 'document_gate'):  # sigmoid(0) = 1/2 whatever r is
+    params[gate]['out'] = jax.tree.map(jnp.zeros_like, params[gate]['out'])
+  new_state, (query_attention, document_attention) = jax.jit(step.apply)(
+      {'params': params}, state, encodings)
+  dense = lambda name, x: x @ np.asarray(params[name]['kernel']) + np.asarray(
+      params[name]['bias'])
+  gru = nn.GRUCell(5, parent=None)
+  for b in range(2):
+    s, q_tokens, d_tokens = map(np.asarray, (state[b], question[b], documents[b]))
+    a = softmax_over(q_tokens @ dense('query_read', s), np.asarray(question_mask[b]))
+    np.testing.assert_allclose(query_attention[b], a, rtol=1e-5, atol=1e-7)
+    q = a @ q_tokens
+    d_weights = softmax_over(d_tokens @ dense('document_read', np.concatenate([s, q])),
+                             np.asarray(documents_mask[b]))
+    np.testing.assert_allclose(document_attention[b], d_weights, rtol=1e-5, atol=1e-7)
+    d = d_weights @ d_tokens
+    expected, _ = gru.apply({'params': params['search_state']}, s[None],
+                            np.concatenate([0.5 * q, 0.5 * d])[None])
+    np.testing.assert_allclose(new_state[b], expected[0], rtol=1e-5, atol=1e-6)
+
+
+def test_answers_are_read_off_the_last_inference_steps_document_attention():
+  """z (`word_scores`) comes from the attention of the last of the T steps, the one that has
+  read the question and documents T times, not the first."""
+  model = imdna.create(tiny_config(inference_steps=3))
+  batch = {'question': jnp.array([[3, 4, 5, 0, 0], [6, 0, 0, 0, 0]]),
+           'documents': jnp.array([[[6, 7, 8], [9, 3, 0]], [[5, 5, 4], [0, 0, 0]]])}
+  params = jax.jit(model.init)(jax.random.PRNGKey(1), batch)
+  reading = jax.jit(functools.partial(model.apply, method='read'))(params, batch)
+  attention = reading['document_attention']  # [B, T, K, Ld]
+  assert np.abs(np.asarray(attention[:, -1] - attention[:, 0])).max() > 1e-4
+  np.testing.assert_allclose(
+      reading['word_scores'],
+      imdna.word_scores(attention[:, -1].reshape(2, -1), batch['documents'].reshape(2, -1), 12),
+      rtol=1e-6)
+
+
+def test_supervised_embeddings_score_the_mean_of_the_real_question_words():
+  """Dodge et al.'s baseline: the mean of the question's word embeddings (its padding left
+  out) dotted with each answer's embedding, plus the answer's bias."""
+  model = imdna.create(tiny_config(reader='embeddings'))
+  batch = {'question': jnp.array([[3, 4, 5, 0, 0], [6, 0, 0, 0, 0]]),
+           'documents': jnp.zeros((2, 1, 2), jnp.int32)}
+  params = jax.jit(model.init)(jax.random.PRNGKey(1), batch)['params']
+  logits = jax.jit(model.apply)({'params': params}, batch)
+  table = np.asarray(params['Embed_0']['embedding'])
+  for b, words in enumerate(([3, 4, 5], [6])):
+    np.testing.assert_allclose(
+        logits[b], table[words].mean(0) @ np.asarray(params['answer_embeddings']).T
+        + np.asarray(params['answer_bias']), rtol=1e-5, atol=1e-6)
+
+
+def test_the_loss_counts_questions_with_an_answer_and_hits_at_1_their_top_answer():
+  """The summed sigmoid cross-entropy over every candidate answer of each question that has
+  an answer (a question with none is no example), and 'correct' (HITS@1): the answer
+  scored highest is one of the question's answers."""
+  task = multi_answer.IMDNATask(tiny_config())
+  batch = {'question': jnp.array([[3, 4, 0, 0, 0], [6, 7, 8, 0, 0], [9, 0, 0, 0, 0]]),
+           'documents': jnp.array([[[6, 7, 8], [9, 3, 0]]] * 3)}
+  params = jax.jit(task.model.init)(jax.random.PRNGKey(1), batch)['params']
+  logits = np.asarray(jax.jit(task.model.apply)({'params': params}, batch))
+  best, worst = logits.argmax(-1), logits.argmin(-1)
+  # Question 0: its best answer and another, not its worst; question 1: one neither its best
+  # nor its worst (a miss); question 2: no answer.
+  other = [a for a in range(4) if a not in (best[0], worst[0])][0]
+  middle = [a for a in range(4) if a not in (best[1], worst[1])][0]
+  answers = jnp.array([[best[0], other], [middle, -1], [-1, -1]], jnp.int32)
+  sums = jax.jit(lambda p, b: task.loss_sums(p, b, train=False))(
+      params, {**batch, 'answers': answers})
+  expected = 0.0
+  for q, hits in ((0, {best[0], other}), (1, {middle})):
+    targets = np.array([float(a in hits) for a in range(4)])
+    p = 1 / (1 + np.exp(-logits[q]))
+    expected -= (targets * np.log(p) + (1 - targets) * np.log(1 - p)).sum()
+  np.testing.assert_allclose(float(sums['loss']), expected, rtol=1e-5)
+  assert float(sums['tokens']) == float(sums['pairs']) == 2
+  assert float(sums['correct']) == 1
+
+
 def test_multi_hot_ignores_padding():
   hot = multi_answer.multi_hot(jnp.array([[2, 0, -1], [-1, -1, -1]]), 4)
   np.testing.assert_array_equal(hot, [[1, 0, 1, 0], [0, 0, 0, 0]])
@@ -192,6 +291,98 @@ def _stub_library(split='test', **extra):
       answer_words=np.array([paris, louvre, museum], np.int32),
       splits={split: questions}, extra=extra)
   return library, questions
+
+
+def _question_set(n):
+  """n questions, question i reading documents (i % 2, -1): the second one missing."""
+  from mtn_jax.data import imdna_library  # pylint: disable=g-import-not-at-top
+  return imdna_library.QuestionSet(
+      question=np.arange(1, n + 1, dtype=np.int32)[:, None] + np.zeros((1, 2), np.int32),
+      documents=np.stack([np.arange(n) % 2, np.full(n, -1)], 1).astype(np.int32),
+      document_scores=np.ones((n, 2), np.float32),
+      answers=np.arange(n, dtype=np.int32)[:, None], texts=[''] * n, answer_texts=[''] * n)
+
+
+def test_a_missing_document_and_a_padding_row_read_no_document():
+  """Document id -1 (BM25 found fewer than K) lands on the all-padding row that follows the
+  documents, not on the last document; the evaluation's last batch is padded with rows of no
+  question (-1), no answer and no document."""
+  from mtn_jax.data import imdna_library  # pylint: disable=g-import-not-at-top
+  settings = imdna_movies.get_config('test').imdna
+  settings.max_document_words = 3
+  tokens = imdna_library._document_tokens(  # pylint: disable=protected-access
+      [[5, 6], [7, 8, 9, 10]], settings)
+  np.testing.assert_array_equal(tokens, [[5, 6, 0], [7, 8, 9], [0, 0, 0]])
+  batches = list(imdna_library.question_batches(_question_set(3), tokens, 2))
+  assert len(batches) == 2  # evaluation: every question, the last batch padded
+  np.testing.assert_array_equal(batches[0]['documents'],
+                                [[[5, 6, 0], [0, 0, 0]], [[7, 8, 9], [0, 0, 0]]])
+  last = batches[1]
+  np.testing.assert_array_equal(last['question_ids'], [2, -1])
+  np.testing.assert_array_equal(last['documents'], [[[5, 6, 0], [0, 0, 0]], [[0, 0, 0]] * 2])
+  np.testing.assert_array_equal(last['answers'], [[2], [-1]])
+  np.testing.assert_array_equal(last['question'], [[3, 3], [0, 0]])
+
+
+def test_training_batches_reshuffle_every_epoch_and_repeat_exactly():
+  """With a seed: step s is batch s % steps_per_epoch of epoch s // steps_per_epoch's own
+  permutation (seeded by the seed and the epoch), whole batches only, each question at most
+  once an epoch; a pure function of the step, so a resumed run reads the same batches."""
+  from mtn_jax.data import imdna_library  # pylint: disable=g-import-not-at-top
+  tokens = np.zeros((3, 2), np.int32)
+  questions = _question_set(7)
+  stream = iter(imdna_library.question_batches(questions, tokens, 3, seed=4))
+  ids = [next(stream)['question_ids'].tolist() for _ in range(6)]  # 3 epochs of 2 batches
+  epochs = [ids[i] + ids[i + 1] for i in (0, 2, 4)]
+  for epoch in epochs:
+    assert len(set(epoch)) == 6 and set(epoch) <= set(range(7))
+  assert len({tuple(epoch) for epoch in epochs}) == 3
+  again = iter(imdna_library.question_batches(questions, tokens, 3, seed=4))
+  assert [next(again)['question_ids'].tolist() for _ in range(6)] == ids
+
+
+def test_a_long_question_keeps_its_latest_words():
+  """AOL questions are session prefixes: cut to max_question_words, they keep their end (the
+  latest queries, which the next one follows), documents and answers their beginning."""
+  from mtn_jax.data import imdna_library  # pylint: disable=g-import-not-at-top
+  np.testing.assert_array_equal(
+      imdna_library.pad_rows([[1, 2, 3, 4, 5], [6]], 3, 0, keep='last'), [[3, 4, 5], [6, 0, 0]])
+  np.testing.assert_array_equal(
+      imdna_library.pad_rows([[1, 2, 3, 4, 5], [6]], 3, -1), [[1, 2, 3], [6, -1, -1]])
+
+
+def test_aol_questions_read_other_users_sessions_and_answer_each_word_once(tmp_path):
+  """AOL (`imdna_library`): a question (a session prefix) reads the K training sessions BM25
+  finds most like it among OTHER users' (its own user's would hand it the answer: here
+  every query names its user, 'u3'); its answers are the words of the logged next query,
+  each once (`<unk>` would be left out)."""
+  from configs import imdna_aol  # pylint: disable=g-import-not-at-top
+  from mtn_jax.data import imdna_library  # pylint: disable=g-import-not-at-top
+  from mtn_jax.data.vocab import UNK_ID  # pylint: disable=g-import-not-at-top
+  from tests.test_data_layer import row, write  # pylint: disable=g-import-not-at-top
+  texts = ['paris hotels', 'hotels paris hotels', 'cheap flights', 'rome flights']
+  log = write(tmp_path / 'log.tsv', [
+      row(user, f'{texts[(user + k + i) % 4]} u{user}', f'{8 + 2 * k:02d}:0{i}')
+      for user in range(1, 7) for k in range(3) for i in range(3)])
+  config = imdna_aol.get_config()
+  config.data.raw_files, config.data.min_word_count = log, 1
+  config.data.split_fractions = (0.6, 0.2, 0.2)
+  config.imdna.num_documents = 4
+  library = imdna_library.load_library(config, str(tmp_path / 'w'))
+  users = library.extra['document_users']
+  repeated = 0
+  for name, questions in library.splits.items():
+    split = session_data.load_split(str(tmp_path / 'w' / 'data'), name)
+    question_users = np.repeat(split.users, split.lengths - 1)
+    assert len(questions) == len(question_users) > 0
+    for i, user in enumerate(question_users):
+      found = questions.documents[i][questions.documents[i] >= 0]
+      assert len(found) == 4 and user not in users[found].tolist(), (name, i)
+      words = [w for w in dict.fromkeys(library.vocab.encode_text(questions.answer_texts[i]))
+               if w != UNK_ID]
+      assert questions.answers[i][questions.answers[i] >= 0].tolist() == words
+      repeated += 'hotels paris hotels' in questions.answer_texts[i]
+  assert repeated  # a next query that repeats a word
 
 
 def test_bm25_alone_sums_the_scores_of_the_documents_holding_each_answer():
@@ -303,6 +494,27 @@ def test_retrieval_cache_is_reused_and_invalidated(tmp_path):
   excluded = bm25.cached_top_k(index, 'q', ['beta'], 2,
                                     exclude=lambda i, found: found == 1, exclusion='not 1')
   assert list(excluded[0][0]) == [0, -1]
+
+
+def test_excluded_documents_are_made_up_for_from_further_down(tmp_path):
+  """`exclude` drops documents a question may not read (its own user's sessions); the
+  next best documents take their places, so the question still reads k of them."""
+  documents = ['alpha'] * 3 + ['alpha beta', 'alpha beta gamma', 'delta']
+  index = bm25.open_index(str(tmp_path / 'index'), documents)
+  ids, scores = index.top_k(['alpha'], k=2, exclude=lambda i, found: found < 3)
+  np.testing.assert_array_equal(ids, [[3, 4]])
+  assert scores[0, 0] > scores[0, 1] > 0
+
+
+def test_cached_retrieval_is_keyed_by_the_questions_and_k(tmp_path):
+  """`cached_top_k` reads its file back only for the same questions and k: another question
+  set or k under the same name is retrieved afresh (and replaces the file)."""
+  index = bm25.open_index(str(tmp_path / 'index'), ['alpha beta', 'beta gamma delta', 'gamma'])
+  ids, _ = bm25.cached_top_k(index, 'q', ['beta', 'gamma'], 2)
+  np.testing.assert_array_equal(ids, [[0, 1], [2, 1]])
+  np.testing.assert_array_equal(bm25.cached_top_k(index, 'q', ['beta', 'gamma'], 1)[0],
+                                [[0], [2]])
+  np.testing.assert_array_equal(bm25.cached_top_k(index, 'q', ['delta'], 1)[0], [[1]])
 
 
 def test_ties_go_to_the_lower_id_whatever_the_cpus_sort(tmp_path):

@@ -19,6 +19,7 @@ from mtn_jax.data import sessions as session_data
 from mtn_jax.data.vocab import SEP_ID
 from mtn_jax.data.vocab import UNK_ID
 from mtn_jax.inference import retrieval
+from mtn_jax.models import layers
 from mtn_jax.models import polyencoder
 from mtn_jax.models.base import session_sources
 from mtn_jax.tasks import rankers
@@ -114,6 +115,29 @@ def test_poly_score_is_the_candidate_weighted_readout_of_the_codes():
       w = np.exp(logits - logits.max())
       w /= w.sum()
       np.testing.assert_allclose(scores[b, c], (w @ contexts[b]) @ cands[b, c], rtol=1e-5)
+
+
+def test_poly_codes_attend_over_the_real_tokens_scaled_by_sqrt_d():
+  """y_ctx^i = sum_j softmax_j(c_i . h_j / sqrt(d)) h_j over the context's real tokens (the
+  module docstring's choice against the saturation the paper met): the codes' attention
+  written out in numpy. Codes of norm ~3 sqrt(d) make it peaked, so an unscaled or an
+  unmasked softmax is far off."""
+  task, params = dual_task('polyencoder')
+  d = task.cfg.d_model
+  codes = 3.0 * np.random.default_rng(4).normal(size=(3, d)).astype(np.float32)
+  params = {**params, 'codes': jnp.asarray(codes)}
+  queries = sessions()
+  memory = apply(task.model, params, queries[:, :-1], method=lambda m, q: m.context_encoder(q))
+  tokens, mask = np.asarray(memory['tokens']), np.asarray(memory['mask'])  # [B*P, N, d]
+  assert (~mask).any() and mask.any(-1).all()  # padding words to leave out, no empty row
+  expected = np.zeros((len(tokens), 3, d), np.float32)
+  for r in range(len(tokens)):
+    real = tokens[r][mask[r]]  # [n_r, d]
+    logits = codes @ real.T / np.sqrt(d)  # [m, n_r]
+    weights = np.exp(logits - logits.max(-1, keepdims=True))
+    expected[r] = (weights / weights.sum(-1, keepdims=True)) @ real
+  np.testing.assert_allclose(compiled(task.contexts, params, queries),
+                             expected.reshape(4, 2, 3, d), rtol=1e-4, atol=1e-5)
 
 
 @pytest.mark.parametrize('name', ['biencoder', 'polyencoder'])
@@ -289,6 +313,42 @@ def test_cross_encoder_scores_the_joint_sequence_and_its_loss_masks_the_true_que
       total += np.log(np.exp(logits - logits.max()).sum()) + logits.max() - logits[0]
   assert (pool[drawn] == queries[:, 1:, None]).all(-1).any()  # the masking is exercised
   np.testing.assert_allclose(float(sums['loss']), total, rtol=1e-5)
+
+
+def test_cross_encoder_score_is_a_linear_map_of_the_sep_output():
+  """s = w . h_sep + b (module docstring): the joint encoder's output at the `<sep>` before
+  the candidate (column L of `cross_inputs`), the position that reads the pair, not the
+  first word of the context."""
+  task = rankers.CrossEncoderTask(ranker_config('crossencoder'), pool_queries=sessions()[0])
+  params = init(task)
+  sources, _ = session_sources(jnp.asarray(sessions()[:, :2]))  # [8, L]
+  cands = jnp.asarray(sessions(seed=3, batch=8))  # [8, 3, n]: 3 candidates per context
+
+  def outputs(module, sources, cands):
+    tokens, positions = polyencoder.cross_inputs(sources, cands)
+    x = module.embedding(tokens) + module.positions(positions)
+    return module.encoder(x, layers.padding_mask(tokens != 0), train=False)
+
+  hidden = np.asarray(apply(task.model, params, sources, cands, method=outputs))
+  score = params['score']
+  expected = (hidden[:, sources.shape[-1]] @ np.asarray(score['kernel'])[:, 0]
+              + float(score['bias'][0])).reshape(8, 3)
+  np.testing.assert_allclose(apply(task.model, params, sources, cands, method='score_pairs'),
+                             expected, rtol=1e-5, atol=1e-5)
+
+
+def test_cross_encoder_scores_ignore_padding_in_the_context_and_the_candidate():
+  """Padding (id 0) is masked out of the joint sequence's attention: more of it after the
+  context (a longer session batch's L) or after the candidate's words changes no score,
+  so a context scores the same in any batch it is served in."""
+  task = rankers.CrossEncoderTask(ranker_config('crossencoder'), pool_queries=sessions()[0])
+  params = init(task)
+  sources, _ = session_sources(jnp.asarray(sessions()[:, :2]))  # [8, L]
+  cands = jnp.asarray(sessions(seed=3, batch=8))  # [8, 3, n]: 3 candidates per context
+  score = lambda s, c: apply(task.model, params, s, c, method='score_pairs')
+  plain = np.asarray(score(sources, cands))
+  padded = score(jnp.pad(sources, ((0, 0), (0, 6))), jnp.pad(cands, ((0, 0), (0, 0), (0, 2))))
+  np.testing.assert_allclose(padded, plain, rtol=1e-5, atol=1e-5)
 
 
 def test_candidate_cache_round_trip_and_invalidation(tmp_path):

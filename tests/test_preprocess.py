@@ -135,6 +135,19 @@ def test_candidate_pool_counts_and_order():
   assert [pool.texts[i] for i in row_ids] == texts
 
 
+def test_history_items_that_do_not_fit_their_splits_sessions_are_refused(tmp_path):
+  """A split's history items are read row for row with its sessions (AEM and ZAM attend to
+  them as that session's user's past): a file of another length is an error naming it, not
+  other users' histories; a corpus without one has none."""
+  path = candidates.history_items_path(str(tmp_path), 'valid')
+  np.save(path, np.array([[3, -1], [0, 2]], np.int32))
+  np.testing.assert_array_equal(candidates.load_history_items(str(tmp_path), 'valid', 2),
+                                [[3, -1], [0, 2]])
+  with pytest.raises(errors.Error, match=re.escape(f'{path}: shape (2, 2) for 3 sessions')):
+    candidates.load_history_items(str(tmp_path), 'valid', 3)
+  assert candidates.load_history_items(str(tmp_path), 'test', 2) is None
+
+
 def test_thirty_minutes_exactly_starts_a_session(tmp_path):
   log = write(tmp_path / 'log.tsv', [
       line(1, 'a', '10:00:00'), line(1, 'b', '10:29:59'),  # 29:59 after a

@@ -94,6 +94,85 @@ def test_padding_rows_sessions_and_tokens_change_nothing(harness):
                              rtol=0)
 
 
+def test_padding_queries_and_sessions_keep_the_training_loss_finite(harness):
+  """The fused loss projects padding slots that share a chunk with real targets (all of a
+  group at the default chunk_tokens), so a padding query's state must be finite: M-NSRF's
+  max-pool over no token is 0, not -inf, or every batch with a short session trains on NaN."""
+  from mtn_jax.tasks.losses import session_losses  # pylint: disable=g-import-not-at-top
+  more_rows = np.zeros((3, 6, 4), np.int32)  # two padding rows, one padding session
+  more_rows[:2, :4] = SESSIONS
+  loss = lambda params: session_losses(harness.model, params, {'queries': more_rows},
+                                       train=False, chunk_tokens=256)['loss']
+  value, grads = jax.jit(jax.value_and_grad(loss))(harness.params)
+  assert np.isfinite(float(value)) and float(value) > 0
+  assert all(np.isfinite(g).all() for g in jax.tree.leaves(grads))
+
+
+@pytest.mark.parametrize('name', ['hred', 'mnsrf'])
+def test_query_summaries_feed_the_session_lstm(name):
+  """s_t = LSTM over the query summaries (Sordoni et al.): HRED's summary is the final hidden
+  states h of the two directions, forward then backward (not the cells); M-NSRF's the
+  element-wise max of the encoder's outputs over the query's real tokens (Ahmad et al.)."""
+  harness = Harness(name)
+  tokens = SESSIONS.reshape(8, 4)
+  lengths = (tokens != 0).sum(-1)
+
+  def query_encoder(module, tokens, lengths):
+    (forward, backward), outputs = module.query_encoder(
+        module.encoder_embedding(tokens), seq_lengths=lengths, return_carry=True)
+    return forward[1], backward[1], outputs
+
+  apply = lambda method, *args: jax.jit(lambda *a: harness.model.apply(
+      {'params': harness.params}, *a, method=method))(*args)
+  h_forward, h_backward, outputs = map(np.asarray, apply(query_encoder, tokens, lengths))
+  if name == 'hred':
+    summaries = np.concatenate([h_forward, h_backward], -1)
+  else:
+    summaries = np.stack([outputs[r, :n].max(0) if n else np.zeros(12, np.float32)
+                          for r, n in enumerate(lengths)])
+  expected = apply(lambda m, x: m.session_encoder(x), summaries.reshape(2, 4, 12))
+  states = apply('encode', {'queries': SESSIONS})['session_state']
+  real = SESSIONS.any(-1).reshape(-1)  # a padding row's state is no context
+  np.testing.assert_allclose(np.asarray(states)[real], np.asarray(expected).reshape(8, 12)[real],
+                             rtol=1e-5, atol=1e-6)
+
+
+def test_seq2seq_decoder_starts_from_the_encoders_final_state():
+  """Seq2Seq's decoder LSTM starts from the source encoder's final (c, h), forward and
+  backward concatenated (the class docstring), not from zeros: attention alone would still
+  read the source, so only the first steps tell."""
+  harness = Harness('seq2seq')
+  decoder_inputs = jnp.ones((8, 2), jnp.int32)
+
+  def first_steps(params, zero_state):
+    memory = harness.model.apply({'params': params}, {'queries': SESSIONS}, method='encode')
+    if zero_state:
+      memory = {**memory, 'final_state': jax.tree.map(jnp.zeros_like, memory['final_state'])}
+    return harness.model.apply({'params': params}, memory, decoder_inputs, method='decode')
+
+  run = jax.jit(first_steps, static_argnums=1)
+  assert np.abs(np.asarray(run(harness.params, False) - run(harness.params, True))).max() > 1e-3
+
+
+def test_hred_decoder_reads_the_session_state_at_every_step():
+  """HRED's decoder reads s_t beside each input word as well as starting from tanh(W s_t):
+  with W and its bias at zero (a start that knows nothing of s_t), another session state
+  still changes what it predicts."""
+  harness = Harness('hred')
+  params = jax.tree.map(lambda x: x, harness.params)
+  params['decoder']['initial_state'] = jax.tree.map(jnp.zeros_like,
+                                                    params['decoder']['initial_state'])
+  decoder_inputs = jnp.ones((8, 2), jnp.int32)
+
+  def decode(scale):
+    memory = harness.model.apply({'params': params}, {'queries': SESSIONS}, method='encode')
+    memory = {'session_state': scale * memory['session_state']}
+    return harness.model.apply({'params': params}, memory, decoder_inputs, method='decode')
+
+  run = jax.jit(decode)
+  assert np.abs(np.asarray(run(1.0) - run(-1.0))).max() > 1e-3
+
+
 def test_cached_decoding_equals_teacher_forcing(harness):
   model, params = harness.model, harness.params
   rows = SESSIONS.shape[0] * SESSIONS.shape[1]

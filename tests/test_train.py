@@ -652,6 +652,73 @@ def test_a_stopped_runs_steps_after_its_last_log_line_are_logged_by_the_resumed_
   assert figures['tokens_per_s'] / figures['steps_per_s'] == pytest.approx(float(sums[3]['tokens']))
 
 
+def test_the_transformer_schedule_warms_up_linearly_then_decays_as_one_over_sqrt_step():
+  """lr(s) = factor * d^-0.5 * min(s^-0.5, s * warmup^-1.5), s = step + 1 (Vaswani et al.,
+  Sec. 5.3): linear to its peak at s = warmup, then 1/sqrt(s); 'constant' is the rate."""
+  import ml_collections  # pylint: disable=g-import-not-at-top
+  from mtn_jax.training import train  # pylint: disable=g-import-not-at-top
+  settings = ml_collections.ConfigDict({'schedule': 'transformer', 'learning_rate': 2.0,
+                                        'warmup_steps': 4})
+  schedule = train.learning_rate_schedule(settings, d_model=16)  # factor * d^-0.5 = 0.5
+  rates = [float(schedule(step)) for step in (0, 1, 3, 15, 63)]
+  np.testing.assert_allclose(rates, [0.5 / 8, 0.5 * 2 / 8, 0.5 / 2, 0.5 / 4, 0.5 / 8],
+                             rtol=1e-6)
+  settings.schedule = 'constant'
+  assert [float(train.learning_rate_schedule(settings, None)(step)) for step in (0, 99)] == [
+      2.0, 2.0]
+
+
+def test_gradients_are_clipped_to_their_global_norm_before_adam():
+  """`grad_clip_norm` rescales the gradients (all leaves together) to at most that norm, and
+  Adam (b1, b2, eps as configured) reads the clipped ones: two steps written out in numpy,
+  with a first gradient of norm 50 clipped to 5 and a second of norm 1 left alone."""
+  import ml_collections  # pylint: disable=g-import-not-at-top
+  from mtn_jax.training import train  # pylint: disable=g-import-not-at-top
+  settings = ml_collections.ConfigDict({
+      'schedule': 'constant', 'learning_rate': 0.1, 'adam_b1': 0.8, 'adam_b2': 0.9,
+      'adam_eps': 1e-3, 'grad_clip_norm': 5.0})
+  grads = [{'a': np.array([30.0], np.float32), 'b': np.array([40.0], np.float32)},
+           {'a': np.array([0.6], np.float32), 'b': np.array([-0.8], np.float32)}]
+
+  def by_hand(clip):
+    m = v = np.zeros(2)
+    updates = []
+    for t, g in enumerate(grads, start=1):
+      g = np.concatenate([g['a'], g['b']]).astype(np.float64)
+      if clip:
+        g = g * min(1.0, clip / np.linalg.norm(g))
+      m, v = 0.8 * m + 0.2 * g, 0.9 * v + 0.1 * g * g
+      updates.append(-0.1 * (m / (1 - 0.8**t)) / (np.sqrt(v / (1 - 0.9**t)) + 1e-3))
+    return updates
+
+  for clip in (5.0, 0.0):  # 0: no clipping
+    settings.grad_clip_norm = clip
+    optimizer = train.make_optimizer(settings, None)
+    params = {'a': np.zeros(1, np.float32), 'b': np.zeros(1, np.float32)}
+    state = optimizer.init(params)
+    for g, want in zip(grads, by_hand(clip)):
+      updates, state = optimizer.update(g, state, params)
+      np.testing.assert_allclose(np.concatenate([updates['a'], updates['b']]), want,
+                                 rtol=1e-5)
+
+
+def test_a_log_line_shows_the_learning_rate_of_the_last_step_it_covers():
+  """A line written at step s covers the steps up to s - 1: its rate is schedule(s - 1), the
+  rate the last of them trained with."""
+  from mtn_jax.training import train  # pylint: disable=g-import-not-at-top
+  written = []
+  writer = type('Writer', (), {'write': lambda self, *record: written.append(record)})()
+  monitor = train._TrainMonitor(  # pylint: disable=protected-access
+      writer=writer, log=lambda *a, **k: None, schedule=lambda step: 0.1 * (step + 1),
+      steps_per_epoch=10, total_steps=20, last_good_checkpoint=lambda: '')
+  for step in range(4):
+    monitor.add(step, {'loss': np.float32(1), 'nll': np.float32(1), 'tokens': np.float32(1),
+                       'pairs': np.float32(1), 'grad_norm': np.float32(1)}, 1, 0.0)
+  monitor.write(4)
+  [(step, kind, figures)] = written
+  assert (step, kind) == (4, 'train') and figures['learning_rate'] == pytest.approx(0.4)
+
+
 def test_a_second_run_training_in_a_workdir_is_refused_naming_the_first(tmp_path):
   """Two runs training in one workdir would each write its checkpoints and every record of
   metrics.jsonl: the second is refused (the lock is the system's, so a killed run holds

@@ -202,6 +202,110 @@ def test_only_zam_reports_a_weight_on_the_zero_vector(user_model, tmp_path):
     assert np.isnan(np.asarray(out['zero_weight'])).all()
 
 
+def test_session_query_is_phi_of_the_mean_of_every_word_so_far():
+  """`query_from='session'`: q_t = tanh(W_phi mean(words of queries 0..t) + b_phi), the mean
+  over the session's words so far (not their sum over the latest query's count)."""
+  model, params, batch = family_model('qem', query_from='session')
+  out = model.apply({'params': params}, batch)
+  words = np.asarray(params['word_vectors'])
+  dense = params['query_projection']
+  phi = lambda ids: np.tanh(words[ids].mean(0) @ dense['kernel'] + dense['bias'])
+  for t, ids in enumerate(([5, 6], [5, 6, 7], [5, 6, 7, 8, 9, 10])):
+    np.testing.assert_allclose(out['q'][0, t], phi(ids), rtol=1e-5, atol=1e-6)
+  # A padding query adds no word: the context after it is the one before it.
+  np.testing.assert_allclose(out['q'][1, 2], phi([11, 5]), rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize('user_model', ['aem', 'zam'])
+def test_the_pools_first_entry_is_a_history_item_and_only_minus_one_is_none(user_model):
+  """Pool index 0 is the most frequent training query, the likeliest history item of all:
+  it is attended like any other (-1 alone marks no item). One item: AEM gives it weight 1
+  (u = i_0), ZAM e^f / (1 + e^f) (eq. 11)."""
+  model, params, batch = family_model(user_model)
+  batch = {**batch, 'history_items': jnp.array([[0, -1], [-1, -1]], jnp.int32)}
+  out = model.apply({'params': params}, batch)
+  weights = np.asarray(out['weights'][0, :, 0])
+  assert (weights > 0).all() and not np.asarray(out['weights'][0, :, 1]).any()
+  if user_model == 'aem':
+    np.testing.assert_allclose(weights, 1.0, rtol=1e-6)
+  else:
+    np.testing.assert_allclose(weights + np.asarray(out['zero_weight'][0]), 1.0, rtol=1e-6)
+  np.testing.assert_allclose(out['u'][0], weights[:, None] * params['item_vectors'][0],
+                             rtol=1e-5, atol=1e-7)
+
+
+def log_sigmoid(x):
+  return -np.logaddexp(0.0, -x)
+
+
+def test_training_objective_is_eq_14_with_the_pool_and_the_users_words_by_hand(tmp_path):
+  """HEM's sampled objective written out in numpy (notes eq. 13-14 and eq. 8): per context
+  whose next query is a pool entry (index 0 included), the item term over k negatives drawn
+  uniformly from the whole pool and the next query's word term over its real words; and once
+  per session of a known user with a history, the user's word term. 'nll' is the item term
+  alone. The draws are the step key's split in three (items, words, user)."""
+  model, params, batch = family_model('hem')
+  cfg = model.config
+  word_noise = np.log(np.arange(20, dtype=np.float32) % 5 + 1.0).astype(np.float32)
+  word_noise[0] = -np.inf
+  task = zero_attention.ZeroAttentionTask(cfg, data_dir=str(tmp_path), word_noise=word_noise,
+                                           train_users=np.arange(3))
+  history = jnp.array([[[5, 6, 0], [7, 0, 0]], [[0, 0, 0]] * 2], jnp.int32)  # [B, M=2, n]
+  # Session 0 goes on to pool entries 0 and 6; session 1 to one outside the pool, then a
+  # padding query.
+  targets = jnp.array([[3, 0, 6], [1, -1, 2]], jnp.int32)
+  inputs = {**batch, 'history': history, 'targets': targets}
+  key = jax.random.PRNGKey(5)
+  sums = task.loss_sums(params, inputs, train=True, rngs={'dropout': key})
+  item_key, word_key, user_key = jax.random.split(key, 3)
+  k = cfg.item_negatives
+  negatives = np.asarray(jax.random.randint(item_key, (2, 2, k), 0, cfg.num_items))
+  noise = np.asarray(zero_attention.draw_words(word_key, word_noise, (2, 2, 3, 2)))
+  user_noise = np.asarray(zero_attention.draw_words(user_key, word_noise, (2, 2, 3, 2)))
+  out = model.apply({'params': params}, batch)
+  context = np.asarray(out['context'])
+  items, words = np.asarray(params['item_vectors']), np.asarray(params['word_vectors'])
+  queries, targets = np.asarray(batch['queries']), np.asarray(targets)
+
+  def word_term(ids, noise_ids, vector):
+    return -sum(log_sigmoid(words[w] @ vector)
+                + sum(log_sigmoid(-words[v] @ vector) for v in noise_ids[j])
+                for j, w in enumerate(ids) if w != 0)
+
+  item_total = total = 0.0
+  for b, t in ((0, 0), (0, 1)):  # the contexts whose next query is a pool entry
+    target = targets[b, t + 1]
+    term = -(log_sigmoid(items[target] @ context[b, t])
+             + sum(log_sigmoid(-items[i] @ context[b, t]) for i in negatives[b, t]))
+    item_total += term
+    total += term + word_term(queries[b, t + 1], noise[b, t], items[target])
+  user_vector = np.asarray(params['user_vectors'])[2]
+  total += sum(word_term(np.asarray(history)[0, m], user_noise[0, m], user_vector)
+               for m in range(2))
+  assert float(sums['tokens']) == 2
+  np.testing.assert_allclose(float(sums['nll']), item_total, rtol=1e-5)
+  np.testing.assert_allclose(float(sums['loss']), total, rtol=1e-5)
+
+
+def test_validation_counts_a_context_correct_when_its_target_scores_highest(tmp_path):
+  """'accuracy' counts the contexts whose next query's pool entry scores first (the argmax
+  equal to the target, not merely at or above its index), pool entry 0 included: it is the
+  most frequent query, a target like any other."""
+  model, params, batch = family_model('qem')
+  task = zero_attention.ZeroAttentionTask(model.config, data_dir=str(tmp_path),
+                                           word_noise=np.zeros(20, np.float32),
+                                           train_users=np.arange(3))
+  out = model.apply({'params': params}, batch)
+  logits = np.einsum('bta,ca->btc', out['context'][:, :-1], params['item_vectors'])
+  best = logits.argmax(-1)  # [B, 2]
+  assert best[0, 0] > 0  # so pool entry 0 is a wrong target after session 0's first query
+  # Session 0: entry 0 (wrong) after position 0, its best entry after position 1; session 1:
+  # its best after position 0, then a padding query (no context).
+  targets = jnp.array([[5, 0, best[0, 1]], [1, best[1, 0], 3]], jnp.int32)
+  sums = task.loss_sums(params, {**batch, 'targets': targets}, train=False)
+  assert float(sums['tokens']) == 3 and float(sums['correct']) == 2
+
+
 def test_session_query_is_causal():
   model, params, batch = family_model('zam', query_from='session')
   changed = dict(batch, queries=batch['queries'].at[0, 2].set(jnp.array([12, 13, 0])))
