@@ -498,12 +498,18 @@ def test_retrieval_cache_is_reused_and_invalidated(tmp_path):
 
 def test_excluded_documents_are_made_up_for_from_further_down(tmp_path):
   """`exclude` drops documents a question may not read (its own user's sessions); the
-  next best documents take their places, so the question still reads k of them."""
+  next best documents take their places, so the question still reads k of them, however
+  many were excluded above them."""
   documents = ['alpha'] * 3 + ['alpha beta', 'alpha beta gamma', 'delta']
   index = bm25.open_index(str(tmp_path / 'index'), documents)
   ids, scores = index.top_k(['alpha'], k=2, exclude=lambda i, found: found < 3)
   np.testing.assert_array_equal(ids, [[3, 4]])
   assert scores[0, 0] > scores[0, 1] > 0
+  # More excluded documents above the others than the margin fetched past k.
+  documents = ['alpha'] * 70 + ['alpha beta'] * 5 + ['delta']
+  index = bm25.open_index(str(tmp_path / 'many'), documents)
+  ids, _ = index.top_k(['alpha', 'delta'], k=3, exclude=lambda i, found: found < 70)
+  np.testing.assert_array_equal(ids, [[70, 71, 72], [75, -1, -1]])
 
 
 def test_cached_retrieval_is_keyed_by_the_questions_and_k(tmp_path):

@@ -34,7 +34,8 @@ from mtn_jax import files
 from mtn_jax.data import top_k
 
 _FINGERPRINT = 'fingerprint.json'
-# Extra documents fetched per question to make up for excluded ones.
+# Extra documents fetched per question to make up for excluded ones (four times as many
+# again while that is not enough).
 _EXCLUSION_MARGIN = 64
 
 
@@ -76,15 +77,23 @@ class Bm25Index:
     scores = np.zeros((n, k), np.float32)
     if n == 0:
       return ids, scores
-    fetch = min(self.num_documents, k + (_EXCLUSION_MARGIN if exclude else 0))
+    first_fetch = min(self.num_documents, k + (_EXCLUSION_MARGIN if exclude else 0))
     for i, question in enumerate(questions):
       # bm25s' own `retrieve` picks among tied documents by CPU (`top_k.best_first`).
       all_scores = self.retriever.get_scores(question.split() or [''])
-      found = top_k.best_first(all_scores, fetch)
-      found_scores = all_scores[found]
-      keep = found_scores > 0
-      if exclude is not None:
-        keep &= ~exclude(i, found)
+      fetch = first_fetch
+      while True:
+        found = top_k.best_first(all_scores, fetch)
+        found_scores = all_scores[found]
+        keep = found_scores > 0
+        if exclude is not None:
+          keep &= ~exclude(i, found)
+        # More excluded documents above the others than the margin (an AOL user's own
+        # sessions, which repeat the question's words): look further down.
+        if (keep.sum() >= k or fetch == self.num_documents or not len(found)
+            or found_scores[-1] <= 0):
+          break
+        fetch = min(self.num_documents, 4 * fetch)
       row, row_scores = found[keep][:k], found_scores[keep][:k]
       ids[i, :len(row)], scores[i, :len(row)] = row, row_scores
     return ids, scores
