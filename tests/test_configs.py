@@ -201,6 +201,72 @@ def test_a_value_no_run_can_use_is_refused_naming_its_key(key, value, message):
     config_lib.validate(c, 'all')
 
 
+# Each rule's edge: the first value refused (with its message), and beside it the last value
+# accepted. Values from `default.get_config('mtn')`: sessions of 3 to 5 queries (the model
+# reads 16), 256 training queries a batch, a beam of 5.
+EDGES = [
+    ({'data.min_session_queries': 1}, {'data.min_session_queries': 2},
+     'config.data.min_session_queries must be at least 2'),
+    ({'data.min_session_queries': 6}, {'data.min_session_queries': 5},
+     'config.data.max_session_queries (5) is below config.data.min_session_queries (6)'),
+    ({'data.tokenizer': 'sentencepiece', 'data.vocab_size': 299},
+     {'data.tokenizer': 'sentencepiece', 'data.vocab_size': 300, 'decode.max_len': 25},
+     'config.data.vocab_size must be at least 300 with sentencepiece'),
+    ({'data.train_users': 5}, {'data.train_users': 5, 'data.split_by': 'user'},
+     "config.data.train_users=5: a number of training users >= 0, with "
+     "config.data.split_by='user' only"),
+    ({'model.max_session_queries': 4}, {'model.max_session_queries': 5},
+     'config.model.max_session_queries (4) must be >= config.data.max_session_queries (5)'),
+    ({'input.train_queries_per_batch': 4}, {'input.train_queries_per_batch': 5},
+     'config.input.train_queries_per_batch (4) must hold at least one session of '
+     'config.data.max_session_queries (5) queries'),
+    ({'train.label_smoothing': 1.0}, {'train.label_smoothing': 0.0},
+     'config.train.label_smoothing must be in [0, 1), got 1.0'),
+    ({'train.warmup_steps': 0}, {'train.warmup_steps': 1},
+     'config.train.warmup_steps must be positive with the transformer schedule'),
+    ({'decode.top_k': 6}, {'decode.top_k': 5},
+     'config.decode.top_k (6) cannot exceed config.decode.beam_size (5)'),
+    ({'serve.port': 65536}, {'serve.port': 65535}, 'config.serve.port must be in 0..65535'),
+    ({'serve.host': ''}, {'serve.host': '::1'}, 'config.serve.host is empty'),
+    ({'serve.deadline_ms': 0.0}, {'serve.deadline_ms': 1.0},
+     'config.serve.deadline_ms must be positive'),
+    ({'serve.max_body_bytes': 0}, {'serve.max_body_bytes': 1},
+     'config.serve.max_body_bytes must be positive'),
+    ({'serve.history_per_user': 0}, {'serve.history_per_user': 1},
+     'config.serve.history_per_user must be positive'),
+]
+
+
+@pytest.mark.parametrize('refused, accepted, message', EDGES,
+                         ids=[next(iter(r)) for r, _, _ in EDGES])
+def test_each_rule_refuses_the_first_value_past_its_edge_and_takes_the_last_within(
+    refused, accepted, message):
+  """An off-by-one in a rule either refuses a config that works (the edge value a user was
+  told is allowed) or lets through one that fails later, mid-run: both edges, by the key."""
+  for values, ok in ((refused, False), (accepted, True)):
+    c = default.get_config('mtn')
+    c.data.source = 'demo'
+    for key, value in values.items():
+      section, name = key.split('.')
+      c[section][name] = value
+    if ok:
+      config_lib.validate(c, 'all')
+    else:
+      with pytest.raises(config_lib.ConfigError, match=re.escape(message)):
+        config_lib.validate(c, 'all')
+
+
+def test_a_habit_rate_of_one_is_a_rate_and_above_one_is_refused():
+  c = default.get_config('mtn')
+  c.data.source, c.suggest.strategy, c.suggest.ranker_workdir = 'demo', 'rerank', '/runs/poly'
+  c.suggest.habit_rate = 1.0
+  config_lib.validate(c, 'eval')
+  c.suggest.habit_rate = 1.01
+  with pytest.raises(config_lib.ConfigError, match=re.escape(
+      'config.suggest.habit_rate must be in [0, 1], got 1.01')):
+    config_lib.validate(c, 'eval')
+
+
 @pytest.mark.parametrize('strategy', ['generate', 'blend', 'learned'])
 def test_a_ranker_workdir_is_refused_where_no_strategy_reads_it(strategy):
   c = default.get_config('mtn')

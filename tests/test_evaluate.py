@@ -22,6 +22,7 @@ from mtn_jax.data.vocab import UNK_ID
 from mtn_jax.data.vocab import Vocab
 from mtn_jax.decoding import search
 from mtn_jax.evaluation import evaluate
+from mtn_jax.evaluation import pool_ranking
 from mtn_jax.evaluation import report
 from mtn_jax.evaluation import trivial
 from mtn_jax.inference import inputs
@@ -90,6 +91,69 @@ def test_score_entry_holds_the_printed_line():
   entry = evaluate.score_entry(metrics.bleu(['a b c d'], ['a b c d']))
   assert entry['line'] == 'BLEU = 100.00, 100.0/100.0/100.0/100.0'
   assert entry['precisions'] == [100.0] * 4 and entry['hyp_len'] == entry['ref_len'] == 4
+
+
+def test_history_groups_split_pairs_at_five_earlier_queries_and_weigh_the_zero_vector():
+  """Users with at least MIN_HISTORY (5) earlier queries are "with history", 1 to 4 "short",
+  none "without": every pair in exactly one group. The zero-vector weight is given for the
+  "with history" group alone, apart for next queries that share a word with the history
+  (<unk> is no shared word) and those that do not."""
+  assert evaluate.MIN_HISTORY == 5
+  # Four sessions of two queries (one pair each), whose users have 0, 4, 5 and 6 earlier
+  # queries; session 2's next query shares word 10 with its history, session 3's only <unk>.
+  queries = np.array([[20, 0], [21, 0], [20, 0], [21, 0], [20, 0], [10, 0], [20, 0],
+                      [12, UNK_ID]], np.int32)
+  history = np.zeros((4, 6, 2), np.int32)
+  history[1, 2:] = [13, 0]
+  history[2, 1:] = [10, 0]
+  history[3, :] = [11, UNK_ID]
+  split = SessionSplit('test', queries, np.array([0, 2, 4, 6, 8]), history=history)
+  ranked = pool_ranking.SplitRanking(
+      suggestions=[[]] * 4, top_scores=np.zeros((4, 1), np.float32),
+      pool_ranks=np.array([1, 2, 3, 4]), sampled_ranks=np.ones((4, 2), np.int64),
+      zero_weight=np.array([0.9, 0.8, 0.2, 0.4], np.float32))
+  groups = evaluate.history_groups(split, {'model': [['x'], ['y'], ['z'], ['w']]},
+                                   ['x', 'q', 'z', 'q'], [['a']] * 4, ranked)
+  assert {name: g['pairs'] for name, g in groups.items()} == {
+      'with_history': 2, 'short_history': 1, 'without_history': 1}
+  assert [groups[name]['scores']['model']['ranking']['exact_match']
+          for name in ('with_history', 'short_history', 'without_history')] == [50, 0, 100]
+  assert groups['with_history']['pool']['mrr'] == pytest.approx(100 * (1 / 3 + 1 / 4) / 2)
+  assert groups['with_history']['zero_weight'] == pytest.approx(
+      {'all': 0.3, 'next_query_shares_a_word': 0.2, 'next_query_shares_no_word': 0.4})
+  assert 'zero_weight' not in groups['short_history']
+  assert 'zero_weight' not in groups['without_history']
+
+
+def test_eval_files_hold_every_pairs_lists_and_the_samples_in_pair_order(tmp_path, capsys):
+  """lists.jsonl: every pair under both protocols; samples.jsonl: the sampled pairs in pair
+  order, '' as the prediction of a pair without suggestions (the report's sample tables
+  print it); all of them prefixed by the split where it is not the test split."""
+  pairs = evaluate.Pairs(session=np.array([0, 0, 1]), position=np.array([0, 1, 0]),
+                         contexts=[['a'], ['a', 'b'], ['c']], previous=['a', 'b', 'c'],
+                         references=['b', 'd', 'e'])
+  shown = {False: [[{'query': 'b', 'score': -0.5}], [], [{'query': 'c', 'score': -1.0}]],
+           True: [[{'query': 'b', 'score': -0.5}], [], []]}
+  lists = evaluate.Lists(shown, {}, None, {}, 'MTN', 1.0)
+  evaluate.write_results(str(tmp_path), {'split': 'valid', 'pairs': 3}, lists, pairs,
+                         strategy='generate', seed=0)
+  eval_dir = tmp_path / 'eval'
+  assert f'Results: {eval_dir / "valid_results.json"}' in capsys.readouterr().out
+  assert sorted(os.listdir(eval_dir)) == ['valid_lists.jsonl', 'valid_results.json',
+                                          'valid_samples.jsonl']
+  records = [json.loads(line) for line in
+             (eval_dir / 'valid_lists.jsonl').read_text(encoding='utf-8').splitlines()]
+  assert records == [
+      {'session': 0, 'position': 0, 'context': ['a'], 'reference': 'b',
+       'suggestions': shown[False][0], 'suggestions_excluding_session': shown[True][0]},
+      {'session': 0, 'position': 1, 'context': ['a', 'b'], 'reference': 'd',
+       'suggestions': [], 'suggestions_excluding_session': []},
+      {'session': 1, 'position': 0, 'context': ['c'], 'reference': 'e',
+       'suggestions': shown[False][2], 'suggestions_excluding_session': []}]
+  samples = [json.loads(line) for line in
+             (eval_dir / 'valid_samples.jsonl').read_text(encoding='utf-8').splitlines()]
+  assert [(s['session'], s['position'], s['predicted'], s['actual']) for s in samples] == [
+      (0, 0, 'b', 'b'), (0, 1, '', 'd'), (1, 0, 'c', 'e')]
 
 
 # ---------------------------------------------------------------------------------------------
@@ -468,6 +532,141 @@ def test_results_table_text(tmp_path):
   # Runs evaluated on the validation split (config.decode.eval_split) say so.
   assert report.results_table(runs, 'valid').splitlines()[0] == (
       '| Model | Size (MB) | 1/2/3/4-gram | BLEU | Validation pairs | Workdir |')
+
+
+def test_the_samples_table_shows_the_first_ten_samples():
+  samples = [{'context': [f'q{i}', 'x'], 'predicted': f'p{i}', 'actual': f'a{i}'}
+             for i in range(12)]
+  lines = report.samples_table(samples).splitlines()
+  assert len(lines) == 2 + report.SAMPLES_PER_MODEL == 12
+  assert lines[2] == '| q0, x | p0 | a0 |' and lines[-1] == '| q9, x | p9 | a9 |'
+
+
+def test_runs_of_one_model_and_layout_are_told_apart_by_their_workdirs(tmp_path):
+  """Two runs of one model with the same layers (two seeds, say) would be two rows of one
+  label: the workdir's name tells them apart; a run of other layers keeps its layout."""
+  runs = [report.load_run(write_run(tmp_path, name, 'mtn', layers, 14.0,
+                                    (35.0, 21.0, 14.0, 10.0)))
+          for name, layers in (('seed1', (3, 2, 3)), ('seed2', (3, 2, 3)), ('deep', (4, 2, 4)))]
+  assert report._labels(runs) == [  # pylint: disable=protected-access
+      'MTN (3Q+2S, 3) [seed1]', 'MTN (3Q+2S, 3) [seed2]', 'MTN (4Q+2S, 4)']
+
+
+def test_markdown_specials_in_queries_and_a_bar_in_a_path_stay_text():
+  # `_` and `*` would turn a query into italics, `~` into strikethrough, `[` into a link.
+  assert report.markdown_cell('my_space *hot* ~x~ [a]') == (
+      'my\\_space \\*hot\\* \\~x\\~ \\[a\\]')
+  # A table cell ends at a bare `|`, even inside inline code.
+  assert report.code_cell('/runs/a|b') == '`/runs/a\\|b`'
+
+
+def test_report_refuses_a_run_without_its_samples_or_with_a_broken_sample(tmp_path):
+  """The samples are read before anything is written: a missing file or a record without
+  its fields is a ReportError naming the file (and line), not a traceback."""
+  workdir = write_run(tmp_path, 'run', 'mtn', (3, 2, 3), 1.0, (1.0, 1.0, 1.0, 1.0))
+  samples = tmp_path / 'run' / 'eval' / 'samples.jsonl'
+  good = samples.read_text(encoding='utf-8')
+  samples.write_text(good + '\n' + json.dumps({'context': ['a'], 'predicted': 'b'}) + '\n',
+                     encoding='utf-8')
+  with pytest.raises(report.ReportError, match=r"samples.jsonl:3: not a sample record "
+                     r"\(KeyError\('actual'\)\)"):
+    report.load_run(workdir)
+  samples.unlink()
+  with pytest.raises(report.ReportError, match=r'run has no .*samples.jsonl: re-run '
+                     r'--mode=eval'):
+    report.load_run(workdir)
+
+
+def ranking(exact, r5, r10, mrr, repeats, longest=10):
+  return {'exact_match': exact, 'recall_at_5': r5, 'recall_at_10': r10, 'mrr_at_10': mrr,
+          'repeats_session': repeats, 'pairs': 1234, 'longest_list': longest}
+
+
+def add_rankings(workdir, figures):
+  """Adds to `workdir`'s results the ranking figures {suggester: (ranking, BLEU and ranking
+  never repeating the session)}, as eval writes them."""
+  path = os.path.join(workdir, 'eval', 'results.json')
+  with open(path, encoding='utf-8') as f:
+    results = json.load(f)
+  results['scores_excluding_session'] = {}
+  for key, (paper, (bleu, user)) in figures.items():
+    results['scores'][key]['ranking'] = paper
+    results['scores_excluding_session'][key] = {**score(bleu, (1.0,) * 4), 'ranking': user}
+  with open(path, 'w', encoding='utf-8') as f:
+    json.dump(results, f)
+  return workdir
+
+
+def test_the_ranking_table_lists_models_then_each_trivial_suggester_once(tmp_path):
+  """The report's ranked-suggestion table: EM@1, R@5, R@10, MRR@10 and repeats (%), then
+  BLEU and R@10 never repeating the session; '-' for a recall at a rank no list reaches;
+  the trivial suggesters once for the runs that share their figures; a run evaluated before
+  these figures existed is left out (and with none, so is the section)."""
+  trivial_figures = {'repeat_previous': (ranking(5.0, 5.0, 5.0, 5.0, 100.0, longest=1),
+                                         (0.0, ranking(0.0, 0.0, 0.0, 0.0, 0.0, longest=0))),
+                     'most_frequent_next': (ranking(8.0, 12.0, 14.0, 9.5, 20.0),
+                                            (7.25, ranking(6.0, 9.0, 11.0, 7.0, 0.0)))}
+  mtn = add_rankings(write_run(tmp_path, 'mtn', 'mtn', (3, 2, 3), 14.62,
+                               (35.7, 21.5, 14.9, 10.2)),
+                     {'model': (ranking(10.0, 20.0, 30.0, 15.0, 40.0),
+                                (12.5, ranking(12.0, 22.0, 35.0, 16.0, 0.0))),
+                      **trivial_figures})
+  short = add_rankings(write_run(tmp_path, 't', 'transformer', (4, 0, 4), 13.9,
+                                 (34.2, 19.6, 13.1, 8.9)),
+                       {'model': (ranking(9.0, 18.5, 18.5, 12.4, 30.0, longest=5),
+                                  (11.0, ranking(9.5, 19.0, 19.0, 13.0, 0.0, longest=5))),
+                        **trivial_figures})
+  old = write_run(tmp_path, 'old', 'hred', (1, 1, 1), 10.0, (30.0, 15.0, 10.0, 5.0))
+  # Evaluated once the paper's protocol was ranked, before the user-facing one was scored.
+  between = add_rankings(write_run(tmp_path, 'between', 'hred', (1, 1, 1), 10.0,
+                                   (30.0, 15.0, 10.0, 5.0)),
+                         {'model': (ranking(1.0, 2.0, 3.0, 1.5, 4.0), (1.0, ranking(*[1.0] * 5)))})
+  path = os.path.join(between, 'eval', 'results.json')
+  with open(path, encoding='utf-8') as f:
+    results = json.load(f)
+  del results['scores_excluding_session']
+  with open(path, 'w', encoding='utf-8') as f:
+    json.dump(results, f)
+  runs = [report.load_run(w) for w in (mtn, short, old, between)]
+  assert report.ranking_table(runs) == '\n'.join([
+      '| Suggester | EM@1 | R@5 | R@10 | MRR@10 | top-1 repeats session | BLEU, never repeating '
+      '| R@10, never repeating | Test pairs | Workdir |',
+      '|---|---:|---:|---:|---:|---:|---:|---:|---:|---|',
+      f'| MTN | 10.0 | 20.0 | 30.0 | 15.0 | 40.0 | 12.50 | 35.0 | 1,234 | `{mtn}` |',
+      f'| Transformer | 9.0 | 18.5 | - | 12.4 | 30.0 | 11.00 | - | 1,234 | `{short}` |',
+      f'| Repeat previous query | 5.0 | - | - | 5.0 | 100.0 | 0.00 | - | 1,234 | `{mtn}` |',
+      f'| Most frequent next query (train) | 8.0 | 12.0 | 14.0 | 9.5 | 20.0 | 7.25 | 11.0 | '
+      f'1,234 | `{mtn}` |'])
+  assert report.ranking_table(runs[2:]) == ''
+  config = report_config(','.join((mtn, short)), str(tmp_path / 'out'))
+  text = open(report.write_report(config, mtn), encoding='utf-8').read()
+  assert '## Ranked suggestions' in text and report.ranking_table(runs[:2]) in text
+  config = report_config(old, str(tmp_path / 'old_out'))
+  assert '## Ranked suggestions' not in open(report.write_report(config, old),
+                                             encoding='utf-8').read()
+
+
+def test_the_bleu_chart_draws_the_trivial_baselines_only_where_the_runs_share_them(
+    tmp_path, monkeypatch):
+  """A trivial suggester's BLEU is a dashed line across the chart: only where every run has
+  the same figures for it (one test set); another run's would be drawn as this one's."""
+  drawn = []
+  monkeypatch.setattr(report, '_bar_chart', lambda path, labels, scores, title,
+                      baselines=(): drawn.append((os.path.basename(path), baselines)))
+  same = [write_run(tmp_path, name, 'mtn', (3, 2, 3), 14.0, (35.0, 21.0, 14.0, 10.0))
+          for name in ('a', 'b')]
+  report.write_report(report_config(','.join(same), str(tmp_path / 'out')), same[0])
+  assert drawn == [('bleu.png', [('Repeat previous query', 11.89),
+                                 ('Most frequent next query (train)', 9.5)])]
+  path = os.path.join(same[1], 'eval', 'results.json')
+  with open(path, encoding='utf-8') as f:
+    results = json.load(f)
+  results['scores']['most_frequent_next']['bleu'] = 9.6  # other training users, other lists
+  with open(path, 'w', encoding='utf-8') as f:
+    json.dump(results, f)
+  drawn.clear()
+  report.write_report(report_config(','.join(same), str(tmp_path / 'out')), same[0])
+  assert drawn == [('bleu.png', [('Repeat previous query', 11.89)])]
 
 
 def report_config(workdirs: str, output: str) -> ml_collections.ConfigDict:

@@ -111,3 +111,14 @@ def test_every_trivial_suggester_has_its_lists(tmp_path):
                    'most_frequent_next': [['b', 'c'], ['q']],
                    'most_popular': [['b', 'c'], ['b', 'c']],
                    'most_cooccurring': [['b', 'c'], ['b', 'c']]}
+
+
+def test_mpc_is_one_list_for_every_session_and_co_occurring_follows_the_previous_query(
+    tmp_path):
+  """The two log suggesters scored beside every model differ after a query with followers
+  of its own: MPC lists the log's most popular next queries whatever the session, the
+  co-occurring suggester the previous query's followers first ('c' after 'b')."""
+  lists = trivial.lists(toy_split(tmp_path), ['b', 'q'], [['a', 'b'], ['q']], k=2)
+  assert lists['most_popular'] == [['b', 'c'], ['b', 'c']]
+  assert lists['most_cooccurring'] == [['c', 'b'], ['b', 'c']]
+  assert lists['most_frequent_next'] == [['c'], ['q']]

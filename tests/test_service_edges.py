@@ -160,6 +160,45 @@ def test_a_body_over_the_limit_unannounced_is_413_of_the_same_shape(stub):
   assert_one_shape(client.post('/v1/suggest', content=chunks, headers=JSON), 413, 'body')
 
 
+def test_a_body_of_exactly_the_limit_is_answered_and_one_byte_more_is_413(stub):
+  """max_body_bytes (1,000 here) is the largest body served, announced by its Content-Length
+  or not: a client that sizes its requests to the documented limit is not refused."""
+  client, _ = stub
+  body = b'{"session": ["a"]}'
+  exact = body + b' ' * (1000 - len(body))  # JSON's trailing whitespace: still the request
+  for content, over in ((exact, False), (exact + b' ', True)):
+    chunks = (content[i:i + 300] for i in range(0, len(content), 300))  # no Content-Length
+    for answer in (client.post('/v1/suggest', content=content, headers=JSON),
+                   client.post('/v1/suggest', content=chunks, headers=JSON)):
+      if over:
+        assert_one_shape(answer, 413, 'body')
+      else:
+        assert answer.status_code == 200, answer.text
+        assert answer.json()['suggestions'] == [{'query': 'a more', 'score': 0.0}]
+
+
+def test_paths_the_service_does_not_answer_are_counted_as_one_route(stub):
+  """Every unknown path is route="other" in the request counter: a scanner's thousand paths
+  would otherwise be a thousand metric series, kept for the process's life."""
+  client, _ = stub
+  for path in ('/nowhere', '/wp-login.php', '/v1/suggest/more'):
+    assert client.get(path).status_code == 404
+  metrics = client.get('/metrics').text
+  assert 'mtn_serve_requests_total{route="other",status="404"} 3.0' in metrics, metrics
+  assert 'nowhere' not in metrics and 'wp-login' not in metrics and 'more"' not in metrics
+
+
+def test_a_user_of_over_200_characters_is_refused_naming_the_user():
+  """The request's `user` is at most 200 characters (the description's maxLength): a longer
+  one is a 422 naming `user`, before any history is read or written for it."""
+  app, _ = stub_app(StubEngine(personalises=True))
+  with TestClient(app, client=LOOPBACK, raise_server_exceptions=False) as client:
+    answer = client.post('/v1/suggest', json={'session': ['a'], 'user': 'u' * 200})
+    assert answer.status_code == 200 and answer.json()['history'] == 0, answer.text
+    assert_one_shape(client.post('/v1/suggest', json={'session': ['a'], 'user': 'u' * 201}),
+                     422, 'user')
+
+
 def test_draining_and_internal_errors_have_the_one_shape(stub, monkeypatch):
   client, service = stub
   monkeypatch.setattr(service.engine, 'run', lambda requests: 1 / 0)
@@ -197,6 +236,13 @@ def test_k_beyond_what_the_model_has_is_reported(stub):
   answer = client.post('/v1/suggest', json={'session': ['a'], 'k': 3.0}).json()
   assert answer['k'] == 3  # JSON's 3.0 is JSON Schema's integer 3
   assert client.post('/v1/suggest', json={'session': ['a']}).json()['k'] == 5  # top_k
+
+
+def test_a_fractional_k_is_refused_not_rounded(stub):
+  """JSON's 3.0 is the integer 3, but 2.5 suggestions is no number of suggestions: 422
+  naming `k`, not a list of 2."""
+  client, _ = stub
+  assert_one_shape(client.post('/v1/suggest', json={'session': ['a'], 'k': 2.5}), 422, 'k')
 
 
 def test_no_filesystem_path_reaches_a_client(stub):
@@ -337,6 +383,35 @@ def test_a_drain_answers_503_for_the_quiet_time_before_it_stops_listening():
   finally:
     if process.poll() is None:
       process.kill()
+
+
+def test_a_drain_waits_for_requests_in_flight_and_the_quiet_time_after_the_last_request():
+  """`drained` (what SIGTERM's drain waits on): a request in flight holds it (its body may
+  still be arriving, not yet queued); the quiet time counts from the latest suggestion
+  request, not only from the signal; and it is capped at a quarter of the drain's time, so
+  that a long drain_quiet_seconds cannot use up the whole drain and end it unfinished."""
+  service = service_lib.Service(StubEngine(),
+                                service_lib.ServeSettings(drain_quiet_seconds=0.3),
+                                compilations=lambda: 0, log=_quiet)
+
+  async def main():
+    service.begin_drain()
+    service.inflight = 1
+    held = await service.drained(0.5)
+    service.inflight = 0
+    service.last_request = time.monotonic()  # a suggestion request came during the drain
+    started = time.monotonic()
+    done = await service.drained(5)
+    return held, done, time.monotonic() - started
+
+  held, done, waited = asyncio.run(main())
+  assert held is False and done is True
+  assert 0.25 <= waited < 2, waited  # drain_quiet_seconds after that request
+  patient = service_lib.Service(StubEngine(),
+                                service_lib.ServeSettings(drain_quiet_seconds=60),
+                                compilations=lambda: 0, log=_quiet)
+  patient.begin_drain()
+  assert asyncio.run(patient.drained(0.4)) is True  # quiet for 0.1 s: a quarter of 0.4
 
 
 # ---------------------------------------------------------------------------------------------

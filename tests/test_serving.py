@@ -631,6 +631,92 @@ def test_prepare_sees_the_batches_in_the_order_they_came():
   assert finished[0] == ['B'] and finished[-1] == ['A'], finished
 
 
+def test_the_queue_holds_queue_bound_requests_and_refuses_the_next_at_once():
+  """queue_bound=2 and the one worker busy: two requests wait and are answered in turn, the
+  third is refused at once (the 503 a client retries), not queued."""
+  async def scenario(batcher, ask):
+    running = asyncio.create_task(ask('a', 5))
+    await asyncio.sleep(0.1)  # 'a' runs
+    waiting = [asyncio.create_task(ask(r, 5)) for r in ('b', 'c')]
+    await asyncio.sleep(0.05)
+    assert batcher.depth == 2
+    with pytest.raises(batcher_lib.QueueFull):
+      await batcher.submit('d', time.monotonic() + 5)
+    return [await running] + [await w for w in waiting]
+
+  assert run_with_deadlines(slow_echo(0.3), scenario, max_batch=1, queue_bound=2) == [
+      'a!', 'b!', 'c!']
+
+
+def _recording_echo(batches):
+  def run(requests):
+    batches.append(list(requests))
+    return [r + '!' for r in requests]
+  return run
+
+
+def test_a_full_batch_or_a_draining_service_waits_no_max_wait():
+  """A batch waits up to max_wait for batch-mates only while it could hold more and the
+  service is not draining: a full batch, or any batch after SIGTERM (the queued batches
+  start at once), runs without waiting max_wait (5 s here)."""
+  for requests, flush in ((['a', 'b'], False), (['a'], True)):
+    batches = []
+    batcher = batcher_lib.Batcher(_recording_echo(batches), max_batch=2, max_wait=5.0,
+                                  queue_bound=8)
+    batcher.flush = flush
+    started = time.monotonic()
+    assert run_batcher(batcher, requests, spacing=0) == [r + '!' for r in requests]
+    assert batches == [requests] and time.monotonic() - started < 2.5, (flush, batches)
+
+
+def test_max_wait_counts_from_the_oldest_request_of_a_batch():
+  """Requests 0.4 s apart with max_wait 0.6 s: the first batch starts 0.6 s after its oldest
+  request, and does not wait on while each newcomer restarts the clock (a steady trickle
+  would hold the first request until its deadline)."""
+  batches = []
+  batcher = batcher_lib.Batcher(_recording_echo(batches), max_batch=8, max_wait=0.6,
+                                queue_bound=8)
+  assert run_batcher(batcher, ['a', 'b', 'c', 'd'], spacing=0.4) == ['a!', 'b!', 'c!', 'd!']
+  assert batches[0][0] == 'a' and 'd' not in batches[0], batches
+
+
+def test_a_lone_request_that_fails_is_run_once():
+  """A failing batch is run again one request at a time, so that one bad request fails
+  alone; a batch of one is not run a second time for nothing."""
+  calls = []
+
+  def run(requests):
+    calls.append(list(requests))
+    raise ValueError('bad request')
+
+  [result] = run_batcher(batcher_lib.Batcher(run, max_batch=1, max_wait=0, queue_bound=8),
+                         ['a'])
+  assert isinstance(result, ValueError) and calls == [['a']]
+
+
+def test_reloads_are_counted_by_outcome_and_the_step_is_the_new_models():
+  """A failed reload leaves the old model and says so (counted 'failed'); a reload that
+  works says which step it replaced, and /metrics' model step follows it."""
+  client, service = stub_client(SlowEngine())
+
+  def fails():
+    raise OSError('no checkpoint')
+  newer = SlowEngine()
+  newer.step = 9
+  service.loader = fails
+  with client:
+    assert client.post('/admin/reload').json() == {'reloaded': False, 'step': 7,
+                                                   'error': 'no checkpoint'}
+    service.loader = lambda: newer
+    answer = client.post('/admin/reload').json()
+    assert answer['reloaded'] and (answer['previous_step'], answer['step']) == (7, 9)
+    assert client.post('/v1/suggest', json={'session': ['a']}).json()['model']['step'] == 9
+    metrics = client.get('/metrics').text
+  assert 'mtn_serve_reloads_total{outcome="failed"} 1.0' in metrics
+  assert 'mtn_serve_reloads_total{outcome="ok"} 1.0' in metrics
+  assert 'mtn_serve_model_step 9.0' in metrics
+
+
 def test_no_reload_while_draining_and_a_reload_holds_no_exit():
   """A reload after SIGTERM is refused (nothing would serve the new model); one under way
   runs on a daemon thread, which the interpreter does not wait for at exit."""
@@ -760,6 +846,18 @@ def test_a_session_past_the_window_slides_on_without_joining_the_history(tmp_pat
   first = [f'q{i}' for i in range(16)]
   wide.observe('cy', first)
   assert wide.observe('cy', ['q15'] + [f'n{i}' for i in range(15)]) == tuple(first)
+
+
+def test_a_sliding_session_keeps_no_more_queries_than_the_history_can_use(tmp_path):
+  """Past the window a session goes on for as long as its user types: the stored session
+  keeps its last max(per_user, window) queries (3 here), not every query ever sent, and
+  those are what join the history when the next session begins."""
+  store = history_lib.HistoryStore(str(tmp_path / 'histories.sqlite'), per_user=2, window=3)
+  session = [f'q{i}' for i in range(10)]
+  for end in range(1, len(session) + 1):
+    assert store.observe('ann', session[max(0, end - 3):end]) == ()
+  assert store.current('ann') == ('q7', 'q8', 'q9')
+  assert store.observe('ann', ['new']) == ('q8', 'q9')
 
 
 # ---------------------------------------------------------------------------------------------

@@ -386,6 +386,39 @@ def test_pool_figures_count_a_next_query_outside_the_pool_as_a_miss():
   assert figures['r1_of_20'] == 50.0 and figures['r1_of_100'] == 50.0
 
 
+def test_sampled_negatives_reach_every_other_pool_entry():
+  """Drawn uniformly from the whole pool but the pair's own next query: with enough draws
+  every other entry, the last one included, is met."""
+  drawn = pool_ranking.sampled_negatives(np.array([0, 3, 1]), 4, 200, seed=0)
+  assert [sorted(set(row.tolist())) for row in drawn] == [[1, 2, 3], [0, 1, 2], [0, 2, 3]]
+
+
+class _GivenScores:
+  """A ranker whose scores of the whole pool are the batch's 'scores' [B, P, C]."""
+
+  def score_pool(self, params, batch, cache):
+    del params, cache
+    return batch['scores']
+
+
+def test_a_tie_with_the_next_query_counts_against_it():
+  """The pool rank and the sampled ranks of the logged next query count every candidate
+  scored as high as it: a ranker that gives every candidate one score ranks it last, not
+  first (a collapsed model would otherwise score a perfect MRR). A next query outside the
+  pool ranks C + 1 and has no sampled rank."""
+  scores = jnp.array([[[0.5, 0.5, 0.5, 0.2]], [[0.1, 0.9, 0.3, 0.2]]], jnp.float32)
+  batch = {'scores': scores, 'pool_ids': jnp.array([[7, 1], [7, -1]], jnp.int32)}
+  negatives = jnp.zeros((2, 1, 99), jnp.int32)  # entry 0 every time: a tie for the first
+  top_ids, top_scores, pool_ranks, sampled, zero_weight = jax.device_get(
+      pool_ranking._rank_batch(  # pylint: disable=protected-access
+          {}, batch, None, negatives, task=_GivenScores(), k=2))
+  assert pool_ranks.tolist() == [[3], [5]]
+  assert sampled.tolist() == [[[20, 100]], [[0, 0]]]
+  assert top_ids[1].tolist() == [[1, 2]]
+  np.testing.assert_allclose(top_scores[1], [[0.9, 0.3]])
+  assert np.isnan(zero_weight).all()
+
+
 # ---------------------------------------------------------------------------------------------
 # Through the command line
 
