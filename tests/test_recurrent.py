@@ -2,6 +2,7 @@
 alone, no pair sees later queries, padding changes nothing, cached decoding equals teacher
 forcing, and training lowers the loss."""
 
+import functools
 import math
 
 import jax
@@ -55,9 +56,15 @@ class Harness:
     return (token_log_probs * weights).sum(-1)
 
 
+@functools.lru_cache(maxsize=None)
+def harness_of(name: str) -> Harness:
+  """One harness per model for the whole file (its parameters are never changed in place)."""
+  return Harness(name)
+
+
 @pytest.fixture(scope='module', params=list(MODELS))
 def harness(request) -> Harness:
-  return Harness(request.param)
+  return harness_of(request.param)
 
 
 def test_full_session_pass_equals_each_prefix_alone(harness):
@@ -113,7 +120,7 @@ def test_query_summaries_feed_the_session_lstm(name):
   """s_t = LSTM over the query summaries (Sordoni et al.): HRED's summary is the final hidden
   states h of the two directions, forward then backward (not the cells); M-NSRF's the
   element-wise max of the encoder's outputs over the query's real tokens (Ahmad et al.)."""
-  harness = Harness(name)
+  harness = harness_of(name)
   tokens = SESSIONS.reshape(8, 4)
   lengths = (tokens != 0).sum(-1)
 
@@ -141,7 +148,7 @@ def test_seq2seq_decoder_starts_from_the_encoders_final_state():
   """Seq2Seq's decoder LSTM starts from the source encoder's final (c, h), forward and
   backward concatenated (the class docstring), not from zeros: attention alone would still
   read the source, so only the first steps tell."""
-  harness = Harness('seq2seq')
+  harness = harness_of('seq2seq')
   decoder_inputs = jnp.ones((8, 2), jnp.int32)
 
   def first_steps(params, zero_state):
@@ -158,7 +165,7 @@ def test_hred_decoder_reads_the_session_state_at_every_step():
   """HRED's decoder reads s_t beside each input word as well as starting from tanh(W s_t):
   with W and its bias at zero (a start that knows nothing of s_t), another session state
   still changes what it predicts."""
-  harness = Harness('hred')
+  harness = harness_of('hred')
   params = jax.tree.map(lambda x: x, harness.params)
   params['decoder']['initial_state'] = jax.tree.map(jnp.zeros_like,
                                                     params['decoder']['initial_state'])
