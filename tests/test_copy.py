@@ -129,9 +129,11 @@ def test_a_copied_word_fed_back_to_the_decoder_is_read_as_unk(copy_model):
   has no row for: it reads `<unk>` there, as training read the same word (the queries hold
   `<unk>` for it), whatever the extended id."""
   cfg, model, params = copy_model
-  memory = model.apply({'params': params}, session_batch(), method='encode')
+  memory = jax.jit(lambda b: model.apply({'params': params}, b, method='encode'))(
+      session_batch())
   inputs = jnp.array([[1, 5, 0, 0]] * 6, jnp.int32)  # <s>, a word: rows of memory
-  decode = lambda ids: model.apply({'params': params}, memory, ids, method='decode')
+  # One compiled program for the five decodes (run eagerly, each operation compiles alone).
+  decode = jax.jit(lambda ids: model.apply({'params': params}, memory, ids, method='decode'))
   as_unk = decode(inputs.at[:, 2].set(UNK_ID))
   for extended_id in (cfg.vocab_size, cfg.vocab_size + 5, cfg.extended_vocab_size - 1):
     np.testing.assert_allclose(decode(inputs.at[:, 2].set(extended_id)), as_unk, atol=1e-6)
