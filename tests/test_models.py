@@ -280,7 +280,7 @@ def test_unrolled_scan_draws_the_same_parameters_and_dropout_masks():
 
   def init_and_train(unroll, dropout_seed=1):
     stack = layers.LayerStack(BASE.replace(scan_unroll=unroll), 3)
-    params = stack.init(jax.random.key(0), x, mask, train=False)['params']
+    params = jax.jit(lambda: stack.init(jax.random.key(0), x, mask, train=False)['params'])()
 
     def loss(params):
       y = stack.apply({'params': params}, x, mask, train=True,
