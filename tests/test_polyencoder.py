@@ -25,6 +25,8 @@ from mtn_jax.models.base import session_sources
 from mtn_jax.tasks import rankers
 from mtn_jax.training import checkpoints
 
+from tests.test_models import random_like
+
 N = 4  # tokens per query
 
 
@@ -60,6 +62,14 @@ def apply(model, params, *args, method):
 
 
 def init(task):
+  """A random draw of the task's parameter shapes, for the tests of definitions (any
+  parameters will do): no initialiser to compile, a model's takes seconds."""
+  return random_like(jax.eval_shape(task.init_params, jax.random.PRNGKey(0)))
+
+
+def initialised(task):
+  """The task's own initial parameters, for the graded losses' tests, whose margins are
+  sized for them."""
   return compiled(task.init_params, jax.random.PRNGKey(0))
 
 
@@ -459,7 +469,7 @@ def test_graded_session_candidates_loss_equals_a_hand_computation(name, extra, g
   task = rankers.DualEncoderTask(
       ranker_config(name, session_candidates=True, lexical_negatives=3 if lexical else 0),
       pool_queries=pool, hypotheses_from='folds' if generated else '')
-  params = init(task)
+  params = initialised(task)
   batch = {'queries': queries, **({'lexical': found} if lexical else {}),
            **({'hypotheses': hypotheses} if generated else {})}
   def loss(p):
@@ -551,7 +561,7 @@ def test_cross_encoder_graded_loss_scores_the_session_so_far(generated):
   task = rankers.CrossEncoderTask(cfg, pool_queries=pool,
                                         hypotheses_from='folds' if generated else '')
   batch = {'queries': queries, **({'hypotheses': hypotheses} if generated else {})}
-  params = init(task)
+  params = initialised(task)
   key = jax.random.PRNGKey(7)
   sums = compiled(lambda p: task.loss_sums(p, batch, train=False), params)
   drawn = np.asarray(jax.random.randint(jax.random.split(jax.random.PRNGKey(0))[0],
