@@ -16,6 +16,8 @@ from mtn_jax.models import recurrent
 from mtn_jax.models.base import decoder_io
 from mtn_jax.models.base import session_sources
 
+from tests.test_models import random_like
+
 
 VOCAB_SIZE = 23
 MODELS = {'seq2seq': recurrent.Seq2SeqAttention, 'hred': recurrent.HRED,
@@ -43,8 +45,9 @@ class Harness:
   def __init__(self, name: str, tie_embeddings: bool = False,
                share_embeddings: bool = False):
     self.model = MODELS[name](tiny_config(name, tie_embeddings, share_embeddings))
-    self.params = jax.jit(lambda key: self.model.init(key, {'queries': SESSIONS}, train=False))(
-        jax.random.key(0))['params']
+    # A random draw of the parameter shapes (any parameters will do): no initialiser to compile.
+    self.params = random_like(jax.eval_shape(
+        lambda: self.model.init(jax.random.key(0), {'queries': SESSIONS}, train=False))['params'])
     self.pair_log_likelihoods = jax.jit(self._pair_log_likelihoods)
 
   def _pair_log_likelihoods(self, queries):
