@@ -24,7 +24,15 @@ from mtn_jax.models import imdna
 from mtn_jax.tasks import multi_answer
 from mtn_jax.training import train
 from tests import cli
+from tests.test_models import random_like
 from tests.test_train import final_params
+
+
+def random_variables(module, seed, *inputs):
+  """`module.init`'s variables, the parameters a random draw of their shapes (any parameters
+  will do in these tests): no initialiser to compile, a model's takes seconds."""
+  shapes = jax.eval_shape(module.init, jax.random.PRNGKey(0), *inputs)
+  return {'params': random_like(shapes['params'], seed)}
 
 
 def tiny_config(**model):
@@ -45,7 +53,7 @@ def test_gru_encoder_ignores_padding_whatever_it_holds_and_however_long():
   rng = np.random.default_rng(0)
   embedded = jnp.asarray(rng.normal(size=(2, 5, 3)), jnp.float32)
   lengths = jnp.array([3, 5])
-  params = jax.jit(encoder.init)(jax.random.PRNGKey(0), embedded, lengths)
+  params = random_variables(encoder, 0, embedded, lengths)
   apply = jax.jit(encoder.apply)
   out = apply(params, embedded, lengths)
   # Other values in the padding, and more padding: the real positions do not move.
@@ -66,7 +74,7 @@ def test_model_ignores_padded_questions_documents_and_missing_documents():
   model = imdna.create(cfg)
   batch = {'question': jnp.array([[3, 4, 5, 0, 0]]),
            'documents': jnp.array([[[6, 7, 8], [9, 3, 0]]])}
-  params = jax.jit(model.init)(jax.random.PRNGKey(1), batch)
+  params = random_variables(model, 1, batch)
   read = jax.jit(functools.partial(model.apply, method='read'))
   reading = read(params, batch)
   padded = {'question': jnp.array([[3, 4, 5, 0, 0]]),
@@ -144,7 +152,7 @@ def test_removing_the_document_that_holds_the_answer_removes_it_from_the_top():
   model = imdna.create(cfg)
   batch = {'question': jnp.array([[3, 4, 0, 0, 0]]),
            'documents': jnp.array([[[3, 8, 5], [6, 7, 2], [4, 11, 0]]])}
-  params = jax.jit(model.init)(jax.random.PRNGKey(2), batch)['params']
+  params = random_variables(model, 2, batch)['params']
   read = jax.jit(functools.partial(model.apply, method='read'))
   params['hidden'] = {'kernel': jnp.eye(vocab), 'bias': jnp.zeros(vocab)}
   params['answers'] = {'kernel': jnp.eye(vocab)[:, answer_words],
@@ -178,7 +186,7 @@ def test_one_inference_step_by_hand():
   documents_mask = jnp.array([[True] * 5 + [False] * 2, [True, False] * 3 + [True]])
   encodings = (question, question_mask, documents, documents_mask)
   step = imdna.InferenceStep(5)
-  params = jax.jit(step.init)(jax.random.PRNGKey(0), state, encodings)['params']
+  params = random_variables(step, 0, state, encodings)['params']
   for gate in ('query_gate', 'document_gate'):  # sigmoid(0) = 1/2 whatever r is
     params[gate]['out'] = jax.tree.map(jnp.zeros_like, params[gate]['out'])
   new_state, (query_attention, document_attention) = jax.jit(step.apply)(
@@ -206,7 +214,7 @@ def test_answers_are_read_off_the_last_inference_steps_document_attention():
   model = imdna.create(tiny_config(inference_steps=3))
   batch = {'question': jnp.array([[3, 4, 5, 0, 0], [6, 0, 0, 0, 0]]),
            'documents': jnp.array([[[6, 7, 8], [9, 3, 0]], [[5, 5, 4], [0, 0, 0]]])}
-  params = jax.jit(model.init)(jax.random.PRNGKey(1), batch)
+  params = random_variables(model, 1, batch)
   reading = jax.jit(functools.partial(model.apply, method='read'))(params, batch)
   attention = reading['document_attention']  # [B, T, K, Ld]
   assert np.abs(np.asarray(attention[:, -1] - attention[:, 0])).max() > 1e-4
@@ -222,7 +230,7 @@ def test_supervised_embeddings_score_the_mean_of_the_real_question_words():
   model = imdna.create(tiny_config(reader='embeddings'))
   batch = {'question': jnp.array([[3, 4, 5, 0, 0], [6, 0, 0, 0, 0]]),
            'documents': jnp.zeros((2, 1, 2), jnp.int32)}
-  params = jax.jit(model.init)(jax.random.PRNGKey(1), batch)['params']
+  params = random_variables(model, 1, batch)['params']
   logits = jax.jit(model.apply)({'params': params}, batch)
   table = np.asarray(params['Embed_0']['embedding'])
   for b, words in enumerate(([3, 4, 5], [6])):
@@ -238,7 +246,7 @@ def test_the_loss_counts_questions_with_an_answer_and_hits_at_1_their_top_answer
   task = multi_answer.IMDNATask(tiny_config())
   batch = {'question': jnp.array([[3, 4, 0, 0, 0], [6, 7, 8, 0, 0], [9, 0, 0, 0, 0]]),
            'documents': jnp.array([[[6, 7, 8], [9, 3, 0]]] * 3)}
-  params = jax.jit(task.model.init)(jax.random.PRNGKey(1), batch)['params']
+  params = random_variables(task.model, 1, batch)['params']
   logits = np.asarray(jax.jit(task.model.apply)({'params': params}, batch))
   best, worst = logits.argmax(-1), logits.argmin(-1)
   # Question 0: its best answer and another, not its worst; question 1: one neither its best
