@@ -77,7 +77,7 @@ def kind(candidate: dict, counts: popular.LogCounts, so_far, templates: dict, en
   typed = {w for q in so_far for w in q.split()}
   return {'sources': candidate['sources'], 'template': templates.get(text, ''),
           'logged': bool(counts.issued.get(text)),
-          'well_formed': presentation.well_formed(text, counts, so_far),
+          'well_formed': presentation.well_formed(counts, so_far)(text),
           'about': shares_word(so_far)(text),
           'short_site': (presentation.about_session(so_far)(text)
                          and not shares_word(so_far)(text)),
@@ -116,7 +116,7 @@ def make(args, config) -> None:
     about = shares_word(so_far)
     picked = ranked[:RANKER_TOP] + [
         c for c in ranked[RANKER_TOP:]
-        if presentation.well_formed(c['query'], counts, so_far) and about(c['query'])]
+        if presentation.well_formed(counts, so_far)(c['query']) and about(c['query'])]
     picked = picked[:args.candidates]
     described = [dict(kind(c, counts, so_far, templates, ends), query=c['query'])
                  for c in picked]

@@ -272,8 +272,8 @@ def test_what_is_shown_keeps_word_salad_out_and_the_session_first(counts):
   ranked[1]['sources'] = ['generate', 'templates']
   kept = presentation.presented(ranked, so_far, counts, session_first=0, attested_only=True)
   assert 'chicago weather' in [c['query'] for c in kept]
-  assert not presentation.well_formed('chicago weather', counts, so_far)
-  assert presentation.well_formed('chicago news', counts, ('x', 'chicago news'))  # the session's
+  assert not presentation.well_formed(counts, so_far)('chicago weather')
+  assert presentation.well_formed(counts, ('x', 'chicago news'))('chicago news')  # the session's
   # The first 3 places: well-formed and about the session ('news' alone is only a word of
   # it); none unrelated, then one ('ebay', the best of them); the rest in order after them,
   # what is not well-formed last.
@@ -316,7 +316,7 @@ def test_the_first_places_take_a_short_querys_site_and_no_words_added_unlogged()
             for q in ('cheap cars for kids', 'ebay', 'cars for kids', 'cheapcars.com', 'x')]
   so_far = ('cheap cars',)
   counts = popular.LogCounts.of_sessions(log)
-  assert presentation.well_formed('cheap cars for kids', counts, so_far)
+  assert presentation.well_formed(counts, so_far)('cheap cars for kids')
   assert presentation.added_to('cheap cars for kids', 'cheap cars')
   assert not presentation.added_to('cars for kids', 'cheap cars')
   assert presentation.about_session(so_far)('cheapcars.com')
@@ -336,7 +336,7 @@ def test_a_query_does_not_start_or_end_with_a_word_that_never_does():
   logged = [['x', f'pictures of cat{n}'] for n in range(presentation.EDGE_MIN_USES)]
   counts = popular.LogCounts.of_sessions(logged + [['x', 'hats']])
   assert counts.bigram_starts['of'] == presentation.EDGE_MIN_USES
-  well_formed = lambda text: presentation.well_formed(text, counts, ('pictures of cat3',))
+  well_formed = presentation.well_formed(counts, ('pictures of cat3',))
   assert well_formed('pictures of cat7') and well_formed('cat3') and well_formed('hats')
   assert not well_formed('pictures of') and not well_formed('of cat3')
   assert not well_formed('cat3 of pictures')  # word pairs nobody typed
@@ -344,7 +344,7 @@ def test_a_query_does_not_start_or_end_with_a_word_that_never_does():
   assert not well_formed('pictures')
   # One use fewer and the log says too little about 'of' to keep it from the edges.
   fewer = popular.LogCounts.of_sessions(logged[1:])
-  assert presentation.well_formed('pictures of', fewer, ())
+  assert presentation.well_formed(fewer, ())('pictures of')
 
 
 def test_a_logged_query_is_well_formed_and_an_edge_at_the_minimum_share_is_kept():
@@ -355,10 +355,10 @@ def test_a_logged_query_is_well_formed_and_an_edge_at_the_minimum_share_is_kept(
   logged = [['x', f'pictures of cat{n}'] for n in range(49)] + [['x', 'of mice']]
   counts = popular.LogCounts.of_sessions(logged)
   assert counts.bigram_starts['of'] == 50 and counts.bigrams[('<s>', 'of')] == 1
-  assert presentation.well_formed('of cat3', counts, ())
+  assert presentation.well_formed(counts, ())('of cat3')
   more = popular.LogCounts.of_sessions(logged + [['x', 'pictures of cat49']])
-  assert not presentation.well_formed('of cat3', more, ())
-  assert presentation.well_formed('of mice', more, ())
+  assert not presentation.well_formed(more, ())('of cat3')
+  assert presentation.well_formed(more, ())('of mice')
 
 
 def test_a_query_that_ends_as_the_user_ended_one_is_not_malformed():
@@ -367,9 +367,9 @@ def test_a_query_that_ends_as_the_user_ended_one_is_not_malformed():
   its pairs) reads as a query."""
   logged = [['x', f'pictures of cat{n}'] for n in range(presentation.EDGE_MIN_USES)]
   counts = popular.LogCounts.of_sessions(logged)
-  assert not presentation.well_formed('cat pictures', counts, ())
-  assert presentation.well_formed('cat pictures', counts, ('cat pictures',))
-  assert presentation.well_formed('cute cat pictures', counts, ('cute cat', 'cat pictures'))
+  assert not presentation.well_formed(counts, ())('cat pictures')
+  assert presentation.well_formed(counts, ('cat pictures',))('cat pictures')
+  assert presentation.well_formed(counts, ('cute cat', 'cat pictures'))('cute cat pictures')
 
 
 def test_a_lone_word_of_the_session_takes_no_first_place(counts):
@@ -393,7 +393,7 @@ def test_words_put_before_the_previous_query_count_as_added_to_it():
   counts = popular.LogCounts.of_sessions(log)
   ranked = [{'query': q, 'sources': ['templates']}
             for q in ('free cheap cars', 'cars for kids', 'cheapcars.com')]
-  assert presentation.well_formed('free cheap cars', counts, ('cheap cars',))
+  assert presentation.well_formed(counts, ('cheap cars',))('free cheap cars')
   shown = presentation.presented(ranked, ('cheap cars',), counts, session_first=2,
                                  attested_only=False)
   assert [c['query'] for c in shown] == ['cars for kids', 'cheapcars.com', 'free cheap cars']

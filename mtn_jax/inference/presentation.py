@@ -34,24 +34,29 @@ EDGE_MIN_USES = 20
 EDGE_MIN_SHARE = 0.02
 
 
-def well_formed(text: str, counts: popular.LogCounts, so_far: Sequence[str]) -> bool:
-  """Whether `text` reads as a query: the log holds it, or every pair of consecutive words
-  occurs in the log's queries or the session's, and its first and last words can start and
-  end a query (a word the log rarely uses passes: nothing says it cannot)."""
-  if counts.issued.get(text):
-    return True
-  words = text.split()
-  if not words:
-    return False
+def well_formed(counts: popular.LogCounts, so_far: Sequence[str]) -> Callable[[str], bool]:
+  """Whether a candidate reads as a query after the session `so_far`: the log holds it, or
+  every pair of consecutive words occurs in the log's queries or the session's, and its first
+  and last words can start and end a query (a word the log rarely uses passes: nothing says it
+  cannot). The session's word pairs are read once, for all its candidates."""
   seen = {pair for q in so_far for pair in popular.word_bigrams(q)}
-  if not all(counts.bigrams.get(pair) or pair in seen for pair in zip(words, words[1:])):
-    return False
-  for edge, word in ((('<s>', words[0]), words[0]), ((words[-1], '</s>'), words[-1])):
-    uses = counts.bigram_starts.get(word, 0)
-    if edge not in seen and uses >= EDGE_MIN_USES and (
-        counts.bigrams.get(edge, 0) < EDGE_MIN_SHARE * uses):
+
+  def formed(text: str) -> bool:
+    if counts.issued.get(text):
+      return True
+    words = text.split()
+    if not words:
       return False
-  return True
+    if not all(counts.bigrams.get(pair) or pair in seen for pair in zip(words, words[1:])):
+      return False
+    for edge, word in ((('<s>', words[0]), words[0]), ((words[-1], '</s>'), words[-1])):
+      uses = counts.bigram_starts.get(word, 0)
+      if edge not in seen and uses >= EDGE_MIN_USES and (
+          counts.bigrams.get(edge, 0) < EDGE_MIN_SHARE * uses):
+        return False
+    return True
+
+  return formed
 
 
 # A session query of at most this many words written as a site ("bass champs" ->
@@ -94,7 +99,8 @@ def presented(ranked: Sequence[dict], so_far: Sequence[str], counts: popular.Log
   shows them after the first places); where the session gives too few, the
   next well-formed ones in order fill the places. The rest follow in the ranker's order, what
   is not well-formed last (recall kept below what reads as a query)."""
-  formed = {c['query']: well_formed(c['query'], counts, so_far) for c in ranked}
+  reads_as_query = well_formed(counts, so_far)
+  formed = {c['query']: reads_as_query(c['query']) for c in ranked}
   if attested_only:
     ranked = [c for c in ranked if set(c['sources']) != {'generate'} or formed[c['query']]]
   if not session_first:
