@@ -79,6 +79,11 @@ _HALF_SATURATION = flags.DEFINE_bool(
     'the lone request\'s when that rate is low).')
 _JSON = flags.DEFINE_string('json', '', 'Also write the figures to this JSON file.')
 _SEED = flags.DEFINE_integer('seed', 0, 'Seed of the sessions chosen and the arrival times.')
+_SWITCH_INTERVAL = flags.DEFINE_float(
+    'switch_interval_ms', 0.0, "A study: the service's interpreter hands its lock between "
+    'threads every this many ms (sys.setswitchinterval; 0: Python\'s own 5 ms). A worker that '
+    'waits for the device gives the lock up, and takes it back only when the thread holding '
+    'it yields: with batches and the event loop busy in Python, up to an interval a wait.')
 _CPU_DEVICES = flags.DEFINE_integer('cpu_devices', None, 'JAX CPU devices of the service and '
                                     'the offline run (--cpu_devices of the command line; '
                                     'default: as --mode=serve and --mode=decode, one).')
@@ -100,7 +105,12 @@ class ServiceProcess:
   """`--mode=serve` on a free loopback port, its output kept."""
 
   def __init__(self, workdir: str, config: str, overrides):
-    command = [sys.executable, '-m', 'mtn_jax.main', f'--config={config}',
+    # With --switch_interval_ms, the command line's module is run after the interval is set.
+    start = ([sys.executable, '-m', 'mtn_jax.main'] if not _SWITCH_INTERVAL.value else
+             [sys.executable, '-c', 'import runpy, sys; '
+              f'sys.setswitchinterval({_SWITCH_INTERVAL.value / 1000!r}); '
+              "runpy.run_module('mtn_jax.main', run_name='__main__', alter_sys=True)"])
+    command = [*start, f'--config={config}',
                f'--workdir={workdir}', '--mode=serve',
                *([] if _CPU_DEVICES.value is None else [f'--cpu_devices={_CPU_DEVICES.value}']),
                '--config.serve.host=127.0.0.1', '--config.serve.port=0',

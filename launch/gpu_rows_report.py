@@ -183,6 +183,9 @@ def section_bc(md, runs, summary):
           'max_window_gap_bf16_head', 'max_window_gap_other_seed', 'final_window')}
 
 
+TAIL_VARIANTS = ('d_tail_workers1', 'd_tail_switch05', 'd_tail_workers1_switch05')
+
+
 def section_d(md, runs, summary):
   r = load('d_serve')
   served = ''
@@ -217,6 +220,28 @@ def section_d(md, runs, summary):
   summary['d_serve'] = {'saturation_per_s': r['saturation_per_s'],
                         'saturation_over_offline': r.get('saturation_over_offline'),
                         'tail': tail}
+  variants = [(name, load(name)) for name in TAIL_VARIANTS if name in runs]
+  if not variants:
+    return
+  md.append('A study of the tail: the service restarted at a lone request\'s rate (5/s) and at '
+            'the half saturation above, each variant alone.\n')
+  md.append('| variant | status | lone p50 ms | p99 at half saturation ms | ratio | mean batch '
+            '| batch run ms |')
+  md.append('|---|---|---:|---:|---:|---:|---:|')
+  summary['d_tail'] = {}
+  for name, v in [('d_serve (2 workers, 5 ms)', {'rows': [r['rows'][0], r['rows'][-1]]})
+                  ] + variants:
+    if not v or len(v.get('rows', [])) < 2:
+      md.append(f'| {name} | {status(runs, name)} | | | | | |')
+      continue
+    lone, half = v['rows'][0], v['rows'][-1]
+    ratio = half['p99'] / max(lone['p50'], 1e-9)
+    summary['d_tail'][name] = {'lone_p50_ms': lone['p50'], 'half_p99_ms': half['p99'],
+                               'ratio': ratio}
+    md.append(f'| {name} | {status(runs, name) if name in runs else "above"} | '
+              f'{lone["p50"]:.1f} | {half["p99"]:.1f} | {ratio:.2f}x | '
+              f'{half["mean_batch"]:.2f} | {half["batch_ms"]:.1f} |')
+  md.append('')
 
 
 def section_e(md, runs, summary):
@@ -294,8 +319,8 @@ def main(argv):
     except Exception as e:  # pylint: disable=broad-except
       md.append(f'\n(this section could not be written: {type(e).__name__}: {e})\n')
   summary['raw'] = {name: load(name) for name in (
-      'a_step', 'a_profile', 'a_vocab', 'bc_kernels', 'd_serve', 'e_preprocess', 'e_epoch',
-      'corpus')}
+      'a_step', 'a_profile', 'a_vocab', 'bc_kernels', 'd_serve', *TAIL_VARIANTS,
+      'e_preprocess', 'e_epoch', 'corpus')}
   os.makedirs(_OUT.value, exist_ok=True)
   with open(os.path.join(_OUT.value, 'rows.md'), 'w', encoding='utf-8') as f:
     f.write('\n'.join(md) + '\n')
