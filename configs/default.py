@@ -214,7 +214,9 @@ def get_config(variant: str = '') -> ml_collections.ConfigDict:
   c.serve.max_batch = 8  # requests decoded together at most
   # Batches run at once, each on a thread of its own: the model's compiled programs release
   # Python's lock, so a second batch runs on another core while the first does (it raises the
-  # saturation on a 2-core CPU: docs/PERFORMANCE.md, "Serving").
+  # saturation on a 2-core CPU: docs/PERFORMANCE.md, "Serving"). On a GPU a batch's cost is
+  # the host's Python, which two batches take turns at: one worker kept the tail far shorter
+  # there (PERFORMANCE.md, the targets' rows; its saturation is still to measure).
   c.serve.workers = 2
   # How long the first request of a batch waits for others. 0: a batch starts as soon as a
   # worker is free, and the requests that come while it runs make the next one (batches

@@ -22,8 +22,8 @@
 #   d_train    `configs/aol.py:small` trained briefly on the corpus (--mode=train): a workdir
 #   d_serve    the service on the GPU: a lone request's p50, loads up to saturation, half of it
 #              (the tail target), offline decoding of the same contexts (launch/bench_serve.py)
-#   d_tail     a study: the service at a lone request's rate and at d_serve's half saturation
-#              with one worker, with the interpreter's lock handed over every 0.5 ms, and both
+#   d_tail     a study of the tail: the service with one worker at d_serve's rates (its own
+#              saturation), and with the interpreter's lock handed over every 0.5 ms
 #   e_preprocess  a 40th of a log ten times AOL's 36.4M lines written and preprocessed
 #   e_epoch    a slice of a training epoch through the real input pipeline on that corpus
 #              repeated to the ten-times size: its time, whether the device ever waits for
@@ -125,7 +125,8 @@ if [[ $rehearse == 0 ]]; then
   corpus_lines=1000000 files=16
   kernel_runs=(--steps=20 --repeats=3 --learn_steps=300 --learn_window=25)
   serve_train=(--config.train.max_steps=30)
-  serve_load=(--rates=5,150,300,450,800 --seconds=5 --offline_contexts=512 --offline_batches=8)
+  serve_rates=(--rates=5,150,300,450,800 --seconds=5)
+  serve_offline=(--offline_contexts=512 --offline_batches=8)
   tail_load=(--seconds=5 --offline_contexts=0)
   target_lines=$((10 * aol_lines)) target_pairs=$((10 * aol_train_pairs))
   slice_steps=300
@@ -138,8 +139,8 @@ else
   corpus_lines=200000 files=2
   kernel_runs=(--steps=2 --repeats=1 --learn_steps=20 --learn_window=5)
   serve_train=(--config.train.max_steps=5 --config.input.train_queries_per_batch=64)
-  serve_load=(--rates=2,20 --seconds=2 --offline_contexts=16 --offline_batches=8
-              --set=serve.max_batch=2)
+  serve_rates=(--rates=2,20 --seconds=2 --set=serve.max_batch=2)
+  serve_offline=(--offline_contexts=16 --offline_batches=8)
   tail_load=(--seconds=2 --offline_contexts=0 --set=serve.max_batch=2)
   target_lines=$((4 * corpus_lines)) target_pairs=$((target_lines / 5))
   slice_steps=20
@@ -198,7 +199,8 @@ serve_command() {
   serve_base=("$py" launch/bench_serve.py --workdir="$work/serve_workdir"
               --config=configs/aol.py:small "${sets[@]}" --set=serve.prepare_after_train=False
               --set=serve.warm_up_background=False)
-  serve=("${serve_base[@]}" "${serve_load[@]}" --half_saturation --json="$work/d_serve.json")
+  serve=("${serve_base[@]}" "${serve_rates[@]}" "${serve_offline[@]}" --half_saturation
+         --json="$work/d_serve.json")
 }
 if wanted d_serve; then
   # A workdir made on a CPU and carried (.serve/, launch/gpu_serve_workdir.sh) is served as
@@ -231,24 +233,24 @@ if wanted d_serve; then
     skip d_serve 150 "${serve[*]}"
   fi
 fi
-# A study of the tail: the service again at a lone request's rate and at d_serve's half
-# saturation (its programs read back from the compilation cache), with one worker (no two
-# batches share the interpreter), with the interpreter's lock handed over every 0.5 ms rather
-# than Python's 5 (a worker back from the device waits for it less), and with both.
+# A study of the tail. With one worker (no two batches share the interpreter) the service
+# runs d_serve's rates again for its own saturation and the p99 at half of it (2026-11-29, at
+# d_serve's 107/s: 2.37x a lone p50 against 11.2x with two workers); then two workers with the
+# interpreter's lock handed over every 0.5 ms rather than Python's 5 (a worker back from the
+# device waits for it less), at a lone request's rate and at d_serve's half saturation. Each
+# reads d_serve's programs back from the compilation cache.
 if wanted d_tail; then
   half=$("$py" -c 'import json, sys
 print(round(json.load(open(sys.argv[1]))["tail"]["saturation_per_s"] / 2, 1))' \
     "$work/d_serve.json" 2>/dev/null)
   if [[ -z $half || ! -f $work/serve_workdir/config.json ]]; then
-    skip d_tail 60 "launch/bench_serve.py --rates=5,HALF ..." 'no d_serve figures or workdir here'
+    skip d_tail 120 "launch/bench_serve.py ..." 'no d_serve figures or workdir here'
   else
     [[ -n ${serve_base:-} ]] || serve_command
-    for variant in workers1:--set=serve.workers=1 switch05:--switch_interval_ms=0.5 \
-        workers1_switch05:--set=serve.workers=1,--switch_interval_ms=0.5; do
-      IFS=, read -r -a extra <<<"${variant#*:}"
-      FORCE=1 row "d_tail_${variant%%:*}" 60 "${serve_base[@]}" --rates="5,$half" \
-        "${tail_load[@]}" "${extra[@]}" --json="$work/d_tail_${variant%%:*}.json"
-    done
+    FORCE=1 row d_tail_workers1 120 "${serve_base[@]}" "${serve_rates[@]}" --offline_contexts=0 \
+      --half_saturation --set=serve.workers=1 --json="$work/d_tail_workers1.json"
+    FORCE=1 row d_tail_switch05 60 "${serve_base[@]}" --rates="5,$half" "${tail_load[@]}" \
+      --switch_interval_ms=0.5 --json="$work/d_tail_switch05.json"
   fi
 fi
 epoch=("$py" launch/bench_epoch.py "${model[@]}" "${sizes[@]}" --workdir="$work/e_log/run"
