@@ -212,12 +212,12 @@ def get_config(variant: str = '') -> ml_collections.ConfigDict:
   c.serve.host = '127.0.0.1'  # the address listened on ('0.0.0.0': every interface)
   c.serve.port = 8080  # 0: any free port (the one taken is printed)
   c.serve.max_batch = 8  # requests decoded together at most
-  # Batches run at once, each on a thread of its own: the model's compiled programs release
-  # Python's lock, so a second batch runs on another core while the first does (it raises the
-  # saturation on a 2-core CPU: docs/PERFORMANCE.md, "Serving"). On a GPU a batch's cost is
-  # the host's Python, which two batches take turns at: one worker kept the tail far shorter
-  # there (PERFORMANCE.md, the targets' rows; its saturation is still to measure).
-  c.serve.workers = 2
+  # Batches run at once, each on a thread of its own; 0: by the backend
+  # (`service.default_workers`). On a CPU two: the model's compiled programs release Python's
+  # lock, so a second batch runs on another core while the first does (it raises the
+  # saturation on a 2-core CPU: docs/PERFORMANCE.md, "Serving"). On a GPU one: a batch's cost
+  # there is the host's Python, which two batches only take turns at (a far longer tail).
+  c.serve.workers = 0
   # How long the first request of a batch waits for others. 0: a batch starts as soon as a
   # worker is free, and the requests that come while it runs make the next one (batches
   # still grow with the load, and a lone request waits for nothing).

@@ -120,16 +120,16 @@ class ServiceProcess:
     self.process = subprocess.Popen(command, cwd=REPO, stdout=subprocess.PIPE,
                                     stderr=subprocess.STDOUT, text=True,
                                     env=dict(os.environ, PYTHONUNBUFFERED='1'))
-    self.lines, self.url = [], None
+    self.lines, self.url, self.workers = [], None, None
     started = threading.Event()
 
     def read():
       for line in self.process.stdout:
         self.lines.append(line)
         print('  service: ' + line.rstrip(), flush=True)
-        found = re.match(r'Serving on (http://127\.0\.0\.1:\d+) ', line)
+        found = re.match(r'Serving on (http://127\.0\.0\.1:\d+) .*; (\d+) worker', line)
         if found:
-          self.url = found.group(1)
+          self.url, self.workers = found.group(1), int(found.group(2))
           started.set()
       started.set()
 
@@ -321,7 +321,7 @@ def main(argv):
     code = service.stop() if service.process.poll() is None else service.process.wait(60)
   print(f'The service exited {code} after SIGTERM.')
   s = config.serve
-  print(f'\nService: max_batch {s.max_batch}, workers {s.workers}, max_wait_ms '
+  print(f'\nService: max_batch {s.max_batch}, workers {service.workers}, max_wait_ms '
         f'{s.max_wait_ms:g}, queue_bound {s.queue_bound}, deadline_ms {s.deadline_ms:g}; '
         f'{_SECONDS.value:g} s per rate, Poisson arrivals, sessions of the test split cut at '
         'random positions.')
@@ -350,7 +350,8 @@ def main(argv):
   if _JSON.value:
     saturation = max((r['throughput'] for r in rows), default=0.0)
     report = {**header, 'workdir': workdir, 'config': _CONFIG.value, 'set': _SET.value,
-              'cores': os.cpu_count(), 'serve': config.serve.to_dict(),
+              'cores': os.cpu_count(),
+              'serve': {**config.serve.to_dict(), 'workers': service.workers},
               'seconds_per_rate': _SECONDS.value, 'rows': rows, 'offline': offline_rows,
               'saturation_per_s': saturation}
     if offline_rows:

@@ -22,8 +22,9 @@
 #   d_train    `configs/aol.py:small` trained briefly on the corpus (--mode=train): a workdir
 #   d_serve    the service on the GPU: a lone request's p50, loads up to saturation, half of it
 #              (the tail target), offline decoding of the same contexts (launch/bench_serve.py)
-#   d_tail     a study of the tail: the service with one worker at d_serve's rates (its own
-#              saturation), and with the interpreter's lock handed over every 0.5 ms
+#   d_tail     a study of the tail: the service with two workers at d_serve's rates (d_serve
+#              runs the GPU's default, one), and with the interpreter's lock handed over
+#              every 0.5 ms
 #   e_preprocess  a 40th of a log ten times AOL's 36.4M lines written and preprocessed
 #   e_epoch    a slice of a training epoch through the real input pipeline on that corpus
 #              repeated to the ten-times size: its time, whether the device ever waits for
@@ -233,12 +234,12 @@ if wanted d_serve; then
     skip d_serve 150 "${serve[*]}"
   fi
 fi
-# A study of the tail. With one worker (no two batches share the interpreter) the service
-# runs d_serve's rates again for its own saturation and the p99 at half of it (2026-11-29, at
-# d_serve's 107/s: 2.37x a lone p50 against 11.2x with two workers); then two workers with the
-# interpreter's lock handed over every 0.5 ms rather than Python's 5 (a worker back from the
-# device waits for it less), at a lone request's rate and at d_serve's half saturation. Each
-# reads d_serve's programs back from the compilation cache.
+# A study of the tail. d_serve runs the service's default, one worker on a GPU; the study
+# runs d_serve's rates again with two (the CPU's default, and the GPU's before 2026-11-29:
+# at 107/s its p99 was 11.2x a lone p50, one worker's 2.37x), for their saturation and tail;
+# then the default with the interpreter's lock handed over every 0.5 ms rather than Python's
+# 5 (a worker back from the device waits for it less), at 5/s and at d_serve's half
+# saturation. Each reads d_serve's programs back from the compilation cache.
 if wanted d_tail; then
   half=$("$py" -c 'import json, sys
 print(round(json.load(open(sys.argv[1]))["tail"]["saturation_per_s"] / 2, 1))' \
@@ -247,8 +248,8 @@ print(round(json.load(open(sys.argv[1]))["tail"]["saturation_per_s"] / 2, 1))' \
     skip d_tail 120 "launch/bench_serve.py ..." 'no d_serve figures or workdir here'
   else
     [[ -n ${serve_base:-} ]] || serve_command
-    FORCE=1 row d_tail_workers1 120 "${serve_base[@]}" "${serve_rates[@]}" --offline_contexts=0 \
-      --half_saturation --set=serve.workers=1 --json="$work/d_tail_workers1.json"
+    FORCE=1 row d_tail_workers2 120 "${serve_base[@]}" "${serve_rates[@]}" --offline_contexts=0 \
+      --half_saturation --set=serve.workers=2 --json="$work/d_tail_workers2.json"
     FORCE=1 row d_tail_switch05 60 "${serve_base[@]}" --rates="5,$half" "${tail_load[@]}" \
       --switch_interval_ms=0.5 --json="$work/d_tail_switch05.json"
   fi

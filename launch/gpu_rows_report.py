@@ -183,7 +183,7 @@ def section_bc(md, runs, summary):
           'max_window_gap_bf16_head', 'max_window_gap_other_seed', 'final_window')}
 
 
-TAIL_VARIANTS = ('d_tail_workers1', 'd_tail_switch05')
+TAIL_VARIANTS = ('d_tail_workers2', 'd_tail_switch05')
 
 
 def section_d(md, runs, summary):
@@ -223,14 +223,15 @@ def section_d(md, runs, summary):
   variants = [(name, load(name)) for name in TAIL_VARIANTS if name in runs]
   if not variants:
     return
-  md.append('A study of the tail, the service restarted for each variant: one worker at the '
-            'rates above (its own saturation, and half of it), the lock handed over every '
+  md.append('A study of the tail, the service restarted for each variant: two workers at the '
+            'rates above (their own saturation, and half of it), the lock handed over every '
             '0.5 ms at 5/s and at the half saturation above.\n')
   md.append('| variant | status | lone p50 ms | half saturation /s | p99 there ms | ratio | '
             'saturation /s | mean batch | batch run ms |')
   md.append('|---|---|---:|---:|---:|---:|---:|---:|---:|')
   summary['d_tail'] = {}
-  for name, v in [('d_serve (2 workers, 5 ms)', r)] + variants:
+  default = f'd_serve ({r.get("serve", {}).get("workers", "?")} worker(s), 5 ms)'
+  for name, v in [(default, r)] + variants:
     if not v or len(v.get('rows', [])) < 2:
       md.append(f'| {name} | {status(runs, name)} | | | | | | | |')
       continue

@@ -313,7 +313,8 @@ def _check_decode(config, mode: str) -> None:
 
 def _check_serve(config) -> None:
   v = config.serve
-  _positive(config, ['serve.max_batch', 'serve.workers', 'serve.queue_bound',
+  _non_negative(config, ['serve.workers'])
+  _positive(config, ['serve.max_batch', 'serve.queue_bound',
                      'serve.deadline_ms', 'serve.drain_seconds', 'serve.max_body_bytes',
                      'serve.history_per_user'])
   if not 0 <= v.port <= 65535:

@@ -1223,13 +1223,25 @@ def test_a_body_over_the_limit_is_refused_before_it_is_sent():
 def test_serve_settings_are_checked_before_anything_starts():
   from mtn_jax import config_lib  # pylint: disable=g-import-not-at-top
   for override, key in (('--config.serve.max_batch=0', 'serve.max_batch'),
-                        ('--config.serve.workers=0', 'serve.workers'),
+                        ('--config.serve.workers=-1', 'serve.workers'),
                         ('--config.serve.port=70000', 'serve.port'),
                         ('--config.serve.max_wait_ms=-1', 'serve.max_wait_ms'),
                         ('--config.serve.drain_quiet_seconds=-1', 'serve.drain_quiet_seconds'),
                         ('--config.serve.warm_up_threads=-1', 'serve.warm_up_threads')):
     with pytest.raises(config_lib.ConfigError, match=re.escape(f'config.{key}')):
       config_lib.validate(cli.config(override), 'serve')
+
+
+def test_workers_follow_the_backend_unless_set(monkeypatch):
+  """config.serve.workers=0 (the default): two batches at once on a CPU, one on a GPU, where
+  they would only take turns at the host's Python; a number given is kept."""
+  config = cli.config()
+  assert config.serve.workers == 0
+  assert service_lib.ServeSettings.from_config(config).workers == 2  # the tests' CPU
+  monkeypatch.setattr(service_lib.jax, 'default_backend', lambda: 'gpu')
+  assert service_lib.ServeSettings.from_config(config).workers == 1
+  config.serve.workers = 3
+  assert service_lib.ServeSettings.from_config(config).workers == 3
 
 
 def test_sigterm_while_preparing_the_service_stops_the_compiling_process_too(tmp_path,

@@ -65,7 +65,18 @@ class ServeSettings:
 
   @classmethod
   def from_config(cls, config: ml_collections.ConfigDict) -> ServeSettings:
-    return cls(**{f.name: config.serve[f.name] for f in dataclasses.fields(cls)})
+    values = {f.name: config.serve[f.name] for f in dataclasses.fields(cls)}
+    values['workers'] = values['workers'] or default_workers(jax.default_backend())
+    return cls(**values)
+
+
+def default_workers(backend: str) -> int:
+  """Batches run at once where config.serve.workers is 0. On a CPU two: the compiled programs
+  release Python's lock, so a second batch computes on another core while the first does. On
+  an accelerator one: a batch's cost there is the host's Python around short device calls,
+  which two batches only take turns at, each waiting for the other's (docs/PERFORMANCE.md,
+  the service on the GPU)."""
+  return 2 if backend == 'cpu' else 1
 
 
 def _say(text: str) -> None:
@@ -272,7 +283,8 @@ class _Server(uvicorn.Server):
   async def startup(self, sockets=None) -> None:
     await super().startup(sockets=sockets)
     if self.started:
-      self.service.log(f'Serving on {self.url} (POST /v1/suggest, the page at /, /docs).')
+      self.service.log(f'Serving on {self.url} (POST /v1/suggest, the page at /, /docs; '
+                       f'{self.service.settings.workers} worker(s)).')
 
 
 def _bind(host: str, port: int) -> socket.socket:
