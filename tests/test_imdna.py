@@ -520,6 +520,21 @@ def test_excluded_documents_are_made_up_for_from_further_down(tmp_path):
   np.testing.assert_array_equal(ids, [[70, 71, 72], [75, -1, -1]])
 
 
+def test_retrievals_cached_before_exclusions_were_made_up_for_are_redone(tmp_path):
+  """A workdir's retrievals cached by the code that fetched a fixed margin past k (short
+  lists where many documents were excluded) are not read back: the key says the rule."""
+  documents = ['alpha'] * 70 + ['alpha beta'] * 5 + ['delta']
+  index = bm25.open_index(str(tmp_path / 'index'), documents)
+  exclude = lambda i, found: found < 70
+  old_key = bm25._hash(index.fingerprint, ['alpha'], 3, 'own user',  # pylint: disable=protected-access
+                       'ties to the lower id')
+  with open(tmp_path / 'index' / 'train.top_k.npz', 'wb') as f:
+    np.savez(f, key=np.asarray(old_key), ids=np.asarray([[-1, -1, -1]]),
+             scores=np.zeros((1, 3), np.float32))
+  ids, _ = bm25.cached_top_k(index, 'train', ['alpha'], 3, exclude, exclusion='own user')
+  np.testing.assert_array_equal(ids, [[70, 71, 72]])
+
+
 def test_cached_retrieval_is_keyed_by_the_questions_and_k(tmp_path):
   """`cached_top_k` reads its file back only for the same questions and k: another question
   set or k under the same name is retrieved afresh (and replaces the file)."""

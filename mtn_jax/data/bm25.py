@@ -147,8 +147,11 @@ def cached_top_k(index: Bm25Index, name: str, questions: Sequence[str], k: int,
                  exclusion: str = 'none') -> tuple[np.ndarray, np.ndarray]:
   """`index.top_k`, kept in `<index folder>/<name>.top_k.npz` for these questions, k and
   `exclusion` (a description of `exclude`, part of the key) and the index's fingerprint."""
-  # 'ties to the lower id': results cached before ties were broken so (by the CPU) are redone.
-  key = _hash(index.fingerprint, list(questions), k, exclusion, 'ties to the lower id')
+  # 'ties to the lower id': results cached before ties were broken so (by the CPU) are redone;
+  # 'k after exclusions': so are those cached with exclusions before the excluded were made up
+  # for from however far down (they held fewer than k documents where many were excluded).
+  key = _hash(index.fingerprint, list(questions), k, exclusion, 'ties to the lower id',
+              *([] if exclude is None else ['k after exclusions']))
   path = os.path.join(index.folder, f'{name}.top_k.npz')
   if os.path.exists(path):
     with np.load(path) as cached:
