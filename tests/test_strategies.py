@@ -119,3 +119,39 @@ def test_each_position_shows_its_list_without_any_query_of_the_session_so_far(tm
                             positions='all')
   assert [[[s['query'] for s in at] for at in by_context] for by_context in lists] == [
       [['b', 'c', 'd'], ['c', 'd'], ['d']], [['a', 'd']]]
+
+
+def test_retrieve_keeps_top_k_after_the_session_queries_are_dropped(tmp_path, monkeypatch):
+  """'retrieve' asks the ranker for enough pool entries that the user-facing list still holds
+  top_k when the ranker's best are the session's own queries (dropped), and no more."""
+  import types  # pylint: disable=g-import-not-at-top
+  from configs import default  # pylint: disable=g-import-not-at-top
+  from mtn_jax.inference import sources as sources_lib  # pylint: disable=g-import-not-at-top
+  from mtn_jax.inference.inputs import Context  # pylint: disable=g-import-not-at-top
+  config = default.get_config()
+  config.suggest.strategy = 'retrieve'
+  config.decode.exclude_session_queries = True
+  config.decode.top_k = 3
+  session = ('a', 'b', 'c', 'd')
+  asked = []
+
+  class RankedSessionFirst:
+    """A ranker whose best entries are the session's queries, then the pool's others."""
+
+    def __init__(self, retriever, k, history_queries):
+      del retriever, history_queries
+      self.k = k
+      asked.append(k)
+
+    def propose(self, contexts, **_):
+      pool = [*reversed(session), *(f'p{i}' for i in range(20))]
+      return [[[{'query': q, 'score': -float(i)} for i, q in enumerate(pool[:self.k])]]
+              for _ in contexts]
+
+  monkeypatch.setattr(sources_lib, 'Retrieve', RankedSessionFirst)
+  ranker = types.SimpleNamespace(cfg=types.SimpleNamespace(max_session_queries=len(session)))
+  suggester = pipeline.Pipeline(pipeline.Settings.from_config(config), ranker, ranker,
+                                object(), None, None, str(tmp_path))
+  shown = suggester.suggest([Context(session, len(session) - 1, {})], positions='last')
+  assert [s['query'] for s in shown[0][0]] == ['p0', 'p1', 'p2']
+  assert asked == [3 + len(session)]
