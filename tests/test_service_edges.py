@@ -78,6 +78,9 @@ JSON = {'content-type': 'application/json'}
     ('POST', '/v1/suggest', {'content': b'{"session": ["a"', 'headers': JSON}, 400, 'body'),
     ('POST', '/v1/suggest', {'content': b'{"session": ["a"]}',
                              'headers': {'content-type': 'text/plain'}}, 415, 'body'),
+    ('POST', '/v1/suggest', {'data': {'session': 'a'}}, 415, 'body'),  # a form, not JSON
+    ('POST', '/v1/suggest', {'content': b'{"session"',
+                             'headers': {'content-type': 'text/plain'}}, 415, 'body'),
     ('POST', '/v1/suggest', {'content': b'"hello"', 'headers': JSON}, 422, 'body'),
     ('POST', '/v1/suggest', {'content': b'5', 'headers': JSON}, 422, 'body'),
     ('POST', '/v1/suggest', {'json': {'session': []}}, 422, 'session'),
