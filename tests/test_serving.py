@@ -1142,6 +1142,9 @@ def test_the_page_shows_a_suggestion_as_text_never_html(browser):
     _wait(lambda: 'error' in browser.find_element('id', 'status').get_attribute('class'))
     assert _texts(browser, '#status') == [f'422: session: {payload}']
     assert browser.execute_script('return document.querySelectorAll("img, b").length') == 0
+    # The refused query is not in the session; it is back in the box, to be sent again.
+    assert _texts(browser, '#session li') == [payload]
+    assert browser.find_element('id', 'query').get_attribute('value') == 'more'
   finally:
     server.stop()
 

@@ -73,6 +73,7 @@ function showSuggestions(suggestions) {
 async function submit(query) {
   query = query.trim();
   if (!query) return;
+  const typed = query;
   // The model reads a query's first maxWords words (as --mode=suggest cuts a typed one); a
   // longer one, typed or suggested, is sent cut.
   const words = query.split(/\s+/);
@@ -96,9 +97,7 @@ async function submit(query) {
     const data = await answerOf(response);
     if (ticket !== latest) return;  // a later request, or a new session, since
     if (!response.ok) {
-      session.pop();
-      session.unshift(...dropped);
-      showSession();
+      takeBack(typed, dropped);
       showSuggestions([]);
       status(`${response.status}: ${data.error || 'error'}`, true);
       return;
@@ -119,11 +118,19 @@ async function submit(query) {
     if (String(data.model.step) !== $('model').dataset.step) showModel(data.model.step);  // reloaded
   } catch (error) {
     if (ticket !== latest) return;
-    session.pop();
-    session.unshift(...dropped);
-    showSession();
+    takeBack(typed, dropped);
     status(`no answer: ${error}`, true);
   }
+}
+
+// A query the service did not answer (refused, timed out, unreachable) leaves the session as
+// it was and goes back to the box, where it can be sent again, unless something new was
+// typed there meanwhile.
+function takeBack(typed, dropped) {
+  session.pop();
+  session.unshift(...dropped);
+  showSession();
+  if (!$('query').value) $('query').value = typed;
 }
 
 $('search').addEventListener('submit', (event) => {
