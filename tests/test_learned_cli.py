@@ -147,6 +147,11 @@ def test_without_a_ranker_the_blend_and_with_a_foreign_one_a_refusal(learned_run
     if name == 'learned':
       assert 'has no learned ranker' in run.stdout
   assert outputs['learned'].read_text() == outputs['blend'].read_text()
+  # Its evaluation names the strategy that suggested (the blend), in the learned_ files.
+  evaluated = cli.run(old, *FEW, *LEARNED, mode='eval')
+  assert 'blend: ' in evaluated.stdout and 'learned: ' not in evaluated.stdout
+  record = json.loads((old / 'eval' / 'learned_results.json').read_text())
+  assert record['strategy']['strategy'] == 'blend'
   # A ranker trained for another checkpoint: one line naming the file, exit 1.
   meta_path = workdir / 'ranker' / 'ranker.json'
   foreign = tmp_path / 'foreign'

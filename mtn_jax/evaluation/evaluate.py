@@ -358,7 +358,8 @@ def decode_lists(config: ml_collections.ConfigDict, workdir: str, trained: infer
       extra['pool'] = pool.figures()
     if strategy != 'generate':
       extra['strategy'] = strategy_record(suggestions_of)
-      name = f'{strategy}: {extra["strategy"]["label"]}'
+      # The strategy that suggested: 'learned' in a workdir without a ranker is the blend.
+      name = f'{extra["strategy"]["strategy"]}: {extra["strategy"]["label"]}'
   return Lists(shown, sources, pool, extra, name, time.time() - started)
 
 
