@@ -42,8 +42,11 @@
 # on a CPU instead, into .serve/ (given a trained aol.py:small workdir, it packs that one: the
 # default that users are served, the learned ranker); carried with .whl/, it is served
 # without d_train.
-# OUTDIR gets three files: rows.md (a table per row, with the device, date and command),
-# rows.json (every figure) and logs.tar.gz (each row's log and JSON).
+# OUTDIR gets rows.md (a table per row, with the device, date and command), rows.json (every
+# figure), logs.tar.gz (each row's log and JSON) and, off a rehearsal, jax_cache.tar.gz: the
+# compiled programs, the smallest first up to 15 MiB (what a machine sends back). Copied to
+# .gpu_cache/jax_cache.tar.gz here and carried, it seeds the next machine's cache: a fresh
+# machine compiles every row's programs again, most of the service row's start.
 set -u
 out=${1:?usage: bash launch/gpu_rows.sh OUTDIR [SECONDS]}
 budget=${2:-480}
@@ -64,6 +67,10 @@ else
   done
 fi
 export JAX_COMPILATION_CACHE_DIR=$work/jax_cache
+if [[ $rehearse == 0 && -f .gpu_cache/jax_cache.tar.gz ]]; then
+  mkdir -p "$work/jax_cache" && tar -xzf .gpu_cache/jax_cache.tar.gz -C "$work/jax_cache" \
+    && echo "compilation cache: $(ls "$work/jax_cache" | wc -l) files after the carried ones"
+fi
 export PYTHONUNBUFFERED=1
 py=${PYTHON:-python3}
 
@@ -283,5 +290,11 @@ fi
   --rehearse="$rehearse"
 tar -czf "$out/logs.tar.gz" -C "$work" machine.txt steps.tsv \
   $(cd "$work" && ls *.log *.json 2>/dev/null)
+if [[ $rehearse == 0 && -d $work/jax_cache ]]; then
+  # The smallest programs first, up to 15 MiB before compression.
+  (cd "$work/jax_cache" && find . -maxdepth 1 -type f -printf '%s %P\n' | sort -n \
+     | awk '(total += $1) <= 15 * 2^20 {print $2}' >"$work/cache_files.txt" \
+     && tar -czf "$out/jax_cache.tar.gz" -T "$work/cache_files.txt")
+fi
 echo "== $((SECONDS)) s of ${budget}; wrote $out/rows.md, rows.json, logs.tar.gz"
 cat "$out/rows.md"
