@@ -133,9 +133,9 @@ if [[ $rehearse == 0 ]]; then
   corpus_lines=1000000 files=16
   kernel_runs=(--steps=20 --repeats=3 --learn_steps=300 --learn_window=25)
   serve_train=(--config.train.max_steps=30)
-  serve_rates=(--rates=5,150,300,450,800 --seconds=5)
+  serve_rates=(--rates=5,150,300,450,800)
+  serve_load=(--seconds=5)  # each rate offered this long (a rehearsal: smaller batches too)
   serve_offline=(--offline_contexts=512 --offline_batches=8)
-  tail_load=(--seconds=5 --offline_contexts=0)
   target_lines=$((10 * aol_lines)) target_pairs=$((10 * aol_train_pairs))
   slice_steps=300
 else
@@ -147,9 +147,9 @@ else
   corpus_lines=200000 files=2
   kernel_runs=(--steps=2 --repeats=1 --learn_steps=20 --learn_window=5)
   serve_train=(--config.train.max_steps=5 --config.input.train_queries_per_batch=64)
-  serve_rates=(--rates=2,20 --seconds=2 --set=serve.max_batch=2)
+  serve_rates=(--rates=2,20)
+  serve_load=(--seconds=2 --set=serve.max_batch=2)
   serve_offline=(--offline_contexts=16 --offline_batches=8)
-  tail_load=(--seconds=2 --offline_contexts=0 --set=serve.max_batch=2)
   target_lines=$((4 * corpus_lines)) target_pairs=$((target_lines / 5))
   slice_steps=20
 fi
@@ -207,8 +207,8 @@ serve_command() {
   serve_base=("$py" launch/bench_serve.py --workdir="$work/serve_workdir"
               --config=configs/aol.py:small "${sets[@]}" --set=serve.prepare_after_train=False
               --set=serve.warm_up_background=False)
-  serve=("${serve_base[@]}" "${serve_rates[@]}" "${serve_offline[@]}" --half_saturation
-         --json="$work/d_serve.json")
+  serve=("${serve_base[@]}" "${serve_load[@]}" "${serve_rates[@]}" "${serve_offline[@]}"
+         --half_saturation --json="$work/d_serve.json")
 }
 if wanted d_serve; then
   # A workdir made on a CPU and carried (.serve/, launch/gpu_serve_workdir.sh) is served as
@@ -255,10 +255,11 @@ print(round(json.load(open(sys.argv[1]))["tail"]["saturation_per_s"] / 2, 1))' \
     skip d_tail 120 "launch/bench_serve.py ..." 'no d_serve figures or workdir here'
   else
     [[ -n ${serve_base:-} ]] || serve_command
-    FORCE=1 row d_tail_workers2 120 "${serve_base[@]}" "${serve_rates[@]}" --offline_contexts=0 \
-      --half_saturation --set=serve.workers=2 --json="$work/d_tail_workers2.json"
-    FORCE=1 row d_tail_switch05 60 "${serve_base[@]}" --rates="5,$half" "${tail_load[@]}" \
-      --switch_interval_ms=0.5 --json="$work/d_tail_switch05.json"
+    FORCE=1 row d_tail_workers2 120 "${serve_base[@]}" "${serve_load[@]}" "${serve_rates[@]}" \
+      --offline_contexts=0 --half_saturation --set=serve.workers=2 \
+      --json="$work/d_tail_workers2.json"
+    FORCE=1 row d_tail_switch05 60 "${serve_base[@]}" "${serve_load[@]}" --rates="5,$half" \
+      --offline_contexts=0 --switch_interval_ms=0.5 --json="$work/d_tail_switch05.json"
   fi
 fi
 epoch=("$py" launch/bench_epoch.py "${model[@]}" "${sizes[@]}" --workdir="$work/e_log/run"
