@@ -1,7 +1,8 @@
 """Does a learned ranker over the pooled candidate sources suggest better for unseen users than
 the quota blend, the most popular list and a rule list, on the training users, cross-fitted?
 
-  python experiments/learned_ranker.py --workdir=W [--config=configs/aol.py:small ...]
+  python experiments/learned_ranker.py --workdir=W [--counts=whole_log] \
+      [--config=configs/aol.py:small ...]
 
 In: a workdir trained by `--mode=train` with `config.suggest.strategy='learned'` (its fold
 generators in W/folds/). Every training pair's candidates and features are made as the
@@ -17,7 +18,9 @@ with the config's rules), without each rule, with the session-first rule over fe
 alone without each feature group (the ablation); each source alone; MPC; the quota blend
 `popular:3,cooccurring:5,generate:10`; the rule list (MPC's first 3, then the 5 most frequent
 edit templates of the previous query, then MPC). Writes <workdir>/ranker/cross_fitted.json
-(with --skip_ablation: cross_fitted_no_ablation.json); prints a Markdown table.
+(with --skip_ablation: cross_fitted_no_ablation.json; with --counts=whole_log, the log's
+counts taken from every session of two or more queries the raw log holds for the training
+users, not only the kept ones: cross_fitted_whole_log*.json); prints a Markdown table.
 """
 
 from __future__ import annotations
@@ -35,6 +38,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from absl import flags
 from ml_collections import config_flags
 
+from mtn_jax.data import aol_log
 from mtn_jax.data import preprocess
 from mtn_jax.data import sessions
 from mtn_jax.evaluation import metrics
@@ -62,6 +66,33 @@ def other_folds_sessions(config, workdir: str) -> list[list[tuple[str, ...]]]:
   fold_of = sessions.session_folds(train, config.suggest.ranker_folds, config.data.split_seed)
   return [[train.session_texts(i) for i in np.flatnonzero(fold_of != k).tolist()]
           for k in range(config.suggest.ranker_folds)]
+
+
+def whole_log_other_folds_sessions(config, workdir: str) -> list[list[list[str]]]:
+  """[folds] as `other_folds_sessions`, but every session of two or more queries the raw log
+  holds for those users (cut by the corpus's rules, no bound on its length): the log's
+  counts of every (query, next query) pair of the training users, not only of the sessions
+  preprocessing keeps."""
+  train = sessions.load_split(preprocess.data_dir(os.path.abspath(workdir)), 'train')
+  fold_of_user = dict(zip(train.users.tolist(), sessions.session_folds(
+      train, config.suggest.ranker_folds, config.data.split_seed).tolist()))
+  d = config.data
+  records = aol_log.read_logs(aol_log.expand_paths(d.raw_files)).records
+  cut = aol_log.sessionize(records, gap_minutes=d.session_gap_minutes,
+                           max_query_words=d.max_query_words, long_query=d.long_query,
+                           min_queries=2, max_queries=2**31)
+  out = [[] for _ in range(config.suggest.ranker_folds)]
+  starts = cut.starts.tolist()
+  for i in range(cut.num_sessions):
+    rows = cut.record_index[starts[i]:starts[i + 1]]
+    fold = fold_of_user.get(int(records.user[rows[0]]))
+    if fold is None:  # a user of another split, or left out
+      continue
+    texts = records.texts(rows)
+    for k in range(len(out)):
+      if k != fold:
+        out[k].append(texts)
+  return out
 
 
 def fold_counts(others: list) -> list[popular.LogCounts]:
@@ -121,18 +152,35 @@ def main() -> None:
   parser = argparse.ArgumentParser(description=__doc__.split('\n')[0])
   parser.add_argument('--workdir', required=True)
   parser.add_argument('--skip_ablation', action='store_true')
+  parser.add_argument('--counts', choices=('kept', 'whole_log'), default='kept',
+                      help="the log's counts (popular, co-occurring, templates, "
+                      "well-formedness) from the kept sessions' pairs, as the product counts "
+                      "them, or from every session of the training users in the raw log")
   args, config = study_config('learned_ranker', parser)
   started = time.time()
   plan = learned.parse_sources(config.suggest.sources)
-  # The candidates `fit` made (when it made them for these sources), or made again and kept
-  # apart from the fit's (the next fit would otherwise make its own again).
   folder = learned.ranker_dir(args.workdir)
-  groups = (learned.load_groups(folder, learned.groups_key(config, args.workdir))
-            or learned.cached_groups(config, args.workdir, os.path.join(folder, 'study')))
+  if args.counts == 'kept':
+    counts = fold_counts(other_folds_sessions(config, args.workdir))
+    # The candidates `fit` made (when it made them for these sources), or made again and
+    # kept apart from the fit's (the next fit would otherwise make its own again).
+    groups = (learned.load_groups(folder, learned.groups_key(config, args.workdir))
+              or learned.cached_groups(config, args.workdir, os.path.join(folder, 'study')))
+  else:
+    counts = fold_counts(whole_log_other_folds_sessions(config, args.workdir))
+    # `cross_fitted_groups` counts each fold's other users' kept sessions, fold by fold in
+    # order: here it is handed the whole log's counts of the same users instead.
+    handed = iter(counts)
+    of_sessions = popular.LogCounts.of_sessions
+    popular.LogCounts.of_sessions = classmethod(lambda cls, others, keep=100: next(handed))
+    try:
+      groups = learned.cached_groups(config, args.workdir,
+                                     os.path.join(folder, 'study_whole_log'))
+    finally:
+      popular.LogCounts.of_sessions = of_sessions
   names = learned.feature_names([n for n, _ in plan])
   references = groups.references
   score = lambda lists: ranking(lists, references, groups.sessions)
-  counts = fold_counts(other_folds_sessions(config, args.workdir))
   scored = {}
 
   def learned_lists(columns=None, session_first=config.suggest.session_first,
@@ -183,14 +231,16 @@ def main() -> None:
     rules.append(list(dict.fromkeys(mpc[:3] + edits[:5] + mpc[3:])))
   rows['rule list (MPC 3, then 5 edit templates, then MPC)'] = score(rules)
   record = {'pairs': len(references), 'pool_candidate_recall': pool_recall,
+            'counts': args.counts,
             'sources': config.suggest.sources, 'rounds': config.suggest.ranker_rounds,
             'session_first': config.suggest.session_first,
             'attested_only': config.suggest.attested_only,
             'unrelated_first': config.suggest.unrelated_first, 'rows': rows,
             'seconds': round(time.time() - started, 1)}
   # A run without the ablation keeps the whole record of the last full run.
-  path = os.path.join(learned.ranker_dir(args.workdir), 'cross_fitted_no_ablation.json'
-                      if args.skip_ablation else 'cross_fitted.json')
+  path = os.path.join(learned.ranker_dir(args.workdir), 'cross_fitted'
+                      + ('_whole_log' if args.counts == 'whole_log' else '')
+                      + ('_no_ablation' if args.skip_ablation else '') + '.json')
   os.makedirs(os.path.dirname(path), exist_ok=True)
   with open(path, 'w', encoding='utf-8') as f:
     json.dump(record, f, indent=1)
