@@ -51,7 +51,7 @@ class ServeSettings:
   host: str = '127.0.0.1'
   port: int = 8080
   max_batch: int = 8
-  workers: int = 2
+  workers: int = 0  # 0: by the backend (`default_workers`)
   max_wait_ms: float = 0.0
   queue_bound: int = 64
   deadline_ms: float = 2000.0
@@ -63,11 +63,13 @@ class ServeSettings:
   compile_cache: str = 'serve/compile_cache'
   admin_token: str = ''
 
+  def __post_init__(self):
+    if not self.workers:
+      object.__setattr__(self, 'workers', default_workers(jax.default_backend()))
+
   @classmethod
   def from_config(cls, config: ml_collections.ConfigDict) -> ServeSettings:
-    values = {f.name: config.serve[f.name] for f in dataclasses.fields(cls)}
-    values['workers'] = values['workers'] or default_workers(jax.default_backend())
-    return cls(**values)
+    return cls(**{f.name: config.serve[f.name] for f in dataclasses.fields(cls)})
 
 
 def default_workers(backend: str) -> int:
