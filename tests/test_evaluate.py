@@ -123,6 +123,13 @@ def test_history_groups_split_pairs_at_five_earlier_queries_and_weigh_the_zero_v
       {'all': 0.3, 'next_query_shares_a_word': 0.2, 'next_query_shares_no_word': 0.4})
   assert 'zero_weight' not in groups['short_history']
   assert 'zero_weight' not in groups['without_history']
+  # A history kept 3 queries wide (config.data.history_queries=3) is whole at 3: those
+  # users are "with history", not all "short".
+  narrow = SessionSplit('test', queries, np.array([0, 2, 4, 6, 8]), history=history[:, 3:])
+  groups = evaluate.history_groups(narrow, {'model': [['x'], ['y'], ['z'], ['w']]},
+                                   ['x', 'q', 'z', 'q'], [['a']] * 4, None)
+  assert {name: g['pairs'] for name, g in groups.items()} == {
+      'with_history': 3, 'short_history': 0, 'without_history': 1}
 
 
 def test_eval_files_hold_every_pairs_lists_and_the_samples_in_pair_order(tmp_path, capsys):

@@ -510,22 +510,24 @@ MIN_HISTORY = 5
 def history_groups(split: sessions.SessionSplit, suggestions: dict[str, list[list[str]]],
                    references: Sequence[str], contexts: Sequence[Sequence[str]],
                    ranked: pool_ranking.SplitRanking | None) -> dict[str, dict]:
-  """The figures of pairs whose user has at least `MIN_HISTORY` earlier queries, of those
-  with fewer, and of pairs whose user has none (`split.history`), for every suggester; for
+  """The figures of pairs whose user has at least `MIN_HISTORY` earlier queries (or the
+  history's whole width, where `config.data.history_queries` keeps fewer), of those with
+  fewer, and of pairs whose user has none (`split.history`), for every suggester; for
   a ranker the pool figures too, and for a model with a zero-vector memory the mean weight
   on the zero vector, apart for next queries that share a word with the user's history and
   those that do not."""
   session, position = split.pair_positions()
   history = np.asarray(split.history)  # [S, M, n]
   lengths = (history != 0).any(-1).sum(-1)[session]
+  full = min(MIN_HISTORY, history.shape[1])  # a history kept shorter is whole at its width
   rows = split.starts[session] + position + 1
   next_words = np.asarray(split.queries[rows])  # [pairs, n]
   history_words = history[session].reshape(len(session), -1)  # [pairs, M*n]
   shares_word = np.array([bool(np.intersect1d(w[w > UNK_ID], h[h > UNK_ID]).size)
                           for w, h in zip(next_words, history_words)], bool)
   groups = {}
-  for name, selected in (('with_history', lengths >= MIN_HISTORY),
-                         ('short_history', (lengths > 0) & (lengths < MIN_HISTORY)),
+  for name, selected in (('with_history', lengths >= full),
+                         ('short_history', (lengths > 0) & (lengths < full)),
                          ('without_history', lengths == 0)):
     pairs = np.flatnonzero(selected)
     group = {'pairs': int(len(pairs))}
