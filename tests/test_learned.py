@@ -17,7 +17,6 @@ from mtn_jax.inference import learned
 from mtn_jax.inference import pipeline
 from mtn_jax.inference import popular
 from mtn_jax.inference import presentation
-from mtn_jax.inference import respell
 from mtn_jax.inference import sources
 from mtn_jax.inference import templates
 from mtn_jax.inference.inputs import Context
@@ -162,34 +161,6 @@ def test_log_sources_by_hand(counts):
   ran = sources.propose_all([sources.Session(), sources.Popular(counts, 1)], contexts(),
                             positions='last', batch_rows=1)
   assert list(ran) == ['session', 'popular']
-
-
-def test_respellings_by_hand():
-  # Uses of each word in a toy log's next queries.
-  speller = respell.Respeller({'phoenix': 7, 'pheonix': 1, 'times': 3, 'time': 1, 'tim': 9,
-                               'google': 50, 'goggle': 2, 'giggle': 2, 'ebay': 5, 'etay': 8,
-                               'car': 6, 'cars': 2, '2006': 9, '2005': 1, 'xmen': 4})
-  phoenix = math.log(8 / 2)
-  assert speller.propose('the pheonix', 5) == [('the phoenix', pytest.approx(phoenix))]
-  # Only toward a word used more: 'time' -> 'times' (and 'tim', one edit of a short word),
-  # 'times' -> nothing of 'time' (used less); two edits for longer words ('goggle' ->
-  # 'google'; 'giggle' is used no more than 'goggle'), one for short ones ('ebay' -> 'etay'
-  # but not 'xmen'); no digits; best first, then by the query.
-  assert speller.propose('roanoke time', 5) == [
-      ('roanoke tim', pytest.approx(math.log(10 / 2))),
-      ('roanoke times', pytest.approx(math.log(4 / 2)))]
-  assert speller.propose('roanoke times', 5) == []
-  assert [q for q, _ in speller.propose('goggle ebay', 5)] == ['google ebay', 'goggle etay']
-  assert speller.propose('2005 car', 5) == []
-  # A word the log never used is respelled to any near one; k cuts the list; a respelling
-  # that repeats a word of the query is none ('car car').
-  assert [q for q, _ in speller.propose('cae cars', 1)] == ['car cars']
-  assert [q for q, _ in speller.propose('cars car', 5)] == []
-  # The source: each context's previous query, its score the respelling's.
-  got = sources.Respell(speller, 3).propose([Context(('x', 'the pheonix'), 0, {})],
-                                            positions='all')
-  assert texts(got) == [[[], ['the phoenix']]]
-  assert got[0][1][0]['score'] == pytest.approx(phoenix)
 
 
 def test_imdna_proposals_keep_each_users_own_sessions_out_of_reach():

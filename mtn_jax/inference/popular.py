@@ -16,7 +16,6 @@ training split: docs/notes/2026-11-27-figures-from-code-comments.md.
 from __future__ import annotations
 
 import collections
-import functools
 import os
 from collections.abc import Iterable, Iterator, Sequence
 
@@ -24,7 +23,6 @@ import numpy as np
 
 from mtn_jax.data import preprocess
 from mtn_jax.data import sessions
-from mtn_jax.inference import respell
 from mtn_jax.inference import templates
 
 
@@ -98,11 +96,6 @@ class LogCounts:
       for pair in word_bigrams(text):
         self.bigrams[pair] += count
         self.bigram_starts[pair[0]] += count
-
-  @functools.cached_property
-  def respeller(self) -> respell.Respeller:
-    """The logged next queries' words by their uses, for respellings (built on first use)."""
-    return respell.Respeller({w: n for w, n in self.bigram_starts.items() if w != '<s>'})
 
   @classmethod
   def of_workdir(cls, workdir: str) -> LogCounts:

@@ -19,7 +19,6 @@ The sources:
   cooccurring   the queries that most often followed the previous one in the training log;
   templates     reformulations of the previous query by the training log's most frequent
                 edits (`templates`);
-  respell       the previous query with a word respelled as the log spells it (`respell`);
   matching      the training log's queries that best match the previous one (BM25);
   session       the session's own queries so far, latest first.
 A new source is a class with a `name` and `propose`, and its entry in `LOG_SOURCES` (or its
@@ -44,7 +43,6 @@ from mtn_jax.decoding import search
 from mtn_jax.inference import imdna_proposer
 from mtn_jax.inference import inputs
 from mtn_jax.inference import popular
-from mtn_jax.inference import respell as respell_lib
 from mtn_jax.inference import retrieval
 from mtn_jax.inference import templates as templates_lib
 from mtn_jax.inference.inputs import Context
@@ -353,20 +351,6 @@ class Templates:
 
 
 @dataclasses.dataclass
-class Respell:
-  """The previous query with one word replaced by a more used word of the training log within
-  a small edit distance (`respell`); score: log of how many times more used."""
-
-  respeller: respell_lib.Respeller
-  k: int
-  name: str = 'respell'
-
-  def propose(self, contexts, *, positions, batch_rows=0, widths=None) -> Lists:
-    return _per_position(contexts, positions, lambda so_far: [
-        {'query': q, 'score': score} for q, score in self.respeller.propose(so_far[-1], self.k)])
-
-
-@dataclasses.dataclass
 class Matching:
   """The `k` queries of the training log that best match the previous query by BM25 over
   their words (the log's rare words weigh most), the previous query itself left out: real
@@ -412,7 +396,6 @@ LOG_SOURCES = {
     'popular': lambda counts, k: Popular(counts, k),
     'cooccurring': lambda counts, k: Cooccurring(counts, k),
     'templates': lambda counts, k: Templates(counts.templates, k),
-    'respell': lambda counts, k: Respell(counts.respeller, k),
     'matching': lambda counts, k: Matching(counts, k),
     'session': lambda counts, k: Session(),
 }
