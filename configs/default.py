@@ -205,9 +205,9 @@ def get_config(variant: str = '') -> ml_collections.ConfigDict:
 
   # --mode=serve: an HTTP service of the workdir's best checkpoint (mtn_jax/serving/), with the
   # suggestions --mode=decode writes for the same session (config.decode and config.suggest
-  # decide them). Batches are padded to a power of two up to max_batch and their sessions to a
-  # power of two up to the model's max_session_queries; each such shape is compiled once, at the
-  # start (warm_up_background below says when the service listens).
+  # decide them). Batches are padded to a power of two below max_batch or to max_batch, and
+  # their sessions likewise up to the model's max_session_queries; each such shape is
+  # compiled once, at the start (warm_up_background below says when the service listens).
   c.serve = ml_collections.ConfigDict()
   c.serve.host = '127.0.0.1'  # the address listened on ('0.0.0.0': every interface)
   c.serve.port = 8080  # 0: any free port (the one taken is printed)

@@ -12,10 +12,12 @@ import ml_collections
 import numpy as np
 import pytest
 
+from configs import default
 from mtn_jax import config_lib
 from mtn_jax import errors
 from mtn_jax.data import hypothesis_files
 from mtn_jax.data import sessions
+from mtn_jax.inference import hypothesis_decoding
 from tests import cli
 
 
@@ -155,6 +157,16 @@ def test_generators_must_hold_out_each_fold_of_one_split_once(tmp_path, monkeypa
   for names in (f'{a},{c}', f'{a},{d}', a):
     with pytest.raises(errors.Error, match='hold out each fold of one user_folds=K once'):
       hypothesis_files.generators(names, str(tmp_path))
+
+
+def test_generators_decode_their_whole_beam_whatever_top_k_shows():
+  # The ranker learns from what evaluation reranks: every hypothesis of the beam, the
+  # session's queries kept; config.decode.top_k cuts only what is shown.
+  config = default.get_config()
+  config.decode.beam_size, config.decode.top_k = 6, 2
+  config.decode.exclude_session_queries = True
+  got = hypothesis_decoding.settings(hypothesis_files.Generator('W', config, 2, 0))
+  assert (got.beam_size, got.top_k, got.exclude_session_queries) == (6, 6, False)
 
 
 def test_suggestions_are_encoded_first_words_first_and_padded():

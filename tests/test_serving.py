@@ -715,13 +715,18 @@ def test_reloads_are_counted_by_outcome_and_the_step_is_the_new_models():
   client, service = stub_client(SlowEngine())
 
   def fails():
-    raise OSError('no checkpoint')
+    raise OSError('no checkpoint in /srv/private/W/checkpoints')
   newer = SlowEngine()
   newer.step = 9
   service.loader = fails
+  logged = []
+  service.log = logged.append
   with client:
-    assert client.post('/admin/reload').json() == {'reloaded': False, 'step': 7,
-                                                   'error': 'no checkpoint'}
+    # The answer holds no path; the log has the whole reason.
+    assert client.post('/admin/reload').json() == {
+        'reloaded': False, 'step': 7,
+        'error': "the load failed (OSError); the service's log has why"}
+    assert any('/srv/private/W/checkpoints' in line for line in logged)
     service.loader = lambda: newer
     answer = client.post('/admin/reload').json()
     assert answer['reloaded'] and (answer['previous_step'], answer['step']) == (7, 9)
@@ -758,8 +763,11 @@ def test_a_load_that_exits_fails_the_reload_and_frees_the_next():
     raise SystemExit(3)
   service.loader = exits
   with client:
+    logged = []
+    service.log = logged.append
     failed = client.post('/admin/reload').json()
-    assert failed['reloaded'] is False and 'SystemExit(3)' in failed['error']
+    assert failed['reloaded'] is False and 'RuntimeError' in failed['error']
+    assert any('SystemExit(3)' in line for line in logged)
     service.loader = SlowEngine
     assert client.post('/admin/reload').json()['reloaded']
 

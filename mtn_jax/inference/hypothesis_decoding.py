@@ -25,9 +25,10 @@ from mtn_jax.training import train
 
 
 def settings(generator: hypothesis_files.Generator) -> search.SearchSettings:
-  # The full lists, as evaluation decodes them before any strategy drops a candidate.
-  return dataclasses.replace(search.SearchSettings.from_config(generator.config.decode),
-                             exclude_session_queries=False)
+  # The whole beam, as evaluation decodes it before any strategy drops or cuts a candidate
+  # (`pipeline.Settings.whole_beam`): a top_k below the beam cuts only what is shown.
+  decode = search.SearchSettings.from_config(generator.config.decode)
+  return dataclasses.replace(decode, exclude_session_queries=False, top_k=decode.beam_size)
 
 
 def prepare(config: ml_collections.ConfigDict, workdir: str, split_names: tuple[str, ...],

@@ -4,9 +4,10 @@
             run, requests checked against what the model reads, batches run;
   batcher   concurrent requests coalesced into batches, run on worker threads;
   history   each user's earlier queries in SQLite, for the models that read them;
-  metrics   the Prometheus metrics and the count of programs JAX compiled;
+  monitoring  the Prometheus metrics and the count of programs JAX compiled;
   app       the FastAPI application: the API, the page at /, the errors;
-  service   what ties them together: start-up, reload, draining, and uvicorn.
+  service   what ties them together: start-up, reload, draining, and uvicorn;
+  prepare   the service's programs compiled when training ends.
 
 It sits above `mtn_jax.inference` (it may import inference and below, never evaluation or the
 entry points) and shows exactly what `--mode=decode` writes for the same session and settings.

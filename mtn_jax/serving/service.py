@@ -90,8 +90,8 @@ class Service:
   reload or SIGTERM changes.
 
   Args:
-    engine: answers batches (`engine.Engine`, or anything with its `check`, `run`, `info`,
-      `step`, `personalises` and `sizes`).
+    engine: answers batches (`engine.Engine`, or anything with the attributes of it that the
+      service and its app read: tests/stub_server.py's engine has them).
     loader: () -> a new warmed-up engine, for reloads (None: reloads are refused).
     store: the users' histories (None: none kept).
   """
@@ -163,7 +163,10 @@ class Service:
       except Exception as e:  # pylint: disable=broad-except
         self.metrics.reloads.labels('failed').inc()
         self.log(f'Reload failed, step {old.step} still serving: {e}')
-        return {'reloaded': False, 'step': old.step, 'error': str(e)}
+        # The answer names the error's kind alone: a load's messages name files (no
+        # checkpoint in a folder, a damaged ranker file), and no answer holds a path.
+        return {'reloaded': False, 'step': old.step,
+                'error': f"the load failed ({type(e).__name__}); the service's log has why"}
       self.engine = new
       stop_warming = getattr(old, 'stop_warming', None)
       if stop_warming is not None:  # a background warm-up of the old model compiles no more
