@@ -28,6 +28,7 @@ def _row(name, scores, pool=None, zero=None):
 
 
 def main(out_dir, variants):
+  found = False
   for split, file in (('validation', 'valid_results.json'), ('test', 'results.json')):
     results = {}
     for variant in variants:
@@ -37,6 +38,7 @@ def main(out_dir, variants):
           results[variant] = json.load(f)
     if not results:
       continue
+    found = True
     for group, title in GROUPS:
       first = next(iter(results.values()))['by_history'][group]
       if not first['pairs']:
@@ -55,5 +57,12 @@ def main(out_dir, variants):
         print(_row(label, first['scores'][key]))
 
 
+  if not found:
+    sys.exit(f'no {out_dir}/VARIANT/eval/valid_results.json or results.json for the variants '
+             f'{", ".join(variants)}: run experiments/compare_personal.sh first')
+
+
 if __name__ == '__main__':
+  if len(sys.argv) < 3 or sys.argv[1].startswith('-'):
+    sys.exit(f'usage: python {sys.argv[0]} OUT_DIR VARIANT [VARIANT ...]')
   main(sys.argv[1], sys.argv[2:])

@@ -9,7 +9,8 @@ In: a workdir whose corpus is prepared (`--mode=preprocess`, or bench_preprocess
 the flags of `launch/bench_train.py` that shape a step (`--config`, `--vocab_size`,
 `--batch_queries`, `--seed`, `--peak_flops`, `--json`), `--slice_steps`, and
 `--target_lines` and `--target_pairs`, the log whose preprocessing and epoch are projected
-(default ten times AOL's: 36,389,567 lines, 4,285,507 training pairs, the paper's Table 1).
+(default ten times AOL's 36,389,567 lines and 4,285,507 training pairs, the paper's Table 1:
+363,895,670 and 42,855,070).
 
 1. The training split is repeated to the size the target log would give (the log read here
    has `--preprocess_json`'s lines; the repeat is the whole number nearest their ratio), and

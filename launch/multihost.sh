@@ -9,7 +9,7 @@
 # run several processes on one machine (each then sees all local devices unless
 # CUDA_VISIBLE_DEVICES / XLA_FLAGS say otherwise).
 set -euo pipefail
-hosts_file=$1; shift
+hosts_file=${1:?usage: launch/multihost.sh HOSTS_FILE -- ARGS...}; shift
 [ "${1:-}" = "--" ] && shift
 mapfile -t hosts < <(grep -v '^\s*\(#\|$\)' "$hosts_file")
 port=${PORT:-12355}
