@@ -161,6 +161,8 @@ def test_log_sources_by_hand(counts):
   ran = sources.propose_all([sources.Session(), sources.Popular(counts, 1)], contexts(),
                             positions='last', batch_rows=1)
   assert list(ran) == ['session', 'popular']
+  assert texts(ran['session']) == [[['weather', 'news']], [['cheap cars']]]
+  assert texts(ran['popular']) == [[['cheap hotels']], [['cheap hotels']]]
 
 
 def test_imdna_proposals_keep_each_users_own_sessions_out_of_reach():
@@ -286,9 +288,13 @@ def test_what_is_shown_keeps_word_salad_out_and_the_session_first(counts):
   assert [c['query'] for c in shown] == ['ebay', 'weather chicago', 'www.weather.com',
                                          'cheap hotels', 'news', 'weather chicago il',
                                          'chicago weather', 'weather news']
-  # Nothing about the session among the candidates: the ranker's order stands.
-  assert presentation.presented(ranked[:1], ('zzz',), counts, session_first=5,
-                           attested_only=False) == ranked[:1]
+  # Nothing about the session among the candidates (all well-formed): the ranker's order
+  # stands.
+  unrelated = [ranked[2], ranked[0], ranked[6]]  # cheap hotels, ebay, news
+  assert presentation.presented(unrelated, ('zzz',), counts, session_first=5,
+                                attested_only=False, unrelated_first=1) == unrelated
+  assert presentation.presented(unrelated, ('zzz',), counts, session_first=5,
+                                attested_only=False) == unrelated
 
 
 def test_the_sessions_own_queries_take_no_first_place(counts):
@@ -470,6 +476,13 @@ def test_the_candidates_are_searched_as_the_ranker_was_trained():
   ranker = learned.LearnedRanker(None, {'sources': [['generate', 4]], 'search': recorded})
   assert ranker.candidate_search(default) == dataclasses.replace(made, length_penalty=1.0,
                                                                  max_len=9)
+  # A record of an older version: the protocol unset (it kept the session's queries), a
+  # field it lacks the plan's, a field this code no longer has left out.
+  old = {'length_penalty': 1.0, 'exclude_session_queries': None, 'retired': 1}
+  ranker = learned.LearnedRanker(None, {'sources': [['generate', 4]], 'search': old})
+  assert ranker.candidate_search(default) == search.SearchSettings(
+      beam_size=4, max_len=12, length_penalty=1.0, emit_unk=False, top_k=4,
+      exclude_session_queries=False)
 
 
 def test_sources_plans_are_checked():

@@ -19,6 +19,7 @@ from mtn_jax.data import sessions
 from mtn_jax.inference import learned
 from mtn_jax.inference import pipeline
 from mtn_jax.inference import popular
+from mtn_jax.inference import presentation
 from mtn_jax.inference.inputs import Context
 from mtn_jax.serving import app as app_lib
 from mtn_jax.serving import service as service_lib
@@ -116,7 +117,8 @@ def test_eval_decode_and_serve_give_the_same_learned_lists(learned_run, tmp_path
 @pytest.mark.slow
 def test_the_learned_lists_are_the_rankers_order_before_the_presentation_moves_it(learned_run):
   """With nothing moved (no first places, nothing kept out) a list is the pool in the order
-  of the ranker's scores; the default presentation shows the same candidates, reordered."""
+  of the ranker's scores; the default presentation shows the same candidates, reordered, but
+  what only the generator wrote and does not read as a query."""
   workdir, _ = learned_run
   contexts = [Context(tuple(p['context']), len(p['context']) - 1, {})
               for p in read_jsonl(workdir / 'eval' / 'learned_lists.jsonl')[:8]]
@@ -125,10 +127,14 @@ def test_the_learned_lists_are_the_rankers_order_before_the_presentation_moves_i
   unmoved = load('--config.suggest.session_first=0', '--config.suggest.attested_only=False')
   ranked = unmoved.ordered(contexts, positions='last')
   presented = load().ordered(contexts, positions='last')
-  for [by_ranker], [shown] in zip(ranked, presented):
+  counts = popular.LogCounts.of_workdir(str(workdir))
+  for context, [by_ranker], [shown] in zip(contexts, ranked, presented):
     scores = [c['model_score'] for c in by_ranker]
     assert scores == sorted(scores, reverse=True) and len(set(scores)) > 1, by_ranker
-    assert {c['query'] for c in shown} <= {c['query'] for c in by_ranker}
+    formed = presentation.well_formed(counts, context.queries)
+    kept = {c['query'] for c in by_ranker
+            if set(c['sources']) != {'generate'} or formed(c['query'])}
+    assert {c['query'] for c in shown} == kept and len(kept) > 1, (shown, by_ranker)
 
 
 @pytest.mark.slow

@@ -707,6 +707,18 @@ def test_a_lone_request_that_fails_is_run_once():
   [result] = run_batcher(batcher_lib.Batcher(run, max_batch=1, max_wait=0, queue_bound=8),
                          ['a'])
   assert isinstance(result, ValueError) and calls == [['a']]
+  # A batch of three with one bad request: run again one at a time, the bad one fails alone.
+  calls.clear()
+
+  def fails_on_bad(requests):
+    calls.append(list(requests))
+    if 'bad' in requests:
+      raise ValueError('bad request')
+    return [r + '!' for r in requests]
+
+  got = batcher_lib._isolated(fails_on_bad, ['a', 'bad', 'c'])  # pylint: disable=protected-access
+  assert [r if isinstance(r, str) else type(r) for r in got] == ['a!', ValueError, 'c!']
+  assert calls == [['a', 'bad', 'c'], ['a'], ['bad'], ['c']]
 
 
 def test_reloads_are_counted_by_outcome_and_the_step_is_the_new_models():
