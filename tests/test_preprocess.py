@@ -344,15 +344,21 @@ def test_chunk_boundaries_and_worker_processes_change_nothing(tmp_path, monkeypa
   rows[60] = HEADER  # a header inside a file, as joined logs have
   paths = [write(tmp_path / 'a.tsv', rows[:90]), write(tmp_path / 'b.tsv.gz', rows[90:])]
   whole = aol_log.read_logs(paths, workers=1)
-  monkeypatch.setattr(aol_log, 'CHUNK_BYTES', 37)  # most lines cross a chunk boundary
-  chunked = aol_log.read_logs(paths, workers=2)
-  assert (chunked.lines_read, chunked.skipped) == (whole.lines_read, whole.skipped) == (
-      202, {'header': 3, 'empty_line': 0, 'bad_field_count': 1, 'bad_user_id': 1,
-            'bad_time': 0, 'empty_query': 0})
-  for field in ('user', 'time', 'num_words', 'text_len', 'text_hash', 'text'):
-    assert np.array_equal(getattr(chunked.records, field), getattr(whole.records, field))
-  with pytest.raises(aol_log.LogFormatError, match=r'a\.tsv:35: bad_field_count'):
-    aol_log.read_logs(paths, strict=True, workers=2)
+  # Worker processes start afresh (spawn), each reading its file whole; in this process a
+  # chunk of 37 bytes makes most lines cross a chunk boundary.
+  in_workers = aol_log.read_logs(paths, workers=2)
+  monkeypatch.setattr(aol_log, 'CHUNK_BYTES', 37)
+  chunked = aol_log.read_logs(paths, workers=1)
+  for read in (in_workers, chunked):
+    assert (read.lines_read, read.skipped) == (whole.lines_read, whole.skipped) == (
+        202, {'header': 3, 'empty_line': 0, 'bad_field_count': 1, 'bad_user_id': 1,
+              'bad_time': 0, 'empty_query': 0})
+    for field in ('user', 'time', 'num_words', 'text_len', 'text_hash', 'text'):
+      assert np.array_equal(getattr(read.records, field), getattr(whole.records, field))
+  # The line a strict read names counts the lines of the chunks before it.
+  for workers in (1, 2):
+    with pytest.raises(aol_log.LogFormatError, match=r'a\.tsv:35: bad_field_count'):
+      aol_log.read_logs(paths, strict=True, workers=workers)
 
 
 def test_strict_mode_names_file_line_and_reason(tmp_path):
@@ -430,10 +436,13 @@ def test_errors_are_one_line_and_name_the_input(tmp_path):
     assert not os.path.exists(workdir)
 
 
-def _many_sessions_log(path, num_sessions=100):
-  """One session of 3 queries per user; each session's first query has a word of its own."""
-  return write(path, [line(u, f'topic{u % 7} q{i} w{(u * i) % 11}' + (f' user{u}' if i == 0
-                                                                        else ''), f'10:0{i}:00')
+def _many_sessions_log(path, num_sessions=100, extra_word=None):
+  """One session of 3 queries per user; each session's first query has a word of its own.
+  `extra_word` (users, word): the word added to every query of those users."""
+  def text(u, i):
+    words = f'topic{u % 7} q{i} w{(u * i) % 11}' + (f' user{u}' if i == 0 else '')
+    return f'{words} {extra_word[1]}' if extra_word and u in extra_word[0] else words
+  return write(path, [line(u, text(u, i), f'10:0{i}:00')
                       for u in range(num_sessions) for i in range(3)])
 
 
@@ -480,6 +489,18 @@ def test_vocabulary_from_training_words_only(tmp_path):
   assert 0 < len(expected) - len(SPECIAL_TOKENS) < len(counts)
   eval_only = {w for s in ('valid', 'test') for t in data[s][2] for w in t.split()} - set(counts)
   assert eval_only  # words the vocabulary must not know
+  # A word as frequent as a kept one, in validation and test sessions only: unknown. (The
+  # same number of sessions and seed split the log the same way.)
+  held = {int(w[4:]) for s in ('valid', 'test') for t in data[s][2] for w in t.split()
+          if w.startswith('user')}
+  frequent = _many_sessions_log(tmp_path / 'frequent.tsv', extra_word=(held, 'evalword'))
+  workdir = str(tmp_path / 'frequent')
+  preprocess.prepare(config(frequent, min_word_count=3, split_fractions=(0.5, 0.3, 0.2)),
+                     workdir)
+  again = corpus(preprocess.data_dir(workdir))
+  uses = sum(t.split().count('evalword') for s in ('valid', 'test') for t in again[s][2])
+  assert uses >= 3 and not any('evalword' in t.split() for t in again['train'][2])
+  assert 'evalword' not in again['vocab']
   for split in sessions_lib.SPLITS:
     queries, _, split_texts = data[split]
     for ids, text in zip(queries, split_texts):
