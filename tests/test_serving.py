@@ -31,7 +31,6 @@ with warnings.catch_warnings():  # starlette's TestClient asks for a package the
   warnings.simplefilter('ignore')
   from fastapi.testclient import TestClient  # pylint: disable=g-import-not-at-top
 
-from configs import default as default_config
 from mtn_jax.inference import pipeline as pipeline_lib
 from mtn_jax.inference import suggest
 from mtn_jax.serving import app as app_lib
@@ -547,20 +546,6 @@ def test_batches_run_at_once_on_the_workers():
     results = run_batcher(batcher_lib.Batcher(run, max_batch=1, max_wait=0, queue_bound=8,
                                               workers=workers), ['a', 'b'])
     assert [r if isinstance(r, str) else type(r) for r in results] == expected, workers
-
-
-def test_workers_by_the_backend_where_none_are_given(monkeypatch):
-  # One rule however the settings are made (from the config or directly): 0 picks by the
-  # backend, two on a CPU and one on an accelerator; a number given is kept.
-  config = default_config.get_config()
-  for backend, expected in (('cpu', 2), ('gpu', 1), ('tpu', 1)):
-    monkeypatch.setattr(service_lib.jax, 'default_backend', lambda b=backend: b)
-    assert service_lib.ServeSettings().workers == expected, backend
-    config.serve.workers = 0
-    assert service_lib.ServeSettings.from_config(config).workers == expected, backend
-    config.serve.workers = 3
-    assert service_lib.ServeSettings.from_config(config).workers == 3, backend
-    assert service_lib.ServeSettings(workers=1).workers == 1, backend
 
 
 def run_with_deadlines(run, scenario, **settings):
@@ -1271,15 +1256,21 @@ def test_serve_settings_are_checked_before_anything_starts():
 
 
 def test_workers_follow_the_backend_unless_set(monkeypatch):
-  """config.serve.workers=0 (the default): two batches at once on a CPU, one on a GPU, where
-  they would only take turns at the host's Python; a number given is kept."""
+  """config.serve.workers=0 (the default): two batches at once on a CPU, one on an
+  accelerator, where they would only take turns at the host's Python; a number given is
+  kept. One rule however the settings are made, from the config or directly (the tests' stub
+  services)."""
   config = cli.config()
   assert config.serve.workers == 0
   assert service_lib.ServeSettings.from_config(config).workers == 2  # the tests' CPU
-  monkeypatch.setattr(service_lib.jax, 'default_backend', lambda: 'gpu')
-  assert service_lib.ServeSettings.from_config(config).workers == 1
-  config.serve.workers = 3
-  assert service_lib.ServeSettings.from_config(config).workers == 3
+  for backend, expected in (('cpu', 2), ('gpu', 1), ('tpu', 1)):
+    monkeypatch.setattr(service_lib.jax, 'default_backend', lambda b=backend: b)
+    assert service_lib.ServeSettings().workers == expected, backend
+    config.serve.workers = 0
+    assert service_lib.ServeSettings.from_config(config).workers == expected, backend
+    config.serve.workers = 3
+    assert service_lib.ServeSettings.from_config(config).workers == 3, backend
+    assert service_lib.ServeSettings(workers=1).workers == 1, backend
 
 
 def test_sigterm_while_preparing_the_service_stops_the_compiling_process_too(tmp_path,

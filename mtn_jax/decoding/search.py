@@ -80,6 +80,11 @@ class SearchSettings:
   def to_dict(self) -> dict:
     return dataclasses.asdict(self)
 
+  def whole_beam(self) -> SearchSettings:
+    """This search keeping every hypothesis in the generator's own order, nothing dropped:
+    the candidates that a strategy, reranking or the user-facing protocol then cuts."""
+    return dataclasses.replace(self, exclude_session_queries=False, top_k=self.beam_size)
+
 
 def length_penalty(length, alpha):
   """GNMT's length penalty ((5 + length) / 6) ** alpha, element-wise (arrays or numbers)."""

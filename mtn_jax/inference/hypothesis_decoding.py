@@ -9,7 +9,6 @@ only when what it depends on (checkpoint step, search settings, the sessions) ch
 
 from __future__ import annotations
 
-import dataclasses
 import os
 
 import ml_collections
@@ -25,10 +24,9 @@ from mtn_jax.training import train
 
 
 def settings(generator: hypothesis_files.Generator) -> search.SearchSettings:
-  # The whole beam, as evaluation decodes it before any strategy drops or cuts a candidate
-  # (`pipeline.Settings.whole_beam`): a top_k below the beam cuts only what is shown.
-  decode = search.SearchSettings.from_config(generator.config.decode)
-  return dataclasses.replace(decode, exclude_session_queries=False, top_k=decode.beam_size)
+  # The whole beam, as evaluation decodes it before any strategy drops or cuts a candidate:
+  # a top_k below the beam cuts only what is shown.
+  return search.SearchSettings.from_config(generator.config.decode).whole_beam()
 
 
 def prepare(config: ml_collections.ConfigDict, workdir: str, split_names: tuple[str, ...],

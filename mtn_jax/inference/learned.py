@@ -427,7 +427,7 @@ def generator_settings(plan: Sequence[tuple[str, int]],
   """The search of the plan's `generate` source: its whole beam of the plan's depth, the
   session's queries kept (what is shown is chosen after ranking)."""
   k = dict(plan).get('generate', settings.beam_size)
-  return dataclasses.replace(settings, exclude_session_queries=False, beam_size=k, top_k=k)
+  return dataclasses.replace(settings, beam_size=k).whole_beam()
 
 
 def search_key(config: ml_collections.ConfigDict) -> dict:

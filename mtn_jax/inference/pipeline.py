@@ -131,10 +131,8 @@ class Settings:
 
   @property
   def whole_beam(self) -> search.SearchSettings:
-    """The search keeping every hypothesis, in the generator's own order, nothing dropped:
-    the generator's candidates, which `show` (or reranking) cuts."""
-    return dataclasses.replace(self.search, exclude_session_queries=False,
-                               top_k=self.search.beam_size)
+    """The generator's candidates, which `show` (or reranking) cuts."""
+    return self.search.whole_beam()
 
 
 def parse_blend(plan: str) -> tuple[tuple[str, int], ...]:
