@@ -181,9 +181,10 @@ def test_data_errors_are_one_line_and_exit_1(tmp_path):
   result = run('--config=configs/demo.py', f'--workdir={tmp_path}', '--mode=decode',
                f'--config.decode.input={binary}')
   assert result.returncode == 1 and 'Traceback' not in result.stderr
-  assert result.stderr.strip() == (f'error: {binary}: not a text file (it holds NUL bytes): '
-                                   'expected one session a line (queries separated by tabs) '
-                                   'or an AOL-format log')
+  assert result.stderr.strip() == (f'error: {binary}: not a text file (1,920 of its first '
+                                   '20,480 bytes are control bytes such as NUL): expected one '
+                                   'session a line (queries separated by tabs) or an '
+                                   'AOL-format log')
   verbose = run('--config=configs/demo.py', f'--workdir={tmp_path}', '--mode=decode',
                 f'--config.decode.input={binary}', '--verbosity=1')
   assert verbose.returncode == 1 and 'Traceback' in verbose.stderr

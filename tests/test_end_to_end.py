@@ -217,7 +217,7 @@ def test_decode_raw_log_suggests_after_every_query(mtn_run, tmp_path):
   counts = summary(result.stdout)
   assert counts['format'] == 'raw' and counts['sessions'] == 3
   assert counts['duplicate_queries'] == 1 and counts['long_queries'] == 1
-  assert counts['skipped_header'] == 1 and counts['skipped_empty_line'] == 1
+  assert counts['skipped_header'] == 1 and counts['empty_lines'] == 1
   assert counts['lines_read'] == 8
   long_query = ' '.join([w[3]] * 10)
   records = read_jsonl(output)

@@ -277,6 +277,50 @@ def test_decode_input_errors_name_the_file_a_folder_and_corrupt_gzip(tmp_path):
     list(inputs.read_sessions_file(str(late), reader, strict=False))
 
 
+def test_a_stray_nul_skips_its_line_and_a_binary_file_is_refused(tmp_path):
+  """A text file with a control character in one line loses that line alone (counted; named
+  with strict), where a file of many control bytes (binary, UTF-16) is no text at all."""
+  path = tmp_path / 'sessions.txt'
+  path.write_bytes(b'boston\thotels\nparis\x00hotels\tbrie\nred sox\n')
+  assert inputs.detect_format(str(path)) == 'sessions'
+  reader = make_reader()
+  contexts = list(inputs.read_sessions_file(str(path), reader, strict=False))
+  assert [c.info['line'] for c in contexts] == [1, 3]
+  assert reader.counts['control_character_lines'] == 1
+  with pytest.raises(inputs.DecodeInputError,
+                     match=r'sessions.txt:2: the line holds the control character U\+0000'):
+    list(inputs.read_sessions_file(str(path), make_reader(), strict=True))
+  # A Latin-1 line's C1 bytes are its code page's punctuation, as in the log: kept.
+  path.write_bytes(b'rock \x92n roll\n')
+  reader = make_reader()
+  assert len(list(inputs.read_sessions_file(str(path), reader, strict=True))) == 1
+  utf16 = tmp_path / 'utf16.txt'
+  utf16.write_bytes('boston\thotels\n'.encode('utf-16'))
+  with pytest.raises(inputs.DecodeInputError, match=r'utf16.txt: not a text file \(14 of its '
+                     r'first 30 bytes are control bytes such as NUL\)'):
+    inputs.detect_format(str(utf16))
+
+
+def test_a_headerless_log_with_malformed_lines_is_a_log_and_no_file_mixes_forms(tmp_path):
+  """Log lines of a wrong field count still read as a log's (the log reader counts them),
+  not as sessions whose queries would be user ids and times; a log line inside a sessions
+  file is named rather than suggested after."""
+  good = [f'7\tq{i}\t2006-03-01 10:0{i}:00\n' for i in range(2)]
+  four_fields = [f'7\tr{i}\t2006-03-01 10:1{i}:00\t1\n' for i in range(3)]
+  path = tmp_path / 'log.txt'
+  path.write_text(''.join(good + four_fields), encoding='utf-8')
+  assert inputs.detect_format(str(path)) == 'raw'
+  reader = make_reader()
+  contexts = list(inputs.read_raw_log(str(path), reader, data_config(), chunk_sessions=2))
+  assert [c.queries for c in contexts] == [('q0', 'q1')]
+  assert reader.counts['skipped_bad_field_count'] == 3
+  path.write_text('cheap flights\tboston\n' * 3 + good[0], encoding='utf-8')
+  assert inputs.detect_format(str(path)) == 'sessions'
+  with pytest.raises(inputs.DecodeInputError,
+                     match=r'log.txt:4: a line of an AOL-format log in a file read as sessions'):
+    list(inputs.read_sessions_file(str(path), make_reader(), strict=False))
+
+
 def data_config(gap=30.0):
   return ml_collections.ConfigDict({'session_gap_minutes': gap, 'strict': False,
                                     'history_queries': 0})
@@ -303,7 +347,7 @@ def test_raw_log_is_sessionized_with_references(tmp_path):
   ]
   assert reader.counts['duplicate_queries'] == 1
   assert reader.counts['long_queries'] == 1
-  assert reader.counts['skipped_header'] == 1 and reader.counts['skipped_empty_query'] == 1
+  assert reader.counts['skipped_header'] == 1 and reader.counts['empty_queries'] == 1
   assert reader.counts['lines_read'] == 7
 
 

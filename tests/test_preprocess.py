@@ -107,7 +107,7 @@ def test_tiny_log_files_exact(tmp_path):
   assert stats == {
       'lines_read': 8, 'latin1_lines': 0,
       'skipped': {'header': 1, 'empty_line': 0, 'bad_field_count': 0, 'bad_user_id': 0,
-                  'bad_time': 0,
+                  'bad_time': 0, 'control_character': 0,
                   'empty_query': 0, 'duplicate_query': 1, 'long_query': 0,
                   'session_too_short': 0, 'session_too_long': 0},
       'train': {'sessions': 2, 'pairs': 4}, 'valid': {'sessions': 0, 'pairs': 0},
@@ -352,7 +352,7 @@ def test_chunk_boundaries_and_worker_processes_change_nothing(tmp_path, monkeypa
   for read in (in_workers, chunked):
     assert (read.lines_read, read.skipped) == (whole.lines_read, whole.skipped) == (
         202, {'header': 3, 'empty_line': 0, 'bad_field_count': 1, 'bad_user_id': 1,
-              'bad_time': 0, 'empty_query': 0})
+              'bad_time': 0, 'control_character': 0, 'empty_query': 0})
     for field in ('user', 'time', 'num_words', 'text_len', 'text_hash', 'text'):
       assert np.array_equal(getattr(read.records, field), getattr(whole.records, field))
   # The line a strict read names counts the lines of the chunks before it.
@@ -370,6 +370,12 @@ def test_strict_mode_names_file_line_and_reason(tmp_path):
   assert str(error.value) == (f'{log}:4: bad_time: QueryTime is not a valid '
                               'YYYY-MM-DD HH:MM:SS')
   assert not os.path.exists(preprocess.data_dir(str(tmp_path / 'w')))
+  # A query holding a NUL byte is malformed too (no typed query holds one).
+  nul = write(tmp_path / 'nul.tsv', [line(1, 'a', '10:00:00'),
+                                     b'1\tparis\x00hotels\t2006-03-01 10:01:00'])
+  with pytest.raises(aol_log.LogFormatError, match=r'nul\.tsv:3: control_character: the query'):
+    aol_log.read_log(nul, strict=True)
+  assert aol_log.read_log(nul).skipped['control_character'] == 1
   # A line that is not UTF-8 is no malformed line: it is read as Latin-1.
   latin1 = write(tmp_path / 'u.tsv', [line(1, 'a', '10:00:00'),
                                       b'1\tcaf\xe9\t2006-03-01 10:00:00'])
@@ -384,6 +390,7 @@ def test_every_line_is_counted_once(tmp_path):
           line('x', 'b', '10:03:00'),  # bad_user_id
           line(1, 'b', '2006-03-32 10:00:00'),  # bad_time
           b'1\t\xff\xfe\t2006-03-01 10:04:00\t\t',  # Latin-1: a query of the session
+          b'1\tb\x00c\t2006-03-01 10:04:30',  # control_character
           line(1, '-', '10:05:00'), line(1, '   ', '10:05:00'),  # empty_query
           line(2, 'l ' * 11, '10:00:00'), line(2, 'm', '10:01:00'),  # long_query
           line(3, 's', '10:00:00'), line(3, 't', '10:01:00'),  # session_too_short
@@ -392,8 +399,8 @@ def test_every_line_is_counted_once(tmp_path):
                                     split_fractions=(1.0, 0.0, 0.0)), str(tmp_path / 'w'))
   assert stats['skipped'] == {
       'header': 1, 'empty_line': 1, 'bad_field_count': 1, 'bad_user_id': 1, 'bad_time': 1,
-      'empty_query': 2, 'duplicate_query': 1, 'long_query': 2, 'session_too_short': 2,
-      'session_too_long': 6}
+      'control_character': 1, 'empty_query': 2, 'duplicate_query': 1, 'long_query': 2,
+      'session_too_short': 2, 'session_too_long': 6}
   assert stats['latin1_lines'] == 1
   kept = sum(stats[s]['sessions'] + stats[s]['pairs'] for s in sessions_lib.SPLITS)
   assert kept == 4
@@ -602,7 +609,7 @@ def test_real_sample(aol_sample, tmp_path):
   assert stats == {
       'lines_read': 157075, 'latin1_lines': 0,
       'skipped': {'header': 1, 'empty_line': 0, 'bad_field_count': 0, 'bad_user_id': 0,
-                  'bad_time': 0,
+                  'bad_time': 0, 'control_character': 0,
                   'empty_query': 0, 'duplicate_query': 19984,
                   'long_query': 1626, 'session_too_short': 77219, 'session_too_long': 18100},
       'train': {'sessions': 10669, 'pairs': 27455}, 'valid': {'sessions': 281, 'pairs': 725},

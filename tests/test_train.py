@@ -459,9 +459,9 @@ def test_train_says_what_it_preprocessed_and_where_everything_is(reference_run,
   assert 'Reusing the corpus in' in again.stdout  # nothing rebuilt, and it says so
 
 
-def test_a_damaged_checkpoint_is_named_in_one_error_with_the_one_before(tmp_path):
+def test_a_damaged_checkpoint_is_named_in_one_error_with_what_to_fall_back_on(tmp_path):
   """Truncated parameters or a garbage metadata file: one error naming the checkpoint and
-  the earlier one to fall back on, not orbax's or tensorstore's traceback."""
+  the one the folder gives without it, not orbax's or tensorstore's traceback."""
   from mtn_jax.data.vocab import SPECIAL_TOKENS, Vocab  # pylint: disable=g-import-not-at-top
   params = {'w': np.arange(4096, dtype=np.float32).reshape(64, 64)}
   manager = checkpoints.open_manager(str(tmp_path), keep=3)
@@ -484,6 +484,24 @@ def test_a_damaged_checkpoint_is_named_in_one_error_with_the_one_before(tmp_path
     checkpoints.restore(reader, 2, abstract_params=abstract)
   assert str(error.value).endswith('; move it out of the folder to use step 1')
   assert '\n' not in str(error.value)
+  # Where the newest of the others names an earlier one as best, both are named: the best
+  # is what decoding and serving load, the latest what a resumed run continues from.
+  other = tmp_path / 'other'
+  manager = checkpoints.open_manager(str(other), keep=3)
+  for step, best in ((1, 1), (2, 1), (3, 3)):
+    checkpoints.save(manager, step, params=params, train_state={'step': np.int32(step)},
+                     data_iter={}, meta={'best_step': best},
+                     vocab=Vocab(SPECIAL_TOKENS + ('a',)))
+  manager.wait_until_finished()
+  params_dir = other / 'checkpoints' / '3' / 'params'
+  with open(max((p for p in params_dir.rglob('*') if p.is_file()),
+                key=lambda p: p.stat().st_size), 'r+b') as f:
+    f.truncate(100)
+  with pytest.raises(checkpoints.DamagedCheckpoint) as error:
+    checkpoints.restore(checkpoints.open_manager(str(other), read_only=True), 3,
+                        abstract_params=abstract)
+  assert str(error.value).endswith('; move it out of the folder to use the others (then the '
+                                   'best: step 1; the latest: step 2)')
   (step_dir / 'meta' / 'metadata').write_text('garbage')
   with pytest.raises(checkpoints.DamagedCheckpoint, match='JSONDecodeError'):
     checkpoints.read_meta(reader, 2)
@@ -492,7 +510,7 @@ def test_a_damaged_checkpoint_is_named_in_one_error_with_the_one_before(tmp_path
 def test_a_checkpoint_whose_values_changed_on_disk_is_refused_by_their_digest(tmp_path):
   """A bit flipped in a data file after the save: orbax reads it back as other values, without
   complaint; the values' digest saved with the checkpoint names the item, in one error with
-  the checkpoint before it. A checkpoint without the digest (older code) reads as before."""
+  the checkpoint the folder gives without it. A checkpoint without the digest (older code) reads as before."""
   import jax  # pylint: disable=g-import-not-at-top
   from mtn_jax.data.vocab import SPECIAL_TOKENS, Vocab  # pylint: disable=g-import-not-at-top
   params = {'w': np.arange(4096, dtype=np.float32).reshape(64, 64)}
@@ -514,14 +532,15 @@ def test_a_checkpoint_whose_values_changed_on_disk_is_refused_by_their_digest(tm
   reader = checkpoints.open_manager(str(tmp_path), read_only=True)
   flip_a_bit(tmp_path / 'checkpoints' / '2' / 'params')
   flip_a_bit(tmp_path / 'checkpoints' / '3' / 'train')
-  for step, item, read_train in ((2, 'params', False), (3, 'train', True)):
+  # Without step 2 the folder's best and latest is 3; without 3, 2.
+  for step, item, read_train, then in ((2, 'params', False, 3), (3, 'train', True, 2)):
     with pytest.raises(checkpoints.DamagedCheckpoint) as error:
       checkpoints.restore(reader, step, abstract_params=abstract,
                           abstract_train_state=abstract_train if read_train else None)
     assert str(error.value) == (
         f'{tmp_path}/checkpoints/{step}: a damaged or incomplete checkpoint (the values read '
         f'from {item}/ are not those saved: its files changed after it was written); move it '
-        f'out of the folder to use step {step - 1}')
+        f'out of the folder to use step {then}')
   # Offline decoding reads only the params: the damaged train state of step 3 is not read.
   np.testing.assert_array_equal(
       checkpoints.restore(reader, 3, abstract_params=abstract)['params']['w'], params['w'])

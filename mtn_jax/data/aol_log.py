@@ -39,9 +39,11 @@ under the first reason of `REASONS` that applies to it.
    first, or one inside a file where logs were joined; a UTF-8 byte-order mark before it is
    no part of it), `empty_line` (nothing on the line),
    `bad_field_count` (not 3 or 5 tab-separated fields), `bad_user_id` (AnonID is not 1 to 18
-   digits), `bad_time` (not a valid `YYYY-MM-DD HH:MM:SS`), `empty_query` (no words, or the
-   log's `-` placeholder for a removed query). The three before `empty_query` are malformed
-   lines: with `strict=True` the first of them raises
+   digits), `bad_time` (not a valid `YYYY-MM-DD HH:MM:SS`), `control_character` (the query
+   holds an ASCII control character that is not whitespace, NUL or ESC: no typed query
+   does, and the service refuses them, `CONTROL_CHARACTERS`), `empty_query` (no words, or
+   the log's `-` placeholder for a removed query). The four before `empty_query` are
+   malformed lines: with `strict=True` the first of them raises
    `LogFormatError` naming `file:line` and the reason (`-` queries are the real log's own
    content, so strict mode only counts them). Lines skipped here take no part in sessions.
 2. Sessions (`sessionize`): per user, records in time order; equal times keep their input
@@ -93,10 +95,10 @@ import numpy as np
 from mtn_jax import errors
 
 LINE_REASONS = ('header', 'empty_line', 'bad_field_count', 'bad_user_id', 'bad_time',
-                'empty_query')
+                'control_character', 'empty_query')
 SESSION_REASONS = ('duplicate_query', 'long_query', 'session_too_short', 'session_too_long')
 REASONS = LINE_REASONS + SESSION_REASONS
-MALFORMED = ('bad_field_count', 'bad_user_id', 'bad_time')
+MALFORMED = ('bad_field_count', 'bad_user_id', 'bad_time', 'control_character')
 LONG_QUERY_POLICIES = ('drop_session', 'split_session', 'truncate')
 
 _WHY = {
@@ -104,13 +106,25 @@ _WHY = {
                        '(AnonID, Query, QueryTime[, ItemRank, ClickURL])',
     'bad_user_id': 'AnonID is not a number of 1 to 18 digits',
     'bad_time': 'QueryTime is not a valid YYYY-MM-DD HH:MM:SS',
+    'control_character': 'the query holds an ASCII control character (NUL, ESC, ...)',
 }
+# Characters no query may hold: the control characters that are not whitespace (NUL, BEL,
+# ESC, DEL; a typed query or a request not the C1 controls either). Whitespace, tab and newline
+# included, separates words. Regular expression class bodies, in the syntax Python and JSON
+# Schema (ECMA-262) share (the service's OpenAPI description). A file's lines are checked for
+# the ASCII ones (the C1 controls are in a log's Latin-1 lines the Windows code page's
+# punctuation, kept).
+ASCII_CONTROL_CHARACTERS = r'\x00-\x08\x0e-\x1b\x7f'
+CONTROL_CHARACTERS = ASCII_CONTROL_CHARACTERS + r'\x80-\x84\x86-\x9f'
+# bool [256]: the ASCII control characters, by byte.
+CONTROL_BYTE = np.array([re.fullmatch(f'[{ASCII_CONTROL_CHARACTERS}]', chr(b)) is not None
+                         for b in range(0x100)])
 # A line's status: 0 for a record, else 1 + the index of its reason in LINE_REASONS.
 _RECORD = 0
 _CODE = {reason: i + 1 for i, reason in enumerate(LINE_REASONS)}
 _MALFORMED_CODES = np.array([_CODE[r] for r in MALFORMED])
 # Lines whose AnonID and QueryTime parse: a file without any is not a query log.
-_PARSED_CODES = np.array([_RECORD, _CODE['empty_query']])
+_PARSED_CODES = np.array([_RECORD, _CODE['control_character'], _CODE['empty_query']])
 
 # Big enough that numpy's per-call overhead vanishes, small enough that the per-byte
 # temporaries of a chunk stay near 200 MB.
@@ -120,6 +134,7 @@ PARALLEL_MIN_BYTES = 32 << 20
 # A file none of whose first lines parses is not a query log: stop reading it there.
 _SNIFF_LINES = 1000
 _MAX_USER_DIGITS = 18  # any such number fits in int64
+_DEL = 0x7f
 _TIME_LEN = len('2006-03-01 15:58:56')
 _TIME_DIGITS = np.array([0, 1, 2, 3, 5, 6, 8, 9, 11, 12, 14, 15, 17, 18])
 _TIME_SEPARATORS = {4: ord('-'), 7: ord('-'), 10: ord(' '), 13: ord(':'), 16: ord(':')}
@@ -515,6 +530,15 @@ def _parse_chunk(buf: bytearray) -> tuple[np.ndarray, Records]:
   time, ok = _parse_times(buf, query_end + 1, time_end)
   rows, user, time, query_begin, query_end = reject(ok, 'bad_time', user, time, user_end + 1,
                                                     query_end)
+  # Such bytes are rare: two quick counts usually show that a chunk has none.
+  if (np.count_nonzero(data < _SPACE) == len(tabs) + num_lines
+      and not np.count_nonzero(data == _DEL)):
+    controls = np.zeros(0, np.int64)
+  else:
+    controls = np.flatnonzero(CONTROL_BYTE[data])
+  rows, user, time, query_begin, query_end = reject(
+      _count_in(controls, query_begin, query_end) == 0, 'control_character', user, time,
+      query_begin, query_end)
   query_end, num_words = _query_words(buf, data, num_lines, query_begin, query_end)
   text_len = query_end - query_begin
   dash = (text_len == 1) & (data[query_begin] == _DASH)

@@ -8,14 +8,17 @@ its first `FORMAT_LINES` non-empty lines (the form at least half of them have: a
 first line is malformed is still a log):
   sessions  one session a line, its queries separated by tabs; suggestions are made after the
             LAST query of each line;
-  raw log   an AOL-format log (`AnonID` header line, or 3 or 5 tab-separated fields with a
-            `YYYY-MM-DD HH:MM:SS` time in the third): read and sessionized by
+  raw log   an AOL-format log (`AnonID` header line, or tab-separated fields, a user number
+            first and a `YYYY-MM-DD HH:MM:SS` time third): read and sessionized by
             `mtn_jax.data.aol_log` with the data config's rules (session gap, successive
             duplicates removed), over-long queries cut rather than dropped and sessions of any
             length kept; suggestions are made after every query of every session, with the
             next query as the reference where there is one.
-Queries are normalised as the corpus's are (`aol_log.normalize_query`: lower-cased, words on
-single spaces), and a line that is not UTF-8 is read as Latin-1 (counted). What the model
+A sessions file holding a log's line is refused, naming it (the form was told by the first
+lines). Queries are normalised as the corpus's are (`aol_log.normalize_query`: lower-cased,
+words on single spaces), a line that is not UTF-8 is read as Latin-1 (counted), and a line
+holding an ASCII control character (NUL, ESC) is skipped and counted, as the log reader skips
+a log's (a file of many control bytes is no text, refused). What the model
 cannot take is adapted and counted: empty lines and empty queries are skipped, words outside
 the vocabulary become `<unk>`, queries longer than the words the model reads
 (`Trained.query_words`) are cut to their first words (with subword pieces, a query of more
@@ -47,18 +50,18 @@ from mtn_jax.data.vocab import Vocab
 
 _TIME = re.compile(r'\d{4}-\d{2}-\d{2} \d{2}:\d{2}:\d{2}')
 _GZIP_MAGIC = b'\x1f\x8b'
-# Characters a typed query or a request may not hold: the control characters that are not
-# whitespace (NUL, BEL, ESC, DEL, the C1 controls), and lone surrogates (not text). Whitespace,
-# tab and newline included, separates words as in training. A regular expression class body,
-# in the syntax Python and JSON Schema (ECMA-262) share (the service's OpenAPI description).
-CONTROL_CHARACTERS = r'\x00-\x08\x0e-\x1b\x7f-\x84\x86-\x9f'
-_REFUSED_CHARACTER = re.compile(rf'[{CONTROL_CHARACTERS}\ud800-\udfff]')
+# Characters a query may not hold: the log's control characters (`aol_log.CONTROL_CHARACTERS`:
+# NUL, ESC, the C1 controls, ...), and lone surrogates (not text).
+_REFUSED_CHARACTER = re.compile(rf'[{aol_log.CONTROL_CHARACTERS}\ud800-\udfff]')
+_REFUSED_IN_A_FILE = re.compile(f'[{aol_log.ASCII_CONTROL_CHARACTERS}]')
 
 
-def refused_character(text: str) -> str | None:
+def refused_character(text: str, in_a_file: bool = False) -> str | None:
   """The first character of `text` that no query may hold, named ('the control character
-  U+0007', 'the lone surrogate U+D800'), else None."""
-  found = _REFUSED_CHARACTER.search(text)
+  U+0007', 'the lone surrogate U+D800'), else None: a typed query or a request holding one
+  is asked again or refused. `in_a_file`: a decode input's line, whose ASCII control
+  characters alone are refused, as the log reader's (`aol_log.CONTROL_CHARACTERS`)."""
+  found = (_REFUSED_IN_A_FILE if in_a_file else _REFUSED_CHARACTER).search(text)
   if found is None:
     return None
   code = ord(found.group())
@@ -174,11 +177,13 @@ class QueryReader:
 
 
 def is_raw_log_line(line: str) -> bool:
-  """Whether a line looks like an AOL log line or its header rather than a session."""
+  """Whether a line looks like an AOL log line or its header rather than a session: a user
+  number, then a query and a time (a line of another field count too: a malformed log line,
+  which the log reader counts, is no session whose queries are a number and a time)."""
   if line.startswith('AnonID\t'):
     return True
   fields = line.rstrip('\r\n').split('\t')
-  return (len(fields) in (3, 5) and fields[0].strip().isdigit()
+  return (len(fields) >= 3 and fields[0].strip().isdigit()
           and _TIME.fullmatch(fields[2].strip()) is not None)
 
 
@@ -211,6 +216,8 @@ def _is_gzip(path: str) -> bool:
 
 # The non-empty lines a decode input's form is told by (the module docstring).
 FORMAT_LINES = 100
+# A file whose first bytes are more than 1 / this control bytes is no text.
+BINARY_SHARE = 100
 
 
 def detect_format(path: str) -> str:
@@ -223,9 +230,14 @@ def detect_format(path: str) -> str:
       head = f.read(1 << 16)
     except (gzip.BadGzipFile, EOFError, zlib.error) as e:
       raise DecodeInputError(f'{path}: corrupt or truncated gzip data ({e})') from None
-    if b'\0' in head:  # no text file holds a NUL byte; binary files mostly do
-      raise DecodeInputError(f'{path}: not a text file (it holds NUL bytes): expected one '
-                             'session a line (queries separated by tabs) or an AOL-format log')
+    # Text holds control bytes rarely (a stray NUL: its line is skipped and counted), binary
+    # data often (random bytes 9 %, UTF-16 text half its bytes).
+    controls = int(np.count_nonzero(aol_log.CONTROL_BYTE[np.frombuffer(head, np.uint8)]))
+    if controls > max(1, len(head) // BINARY_SHARE):
+      raise DecodeInputError(f'{path}: not a text file ({controls:,} of its first '
+                             f'{len(head):,} bytes are control bytes such as NUL): expected '
+                             'one session a line (queries separated by tabs) or an AOL-format '
+                             'log')
   lines = raw = read = 0
   for lines, line in _lines(path, strict=False, counts=collections.Counter()):
     if line.strip():
@@ -240,11 +252,28 @@ def detect_format(path: str) -> str:
 
 
 def read_sessions_file(path: str, reader: QueryReader, strict: bool) -> Iterator[Context]:
-  """One Context per non-empty line of a sessions file."""
+  """One Context per non-empty line of a sessions file. A line holding a control character
+  (`refused_character`) is skipped and counted ('control_character_lines'; with `strict`,
+  the first raises naming it); a line of an AOL log (`is_raw_log_line`) raises naming it: the
+  file's first lines read as sessions, and a file is one form or the other."""
   for number, line in _lines(path, strict, reader.counts):
+    if is_raw_log_line(line):
+      raise DecodeInputError(
+          f'{path}:{number}: a line of an AOL-format log in a file read as sessions (most '
+          f'of its first {FORMAT_LINES} lines are sessions): give the log or the sessions '
+          'alone')
+    if refused := refused_character(line, in_a_file=True):
+      if strict:
+        raise DecodeInputError(f'{path}:{number}: the line holds {refused}')
+      reader.counts['control_character_lines'] += 1
+      continue
     context = reader.session_line(line, number)
     if context is not None:
       yield context
+
+
+_LOG_COUNTS = {'empty_line': 'empty_lines', 'empty_query': 'empty_queries',
+               'control_character': 'control_character_lines'}
 
 
 def read_raw_log(path: str, reader: QueryReader, data: ml_collections.ConfigDict,
@@ -262,9 +291,11 @@ def read_raw_log(path: str, reader: QueryReader, data: ml_collections.ConfigDict
     raise DecodeInputError(str(e)) from None
   reader.counts['lines_read'] += log.lines_read
   reader.counts['latin1_lines'] += log.latin1_lines
+  # Its empty lines and queries and its lines holding a control character as a sessions
+  # file's are counted; its other skips by reason.
   for reason, count in log.skipped.items():
     if count:
-      reader.counts[f'skipped_{reason}'] += count
+      reader.counts[_LOG_COUNTS.get(reason, f'skipped_{reason}')] += count
   # Every query is kept: long ones are cut (by QueryReader, which counts them) and sessions
   # of any length are suggested after.
   found = aol_log.sessionize(log.records, gap_minutes=data.session_gap_minutes,

@@ -73,6 +73,7 @@ _COUNT_WORDS = {
     'latin1_lines': 'lines that are not UTF-8 read as Latin-1',
     'empty_lines': 'empty lines skipped',
     'empty_queries': 'empty queries skipped',
+    'control_character_lines': 'lines holding a control character skipped',
     'duplicate_queries': 'successive duplicate queries removed',
     'oov_words': 'words outside the vocabulary became <unk>',
     'long_queries': 'queries cut to {n}',

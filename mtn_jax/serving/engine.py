@@ -31,6 +31,7 @@ from collections.abc import Sequence
 import jax
 import ml_collections
 
+from mtn_jax.data import aol_log
 from mtn_jax.inference import inputs
 from mtn_jax.inference import pipeline as pipeline_lib
 from mtn_jax.inference import suggest
@@ -40,7 +41,7 @@ MAX_K = 20  # the most suggestions a request may ask for
 # A query or a user holds none of `inputs.refused_character`'s characters. The OpenAPI
 # description names the controls alone (a surrogate range is no pattern a Rust or Go validator
 # compiles).
-_CONTROL = inputs.CONTROL_CHARACTERS
+_CONTROL = aol_log.CONTROL_CHARACTERS
 TEXT_PATTERN = f'^[^{_CONTROL}]*$'  # a user, in the OpenAPI description
 # The characters str.split() separates words at, spelt out: `\s` differs between Python and
 # ECMA-262 (U+001C..U+001F, U+0085, U+FEFF).

@@ -60,16 +60,25 @@ def _one_error(describe: Callable[[str], errors.Error]):
 
 
 def _damaged(manager: ocp.CheckpointManager, step: int, cause: str) -> DamagedCheckpoint:
-  """Checkpoint `step` cannot be used because of `cause`: named, with the one before it."""
-  earlier = [s for s in manager.all_steps() if s < step]
+  """Checkpoint `step` cannot be used because of `cause`: named, with what the folder gives
+  without it (the best checkpoint its newest remaining one names, and that newest one, which
+  a resumed run continues from)."""
+  others = sorted(s for s in manager.all_steps() if s != step)
+  advice = ''
+  if others:
+    best = _LatestAndBest(str(manager.directory), keep=0)._named_best(others)  # pylint: disable=protected-access
+    if best in others and best != others[-1]:
+      advice = (f'; move it out of the folder to use the others (then the best: step {best}; '
+                f'the latest: step {others[-1]})')
+    else:
+      advice = f'; move it out of the folder to use step {others[-1]}'
   return DamagedCheckpoint(
       f'{os.path.join(str(manager.directory), str(step))}: a damaged or incomplete '
-      f'checkpoint ({cause})'
-      + (f'; move it out of the folder to use step {max(earlier)}' if earlier else ''))
+      f'checkpoint ({cause}){advice}')
 
 
 def _reading(manager: ocp.CheckpointManager, step: int):
-  """Reading checkpoint `step`: a damaged file is named, with the checkpoint before it."""
+  """Reading checkpoint `step`: a damaged file is named, with what to use instead."""
   return _one_error(lambda cause: _damaged(manager, step, cause))
 
 
