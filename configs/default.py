@@ -260,12 +260,18 @@ def get_config(variant: str = '') -> ml_collections.ConfigDict:
   if not variant:
     return c
   families.use(c, variant)
-  # What the shared keys' defaults must be for the model to train with every other default:
+  # What the shared keys' defaults must be for the model to train with every other default,
+  # or for none to be set that it does not read:
   # the Transformer schedule scales the rate by d_model, which the recurrent, zero attention
   # and IMDNA models lack (Adam at a constant 1e-3, the paper's M-NSRF rate, instead); the
   # zero attention model reads each user's earlier queries.
   if 'd_model' not in c.model:
     c.train.schedule, c.train.learning_rate = 'constant', 1e-3
+  # Label smoothing is a generator's (over the vocabulary): the rankers', the zero attention
+  # and IMDNA models' losses are over candidates and read none.
+  if variant not in families.GENERATORS:
+    c.train.label_smoothing = 0.0
   if variant == 'zam':
     c.data.history_queries = 20
+    c.model.dropout = 0.0  # the family has none
   return c

@@ -1,4 +1,4 @@
-"""The keys of each model family under `config.model`, beside those every model reads
+"""The keys of each model family under `config.model`, beside those every model holds
 (configs/default.py), with the paper's values where the paper gives one.
 
 A config file names its model with `use(c, NAME)` (or starts from
@@ -7,7 +7,9 @@ gives `config.model` that model's keys and no other family's: a key under `confi
 a field of its model's config class (`mtn_jax.models.REGISTRY` pairs each name with its
 class), one the model reads or, for the rankers' keys of the layers they share with MTN and
 its decoder (`UNREAD_KEYS` in mtn_jax/models/polyencoder.py), one that must stay at its
-default. `--config.model.KEY=VALUE` for a key of another family fails naming the models that
+default. A key every model holds that a model does not read (ZAM's `dropout`) must keep the
+value that says so (its config class's `INERT_FIELDS`, in mtn_jax/models).
+`--config.model.KEY=VALUE` for a key of another family fails naming the models that
 read it, and `--config.model.name` changed on the command line fails naming a key the new
 model lacks or does not read.
 """
@@ -116,6 +118,11 @@ FAMILIES = {
     'biencoder': ranker, 'polyencoder': ranker, 'crossencoder': ranker,
     'imdna': imdna,
 }
+
+
+# The models that write suggestions word by word (`mtn_jax.tasks.Suggests`): their loss is over
+# the vocabulary, and they alone read config.train.label_smoothing and loss_chunk_tokens.
+GENERATORS = ('mtn', 'transformer', 'seq2seq', 'hred', 'mnsrf')
 
 
 def keys(name: str) -> tuple[str, ...]:

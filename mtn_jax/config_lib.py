@@ -259,6 +259,9 @@ def _check_train(config, model_class) -> None:
   from mtn_jax import tasks  # pylint: disable=g-import-not-at-top
   task_class = tasks.task_class(m)
   # The training keys only some tasks read: set for another, they would change nothing.
+  if t.label_smoothing and not issubclass(task_class, tasks.Suggests):
+    raise ConfigError('config.train.label_smoothing smooths a generator\'s targets over the '
+                      f'vocabulary; {m.name!r} scores candidates and reads none (set it to 0)')
   if t.entropy_weight and not issubclass(task_class, tasks.Suggests):
     raise ConfigError('config.train.entropy_weight regularises a generator\'s output '
                       f'distribution over the vocabulary; {m.name!r} has none (set it to 0)')

@@ -299,6 +299,30 @@ def test_a_rankers_key_it_does_not_read_is_refused(name, key, value, reader):
   config_lib.validate(c)
 
 
+@pytest.mark.parametrize('name, key, value', [
+    ('zam', 'dropout', 0.1), ('zam', 'compute_dtype', 'bfloat16'),
+    ('zam', 'share_embeddings', True), ('imdna', 'tie_embeddings', True),
+    ('imdna', 'compute_dtype', 'bfloat16'), ('crossencoder', 'tie_embeddings', True),
+])
+def test_a_key_every_model_holds_is_refused_where_the_model_does_not_read_it(name, key, value):
+  """Every model's config holds dropout, the word tables' sharing and the compute dtype
+  (configs/default.py); a model that reads one not (ZAM has no dropout, no ranker an output
+  layer) refuses it set to anything but the value that says so, which its config holds."""
+  if name == 'imdna':
+    from configs import imdna_aol  # pylint: disable=g-import-not-at-top
+    c = imdna_aol.get_config()
+    c.data.raw_files = 'log.tsv'
+  else:
+    c = default.get_config(name)
+    c.data.source = 'demo'
+  config_lib.validate(c)
+  inert = c.model[key]
+  c.model[key] = value
+  with pytest.raises(config_lib.ConfigError, match=re.escape(
+      f"config.model.{key}={value!r}: {name!r} does not read it (leave it at {inert!r})")):
+    config_lib.validate(c)
+
+
 @pytest.mark.parametrize('name, strategy', [('polyencoder', 'learned'), ('zam', 'blend'),
                                             ('crossencoder', 'rerank')])
 def test_a_strategy_over_a_generators_beam_is_refused_for_a_ranker(name, strategy):
@@ -316,9 +340,15 @@ def test_a_strategy_over_a_generators_beam_is_refused_for_a_ranker(name, strateg
     ('polyencoder', 'entropy_weight', 0.1, "config.train.entropy_weight regularises a "
                                            "generator's output"),
     ('imdna', 'user_folds', 2, "'imdna' trains on data of its own"),
+    ('crossencoder', 'label_smoothing', 0.05, "config.train.label_smoothing smooths a "
+                                              "generator's targets"),
+    ('zam', 'label_smoothing', 0.1, "'zam' scores candidates and reads none"),
+    ('imdna', 'label_smoothing', 0.05, "'imdna' scores candidates and reads none"),
     ('zam', 'user_folds', 2, "config.model.user_model='hem' learns a vector per training user"),
 ])
 def test_a_training_key_the_task_does_not_read_is_refused(name, key, value, message):
+  """Set for a task that does not read it (and left at its default, which for such a task
+  is the value that changes nothing), a training key is refused."""
   if name == 'imdna':
     from configs import imdna_aol  # pylint: disable=g-import-not-at-top
     c = imdna_aol.get_config()
@@ -331,6 +361,17 @@ def test_a_training_key_the_task_does_not_read_is_refused(name, key, value, mess
     c.model.user_model = 'hem'
   with pytest.raises(config_lib.ConfigError, match=re.escape(message)):
     config_lib.validate(c)
+  c.train[key] = 0
+  config_lib.validate(c)
+
+
+def test_the_generators_are_the_models_that_suggest_word_by_word():
+  """configs/families.py's list (which sets the others' label smoothing to 0) is the
+  tasks'."""
+  from mtn_jax import models, tasks  # pylint: disable=g-import-not-at-top
+  assert set(families.GENERATORS) == {
+      n for n in models.REGISTRY
+      if issubclass(tasks.task_class(default.get_config(n).model), tasks.Suggests)}
 
 
 def test_the_rankers_mbr_is_for_rerank_only():

@@ -212,9 +212,14 @@ def test_train_refits_a_damaged_ranker_and_refuses_other_folds(learned_run, tmp_
   assert ("was trained with sources 'generate:4,popular:4,cooccurring:4,templates:4', not "
           "the config's 'generate:10,popular:10' and config.decode.length_penalty=0.6, not the "
           "config's 2.0: its own are used" in noted.stdout), noted.stdout
+  # config.decode.beam_size is not the learned strategy's (the plan's generate:N is): a run
+  # whose beam size differs says so, and searches as one whose beam size is the plan's.
+  assert ("the learned strategy's generator searches a beam of 4 (the ranker's source "
+          "generate:4), not config.decode.beam_size=5" in noted.stdout), noted.stdout
   own = tmp_path / 'own.jsonl'
-  cli.run(copy, *FEW, *LEARNED, f'--config.decode.input={sessions_file}',
-          f'--config.decode.output={own}', mode='decode')
+  quiet = cli.run(copy, *FEW, *LEARNED, f'--config.decode.input={sessions_file}',
+                  f'--config.decode.output={own}', '--config.decode.beam_size=4', mode='decode')
+  assert 'searches a beam of' not in quiet.stdout, quiet.stdout
   assert output.read_text() == own.read_text()
   # The ranker is stale once its fold generators' best checkpoints or the features computed
   # are not those it was trained on (older records, holding no steps, are taken as current).

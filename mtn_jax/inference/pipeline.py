@@ -394,6 +394,11 @@ class Pipeline:
           log(f'Note: the learned ranker in {learned.ranker_dir(workdir)} was trained with '
               f'{" and ".join(differs)}: its own are used (--mode=train refits it to the '
               'config).')
+        depth = dict(ranker.sources).get('generate')
+        if depth is not None and depth != settings.search.beam_size:
+          log(f'Note: the learned strategy\'s generator searches a beam of {depth} (the '
+              f'ranker\'s source generate:{depth}), not config.decode.beam_size='
+              f'{settings.search.beam_size}: a plan\'s generate:N sets the depth.')
         return cls(settings, trained, trained, None, None, None, workdir, ranker)
       log(f'Note: {workdir} has no learned ranker ({learned.RANKER_DIR}/ranker.json, made by '
           f'--mode=train): suggesting by the blend {config.suggest.blend!r} instead.')

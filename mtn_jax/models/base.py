@@ -31,7 +31,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Callable, Mapping
-from typing import Any
+from typing import Any, ClassVar
 
 import flax.linen as nn
 import jax
@@ -72,6 +72,10 @@ class ModelConfig:
   HAS_USER_MEMORY = False
   # Fields the data decides, never a key of `config.model` (`config_keys`).
   DATA_FIELDS = ('vocab_size', 'max_query_words', 'num_items', 'num_users')
+  # Fields every model's config holds (configs/default.py) that this model does not read, each
+  # with the value that says so: set to another, they would change nothing (`check` refuses
+  # it), and a checkpoint is not compared on them (`unread_fields`).
+  INERT_FIELDS: ClassVar[Mapping[str, Any]] = {}
 
   @classmethod
   def check(cls, model: Mapping[str, Any]) -> None:
@@ -84,6 +88,10 @@ class ModelConfig:
     if not 0 <= model.dropout < 1:
       raise errors.ConfigError(f'config.model.dropout must be in [0, 1), got {model.dropout}')
     check_choice(model, 'compute_dtype', ('float32', 'bfloat16'))
+    for key, inert in cls.INERT_FIELDS.items():
+      if model[key] != inert:
+        raise errors.ConfigError(f'config.model.{key}={model[key]!r}: {model.name!r} does not '
+                                 f'read it (leave it at {inert!r})')
     if cls.HAS_USER_MEMORY:
       check_choice(model, 'user_memory', ('none', 'attention', 'zero_attention'))
     elif model.get('user_memory', 'none') != 'none':
@@ -94,7 +102,7 @@ class ModelConfig:
     """Fields of this config that the model it names does not read (a family's keys that
     only some of its models use): they fix nothing, and a checkpoint is not compared on
     them (`mtn_jax.training.checkpoints.architecture`)."""
-    return ()
+    return tuple(self.INERT_FIELDS)
 
   @classmethod
   def reads_user_history(cls, model: Mapping[str, Any]) -> bool:

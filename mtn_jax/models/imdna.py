@@ -62,6 +62,10 @@ class IMDNAConfig(ModelConfig):
   hidden_units: int = 4096  # u: the prediction network's hidden layer
   reader: str = 'attention'  # 'attention' (the model) | 'embeddings' (the baseline)
 
+  # One word table for documents and questions, float32 throughout (the reader's GRUs).
+  INERT_FIELDS = {'share_embeddings': False, 'tie_embeddings': False,
+                  'compute_dtype': 'float32'}
+
   @classmethod
   def check(cls, model) -> None:
     super().check(model)

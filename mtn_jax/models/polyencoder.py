@@ -106,6 +106,7 @@ class RankerConfig(mtn.MTNConfig):
   scaled_scores: bool = False
 
   HAS_USER_MEMORY = False  # the Transformer's field, which a ranker does not read
+  INERT_FIELDS = {'tie_embeddings': False}  # no output layer over the vocabulary
 
   @classmethod
   def check(cls, model) -> None:
@@ -126,7 +127,7 @@ class RankerConfig(mtn.MTNConfig):
                                  f'read it ({why or f"leave it at {defaults[key]!r}"})')
 
   def unread_fields(self) -> tuple[str, ...]:
-    return ('decoder_layers',) + tuple(
+    return super().unread_fields() + ('decoder_layers',) + tuple(
         key for key, (_, _, readers) in UNREAD_KEYS.items() if self.name not in readers)
 
   @classmethod

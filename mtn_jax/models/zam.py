@@ -53,6 +53,10 @@ class ZAMConfig(ModelConfig):
   num_items: int = 0
   num_users: int = 0
 
+  # No dropout, one word table for queries and candidates, float32 vectors (the paper's).
+  INERT_FIELDS = {'dropout': 0.0, 'share_embeddings': False, 'tie_embeddings': False,
+                  'compute_dtype': 'float32'}
+
   @classmethod
   def check(cls, model) -> None:
     super().check(model)
