@@ -22,6 +22,7 @@ from mtn_jax.evaluation import evaluate
 from mtn_jax.evaluation import answer_hits
 from mtn_jax.models import imdna
 from mtn_jax.tasks import multi_answer
+from mtn_jax.training import checkpoints
 from mtn_jax.training import train
 from tests import cli
 from tests.test_models import random_like
@@ -572,10 +573,13 @@ def test_ties_go_to_the_lower_id_whatever_the_cpus_sort(tmp_path):
 # Through the trainer
 
 
-def _run(workdir, **train_settings):
+def _run(workdir, others=(), **train_settings):
+  """`others`: (section, key, value) set beside the training settings."""
   config = imdna_movies.get_config('test')
   for key, value in train_settings.items():
     config.train[key] = value
+  for section, key, value in others:
+    config[section][key] = value
   return config, train.train_and_evaluate(config, str(workdir))
 
 
@@ -584,8 +588,15 @@ def test_training_resumes_exactly_and_evaluation_writes_results(tmp_path):
   config, summary = _run(straight, max_steps=12, checkpoint_every_steps=5)
   assert summary['step'] == 12
   stopped = tmp_path / 'stopped'
-  _run(stopped, max_steps=7, checkpoint_every_steps=5)
-  _, resumed_summary = _run(stopped, max_steps=12, checkpoint_every_steps=5)
+  config7, _ = _run(stopped, max_steps=7, checkpoint_every_steps=5)
+  # The task's batch size fixes its batches: another is refused; the session corpus's is not
+  # the task's, and changes nothing.
+  with pytest.raises(checkpoints.CheckpointMismatch, match=re.escape(
+      f'was trained with config.imdna.batch_size={config7.imdna.batch_size}, not 3: a resumed '
+      'run continues its batches in their order')):
+    _run(stopped, [('imdna', 'batch_size', 3)], max_steps=12, checkpoint_every_steps=5)
+  _, resumed_summary = _run(stopped, [('input', 'train_queries_per_batch', 64)],
+                            max_steps=12, checkpoint_every_steps=5)
   assert resumed_summary['step'] == 12
   step_a, params_a = final_params(straight)
   step_b, params_b = final_params(stopped)

@@ -188,6 +188,8 @@ class TrainingData:
     valid_batches: () -> one pass over the validation batches, padded like `train`'s.
     description: what the data holds, for the run's first log line.
     examples_key: the batch key that marks real rows.
+    order_keys: the config keys that fix the batches and their order besides the data (a
+      resumed run continues the checkpoint's iterator, so it refuses other values of them).
   """
 
   vocab: Vocab
@@ -197,6 +199,7 @@ class TrainingData:
   valid_batches: Callable[[], Iterable[dict]]
   description: str
   examples_key: str = 'session_ids'
+  order_keys: tuple[str, ...] = ('seed', 'input.train_queries_per_batch')
 
 
 @runtime_checkable

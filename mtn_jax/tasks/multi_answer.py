@@ -75,7 +75,7 @@ class IMDNATask(base.ModelTask):
         library.vocab, task, batches, len(train) // batch_size, valid,
         f'{len(train):,} training questions ({config.imdna.task}), '
         f'{len(library.documents):,} documents, {len(library.answers):,} candidate answers',
-        examples_key='question_ids')
+        examples_key='question_ids', order_keys=('seed', 'imdna.batch_size'))
 
   def example_batch(self) -> dict[str, jax.Array]:
     return {'question': jnp.ones((1, self.cfg.max_query_words), jnp.int32),

@@ -292,18 +292,18 @@ def _run_meta(config: ml_collections.ConfigDict, cfg: ModelConfig, vocab) -> dic
           'device_count': jax.device_count()}
 
 
-# What fixes a run's batches and their order besides the corpus: a resumed run continues the
-# checkpoint's data iterator, so another value would give neither the one run nor the other.
-DATA_ORDER_KEYS = ('seed', 'input.train_queries_per_batch')
 # Which users a run trains without (a fold generator of the learned ranker's): another value
 # would resume, or call complete, a generator that has seen the users it is to score.
 HELD_OUT_KEYS = ('train.user_folds', 'train.held_out_fold')
 
 
-def _check_data_order(saved_config: dict, config: ml_collections.ConfigDict, where: str) -> None:
-  """Refuses to resume a checkpoint whose run had another value of a `DATA_ORDER_KEYS` or
-  `HELD_OUT_KEYS` key."""
-  for key in DATA_ORDER_KEYS + HELD_OUT_KEYS:
+def _check_data_order(saved_config: dict, config: ml_collections.ConfigDict, where: str,
+                      order_keys: tuple[str, ...]) -> None:
+  """Refuses to resume a checkpoint whose run had another value of one of `order_keys` (what
+  fixes the batches and their order besides the data, `tasks.TrainingData.order_keys`: a
+  resumed run continues the checkpoint's data iterator, so another value would give neither
+  the one run nor the other) or of `HELD_OUT_KEYS`."""
+  for key in order_keys + HELD_OUT_KEYS:
     saved, current = saved_config, config
     for part in key.split('.'):
       saved, current = (saved or {}).get(part), current[part]
@@ -579,7 +579,7 @@ def _train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict
     where = f'checkpoint {checkpoints.checkpoint_dir(workdir)}/{latest}'
     saved_meta = checkpoints.read_meta(manager, latest)
     checkpoints.check_compatible(saved_meta, cfg, vocab, where)
-    _check_data_order(saved_meta.get('config', {}), config, where)
+    _check_data_order(saved_meta.get('config', {}), config, where, data.order_keys)
     if latest < total_steps or saved_meta.get('pending_validation') is not None:
       _check_device_count(saved_meta.get('device_count'), where)  # a run that continues
     state, iter_state = _restore(manager, latest, task=task, optimizer=optimizer, mesh=mesh,
