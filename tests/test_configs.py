@@ -299,6 +299,19 @@ def test_a_rankers_key_it_does_not_read_is_refused(name, key, value, reader):
   config_lib.validate(c)
 
 
+def config_of(name):
+  """Model `name`'s config that validates: its config file's for IMDNA (whose task settings
+  come with it), on a log named only; every default on the demo log for the others."""
+  if name == 'imdna':
+    from configs import imdna_aol  # pylint: disable=g-import-not-at-top
+    c = imdna_aol.get_config()
+    c.data.raw_files = 'log.tsv'
+    return c
+  c = default.get_config(name)
+  c.data.source = 'demo'
+  return c
+
+
 @pytest.mark.parametrize('name, key, value', [
     ('zam', 'dropout', 0.1), ('zam', 'compute_dtype', 'bfloat16'),
     ('zam', 'share_embeddings', True), ('imdna', 'tie_embeddings', True),
@@ -308,13 +321,7 @@ def test_a_key_every_model_holds_is_refused_where_the_model_does_not_read_it(nam
   """Every model's config holds dropout, the word tables' sharing and the compute dtype
   (configs/default.py); a model that reads one not (ZAM has no dropout, no ranker an output
   layer) refuses it set to anything but the value that says so, which its config holds."""
-  if name == 'imdna':
-    from configs import imdna_aol  # pylint: disable=g-import-not-at-top
-    c = imdna_aol.get_config()
-    c.data.raw_files = 'log.tsv'
-  else:
-    c = default.get_config(name)
-    c.data.source = 'demo'
+  c = config_of(name)
   config_lib.validate(c)
   inert = c.model[key]
   c.model[key] = value
@@ -349,13 +356,7 @@ def test_a_strategy_over_a_generators_beam_is_refused_for_a_ranker(name, strateg
 def test_a_training_key_the_task_does_not_read_is_refused(name, key, value, message):
   """Set for a task that does not read it (and left at its default, which for such a task
   is the value that changes nothing), a training key is refused."""
-  if name == 'imdna':
-    from configs import imdna_aol  # pylint: disable=g-import-not-at-top
-    c = imdna_aol.get_config()
-    c.data.raw_files = 'log.tsv'
-  else:
-    c = default.get_config(name)
-    c.data.source = 'demo'
+  c = config_of(name)
   c.data.split_by, c.train[key] = 'user', value
   if name == 'zam':
     c.model.user_model = 'hem'
