@@ -18,6 +18,7 @@ import orbax.checkpoint as ocp
 import pytest
 
 from mtn_jax import config_lib
+from mtn_jax import errors
 from mtn_jax import files
 from mtn_jax import parallel
 from mtn_jax.training import checkpoints
@@ -624,6 +625,31 @@ def test_the_best_checkpoint_outlives_a_resume_and_goes_once_another_is_best(tmp
   assert checkpoints.best_step(reader) == 1
   # Step 5 is best: step 1 stays until a complete checkpoint names 5, then goes.
   assert run([(5, 5), (6, 5)]) == [5, 6]
+
+
+def test_a_metrics_line_cut_short_is_dropped_and_another_bad_one_named(tmp_path, capsys):
+  """A run stopped while writing metrics.jsonl leaves its last line without its end: the next
+  run (a resume, or a start) drops it and says so, its own records on lines of their own; a
+  line that is no record elsewhere is named, not a JSON traceback."""
+  path = tmp_path / 'metrics.jsonl'
+  records = [{'kind': 'train', 'step': s, 'time': 0.0, 'loss': 1.0} for s in (1, 2, 3)]
+  whole = ''.join(json.dumps(r) + '\n' for r in records)
+  for resumed_at in (None, 2):
+    path.write_text(whole + '{"kind": "train", "st', encoding='utf-8')
+    writer = metric_writer.MetricWriter(str(tmp_path), enabled=True, resumed_at=resumed_at)
+    writer.write(4, 'train', {'loss': 0.5})
+    writer.close()
+    assert 'its last line was cut short' in capsys.readouterr().out
+    steps = [r['step'] for r in metric_writer.read_metrics(str(tmp_path))]
+    assert steps == ([1, 2, 3, 4] if resumed_at is None else [1, 2, 4])
+  path.write_text(whole + '{"kind": "train", "st', encoding='utf-8')
+  assert [r['step'] for r in metric_writer.read_metrics(str(tmp_path))] == [1, 2, 3]
+  path.write_text(whole.replace('"step": 2', '"step": 2x'), encoding='utf-8')
+  for read in (lambda: metric_writer.read_metrics(str(tmp_path)),
+               lambda: metric_writer.MetricWriter(str(tmp_path), enabled=True, resumed_at=3)):
+    with pytest.raises(errors.Error,
+                       match=re.escape(f'{path}:2: not a metrics record (')):
+      read()
 
 
 def test_a_stopped_runs_steps_after_its_last_log_line_are_logged_by_the_resumed_run():

@@ -11,6 +11,7 @@ import time
 
 import jax
 
+from mtn_jax import errors
 from mtn_jax import files
 
 
@@ -22,17 +23,22 @@ class MetricWriter:
     """With `resumed_at` (a run resumed from the checkpoint of that step), the records a
     crashed or stopped run wrote after its checkpoint are dropped first, and with
     `redo_validation` the validation at that step too: the resumed run writes them again, and
-    a reader taking a step's last record would otherwise read the lost run's."""
+    a reader taking a step's last record would otherwise read the lost run's. A last line cut
+    short (a run stopped while writing it) is dropped, and said so; another line that is no
+    record is an error naming it."""
     self.enabled = jax.process_index() == 0 if enabled is None else enabled
     self._jsonl = self._tb = None
     if self.enabled:
       os.makedirs(workdir, exist_ok=True)
       path = os.path.join(workdir, 'metrics.jsonl')
-      if resumed_at is not None and os.path.exists(path):
-        with open(path, encoding='utf-8') as f:
-          lines = [line for line in f if line.strip()]
-        kept = [line for line in lines if _kept(json.loads(line), resumed_at, redo_validation)]
-        if len(kept) < len(lines):
+      if os.path.exists(path):
+        lines, records, cut = _read(path)
+        if cut:
+          print(f'Note: {path}: its last line was cut short (a run stopped while writing '
+                'it): dropped.', flush=True)
+        kept = [line for line, record in zip(lines, records)
+                if resumed_at is None or _kept(record, resumed_at, redo_validation)]
+        if cut or len(kept) < len(lines):
           files.write_text(path, ''.join(kept))
       self._jsonl = open(path, 'a', encoding='utf-8')
       from tensorboardX import SummaryWriter  # pylint: disable=g-import-not-at-top
@@ -65,11 +71,36 @@ def _kept(record: dict, resumed_at: int, redo_validation: bool) -> bool:
       redo_validation and record['kind'] == 'valid'))
 
 
+def _read(path: str) -> tuple[list[str], list[dict], bool]:
+  """(lines, their records, whether a last line cut short was left out) of a metrics file;
+  a line that is no record, but for a last line without its newline, raises naming it."""
+  with open(path, encoding='utf-8', errors='replace') as f:
+    text = f.read()
+  lines = text.splitlines(keepends=True)
+  kept, records, cut = [], [], False
+  for number, line in enumerate(lines, 1):
+    if not line.strip():
+      continue
+    try:
+      record = json.loads(line)
+      if not isinstance(record, dict) or not isinstance(record.get('step'), int):
+        raise ValueError('no step')
+    except ValueError as e:
+      if number == len(lines) and not line.endswith('\n'):
+        cut = True
+        continue
+      raise errors.Error(f'{path}:{number}: not a metrics record ({e}): move the file aside '
+                         'to start it again') from None
+    kept.append(line)
+    records.append(record)
+  return kept, records, cut
+
+
 def read_metrics(workdir: str, kind: str | None = None) -> list[dict]:
-  """The records of `<workdir>/metrics.jsonl`, optionally of one kind."""
+  """The records of `<workdir>/metrics.jsonl`, optionally of one kind (a last line cut
+  short left out)."""
   path = os.path.join(workdir, 'metrics.jsonl')
   if not os.path.exists(path):
     return []
-  with open(path, encoding='utf-8') as f:
-    records = [json.loads(line) for line in f if line.strip()]
+  _, records, _ = _read(path)
   return [r for r in records if kind is None or r['kind'] == kind]
