@@ -121,6 +121,17 @@ def cannot_create(path: str | os.PathLike) -> str | None:
   return None
 
 
+def cannot_write_in(folder: str | os.PathLike) -> str | None:
+  """Why files cannot be written in `folder` (made where none is), else None: said before a
+  run's work rather than as an OS error after it."""
+  if os.path.isdir(folder):
+    return (None if os.access(folder, os.W_OK | os.X_OK)
+            else f'no permission to write in {os.path.abspath(folder)}')
+  if os.path.exists(folder):
+    return f'{os.path.abspath(folder)} is a file, not a folder'
+  return cannot_create(folder)
+
+
 class WorkdirBusy(errors.Error):
   """Another run is training or preprocessing in the workdir; the message names its process."""
 

@@ -7,6 +7,7 @@ logs), and the report built from hand-written results files.
 import gzip
 import json
 import os
+import re
 
 import ml_collections
 import numpy as np
@@ -877,3 +878,14 @@ def test_the_service_gives_a_model_what_evaluation_gives_it(demo_corpus, name, f
       compared.add(key)
   assert compared == {'queries', *task.context_inputs(test, vocab).per_query,
                       *task.context_inputs(test, vocab).per_session}
+
+
+def test_evaluation_names_a_results_folder_it_cannot_write_before_any_work(tmp_path):
+  """Not as an OS error after decoding the whole split: before the model loads (this
+  workdir has none)."""
+  from mtn_jax import errors  # pylint: disable=g-import-not-at-top
+  (tmp_path / 'eval').write_text('a file where the results go')
+  with pytest.raises(errors.Error, match=re.escape(
+      f'evaluation writes its results in {tmp_path}/eval: {tmp_path}/eval is a file, not a '
+      'folder')):
+    evaluate.evaluate(demo.get_config(), str(tmp_path))

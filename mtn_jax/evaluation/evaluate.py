@@ -212,6 +212,8 @@ def evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict:
   workdir = os.path.abspath(workdir)
   is_writer = jax.process_index() == 0
   log = print if is_writer else (lambda *a, **k: None)
+  if is_writer and (problem := files.cannot_write_in(os.path.join(workdir, 'eval'))):
+    raise errors.Error(f'evaluation writes its results in {workdir}/eval: {problem}')
   trained = inference.load_trained(config, workdir, which='best')
   if isinstance(trained.task, tasks.BringsOwnData):  # its own data and measures
     return answer_hits.evaluate(trained, config, workdir)
