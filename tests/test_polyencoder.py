@@ -6,6 +6,7 @@ through the real command line is in test_polyencoder_cli.py."""
 from __future__ import annotations
 
 import collections
+import re
 import types
 
 import jax
@@ -399,6 +400,16 @@ def test_a_rankers_checkpoint_is_not_compared_on_keys_its_model_does_not_read():
   poly = ranker_config('polyencoder')
   saved = {**checkpoints.architecture(poly), 'poly_codes': poly.poly_codes + 1}
   assert set(checkpoints.architecture_differences(saved, poly)) == {'poly_codes'}
+
+
+def test_a_checkpoint_of_another_model_is_named_by_its_model_not_fields_it_never_had():
+  """A Bi-encoder's checkpoint read for a Poly-encoder: the models are named, not a field the
+  checkpoint lacks at the Poly-encoder's default as if the checkpoint had held it."""
+  bi, poly = ranker_config('biencoder'), ranker_config('polyencoder')
+  with pytest.raises(checkpoints.CheckpointMismatch, match=re.escape(
+      "step 5 holds another model (a 'biencoder', not the config's 'polyencoder'): use the "
+      'config it was trained with, or a new workdir')):
+    checkpoints.check_model(checkpoints.architecture(bi), poly, 'step 5')
 
 
 def test_cross_encoder_cannot_rank_the_whole_pool():

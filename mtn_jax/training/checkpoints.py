@@ -337,6 +337,10 @@ def check_model(saved: dict, cfg: ModelConfig, where: str, ignore: tuple[str, ..
   """Refuses a checkpoint whose saved architecture (`meta['model']`) differs from `cfg` in a
   field outside `ignore`: training would not resume it, and evaluation, decoding and
   suggestions would not be the config's (`inference.trained.check_config`)."""
+  if saved.get('name', cfg.name) != cfg.name:  # its fields are another model's: not compared
+    raise CheckpointMismatch(f'{where} holds another model (a {saved["name"]!r}, not the '
+                             f'config\'s {cfg.name!r}): use the config it was trained with, or '
+                             'a new workdir')
   diff = {k: v for k, v in architecture_differences(saved, cfg).items() if k not in ignore}
   if diff:
     detail = ', '.join(f'model.{k}: checkpoint {a!r} vs config {b!r}' for k, (a, b) in diff.items())
