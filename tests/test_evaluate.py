@@ -777,12 +777,33 @@ def test_a_report_of_the_learned_strategy_names_the_blend_where_a_run_used_it(tm
           'where a run had no learned ranker;') in text
 
 
+def test_a_report_of_runs_on_different_splits_says_so(tmp_path, capsys):
+  workdirs = [write_run(tmp_path, name, 'mtn', (3, 2, 3), 14.62, (35.7, 21.5, 14.9, 10.2),
+                        sessions=sessions) for name, sessions in (('a', 500), ('b', 200))]
+  report.write_report(report_config(','.join(workdirs), str(tmp_path / 'out')), workdirs[0])
+  note = ('Note: the runs were evaluated on different test splits (pairs: 1,234; 1,234 (first '
+          '200 of 500 sessions)): their figures do not compare.')
+  assert note in capsys.readouterr().out
+  assert note in (tmp_path / 'out' / 'report.md').read_text(encoding='utf-8')
+  same = [write_run(tmp_path, name, 'mtn', (3, 2, 3), 14.62, (35.7, 21.5, 14.9, 10.2))
+          for name in ('c', 'd')]
+  report.write_report(report_config(','.join(same), str(tmp_path / 'out2')), same[0])
+  assert 'Note:' not in (tmp_path / 'out2' / 'report.md').read_text(encoding='utf-8')
+
+
 def test_report_refuses_missing_and_unevaluated_workdirs(tmp_path):
   (tmp_path / 'trained').mkdir()
   with pytest.raises(report.ReportError, match=r'nowhere does not exist'):
     report.load_run(str(tmp_path / 'nowhere'))
   with pytest.raises(report.ReportError, match=r'trained has not been evaluated'):
     report.load_run(str(tmp_path / 'trained'))
+  # Evaluated with another strategy (a ranker's run has no learned lists): its results named.
+  (tmp_path / 'trained' / 'eval').mkdir()
+  (tmp_path / 'trained' / 'eval' / 'results.json').write_text('{}')
+  with pytest.raises(report.ReportError, match=re.escape(
+      "it holds results.json only: a report takes one strategy's results on one split from "
+      'every run')):
+    report.load_run(str(tmp_path / 'trained'), 'learned_')
   broken = write_run(tmp_path, 'broken', 'mtn', (3, 2, 3), 1.0, (1.0, 1.0, 1.0, 1.0))
   results_path = tmp_path / 'broken' / 'eval' / 'results.json'
   results = json.loads(results_path.read_text())

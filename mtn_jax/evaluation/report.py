@@ -78,9 +78,16 @@ def load_run(workdir: str, prefix: str = '') -> EvaluatedRun:
   results_path = os.path.join(eval_dir, f'{prefix}results.json')
   samples_path = os.path.join(eval_dir, f'{prefix}samples.jsonl')
   if not os.path.exists(results_path):
+    # Its results of other strategies or splits, if any: a ranker's run has no learned
+    # strategy's, and the advice to evaluate it so could not be followed.
+    others = sorted(n for n in os.listdir(eval_dir) if n.endswith('results.json')
+                    ) if os.path.isdir(eval_dir) else []
+    held = (f'; it holds {", ".join(others)} only: a report takes one strategy\'s results on '
+            'one split from every run, as config.suggest.strategy and '
+            'config.decode.eval_split name them' if others else '')
     raise ReportError(f'report workdir {workdir} has not been evaluated ({results_path} is '
                       'missing): run --mode=eval on it first with the same '
-                      'config.suggest.strategy and config.decode.eval_split')
+                      f'config.suggest.strategy and config.decode.eval_split{held}')
   try:
     with open(results_path, encoding='utf-8') as f:
       results = json.load(f)
@@ -350,8 +357,15 @@ def write_report(config: ml_collections.ConfigDict, workdir: str,
               'n-gram precision (1/2/3/4-gram, %) and BLEU of the best checkpoint of each run '
               f'on its {split} split ({how}; references are the raw next queries). Size: '
               'parameters in MB at fp32 (2**20 bytes, as the paper counts).', '',
-              results_table(runs, split), '',
-              '![BLEU per model](bleu.png)', '']
+              results_table(runs, split), '']
+  evaluated_on = list(dict.fromkeys(_pairs(r.results) for r in runs))
+  if len(evaluated_on) > 1:
+    # Runs on other corpora (or other parts of one) in one table: said, not left to the eye.
+    note = (f'Note: the runs were evaluated on different {split} splits (pairs: '
+            f'{"; ".join(evaluated_on)}): their figures do not compare.')
+    print(note, flush=True)
+    sections += [f'**{note}**', '']
+  sections += ['![BLEU per model](bleu.png)', '']
   ranking = ranking_table(runs, split)
   if ranking:
     sections += ['## Ranked suggestions', '',
