@@ -910,3 +910,17 @@ def test_evaluation_names_a_results_folder_it_cannot_write_before_any_work(tmp_p
       f'evaluation writes its results in {tmp_path}/eval: {tmp_path}/eval is a file, not a '
       'folder')):
     evaluate.evaluate(demo.get_config(), str(tmp_path))
+
+
+def test_decode_refused_before_any_suggestion_leaves_no_output_folder(tmp_path):
+  """The default output's folder (`<workdir>/decode/`) is made when suggestions are written:
+  a workdir with no checkpoint is refused and left as it was."""
+  from mtn_jax import errors  # pylint: disable=g-import-not-at-top
+  sessions = tmp_path / 'sessions.txt'
+  sessions.write_text('cheap flights\tboston\n', encoding='utf-8')
+  config = demo.get_config()
+  config.decode.input = str(sessions)
+  workdir = tmp_path / 'never_trained'
+  with pytest.raises(errors.Error, match='no checkpoints'):
+    suggest.decode_file(config, str(workdir))
+  assert not workdir.exists()

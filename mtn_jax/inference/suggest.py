@@ -126,7 +126,8 @@ class DecodeOutputError(errors.Error):
 
 def _check_output(output: str, input_path: str) -> None:
   """Refuses, before the model loads, an output that is the input itself (opening it would
-  erase the sessions before they are read), a folder, or one no file can be made at."""
+  erase the sessions before they are read), a folder, or one no file can be made at (its
+  folder is made when the first suggestions are written: a run refused later leaves none)."""
   key = f'config.decode.output={output}'
   if os.path.exists(output):
     if os.path.samefile(output, input_path):
@@ -138,10 +139,6 @@ def _check_output(output: str, input_path: str) -> None:
     problem = files.cannot_create(output)
     if problem:
       raise DecodeOutputError(f'{key}: {problem}')
-  try:
-    os.makedirs(os.path.dirname(os.path.abspath(output)), exist_ok=True)
-  except OSError as e:
-    raise DecodeOutputError(f'{key}: {e.strerror or e}') from None
 
 
 PARTIAL = '.partial'
@@ -159,6 +156,10 @@ def _written(output: str):
     return DecodeOutputError(f'config.decode.output={output}: {e.strerror or e}')
   existed = os.path.exists(output)
   in_place = os.path.islink(output) or (existed and not os.path.isfile(output))
+  try:
+    os.makedirs(os.path.dirname(os.path.abspath(output)), exist_ok=True)
+  except OSError as e:
+    raise refused(e) from None
   with (contextlib.nullcontext(output) if in_place else files.atomic_path(output)) as path:
     try:
       out = open(path, 'w', encoding='utf-8')
