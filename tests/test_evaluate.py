@@ -913,8 +913,9 @@ def test_evaluation_names_a_results_folder_it_cannot_write_before_any_work(tmp_p
 
 
 def test_decode_refused_before_any_suggestion_leaves_no_output_folder(tmp_path):
-  """The default output's folder (`<workdir>/decode/`) is made when suggestions are written:
-  a workdir with no checkpoint is refused and left as it was."""
+  """The default output's folder (`<workdir>/decode/`) is made before the model loads (a
+  folder the system refuses is named before any work); a workdir refused then (no checkpoint)
+  is left as it was."""
   from mtn_jax import errors  # pylint: disable=g-import-not-at-top
   sessions = tmp_path / 'sessions.txt'
   sessions.write_text('cheap flights\tboston\n', encoding='utf-8')

@@ -30,7 +30,7 @@ import json
 import os
 import sys
 import time
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Sequence
 from typing import TextIO
 
 import ml_collections
@@ -124,10 +124,11 @@ class DecodeOutputError(errors.Error):
   """A decode output that cannot be written; the message names config.decode.output."""
 
 
-def _check_output(output: str, input_path: str) -> None:
+def _check_output(output: str, input_path: str) -> list[str]:
   """Refuses, before the model loads, an output that is the input itself (opening it would
-  erase the sessions before they are read), a folder, or one no file can be made at (its
-  folder is made when the first suggestions are written: a run refused later leaves none)."""
+  erase the sessions before they are read), a folder, or one no file can be made at; makes
+  its folder, and returns the folders it made, deepest first (a run refused when the model
+  loads removes them, `_unmade`)."""
   key = f'config.decode.output={output}'
   if os.path.exists(output):
     if os.path.samefile(output, input_path):
@@ -139,6 +140,22 @@ def _check_output(output: str, input_path: str) -> None:
     problem = files.cannot_create(output)
     if problem:
       raise DecodeOutputError(f'{key}: {problem}')
+  made, folder = [], os.path.dirname(os.path.abspath(output))
+  while not os.path.exists(folder):
+    made.append(folder)
+    folder = os.path.dirname(folder)
+  try:
+    os.makedirs(os.path.dirname(os.path.abspath(output)), exist_ok=True)
+  except OSError as e:
+    raise DecodeOutputError(f'{key}: {e.strerror or e}') from None
+  return made
+
+
+def _unmade(folders: Sequence[str]) -> None:
+  """Removes `folders` (`_check_output`'s, deepest first) that are still empty."""
+  for folder in folders:
+    with contextlib.suppress(OSError):
+      os.rmdir(folder)
 
 
 PARTIAL = '.partial'
@@ -156,10 +173,6 @@ def _written(output: str):
     return DecodeOutputError(f'config.decode.output={output}: {e.strerror or e}')
   existed = os.path.exists(output)
   in_place = os.path.islink(output) or (existed and not os.path.isfile(output))
-  try:
-    os.makedirs(os.path.dirname(os.path.abspath(output)), exist_ok=True)
-  except OSError as e:
-    raise refused(e) from None
   with (contextlib.nullcontext(output) if in_place else files.atomic_path(output)) as path:
     try:
       out = open(path, 'w', encoding='utf-8')
@@ -211,9 +224,13 @@ def decode_file(config: ml_collections.ConfigDict, workdir: str) -> dict:
     raise inputs.DecodeInputError(f'{dc.input}: no such decode input file')
   input_format = inputs.detect_format(dc.input)
   output = dc.output or _default_output(workdir, dc.input)
-  _check_output(output, dc.input)
+  made = _check_output(output, dc.input)
   config = with_protocol(config, user_facing=False)
-  suggestions = pipeline.Pipeline.load(config, workdir)
+  try:
+    suggestions = pipeline.Pipeline.load(config, workdir)
+  except BaseException:  # a workdir refused (none trained, another model) is left as it was
+    _unmade(made)
+    raise
   trained = suggestions.trained
   reader = inputs.QueryReader.for_model(trained)
   chunk_size = CHUNK_BATCHES * dc.batch_sessions
