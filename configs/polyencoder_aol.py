@@ -50,9 +50,10 @@ def get_config(variant: str = ''):
   c.model.num_heads = 4
   c.model.ff_dim = 256
   c.model.query_layers = 2
+  c.model.session_layers = 1
   # 'flat' over 'mtn': on the sample's validation split the flat context (every word of the
   # session so far) ranks better (docs/notes/2026-11-25-candidate-rankers.md, "Rankers
-  # trained for reranking"; the MTN encoder was tried with config.model.session_layers=1).
+  # trained for reranking").
   c.model.context_encoder = 'flat'
   c.model.cross_negatives = 15
   c.train.num_epochs = 10

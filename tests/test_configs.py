@@ -312,28 +312,6 @@ def config_of(name):
   return c
 
 
-@pytest.mark.parametrize('name, encoder, reads', [
-    ('polyencoder', 'flat', False), ('biencoder', 'mtn', True), ('crossencoder', 'flat', False),
-])
-def test_mtns_session_encoders_are_a_rankers_keys_only_with_an_mtn_context_encoder(
-    name, encoder, reads):
-  c = config_of(name)
-  if name != 'crossencoder':
-    c.model.context_encoder = encoder
-  config_lib.validate(c)  # the family's defaults are the class's (configs/families.py)
-  for key, value in (('session_layers', 1), ('num_levels', 3)):
-    c.model[key] = value
-    if reads:
-      config_lib.validate(c)
-    else:
-      with pytest.raises(config_lib.ConfigError, match=re.escape(
-          f"config.model.{key} is for an MTN context encoder (context_encoder='mtn', the Bi- "
-          f"and Poly-encoders); {name!r} with context_encoder={encoder!r} does not read it "
-          '(leave it at 2)')):
-        config_lib.validate(c)
-    c.model[key] = 2
-
-
 @pytest.mark.parametrize('name, key, value', [
     ('zam', 'dropout', 0.1), ('zam', 'compute_dtype', 'bfloat16'),
     ('zam', 'share_embeddings', True), ('imdna', 'tie_embeddings', True),

@@ -65,8 +65,6 @@ from mtn_jax.models.dropout import Dropout
 CONTEXT_ENCODERS = ('flat', 'mtn')
 
 
-# MTN's session encoders' keys: read by a Bi- or Poly-encoder's MTN context encoder alone.
-SESSION_ENCODER_KEYS = ('session_layers', 'num_levels')
 # The keys the rankers inherit or share that only some of them read: key -> (who reads it,
 # why another does not or None, the registered names of the rankers that read it).
 UNREAD_KEYS = {
@@ -93,9 +91,6 @@ class RankerConfig(mtn.MTNConfig):
   """
 
   context_encoder: str = 'flat'  # 'flat' | 'mtn' (Bi- and Poly-encoders)
-  # MTN's session encoders, read by an MTN context encoder alone (configs/families.py's).
-  session_layers: int = 2
-  num_levels: int = 2
   poly_codes: int = 16  # m, the Poly-encoder's learned codes
   cross_negatives: int = 15  # the Cross-encoder's negatives sampled from the pool per context
   # Bi- and Poly-encoders: pool entries drawn uniformly per batch, negatives of every context
@@ -126,27 +121,14 @@ class RankerConfig(mtn.MTNConfig):
     # The family's keys (configs/families.py) this ranker does not read: set to anything but
     # their default they would change nothing.
     defaults = {f.name: f.default for f in dataclasses.fields(cls)}
-    if not cls._reads_session_encoders(model.name, model.context_encoder):
-      for key in SESSION_ENCODER_KEYS:
-        if model[key] != defaults[key]:
-          raise errors.ConfigError(
-              f"config.model.{key} is for an MTN context encoder (context_encoder='mtn', the "
-              f'Bi- and Poly-encoders); {model.name!r} with context_encoder='
-              f'{model.context_encoder!r} does not read it (leave it at {defaults[key]!r})')
     for key, (who, why, readers) in UNREAD_KEYS.items():
       if model.name not in readers and model.get(key, defaults[key]) != defaults[key]:
         raise errors.ConfigError(f'config.model.{key} is for {who}; {model.name!r} does not '
                                  f'read it ({why or f"leave it at {defaults[key]!r}"})')
 
   def unread_fields(self) -> tuple[str, ...]:
-    session = () if self._reads_session_encoders(self.name, self.context_encoder) else (
-        SESSION_ENCODER_KEYS)
-    return super().unread_fields() + ('decoder_layers',) + session + tuple(
+    return super().unread_fields() + ('decoder_layers',) + tuple(
         key for key, (_, _, readers) in UNREAD_KEYS.items() if self.name not in readers)
-
-  @staticmethod
-  def _reads_session_encoders(name: str, context_encoder: str) -> bool:
-    return context_encoder == 'mtn' and name != 'crossencoder'
 
   @classmethod
   def copies(cls, model) -> bool:
