@@ -235,8 +235,9 @@ def get_config(variant: str = '') -> ml_collections.ConfigDict:
   c.serve.history_db = 'serve/histories.sqlite'
   c.serve.history_per_user = 1000  # a user's latest queries kept, the older deleted
   # Folder (relative to the workdir) of XLA's compiled programs, kept across starts: a restart
-  # or a reload of the same model is ready without compiling again; '': none kept. A cache set
-  # for the process (JAX_COMPILATION_CACHE_DIR) is used instead.
+  # or a reload of the same model is ready without compiling again, and a later eval, decode
+  # or suggest run reads its own back; '': none kept. A cache set for the process
+  # (JAX_COMPILATION_CACHE_DIR) is used instead.
   c.serve.compile_cache = 'serve/compile_cache'
   # True: the service listens once the shapes that hold any request are compiled (a lone
   # request and the largest batch, at the longest session); the others compile while it

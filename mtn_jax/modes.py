@@ -23,18 +23,21 @@ def evaluate(config, workdir):
   from mtn_jax.evaluation import evaluate as evaluation  # pylint: disable=g-import-not-at-top
   from mtn_jax.inference import trained  # pylint: disable=g-import-not-at-top
   trained.check_config(config, workdir)
+  trained.keep_compiled_programs(workdir, config.serve.compile_cache, print)
   evaluation.evaluate(config, workdir)
 
 
 def decode(config, workdir):
   from mtn_jax.inference import suggest, trained  # pylint: disable=g-import-not-at-top
   trained.check_config(config, workdir)
+  trained.keep_compiled_programs(workdir, config.serve.compile_cache, print)
   suggest.decode_file(config, workdir)
 
 
 def interactive(config, workdir):
   from mtn_jax.inference import suggest, trained  # pylint: disable=g-import-not-at-top
   trained.check_config(config, workdir)
+  trained.keep_compiled_programs(workdir, config.serve.compile_cache, print)
   suggest.interactive(config, workdir)
 
 

@@ -379,3 +379,36 @@ def test_main_job_again_resumes_and_redoes_eval_and_report(mtn_run, transformer_
   for a, b in zip(samples_after, samples_before):
     assert [s['score'] for s in a['suggestions']] == pytest.approx(
         [s['score'] for s in b['suggestions']], abs=1e-4)
+
+
+@pytest.mark.slow
+def test_decode_keeps_its_programs_in_the_workdir_and_a_later_run_reads_them_back(mtn_run,
+                                                                                tmp_path):
+  """Without a compilation cache of the process's own, decode keeps what it compiles in the
+  workdir's (config.serve.compile_cache): the second run of the same decode reads its search
+  back, adds no program, and writes the same suggestions."""
+  import shutil  # pylint: disable=g-import-not-at-top
+  import subprocess  # pylint: disable=g-import-not-at-top
+  workdir = tmp_path / 'run'
+  shutil.copytree(mtn_run[0], workdir, ignore=shutil.ignore_patterns('serve'))
+  w = vocabulary_words(workdir, 2)
+  sessions_file = tmp_path / 'sessions.txt'
+  sessions_file.write_text(f'{w[0]}\t{w[1]}\n', encoding='utf-8')
+  own_cache = {k: v for k, v in cli.env().items() if k != 'JAX_COMPILATION_CACHE_DIR'}
+  own_cache['JAX_DEBUG_LOG_MODULES'] = 'jax._src.compiler'  # logs each program read back
+  cache = workdir / 'serve' / 'compile_cache'
+  hit = "Persistent compilation cache hit for 'jit_beam_search'"
+  kept, outputs = [], []
+  for run in range(2):
+    output = tmp_path / f'out{run}.jsonl'
+    result = subprocess.run(
+        cli.command(workdir, *RUN, *MTN, f'--config.decode.input={sessions_file}',
+                    f'--config.decode.output={output}', mode='decode'),
+        cwd=cli.REPO, env=own_cache, capture_output=True, text=True, timeout=300, check=False)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    assert f'Compiled programs kept in {cache}' in result.stdout, result.stdout[-3000:]
+    assert (hit in result.stderr) == (run == 1), result.stderr[-3000:]
+    kept.append(sorted(p.name for p in cache.iterdir()))
+    outputs.append(output.read_text(encoding='utf-8'))
+  assert kept[0] and kept[1] == kept[0]
+  assert outputs[1] == outputs[0]

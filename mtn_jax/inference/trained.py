@@ -26,6 +26,7 @@ from typing import Any
 
 import flax.linen as nn
 import jax
+from jax.experimental.compilation_cache import compilation_cache
 import ml_collections
 
 from mtn_jax import errors
@@ -196,3 +197,25 @@ def load_trained(config: ml_collections.ConfigDict, workdir: str,
   finally:
     manager.close()
   return Trained(task, params, vocab, step, meta)
+
+
+def keep_compiled_programs(workdir: str, folder: str, log) -> None:
+  """JAX's persistent compilation cache in `<workdir>/<folder>` (`config.serve.compile_cache`),
+  unless the process has one already or `folder` is empty: the service's warm-up compiles a
+  program per batch size and session length, and eval, decode and suggest theirs, which a
+  later run (or a first start after `config.serve.prepare_after_train`) reads back instead.
+  Every program is kept, however fast it compiled (JAX keeps only those over a second by
+  default)."""
+  if not folder or jax.config.jax_compilation_cache_dir:
+    return
+  path = os.path.join(os.path.abspath(workdir), folder)
+  compilation_cache.set_cache_dir(path)
+  jax.config.update('jax_persistent_cache_min_compile_time_secs', 0.0)
+  # By default JAX points XLA's own GPU autotuning cache at a folder inside the cache, and
+  # that path becomes part of every program's key: a workdir copied, moved or packed to be
+  # served elsewhere would compile everything again. The programs themselves are cached
+  # either way.
+  jax.config.update('jax_persistent_cache_enable_xla_caches', 'none')
+  # JAX decides whether to use a cache at its first compilation, which may have come before.
+  compilation_cache.reset_cache()
+  log(f'Compiled programs kept in {path}')

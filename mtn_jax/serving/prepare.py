@@ -72,6 +72,7 @@ def _main(argv: list[str]) -> None:
   # pylint: disable=g-import-not-at-top
   from mtn_jax import parallel
   parallel.set_cpu_devices(parallel.cpu_devices_for('serve', None))  # before JAX starts
+  from mtn_jax.inference import trained
   from mtn_jax.serving import engine as engine_lib
   from mtn_jax.serving import service
   # pylint: enable=g-import-not-at-top
@@ -79,7 +80,7 @@ def _main(argv: list[str]) -> None:
   with open(config_path, encoding='utf-8') as f:
     config = ml_collections.ConfigDict(json.load(f))
   settings = service.ServeSettings.from_config(config)
-  service.keep_compiled_programs(settings, workdir, _say)
+  trained.keep_compiled_programs(workdir, settings.compile_cache, _say)
   started = time.time()
   engine = engine_lib.Engine.load(config, workdir, log=_say)
   _say(service.describe(engine, settings, time.time() - started))

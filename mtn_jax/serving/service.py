@@ -32,11 +32,11 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 import jax
-from jax.experimental.compilation_cache import compilation_cache
 import ml_collections
 import uvicorn
 
 from mtn_jax import errors
+from mtn_jax.inference import trained
 from mtn_jax.serving import app as app_lib
 from mtn_jax.serving import batcher as batcher_lib
 from mtn_jax.serving import engine as engine_lib
@@ -308,27 +308,6 @@ def _bind(host: str, port: int) -> socket.socket:
   return sock
 
 
-def keep_compiled_programs(settings: ServeSettings, workdir: str, log) -> None:
-  """JAX's persistent compilation cache in `<workdir>/<serve.compile_cache>`, unless the
-  process has one already: the warm-up compiles a program per batch size and session length,
-  which a restart (or a first start after `config.serve.prepare_after_train`) then reads back
-  instead. Every program is kept, however fast it compiled (JAX keeps only those over a
-  second by default)."""
-  if not settings.compile_cache or jax.config.jax_compilation_cache_dir:
-    return
-  folder = os.path.join(os.path.abspath(workdir), settings.compile_cache)
-  compilation_cache.set_cache_dir(folder)
-  jax.config.update('jax_persistent_cache_min_compile_time_secs', 0.0)
-  # By default JAX points XLA's own GPU autotuning cache at a folder inside the cache, and
-  # that path becomes part of every program's key: a workdir copied, moved or packed to be
-  # served elsewhere would compile everything again. The programs themselves are cached
-  # either way.
-  jax.config.update('jax_persistent_cache_enable_xla_caches', 'none')
-  # JAX decides whether to use a cache at its first compilation, which may have come before.
-  compilation_cache.reset_cache()
-  log(f'Compiled programs kept in {folder}')
-
-
 def describe(engine: engine_lib.Engine, settings: ServeSettings, seconds: float) -> str:
   """The line that says what was loaded and how long loading and warming it up took."""
   info = engine.info()
@@ -348,7 +327,7 @@ def describe(engine: engine_lib.Engine, settings: ServeSettings, seconds: float)
 def build(config: ml_collections.ConfigDict, workdir: str, log=_say) -> Service:
   """The service of `workdir`'s best checkpoint, warmed up (not yet serving)."""
   settings = ServeSettings.from_config(config)
-  keep_compiled_programs(settings, workdir, log)
+  trained.keep_compiled_programs(workdir, settings.compile_cache, log)
   started = time.time()
   engine = engine_lib.Engine.load(config, workdir, log=log,
                                   background=bool(config.serve.warm_up_background))
