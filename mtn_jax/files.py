@@ -122,8 +122,8 @@ def cannot_create(path: str | os.PathLike) -> str | None:
 
 
 def cannot_write_in(folder: str | os.PathLike) -> str | None:
-  """Why files cannot be written in `folder` (made where none is), else None: said before a
-  run's work rather than as an OS error after it."""
+  """Why files cannot be written in `folder` (or the folder made, where none is), else None:
+  said before a run's work rather than as an OS error after it."""
   if os.path.isdir(folder):
     return (None if os.access(folder, os.W_OK | os.X_OK)
             else f'no permission to write in {os.path.abspath(folder)}')

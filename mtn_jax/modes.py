@@ -19,25 +19,33 @@ def train(config, workdir):
   return main_job.train(config, workdir)['stopped_by']
 
 
+def _keep_compiled_programs(config, workdir):
+  """The workdir's compilation cache for eval, decode and suggest, as the service's (said by
+  the service alone: a run of a workdir never trained, or one JAX cannot write in, would
+  otherwise print a folder that stays empty)."""
+  from mtn_jax.inference import trained  # pylint: disable=g-import-not-at-top
+  trained.keep_compiled_programs(workdir, config.serve.compile_cache, lambda text: None)
+
+
 def evaluate(config, workdir):
   from mtn_jax.evaluation import evaluate as evaluation  # pylint: disable=g-import-not-at-top
   from mtn_jax.inference import trained  # pylint: disable=g-import-not-at-top
   trained.check_config(config, workdir)
-  trained.keep_compiled_programs(workdir, config.serve.compile_cache, print)
+  _keep_compiled_programs(config, workdir)
   evaluation.evaluate(config, workdir)
 
 
 def decode(config, workdir):
   from mtn_jax.inference import suggest, trained  # pylint: disable=g-import-not-at-top
   trained.check_config(config, workdir)
-  trained.keep_compiled_programs(workdir, config.serve.compile_cache, print)
+  _keep_compiled_programs(config, workdir)
   suggest.decode_file(config, workdir)
 
 
 def interactive(config, workdir):
   from mtn_jax.inference import suggest, trained  # pylint: disable=g-import-not-at-top
   trained.check_config(config, workdir)
-  trained.keep_compiled_programs(workdir, config.serve.compile_cache, print)
+  _keep_compiled_programs(config, workdir)
   suggest.interactive(config, workdir)
 
 

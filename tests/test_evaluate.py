@@ -295,6 +295,9 @@ def test_a_stray_nul_skips_its_line_and_a_binary_file_is_refused(tmp_path):
   path.write_bytes(b'rock \x92n roll\n')
   reader = make_reader()
   assert len(list(inputs.read_sessions_file(str(path), reader, strict=True))) == 1
+  # A few such lines (a typed escape sequence in each of 3): text, those lines skipped.
+  path.write_bytes(b'rock\x1b[A\nroll\n' * 3 + b'jazz\n' * 3)
+  assert inputs.detect_format(str(path)) == 'sessions'
   utf16 = tmp_path / 'utf16.txt'
   utf16.write_bytes('boston\thotels\n'.encode('utf-16'))
   with pytest.raises(inputs.DecodeInputError, match=r'utf16.txt: not a text file \(14 of its '
@@ -305,7 +308,7 @@ def test_a_stray_nul_skips_its_line_and_a_binary_file_is_refused(tmp_path):
 def test_a_headerless_log_with_malformed_lines_is_a_log_and_no_file_mixes_forms(tmp_path):
   """Log lines of a wrong field count still read as a log's (the log reader counts them),
   not as sessions whose queries would be user ids and times; a log line inside a sessions
-  file is named rather than suggested after."""
+  file is skipped and counted (named with strict) rather than suggested after."""
   good = [f'7\tq{i}\t2006-03-01 10:0{i}:00\n' for i in range(2)]
   four_fields = [f'7\tr{i}\t2006-03-01 10:1{i}:00\t1\n' for i in range(3)]
   path = tmp_path / 'log.txt'
@@ -317,9 +320,12 @@ def test_a_headerless_log_with_malformed_lines_is_a_log_and_no_file_mixes_forms(
   assert reader.counts['skipped_bad_field_count'] == 3
   path.write_text('cheap flights\tboston\n' * 3 + good[0], encoding='utf-8')
   assert inputs.detect_format(str(path)) == 'sessions'
+  reader = make_reader()
+  assert len(list(inputs.read_sessions_file(str(path), reader, strict=False))) == 3
+  assert reader.counts['log_lines'] == 1
   with pytest.raises(inputs.DecodeInputError,
                      match=r'log.txt:4: a line of an AOL-format log in a file read as sessions'):
-    list(inputs.read_sessions_file(str(path), make_reader(), strict=False))
+    list(inputs.read_sessions_file(str(path), make_reader(), strict=True))
 
 
 def data_config(gap=30.0):

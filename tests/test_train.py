@@ -9,6 +9,7 @@ import math
 import os
 import random
 import re
+import shutil
 import signal
 import subprocess
 import sys
@@ -485,24 +486,40 @@ def test_a_damaged_checkpoint_is_named_in_one_error_with_what_to_fall_back_on(tm
     checkpoints.restore(reader, 2, abstract_params=abstract)
   assert str(error.value).endswith('; move it out of the folder to use step 1')
   assert '\n' not in str(error.value)
+  def damaged_advice(folder, bests, damaged):
+    """The advice when checkpoint `damaged` of steps 1, 2, ... (each naming its `bests`
+    entry as the best) is cut short."""
+    manager = checkpoints.open_manager(str(folder), keep=3)
+    for step, best in enumerate(bests, 1):
+      checkpoints.save(manager, step, params=params, train_state={'step': np.int32(step)},
+                       data_iter={}, meta={'best_step': best},
+                       vocab=Vocab(SPECIAL_TOKENS + ('a',)))
+    manager.wait_until_finished()
+    params_dir = folder / 'checkpoints' / str(damaged) / 'params'
+    with open(max((p for p in params_dir.rglob('*') if p.is_file()),
+                  key=lambda p: p.stat().st_size), 'r+b') as f:
+      f.truncate(100)
+    with pytest.raises(checkpoints.DamagedCheckpoint) as error:
+      checkpoints.restore(checkpoints.open_manager(str(folder), read_only=True), damaged,
+                          abstract_params=abstract)
+    return str(error.value)
+
   # Where the newest of the others names an earlier one as best, both are named: the best
   # is what decoding and serving load, the latest what a resumed run continues from.
-  other = tmp_path / 'other'
-  manager = checkpoints.open_manager(str(other), keep=3)
-  for step, best in ((1, 1), (2, 1), (3, 3)):
-    checkpoints.save(manager, step, params=params, train_state={'step': np.int32(step)},
-                     data_iter={}, meta={'best_step': best},
-                     vocab=Vocab(SPECIAL_TOKENS + ('a',)))
-  manager.wait_until_finished()
-  params_dir = other / 'checkpoints' / '3' / 'params'
-  with open(max((p for p in params_dir.rglob('*') if p.is_file()),
-                key=lambda p: p.stat().st_size), 'r+b') as f:
-    f.truncate(100)
-  with pytest.raises(checkpoints.DamagedCheckpoint) as error:
-    checkpoints.restore(checkpoints.open_manager(str(other), read_only=True), 3,
-                        abstract_params=abstract)
-  assert str(error.value).endswith('; move it out of the folder to use the others (then the '
-                                   'best: step 1; the latest: step 2)')
+  assert damaged_advice(tmp_path / 'other', (1, 1, 3), 3).endswith(
+      '; move it out of the folder to use the others (then the best: step 1; the latest: '
+      'step 2)')
+  # The best one damaged: moving it out would leave no best, so the advice is a copy of it;
+  # once gone, loading the best says so rather than a damaged file of a missing folder.
+  lost = tmp_path / 'lost'
+  assert damaged_advice(lost, (1, 2, 2), 2).endswith(
+      '; it is the checkpoint the newest one names as the best, which eval, decode and serve '
+      'read: restore it from a copy (a resumed run continues from step 3)')
+  shutil.rmtree(lost / 'checkpoints' / '2')
+  from mtn_jax.inference import trained  # pylint: disable=g-import-not-at-top
+  with pytest.raises(errors.Error, match=re.escape(
+      f"checkpoint {lost / 'checkpoints'}/2, which step 3 names as the best, is gone")):
+    trained._step(checkpoints.open_manager(str(lost), read_only=True), str(lost), 'best')  # pylint: disable=protected-access
   (step_dir / 'meta' / 'metadata').write_text('garbage')
   with pytest.raises(checkpoints.DamagedCheckpoint, match='JSONDecodeError'):
     checkpoints.read_meta(reader, 2)
@@ -644,6 +661,12 @@ def test_a_metrics_line_cut_short_is_dropped_and_another_bad_one_named(tmp_path,
     assert steps == ([1, 2, 3, 4] if resumed_at is None else [1, 2, 4])
   path.write_text(whole + '{"kind": "train", "st', encoding='utf-8')
   assert [r['step'] for r in metric_writer.read_metrics(str(tmp_path))] == [1, 2, 3]
+  # A whole last record without its newline: kept, and the next record on a line of its own.
+  path.write_text(whole.rstrip('\n'), encoding='utf-8')
+  writer = metric_writer.MetricWriter(str(tmp_path), enabled=True)
+  writer.write(4, 'train', {'loss': 0.5})
+  writer.close()
+  assert [r['step'] for r in metric_writer.read_metrics(str(tmp_path))] == [1, 2, 3, 4]
   path.write_text(whole.replace('"step": 2', '"step": 2x'), encoding='utf-8')
   for read in (lambda: metric_writer.read_metrics(str(tmp_path)),
                lambda: metric_writer.MetricWriter(str(tmp_path), enabled=True, resumed_at=3)):

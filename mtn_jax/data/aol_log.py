@@ -40,9 +40,9 @@ under the first reason of `REASONS` that applies to it.
    no part of it), `empty_line` (nothing on the line),
    `bad_field_count` (not 3 or 5 tab-separated fields), `bad_user_id` (AnonID is not 1 to 18
    digits), `bad_time` (not a valid `YYYY-MM-DD HH:MM:SS`), `control_character` (the query
-   holds an ASCII control character that is not whitespace, NUL or ESC: no typed query
-   does, and the service refuses them, `CONTROL_CHARACTERS`), `empty_query` (no words, or
-   the log's `-` placeholder for a removed query). The four before `empty_query` are
+   holds an ASCII control character other than whitespace, such as NUL or ESC: no typed
+   query does, and the service refuses them, `ASCII_CONTROL_CHARACTERS`), `empty_query` (no
+   words, or the log's `-` placeholder for a removed query). The four before `empty_query` are
    malformed lines: with `strict=True` the first of them raises
    `LogFormatError` naming `file:line` and the reason (`-` queries are the real log's own
    content, so strict mode only counts them). Lines skipped here take no part in sessions.
@@ -108,8 +108,8 @@ _WHY = {
     'bad_time': 'QueryTime is not a valid YYYY-MM-DD HH:MM:SS',
     'control_character': 'the query holds an ASCII control character (NUL, ESC, ...)',
 }
-# Characters no query may hold: the control characters that are not whitespace (NUL, BEL,
-# ESC, DEL; a typed query or a request not the C1 controls either). Whitespace, tab and newline
+# Characters no query may hold: the control characters other than whitespace (NUL, BEL, ESC,
+# DEL, and for a typed query or a request the C1 controls too). Whitespace, tab and newline
 # included, separates words. Regular expression class bodies, in the syntax Python and JSON
 # Schema (ECMA-262) share (the service's OpenAPI description). A file's lines are checked for
 # the ASCII ones (the C1 controls are in a log's Latin-1 lines the Windows code page's
@@ -531,7 +531,7 @@ def _parse_chunk(buf: bytearray) -> tuple[np.ndarray, Records]:
   rows, user, time, query_begin, query_end = reject(ok, 'bad_time', user, time, user_end + 1,
                                                     query_end)
   # Such bytes are rare: two quick counts usually show that a chunk has none.
-  if (np.count_nonzero(data < _SPACE) == len(tabs) + num_lines
+  if (np.count_nonzero(data < _SPACE) == len(tabs) + num_lines + np.count_nonzero(data == _CR)
       and not np.count_nonzero(data == _DEL)):
     controls = np.zeros(0, np.int64)
   else:

@@ -119,9 +119,11 @@ def prepare(config: ml_collections.ConfigDict, workdir: str, verbose: bool = Fal
   built = _read_json(os.path.join(target, _MANIFEST))
   same_recipe = built is not None and built.get('fingerprint') == manifest['fingerprint']
   stats = _intact_stats(target, built) if same_recipe else None
-  if stats is not None and cfg.strict and any(stats['skipped'].get(reason)
+  if stats is not None and cfg.strict and any(stats['skipped'].get(reason, 1)
                                               for reason in aol_log.MALFORMED):
-    stats = None  # built without `strict`: building again names the first malformed line
+    # Built without `strict` (or before a reason was counted: its lines were kept): building
+    # again names the first malformed line.
+    stats = None
   if stats is not None:
     # A corpus built before its stats named these: the tokenizer is the fingerprint's, and the
     # left-out users' queries are what the counts lack.

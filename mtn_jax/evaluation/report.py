@@ -82,12 +82,14 @@ def load_run(workdir: str, prefix: str = '') -> EvaluatedRun:
     # strategy's, and the advice to evaluate it so could not be followed.
     others = sorted(n for n in os.listdir(eval_dir) if n.endswith('results.json')
                     ) if os.path.isdir(eval_dir) else []
-    held = (f'; it holds {", ".join(others)} only: a report takes one strategy\'s results on '
-            'one split from every run, as config.suggest.strategy and '
-            'config.decode.eval_split name them' if others else '')
+    if others:
+      raise ReportError(f'report workdir {workdir} has no {results_path}; it holds '
+                        f'{", ".join(others)} only: a report takes one strategy\'s results '
+                        'on one split from every run, as config.suggest.strategy and '
+                        'config.decode.eval_split name them (a strategy its model has)')
     raise ReportError(f'report workdir {workdir} has not been evaluated ({results_path} is '
                       'missing): run --mode=eval on it first with the same '
-                      f'config.suggest.strategy and config.decode.eval_split{held}')
+                      'config.suggest.strategy and config.decode.eval_split')
   try:
     with open(results_path, encoding='utf-8') as f:
       results = json.load(f)

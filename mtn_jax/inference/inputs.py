@@ -14,7 +14,7 @@ first line is malformed is still a log):
             duplicates removed), over-long queries cut rather than dropped and sessions of any
             length kept; suggestions are made after every query of every session, with the
             next query as the reference where there is one.
-A sessions file holding a log's line is refused, naming it (the form was told by the first
+A sessions file's line that is a log's is skipped and counted (the form was told by the first
 lines). Queries are normalised as the corpus's are (`aol_log.normalize_query`: lower-cased,
 words on single spaces), a line that is not UTF-8 is read as Latin-1 (counted), and a line
 holding an ASCII control character (NUL, ESC) is skipped and counted, as the log reader skips
@@ -60,7 +60,7 @@ def refused_character(text: str, in_a_file: bool = False) -> str | None:
   """The first character of `text` that no query may hold, named ('the control character
   U+0007', 'the lone surrogate U+D800'), else None: a typed query or a request holding one
   is asked again or refused. `in_a_file`: a decode input's line, whose ASCII control
-  characters alone are refused, as the log reader's (`aol_log.CONTROL_CHARACTERS`)."""
+  characters alone are refused, as the log reader's (`aol_log.ASCII_CONTROL_CHARACTERS`)."""
   found = (_REFUSED_IN_A_FILE if in_a_file else _REFUSED_CHARACTER).search(text)
   if found is None:
     return None
@@ -216,8 +216,10 @@ def _is_gzip(path: str) -> bool:
 
 # The non-empty lines a decode input's form is told by (the module docstring).
 FORMAT_LINES = 100
-# A file whose first bytes are more than 1 / this control bytes is no text.
-BINARY_SHARE = 100
+# A file whose first bytes are more than 1 / BINARY_SHARE control bytes, at least
+# BINARY_MIN_BYTES of them, is no text.
+BINARY_SHARE = 20
+BINARY_MIN_BYTES = 8
 
 
 def detect_format(path: str) -> str:
@@ -230,10 +232,10 @@ def detect_format(path: str) -> str:
       head = f.read(1 << 16)
     except (gzip.BadGzipFile, EOFError, zlib.error) as e:
       raise DecodeInputError(f'{path}: corrupt or truncated gzip data ({e})') from None
-    # Text holds control bytes rarely (a stray NUL: its line is skipped and counted), binary
-    # data often (random bytes 9 %, UTF-16 text half its bytes).
+    # Text holds control bytes in a few lines (a stray NUL, a typed escape sequence: those
+    # lines are skipped and counted), binary data and UTF-16 text throughout.
     controls = int(np.count_nonzero(aol_log.CONTROL_BYTE[np.frombuffer(head, np.uint8)]))
-    if controls > max(1, len(head) // BINARY_SHARE):
+    if controls >= BINARY_MIN_BYTES and controls * BINARY_SHARE > len(head):
       raise DecodeInputError(f'{path}: not a text file ({controls:,} of its first '
                              f'{len(head):,} bytes are control bytes such as NUL): expected '
                              'one session a line (queries separated by tabs) or an AOL-format '
@@ -253,15 +255,18 @@ def detect_format(path: str) -> str:
 
 def read_sessions_file(path: str, reader: QueryReader, strict: bool) -> Iterator[Context]:
   """One Context per non-empty line of a sessions file. A line holding a control character
-  (`refused_character`) is skipped and counted ('control_character_lines'; with `strict`,
-  the first raises naming it); a line of an AOL log (`is_raw_log_line`) raises naming it: the
-  file's first lines read as sessions, and a file is one form or the other."""
+  (`refused_character`) or a line of an AOL log (`is_raw_log_line`: its user number and time
+  would be read as queries; the file's first lines read as sessions) is skipped and counted
+  ('control_character_lines', 'log_lines'); with `strict`, the first raises naming it."""
   for number, line in _lines(path, strict, reader.counts):
     if is_raw_log_line(line):
-      raise DecodeInputError(
-          f'{path}:{number}: a line of an AOL-format log in a file read as sessions (most '
-          f'of its first {FORMAT_LINES} lines are sessions): give the log or the sessions '
-          'alone')
+      if strict:
+        raise DecodeInputError(
+            f'{path}:{number}: a line of an AOL-format log in a file read as sessions (most '
+            f'of its first {FORMAT_LINES} lines are sessions): give the log or the sessions '
+            'alone')
+      reader.counts['log_lines'] += 1
+      continue
     if refused := refused_character(line, in_a_file=True):
       if strict:
         raise DecodeInputError(f'{path}:{number}: the line holds {refused}')

@@ -74,6 +74,7 @@ _COUNT_WORDS = {
     'empty_lines': 'empty lines skipped',
     'empty_queries': 'empty queries skipped',
     'control_character_lines': 'lines holding a control character skipped',
+    'log_lines': "lines of an AOL log in a sessions file skipped",
     'duplicate_queries': 'successive duplicate queries removed',
     'oov_words': 'words outside the vocabulary became <unk>',
     'long_queries': 'queries cut to {n}',

@@ -116,6 +116,10 @@ def _step(manager, workdir: str, which: str) -> tuple[int, str]:
     raise errors.Error(f'no checkpoints in {checkpoints.checkpoint_dir(workdir)}: train first')
   step = checkpoints.best_step(manager) if which == 'best' else latest
   step = latest if step is None else step
+  if step not in manager.all_steps():
+    raise errors.Error(f'checkpoint {checkpoints.checkpoint_dir(workdir)}/{step}, which step '
+                       f'{latest} names as the best, is gone (moved out or deleted): put it '
+                       'back from a copy')
   return step, f'checkpoint {checkpoints.checkpoint_dir(workdir)}/{step}'
 
 

@@ -63,18 +63,23 @@ def _damaged(manager: ocp.CheckpointManager, step: int, cause: str) -> DamagedCh
   """Checkpoint `step` cannot be used because of `cause`: named, with what the folder gives
   without it (the best checkpoint its newest remaining one names, and that newest one, which
   a resumed run continues from)."""
+  folder = os.path.join(str(manager.directory), str(step))
   others = sorted(s for s in manager.all_steps() if s != step)
   advice = ''
   if others:
     best = _LatestAndBest(str(manager.directory), keep=0)._named_best(others)  # pylint: disable=protected-access
-    if best in others and best != others[-1]:
+    if best == step:  # the others' record names it: moving it out leaves no best
+      advice = ('; it is the checkpoint the newest one names as the best, which eval, decode '
+                'and serve read: restore it from a copy (a resumed run continues from step '
+                f'{others[-1]})')
+    elif not os.path.exists(folder):
+      advice = f'; it is gone: step {others[-1]} is the newest left'
+    elif best in others and best != others[-1]:
       advice = (f'; move it out of the folder to use the others (then the best: step {best}; '
                 f'the latest: step {others[-1]})')
     else:
       advice = f'; move it out of the folder to use step {others[-1]}'
-  return DamagedCheckpoint(
-      f'{os.path.join(str(manager.directory), str(step))}: a damaged or incomplete '
-      f'checkpoint ({cause}){advice}')
+  return DamagedCheckpoint(f'{folder}: a damaged or incomplete checkpoint ({cause}){advice}')
 
 
 def _reading(manager: ocp.CheckpointManager, step: int):

@@ -38,7 +38,7 @@ class MetricWriter:
                 'it): dropped.', flush=True)
         kept = [line for line, record in zip(lines, records)
                 if resumed_at is None or _kept(record, resumed_at, redo_validation)]
-        if cut or len(kept) < len(lines):
+        if ''.join(kept) != _text(path):  # lines dropped, or a last newline added
           files.write_text(path, ''.join(kept))
       self._jsonl = open(path, 'a', encoding='utf-8')
       from tensorboardX import SummaryWriter  # pylint: disable=g-import-not-at-top
@@ -71,27 +71,33 @@ def _kept(record: dict, resumed_at: int, redo_validation: bool) -> bool:
       redo_validation and record['kind'] == 'valid'))
 
 
-def _read(path: str) -> tuple[list[str], list[dict], bool]:
-  """(lines, their records, whether a last line cut short was left out) of a metrics file;
-  a line that is no record, but for a last line without its newline, raises naming it."""
+def _text(path: str) -> str:
   with open(path, encoding='utf-8', errors='replace') as f:
-    text = f.read()
-  lines = text.splitlines(keepends=True)
+    return f.read()
+
+
+def _read(path: str) -> tuple[list[str], list[dict], bool]:
+  """(lines, their records, whether a last line cut short was left out) of a metrics file,
+  each line ending in its newline; a line that is no record (not UTF-8 JSON of a step), but
+  for a last line without its newline, raises naming it."""
+  with open(path, 'rb') as f:
+    raw_lines = f.read().splitlines(keepends=True)
   kept, records, cut = [], [], False
-  for number, line in enumerate(lines, 1):
-    if not line.strip():
+  for number, raw in enumerate(raw_lines, 1):
+    if not raw.strip():
       continue
     try:
+      line = raw.decode('utf-8')
       record = json.loads(line)
       if not isinstance(record, dict) or not isinstance(record.get('step'), int):
         raise ValueError('no step')
-    except ValueError as e:
-      if number == len(lines) and not line.endswith('\n'):
+    except ValueError as e:  # UnicodeDecodeError and JSONDecodeError are ValueErrors
+      if number == len(raw_lines) and not raw.endswith(b'\n'):
         cut = True
         continue
       raise errors.Error(f'{path}:{number}: not a metrics record ({e}): move the file aside '
                          'to start it again') from None
-    kept.append(line)
+    kept.append(line if line.endswith('\n') else line + '\n')
     records.append(record)
   return kept, records, cut
 
