@@ -32,13 +32,13 @@ class MetricWriter:
       os.makedirs(workdir, exist_ok=True)
       path = os.path.join(workdir, 'metrics.jsonl')
       if os.path.exists(path):
-        lines, records, cut = _read(path)
+        lines, records, cut, as_read = _read(path)
         if cut:
           print(f'Note: {path}: its last line was cut short (a run stopped while writing '
                 'it): dropped.', flush=True)
         kept = [line for line, record in zip(lines, records)
                 if resumed_at is None or _kept(record, resumed_at, redo_validation)]
-        if ''.join(kept) != _text(path):  # lines dropped, or a last newline added
+        if len(kept) < len(lines) or not as_read:
           files.write_text(path, ''.join(kept))
       self._jsonl = open(path, 'a', encoding='utf-8')
       from tensorboardX import SummaryWriter  # pylint: disable=g-import-not-at-top
@@ -71,17 +71,14 @@ def _kept(record: dict, resumed_at: int, redo_validation: bool) -> bool:
       redo_validation and record['kind'] == 'valid'))
 
 
-def _text(path: str) -> str:
-  with open(path, encoding='utf-8', errors='replace') as f:
-    return f.read()
-
-
-def _read(path: str) -> tuple[list[str], list[dict], bool]:
-  """(lines, their records, whether a last line cut short was left out) of a metrics file,
-  each line ending in its newline; a line that is no record (not UTF-8 JSON of a step), but
-  for a last line without its newline, raises naming it."""
+def _read(path: str) -> tuple[list[str], list[dict], bool, bool]:
+  """(lines, their records, whether a last line cut short was left out, whether the lines are
+  the file as it is) of a metrics file, each line ending in its newline; a line that is no
+  record (not UTF-8 JSON of a step), but for a last line without its newline, raises naming
+  it."""
   with open(path, 'rb') as f:
-    raw_lines = f.read().splitlines(keepends=True)
+    data = f.read()
+  raw_lines = data.splitlines(keepends=True)
   kept, records, cut = [], [], False
   for number, raw in enumerate(raw_lines, 1):
     if not raw.strip():
@@ -99,7 +96,7 @@ def _read(path: str) -> tuple[list[str], list[dict], bool]:
                          'to start it again') from None
     kept.append(line if line.endswith('\n') else line + '\n')
     records.append(record)
-  return kept, records, cut
+  return kept, records, cut, ''.join(kept).encode('utf-8') == data
 
 
 def read_metrics(workdir: str, kind: str | None = None) -> list[dict]:
@@ -108,5 +105,5 @@ def read_metrics(workdir: str, kind: str | None = None) -> list[dict]:
   path = os.path.join(workdir, 'metrics.jsonl')
   if not os.path.exists(path):
     return []
-  _, records, _ = _read(path)
+  _, records, _, _ = _read(path)
   return [r for r in records if kind is None or r['kind'] == kind]
