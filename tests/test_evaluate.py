@@ -795,6 +795,18 @@ def test_a_report_of_runs_on_different_splits_says_so(tmp_path, capsys):
           for name in ('c', 'd')]
   report.write_report(report_config(','.join(same), str(tmp_path / 'out2')), same[0])
   assert 'Note:' not in (tmp_path / 'out2' / 'report.md').read_text(encoding='utf-8')
+  # Where eval recorded the split's digest, it decides: other pairs of the same count differ,
+  # and runs with other training users on one split do not.
+  for digests, noted in ((('x', 'y'), True), (('x', 'x'), False)):
+    for workdir, digest in zip(same, digests):
+      path = os.path.join(workdir, 'eval', 'results.json')
+      with open(path, encoding='utf-8') as f:
+        results = json.load(f)
+      with open(path, 'w', encoding='utf-8') as f:
+        json.dump({**results, 'split_digest': digest}, f)
+    report.write_report(report_config(','.join(same), str(tmp_path / 'out3')), same[0])
+    text = (tmp_path / 'out3' / 'report.md').read_text(encoding='utf-8')
+    assert ('different test splits (pairs: 1,234 each)' in text) == noted
 
 
 def test_report_refuses_missing_and_unevaluated_workdirs(tmp_path):

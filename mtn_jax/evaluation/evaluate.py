@@ -47,6 +47,7 @@ from __future__ import annotations
 import collections
 import dataclasses
 import datetime
+import hashlib
 import json
 import os
 import time
@@ -409,6 +410,7 @@ def scores(config: ml_collections.ConfigDict, workdir: str, trained: inference.T
       'sessions': test.num_sessions,
       'sessions_total': total_sessions,
       'pairs': test.num_pairs,
+      'split_digest': split_digest(test),
       'decode': settings.to_dict(),
       # The paper's protocol; then the user-facing one, which never suggests a query the
       # session already holds.
@@ -461,6 +463,14 @@ def results_prefix(split: str, strategy: str) -> str:
   'generate' (the paper's), 'valid_', 'learned_', 'valid_learned_', ... otherwise."""
   return ('' if split == 'test' else f'{split}_') + ('' if strategy == 'generate'
                                                      else f'{strategy}_')
+
+
+def split_digest(split) -> str:
+  """SHA-256 of a split's sessions as evaluated (their query texts and bounds): runs whose
+  digests differ were scored on other pairs (`report` says so); runs with other training
+  users but the same test split share it."""
+  return hashlib.sha256(json.dumps([list(split.texts), split.starts.tolist()]).encode()
+                        ).hexdigest()
 
 
 def write_results(workdir: str, results: dict, lists: Lists, pairs: Pairs, *, strategy: str,

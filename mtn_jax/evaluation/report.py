@@ -360,11 +360,14 @@ def write_report(config: ml_collections.ConfigDict, workdir: str,
               f'on its {split} split ({how}; references are the raw next queries). Size: '
               'parameters in MB at fp32 (2**20 bytes, as the paper counts).', '',
               results_table(runs, split), '']
+  # The split's digest where every run has one (eval writes it), else the pairs' count.
+  digests = {r.results.get('split_digest') for r in runs}
   evaluated_on = list(dict.fromkeys(_pairs(r.results) for r in runs))
-  if len(evaluated_on) > 1:
+  if (len(digests) > 1 if None not in digests else len(evaluated_on) > 1):
     # Runs on other corpora (or other parts of one) in one table: said, not left to the eye.
     note = (f'Note: the runs were evaluated on different {split} splits (pairs: '
-            f'{"; ".join(evaluated_on)}): their figures do not compare.')
+            f'{"; ".join(evaluated_on)}{" each" if len(evaluated_on) == 1 else ""}): their '
+            'figures do not compare.')
     print(note, flush=True)
     sections += [f'**{note}**', '']
   sections += ['![BLEU per model](bleu.png)', '']
