@@ -19,33 +19,31 @@ def train(config, workdir):
   return main_job.train(config, workdir)['stopped_by']
 
 
-def _keep_compiled_programs(config, workdir):
-  """The workdir's compilation cache for eval, decode and suggest, as the service's (said by
-  the service alone: a run of a workdir never trained, or one JAX cannot write in, would
-  otherwise print a folder that stays empty)."""
+def _checked_workdir(config, workdir):
+  """eval, decode and suggest: the workdir's model is the config's (`check_config`), and its
+  compilation cache is used as the service's (said by the service alone: a run of a workdir
+  never trained, or one JAX cannot write in, would otherwise print a folder that stays
+  empty)."""
   from mtn_jax.inference import trained  # pylint: disable=g-import-not-at-top
+  trained.check_config(config, workdir)
   trained.keep_compiled_programs(workdir, config.serve.compile_cache, lambda text: None)
 
 
 def evaluate(config, workdir):
   from mtn_jax.evaluation import evaluate as evaluation  # pylint: disable=g-import-not-at-top
-  from mtn_jax.inference import trained  # pylint: disable=g-import-not-at-top
-  trained.check_config(config, workdir)
-  _keep_compiled_programs(config, workdir)
+  _checked_workdir(config, workdir)
   evaluation.evaluate(config, workdir)
 
 
 def decode(config, workdir):
-  from mtn_jax.inference import suggest, trained  # pylint: disable=g-import-not-at-top
-  trained.check_config(config, workdir)
-  _keep_compiled_programs(config, workdir)
+  from mtn_jax.inference import suggest  # pylint: disable=g-import-not-at-top
+  _checked_workdir(config, workdir)
   suggest.decode_file(config, workdir)
 
 
 def interactive(config, workdir):
-  from mtn_jax.inference import suggest, trained  # pylint: disable=g-import-not-at-top
-  trained.check_config(config, workdir)
-  _keep_compiled_programs(config, workdir)
+  from mtn_jax.inference import suggest  # pylint: disable=g-import-not-at-top
+  _checked_workdir(config, workdir)
   suggest.interactive(config, workdir)
 
 

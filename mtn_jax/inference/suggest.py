@@ -141,12 +141,13 @@ def _check_output(output: str, input_path: str) -> list[str]:
     problem = files.cannot_create(output)
     if problem:
       raise DecodeOutputError(f'{key}: {problem}')
-  made, folder = [], os.path.dirname(os.path.abspath(output))
-  while not os.path.exists(folder):
-    made.append(folder)
-    folder = os.path.dirname(folder)
+  folder = os.path.dirname(os.path.abspath(output))
+  made, above = [], folder
+  while not os.path.exists(above):
+    made.append(above)
+    above = os.path.dirname(above)
   try:
-    os.makedirs(os.path.dirname(os.path.abspath(output)), exist_ok=True)
+    os.makedirs(folder, exist_ok=True)
   except OSError as e:
     raise DecodeOutputError(f'{key}: {e.strerror or e}') from None
   return made
