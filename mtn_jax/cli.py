@@ -206,6 +206,7 @@ def checked_config(config_flag, mode: str):
   if missing:
     usage_error(missing)
   config = config_flag.value
+  config_lib.expand_home(config)
   try:
     config_lib.validate(config, mode)
   except config_lib.ConfigError as e:

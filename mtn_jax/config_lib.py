@@ -9,12 +9,37 @@ own fields are checked by its config class (`ModelConfig.check`, found through
 
 from __future__ import annotations
 
+import os
+
 import ml_collections
 
 from mtn_jax import errors
 from mtn_jax.data import aol_log
 
 ConfigError = errors.ConfigError  # a config value that cannot work; the message names the key
+
+
+# The keys naming files or folders, and those naming several, comma-separated: a leading `~`
+# is the user's home in each (a shell leaves `--config.decode.input=~/f` as typed).
+PATH_KEYS = ('train.hypotheses_from', 'decode.input', 'decode.output', 'suggest.ranker_workdir',
+             'suggest.retriever_workdir', 'suggest.imdna_workdir', 'report.output',
+             'serve.history_db', 'serve.compile_cache')
+PATH_LIST_KEYS = ('data.raw_files', 'report.workdirs')
+
+
+def expand_home(config: ml_collections.ConfigDict) -> None:
+  """Each path of `PATH_KEYS` and `PATH_LIST_KEYS` starting with `~` as its absolute path
+  (in place)."""
+  for key in PATH_KEYS + PATH_LIST_KEYS:
+    section, name = key.split('.')
+    value = config[section][name]
+    if '~' not in value:
+      continue
+    if key in PATH_LIST_KEYS:
+      config[section][name] = ','.join(os.path.expanduser(item.strip())
+                                       for item in value.split(','))
+    else:
+      config[section][name] = os.path.expanduser(value)
 
 
 def _positive(config, keys):

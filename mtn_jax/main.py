@@ -9,6 +9,7 @@ errors are one line and an exit code (`mtn_jax.cli`). The modes themselves: `mtn
 """
 
 import logging as stdlib_logging
+import os
 import sys
 
 from absl import app
@@ -54,7 +55,8 @@ def main(argv):
   # Ctrl-C while the config's checks import the libraries (seconds) stops in one line too.
   with cli.run_errors():
     config = cli.checked_config(FLAGS['config'], FLAGS.mode)
-    cli.check_workdir(FLAGS.workdir)
+    workdir = os.path.expanduser(FLAGS.workdir)  # a shell leaves `--workdir=~/w` as typed
+    cli.check_workdir(workdir)
     if FLAGS.mode != 'preprocess':  # the one mode that runs without JAX
       from mtn_jax import parallel  # pylint: disable=g-import-not-at-top
       parallel.set_cpu_devices(parallel.cpu_devices_for(FLAGS.mode, FLAGS.cpu_devices))
@@ -63,7 +65,7 @@ def main(argv):
       jax.distributed.initialize(coordinator_address=FLAGS.coordinator_address,
                                  num_processes=FLAGS.num_processes,
                                  process_id=FLAGS.process_id)
-    stopped_by = modes.MODES[FLAGS.mode](config, FLAGS.workdir)
+    stopped_by = modes.MODES[FLAGS.mode](config, workdir)
   sys.exit(cli.EXIT_CODES.get(stopped_by, 0))
 
 

@@ -149,6 +149,39 @@ def test_missing_required_flags(tmp_path):
 
 
 @pytest.mark.slow
+def test_a_leading_tilde_is_the_home_folder(tmp_path):
+  """`--workdir=~/w` (which a shell leaves as typed) is the home folder's `w`, not a folder
+  named `~` in the current one."""
+  home, cwd = tmp_path / 'home', tmp_path / 'cwd'
+  home.mkdir()
+  cwd.mkdir()
+  result = subprocess.run(
+      [sys.executable, '-m', 'mtn_jax.main', f'--config={cli.REPO}/configs/demo.py',
+       '--workdir=~/w', '--mode=preprocess'], cwd=cwd,
+      env={**cli.env(), 'PYTHONPATH': str(cli.REPO), 'HOME': str(home)}, capture_output=True,
+      text=True, timeout=120)
+  assert result.returncode == 0, result.stderr
+  assert (home / 'w' / 'data').is_dir() and not list(cwd.iterdir())
+
+
+def test_config_paths_expand_a_leading_tilde(monkeypatch):
+  monkeypatch.setenv('HOME', '/home/someone')
+  c = default.get_config('mtn')
+  c.data.raw_files = '~/a.tsv, /logs/b.tsv,~/c/*.gz'
+  c.decode.input, c.suggest.ranker_workdir = '~/sessions.txt', 'runs/~x'
+  c.report.workdirs = '~/w1,~/w2'
+  config_lib.expand_home(c)
+  assert c.data.raw_files == '/home/someone/a.tsv,/logs/b.tsv,/home/someone/c/*.gz'
+  assert c.decode.input == '/home/someone/sessions.txt'
+  assert c.suggest.ranker_workdir == 'runs/~x'  # `~` only at a path's start
+  assert c.report.workdirs == '/home/someone/w1,/home/someone/w2'
+  # Every key named is a key of the config (a renamed key would fail here, not at a user's).
+  for key in config_lib.PATH_KEYS + config_lib.PATH_LIST_KEYS:
+    section, name = key.split('.')
+    assert isinstance(c[section][name], str), key
+
+
+@pytest.mark.slow
 def test_workdir_that_is_a_file(tmp_path):
   workdir = tmp_path / 'file'
   workdir.write_text('')
