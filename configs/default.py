@@ -87,7 +87,7 @@ def get_config(variant: str = '') -> ml_collections.ConfigDict:
   c.train.max_steps = 0  # > 0: stop after this many steps even mid-epoch
   c.train.schedule = 'transformer'  # 'transformer' (Vaswani warm-up) | 'constant'
   c.train.learning_rate = 1.0  # 'transformer': factor on d_model^-0.5 * min(...); else the rate
-  c.train.warmup_steps = 4000
+  c.train.warmup_steps = 4000  # 'transformer' only; 0 under 'constant', which reads none
   c.train.adam_b1 = 0.9  # the optimizer is Adam (optax.adam), with these settings
   c.train.adam_b2 = 0.98
   c.train.adam_eps = 1e-9
@@ -267,7 +267,7 @@ def get_config(variant: str = '') -> ml_collections.ConfigDict:
   # and IMDNA models lack (Adam at a constant 1e-3, the paper's M-NSRF rate, instead); the
   # zero attention model reads each user's earlier queries.
   if 'd_model' not in c.model:
-    c.train.schedule, c.train.learning_rate = 'constant', 1e-3
+    c.train.schedule, c.train.learning_rate, c.train.warmup_steps = 'constant', 1e-3, 0
   # Label smoothing is a generator's (over the vocabulary): the rankers', the zero attention
   # and IMDNA models' losses are over candidates and read none.
   if variant not in families.GENERATORS:

@@ -84,6 +84,7 @@ def apply_training(c):
   clipped at norm 5, no label smoothing."""
   c.train.schedule = 'constant'
   c.train.learning_rate = 1e-3
+  c.train.warmup_steps = 0
   c.train.adam_b2 = 0.999
   c.train.adam_eps = 1e-8
   c.train.label_smoothing = 0.0

@@ -31,15 +31,15 @@ import time
 from collections.abc import Mapping
 
 # The sizes of the tests (tests/cli.py), written out: the record must not move with them.
-# `config.model` holds the keys of its model's family only: the attention models' sizes go to
-# the generator (MTN) and the Poly-encoder, not to IMDNA, which reads none of them.
+# `config.model` holds the keys of its model's family only: the attention models' sizes and
+# warm-up go to the generator (MTN) and the Poly-encoder, not to IMDNA, which reads none of them.
 TINY = ('--config.data.demo_users=150', '--config.data.max_session_queries=3',
         '--config.data.min_word_count=2', '--config.model.emb_dim=16',
-        '--config.train.warmup_steps=10',
         '--config.train.learning_rate=0.3', '--config.input.train_queries_per_batch=240',
         '--config.input.eval_queries_per_batch=480', '--config.decode.batch_sessions=32',
         '--config.decode.max_eval_sessions=16')
 ATTENTION = TINY + (
+    '--config.train.warmup_steps=10',  # the attention models' schedule; IMDNA's has none
     '--config.model.d_model=16', '--config.model.num_heads=2', '--config.model.ff_dim=32',
     '--config.model.query_layers=1', '--config.model.session_layers=1',
     '--config.model.decoder_layers=1', '--config.model.scan_layers=False')

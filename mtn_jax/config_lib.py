@@ -269,6 +269,9 @@ def _check_train(config, model_class) -> None:
     if t.warmup_steps <= 0:
       raise ConfigError('config.train.warmup_steps must be positive with the transformer '
                         'schedule')
+  elif t.warmup_steps:
+    raise ConfigError(f'config.train.warmup_steps={t.warmup_steps}: the constant schedule '
+                      'has no warm-up and reads none (set it to 0)')
   if model_class.copies(m) and t.entropy_weight:
     raise ConfigError('config.train.entropy_weight is not defined for a copy mixture: set it '
                       'to 0 or config.model.copy to False')

@@ -46,14 +46,16 @@ MODEL_TINY = ('--config.model.lstm_units=8',)
 
 def tiny(config: str = 'configs/demo.py') -> tuple[str, ...]:
   """`TINY` and `MODEL_TINY` for the config file `config` (path[:variant]): the overrides of
-  `config.model` keys its model has, and every other."""
+  `config.model` keys its model has, the warm-up where its schedule has one, and every other."""
   import importlib  # pylint: disable=g-import-not-at-top
   path, _, variant = config.partition(':')
   name = path.removeprefix('configs/').removesuffix('.py')
-  model = importlib.import_module(f'configs.{name}').get_config(variant).model
+  config = importlib.import_module(f'configs.{name}').get_config(variant)
   has = lambda o: (not o.startswith('--config.model.')
-                   or o.removeprefix('--config.model.').split('=')[0] in model)
-  return tuple(o for o in TINY + MODEL_TINY if has(o))
+                   or o.removeprefix('--config.model.').split('=')[0] in config.model)
+  warms_up = config.train.schedule == 'transformer'
+  return tuple(o for o in TINY + MODEL_TINY
+               if has(o) and (warms_up or not o.startswith('--config.train.warmup_steps=')))
 
 
 def command(workdir, *overrides, mode: str = 'train', config: str = 'configs/demo.py',

@@ -224,6 +224,10 @@ EDGES = [
      'config.train.label_smoothing must be in [0, 1), got 1.0'),
     ({'train.warmup_steps': 0}, {'train.warmup_steps': 1},
      'config.train.warmup_steps must be positive with the transformer schedule'),
+    ({'train.schedule': 'constant', 'train.warmup_steps': 10},
+     {'train.schedule': 'constant', 'train.warmup_steps': 0},
+     'config.train.warmup_steps=10: the constant schedule has no warm-up and reads none '
+     '(set it to 0)'),
     ({'decode.top_k': 6}, {'decode.top_k': 5},
      'config.decode.top_k (6) cannot exceed config.decode.beam_size (5)'),
     ({'serve.port': 65536}, {'serve.port': 65535}, 'config.serve.port must be in 0..65535'),

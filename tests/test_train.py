@@ -172,7 +172,8 @@ def test_four_devices_match_one(reference_run, tmp_path):
 @pytest.mark.slow
 def test_nonfinite_loss_stops_with_step_named_and_checkpoint_intact(tmp_path):
   result = cli.run(tmp_path, '--config.train.schedule=constant',
-                   '--config.train.learning_rate=1e30', '--config.train.checkpoint_every_steps=1',
+                   '--config.train.warmup_steps=0', '--config.train.learning_rate=1e30',
+                   '--config.train.checkpoint_every_steps=1',
                    '--config.train.log_every_steps=1000', check=False)
   assert result.returncode != 0
   assert 'non-finite training loss' in result.stderr
