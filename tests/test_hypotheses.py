@@ -7,6 +7,7 @@ suggestions, each training session's from the generator that never saw its user.
 
 import dataclasses
 import json
+import re
 
 import ml_collections
 import numpy as np
@@ -157,6 +158,12 @@ def test_generators_must_hold_out_each_fold_of_one_split_once(tmp_path, monkeypa
   for names in (f'{a},{c}', f'{a},{d}', a):
     with pytest.raises(errors.Error, match='hold out each fold of one user_folds=K once'):
       hypothesis_files.generators(names, str(tmp_path))
+  # A damaged record (cut short, or not the config) is named, not a JSON traceback.
+  for damaged in ('{"config": {"data": {"split_se', '[1, 2]', '{"model": {}}', '\xff\xfe'):
+    (tmp_path / 'b' / 'config.json').write_bytes(damaged.encode('latin-1'))
+    with pytest.raises(errors.Error, match=re.escape(
+        f'{b}/config.json is not the config record --mode=train writes (')):
+      hypothesis_files.generators(f'{a},{b}', str(tmp_path))
 
 
 def test_generators_decode_their_whole_beam_whatever_top_k_shows():

@@ -114,8 +114,13 @@ def generators(hypotheses_from: str, data_dir: str) -> list[Generator]:
     if not os.path.exists(path):
       raise errors.Error(f'{KEY}: {workdir} has no config.json (a trained generator\'s '
                          'workdir, --mode=train)')
-    with open(path, encoding='utf-8') as f:
-      config = ml_collections.ConfigDict(json.load(f)['config'])
+    try:
+      with open(path, encoding='utf-8') as f:
+        config = ml_collections.ConfigDict(json.load(f)['config'])
+    except (ValueError, KeyError, TypeError, AttributeError) as e:  # JSON's errors are ValueErrors
+      raise errors.Error(f'{KEY}: {path} is not the config record --mode=train writes '
+                         f'({type(e).__name__}: {e}): restore it from a copy, or train that '
+                         'generator again') from None
     difference = preprocess.session_difference(preprocess.data_dir(workdir), data_dir)
     if difference:
       raise errors.Error(f'{KEY}: {workdir} was trained on other sessions than this run '
