@@ -136,10 +136,7 @@ def fitted_groups(workdir: str) -> learned.Groups:
 def compare(config, workdirs: list[str]) -> None:
   plan = learned.parse_sources(config.suggest.sources)
   names = learned.feature_names([n for n, _ in plan])
-  rules = {'alone': dict(session_first=0, attested_only=False, unrelated_first=0),
-           'as shown': dict(session_first=config.suggest.session_first,
-                            attested_only=config.suggest.attested_only,
-                            unrelated_first=config.suggest.unrelated_first)}
+  rules = learned_ranker.presentations(config)
   print('| workdir | ranker | the first\'s pairs: pool recall | EM@1 | R@10 | MRR@10 | its own '
         'pairs | EM@1 | R@10 | MRR@10 |\n|---|---|---:|---:|---:|---:|---:|---:|---:|---:|')
   first = None

@@ -116,6 +116,15 @@ def cross_fitted_scores(groups: learned.Groups, config, names, columns=None) -> 
   return out
 
 
+def presentations(config) -> dict[str, dict]:
+  """{'alone': the ranker's order as it is, 'as shown': `config.suggest`'s presentation
+  rules}: the keyword arguments of `presented_lists` for each."""
+  return {'alone': dict(session_first=0, attested_only=False, unrelated_first=0),
+          'as shown': dict(session_first=config.suggest.session_first,
+                           attested_only=config.suggest.attested_only,
+                           unrelated_first=config.suggest.unrelated_first)}
+
+
 def presented_lists(groups: learned.Groups, scores, counts, *, session_first: int,
                     attested_only: bool, unrelated_first: int) -> list[list[str]]:
   """Every group's list as `presentation.presented` shows it, its candidates in the order of

@@ -95,10 +95,7 @@ def main() -> None:
   others = learned_ranker.other_folds_sessions(config, args.workdir)
   association = [Association(sessions_of_others) for sessions_of_others in others]
   counts = learned_ranker.fold_counts(others)
-  rules = {'alone': dict(session_first=0, attested_only=False, unrelated_first=0),
-           'as shown': dict(session_first=config.suggest.session_first,
-                            attested_only=config.suggest.attested_only,
-                            unrelated_first=config.suggest.unrelated_first)}
+  rules = learned_ranker.presentations(config)
   print('| pool (candidate recall) | features | ranker | EM@1 | R@10 | MRR@10 |\n'
         '|---|---|---|---:|---:|---:|')
   for sources, folder in ((config.suggest.sources, learned.ranker_dir(args.workdir)),
