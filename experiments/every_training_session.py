@@ -11,9 +11,10 @@ this config), then rebuilds its training split from every session of the trainin
 two or more queries, a session of more than `config.data.max_session_queries` cut into
 consecutive windows of at most that many (a window of one query dropped), in the log's order,
 with the corpus's own vocabulary (validation, test and the vocabulary stay as preprocessing
-made them), and gives each fold generator's workdir (`<W2>/folds/fold<k>`) a copy. `--mode=train` then trains everything the learned strategy needs on it: the
-generator, the fold generators and the ranker, all of whose counts and contexts now come from
-the larger split.
+made them), and gives each fold generator's workdir (`<W2>/folds/fold<k>`) a copy.
+`--mode=train` then trains everything the learned strategy needs on it: the generator, the
+fold generators and the ranker, all of whose counts and contexts now come from the larger
+split.
 
 `compare` scores each workdir's learned ranker cross-fitted, on the candidates its ranker was
 fitted on (`experiments/learned_ranker.py`'s `cross_fitted_scores`, the ranker alone and as
@@ -81,9 +82,12 @@ def make(config, workdir: str) -> None:
   records, windows, users, times = training_windows(cfg, set(paper.users.tolist()))
   rows = np.concatenate(windows)
   words = records.num_words[rows]
-  texts = preprocess._cut(records.texts(rows), words, cfg.max_query_words)  # pylint: disable=protected-access
-  queries = preprocess._encode(texts, np.minimum(words, cfg.max_query_words),  # pylint: disable=protected-access
+  # pylint: disable=protected-access
+  # Preprocessing's own cut and encoding of the queries, as the paper's sessions had.
+  texts = preprocess._cut(records.texts(rows), words, cfg.max_query_words)
+  queries = preprocess._encode(texts, np.minimum(words, cfg.max_query_words),
                                Vocab.load(os.path.join(folder, 'vocab.json')), cfg.max_query_words)
+  # pylint: enable=protected-access
   starts = np.concatenate([[0], np.cumsum([len(w) for w in windows])]).astype(np.int64)
   sessions.save_split(folder, 'train', queries, starts, texts, users, times)
   pool, _ = candidates.build_pool(texts, queries)
