@@ -267,7 +267,7 @@ def get_config(variant: str = '') -> ml_collections.ConfigDict:
   # and IMDNA models lack (Adam at a constant 1e-3, the paper's M-NSRF rate, instead); the
   # zero attention model reads each user's earlier queries.
   if 'd_model' not in c.model:
-    c.train.schedule, c.train.learning_rate, c.train.warmup_steps = 'constant', 1e-3, 0
+    constant_rate(c, 1e-3)
   # Label smoothing is a generator's (over the vocabulary): the rankers', the zero attention
   # and IMDNA models' losses are over candidates and read none.
   if variant not in families.GENERATORS:
@@ -276,3 +276,9 @@ def get_config(variant: str = '') -> ml_collections.ConfigDict:
     c.data.history_queries = 20
     c.model.dropout = 0.0  # the family has none
   return c
+
+
+def constant_rate(c: ml_collections.ConfigDict, learning_rate: float) -> None:
+  """Adam at a constant `learning_rate`: a schedule with no warm-up, so `warmup_steps` holds
+  0 (config_lib refuses another value, which the schedule would not read)."""
+  c.train.schedule, c.train.learning_rate, c.train.warmup_steps = 'constant', learning_rate, 0

@@ -82,9 +82,7 @@ def add_task(c):
 def apply_training(c):
   """IMDNA's optimiser, on movies and on AOL alike: Adam at a constant 1e-3, gradients
   clipped at norm 5, no label smoothing."""
-  c.train.schedule = 'constant'
-  c.train.learning_rate = 1e-3
-  c.train.warmup_steps = 0
+  default.constant_rate(c, 1e-3)
   c.train.adam_b2 = 0.999
   c.train.adam_eps = 1e-8
   c.train.label_smoothing = 0.0

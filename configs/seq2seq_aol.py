@@ -30,9 +30,7 @@ def recurrent_config(model_name: str, variant: str, config_file: str
   c.train.label_smoothing = 0.0
   # The paper's M-NSRF rate, Adam at a constant 0.001, serves all three recurrent models (the
   # Transformer warm-up schedule is for the attention models).
-  c.train.schedule = 'constant'
-  c.train.learning_rate = 0.001
-  c.train.warmup_steps = 0
+  default.constant_rate(c, 0.001)
   # Adam's usual moments (Kingma & Ba); b2 0.98 and eps 1e-9 are Vaswani et al.'s Transformer
   # settings.
   c.train.adam_b2 = 0.999

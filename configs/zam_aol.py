@@ -34,9 +34,7 @@ def get_config(variant: str = ''):
   c.model.attention_hidden = 8
   c.model.item_negatives = 10
   c.model.word_negatives = 5
-  c.train.schedule = 'constant'
-  c.train.learning_rate = 5e-3
-  c.train.warmup_steps = 0
+  default.constant_rate(c, 5e-3)
   c.train.num_epochs = 20
   c.train.log_every_steps = 20
   c.train.checkpoint_every_steps = 200
