@@ -56,10 +56,13 @@ def test_a_model_with_bf16_head_grads_scores_alike_and_learns_from_close_gradien
   cfg = BF16.replace(tie_embeddings=tied, emb_dim=12 if tied else 16)
   queries = make_queries(3)
   model = create_model(cfg)
-  params = model.init(jax.random.key(1), {'queries': queries}, train=False)['params']
+  # Jitted: op by op, each of the model's hundreds of operations is a program to compile.
+  params = jax.jit(lambda k: model.init(k, {'queries': queries}, train=False))(
+      jax.random.key(1))['params']
   scores = lambda c, p: create_model(c).apply({'params': p}, {'queries': queries}, train=False)
-  weights = jax.random.normal(jax.random.key(2), scores(cfg, params).shape, jnp.float32)
-  loss = lambda c: jax.value_and_grad(lambda p: (scores(c, p) * weights).sum())(params)
+  shape = jax.eval_shape(lambda p: scores(cfg, p), params).shape
+  weights = jax.random.normal(jax.random.key(2), shape, jnp.float32)
+  loss = lambda c: jax.jit(jax.value_and_grad(lambda p: (scores(c, p) * weights).sum()))(params)
   (value, grads), (value_low, grads_low) = loss(cfg), loss(cfg.replace(kernels='bf16_head_grads'))
   assert value_low == value
   assert jax.tree.map(lambda g: g.dtype, grads_low) == jax.tree.map(lambda g: g.dtype, grads)
