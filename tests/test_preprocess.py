@@ -135,6 +135,27 @@ def test_candidate_pool_counts_and_order():
   assert [pool.texts[i] for i in row_ids] == texts
 
 
+def test_a_pool_is_read_once_while_its_files_stay_as_they_are(tmp_path):
+  """The readers of one evaluation share one read (read-only arrays); a pool written again
+  is read again, and a damaged one is refused, not served from before."""
+  texts = ['b', 'a', 'c', 'a']
+  pool, _ = candidates.build_pool(texts, np.array([[2], [1], [3], [1]], np.int32))
+  candidates.save_pool(str(tmp_path), pool)
+  first = candidates.load_pool(str(tmp_path))
+  assert candidates.load_pool(str(tmp_path) + '/') is first
+  assert first.texts == ['a', 'b', 'c'] and first.counts.tolist() == [2, 1, 1]
+  with pytest.raises(ValueError):
+    first.counts[0] = 5
+  bigger, _ = candidates.build_pool(texts + ['d', 'd', 'd'],
+                                    np.array([[2], [1], [3], [1], [4], [4], [4]], np.int32))
+  candidates.save_pool(str(tmp_path), bigger)
+  again = candidates.load_pool(str(tmp_path))
+  assert again.texts == ['d', 'a', 'b', 'c'] and again.counts.tolist() == [3, 2, 1, 1]
+  (tmp_path / 'candidates.txt').write_text('d\na\n')
+  with pytest.raises(errors.Error, match='the candidate files disagree'):
+    candidates.load_pool(str(tmp_path))
+
+
 def test_history_items_that_do_not_fit_their_splits_sessions_are_refused(tmp_path):
   """A split's history items are read row for row with its sessions (AEM and ZAM attend to
   them as that session's user's past): a file of another length is an error naming it, not

@@ -96,23 +96,39 @@ def save_pool(folder: str, pool: CandidatePool) -> None:
 def load_pool(data_dir: str) -> CandidatePool:
   """The pool preprocessing wrote into `data_dir`.
 
+  One evaluation reads it in several places (a zero attention model's noise words and pool,
+  the retriever of a rerank): the files are read once while they stay as they are (the same
+  files, sizes and modification times), and the arrays come back read-only, as they are
+  shared.
+
   Raises:
     errors.Error: a file is missing (a corpus written before pools were kept) or the files
       disagree on the number of candidates.
   """
-  paths = {kind: os.path.join(data_dir, name) for kind, name in _FILES.items()}
+  paths = {kind: os.path.join(os.path.abspath(data_dir), name) for kind, name in _FILES.items()}
   for path in paths.values():
     if not os.path.exists(path):
       raise errors.Error(f'{path} is missing: run --mode=preprocess again (the corpus was '
                          'written before candidate pools were kept)')
+  stats = [os.stat(path) for path in paths.values()]
+  stamps = tuple((st.st_ino, st.st_mtime_ns, st.st_size) for st in stats)
+  return _read_pool(tuple(paths.items()), stamps)
+
+
+@functools.lru_cache(maxsize=4)
+def _read_pool(paths: tuple[tuple[str, str], ...], stamps: tuple) -> CandidatePool:
+  """`load_pool`'s reading, cached by the files' `stamps`."""
+  del stamps  # the cache's key only
+  paths = dict(paths)
   queries = np.load(paths['queries'], allow_pickle=False)
   counts = np.load(paths['counts'], allow_pickle=False)
   with open(paths['texts'], encoding='utf-8') as f:
     texts = f.read().split('\n')[:len(queries)]
   if not len(queries) == len(counts) == len(texts):
-    raise errors.Error(f'{data_dir}: the candidate files disagree ({len(texts)} texts, '
-                       f'{len(queries)} token rows, {len(counts)} counts): run '
-                       '--mode=preprocess again')
+    raise errors.Error(f'{os.path.dirname(paths["texts"])}: the candidate files disagree '
+                       f'({len(texts)} texts, {len(queries)} token rows, {len(counts)} '
+                       'counts): run --mode=preprocess again')
+  queries.flags.writeable = counts.flags.writeable = False
   return CandidatePool(queries=queries, counts=counts, texts=texts)
 
 
