@@ -27,12 +27,12 @@ jax.config.update('jax_persistent_cache_min_compile_time_secs',
                   float(cli.env()['JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS']))
 
 
-# The test files that take longest (seconds of one worker's time, logged per test on the
-# 2-core CPU, 2026-11-27 12:13 UTC: 226 for the first, 6 for the last), longest first; the
-# others (a few seconds each) follow. Each file runs on one worker (`--dist loadfile`), and a
-# worker takes the next file when it is done with its own: a long file left to the end runs
-# alone while the other core idles (test_polyencoder.py, 82 s, did so until it was listed
-# here). pytest.ini turns off xdist's own order (by the number of tests in a file).
+# The test files that take longest (one worker's time, logged per test on a 2-core CPU),
+# longest first; the others (a few seconds each) follow. Each file runs on one worker
+# (`--dist loadfile`), and a worker takes the next file when it is done with its own: a long
+# file left to the end runs alone while the other core idles (test_polyencoder.py did so
+# until it was listed here). pytest.ini turns off xdist's own order (by the number of tests
+# in a file).
 LONGEST_FIRST = (
     'test_polyencoder_cli.py',
     'test_learned_cli.py',
