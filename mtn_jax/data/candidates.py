@@ -115,7 +115,7 @@ def load_pool(data_dir: str) -> CandidatePool:
   return _read_pool(tuple(paths.items()), stamps)
 
 
-@functools.lru_cache(maxsize=4)
+@functools.lru_cache(maxsize=2)  # a workdir's pool, and a rerank retriever's of another
 def _read_pool(paths: tuple[tuple[str, str], ...], stamps: tuple) -> CandidatePool:
   """`load_pool`'s reading, cached by the files' `stamps`."""
   del stamps  # the cache's key only
