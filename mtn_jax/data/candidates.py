@@ -105,29 +105,32 @@ def load_pool(data_dir: str) -> CandidatePool:
     errors.Error: a file is missing (a corpus written before pools were kept) or the files
       disagree on the number of candidates.
   """
-  paths = {kind: os.path.join(os.path.abspath(data_dir), name) for kind, name in _FILES.items()}
-  for path in paths.values():
-    if not os.path.exists(path):
-      raise errors.Error(f'{path} is missing: run --mode=preprocess again (the corpus was '
-                         'written before candidate pools were kept)')
-  stats = [os.stat(path) for path in paths.values()]
-  stamps = tuple((st.st_ino, st.st_mtime_ns, st.st_size) for st in stats)
-  return _read_pool(tuple(paths.items()), stamps)
+  folder = os.path.abspath(data_dir)
+  stamps = []
+  for name in _FILES.values():
+    try:
+      st = os.stat(os.path.join(folder, name))
+    except FileNotFoundError:
+      raise errors.Error(f'{os.path.join(folder, name)} is missing: run --mode=preprocess '
+                         'again (the corpus was written before candidate pools were kept)'
+                         ) from None
+    stamps.append((st.st_ino, st.st_mtime_ns, st.st_size))
+  return _read_pool(folder, tuple(stamps))
 
 
 @functools.lru_cache(maxsize=2)  # a workdir's pool, and a rerank retriever's of another
-def _read_pool(paths: tuple[tuple[str, str], ...], stamps: tuple) -> CandidatePool:
-  """`load_pool`'s reading, cached by the files' `stamps`."""
+def _read_pool(folder: str, stamps: tuple) -> CandidatePool:
+  """`load_pool`'s reading of `folder`, cached by its files' `stamps`."""
   del stamps  # the cache's key only
-  paths = dict(paths)
+  paths = {kind: os.path.join(folder, name) for kind, name in _FILES.items()}
   queries = np.load(paths['queries'], allow_pickle=False)
   counts = np.load(paths['counts'], allow_pickle=False)
   with open(paths['texts'], encoding='utf-8') as f:
     texts = f.read().split('\n')[:len(queries)]
   if not len(queries) == len(counts) == len(texts):
-    raise errors.Error(f'{os.path.dirname(paths["texts"])}: the candidate files disagree '
-                       f'({len(texts)} texts, {len(queries)} token rows, {len(counts)} '
-                       'counts): run --mode=preprocess again')
+    raise errors.Error(f'{folder}: the candidate files disagree ({len(texts)} texts, '
+                       f'{len(queries)} token rows, {len(counts)} counts): run '
+                       '--mode=preprocess again')
   queries.flags.writeable = counts.flags.writeable = False
   return CandidatePool(queries=queries, counts=counts, texts=texts)
 
