@@ -175,8 +175,11 @@ def get_config(variant: str = '') -> ml_collections.ConfigDict:
   # mtn_jax/inference/sources.py) and ordered by gradient-boosted trees learned at
   # --mode=train from cross-fitted candidates: `ranker_folds` generators, each trained without
   # one fold of the training users (in <workdir>/folds/), `ranker_rounds` boosting rounds
-  # (mtn_jax/inference/learned.py). A workdir without a ranker suggests by `blend`.
-  c.suggest.sources = 'generate:10,popular:10,cooccurring:10,templates:20'
+  # (mtn_jax/inference/learned.py). A workdir without a ranker suggests by `blend`. `history`
+  # is the user's own earlier queries: those of an AOL-format log given to decode, of the
+  # user a request names to the service (its history store), of the corpus in eval; a
+  # session without a user gets none, and the ranker learns from contexts of both kinds.
+  c.suggest.sources = 'generate:10,popular:10,cooccurring:10,templates:20,history:10'
   c.suggest.ranker_folds = 2
   c.suggest.ranker_rounds = 150
   # 'learned': `attested_only` keeps out what the generator alone wrote unless well-formed

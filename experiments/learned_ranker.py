@@ -100,16 +100,21 @@ def fold_counts(others: list) -> list[popular.LogCounts]:
   return [popular.LogCounts.of_sessions(sessions_of_others) for sessions_of_others in others]
 
 
-def cross_fitted_scores(groups: learned.Groups, config, names, columns=None) -> list:
+def cross_fitted_scores(groups: learned.Groups, config, names, columns=None,
+                        scored: learned.Groups | None = None) -> list:
   """[groups] the ranker's scores of each group's candidates, each fold's groups scored by a
-  ranker trained on the other folds' (`columns`: the features used; all by default)."""
-  ends = np.cumsum(groups.sizes)
-  starts = ends - groups.sizes
-  out = [None] * len(groups.sizes)
+  ranker trained on the other folds' (as `learned.fit` learns: `learned.learning_groups`;
+  `columns`: the features used, all by default; `scored`: other groups of the same contexts
+  to score, `groups` by default)."""
+  scored = groups if scored is None else scored
+  ends = np.cumsum(scored.sizes)
+  starts = ends - scored.sizes
+  out = [None] * len(scored.sizes)
+  learning = learned.learning_groups(groups, names)
   for k in range(config.suggest.ranker_folds):
-    booster = learned.train_booster(groups, groups.folds != k, config, names, columns)
-    for g in np.flatnonzero(groups.folds == k).tolist():
-      x = groups.features[starts[g]:ends[g]]
+    booster = learned.train_booster(learning, learning.folds != k, config, names, columns)
+    for g in np.flatnonzero(scored.folds == k).tolist():
+      x = scored.features[starts[g]:ends[g]]
       if columns is not None:
         x = x[:, columns]
       out[g] = booster.predict(x) if len(x) else np.zeros(0)
@@ -203,6 +208,13 @@ def main() -> None:
 
   rows = {}
   rows['learned ranker, as shown'] = score(learned_lists())
+  if 'history' in dict(plan):
+    # The same ranker where no user's past is known (a sessions file, a request naming no
+    # user): trained on both kinds of context, as `learned.fit` trains it.
+    bare = learned.without_history(groups, names)
+    rows["learned ranker, as shown, no user's past"] = score(presented_lists(
+        bare, cross_fitted_scores(groups, config, names, scored=bare), counts,
+        **presentations(config)['as shown']))
   rows['learned ranker, attested only, no first places'] = score(
       learned_lists(session_first=0))
   rows['learned ranker alone (neither rule)'] = score(

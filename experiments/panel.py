@@ -6,7 +6,7 @@
 
 `make` draws `--contexts` (session prefix -> next query) contexts of the validation split
 (seeded; none that the panels of --not_in showed: a rule chosen on them is checked on
-others), asks each suggester for its top 5 under the user-facing protocol, and writes
+others), each with its user's earlier queries (which the judges do not see), asks each suggester for its top 5 under the user-facing protocol, and writes
 P/items.md (each context's session and its lists shuffled, named A, B, C, ... per context, no
 system named) for the judges, and P/key.json (which list is which system) for `score`.
 Suggesters: the workdir's pipeline with each setting of SUGGESTERS, the learned ranker of
@@ -33,6 +33,7 @@ from ml_collections import config_flags
 
 from mtn_jax.data import preprocess
 from mtn_jax.data import sessions
+from mtn_jax.inference import habits
 from mtn_jax.inference import pipeline
 from mtn_jax.inference import popular
 from mtn_jax.inference.inputs import Context
@@ -64,7 +65,11 @@ def draw(workdir: str, count: int, seed: int, not_in: str | None
              if tuple(valid.session_texts(i)[:t + 1]) not in shown_before]
   rng = random.Random(seed)
   chosen = sorted(rng.sample(pairs, min(count, len(pairs))))
-  return ([Context(tuple(valid.session_texts(i)[:t + 1]), t, {}) for i, t in chosen],
+  # Each context with its user's earlier queries, as evaluation gives them (the judges see
+  # the session alone, as a panel of people who did not type the earlier ones would).
+  pasts = habits.past_queries(preprocess.data_dir(os.path.abspath(workdir)), valid)
+  return ([Context(tuple(valid.session_texts(i)[:t + 1]), t, {}, history=tuple(pasts[i]))
+           for i, t in chosen],
           [valid.session_texts(i)[t + 1] for i, t in chosen], rng)
 
 

@@ -10,8 +10,9 @@ one row padded to the session's length, as the service runs a lone request: `--w
 untimed calls (compilation), then `--repeats` timed ones. With `--contexts=N`, the requests
 are rather N sessions of the workdir's test split, each cut after a random position, as
 `launch/bench_serve.py` sends them, padded to the service's session widths: one untimed
-pass over them all, then one timed call each. Out: one table on stdout (median and 90th
-percentile ms), with the machine, the config and the date.
+pass over them all, then one timed call each; with `--histories`, each names its user, whose
+earlier queries (the corpus's) a strategy that reads them gets. Out: one table on stdout
+(median and 90th percentile ms), with the machine, the config and the date.
 """
 
 from __future__ import annotations
@@ -44,6 +45,8 @@ flags.DEFINE_integer('warmups', 3, 'untimed calls first')
 flags.DEFINE_integer('repeats', 30, 'timed calls')
 flags.DEFINE_integer('contexts', 0, 'if > 0: this many test-split sessions cut at random '
                      'positions (seed 0), one timed call each, instead of --session')
+flags.DEFINE_bool('histories', False, "with --contexts: each request names its user, whose "
+                  "earlier queries (the corpus's) a strategy reading them gets")
 FLAGS = flags.FLAGS
 
 
@@ -56,8 +59,16 @@ def main(argv) -> None:
     widths = engine.padded_sizes(most)
     what = (f'{len(requests)} test contexts cut at random positions (mean '
             f'{np.mean([len(r) for r in requests]):.1f} queries), one call each')
+    histories = ([tuple(h) for h in bench_requests.request_histories(
+        FLAGS.workdir, FLAGS.contexts, seed=0)] if FLAGS.histories else [()] * len(requests))
+    if FLAGS.histories:
+      what += (f', each with its user\'s earlier queries (mean '
+               f'{np.mean([len(h) for h in histories]):.0f})')
   else:
+    if FLAGS.histories:
+      raise app.UsageError('--histories needs --contexts (the test split\'s users)')
     requests = [tuple(q.strip() for q in FLAGS.session.split('|'))]
+    histories = [()]
     widths = None
     what = f'session {" | ".join(requests[0])}, {FLAGS.repeats} calls'
   bench_report.print_header(bench_report.command_line('launch/bench_pipeline.py',
@@ -68,21 +79,22 @@ def main(argv) -> None:
     config = FLAGS.config.copy_and_resolve_references()
     config.suggest.strategy = strategy
     pipe = pipeline.Pipeline.load(config, FLAGS.workdir, log=lambda *a, **k: None)
-    def run(queries):
+    def run(queries, history):
       # A request's beam and its candidates' scoring share one encoding of its session
       # (`search.encoded` keeps the last): --session repeats one session, which a call must
       # not find encoded by the call before it.
       search._last_encoding.inputs = None  # pylint: disable=protected-access
       width = len(queries) if widths is None else next(w for w in widths if w >= len(queries))
-      pipe.ordered([Context(queries, len(queries) - 1, {})], positions='last', batch_rows=1,
-                   widths=[width])
-    timed = requests if FLAGS.contexts else requests * FLAGS.repeats
-    for queries in (requests if FLAGS.contexts else requests * FLAGS.warmups):
-      run(queries)
+      pipe.ordered([Context(queries, len(queries) - 1, {}, history=history)],
+                   positions='last', batch_rows=1, widths=[width])
+    calls = list(zip(requests, histories))
+    timed = calls if FLAGS.contexts else calls * FLAGS.repeats
+    for queries, history in (calls if FLAGS.contexts else calls * FLAGS.warmups):
+      run(queries, history)
     times = []
-    for queries in timed:
+    for queries, history in timed:
       started = time.perf_counter()
-      run(queries)
+      run(queries, history)
       times.append(1000 * (time.perf_counter() - started))
     times.sort()
     print(f'| {strategy} | {times[len(times) // 2]:.1f} | '

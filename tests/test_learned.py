@@ -165,6 +165,21 @@ def test_log_sources_by_hand(counts):
   assert texts(ran['popular']) == [[['cheap hotels']], [['cheap hotels']]]
 
 
+def test_the_users_own_earlier_queries_by_hand():
+  # Issued: 'mail' 3 times, 'bank' and 'weather news' twice ('weather news' latest), 'maps' once.
+  past = ('mail', 'bank', 'weather news', 'mail', 'maps', 'bank', 'mail', 'weather news')
+  history = sources.History(3)
+  got = history.propose([Context(('news', 'weather news', 'mail'), 0, {}, history=past)],
+                        positions='all')
+  # The session's queries so far are left out at each position, and the next one fills in.
+  assert texts(got) == [[['mail', 'weather news', 'bank'], ['mail', 'bank', 'maps'],
+                         ['bank', 'maps']]]
+  assert [c['score'] for c in got[0][0]] == [3.0, 2.0, 2.0]
+  # No history (a sessions file, a request naming no user): nothing.
+  assert texts(history.propose([Context(('news',), 0, {})], positions='last')) == [[[]]]
+  assert 'history' in sources.NAMES and learned.parse_sources('generate:5,history:3')
+
+
 def test_imdna_proposals_keep_each_users_own_sessions_out_of_reach():
   """IMDNA's source hands the proposer each context's user (the proposer then leaves that
   user's training sessions out of its documents); where a context names no user, none."""
@@ -295,6 +310,20 @@ def test_what_is_shown_keeps_word_salad_out_and_the_session_first(counts):
                                 attested_only=False, unrelated_first=1) == unrelated
   assert presentation.presented(unrelated, ('zzz',), counts, session_first=5,
                                 attested_only=False) == unrelated
+
+
+def test_a_users_own_earlier_query_reads_as_a_query(counts):
+  # 'chicago weather' holds a word pair no logged query holds: word salad where only the
+  # generator wrote it, a query where the user typed it before.
+  ranked = [{'query': 'chicago weather', 'sources': ['generate']},
+            {'query': 'weather chicago', 'sources': ['generate']}]
+  shown = presentation.presented(ranked, ('weather',), counts, session_first=2,
+                                 attested_only=False)
+  assert [c['query'] for c in shown] == ['weather chicago', 'chicago weather']
+  ranked[0]['sources'] = ['generate', 'history']
+  shown = presentation.presented(ranked, ('weather',), counts, session_first=2,
+                                 attested_only=True)
+  assert [c['query'] for c in shown] == ['chicago weather', 'weather chicago']
 
 
 def test_the_sessions_own_queries_take_no_first_place(counts):

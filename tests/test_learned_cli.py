@@ -16,6 +16,7 @@ from fastapi.testclient import TestClient
 from launch import pack_serve_workdir
 from mtn_jax import inference
 from mtn_jax.data import sessions
+from mtn_jax.inference import habits
 from mtn_jax.inference import learned
 from mtn_jax.inference import pipeline
 from mtn_jax.inference import popular
@@ -25,6 +26,7 @@ from mtn_jax.serving import app as app_lib
 from mtn_jax.serving import service as service_lib
 from tests import cli
 from tests.test_polyencoder_cli import assert_decode_writes_what_eval_scored
+from tests.lists import assert_raw_log_decode_writes_what_eval_scored
 from tests.lists import assert_same_list
 from tests.lists import read_jsonl
 
@@ -112,6 +114,47 @@ def test_eval_decode_and_serve_give_the_same_learned_lists(learned_run, tmp_path
       answer = client.post('/v1/suggest', json={'session': pair['context']}).json()
       expected = pair['suggestions_excluding_session']
       assert_same_list(answer['suggestions'], expected, pair['context'], abs=1e-4)
+
+
+@pytest.mark.slow
+def test_a_users_past_as_a_source_eval_decode_and_serve_agree(learned_run, tmp_path):
+  """With the `history` source (a user's earlier queries), `--mode=train` refits the ranker
+  alone; eval's lists for users are what decode writes for an AOL-format log of their
+  sessions, and what the service shows a user who types those sessions a query at a time
+  (their earlier ones kept in its history store); the user's past reaches the lists."""
+  workdir = tmp_path / 'history'
+  shutil.copytree(learned_run[0], workdir, ignore=shutil.ignore_patterns('eval'))
+  plan = (*LEARNED[:2],
+          '--config.suggest.sources=generate:4,popular:4,cooccurring:4,templates:4,history:4')
+  out = cli.run(workdir, *FEW, *plan, mode='train').stdout
+  assert '[4/4] The learned ranker' in out and 'ranker data: fold 0' in out, out
+  assert 'validation at step' not in out, out  # the generators were current
+  meta = json.loads((workdir / 'ranker' / 'ranker.json').read_text())
+  assert meta['sources'][-1] == ['history', 4] and 'history_rank' in meta['importance']
+  cli.run(workdir, *FEW, *plan, mode='eval')
+  lists_path = workdir / 'eval' / 'learned_lists.jsonl'
+  results = json.loads((workdir / 'eval' / 'learned_results.json').read_text())
+  assert 'history' in results['scores_excluding_session']
+  pairs = read_jsonl(lists_path)
+  test = sessions.load_split(str(workdir / 'data'), 'test')
+  pasts = habits.past_queries(str(workdir / 'data'), test)
+  from_past = [s['query'] for p in pairs for s in p['suggestions_excluding_session']
+               if s['query'] in pasts[p['session']]]
+  assert from_past, 'no list holds a query of its user\'s past'
+  assert_raw_log_decode_writes_what_eval_scored(workdir, lists_path, tmp_path, *FEW, *plan,
+                                                protocols=(True,))
+  decoded = read_jsonl(tmp_path / f'{lists_path.stem}.raw.suggestions_excluding_session.jsonl')
+  service = service_lib.build(cli.config(*FEW, *plan,
+                                         f'--config.serve.history_db={tmp_path / "h.sqlite"}',
+                                         '--config.serve.compile_cache=',
+                                         '--config.serve.max_batch=1'),
+                              str(workdir), log=lambda *a, **k: None)
+  with TestClient(app_lib.create_app(service), client=('127.0.0.1', 50000)) as client:
+    for record in decoded:  # each user's sessions in order, a query at a time
+      answer = client.post('/v1/suggest', json={'session': record['context'],
+                                                'user': str(record['user'])}).json()
+      assert_same_list(answer['suggestions'], record['suggestions'], record['context'],
+                       abs=1e-4)
 
 
 @pytest.mark.slow

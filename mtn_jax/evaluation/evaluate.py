@@ -83,6 +83,7 @@ STRATEGY_SOURCES = {'generate': 'Generate (the workdir\'s model)',
                     'cooccurring': 'Co-occurring next queries (a source)',
                     'templates': 'Reformulation templates (a source)',
                     'matching': 'Logged queries matching the previous one (a source)',
+                    'history': 'The user\'s earlier queries (a source)',
                     'session': 'The session\'s own queries (a source)'}
 NUM_SAMPLES = 50
 

@@ -110,8 +110,9 @@ def past_queries(data_dir: str, split: sessions.SessionSplit) -> list[tuple[str,
   """[split.num_sessions] each session's user's earlier queries, oldest first: the queries of
   the corpus's sessions of that user (every split of `data_dir`) that started before it."""
   if split.users is None or split.start_times is None:
-    raise errors.Error(f'config.suggest.habit_rate: the {split.name} split in {data_dir} keeps '
-                       'no users or start times to read a user\'s past from')
+    raise errors.Error(f'the {split.name} split in {data_dir} keeps no users or start times '
+                       'to read a user\'s past from (the habit rule, the history source): '
+                       'run --mode=preprocess again')
   by_user = collections.defaultdict(list)  # user -> [(start time, texts)]
   for name in sessions.SPLITS:
     other = sessions.load_split(data_dir, name)

@@ -45,6 +45,7 @@ from mtn_jax.data import preprocess
 from mtn_jax.data import sessions
 from mtn_jax.data.vocab import UNK_ID
 from mtn_jax.decoding import search
+from mtn_jax.inference import habits
 from mtn_jax.inference import popular
 from mtn_jax.inference import sources as sources_lib
 from mtn_jax.inference import teacher_forcing
@@ -502,6 +503,8 @@ def cross_fitted_groups(config: ml_collections.ConfigDict, workdir: str, key: di
   data_dir = preprocess.data_dir(os.path.abspath(workdir))
   train = sessions.load_split(data_dir, 'train')
   fold_of = sessions.session_folds(train, folds, config.data.split_seed)
+  # Each session's user's earlier queries, as evaluation reads them (a user's own: no fold's).
+  histories = habits.past_queries(data_dir, train) if 'history' in dict(plan) else None
   settings = search.SearchSettings.from_config(config.decode)
   parts, to_make = {}, []
   for k in range(folds):
@@ -518,7 +521,8 @@ def cross_fitted_groups(config: ml_collections.ConfigDict, workdir: str, key: di
                                      which='best')
     others = [train.session_texts(i) for i in np.flatnonzero(fold_of != k).tolist()]
     counts = popular.LogCounts.of_sessions(others)
-    contexts = sources_lib.session_contexts(train, np.flatnonzero(fold_of == k).tolist())
+    contexts = sources_lib.session_contexts(train, np.flatnonzero(fold_of == k).tolist(),
+                                            histories)
     candidate_sources = build_sources(plan, trained, counts, settings)
     out = collections.defaultdict(list)
     # A part of the sessions at a time, with a progress line and an ETA after each.
@@ -626,6 +630,44 @@ def load_groups(folder: str, key: dict, log=print) -> Groups | None:
     return None
 
 
+def without_history(groups: Groups, names: Sequence[str]) -> Groups:
+  """`groups` as contexts without a user's past would make them (a sessions file, a request
+  naming no user): what the `history` source alone proposed left out, its rank and score
+  missing, and a group whose next query only it proposed emptied. The other sources and the
+  features of a candidate do not read the history, so these are exactly the groups such
+  contexts give."""
+  rank, score, count = (names.index(n) for n in ('history_rank', 'history_score',
+                                                 'num_sources'))
+  ends = np.cumsum(groups.sizes)
+  features, labels, sizes, texts = [], [], [], []
+  for g, (start, end) in enumerate(zip((ends - groups.sizes).tolist(), ends.tolist())):
+    proposed = {q for name, found in groups.lists[g].items() if name != 'history'
+                for q in found}
+    keep = [j for j, q in enumerate(groups.texts[g]) if q in proposed]
+    if groups.references[g] not in {groups.texts[g][j] for j in keep}:
+      keep = []  # no order of the others finds the next query: no rows, as learning keeps it
+    x = groups.features[start:end][keep]
+    x[:, count] -= ~np.isnan(x[:, rank])  # (a copy: indexed by a list)
+    x[:, [rank, score]] = np.nan
+    features.append(x)
+    labels.append(groups.labels[start:end][keep])
+    sizes.append(len(keep))
+    texts.append([groups.texts[g][j] for j in keep])
+  return Groups(np.concatenate(features), np.concatenate(labels), np.asarray(sizes, int),
+                groups.folds, texts, groups.references, groups.sessions,
+                [{name: found for name, found in lists.items() if name != 'history'}
+                 for lists in groups.lists])
+
+
+def learning_groups(groups: Groups, names: Sequence[str]) -> Groups:
+  """What the ranker learns from: `groups`, and with a `history` source the same contexts
+  without a user's past too (`without_history`), as a service meets both: learned from the
+  first alone, it ranks the second's candidates below the ranker of a plan without it."""
+  if 'history_rank' not in names:
+    return groups
+  return concatenate([groups, without_history(groups, names)])
+
+
 def lightgbm_params(config: ml_collections.ConfigDict) -> dict:
   """LightGBM's listwise XE-NDCG objective with small, well-filled trees: about a thousand
   contexts a fold hold the next query at this log's size, and bigger trees or lambdarank
@@ -666,7 +708,8 @@ def fit(config: ml_collections.ConfigDict, workdir: str, log=print) -> dict:
   log('Learned ranker: candidates and features of the training users\' pairs, each fold '
       'by the generator that never saw it.', flush=True)
   groups = cached_groups(config, workdir, log=log)
-  booster = train_booster(groups, np.ones(len(groups.sizes), bool), config, names)
+  learning = learning_groups(groups, names)
+  booster = train_booster(learning, np.ones(len(learning.sizes), bool), config, names)
   importance = booster.feature_importance(importance_type='gain')
   total = float(importance.sum()) or 1.0
   meta = {
@@ -681,7 +724,7 @@ def fit(config: ml_collections.ConfigDict, workdir: str, log=print) -> dict:
       'rounds': config.suggest.ranker_rounds,
       'search': search_key(config),
       'groups': int(len(groups.sizes)),
-      'rows': int(len(groups.labels)),
+      'rows': int(len(learning.labels)),
       'candidate_recall': float(np.mean([r in t for r, t in zip(groups.references,
                                                                   groups.texts)])),
       'seconds': round(time.time() - started, 1),

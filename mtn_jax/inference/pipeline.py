@@ -453,9 +453,10 @@ class Pipeline:
 
   @property
   def needs_whole_history(self) -> bool:
-    """Whether a user's every earlier query is read (the habit rule), not only the model's
-    `history_queries`."""
-    return self.rankers is not None and bool(self.rankers.habit_rate)
+    """Whether a user's every earlier query is read (the habit rule, the learned ranker's
+    `history` source), not only the model's `history_queries`."""
+    return ((self.rankers is not None and bool(self.rankers.habit_rate))
+            or (self.ranker is not None and 'history' in self.ranker.source_names))
 
   @property
   def beam_size(self) -> int:
@@ -665,7 +666,8 @@ class Pipeline:
     if s.history_queries and histories is None:
       raise ValueError('split_lists of a model that reads users\' histories needs them')
     session_contexts = inference_sources.session_contexts(
-        split, range(split.num_sessions), histories if s.history_queries else None)
+        split, range(split.num_sessions),
+        histories if s.history_queries or self.needs_whole_history else None)
     if self.ranker is not None:
       ordered, by_source = self._learned(
           session_contexts, positions='all',

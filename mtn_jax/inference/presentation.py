@@ -89,18 +89,20 @@ def presented(ranked: Sequence[dict], so_far: Sequence[str], counts: popular.Log
   first) after the session `so_far`.
 
   With `attested_only`, none that the generator alone wrote unless `well_formed` (the log's
-  and the templates' candidates are queries or one edit of one). Then the first
+  and the templates' candidates are queries or one edit of one); what the user typed before
+  (the `history` source) is a query. Then the first
   `session_first` places go to the best `well_formed` candidates (no word salad), at most
   `unrelated_first` of them not `about_session` (head queries such as "google"), none the
-  previous query with words added that the log does not hold (people rate most such
-  additions odd: "mexican insurance for kids", "free the big guy"), none a query of the
-  session (the user-facing protocol drops those, `pipeline.show`: the places stay with what
-  it shows, as if they had never been candidates; the paper's protocol, which keeps them,
-  shows them after the first places); where the session gives too few, the
-  next well-formed ones in order fill the places. The rest follow in the ranker's order, what
+  previous query with words added that neither the log nor the user's past holds (people
+  rate most such additions odd: "mexican insurance for kids", "free the big guy"), none a
+  query of the session (the user-facing protocol drops those, `pipeline.show`: the places
+  stay with what it shows, as if they had never been candidates; the paper's protocol, which
+  keeps them, shows them after the first places); where the session gives too few, the next
+  well-formed ones in order fill the places. The rest follow in the ranker's order, what
   is not well-formed last (recall kept below what reads as a query)."""
   reads_as_query = well_formed(counts, so_far)
-  formed = {c['query']: reads_as_query(c['query']) for c in ranked}
+  # The user's own earlier queries were typed by a person: queries, whatever the log holds.
+  formed = {c['query']: 'history' in c['sources'] or reads_as_query(c['query']) for c in ranked}
   if attested_only:
     ranked = [c for c in ranked if set(c['sources']) != {'generate'} or formed[c['query']]]
   if not session_first:
@@ -112,7 +114,8 @@ def presented(ranked: Sequence[dict], so_far: Sequence[str], counts: popular.Log
     if not formed[c['query']]:
       malformed.append(c)
     elif len(first) == session_first or c['query'] in issued or (
-        added_to(c['query'], so_far[-1]) and not counts.issued.get(c['query'])):
+        added_to(c['query'], so_far[-1]) and not counts.issued.get(c['query'])
+        and 'history' not in c['sources']):
       rest.append(c)
     elif about(c['query']):
       first.append(c)

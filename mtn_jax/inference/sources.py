@@ -20,6 +20,7 @@ The sources:
   templates     reformulations of the previous query by the training log's most frequent
                 edits (`templates`);
   matching      the training log's queries that best match the previous one (BM25);
+  history       the user's own earlier queries (`Context.history`), the most issued first;
   session       the session's own queries so far, latest first.
 A new source is a class with a `name` and `propose`, and its entry in `LOG_SOURCES` (or its
 own construction in `pipeline.Pipeline.load` where it needs a model of its own).
@@ -27,6 +28,7 @@ own construction in `pipeline.Pipeline.load` where it needs a model of its own).
 
 from __future__ import annotations
 
+import collections
 import dataclasses
 import time
 from collections.abc import Sequence
@@ -391,12 +393,35 @@ class Session:
         for back, q in enumerate(dict.fromkeys(reversed(so_far)))])
 
 
-# The sources built from the training log alone: name -> (LogCounts, depth) -> the source.
+@dataclasses.dataclass
+class History:
+  """The user's own earlier queries (`Context.history`: every earlier session of theirs), the
+  session's so far left out: the `k` most issued, on a tie the latest issued first; score: the
+  times issued. Many users come back to the same queries (docs/RESULTS.md, "A user's habits"),
+  and what a user searched before is a query a person typed, never word salad. A context
+  without a history (a sessions file, a request naming no user) gets none."""
+
+  k: int
+  name: str = 'history'
+
+  def propose(self, contexts, *, positions, batch_rows=0, widths=None) -> Lists:
+    out = []
+    for context, session in zip(contexts, sessions_so_far(contexts, positions)):
+      issued = collections.Counter(context.history)
+      latest = {q: i for i, q in enumerate(context.history)}
+      ranked = sorted(issued, key=lambda q: (-issued[q], -latest[q]))
+      out.append([[{'query': q, 'score': float(issued[q])}
+                   for q in ranked if q not in so_far][:self.k] for so_far in session])
+    return out
+
+
+# The sources that need no model: name -> (the training log's LogCounts, depth) -> the source.
 LOG_SOURCES = {
     'popular': lambda counts, k: Popular(counts, k),
     'cooccurring': lambda counts, k: Cooccurring(counts, k),
     'templates': lambda counts, k: Templates(counts.templates, k),
     'matching': lambda counts, k: Matching(counts, k),
+    'history': lambda counts, k: History(k),
     'session': lambda counts, k: Session(),
 }
 MODEL_SOURCES = ('generate', 'retrieve', 'imdna')
