@@ -180,6 +180,42 @@ def test_the_users_own_earlier_queries_by_hand():
   assert 'history' in sources.NAMES and learned.parse_sources('generate:5,history:3')
 
 
+def test_contexts_without_a_past_are_the_groups_without_the_history_source():
+  names = learned.feature_names(['generate', 'history'])
+  column = {n: i for i, n in enumerate(names)}
+
+  def rows(sources_of):  # each candidate's features: 1.0 but its sources' ranks and count
+    x = np.ones((len(sources_of), len(names)), np.float32)
+    for i, found in enumerate(sources_of):
+      for name in ('generate', 'history'):
+        if name not in found:
+          x[i, [column[f'{name}_rank'], column[f'{name}_score']]] = np.nan
+      x[i, column['num_sources']] = len(found)
+    return x
+
+  # Group 0: 'a' from both, 'b' from the past alone, 'c' (the next query) from the beam alone.
+  # Group 1: the next query 'd' from the past alone. Group 2: no rows (held no next query).
+  groups = learned.Groups(
+      np.concatenate([rows([('generate', 'history'), ('history',), ('generate',)]),
+                      rows([('history',), ('generate',)])]),
+      np.array([0, 0, 1, 1, 0], np.int32), np.array([3, 2, 0]), np.array([0, 1, 1]),
+      [['a', 'b', 'c'], ['d', 'e'], []], ['c', 'd', 'z'], [('s',), ('t',), ('u',)],
+      [{'generate': ['a', 'c'], 'history': ['a', 'b']}, {'generate': ['e'], 'history': ['d']},
+       {'generate': [], 'history': []}])
+  bare = learned.without_history(groups, names)
+  assert bare.texts == [['a', 'c'], [], []] and bare.sizes.tolist() == [2, 0, 0]
+  assert bare.labels.tolist() == [0, 1] and bare.references == groups.references
+  assert bare.lists == [{'generate': ['a', 'c']}, {'generate': ['e']}, {'generate': []}]
+  assert np.isnan(bare.features[:, [column['history_rank'], column['history_score']]]).all()
+  assert bare.features[:, column['num_sources']].tolist() == [1, 1]
+  assert (bare.features[:, column['generate_rank']] == 1).all()
+  assert groups.features[0, column['num_sources']] == 2  # the groups themselves unchanged
+  both = learned.learning_groups(groups, names)
+  assert both.sizes.tolist() == [3, 2, 0, 2, 0, 0] and both.folds.tolist() == [0, 1, 1] * 2
+  plain = learned.feature_names(['generate'])
+  assert learned.learning_groups(groups, plain) is groups  # no history source: as it is
+
+
 def test_imdna_proposals_keep_each_users_own_sessions_out_of_reach():
   """IMDNA's source hands the proposer each context's user (the proposer then leaves that
   user's training sessions out of its documents); where a context names no user, none."""
