@@ -185,8 +185,9 @@ def get_config(variant: str = '') -> ml_collections.ConfigDict:
   # 'learned': `attested_only` keeps out what the generator alone wrote unless well-formed
   # (the training log holds it, or its word pairs: no word salad); `session_first` > 0 gives
   # the first places to the best well-formed candidates about the session, at most
-  # `unrelated_first` of them head queries ("google") unrelated to it; the rest follow in
-  # the ranker's order (mtn_jax/inference/presentation.py; docs/RESULTS.md).
+  # `unrelated_first` of them unrelated to it (a head query such as "google", the user's
+  # habit query); the rest follow in the ranker's order (mtn_jax/inference/presentation.py;
+  # docs/RESULTS.md).
   c.suggest.session_first = 5
   c.suggest.unrelated_first = 1
   c.suggest.attested_only = True
