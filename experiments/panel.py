@@ -6,9 +6,10 @@
 
 `make` draws `--contexts` (session prefix -> next query) contexts of the validation split
 (seeded; none that the panels of --not_in showed: a rule chosen on them is checked on
-others), each with its user's earlier queries (which the judges do not see), asks each suggester for its top 5 under the user-facing protocol, and writes
-P/items.md (each context's session and its lists shuffled, named A, B, C, ... per context, no
-system named) for the judges, and P/key.json (which list is which system) for `score`.
+others), each with its user's earlier queries (which the judges do not see), asks each
+suggester for its top 5 under the user-facing protocol, and writes P/items.md (each
+context's session and its lists shuffled, named A, B, C, ... per context, no system named)
+for the judges, and P/key.json (which list is which system) for `score`.
 Suggesters: the workdir's pipeline with each setting of SUGGESTERS, the learned ranker of
 `--baseline` (another workdir, e.g. one whose ranker has other sources) where given, and MPC
 (the training log's most popular next queries).

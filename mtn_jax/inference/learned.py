@@ -15,6 +15,8 @@ Learning (`fit`, run by `--mode=train`): cross-fitted, as a service meets unseen
 training users are dealt into `config.suggest.ranker_folds` folds; a generator trained
 without each fold (`<workdir>/folds/fold<k>`, `config.train.user_folds`) proposes and scores
 that fold's contexts, and the training log's counts come from the other folds' users only.
+With a `history` source, each context is learned from with its user's past and again without
+it (`learning_groups`), as a service meets both.
 
 The ranker lives beside the checkpoint, `<workdir>/ranker/model.txt` (LightGBM's text
 format) and `ranker.json` (what it was trained for: the checkpoint step, the vocabulary's
