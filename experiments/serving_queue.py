@@ -39,6 +39,7 @@ import numpy as np
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
                                 'launch'))
 import bench_serve  # pylint: disable=g-import-not-at-top,wrong-import-position
+from launch import bench_requests  # pylint: disable=g-import-not-at-top,wrong-import-position
 
 _REPEATS = flags.DEFINE_integer('repeats', 25, 'Timed calls per batch size (the median).')
 _WORKERS = flags.DEFINE_integer('workers', 1, 'Batches run at once in the simulation.')
@@ -96,7 +97,8 @@ def main(argv):
   from mtn_jax.serving import engine as engine_lib  # pylint: disable=g-import-not-at-top
   workdir = os.path.abspath(flag.workdir)
   engine = engine_lib.Engine.load(config, workdir, log=lambda *a, **k: None)
-  sessions = bench_serve.request_sessions(workdir, 512, engine.max_session_queries, flag.seed)
+  sessions = bench_requests.request_sessions(workdir, 512, engine.max_session_queries,
+                                             flag.seed)
   times = batch_times(engine, sessions, _REPEATS.value)
   most = max(times)
   saturation = _WORKERS.value * most / times[most]
