@@ -36,3 +36,10 @@ def request_histories(workdir: str, count: int, seed: int) -> list[tuple[str, ..
   split = sessions.load_split(data_dir, 'test')
   pasts = habits.past_queries(data_dir, split)
   return [pasts[i] for i, _ in _cuts(split, count, seed)]
+
+
+def request_users(workdir: str, count: int, seed: int) -> list[str]:
+  """The user of each of `request_sessions`' sessions (the same arguments draw the same
+  sessions), as a request names them."""
+  split = sessions.load_split(preprocess.data_dir(os.path.abspath(workdir)), 'test')
+  return [str(int(split.users[i])) for i, _ in _cuts(split, count, seed)]

@@ -6,7 +6,7 @@
 
 In: a trained workdir and its config (`--config`, default configs/demo.py, with `--set
 section.key=value` overrides given to the service and the offline run alike). Its test split's
-sessions, cut at random positions, are the requests.
+sessions, cut at random positions, are the requests (with `--users`, each naming its user).
 1. `--mode=serve` is started in a process of its own on a free loopback port (127.0.0.1 only).
 2. For each rate of `--rates` (requests/s), an async client sends requests open-loop for
    `--seconds` (arrivals of a Poisson process: a request is sent on time whatever the earlier
@@ -79,6 +79,10 @@ _HALF_SATURATION = flags.DEFINE_bool(
     'the lone request\'s when that rate is low).')
 _JSON = flags.DEFINE_string('json', '', 'Also write the figures to this JSON file.')
 _SEED = flags.DEFINE_integer('seed', 0, 'Seed of the sessions chosen and the arrival times.')
+_USERS = flags.DEFINE_bool(
+    'users', False, "Each request names its session's user (the service reads and keeps their "
+    "earlier sessions in its history store); the offline contexts carry the same users' "
+    "earlier queries of the corpus.")
 _SWITCH_INTERVAL = flags.DEFINE_float(
     'switch_interval_ms', 0.0, "A study: the service's interpreter hands its lock between "
     'threads every this many ms (sys.setswitchinterval; 0: Python\'s own 5 ms). A worker that '
@@ -161,13 +165,13 @@ def batch_histogram(text: str) -> dict[str, float]:
           re.findall(r'^mtn_serve_batch_size_bucket\{le="([^"]+)"\} (\S+)$', text, re.M)}
 
 
-async def offer(url: str, sessions, rate: float, seconds: float, deadline_s: float,
+async def offer(url: str, bodies, rate: float, seconds: float, deadline_s: float,
                 rng: np.random.Generator, signal_at: float | None = None,
                 send_signal=None, stop_sending: bool = False) -> dict:
-  """Requests at `rate`/s (Poisson arrivals) for `seconds`; what came back. With `signal_at`,
-  `send_signal()` is called that many seconds in (SIGHUP: a reload under load; SIGTERM: a
-  drain, after which no request is sent with `stop_sending`, as a load balancer that saw
-  /readyz turn unready would)."""
+  """Requests (`bodies`, in turn) at `rate`/s (Poisson arrivals) for `seconds`; what came
+  back. With `signal_at`, `send_signal()` is called that many seconds in (SIGHUP: a reload
+  under load; SIGTERM: a drain, after which no request is sent with `stop_sending`, as a load
+  balancer that saw /readyz turn unready would)."""
   latencies, statuses = [], {}
   # aiohttp, not httpx: on a 2-core machine the client shares the cores with the service,
   # and httpx's client saturated its core at ~160 requests/s while the service used a fifth
@@ -182,10 +186,10 @@ async def offer(url: str, sessions, rate: float, seconds: float, deadline_s: flo
 
     before = await get('/metrics')
 
-    async def one(session):
+    async def one(body):
       sent = time.perf_counter()
       try:
-        async with client.post(f'{url}/v1/suggest', json={'session': session}) as response:
+        async with client.post(f'{url}/v1/suggest', json=body) as response:
           await response.read()
           key = str(response.status)
           if response.status == 200:
@@ -209,7 +213,7 @@ async def offer(url: str, sessions, rate: float, seconds: float, deadline_s: flo
       delay = start + at - time.perf_counter()
       if delay > 0:
         await asyncio.sleep(delay)
-      tasks.append(asyncio.create_task(one(sessions[len(tasks) % len(sessions)])))
+      tasks.append(asyncio.create_task(one(bodies[len(tasks) % len(bodies)])))
     sent_for = time.perf_counter() - start
     _, pending = await asyncio.wait(tasks, timeout=deadline_s + 1)
     for task in pending:  # the client gives up: not answered within the deadline and a second
@@ -248,12 +252,14 @@ async def offer(url: str, sessions, rate: float, seconds: float, deadline_s: flo
           'server_ms': server_ms, 'batch_ms': batch_ms}
 
 
-def offline(config, workdir: str, sessions, batches: list[int]) -> list[dict]:
-  """Offline decoding of `sessions`' last positions in batches of each of `batches`."""
+def offline(config, workdir: str, sessions, batches: list[int], histories=None) -> list[dict]:
+  """Offline decoding of `sessions`' last positions in batches of each of `batches`
+  (`histories`: each session's user's earlier queries)."""
   from mtn_jax.inference import pipeline  # pylint: disable=g-import-not-at-top
   from mtn_jax.inference.inputs import Context  # pylint: disable=g-import-not-at-top
   suggestions = pipeline.Pipeline.load(config, workdir, log=lambda *a, **k: None)
-  contexts = [Context(tuple(s), len(s) - 1, {}) for s in sessions]
+  contexts = [Context(tuple(s), len(s) - 1, {}, history=tuple(h))
+              for s, h in zip(sessions, histories or [()] * len(sessions))]
   rows = []
   for batch in batches:
     suggestions.suggest(contexts, positions='last', batch_rows=batch)  # compiles every shape
@@ -285,19 +291,25 @@ def main(argv):
   with urllib.request.urlopen(f'{service.url}/v1/info') as response:
     max_queries = json.load(response)['max_session_queries']
   from launch import bench_requests  # pylint: disable=g-import-not-at-top
-  sessions = bench_requests.request_sessions(workdir, max(_OFFLINE.value, 512), max_queries,
-                                             _SEED.value)
+  count = max(_OFFLINE.value, 512)
+  sessions = bench_requests.request_sessions(workdir, count, max_queries, _SEED.value)
+  bodies = [{'session': session} for session in sessions]
+  histories = None
+  if _USERS.value:
+    users = bench_requests.request_users(workdir, count, _SEED.value)
+    bodies = [{**body, 'user': user} for body, user in zip(bodies, users)]
+    histories = bench_requests.request_histories(workdir, count, _SEED.value)
   rows = []
   try:
     for rate in (float(r) for r in _RATES.value):
-      rows.append(asyncio.run(offer(service.url, sessions, rate, _SECONDS.value,
+      rows.append(asyncio.run(offer(service.url, bodies, rate, _SECONDS.value,
                                     config.serve.deadline_ms / 1000, rng)))
       r = rows[-1]
       r['rss'] = resident_mib(service.process.pid)
       print(f'  {rate:g}/s: {r["ok"]}/{r["sent"]} answered, p50 {r["p50"]:.1f} ms', flush=True)
     if _HALF_SATURATION.value and rows:
       saturation = max(r['throughput'] for r in rows)
-      rows.append(asyncio.run(offer(service.url, sessions, saturation / 2, _SECONDS.value,
+      rows.append(asyncio.run(offer(service.url, bodies, saturation / 2, _SECONDS.value,
                                     config.serve.deadline_ms / 1000, rng)))
       rows[-1].update(rss=resident_mib(service.process.pid),
                       rate=f'{saturation / 2:.4g}, half saturation')
@@ -313,7 +325,7 @@ def main(argv):
       for name, sig, at, stop in (('reload', signal.SIGHUP, _SECONDS.value / 3, False),
                                   ('drain', signal.SIGTERM, _SECONDS.value / 2, True)):
         rows.append(asyncio.run(offer(
-            service.url, sessions, rate, _SECONDS.value, deadline, rng, signal_at=at,
+            service.url, bodies, rate, _SECONDS.value, deadline, rng, signal_at=at,
             send_signal=lambda sig=sig: service.process.send_signal(sig), stop_sending=stop)))
         rows[-1]['rate'] = f'{rate:g}, {name} at {at:.3g} s'
         print(f'  {name} under {rate:g}/s: {rows[-1]["statuses"]}', flush=True)
@@ -324,7 +336,7 @@ def main(argv):
   print(f'\nService: max_batch {s.max_batch}, workers {service.workers}, max_wait_ms '
         f'{s.max_wait_ms:g}, queue_bound {s.queue_bound}, deadline_ms {s.deadline_ms:g}; '
         f'{_SECONDS.value:g} s per rate, Poisson arrivals, sessions of the test split cut at '
-        'random positions.')
+        'random positions' + (', each naming its user.' if _USERS.value else '.'))
   print('| offered/s | sent | answered/s | p50 ms | p95 ms | p99 ms | by status | '
         'in the app, mean ms | batch run, mean ms | mean batch | batches by size | service RSS MiB |')
   print('|---:|---:|---:|---:|---:|---:|---|---:|---:|---:|---|---:|')
@@ -340,7 +352,8 @@ def main(argv):
   offline_rows = []
   if _OFFLINE.value:
     batches = [config.decode.batch_sessions, *(int(b) for b in _OFFLINE_BATCHES.value)]
-    offline_rows = offline(config, workdir, sessions[:_OFFLINE.value], batches)
+    offline_rows = offline(config, workdir, sessions[:_OFFLINE.value], batches,
+                           histories and histories[:_OFFLINE.value])
     for o in offline_rows:
       how = ('as --mode=decode' if o['batch'] == config.decode.batch_sessions else
              f'--config.decode.batch_sessions={o["batch"]}')
