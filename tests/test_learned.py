@@ -178,6 +178,14 @@ def test_the_users_own_earlier_queries_by_hand():
   # No history (a sessions file, a request naming no user): nothing.
   assert texts(history.propose([Context(('news',), 0, {})], positions='last')) == [[[]]]
   assert 'history' in sources.NAMES and learned.parse_sources('generate:5,history:3')
+  # Only those about the session so far: sharing a word with it ('weather news' after 'news'),
+  # a site standing for its name ('mail.com' once 'mail' is typed); not a lone word of it
+  # ('mail', typed, is left out as a query of the session; 'bank' shares nothing).
+  about = sources.History(3, about=True)
+  got = about.propose([Context(('news', 'mail'), 0, {}, history=past + ('mail.com',))],
+                      positions='all')
+  assert texts(got) == [[['weather news'], ['weather news', 'mail.com']]]
+  assert 'history_about' in sources.NAMES
 
 
 def test_contexts_without_a_past_are_the_groups_without_the_history_source():

@@ -506,7 +506,8 @@ def cross_fitted_groups(config: ml_collections.ConfigDict, workdir: str, key: di
   train = sessions.load_split(data_dir, 'train')
   fold_of = sessions.session_folds(train, folds, config.data.split_seed)
   # Each session's user's earlier queries, as evaluation reads them (a user's own: no fold's).
-  histories = habits.past_queries(data_dir, train) if 'history' in dict(plan) else None
+  histories = (habits.past_queries(data_dir, train)
+               if set(sources_lib.PAST_SOURCES) & set(dict(plan)) else None)
   settings = search.SearchSettings.from_config(config.decode)
   parts, to_make = {}, []
   for k in range(folds):
@@ -634,38 +635,40 @@ def load_groups(folder: str, key: dict, log=print) -> Groups | None:
 
 def without_history(groups: Groups, names: Sequence[str]) -> Groups:
   """`groups` as contexts without a user's past would make them (a sessions file, a request
-  naming no user): what the `history` source alone proposed left out, its rank and score
-  missing, and a group whose next query only it proposed emptied. The other sources and the
-  features of a candidate do not read the history, so these are exactly the groups such
-  contexts give."""
-  rank, score, count = (names.index(n) for n in ('history_rank', 'history_score',
-                                                 'num_sources'))
+  naming no user): what the sources of the past (`sources.PAST_SOURCES`) alone proposed left
+  out, their ranks and scores missing, and a group whose next query only they proposed
+  emptied. The other sources and the features of a candidate do not read the past, so these
+  are exactly the groups such contexts give."""
+  past = [s for s in sources_lib.PAST_SOURCES if f'{s}_rank' in names]
+  ranks = [names.index(f'{s}_rank') for s in past]
+  scores = [names.index(f'{s}_score') for s in past]
+  count = names.index('num_sources')
   ends = np.cumsum(groups.sizes)
   features, labels, sizes, texts = [], [], [], []
   for g, (start, end) in enumerate(zip((ends - groups.sizes).tolist(), ends.tolist())):
-    proposed = {q for name, found in groups.lists[g].items() if name != 'history'
+    proposed = {q for name, found in groups.lists[g].items() if name not in past
                 for q in found}
     keep = [j for j, q in enumerate(groups.texts[g]) if q in proposed]
     if groups.references[g] not in {groups.texts[g][j] for j in keep}:
       keep = []  # no order of the others finds the next query: no rows, as learning keeps it
-    x = groups.features[start:end][keep]
-    x[:, count] -= ~np.isnan(x[:, rank])  # (a copy: indexed by a list)
-    x[:, [rank, score]] = np.nan
+    x = groups.features[start:end][keep]  # (a copy: indexed by a list)
+    x[:, count] -= (~np.isnan(x[:, ranks])).sum(1)
+    x[:, ranks + scores] = np.nan
     features.append(x)
     labels.append(groups.labels[start:end][keep])
     sizes.append(len(keep))
     texts.append([groups.texts[g][j] for j in keep])
   return Groups(np.concatenate(features), np.concatenate(labels), np.asarray(sizes, int),
                 groups.folds, texts, groups.references, groups.sessions,
-                [{name: found for name, found in lists.items() if name != 'history'}
+                [{name: found for name, found in lists.items() if name not in past}
                  for lists in groups.lists])
 
 
 def learning_groups(groups: Groups, names: Sequence[str]) -> Groups:
-  """What the ranker learns from: `groups`, and with a `history` source the same contexts
-  without a user's past too (`without_history`), as a service meets both: learned from the
+  """What the ranker learns from: `groups`, and with a source of the user's past the same
+  contexts without it too (`without_history`), as a service meets both: learned from the
   first alone, it ranks the second's candidates below the ranker of a plan without it."""
-  if 'history_rank' not in names:
+  if not any(f'{s}_rank' in names for s in sources_lib.PAST_SOURCES):
     return groups
   return concatenate([groups, without_history(groups, names)])
 

@@ -456,7 +456,8 @@ class Pipeline:
     """Whether a user's every earlier query is read (the habit rule, the learned ranker's
     `history` source), not only the model's `history_queries`."""
     return ((self.rankers is not None and bool(self.rankers.habit_rate))
-            or (self.ranker is not None and 'history' in self.ranker.source_names))
+            or (self.ranker is not None
+                and bool(set(inference_sources.PAST_SOURCES) & set(self.ranker.source_names))))
 
   @property
   def beam_size(self) -> int:

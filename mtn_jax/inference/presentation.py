@@ -76,6 +76,15 @@ def about_session(so_far: Sequence[str]) -> Callable[[str], bool]:
       len(text.split()) == 1 and text in typed)
 
 
+# The sources of the user's own earlier queries (`sources.History`).
+PAST_SOURCES = ('history', 'history_about')
+
+
+def typed_before(candidate: dict) -> bool:
+  """Whether a candidate ({'sources': ...}) is a query of the user's past."""
+  return any(name in PAST_SOURCES for name in candidate['sources'])
+
+
 def added_to(text: str, previous: str) -> bool:
   """Whether `text` is `previous` with words put before or after it ("mexican insurance" ->
   "mexican insurance for sale", "free mexican insurance")."""
@@ -102,7 +111,7 @@ def presented(ranked: Sequence[dict], so_far: Sequence[str], counts: popular.Log
   is not well-formed last (recall kept below what reads as a query)."""
   reads_as_query = well_formed(counts, so_far)
   # The user's own earlier queries were typed by a person: queries, whatever the log holds.
-  formed = {c['query']: 'history' in c['sources'] or reads_as_query(c['query']) for c in ranked}
+  formed = {c['query']: typed_before(c) or reads_as_query(c['query']) for c in ranked}
   if attested_only:
     ranked = [c for c in ranked if set(c['sources']) != {'generate'} or formed[c['query']]]
   if not session_first:
@@ -115,7 +124,7 @@ def presented(ranked: Sequence[dict], so_far: Sequence[str], counts: popular.Log
       malformed.append(c)
     elif len(first) == session_first or c['query'] in issued or (
         added_to(c['query'], so_far[-1]) and not counts.issued.get(c['query'])
-        and 'history' not in c['sources']):
+        and not typed_before(c)):
       rest.append(c)
     elif about(c['query']):
       first.append(c)

@@ -21,6 +21,7 @@ The sources:
                 edits (`templates`);
   matching      the training log's queries that best match the previous one (BM25);
   history       the user's own earlier queries (`Context.history`), the most issued first;
+  history_about those of them about the session so far;
   session       the session's own queries so far, latest first.
 A new source is a class with a `name` and `propose`, and its entry in `LOG_SOURCES` (or its
 own construction in `pipeline.Pipeline.load` where it needs a model of its own).
@@ -45,6 +46,7 @@ from mtn_jax.decoding import search
 from mtn_jax.inference import imdna_proposer
 from mtn_jax.inference import inputs
 from mtn_jax.inference import popular
+from mtn_jax.inference import presentation
 from mtn_jax.inference import retrieval
 from mtn_jax.inference import templates as templates_lib
 from mtn_jax.inference.inputs import Context
@@ -393,25 +395,38 @@ class Session:
         for back, q in enumerate(dict.fromkeys(reversed(so_far)))])
 
 
+def _most_issued(history: Sequence[str]) -> list[str]:
+  """The distinct queries of a user's past, the most issued first, on a tie the latest."""
+  issued = collections.Counter(history)
+  latest = {q: i for i, q in enumerate(history)}
+  return sorted(issued, key=lambda q: (-issued[q], -latest[q]))
+
+
 @dataclasses.dataclass
 class History:
   """The user's own earlier queries (`Context.history`: every earlier session of theirs), the
   session's so far left out: the `k` most issued, on a tie the latest issued first; score: the
   times issued. Many users come back to the same queries (docs/RESULTS.md, "A user's habits"),
   and what a user searched before is a query a person typed, never word salad. A context
-  without a history (a sessions file, a request naming no user) gets none."""
+  without a history (a sessions file, a request naming no user) gets none. With `about`, only
+  those about the session so far (`presentation.about_session`): a person's own related
+  queries, which the most issued often leave out."""
 
   k: int
+  about: bool = False
   name: str = 'history'
 
   def propose(self, contexts, *, positions, batch_rows=0, widths=None) -> Lists:
     out = []
     for context, session in zip(contexts, sessions_so_far(contexts, positions)):
+      ranked = _most_issued(context.history)
       issued = collections.Counter(context.history)
-      latest = {q: i for i, q in enumerate(context.history)}
-      ranked = sorted(issued, key=lambda q: (-issued[q], -latest[q]))
-      out.append([[{'query': q, 'score': float(issued[q])}
-                   for q in ranked if q not in so_far][:self.k] for so_far in session])
+      lists = []
+      for so_far in session:
+        keep = presentation.about_session(so_far) if self.about else (lambda q: True)
+        lists.append([{'query': q, 'score': float(issued[q])} for q in ranked
+                      if q not in so_far and keep(q)][:self.k])
+      out.append(lists)
     return out
 
 
@@ -422,7 +437,10 @@ LOG_SOURCES = {
     'templates': lambda counts, k: Templates(counts.templates, k),
     'matching': lambda counts, k: Matching(counts, k),
     'history': lambda counts, k: History(k),
+    'history_about': lambda counts, k: History(k, about=True, name='history_about'),
     'session': lambda counts, k: Session(),
 }
 MODEL_SOURCES = ('generate', 'retrieve', 'imdna')
+# The sources that read a user's past (`Context.history`): a pipeline with one reads it whole.
+PAST_SOURCES = presentation.PAST_SOURCES
 NAMES = MODEL_SOURCES + tuple(LOG_SOURCES)
