@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import collections
 import dataclasses
+import itertools
 import time
 from collections.abc import Sequence
 from typing import Protocol, runtime_checkable
@@ -395,13 +396,6 @@ class Session:
         for back, q in enumerate(dict.fromkeys(reversed(so_far)))])
 
 
-def _most_issued(history: Sequence[str]) -> list[str]:
-  """The distinct queries of a user's past, the most issued first, on a tie the latest."""
-  issued = collections.Counter(history)
-  latest = {q: i for i, q in enumerate(history)}
-  return sorted(issued, key=lambda q: (-issued[q], -latest[q]))
-
-
 @dataclasses.dataclass
 class History:
   """The user's own earlier queries (`Context.history`: every earlier session of theirs), the
@@ -419,13 +413,15 @@ class History:
   def propose(self, contexts, *, positions, batch_rows=0, widths=None) -> Lists:
     out = []
     for context, session in zip(contexts, sessions_so_far(contexts, positions)):
-      ranked = _most_issued(context.history)
       issued = collections.Counter(context.history)
+      latest = {q: i for i, q in enumerate(context.history)}
+      ranked = sorted(issued, key=lambda q: (-issued[q], -latest[q]))
       lists = []
       for so_far in session:
-        keep = presentation.about_session(so_far) if self.about else (lambda q: True)
-        lists.append([{'query': q, 'score': float(issued[q])} for q in ranked
-                      if q not in so_far and keep(q)][:self.k])
+        about = presentation.about_session(so_far) if self.about else None
+        chosen = (q for q in ranked if q not in so_far and (about is None or about(q)))
+        lists.append([{'query': q, 'score': float(issued[q])}
+                      for q in itertools.islice(chosen, self.k)])
       out.append(lists)
     return out
 
