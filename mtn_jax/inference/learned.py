@@ -507,7 +507,7 @@ def cross_fitted_groups(config: ml_collections.ConfigDict, workdir: str, key: di
   fold_of = sessions.session_folds(train, folds, config.data.split_seed)
   # Each session's user's earlier queries, as evaluation reads them (a user's own: no fold's).
   histories = (habits.past_queries(data_dir, train)
-               if set(sources_lib.PAST_SOURCES) & set(dict(plan)) else None)
+               if sources_lib.reads_past(dict(plan)) else None)
   settings = search.SearchSettings.from_config(config.decode)
   parts, to_make = {}, []
   for k in range(folds):

@@ -457,7 +457,7 @@ class Pipeline:
     `history` source), not only the model's `history_queries`."""
     return ((self.rankers is not None and bool(self.rankers.habit_rate))
             or (self.ranker is not None
-                and bool(set(inference_sources.PAST_SOURCES) & set(self.ranker.source_names))))
+                and inference_sources.reads_past(self.ranker.source_names)))
 
   @property
   def beam_size(self) -> int:

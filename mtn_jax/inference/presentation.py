@@ -80,9 +80,15 @@ def about_session(so_far: Sequence[str]) -> Callable[[str], bool]:
 PAST_SOURCES = ('history', 'history_about')
 
 
+def reads_past(source_names: Sequence[str]) -> bool:
+  """Whether any of `source_names` is a source of the user's past."""
+  return any(name in PAST_SOURCES for name in source_names)
+
+
 def typed_before(candidate: dict) -> bool:
-  """Whether a candidate ({'sources': ...}) is a query of the user's past."""
-  return any(name in PAST_SOURCES for name in candidate['sources'])
+  """Whether a candidate ({'sources': the sources proposing it}) is a query of the user's
+  past."""
+  return reads_past(candidate['sources'])
 
 
 def added_to(text: str, previous: str) -> bool:
@@ -99,7 +105,7 @@ def presented(ranked: Sequence[dict], so_far: Sequence[str], counts: popular.Log
 
   With `attested_only`, none that the generator alone wrote unless `well_formed` (the log's
   and the templates' candidates are queries or one edit of one); what the user typed before
-  (the `history` source) is a query. Then the first `session_first` places go to the best
+  (`PAST_SOURCES`) is a query. Then the first `session_first` places go to the best
   `well_formed` candidates (no word salad), at most `unrelated_first` of them not
   `about_session` (a head query such as "google", the user's habit query), none the
   previous query with words added that neither the log nor the user's past holds (people

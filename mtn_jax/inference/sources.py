@@ -439,4 +439,5 @@ LOG_SOURCES = {
 MODEL_SOURCES = ('generate', 'retrieve', 'imdna')
 # The sources that read a user's past (`Context.history`): a pipeline with one reads it whole.
 PAST_SOURCES = presentation.PAST_SOURCES
+reads_past = presentation.reads_past
 NAMES = MODEL_SOURCES + tuple(LOG_SOURCES)
