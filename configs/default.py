@@ -200,6 +200,11 @@ def get_config(variant: str = '') -> ml_collections.ConfigDict:
   # session of a user.
   c.suggest.habit_rate = 0.0
   c.suggest.habit_min_past = 5
+  # The latest of a user's earlier queries that the sources of the past (`history`) and the
+  # habit rule read, in evaluation, the ranker's training, decode of a log and the service
+  # alike (its history store keeps at least as many): a heavy user's whole past would make
+  # each suggestion cost as much as all their queries.
+  c.suggest.past_queries = 1000
   # How a Bi-encoder retriever finds its best pool entries (decode, suggest, and the retriever
   # of 'rerank'): 'exact' scores the whole pool; 'usearch' searches an approximate
   # nearest-neighbour index of the cached candidate vectors (mtn_jax/inference/retrieval.py),
@@ -237,7 +242,9 @@ def get_config(variant: str = '') -> ml_collections.ConfigDict:
   # SQLite file (relative to the workdir) of each user's earlier queries, for the models that
   # read a user's history (config.data.history_queries) or the habit rule; '': none kept.
   c.serve.history_db = 'serve/histories.sqlite'
-  c.serve.history_per_user = 1000  # a user's latest queries kept, the older deleted
+  # A user's latest queries kept, the older deleted (at least config.suggest.past_queries where
+  # the pipeline reads a user's past).
+  c.serve.history_per_user = 1000
   # Folder (relative to the workdir) of XLA's compiled programs, kept across starts: a restart
   # or a reload of the same model is ready without compiling again, and a later eval, decode
   # or suggest run reads its own back; '': none kept. A cache set for the process

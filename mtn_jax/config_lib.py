@@ -189,7 +189,7 @@ def _check_suggest(config) -> None:
       parse(s[key])
     except ValueError as e:
       raise ConfigError(f'config.suggest.{key}={s[key]!r}: {e}') from None
-  _positive(config, ['suggest.ranker_folds', 'suggest.ranker_rounds'])
+  _positive(config, ['suggest.ranker_folds', 'suggest.ranker_rounds', 'suggest.past_queries'])
   if s.ranker_folds < 2:
     raise ConfigError(f'config.suggest.ranker_folds must be >= 2 (cross-fitting), got '
                       f'{s.ranker_folds}')

@@ -238,6 +238,8 @@ EDGES = [
      'config.serve.max_body_bytes must be positive'),
     ({'serve.history_per_user': 0}, {'serve.history_per_user': 1},
      'config.serve.history_per_user must be positive'),
+    ({'suggest.past_queries': 0}, {'suggest.past_queries': 1},
+     'config.suggest.past_queries must be positive'),
 ]
 
 

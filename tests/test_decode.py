@@ -492,10 +492,8 @@ def test_decode_says_where_a_model_that_reads_users_is_given_none():
   none needs none."""
   import types  # pylint: disable=g-import-not-at-top
   from mtn_jax.inference import suggest  # pylint: disable=g-import-not-at-top
-  pipe = lambda history_queries, whole: types.SimpleNamespace(
-      settings=types.SimpleNamespace(history_queries=history_queries),
-      needs_whole_history=whole)
-  for reads in (pipe(20, False), pipe(0, True)):
+  pipe = lambda past_read: types.SimpleNamespace(past_read=past_read)
+  for reads in (pipe(20), pipe(1000)):
     assert 'a sessions file names no users' in suggest.history_note('sessions', reads)
     assert suggest.history_note('raw', reads) is None
-  assert suggest.history_note('sessions', pipe(0, False)) is None
+  assert suggest.history_note('sessions', pipe(0)) is None

@@ -356,6 +356,13 @@ def test_raw_log_is_sessionized_with_references(tmp_path):
   assert reader.counts['long_queries'] == 1
   assert reader.counts['skipped_header'] == 1 and reader.counts['empty_queries'] == 1
   assert reader.counts['lines_read'] == 7
+  assert [c.history for c in contexts] == [(), (), ()]  # the pipeline reads no past
+  # Each context's history: its user's latest `past_queries` earlier queries, no other user's.
+  for past_queries, expected in ((1, ('flights to boston',)),
+                                 (5, ('cheap flights', 'flights to boston'))):
+    contexts = list(inputs.read_raw_log(str(path), make_reader(), data_config(),
+                                        chunk_sessions=2, past_queries=past_queries))
+    assert [c.history for c in contexts] == [(), expected, ()]
 
 
 def test_raw_log_counts_its_latin1_lines(tmp_path):

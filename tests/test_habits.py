@@ -71,6 +71,10 @@ def test_past_queries_are_the_users_earlier_sessions_of_every_split(tmp_path):
   assert habits.past_queries(str(tmp_path), valid) == [('a', 'b', 'c', 'd')]
   train = sessions.load_split(str(tmp_path), 'train')
   assert habits.past_queries(str(tmp_path), train) == [(), ('a', 'b', 'c', 'd', 'e', 'f'), ()]
+  # The latest `keep` of them: across sessions, fewer where there are fewer.
+  assert habits.past_queries(str(tmp_path), train, keep=3) == [(), ('d', 'e', 'f'), ()]
+  assert habits.past_queries(str(tmp_path), valid, keep=3) == [('b', 'c', 'd')]
+  assert habits.past_queries(str(tmp_path), test, keep=3) == [('a', 'b')]
 
 
 def test_rerank_puts_the_habit_query_first_where_the_rate_holds():

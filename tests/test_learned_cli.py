@@ -116,16 +116,21 @@ def test_eval_decode_and_serve_give_the_same_learned_lists(learned_run, tmp_path
       assert_same_list(answer['suggestions'], expected, pair['context'], abs=1e-4)
 
 
+PAST = 3  # fewer than the test users' earlier queries
+
+
 @pytest.mark.slow
 def test_a_users_past_as_a_source_eval_decode_and_serve_agree(learned_run, tmp_path):
-  """With the `history` source (a user's earlier queries), `--mode=train` refits the ranker
-  alone; eval's lists for users are what decode writes for an AOL-format log of their
-  sessions, and what the service shows a user who types those sessions a query at a time
-  (their earlier ones kept in its history store); the user's past reaches the lists."""
+  """With the `history` source (a user's earlier queries, the latest `past_queries` of
+  them), `--mode=train` refits the ranker alone; eval's lists for users are what decode
+  writes for an AOL-format log of their sessions, and what the service shows a user who types
+  those sessions a query at a time (their earlier ones kept in its history store, which
+  keeps more); the user's past reaches the lists."""
   workdir = tmp_path / 'history'
   shutil.copytree(learned_run[0], workdir, ignore=shutil.ignore_patterns('eval'))
   plan = (*LEARNED[:2],
-          '--config.suggest.sources=generate:4,popular:4,cooccurring:4,templates:4,history:4')
+          '--config.suggest.sources=generate:4,popular:4,cooccurring:4,templates:4,history:4',
+          f'--config.suggest.past_queries={PAST}')
   out = cli.run(workdir, *FEW, *plan, mode='train').stdout
   assert '[4/4] The learned ranker' in out and 'ranker data: fold 0' in out, out
   assert 'validation at step' not in out, out  # the generators were current
@@ -137,7 +142,8 @@ def test_a_users_past_as_a_source_eval_decode_and_serve_agree(learned_run, tmp_p
   assert 'history' in results['scores_excluding_session']
   pairs = read_jsonl(lists_path)
   test = sessions.load_split(str(workdir / 'data'), 'test')
-  pasts = habits.past_queries(str(workdir / 'data'), test)
+  assert max(map(len, habits.past_queries(str(workdir / 'data'), test))) > PAST
+  pasts = habits.past_queries(str(workdir / 'data'), test, keep=PAST)
   from_past = [s['query'] for p in pairs for s in p['suggestions_excluding_session']
                if s['query'] in pasts[p['session']]]
   assert from_past, 'no list holds a query of its user\'s past'

@@ -346,11 +346,11 @@ def decode_lists(config: ml_collections.ConfigDict, workdir: str, trained: infer
 
     pool = ranked_pool(suggestions_of, test, config, queries_per_batch, log)
     retrieved = None if pool is None else (pool.suggestions, pool.top_scores)
-    # Each session's user's earlier queries: the habit rule reads them all, a personalising
-    # model its config.data.history_queries latest (the corpus's history, as training's).
-    histories = (habits.past_queries(preprocess.data_dir(workdir), test)
-                 if suggestions_of.needs_whole_history or suggestions_of.settings.history_queries
-                 else None)
+    # Each session's user's latest earlier queries that the pipeline reads (the habit rule, the
+    # sources of the past, a personalising model: the corpus's history, as training's).
+    histories = (habits.past_queries(preprocess.data_dir(workdir), test,
+                                     keep=suggestions_of.past_read)
+                 if suggestions_of.past_read else None)
     lists = suggestions_of.split_lists(test, queries_per_batch=queries_per_batch,
                                        retrieved=retrieved, histories=histories, log=log)
     # Both protocols from the same ordered lists, shown as decode and suggest show them.

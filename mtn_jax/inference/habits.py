@@ -106,9 +106,11 @@ def carried(histories: Sequence[Sequence[str]]) -> Iterator[Habits]:
     yield user
 
 
-def past_queries(data_dir: str, split: sessions.SessionSplit) -> list[tuple[str, ...]]:
+def past_queries(data_dir: str, split: sessions.SessionSplit, keep: int | None = None
+                 ) -> list[tuple[str, ...]]:
   """[split.num_sessions] each session's user's earlier queries, oldest first: the queries of
-  the corpus's sessions of that user (every split of `data_dir`) that started before it."""
+  the corpus's sessions of that user (every split of `data_dir`) that started before it, the
+  latest `keep` of them (None: all)."""
   if split.users is None or split.start_times is None:
     raise errors.Error(f'the {split.name} split in {data_dir} keeps no users or start times '
                        'to read a user\'s past from (the habit rule, the history source): '
@@ -126,6 +128,6 @@ def past_queries(data_dir: str, split: sessions.SessionSplit) -> list[tuple[str,
     offsets[user] = np.cumsum([0] + [len(texts) for _, texts in found]).tolist()
   out = []
   for user, start in zip(split.users.tolist(), split.start_times.tolist()):
-    earlier = bisect.bisect_left(starts[user], start)  # sessions that started before
-    out.append(flat[user][:offsets[user][earlier]])
+    end = offsets[user][bisect.bisect_left(starts[user], start)]  # sessions started before
+    out.append(flat[user][0 if keep is None else max(0, end - keep):end])
   return out

@@ -282,13 +282,13 @@ _LOG_COUNTS = {'empty_line': 'empty_lines', 'empty_query': 'empty_queries',
 
 
 def read_raw_log(path: str, reader: QueryReader, data: ml_collections.ConfigDict,
-                 chunk_sessions: int, whole_history: bool = False) -> Iterator[Context]:
+                 chunk_sessions: int, past_queries: int = 0) -> Iterator[Context]:
   """Contexts for every query of every session of an AOL-format log.
 
   The log reader's line-level skips (header, malformed lines, empty queries), its lines read
   as Latin-1 and the removed successive duplicates are added to `reader.counts`. Each
-  context's history is its user's last `data.history_queries` earlier queries, or all of them
-  with `whole_history` (a user's habit query, `mtn_jax.inference.habits`).
+  context's history is its user's latest `past_queries` earlier queries (what the pipeline
+  reads, `Pipeline.past_read`).
   """
   try:
     log = aol_log.read_log(path, strict=data.strict)
@@ -308,9 +308,8 @@ def read_raw_log(path: str, reader: QueryReader, data: ml_collections.ConfigDict
                              min_queries=1, max_queries=max(len(log.records), 1))
   reader.counts['duplicate_queries'] += found.skipped['duplicate_query']
   # Sessions come in user, then time order: a user's history is the queries of their
-  # sessions read so far, as preprocessing gives it (`data.history_queries` of them).
-  kept = None if whole_history else data.history_queries
-  user, earlier = None, collections.deque(maxlen=kept)
+  # sessions read so far, as preprocessing gives it (the latest `past_queries` of them).
+  user, earlier = None, collections.deque(maxlen=past_queries)
   for first in range(0, found.num_sessions, chunk_sessions):
     last = min(first + chunk_sessions, found.num_sessions)
     rows = found.record_index[found.starts[first]:found.starts[last]]
@@ -323,7 +322,7 @@ def read_raw_log(path: str, reader: QueryReader, data: ml_collections.ConfigDict
         user = int(users[begin])
         earlier.clear()
       contexts = reader.raw_session(texts[begin:end], {'user': user, 'session': session},
-                                    tuple(earlier) if kept != 0 else ())
+                                    tuple(earlier))
       # The session's queries: the first context's, then each later context's last.
       earlier.extend(contexts[0].queries + tuple(c.queries[-1] for c in contexts[1:]))
       yield from contexts

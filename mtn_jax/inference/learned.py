@@ -277,6 +277,7 @@ class LearnedRanker:
         # taken as made with these)
         and _as_written_now(meta.get('search', searched)) == searched
         and meta.get('fold_steps', steps) == steps
+        and meta.get('past_queries') == past_key(config).get('past_queries')
         and cls.model_problem(workdir, meta) is None)
 
   @classmethod
@@ -506,7 +507,7 @@ def cross_fitted_groups(config: ml_collections.ConfigDict, workdir: str, key: di
   train = sessions.load_split(data_dir, 'train')
   fold_of = sessions.session_folds(train, folds, config.data.split_seed)
   # Each session's user's earlier queries, as evaluation reads them (a user's own: no fold's).
-  histories = (habits.past_queries(data_dir, train)
+  histories = (habits.past_queries(data_dir, train, keep=config.suggest.past_queries)
                if sources_lib.reads_past(dict(plan)) else None)
   settings = search.SearchSettings.from_config(config.decode)
   parts, to_make = {}, []
@@ -585,7 +586,15 @@ def groups_key(config: ml_collections.ConfigDict, workdir: str) -> dict:
   return {'sources': [list(x) for x in plan],
           'folds': config.suggest.ranker_folds, 'fold_steps': fold_steps(config, workdir),
           'split_seed': config.data.split_seed, 'search': search_key(config),
-          'features': feature_names([name for name, _ in plan])}
+          'features': feature_names([name for name, _ in plan]), **past_key(config)}
+
+
+def past_key(config: ml_collections.ConfigDict) -> dict:
+  """How much of a user's past the ranker's training contexts read, where its sources read
+  any (the key of no other plan changes with it)."""
+  plan = parse_sources(config.suggest.sources)
+  return ({'past_queries': int(config.suggest.past_queries)}
+          if sources_lib.reads_past(dict(plan)) else {})
 
 
 def save_groups(groups: Groups, folder: str, key: dict) -> None:
@@ -728,6 +737,7 @@ def fit(config: ml_collections.ConfigDict, workdir: str, log=print) -> dict:
       'fold_steps': fold_steps(config, workdir),
       'rounds': config.suggest.ranker_rounds,
       'search': search_key(config),
+      **past_key(config),
       'groups': int(len(groups.sizes)),
       'rows': int(len(learning.labels)),
       'candidate_recall': float(np.mean([r in t for r, t in zip(groups.references,

@@ -101,6 +101,7 @@ class Settings:
   index: str
   batch_sessions: int
   history_queries: int
+  past_queries: int = 0
   blend: tuple[tuple[str, int], ...] = ()
   session_first: int = 0
   unrelated_first: int = 0
@@ -117,6 +118,7 @@ class Settings:
                habit_rate=float(s.habit_rate), habit_min_past=int(s.habit_min_past),
                index=s.index, batch_sessions=config.decode.batch_sessions,
                history_queries=config.data.history_queries,
+               past_queries=int(config.suggest.past_queries),
                blend=parse_blend(s.blend) if s.strategy in ('blend', 'learned') else (),
                session_first=int(s.session_first), unrelated_first=int(s.unrelated_first),
                attested_only=bool(s.attested_only))
@@ -452,12 +454,20 @@ class Pipeline:
   # What it is
 
   @property
-  def needs_whole_history(self) -> bool:
-    """Whether a user's every earlier query is read (the habit rule, the learned ranker's
-    `history` source), not only the model's `history_queries`."""
-    return ((self.rankers is not None and bool(self.rankers.habit_rate))
-            or (self.ranker is not None
-                and inference_sources.reads_past(self.ranker.source_names)))
+  def past_read(self) -> int:
+    """How many of a user's latest earlier queries the pipeline reads (0: none): a model's
+    `history_queries`, and `past_queries` for the habit rule or the learned ranker's sources
+    of the past. Every context's history is cut to them (`latest_past`), so a caller may
+    give more."""
+    s = self.settings
+    reads_past = ((self.rankers is not None and bool(self.rankers.habit_rate))
+                  or (self.ranker is not None
+                      and inference_sources.reads_past(self.ranker.source_names)))
+    return max(s.history_queries, s.past_queries if reads_past else 0)
+
+  def latest_past(self, history: Sequence[str]) -> tuple[str, ...]:
+    """The part of a user's earlier queries (oldest first) that the pipeline reads."""
+    return tuple(history[max(0, len(history) - self.past_read):]) if self.past_read else ()
 
   @property
   def beam_size(self) -> int:
@@ -530,6 +540,9 @@ class Pipeline:
               ) -> list[list[list[dict]]]:
     """Stages 1-2 for `contexts`: [context][output position] the whole ordered list."""
     s = self.settings
+    contexts = [c if len(c.history) <= self.past_read
+                else dataclasses.replace(c, history=self.latest_past(c.history))
+                for c in contexts]
     common = dict(positions=positions, batch_rows=batch_rows or s.batch_sessions,
                   widths=widths)
     if self.ranker is not None:
@@ -666,9 +679,10 @@ class Pipeline:
     flat = lambda lists: [at for session in lists for at in session]
     if s.history_queries and histories is None:
       raise ValueError('split_lists of a model that reads users\' histories needs them')
-    session_contexts = inference_sources.session_contexts(
-        split, range(split.num_sessions),
-        histories if s.history_queries or self.needs_whole_history else None)
+    if histories is not None:
+      histories = [self.latest_past(h) for h in histories] if self.past_read else None
+    session_contexts = inference_sources.session_contexts(split, range(split.num_sessions),
+                                                          histories)
     if self.ranker is not None:
       ordered, by_source = self._learned(
           session_contexts, positions='all',

@@ -209,8 +209,7 @@ def _written(output: str):
 def history_note(input_format: str, suggestions: pipeline.Pipeline) -> str | None:
   """What decode says where the pipeline reads users' earlier queries (a personalising model,
   the habit rule) and the input names no users (a sessions file), else None."""
-  if input_format == 'sessions' and (suggestions.needs_whole_history
-                                     or suggestions.settings.history_queries):
+  if input_format == 'sessions' and suggestions.past_read:
     return ('Note: a sessions file names no users, so the model reads no earlier queries of '
             'one (an AOL-format log gives each user\'s earlier sessions in it).')
   return None
@@ -238,7 +237,7 @@ def decode_file(config: ml_collections.ConfigDict, workdir: str) -> dict:
   chunk_size = CHUNK_BATCHES * dc.batch_sessions
   if input_format == 'raw':
     contexts = inputs.read_raw_log(dc.input, reader, config.data, chunk_sessions=chunk_size,
-                                   whole_history=suggestions.needs_whole_history)
+                                   past_queries=suggestions.past_read)
     positions = 'all'
   else:
     contexts = inputs.read_sessions_file(dc.input, reader, strict=config.data.strict)

@@ -205,10 +205,11 @@ class Engine:
 
   @property
   def personalises(self) -> bool:
-    """Whether the model reads a user: their earlier queries (`config.data.history_queries`,
-    the habit rule) or, for a ranker that reads users, the training user they are."""
+    """Whether the model reads a user: their earlier queries (`Pipeline.past_read`: a
+    model's `config.data.history_queries`, the habit rule, the learned ranker's sources of the
+    past) or, for a ranker that reads users, the training user they are."""
     p = self.pipeline
-    return (p.settings.history_queries > 0 or p.needs_whole_history
+    return (p.past_read > 0
             or (p.retriever is not None and p.retriever.trained.task.reads_users))
 
   def info(self) -> dict:

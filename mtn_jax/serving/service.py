@@ -335,7 +335,9 @@ def build(config: ml_collections.ConfigDict, workdir: str, log=_say) -> Service:
   store = None
   if settings.history_db and engine.personalises:
     path = os.path.join(os.path.abspath(workdir), settings.history_db)
-    store = history_lib.HistoryStore(path, settings.history_per_user,
+    # At least what the pipeline reads of a user's past, as evaluation and decode read it.
+    store = history_lib.HistoryStore(path, max(settings.history_per_user,
+                                               engine.pipeline.past_read),
                                      engine.max_session_queries)
     log(f'Users\' histories: {path}')
   return Service(engine, settings, store,
