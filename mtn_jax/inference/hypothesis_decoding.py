@@ -63,7 +63,8 @@ def _decode(generator: hypothesis_files.Generator, split: sessions.SessionSplit,
       'ranker\'s candidates.', flush=True)
   decode = generator.config.decode
   history_queries = generator.config.data.history_queries
-  histories = habits.past_queries(data_dir, split, keep=history_queries) if history_queries else None
+  histories = (habits.past_queries(data_dir, split, keep=history_queries) if history_queries
+               else None)
   by_session = sources.Generate(trained, search_settings, history_queries).propose_sessions(
       sources.session_contexts(split, range(split.num_sessions), histories),
       queries_per_batch=decode.batch_sessions * generator.config.data.max_session_queries,
