@@ -27,12 +27,13 @@ class StubEngine(engine_lib.Engine):
   """`engine.Engine`'s request checks without a model: each request is answered with its
   last query and ' more', after `seconds` a batch."""
 
-  step, workdir, personalises, top_k = 7, '/nowhere/run', False, 5
+  step, workdir, personalises, past_read, top_k = 7, '/nowhere/run', False, 0, 5
   sizes, widths = (1, 2), (1, 2, 4)
 
   def __init__(self, seconds: float = 0.0, suggestions=None, personalises: bool = False):
     # pylint: disable=super-init-not-called
     self.seconds, self.suggestions, self.personalises = seconds, suggestions, personalises
+    self.past_read = 1000 if personalises else 0
     self.max_session_queries, self.max_query_words = 4, 10
     self.exclude_session_queries = True
     self._reader = _Reader()

@@ -155,12 +155,16 @@ def test_a_users_past_as_a_source_eval_decode_and_serve_agree(learned_run, tmp_p
                                          '--config.serve.compile_cache=',
                                          '--config.serve.max_batch=1'),
                               str(workdir), log=lambda *a, **k: None)
+  read = []
   with TestClient(app_lib.create_app(service), client=('127.0.0.1', 50000)) as client:
     for record in decoded:  # each user's sessions in order, a query at a time
       answer = client.post('/v1/suggest', json={'session': record['context'],
                                                 'user': str(record['user'])}).json()
       assert_same_list(answer['suggestions'], record['suggestions'], record['context'],
                        abs=1e-4)
+      read.append(answer['history'])
+  # The store keeps more of a user's past than the pipeline reads; a response counts what it read.
+  assert max(read) == PAST, read
 
 
 @pytest.mark.slow

@@ -164,8 +164,9 @@ def test_a_users_suggestions_equal_decode_of_their_log(workdir, service, client,
       assert answer.status_code == 200, answer.text
       served.append(answer.json()['suggestions'])
       histories.append(answer.json()['history'])
-  # Earlier queries read: none in the first session, then the queries of those before.
-  assert histories == [0, 0, 0, 3, 3, 5, 5, 5]
+  # Earlier queries read: none in the first session, then the queries of those before, at
+  # most the 4 the model reads (config.data.history_queries).
+  assert histories == [0, 0, 0, 3, 3, 4, 4, 4]
   log = tmp_path / 'log.tsv'
   cli.write_log(log, [(7, typed)])
   output = tmp_path / 'decoded.jsonl'
@@ -469,7 +470,7 @@ def test_an_internal_error_is_a_500_with_a_request_id_and_the_service_goes_on(se
 class SlowEngine:
   """An engine without a model: each batch takes `seconds`; suggestions echo the session."""
 
-  step, workdir, personalises, sizes = 7, '/nowhere', False, (1, 2)
+  step, workdir, personalises, past_read, sizes = 7, '/nowhere', False, 0, (1, 2)
 
   def __init__(self, seconds: float = 0.0, suggestions=None):
     self.seconds, self.suggestions = seconds, suggestions

@@ -204,12 +204,17 @@ class Engine:
     return self.pipeline.settings.top_k
 
   @property
+  def past_read(self) -> int:
+    """How many of a user's latest earlier queries the pipeline reads (`Pipeline.past_read`)."""
+    return self.pipeline.past_read
+
+  @property
   def personalises(self) -> bool:
     """Whether the model reads a user: their earlier queries (`Pipeline.past_read`: a
     model's `config.data.history_queries`, the habit rule, the learned ranker's sources of the
     past) or, for a ranker that reads users, the training user they are."""
     p = self.pipeline
-    return (p.past_read > 0
+    return (self.past_read > 0
             or (p.retriever is not None and p.retriever.trained.task.reads_users))
 
   def info(self) -> dict:

@@ -142,10 +142,11 @@ class Service:
 
   def _run(self, requests: Sequence[engine_lib.Request]) -> list[tuple[list, dict, int]]:
     """On a worker thread: the batch run by the engine answering now, with the model's
-    info and the number of earlier queries each request's user had."""
+    info and the number of each request's user's earlier queries it read (the store may keep
+    more than the pipeline reads)."""
     engine = self.engine  # a reload swaps it between batches
     info = engine.info()
-    return [(ranked, info, len(request.history))
+    return [(ranked, info, min(len(request.history), engine.past_read))
             for ranked, request in zip(engine.run(requests), requests)]
 
   async def reload(self) -> dict:
@@ -336,8 +337,7 @@ def build(config: ml_collections.ConfigDict, workdir: str, log=_say) -> Service:
   if settings.history_db and engine.personalises:
     path = os.path.join(os.path.abspath(workdir), settings.history_db)
     # At least what the pipeline reads of a user's past, as evaluation and decode read it.
-    store = history_lib.HistoryStore(path, max(settings.history_per_user,
-                                               engine.pipeline.past_read),
+    store = history_lib.HistoryStore(path, max(settings.history_per_user, engine.past_read),
                                      engine.max_session_queries)
     log(f'Users\' histories: {path}')
   return Service(engine, settings, store,
