@@ -136,6 +136,11 @@ def test_a_users_past_as_a_source_eval_decode_and_serve_agree(learned_run, tmp_p
   assert 'validation at step' not in out, out  # the generators were current
   meta = json.loads((workdir / 'ranker' / 'ranker.json').read_text())
   assert meta['sources'][-1] == ['history', 4] and 'history_rank' in meta['importance']
+  # Its training contexts read the latest PAST earlier queries too (the source would propose
+  # 4 of a longer past).
+  proposed = [len(group.get('history', ())) for group in json.loads(
+      (workdir / 'ranker' / 'groups.json').read_text())['lists']]
+  assert max(proposed) == PAST, collections.Counter(proposed)
   cli.run(workdir, *FEW, *plan, mode='eval')
   lists_path = workdir / 'eval' / 'learned_lists.jsonl'
   results = json.loads((workdir / 'eval' / 'learned_results.json').read_text())
@@ -163,7 +168,8 @@ def test_a_users_past_as_a_source_eval_decode_and_serve_agree(learned_run, tmp_p
       assert_same_list(answer['suggestions'], record['suggestions'], record['context'],
                        abs=1e-4)
       read.append(answer['history'])
-  # The store keeps more of a user's past than the pipeline reads; a response counts what it read.
+  # The store keeps more of a user's past than the pipeline reads: a response counts what it
+  # read.
   assert max(read) == PAST, read
 
 
