@@ -453,7 +453,7 @@ class Pipeline:
   # -------------------------------------------------------------------------------------------
   # What it is
 
-  @property
+  @functools.cached_property
   def past_read(self) -> int:
     """How many of a user's latest earlier queries the pipeline reads (0: none): a model's
     `history_queries`, and `past_queries` for the habit rule or the learned ranker's sources
