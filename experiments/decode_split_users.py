@@ -31,6 +31,7 @@ from launch import bench_report
 from mtn_jax.data import aol_log
 from mtn_jax.data import preprocess
 from mtn_jax.data import sessions
+from mtn_jax.evaluation import metrics
 from mtn_jax.inference import popular
 from mtn_jax.inference import suggest
 # pylint: enable=wrong-import-position
@@ -65,18 +66,13 @@ def decoded(config, workdir: str, source: str, output: str) -> list[dict]:
 
 
 def scores(lists, references, contexts) -> tuple[int, float, float, float]:
-  """(points, EM@1, R@10, MRR@10 %) over the points whose next query the session lacks."""
-  points = first = found = reciprocal = 0
-  for shown, reference, context in zip(lists, references, contexts):
-    if reference in context:  # the user-facing protocol never suggests it
-      continue
-    points += 1
-    shown = shown[:SHOWN]
-    first += bool(shown) and shown[0] == reference
-    if reference in shown:
-      found += 1
-      reciprocal += 1 / (shown.index(reference) + 1)
-  return points, 100 * first / points, 100 * found / points, 100 * reciprocal / points
+  """(points, EM@1, R@10, MRR@10 %) over the points whose next query the session lacks (the
+  user-facing protocol never suggests it), as evaluation scores them."""
+  kept = [i for i, (reference, context) in enumerate(zip(references, contexts))
+          if reference not in context]
+  score = metrics.suggestion_ranking([lists[i][:SHOWN] for i in kept],
+                                     [references[i] for i in kept], [contexts[i] for i in kept])
+  return len(kept), score.exact_match, score.recall_at_10, score.mrr_at_10
 
 
 def main() -> None:
