@@ -398,13 +398,14 @@ class Session:
 
 @dataclasses.dataclass
 class History:
-  """The user's own earlier queries (`Context.history`: every earlier session of theirs), the
-  session's so far left out: the `k` most issued, on a tie the latest issued first; score: the
-  times issued. Many users come back to the same queries (docs/RESULTS.md, "A user's habits"),
-  and what a user searched before is a query a person typed, never word salad. A context
-  without a history (a sessions file, a request naming no user) gets none. With `about`, only
-  those about the session so far (`presentation.about_session`): a person's own related
-  queries, which the most issued often leave out."""
+  """The user's own earlier queries (`Context.history`: their earlier sessions' latest
+  `config.suggest.past_queries`, `Pipeline.past_read`), the session's so far left out: the `k`
+  most issued, on a tie the latest issued first; score: the times issued. Many users come back
+  to the same queries (docs/RESULTS.md, "A user's habits"), and what a user searched before is
+  a query a person typed, never word salad. A context without a history (a sessions file, a
+  request naming no user) gets none. With `about`, only those about the session so far
+  (`presentation.about_session`): a person's own related queries, which the most issued often
+  leave out."""
 
   k: int
   about: bool = False
@@ -437,7 +438,8 @@ LOG_SOURCES = {
     'session': lambda counts, k: Session(),
 }
 MODEL_SOURCES = ('generate', 'retrieve', 'imdna')
-# The sources that read a user's past (`Context.history`): a pipeline with one reads it whole.
+# The sources that read a user's past (`Context.history`): a pipeline with one reads its latest
+# `config.suggest.past_queries` queries.
 PAST_SOURCES = presentation.PAST_SOURCES
 reads_past = presentation.reads_past
 NAMES = MODEL_SOURCES + tuple(LOG_SOURCES)
