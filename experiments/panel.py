@@ -1,4 +1,4 @@
-"""A blind panel of suggestion lists (../shared/JUDGING.md): what a person sees in the top 5.
+"""A blind panel of suggestion lists: what a person sees in the top 5.
 
   python experiments/panel.py make --workdir=W --out=P [--contexts=80] [--seed=0]
       [--not_in=P0,P1] [--baseline=W0 --baseline_sources=PLAN] [config flags]
@@ -9,7 +9,8 @@
 others), each with its user's earlier queries (which the judges do not see), asks each
 suggester for its top 5 under the user-facing protocol, and writes P/items.md (each
 context's session and its lists shuffled, named A, B, C, ... per context, no system named)
-for the judges, and P/key.json (which list is which system) for `score`.
+and P/rubric.md (`RUBRIC`: what a judge is told, and all) for the judges, and P/key.json (which
+list is which system) for `score`. Judges work apart, each given the two files alone.
 Suggesters: the workdir's pipeline with each setting of SUGGESTERS, the learned ranker of
 `--baseline` (another workdir, e.g. one whose ranker has other sources) where given, and MPC
 (the training log's most popular next queries).
@@ -45,6 +46,25 @@ SUGGESTERS = (
     ('learned', {'strategy': 'learned'}),
     ('generate', {'strategy': 'generate'}))
 SHOWN = 5
+# What each judge is given beside items.md, and nothing else: recall counts only the logged next
+# query, and a panel measures the rest of what a person sees.
+RUBRIC = """# How to rate the suggestions
+
+Each context is the start of a real search session (its queries, oldest first) and several
+lists of suggestions for the next query, in no particular order. Rate every suggestion:
+
+- **U (useful)**: a well-formed query that a person who typed this session could plausibly
+  want to search next: a refinement, a related topic, a likely follow-up. A generic popular
+  query unrelated to the session ("google", "ebay", "yahoo", "myspace" after a session about
+  the weather) is not useful, unless the session itself is about that site.
+- **G (garbled)**: malformed or nonsensical as a query: word salad, scrambled order ("potter
+  harry"), fragments ("cheap flights i"), odd insertions ("harry city potter"), two unrelated
+  queries mashed together ("final fantasy bank").
+- **N (neither)**: well-formed, but not about the session.
+
+Answer with one JSON object: {"<context number>": {"<list letter>": ["U", "G", "N", ...]}},
+one mark per suggestion in the list's order.
+"""
 
 
 def draw(workdir: str, count: int, seed: int, not_in: str | None
@@ -113,11 +133,13 @@ def make(args, config) -> None:
     lines.append('')
   with open(os.path.join(args.out, 'items.md'), 'w', encoding='utf-8') as f:
     f.write('\n'.join(lines))
+  with open(os.path.join(args.out, 'rubric.md'), 'w', encoding='utf-8') as f:
+    f.write(RUBRIC)
   with open(os.path.join(args.out, 'key.json'), 'w', encoding='utf-8') as f:
     json.dump({'key': key, 'lists': lists,
                'contexts': [list(c.queries) for c in contexts],
                'references': references}, f, indent=1)
-  print(f'{len(contexts)} contexts, {len(names)} lists each: {args.out}/items.md')
+  print(f'{len(contexts)} contexts, {len(names)} lists each: {args.out}/items.md and rubric.md')
 
 
 def score(args) -> None:

@@ -188,9 +188,12 @@ def parse_flags(argv):
   """absl's flag parsing, with every error (an unknown flag or config key, a wrong type, a
   config file that is missing or fails to load, a missing required flag) as one line and
   exit code 2; --verbosity=1 or more adds the traceback. -h or --help prints `help_text`
-  and exits 0."""
-  if _asks_for_help(argv):
+  and exits 0; --helpfull adds every flag, absl's own too (absl alone would exit 1)."""
+  asked = _asks_for_help(argv)
+  if asked:
     print(help_text())
+    if asked == 'full':
+      print('\nEvery flag, absl\'s own included:\n' + flags.FLAGS.get_help())
     sys.exit(0)
   try:
     return flags.FLAGS(argv)
@@ -279,13 +282,16 @@ value); 130 and 143 training stopped by SIGINT or SIGTERM after saving a checkpo
 same command resumes)."""
 
 
-def _asks_for_help(argv) -> bool:
+def _asks_for_help(argv) -> str | None:
+  """'full' (--helpfull), 'short' (-h, --help, ...) or None."""
   for arg in argv[1:]:
     if arg == '--':  # what follows is arguments, not flags
-      return False
+      return None
     if arg in _HELP_FLAGS:
-      return True
-  return False
+      return 'short'
+    if arg in ('-helpfull', '--helpfull'):
+      return 'full'
+  return None
 
 
 def help_text() -> str:
@@ -371,6 +377,12 @@ def _config_keys() -> str:
     lines.append(textwrap.fill(', '.join(keys), width=92,
                                initial_indent=f'    {family} ({", ".join(models)}): ',
                                subsequent_indent=' ' * 8))
-  lines.append('  config.imdna, config.movies: the IMDNA task and the movie knowledge base\n'
-               '      (configs/imdna_movies.py)')
+  imdna = _configs_module('imdna_movies')
+  if imdna is not None:
+    config = imdna.get_config('qa')
+    for section, where in (('imdna', 'the IMDNA task, configs/imdna_movies.py and imdna_aol.py'),
+                           ('movies', 'the movie knowledge base, configs/imdna_movies.py')):
+      lines.append(textwrap.fill(', '.join(config[section].keys()), width=92,
+                                 initial_indent=f'  config.{section} ({where}): ',
+                                 subsequent_indent=' ' * 6))
   return '\n'.join(lines)

@@ -133,6 +133,17 @@ def test_help_lists_modes_flags_config_keys_and_decode_formats(flag):
 
 
 @pytest.mark.slow
+def test_helpfull_is_the_help_and_every_flag_and_exits_0():
+  # absl's own --helpfull exits 1, which this command line's exit codes read as bad data.
+  result = run('--helpfull')
+  assert result.returncode == 0 and result.stderr == '', result.stderr
+  out = result.stdout
+  assert out.startswith('Next-query suggestion') and '\nmodes (--mode):\n' in out
+  full = out.split("\nEvery flag, absl's own included:\n", 1)[1]
+  assert '--config:' in full and '--workdir:' in full and '--verbosity:' in full
+
+
+@pytest.mark.slow
 def test_missing_required_flags(tmp_path):
   result = run()
   assert result.returncode == 2 and result.stderr == (
