@@ -2,6 +2,7 @@
 
 import copy
 import itertools
+import os
 
 import cloudpickle
 import numpy as np
@@ -154,6 +155,21 @@ def test_eval_covers_every_session_once_bucket_by_bucket_in_index_order():
   np.testing.assert_array_equal(again, ids)
 
 
+def child_processes() -> list[int]:
+  """The process ids whose parent is this process (Linux's /proc)."""
+  found = []
+  for entry in os.listdir('/proc'):
+    if entry.isdigit():
+      try:
+        with open(f'/proc/{entry}/stat', encoding='ascii', errors='replace') as f:
+          fields = f.read().rsplit(')', 1)[1].split()  # after the command's name
+      except OSError:  # ended since
+        continue
+      if int(fields[1]) == os.getpid():
+        found.append(int(entry))
+  return found
+
+
 def test_worker_process_yields_the_same_stream_from_a_memory_mapped_split(tmp_path):
   in_memory = make_split()
   np.save(tmp_path / 'queries.npy', in_memory.queries)
@@ -163,7 +179,9 @@ def test_worker_process_yields_the_same_stream_from_a_memory_mapped_split(tmp_pa
   expected = take(input_pipeline.make_train_iterator(in_memory, **kwargs), 4)
   workers = input_pipeline.make_train_iterator(split, worker_count=1, **kwargs)
   got = take(workers, 4)
+  built_by = child_processes()  # the worker, started with the first batch
   workers.close()
+  assert built_by, 'no worker process was started'
   for want, have in zip(expected, got, strict=True):
     for key in want:
       np.testing.assert_array_equal(want[key], have[key])

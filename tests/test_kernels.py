@@ -41,6 +41,11 @@ def test_bf16_head_grads_keep_the_logits_and_round_only_the_gradient_products(co
   np.testing.assert_array_equal(low, plain)  # the forward pass is untouched
   d_lhs, d_rhs = pullback(cotangent)
   assert d_lhs.dtype == d_rhs.dtype == jnp.bfloat16
+  # Both gradient products take bfloat16 operands (the point: float32 ones are the slow kind).
+  products = [eqn for eqn in jax.make_jaxpr(pullback)(cotangent).jaxpr.eqns
+              if eqn.primitive.name == 'dot_general']
+  assert len(products) == 2
+  assert all(v.aval.dtype == jnp.bfloat16 for eqn in products for v in eqn.invars)
   # The reference: float32 products of the same (bfloat16) operands.
   _, reference = jax.vjp(
       lambda a, b: layers._logits_dot(a, b, contract_rhs),  # pylint: disable=protected-access
@@ -72,6 +77,8 @@ def test_a_model_with_bf16_head_grads_scores_alike_and_learns_from_close_gradien
   # gradient is 0) may be rounding noise in either.
   head = 'decoder_embedding' if tied else 'logits'
   assert relative_error(flat(grads_low[head]), flat(grads[head])) < 2e-2
+  # ... and rounded: the kernel choice took effect (ignored, the gradients would be the same).
+  assert not np.array_equal(flat(grads_low[head]), flat(grads[head]))
 
 
 @pytest.mark.parametrize('kernels,dtype,message', [

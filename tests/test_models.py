@@ -7,6 +7,7 @@ every property tested holds for any weights, and drawing them costs no compilati
 
 import dataclasses
 import functools
+import re
 
 import jax
 import jax.numpy as jnp
@@ -259,11 +260,16 @@ def test_remat_keeps_values_and_gradients():
       y = stack.apply({'params': params}, x, mask, train=True,
                       rngs={'dropout': jax.random.key(1)})
       return jnp.sum(y * y)
-    return jax.jit(jax.value_and_grad(loss))(params)
+    # What is rematerialised, and by which policy (the same values whether or not it is).
+    program = str(jax.make_jaxpr(jax.grad(loss))(params))
+    policies = set(re.findall(r'policy=(\w+)', program)) if 'remat' in program else None
+    return jax.jit(jax.value_and_grad(loss))(params), policies
 
-  base_loss, base_grads = loss_and_grads('none')
-  for remat in ('full', 'dots'):
-    loss, grads = loss_and_grads(remat)
+  (base_loss, base_grads), policies = loss_and_grads('none')
+  assert policies is None
+  for remat, policy in (('full', 'None'), ('dots', 'DotsSaveable')):
+    (loss, grads), policies = loss_and_grads(remat)
+    assert policies == {policy}, (remat, policies)
     np.testing.assert_allclose(loss, base_loss, rtol=1e-6)
     jax.tree.map(functools.partial(np.testing.assert_allclose, atol=1e-5), grads, base_grads)
 
@@ -281,6 +287,10 @@ def test_unrolled_scan_draws_the_same_parameters_and_dropout_masks():
   def init_and_train(unroll, dropout_seed=1):
     stack = layers.LayerStack(BASE.replace(scan_unroll=unroll), 3)
     params = jax.jit(lambda: stack.init(jax.random.key(0), x, mask, train=False)['params'])()
+    # The loop over layers is unrolled as asked (the values below are the same either way).
+    program = str(jax.make_jaxpr(lambda p: stack.apply({'params': p}, x, mask, train=False))(
+        params))
+    assert re.findall(r'unroll=(\d+)', program) == [str(unroll)], program
 
     def loss(params):
       y = stack.apply({'params': params}, x, mask, train=True,

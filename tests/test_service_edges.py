@@ -332,6 +332,7 @@ def test_the_service_does_what_its_description_says(case):
 @READS_A_USER.parametrize()
 @FUZZ
 def test_a_personalising_service_does_what_its_description_says(case):
+  _every_check_is_enabled(case)
   case.call_and_validate()
 
 
