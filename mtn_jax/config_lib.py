@@ -49,8 +49,8 @@ def _positive(config, keys):
 
 
 def _non_negative(config, keys):
-  """Refuses the first of `keys` ('seed', 'data.split_seed') whose value is below 0: the
-  seeds, and the counts whose 0 means none or no limit."""
+  """Refuses the first of `keys` ('seed', 'serve.max_wait_ms') whose value is not >= 0 (below
+  0, or NaN): the seeds, the counts whose 0 means none or no limit, the waits."""
   for key in keys:
     *section, name = key.split('.')
     value = (config[section[0]] if section else config)[name]
@@ -106,14 +106,14 @@ def _check_data(config, mode: str) -> None:
     if d.vocab_size < 300:
       raise ConfigError('config.data.vocab_size must be at least 300 with sentencepiece '
                         '(its 256 byte pieces and the special tokens come first)')
-  if d.history_queries < 0:
-    raise ConfigError(f'config.data.history_queries must be >= 0, got {d.history_queries}')
+  _non_negative(config, ['data.history_queries'])
   _choice(config, 'data.split_by', ('session', 'user', 'time'))
   if d.train_users < 0 or (d.train_users and d.split_by != 'user'):
     raise ConfigError(f'config.data.train_users={d.train_users}: a number of training users '
                       ">= 0, with config.data.split_by='user' only (0: all of them)")
   fractions = tuple(d.split_fractions)
-  if len(fractions) != 3 or min(fractions) < 0 or abs(sum(fractions) - 1) > 1e-6:
+  if len(fractions) != 3 or not all(f >= 0 for f in fractions) or not abs(
+      sum(fractions) - 1) <= 1e-6:  # (written so that a NaN fails too)
     raise ConfigError('config.data.split_fractions must be three non-negative numbers '
                       f'(train, valid, test) summing to 1, got {fractions}')
   if not fractions[0] > 0:
@@ -193,22 +193,17 @@ def _check_suggest(config) -> None:
   if s.ranker_folds < 2:
     raise ConfigError(f'config.suggest.ranker_folds must be >= 2 (cross-fitting), got '
                       f'{s.ranker_folds}')
-  for key in ('session_first', 'unrelated_first'):
-    if s[key] < 0:
-      raise ConfigError(f'config.suggest.{key} must be >= 0, got {s[key]}')
+  _non_negative(config, ['suggest.session_first', 'suggest.unrelated_first'])
   if s.strategy not in ('generate', 'blend', 'learned') and not s.ranker_workdir:
     raise ConfigError(f'config.suggest.strategy={s.strategy!r} needs a trained ranker: pass '
                       '--config.suggest.ranker_workdir=DIR (a Bi-, Poly- or Cross-encoder run)')
   if s.strategy == 'rerank':
-    for key in ('retrieved', 'popular', 'cooccurring'):
-      if s[key] < 0:
-        raise ConfigError(f'config.suggest.{key} must be >= 0, got {s[key]}')
+    _non_negative(config, ['suggest.retrieved', 'suggest.popular', 'suggest.cooccurring'])
     if s.imdna_workdir:
       _positive(config, ['suggest.imdna_proposed'])
     if not 0 <= s.habit_rate <= 1:
       raise ConfigError(f'config.suggest.habit_rate must be in [0, 1], got {s.habit_rate}')
-    if s.habit_min_past < 0:
-      raise ConfigError(f'config.suggest.habit_min_past must be >= 0, got {s.habit_min_past}')
+    _non_negative(config, ['suggest.habit_min_past'])
   else:
     for key in ('imdna_workdir', 'habit_rate', 'popular', 'cooccurring'):
       if s[key]:
@@ -350,8 +345,7 @@ def _check_serve(config) -> None:
                      'serve.history_per_user'])
   if not 0 <= v.port <= 65535:
     raise ConfigError(f'config.serve.port must be in 0..65535 (0: any free port), got {v.port}')
-  for key in ('max_wait_ms', 'drain_quiet_seconds', 'warm_up_threads'):
-    if v[key] < 0:
-      raise ConfigError(f'config.serve.{key} must be >= 0, got {v[key]}')
+  _non_negative(config, ['serve.max_wait_ms', 'serve.drain_quiet_seconds',
+                         'serve.warm_up_threads'])
   if not v.host:
     raise ConfigError("config.serve.host is empty: give an address (e.g. '127.0.0.1')")

@@ -166,6 +166,19 @@ def test_the_plans_and_the_learned_settings_are_checked_whatever_the_strategy(ke
     config_lib.validate(c)
 
 
+@pytest.mark.parametrize('section, key, value', [
+    ('serve', 'max_wait_ms', float('nan')), ('serve', 'drain_quiet_seconds', float('nan')),
+    ('serve', 'max_wait_ms', -1.0), ('data', 'split_fractions', (0.5, float('nan'), 0.5)),
+])
+def test_a_nan_or_negative_time_or_share_is_refused(section, key, value):
+  # NaN passes a `value < 0` test (every comparison with it is false): each check is written
+  # so that it fails instead.
+  c = default.get_config('mtn')
+  c.data.source, c[section][key] = 'demo', value
+  with pytest.raises(config_lib.ConfigError, match=re.escape(f'config.{section}.{key}')):
+    config_lib.validate(c, 'serve')
+
+
 def test_more_suggestions_than_the_beam_only_where_the_strategy_pools_more():
   c = default.get_config('mtn')
   c.data.source, c.decode.beam_size, c.decode.top_k = 'demo', 10, 20
