@@ -194,10 +194,9 @@ def get_config(variant: str = '') -> ml_collections.ConfigDict:
   # 'rerank': the user's habit query (the query of their past they issued most, the session's
   # queries left out) goes first where their past shows it right often enough: at least this
   # share of their past queries were the habit query of their moment, over at least
-  # habit_min_past of them (mtn_jax/inference/habits.py). 0: never. On the AOL sample's
-  # training users, 0.15 and 5 raise top-1 BLEU above repeating the previous query
-  # (docs/RESULTS.md, "A user's habits"); a raw log given to decode is read with every earlier
-  # session of a user.
+  # habit_min_past of them (mtn_jax/inference/habits.py). 0: never. What it gains, and the
+  # setting chosen on the AOL sample's training users: docs/RESULTS.md, "A user's habits"; a
+  # raw log given to decode is read with every earlier session of a user.
   c.suggest.habit_rate = 0.0
   c.suggest.habit_min_past = 5
   # The latest of a user's earlier queries that the sources of the past (`history`) and the

@@ -33,6 +33,7 @@ from absl import app
 from absl import flags
 
 import numpy as np
+from sacrebleu.metrics import BLEU
 
 from mtn_jax.data import preprocess
 from mtn_jax.data import sessions
@@ -99,20 +100,55 @@ def report(name: str, contexts: list[Context]) -> dict[tuple[float, int], float]
   return grid
 
 
+def match_matrix(texts: list[str]) -> np.ndarray:
+  """float32 [MAX_NGRAM_ORDER, T, T] the clipped n-gram matches (mtn_jax/evaluation/metrics.py's
+  definition) of every pair of `texts`, n = 1..MAX_NGRAM_ORDER (symmetric: a match is the
+  smaller count of a shared n-gram)."""
+  words = [t.split() for t in texts]
+  out = np.zeros((metrics.MAX_NGRAM_ORDER, len(texts), len(texts)), np.float32)
+  for n in range(1, metrics.MAX_NGRAM_ORDER + 1):
+    index: dict[tuple[str, ...], int] = {}
+    rows, cols = [], []
+    for i, w in enumerate(words):
+      for j in range(len(w) - n + 1):
+        rows.append(i)
+        cols.append(index.setdefault(tuple(w[j:j + n]), len(index)))
+    if index:
+      counts = np.zeros((len(texts), len(index)), np.float32)
+      np.add.at(counts, (rows, cols), 1.0)
+      out[n - 1] = np.minimum(counts[:, None], counts[None]).sum(-1)
+  return out
+
+
+def ngram_totals(texts: list[str]) -> np.ndarray:
+  """float64 [len(texts), MAX_NGRAM_ORDER] the n-grams each text holds."""
+  lengths = np.array([len(t.split()) for t in texts], np.float64)
+  return np.maximum(lengths[:, None] - np.arange(metrics.MAX_NGRAM_ORDER), 0)
+
+
+def bleu_of_counts(matches: np.ndarray, ngrams: np.ndarray, reference_length: float) -> float:
+  """`metrics.bleu` of a corpus from its summed clipped matches and n-grams [MAX_NGRAM_ORDER]
+  and its references' length, by the same engine (sacrebleu, the same settings)."""
+  return float(BLEU.compute_bleu(
+      correct=[int(m) for m in matches], total=[int(t) for t in ngrams], sys_len=int(ngrams[0]),
+      ref_len=int(reference_length), smooth_method='none',
+      max_ngram_order=metrics.MAX_NGRAM_ORDER).score)
+
+
 def pair_counts(suggestions: list[str], references: list[str]) -> np.ndarray:
   """int64 [pairs, 2 * MAX_ORDER + 1]: each pair's clipped n-gram matches, n-grams
   (mtn_jax/evaluation/metrics.py) and reference length, which sum to a corpus's."""
-  matches = np.array([metrics.match_matrix([s, r])[:, 0, 1]
+  matches = np.array([match_matrix([s, r])[:, 0, 1]
                       for s, r in zip(suggestions, references)])
   lengths = np.array([[len(r.split())] for r in references])
-  return np.concatenate([matches, metrics.ngram_totals(suggestions), lengths], 1).astype(
+  return np.concatenate([matches, ngram_totals(suggestions), lengths], 1).astype(
       np.int64)
 
 
 def corpus_bleu(counts: np.ndarray) -> float:
   """The BLEU of `metrics` of pairs' `pair_counts`."""
   n, total = metrics.MAX_NGRAM_ORDER, counts.sum(0)
-  return metrics.bleu_of_counts(total[:n], total[n:2 * n], total[-1])
+  return bleu_of_counts(total[:n], total[n:2 * n], total[-1])
 
 
 def share_above(contexts: list[Context], suggested: list[str], users_per_draw: int,

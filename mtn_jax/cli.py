@@ -121,8 +121,8 @@ def _missing_config_file(config_argument: str | None) -> str | None:
 
 # Config keys that once existed, and why they went: an override of one fails with this line.
 RETIRED_KEYS = {
-    'suggest.gain_from': 'the expected-gain model chose the previous query for 99.98 % of '
-                         'contexts (docs/notes/2026-11-25-candidate-rankers.md, "Retired")',
+    'suggest.gain_from': 'the expected-gain model chose the previous query for nearly every '
+                         'context (docs/notes/2026-11-25-candidate-rankers.md, "Retired")',
     'suggest.previous_query_bias': 'the bias chosen on validation did not carry over to the '
                                    'test split (docs/notes/2026-11-25-candidate-rankers.md, '
                                    '"Retired")',

@@ -93,7 +93,7 @@ def _train_all(config: ml_collections.ConfigDict, workdir: str, preprocessed: bo
     if fold['interrupted']:
       return fold
   print(f'== [{parts}/{parts}] The learned ranker', flush=True)
-  trained = inference.load_trained(config, workdir, which='best')
+  trained = inference.load_trained(config, workdir)
   if learned.LearnedRanker.is_current(workdir, trained, config):
     print(f'The learned ranker in {learned.ranker_dir(workdir)} is current.', flush=True)
   else:

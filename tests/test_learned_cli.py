@@ -283,7 +283,7 @@ def test_train_refits_a_damaged_ranker_and_refuses_other_folds(learned_run, tmp_
   # The ranker is stale once its fold generators' best checkpoints or the features computed
   # are not those it was trained on (older records, holding no steps, are taken as current).
   config = cli.config(*FEW, *LEARNED)
-  trained = inference.load_trained(config, str(copy), which='best')
+  trained = inference.load_trained(config, str(copy))
   meta_path = copy / learned.RANKER_DIR / learned.RANKER_META
   record = json.loads(meta_path.read_text())
   assert record['fold_steps'] == learned.fold_steps(config, str(copy))

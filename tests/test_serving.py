@@ -1302,3 +1302,13 @@ def test_sigterm_while_preparing_the_service_stops_the_compiling_process_too(tmp
   assert stopped.value.code == 128 + signal.SIGTERM
   assert started and started[0].poll() is not None  # not left running
   assert signal.getsignal(signal.SIGTERM) is before
+
+
+def test_the_settings_defaults_are_the_configs():
+  # The tests' stub services build settings directly: their defaults are the config's.
+  config = cli.config()
+  made = service_lib.ServeSettings()
+  for field in dataclasses.fields(service_lib.ServeSettings):
+    assert getattr(made, field.name) == (
+        service_lib.ServeSettings.from_config(config).workers if field.name == 'workers'
+        else config.serve[field.name]), field.name

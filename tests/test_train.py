@@ -520,7 +520,7 @@ def test_a_damaged_checkpoint_is_named_in_one_error_with_what_to_fall_back_on(tm
   from mtn_jax.inference import trained  # pylint: disable=g-import-not-at-top
   with pytest.raises(errors.Error, match=re.escape(
       f"checkpoint {lost / 'checkpoints'}/2, which step 3 names as the best, is gone")):
-    trained._step(checkpoints.open_manager(str(lost), read_only=True), str(lost), 'best')  # pylint: disable=protected-access
+    trained._step(checkpoints.open_manager(str(lost), read_only=True), str(lost))  # pylint: disable=protected-access
   (step_dir / 'meta' / 'metadata').write_text('garbage')
   with pytest.raises(checkpoints.DamagedCheckpoint, match='JSONDecodeError'):
     checkpoints.read_meta(reader, 2)

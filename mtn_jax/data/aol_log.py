@@ -656,7 +656,7 @@ def sessionize(records: Records, *, gap_minutes: float, max_query_words: int, lo
   # The AOL files come sorted: then the columns serve as they are, with no sorted copies.
   if not np.all((user[1:] > user[:-1]) | ((user[1:] == user[:-1]) & (time[1:] >= time[:-1]))):
     # Stable sorts, so that equal times keep their input order. One int64 key (AnonID, then
-    # seconds into the log) sorts 2.5 times faster than lexsort, when it fits.
+    # seconds into the log) sorts faster than lexsort's two passes, when it fits.
     span = int(time.max() - time.min()) + 1
     if int(user.max()) * span < 2**63:
       order = np.argsort(user * span + (time - time.min()), kind='stable')

@@ -43,10 +43,9 @@ temporary folder that then replaces `data/` by a rename, so an interrupted run n
 a half corpus behind, and under the workdir's lock (`files.workdir_alone`): a second run
 preprocessing or training there is refused.
 
-Cost: the log is read by one process per file and CPU core, each parsing about 750k lines
-per second of CPU; the rest is numpy or C-level string work over the kept queries. A
-35M-line log takes about 45 s on an idle 2-core machine and 3.5 GB (about 100 bytes per log
-line); docs/PERFORMANCE.md has the measurements.
+Cost: the log is read by one process per file and CPU core; the rest is numpy or C-level
+string work over the kept queries, and memory grows with the log's lines
+(docs/PERFORMANCE.md has the measurements).
 """
 
 from __future__ import annotations

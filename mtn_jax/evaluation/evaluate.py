@@ -216,7 +216,7 @@ def evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict:
   log = print if is_writer else (lambda *a, **k: None)
   if is_writer and (problem := files.cannot_write_in(os.path.join(workdir, 'eval'))):
     raise errors.Error(f'evaluation writes its results in {workdir}/eval: {problem}')
-  trained = inference.load_trained(config, workdir, which='best')
+  trained = inference.load_trained(config, workdir)
   if isinstance(trained.task, tasks.BringsOwnData):  # its own data and measures
     return answer_hits.evaluate(trained, config, workdir)
   data_dir = preprocess.data_dir(workdir)
@@ -333,7 +333,9 @@ def decode_lists(config: ml_collections.ConfigDict, workdir: str, trained: infer
   if (strategy == 'generate' and not isinstance(trained.task, tasks.Suggests)
       and not isinstance(trained.task, tasks.ScoresPool)):
     # A Cross-encoder cannot score the whole pool: the sampled protocols alone; it suggests
-    # only by reranking (config.suggest.strategy='rerank').
+    # only by reranking (config.suggest.strategy='rerank'). It encodes each query's sampled
+    # candidates with its session, so a batch holds as many queries as a generator's batch
+    # holds sessions, not their queries.
     say_what(None)
     pool = pool_ranking.rank_sampled(trained, test, workdir, seed=config.seed,
                                      queries_per_batch=dc.batch_sessions, log=log)

@@ -78,10 +78,8 @@ def bleu(candidates: Sequence[str], references: Sequence[str]) -> BleuScore:
   if len(candidates) != len(references):
     raise ValueError(f'bleu needs one reference per candidate, got {len(candidates)} '
                      f'candidates and {len(references)} references')
-  for name, texts in (('candidates', candidates), ('references', references)):
-    for i, text in enumerate(texts):
-      if not isinstance(text, str):
-        raise TypeError(f'{name}[{i}] must be a string, got {type(text).__name__}')
+  _check_texts('candidates', candidates)
+  _check_texts('references', references)
   # sacrebleu's settings that make it exactly the definition: tokenize='none' splits with
   # `str.split()` (Unicode whitespace, like `s.strip().split()`), no smoothing and all four
   # orders always, mixed case; `force` silences its warning about pre-tokenized text, which
@@ -255,44 +253,3 @@ def suggestion_ranking(suggestions: Sequence[Sequence[str]], references: Sequenc
       recall_at_10=percent(found), mrr_at_10=percent(np.where(found, 1.0 / np.maximum(
           ranks, 1), 0.0)), repeats_session=percent(repeats), pairs=len(references),
       longest_list=longest)
-
-
-# ---------------------------------------------------------------------------------------------
-# Corpus BLEU from n-gram counts (studies that sum many candidate lists' counts once)
-
-
-def match_matrix(texts: Sequence[str]) -> np.ndarray:
-  """float32 [MAX_NGRAM_ORDER, T, T] the clipped n-gram matches (the module docstring) of every pair of
-  `texts`, n = 1..MAX_NGRAM_ORDER (symmetric: a match is the smaller count of a shared
-  n-gram)."""
-  words = [t.split() for t in texts]
-  out = np.zeros((MAX_NGRAM_ORDER, len(texts), len(texts)), np.float32)
-  for n in range(1, MAX_NGRAM_ORDER + 1):
-    index: dict[tuple[str, ...], int] = {}
-    rows, cols = [], []
-    for i, w in enumerate(words):
-      for j in range(len(w) - n + 1):
-        rows.append(i)
-        cols.append(index.setdefault(tuple(w[j:j + n]), len(index)))
-    if index:
-      counts = np.zeros((len(texts), len(index)), np.float32)
-      np.add.at(counts, (rows, cols), 1.0)
-      out[n - 1] = np.minimum(counts[:, None], counts[None]).sum(-1)
-  return out
-
-
-def ngram_totals(texts: Sequence[str]) -> np.ndarray:
-  """float64 [len(texts), MAX_NGRAM_ORDER] the n-grams each text holds (the module docstring's
-  total_n)."""
-  lengths = np.array([len(t.split()) for t in texts], np.float64)
-  return np.maximum(lengths[:, None] - np.arange(MAX_NGRAM_ORDER), 0)
-
-
-def bleu_of_counts(matches: np.ndarray, ngrams: np.ndarray, reference_length: float) -> float:
-  """The module docstring's BLEU of a corpus from its summed clipped matches and n-grams
-  [MAX_NGRAM_ORDER] and its references' length, by the engine of `bleu` (sacrebleu, its
-  settings)."""
-  return float(BLEU.compute_bleu(
-      correct=[int(m) for m in matches], total=[int(t) for t in ngrams], sys_len=int(ngrams[0]),
-      ref_len=int(reference_length), smooth_method='none',
-      max_ngram_order=MAX_NGRAM_ORDER).score)

@@ -27,6 +27,7 @@ from collections.abc import Sequence
 import ml_collections
 
 from mtn_jax import errors
+from mtn_jax import files
 from mtn_jax import models
 from mtn_jax.evaluation import evaluate
 from mtn_jax.evaluation import metrics
@@ -392,7 +393,6 @@ def write_report(config: ml_collections.ConfigDict, workdir: str,
                  + (f'; {markdown_cell(how)}.' if how else '.'), '',
                  samples_table(run.samples), '']
   report_path = os.path.join(out_dir, 'report.md')
-  with open(report_path, 'w', encoding='utf-8') as f:
-    f.write('\n'.join(sections))
+  files.write_text(report_path, '\n'.join(sections))
   print(f'Report on {len(runs)} run(s) written to {report_path}', flush=True)
   return report_path

@@ -1,7 +1,7 @@
 """The suggesters that learn nothing from sessions, scored beside every model.
 
-- `repeat_previous`: the previous query again.
-- `most_frequent_next_lists`: the next queries that most often follow the previous query in
+- 'repeat_previous': the previous query again.
+- 'most_frequent_next': the next queries that most often follow the previous query in
   the training split (by raw text; the previous query again when it never occurs there).
 - 'most_popular' (MPC): the 10 most frequent next queries of the training split, the same
   for every session; 'most_cooccurring': the previous query's most frequent successors, then

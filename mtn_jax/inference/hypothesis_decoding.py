@@ -51,7 +51,7 @@ def prepare(config: ml_collections.ConfigDict, workdir: str, split_names: tuple[
 def _decode(generator: hypothesis_files.Generator, split: sessions.SessionSplit, data_dir: str,
             log) -> None:
   path = generator.path(split.name)
-  trained = inference.load_trained(generator.config, generator.workdir, which='best')
+  trained = inference.load_trained(generator.config, generator.workdir)
   search_settings = settings(generator)
   header = {'checkpoint_step': int(trained.step), 'settings': search_settings.to_dict(),
             'sessions': hypothesis_files.fingerprint(split)}

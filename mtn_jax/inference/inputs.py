@@ -187,12 +187,11 @@ def is_raw_log_line(line: str) -> bool:
           and _TIME.fullmatch(fields[2].strip()) is not None)
 
 
-def _lines(path: str, strict: bool, counts: collections.Counter) -> Iterator[tuple[int, str]]:
+def _lines(path: str, counts: collections.Counter) -> Iterator[tuple[int, str]]:
   """(line number, text without its line end) of a text file (a UTF-8 byte-order mark
   before line 1 is no part of it). A query that is not UTF-8 is read as Latin-1, as the AOL
-  log's few such queries are written, and its line counted ('latin1_lines'); `strict` is
-  accepted for the callers' symmetry with the log reader."""
-  del strict  # every byte string decodes as Latin-1: no line is skipped
+  log's few such queries are written, and its line counted ('latin1_lines'): every byte
+  string decodes so, and no line is skipped."""
   opener = gzip.open if _is_gzip(path) else open
   number = 0
   try:
@@ -241,7 +240,7 @@ def detect_format(path: str) -> str:
                              'one session a line (queries separated by tabs) or an AOL-format '
                              'log')
   lines = raw = read = 0
-  for lines, line in _lines(path, strict=False, counts=collections.Counter()):
+  for lines, line in _lines(path, collections.Counter()):
     if line.strip():
       raw += is_raw_log_line(line)
       read += 1
@@ -258,7 +257,7 @@ def read_sessions_file(path: str, reader: QueryReader, strict: bool) -> Iterator
   (`refused_character`) or a line of an AOL log (`is_raw_log_line`: its user number and time
   would be read as queries; the file's first lines read as sessions) is skipped and counted
   ('control_character_lines', 'log_lines'); with `strict`, the first raises naming it."""
-  for number, line in _lines(path, strict, reader.counts):
+  for number, line in _lines(path, reader.counts):
     if is_raw_log_line(line):
       if strict:
         raise DecodeInputError(

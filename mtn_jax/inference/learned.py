@@ -49,6 +49,7 @@ from mtn_jax.data.vocab import UNK_ID
 from mtn_jax.decoding import search
 from mtn_jax.inference import habits
 from mtn_jax.inference import popular
+from mtn_jax.inference import presentation
 from mtn_jax.inference import sources as sources_lib
 from mtn_jax.inference import teacher_forcing
 from mtn_jax.inference.inputs import Context
@@ -180,7 +181,7 @@ def features(texts: Sequence[str], by_source: dict[str, list[dict]], so_far: Seq
     shared = previous_words & set(words)
     row += [float(bool(shared)), len(shared) / max(len(previous_words | set(words)), 1),
             len(set(words) & session_words) / max(len(set(words)), 1),
-            float(text.startswith(previous + ' ') or text.endswith(' ' + previous))]
+            float(presentation.added_to(text, previous))]
     row += [len(words), len(text), position, len(previous.split())]
     rows.append(row)
   return np.asarray(rows, np.float32).reshape(len(texts), len(feature_names(source_names)))
@@ -521,8 +522,7 @@ def cross_fitted_groups(config: ml_collections.ConfigDict, workdir: str, key: di
   left = sum(int((fold_of == k).sum()) for k in to_make)
   started, done = time.time(), 0
   for k in to_make:
-    trained = inference.load_trained(fold_config(config, k), fold_workdir(workdir, k),
-                                     which='best')
+    trained = inference.load_trained(fold_config(config, k), fold_workdir(workdir, k))
     others = [train.session_texts(i) for i in np.flatnonzero(fold_of != k).tolist()]
     counts = popular.LogCounts.of_sessions(others)
     contexts = sources_lib.session_contexts(train, np.flatnonzero(fold_of == k).tolist(),
@@ -683,9 +683,9 @@ def learning_groups(groups: Groups, names: Sequence[str]) -> Groups:
 
 
 def lightgbm_params(config: ml_collections.ConfigDict) -> dict:
-  """LightGBM's listwise XE-NDCG objective with small, well-filled trees: about a thousand
-  contexts a fold hold the next query at this log's size, and bigger trees or lambdarank
-  fitted them less well for unseen users (docs/RESULTS.md, "A learned ranker")."""
+  """LightGBM's listwise XE-NDCG objective with small, well-filled trees: few contexts of a
+  fold hold the next query at the sample's size, and bigger trees or lambdarank fitted them
+  less well for unseen users (docs/RESULTS.md, "A learned ranker")."""
   return {'objective': 'rank_xendcg', 'learning_rate': 0.05, 'num_leaves': 7,
           'min_data_in_leaf': 200, 'num_threads': os.cpu_count() or 1, 'seed': config.seed,
           'deterministic': True, 'force_row_wise': True, 'verbosity': -1}
@@ -717,7 +717,7 @@ def fit(config: ml_collections.ConfigDict, workdir: str, log=print) -> dict:
   `<workdir>/ranker/`; returns its record (ranker.json)."""
   plan = parse_sources(config.suggest.sources)
   names = feature_names([name for name, _ in plan])
-  trained = inference.load_trained(config, workdir, which='best')
+  trained = inference.load_trained(config, workdir)
   started = time.time()
   log('Learned ranker: candidates and features of the training users\' pairs, each fold '
       'by the generator that never saw it.', flush=True)

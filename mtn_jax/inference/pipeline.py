@@ -323,13 +323,10 @@ class SplitLists:
     ordered: [pairs] the strategy's whole ordered list ({'query', 'score', ...}).
     sources: {source: [pairs] its candidates' texts in its own order} for every strategy
       but 'generate' (scored beside the strategy).
-    pool: the ranker's full-pool ranking of the split (its figures), where a ranker's
-      retrieval gives the lists ('generate' of a ranker, 'retrieve').
   """
 
   ordered: list[list[dict]]
   sources: dict[str, list[list[str]]]
-  pool: object | None = None
 
 
 class Pipeline:
@@ -370,7 +367,7 @@ class Pipeline:
     """The pipeline `config` describes over the best checkpoint of `workdir` (or `trained`,
     already loaded from it)."""
     settings = Settings.from_config(config)
-    trained = trained or inference.load_trained(config, workdir, which='best')
+    trained = trained or inference.load_trained(config, workdir)
     if (settings.strategy in ('generate', 'learned', 'blend')
         and not isinstance(trained.task, (tasks.Suggests, tasks.ScoresPool))):
       raise errors.Error(_no_suggestions_of_its_own(trained, workdir))
@@ -530,7 +527,7 @@ class Pipeline:
     padded to its longest context, or with `widths` (ascending) to the first of them that
     holds it (a fixed set of shapes, e.g. one for every call)."""
     ordered = self.ordered(contexts, positions=positions, batch_rows=batch_rows, widths=widths)
-    firsts = _firsts(contexts, positions)
+    firsts = inference_sources.first_outputs(contexts, positions)
     return [[self.show(ranked, context.queries[:first + t + 1])
              for t, ranked in enumerate(lists)]
             for context, first, lists in zip(contexts, firsts, ordered)]
@@ -549,7 +546,7 @@ class Pipeline:
       return self._learned(contexts, positions=positions,
                            batch_rows=batch_rows or s.batch_sessions, widths=widths)[0]
     if self.settings.strategy == 'blend':
-      firsts = _firsts(contexts, positions)
+      firsts = inference_sources.first_outputs(contexts, positions)
       beams = self._generate().propose(contexts, **common)
       return [[self._blend([c['query'] for c in beam], context.queries[:first + t + 1])
                for t, beam in enumerate(lists)]
@@ -559,7 +556,7 @@ class Pipeline:
         return inference_sources.Retrieve(self.retriever, self._retrieved_k(),
                                           s.history_queries).propose(contexts, **common)
       return self._generate().propose(contexts, **common)
-    firsts = _firsts(contexts, positions)
+    firsts = inference_sources.first_outputs(contexts, positions)
     lists = inference_sources.propose_all(self.rerank_sources(), contexts, **common)
     # Each source's texts at every position of the session (none before the first output).
     sources = [[[[] for _ in range(first)] + [[c['query'] for c in at] for at in ranked]
@@ -737,9 +734,6 @@ class Pipeline:
     return SplitLists(by_pair, sources)
 
 
-def _firsts(contexts: Sequence[Context], positions: str) -> list[int]:
-  return [len(c.queries) - 1 if positions == 'last' else c.first_output for c in contexts]
-
 
 def _load_proposer(config: ml_collections.ConfigDict, imdna_workdir: str,
                    workdir: str) -> imdna_proposer.NextQueryProposer:
@@ -748,7 +742,7 @@ def _load_proposer(config: ml_collections.ConfigDict, imdna_workdir: str,
     raise errors.Error(f'config.suggest.imdna_workdir={imdna_workdir}: no such folder (a '
                        'trained configs/imdna_aol.py run)')
   _check_sessions(imdna_workdir, workdir)
-  trained = inference.load_trained(config, imdna_workdir, which='best', of_the_config=False)
+  trained = inference.load_trained(config, imdna_workdir, of_the_config=False)
   if not isinstance(trained.task, tasks.AnswersQuestions):
     raise errors.Error(f'config.suggest.imdna_workdir={imdna_workdir} holds a '
                        f'{trained.cfg.name!r} model, not an IMDNA run')
@@ -784,7 +778,7 @@ def _load(config: ml_collections.ConfigDict, workdir: str, key: str) -> inferenc
   if not os.path.isdir(workdir):
     raise errors.Error(f'config.suggest.{key}={workdir}: no such folder (a trained ranker\'s '
                        'workdir)')
-  trained = inference.load_trained(config, workdir, which='best', of_the_config=False)
+  trained = inference.load_trained(config, workdir, of_the_config=False)
   if not isinstance(trained.task, (tasks.ScoresCandidates, tasks.ScoresPool)):
     raise errors.Error(f'config.suggest.{key}={workdir} holds a {trained.cfg.name!r} model, '
                        'not a ranker (a Bi-, Poly- or Cross-encoder)')

@@ -44,9 +44,8 @@ INDEX_KINDS = ('exact', 'usearch')  # config.suggest.index
 # The usearch index's HNSW graph: neighbours kept per vector, and the candidate lists while
 # adding and while searching (longer: closer to exact, slower). A search's list is at least
 # 2k long. Above usearch's defaults (16, 64) because inner products are a hard metric for
-# the graph: on a random Bi-encoder's 20k vectors (d 128), recall of the top 10 was 0.74 at
-# (16, 64), 0.89 at (16, 128), 0.99 at (32, 256); at (32, 256), 0.94 on 100k vectors
-# (launch/bench_rankers.py --index=usearch).
+# the graph: the defaults miss much of a Bi-encoder's true top 10 (`launch/bench_rankers.py
+# --index=usearch`; docs/notes/2026-11-27-figures-from-code-comments.md).
 USEARCH_CONNECTIVITY = 32
 USEARCH_EXPANSION_ADD = 128
 USEARCH_EXPANSION_SEARCH = 256
@@ -143,8 +142,8 @@ def usearch_index(vectors: np.ndarray, key: dict, folder: str, log=print):
                 expansion_add=USEARCH_EXPANSION_ADD, expansion_search=USEARCH_EXPANSION_SEARCH)
   # Less their mean, every score of a context moves by the same -y_ctx . mean, so its
   # ranking is the same; a direction all the vectors share (common in trained embeddings)
-  # otherwise leaves the inner-product graph poorly connected (measured: 0.94 of the top 10
-  # of 500 N(1, 1) vectors in 16 dimensions found, 1.0 centred).
+  # otherwise leaves the inner-product graph poorly connected (it then misses some of the top
+  # 10, which centred vectors do not).
   # One thread: a graph built on several comes out a little different each time (the
   # insertion order races), and with it the suggestions; one build per checkpoint is cheap.
   index.add(np.arange(count), np.ascontiguousarray(vectors - vectors.mean(0), np.float32),

@@ -119,7 +119,7 @@ def session_contexts(split: sessions.SessionSplit, chosen: Sequence[int],
   return out
 
 
-PROGRESS_SECONDS = 10.0  # at most one progress line of `by_session_length` this often
+PROGRESS_SECONDS = 10.0  # at most one progress line of a long pass this often
 
 
 def by_session_length(propose, contexts: Sequence[Context], *, queries_per_batch: int,
@@ -216,8 +216,7 @@ def retrieved(retriever: retrieval.Retriever, contexts: Sequence[Context], *, k:
                                                  widths, history_queries, retriever.pool):
     lists = retriever.suggestions(batch, k, [c.queries for c in group_contexts],
                                   exclude_session_queries=False)
-    for row, (i, context) in enumerate(zip(group, group_contexts)):
-      first = len(context.queries) - 1 if positions == 'last' else context.first_output
+    for row, (i, first) in enumerate(zip(group, first_outputs(group_contexts, positions))):
       out[i] = lists[row][first:]
   return out
 

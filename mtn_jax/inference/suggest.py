@@ -40,10 +40,10 @@ from mtn_jax import files
 from mtn_jax.data import aol_log
 from mtn_jax.inference import inputs
 from mtn_jax.inference import pipeline
+from mtn_jax.inference import sources as inference_sources
 from mtn_jax.inference.inputs import Context
 
 CHUNK_BATCHES = 8
-PROGRESS_SECONDS = 10.0  # at most one progress line per this many seconds
 
 
 def _records(context: Context, suggestions: list[list[dict]]) -> Iterator[dict]:
@@ -199,9 +199,11 @@ def _written(output: str):
                 flush=True)
       raise
     try:
-      if not in_place:
-        os.fsync(out.fileno())
-      out.close()
+      try:
+        if not in_place:
+          os.fsync(out.fileno())
+      finally:
+        out.close()
     except OSError as e:
       raise refused(e) from None
 
@@ -262,7 +264,7 @@ def decode_file(config: ml_collections.ConfigDict, workdir: str) -> dict:
         num_sessions += context.first_position == 0
       write(''.join(lines))
       num_records += len(lines)
-      if time.time() - last_log >= PROGRESS_SECONDS:
+      if time.time() - last_log >= inference_sources.PROGRESS_SECONDS:
         last_log = time.time()
         print(f'  {num_sessions:,} sessions done '
               f'({num_sessions / (last_log - started):.1f} sessions/s)', flush=True)

@@ -109,12 +109,12 @@ def _note_config_differences(cfg: ModelConfig, model: ml_collections.ConfigDict,
 DATA_SIZES = ModelConfig.DATA_FIELDS
 
 
-def _step(manager, workdir: str, which: str) -> tuple[int, str]:
-  """The best (or, `which='latest'`, the latest) step, and the checkpoint's name."""
+def _step(manager, workdir: str) -> tuple[int, str]:
+  """The best step (the latest where none was validated yet), and the checkpoint's name."""
   latest = manager.latest_step()
   if latest is None:
     raise errors.Error(f'no checkpoints in {checkpoints.checkpoint_dir(workdir)}: train first')
-  step = checkpoints.best_step(manager) if which == 'best' else latest
+  step = checkpoints.best_step(manager)
   step = latest if step is None else step
   if step not in manager.all_steps():
     raise errors.Error(f'checkpoint {checkpoints.checkpoint_dir(workdir)}/{step}, which step '
@@ -123,7 +123,7 @@ def _step(manager, workdir: str, which: str) -> tuple[int, str]:
   return step, f'checkpoint {checkpoints.checkpoint_dir(workdir)}/{step}'
 
 
-def check_config(config: ml_collections.ConfigDict, workdir: str, which: str = 'best') -> None:
+def check_config(config: ml_collections.ConfigDict, workdir: str) -> None:
   """Refuses `config.model` where it is not the model the checkpoint of `workdir` that
   `load_trained` restores was trained with, in the words training refuses it with
   (`checkpoints.check_model`): `eval`, `decode` and `suggest` of a run use its own config, so
@@ -138,7 +138,7 @@ def check_config(config: ml_collections.ConfigDict, workdir: str, which: str = '
   try:
     if manager.latest_step() is None:
       return
-    step, where = _step(manager, workdir, which)
+    step, where = _step(manager, workdir)
     meta = checkpoints.read_meta(manager, step)
   finally:
     manager.close()
@@ -158,8 +158,9 @@ def check_config(config: ml_collections.ConfigDict, workdir: str, which: str = '
 
 
 def load_trained(config: ml_collections.ConfigDict, workdir: str,
-                 which: str = 'best', of_the_config: bool = True) -> Trained:
-  """Restores the best (lowest validation loss) or latest checkpoint of `workdir`.
+                 of_the_config: bool = True) -> Trained:
+  """Restores the best (lowest validation loss) checkpoint of `workdir`, the latest where
+  none was validated yet.
 
   The vocabulary and the model come from the checkpoint itself (see the module docstring);
   where the run is `of_the_config` (its --workdir, not another run the config names), the
@@ -170,7 +171,7 @@ def load_trained(config: ml_collections.ConfigDict, workdir: str,
     raise errors.Error(f'no checkpoints in {workdir}: train first (--mode=train)')
   manager = checkpoints.open_manager(workdir, read_only=True)
   try:
-    step, where = _step(manager, workdir, which)
+    step, where = _step(manager, workdir)
     head = manager.restore(step, args=checkpoints.ocp.args.Composite(
         meta=checkpoints.ocp.args.JsonRestore(), vocab=checkpoints.ocp.args.JsonRestore()))
     vocab = Vocab.from_json(head['vocab'])

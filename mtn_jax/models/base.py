@@ -43,6 +43,7 @@ from mtn_jax.data.vocab import BOS_ID
 from mtn_jax.data.vocab import EOS_ID
 from mtn_jax.data.vocab import PAD_ID
 from mtn_jax.data.vocab import SEP_ID
+from mtn_jax.models import user_memory
 
 Batch = Mapping[str, jax.Array]
 
@@ -93,7 +94,7 @@ class ModelConfig:
         raise errors.ConfigError(f'config.model.{key}={model[key]!r}: {model.name!r} does not '
                                  f'read it (leave it at {inert!r})')
     if cls.HAS_USER_MEMORY:
-      check_choice(model, 'user_memory', ('none', 'attention', 'zero_attention'))
+      check_choice(model, 'user_memory', user_memory.USER_MEMORIES)
     elif model.get('user_memory', 'none') != 'none':
       raise errors.ConfigError('config.model.user_memory is an option of MTN and the '
                                f"Transformer; {model.name!r} has none (set it to 'none')")

@@ -20,9 +20,9 @@ Scores (paper Sec. 4.2-4.4):
                  attending to every other; s = w . h_sep, h_sep the output at the `<sep>`
                  before the candidate (the paper's first output [S], which sees the pair).
 Choices the paper leaves open, and the ones made here: the reduction red(.) is the mean over
-the real tokens (the paper's "average over all outputs", within 0.2 points of its first
-output; these inputs have no [S] token, and MTN's query projection fixes its n slots); the two
-attentions of the Poly-encoder are scaled by 1/sqrt(d) as in Vaswani et al., against the
+the real tokens (the paper's "average over all outputs", which it finds very close to its
+first output; these inputs have no [S] token, and MTN's query projection fixes its n slots);
+the two attentions of the Poly-encoder are scaled by 1/sqrt(d) as in Vaswani et al., against the
 saturation the paper met (Sec. 5.3) with vectors of norm ~sqrt(d) after LayerNorm; the final
 score is the plain dot product, as in the paper. So a Poly-encoder with one code of zeros
 attends uniformly and IS the Bi-encoder with the same encoder weights (tests check it).

@@ -146,7 +146,7 @@ class Engine:
       holds the longest.
     exclude_session_queries: the user-facing protocol (True) or the paper's.
     warm_seconds: how long `warm_up` took, on `warm_threads` threads (with `background`, until
-      the last pair was compiled); ready_seconds: until it returned.
+      the last pair was compiled).
     warmed: set once every pair is compiled.
   """
 
@@ -160,7 +160,7 @@ class Engine:
     self.pipeline = pipeline
     self.sizes = padded_sizes(max_batch)
     self.exclude_session_queries = exclude_session_queries
-    self.warm_seconds, self.ready_seconds, self.warm_threads = 0.0, 0.0, 1
+    self.warm_seconds, self.warm_threads = 0.0, 1
     self.warmed = threading.Event()
     # The pairs compiled so far while a background warm-up runs; None once all are (or
     # before any warm-up: `run` then pads as if all were).
@@ -336,7 +336,6 @@ class Engine:
       for shape in first:
         self._warm(*shape)
       self._compiled = frozenset(first)
-      self.ready_seconds = time.time() - started
       rest = [shape for shape in shapes if shape not in first]
       self._warm_thread = threading.Thread(target=self._warm_rest, args=(rest, started, log),
                                            daemon=True, name='warm-up')
@@ -353,7 +352,7 @@ class Engine:
     else:
       for shape in shapes[1:]:
         self._warm(*shape)
-    self.warm_seconds = self.ready_seconds = time.time() - started
+    self.warm_seconds = time.time() - started
     self.warm_threads = max(threads, 1)
     self._compiled = None
     self.warmed.set()

@@ -53,6 +53,7 @@ class HistoryStore:
     with self._lock:
       mode = self._db.execute('PRAGMA journal_mode=WAL').fetchone()[0]
       if mode.lower() != 'wal':
+        self._db.close()
         raise OSError(f'{path}: SQLite would not switch to WAL mode (it is {mode!r})')
       self._db.execute('PRAGMA synchronous=NORMAL')
       self._db.executescript(_SCHEMA)

@@ -83,7 +83,7 @@ def _main(argv: list[str]) -> None:
   trained.keep_compiled_programs(workdir, settings.compile_cache, _say)
   started = time.time()
   engine = engine_lib.Engine.load(config, workdir, log=_say)
-  _say(service.describe(engine, settings, time.time() - started))
+  _say(service.describe(engine, time.time() - started))
 
 
 def _say(text: str) -> None:

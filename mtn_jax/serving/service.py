@@ -46,7 +46,10 @@ from mtn_jax.serving import monitoring
 
 @dataclasses.dataclass(frozen=True)
 class ServeSettings:
-  """config.serve, read once (configs/default.py says what each is)."""
+  """The keys of config.serve that the service reads when it starts (configs/default.py says
+  what each is; these defaults are its, for services built without a config). The engine
+  reads its own (`max_batch`, `warm_up_threads`) where it is built, `serve()` whether to warm
+  up in the background."""
 
   host: str = '127.0.0.1'
   port: int = 8080
@@ -309,7 +312,7 @@ def _bind(host: str, port: int) -> socket.socket:
   return sock
 
 
-def describe(engine: engine_lib.Engine, settings: ServeSettings, seconds: float) -> str:
+def describe(engine: engine_lib.Engine, seconds: float) -> str:
   """The line that says what was loaded and how long loading and warming it up took."""
   info = engine.info()
   protocol = 'the user-facing' if engine.exclude_session_queries else "the paper's"
@@ -332,7 +335,7 @@ def build(config: ml_collections.ConfigDict, workdir: str, log=_say) -> Service:
   started = time.time()
   engine = engine_lib.Engine.load(config, workdir, log=log,
                                   background=bool(config.serve.warm_up_background))
-  log(describe(engine, settings, time.time() - started))
+  log(describe(engine, time.time() - started))
   store = None
   if settings.history_db and engine.personalises:
     path = os.path.join(os.path.abspath(workdir), settings.history_db)

@@ -76,8 +76,8 @@ def token_losses(logits: jax.Array, targets: jax.Array, label_smoothing: float =
 #
 # Hand-written because no maintained JAX library offers a cross-entropy fused with an arbitrary
 # output layer. Two facts make it pay:
-#  - most target slots are padding (AOL queries average 2.95 words in 10 slots, so about 36 %
-#    of the n + 1 decoder positions are real), yet a plain loss projects every slot to the
+#  - most target slots are padding (AOL queries are a few words in 10 slots, so most of the
+#    n + 1 decoder positions are padding), yet a plain loss projects every slot to the
 #    vocabulary, the widest matmul of the model and, with its softmax, most of its memory
 #    traffic;
 #  - the loss is the end of the computation, so the gradient of a chunk's logits is known as

@@ -55,8 +55,8 @@ def draw_words(rng: jax.Array, logits: np.ndarray, shape: tuple[int, ...]) -> ja
   """int32 `shape` words drawn from softmax(`logits` [V]) by inverting its CDF.
 
   Not `jax.random.categorical`: that draws one Gumbel number per word of the vocabulary for
-  every sample ([..., V]), which made the family's training step 10x slower on the sample;
-  a binary search over the CDF costs log V per sample.
+  every sample ([..., V]), which made the family's training step several times slower; a
+  binary search over the CDF costs log V per sample.
   """
   cdf = jnp.cumsum(jax.nn.softmax(jnp.asarray(logits)))
   drawn = jnp.searchsorted(cdf, jax.random.uniform(rng, shape) * cdf[-1], side='right')

@@ -380,7 +380,7 @@ def read_meta(manager: ocp.CheckpointManager, step: int) -> dict:
 
 
 def named_best_step(workdir: str) -> int | None:
-  """The checkpoint `load_trained(which='best')` restores, read from the checkpoints' meta
+  """The checkpoint `load_trained` restores, read from the checkpoints' meta
   files alone (no orbax manager): the step the newest complete checkpoint names as best, else
   that newest one; None without checkpoints."""
   folder = checkpoint_dir(workdir)

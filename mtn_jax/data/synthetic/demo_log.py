@@ -38,9 +38,9 @@ What it holds (the real log's quirks included):
 - 29 topic families of 12-16 entities each and about 1,500 distinct words (misspellings and
   addresses included): small enough for a small Transformer to learn on a CPU.
 
-Size: 1,500 users (configs/demo.py) give 115,285 lines (1.2 MB gzip, 7.4 MB plain) in about
-1.4 s of CPU time; the paper's preprocessing keeps 9,958 sessions of 3 to 5 queries and
-28,329 (session prefix -> next query) pairs of them.
+Size: the 1,500 users of configs/demo.py make a log of about a megabyte gzipped in a second
+or two of CPU, of which the paper's preprocessing keeps some ten thousand sessions of 3 to 5
+queries (Table-1 figures: `--mode=preprocess` prints them).
 """
 
 from __future__ import annotations
