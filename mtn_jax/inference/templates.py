@@ -16,8 +16,10 @@ A template is one such edit, with its word where it has one:
   www            "www.", the previous query's words joined, then ".com"
   strip_site     "www." and ".com" (or ".org", ".net") taken off a one-word query
 
-`Templates.learn(pairs)` counts, for every training pair, each template that rewrites the
-previous query into exactly the next one; `propose(previous, k)` applies every template
+The templates of a training log count, for every (previous, next) pair, each template that
+rewrites the previous query into exactly the next one (`templates_of`; `popular.LogCounts`
+counts them in its one pass over the pairs, `Templates.of_counts` keeps those seen twice;
+`Templates.learn(pairs)` does both alone); `propose(previous, k)` applies every template
 that applies to `previous` and returns the k distinct results of the most frequent
 templates. Written here because no library learns query-rewrite patterns of this kind: it is
 a count over a log.
