@@ -12,6 +12,7 @@ from __future__ import annotations
 import contextlib
 import fcntl
 import os
+import shutil
 import tempfile
 from collections.abc import Iterator
 from typing import IO
@@ -105,6 +106,21 @@ def write_bytes(path: str | os.PathLike, data: bytes) -> None:
   """Writes `data` to `path` atomically."""
   with atomic_open(path, 'wb') as f:
     f.write(data)
+
+
+def replace_dir(build: str, target: str, old_prefix: str) -> None:
+  """Makes the folder `build` the folder `target`: the old `target` renamed aside (beside it,
+  its name `old_prefix` and a random part), `build` renamed in, the old one deleted. Two
+  renames, not a copy: a reader meets the old folder or the new one, and a crash between
+  them leaves the old one aside for the caller's clean-up of `old_prefix` folders."""
+  if not os.path.exists(target):
+    os.rename(build, target)
+    return
+  old = tempfile.mkdtemp(prefix=old_prefix, dir=os.path.dirname(os.path.abspath(target)))
+  os.rmdir(old)  # a fresh name beside `target`, on its file system
+  os.rename(target, old)
+  os.rename(build, target)
+  shutil.rmtree(old)
 
 
 def cannot_create(path: str | os.PathLike) -> str | None:

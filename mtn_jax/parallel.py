@@ -22,7 +22,7 @@ _XLA_COLLECTIVE_TIMEOUT_FLAG = '--xla_cpu_collective_call_terminate_timeout_seco
 # the other devices before XLA aborts the process (SIGABRT, exit 134, no checkpoint saved):
 # XLA's default is 40 s, counted after a 20 s "may be stuck" warning, a minute in all. With one
 # device per core on cores that other processes share, a device reaches a step's collectives
-# late (by seconds under load here; by over a minute in a user's run, which died at step ~50:
+# late (under load, by more than XLA's minute in a user's run, which then died:
 # docs/notes/2026-11-26-collective-timeout-on-a-busy-cpu.md). 30 minutes is XLA's own limit for its
 # cross-process CPU collectives (xla_cpu_collective_timeout_seconds): a late device is waited
 # for, a real deadlock still ends.

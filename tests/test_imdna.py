@@ -474,6 +474,30 @@ def test_prepare_writes_once_and_splits_cover_every_question(tmp_path):
     movies.load_questions(str(data_dir), 'qa', 'test')
 
 
+def test_a_build_cut_short_is_made_again_not_reused(tmp_path, monkeypatch):
+  # A build for other settings stopped after two of its files leaves the first settings'
+  # manifest behind no longer: the first settings' next run rebuilds, with their own world.
+  config = imdna_movies.get_config('test')
+  movies.prepare(config, str(tmp_path))
+  other = imdna_movies.get_config('test')
+  other.movies.num_movies += 20
+  written, write = [], movies.files.write_text
+
+  def write_text(path, text):
+    if len(written) == 2:
+      raise KeyboardInterrupt
+    written.append(path)
+    write(path, text)
+  monkeypatch.setattr(movies.files, 'write_text', write_text)
+  with pytest.raises(KeyboardInterrupt):
+    movies.prepare(other, str(tmp_path))
+  monkeypatch.undo()
+  manifest = movies.prepare(config, str(tmp_path))
+  documents = (tmp_path / 'data' / 'movies.documents.txt').read_text().splitlines()
+  assert len(documents) == config.movies.num_movies
+  assert manifest == movies.prepare(config, str(tmp_path))
+
+
 # ---------------------------------------------------------------------------------------------
 # Retrieval
 

@@ -74,3 +74,13 @@ def test_rerank_session_query_that_the_beam_proposed_keeps_its_model_score():
   reranked = mbr.rerank(ranked, session=['ebay', 'yahoo'])
   assert {r['query']: r.get('model_score') for r in reranked} == {
       'google': -1.0, 'ebay': -2.0, 'yahoo': None}
+
+
+def test_rerank_a_query_proposed_twice_is_one_candidate_with_its_better_score():
+  # Two token sequences can write the same text (subword pieces, pooled lists): one candidate,
+  # which keeps the better of its scores (not the last one's); both weigh in as evidence.
+  ranked = [{'query': 'c', 'score': -2.0}, {'query': 'a b', 'score': -1.0},
+            {'query': 'a b', 'score': -5.0}]
+  reranked = mbr.rerank(ranked)
+  assert [r['query'] for r in reranked] == ['a b', 'c']
+  assert {r['query']: r['model_score'] for r in reranked} == {'a b': -1.0, 'c': -2.0}

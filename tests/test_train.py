@@ -788,6 +788,35 @@ def test_a_log_line_shows_the_learning_rate_of_the_last_step_it_covers():
   assert (step, kind) == (4, 'train') and figures['learning_rate'] == pytest.approx(0.4)
 
 
+@pytest.mark.parametrize('loss, grad_norm', [(np.nan, 1.0), (2.0, np.nan), (2.0, np.inf)])
+def test_a_step_with_a_non_finite_loss_or_gradient_stops_before_anything_is_saved(loss,
+                                                                                  grad_norm):
+  """A finite loss with a NaN gradient makes NaN parameters: the check before every save
+  (`_TrainMonitor.window`) refuses either, naming the step and the last good checkpoint."""
+  from mtn_jax.training import train  # pylint: disable=g-import-not-at-top
+  monitor = train._TrainMonitor(  # pylint: disable=protected-access
+      writer=None, log=lambda *a, **k: None, schedule=lambda step: 0.1,
+      steps_per_epoch=10, total_steps=20, last_good_checkpoint=lambda: 'Last good: step 6.')
+  fine = {'loss': np.float32(1), 'grad_norm': np.float32(1)}
+  monitor.add(6, fine, 1, 0.0)
+  monitor.add(7, {'loss': np.float32(loss), 'grad_norm': np.float32(grad_norm)}, 1, 0.0)
+  with pytest.raises(train.NonFiniteLoss, match=r'at step 7; stopped without saving\. '
+                     r'Last good: step 6\.$'):
+    monitor.window()
+
+
+def test_a_non_finite_validation_loss_is_never_the_best():
+  from mtn_jax.training import train  # pylint: disable=g-import-not-at-top
+  meta = {'valid': [], 'best_step': None, 'best_valid_loss': None}
+  record = train._record_validation  # pylint: disable=protected-access
+  assert not record(meta, 100, {'loss': math.nan})
+  assert meta['best_step'] is None
+  assert record(meta, 200, {'loss': 3.0}) and not record(meta, 300, {'loss': math.inf})
+  assert record(meta, 400, {'loss': 2.5}) and not record(meta, 500, {'loss': 2.9})
+  assert (meta['best_step'], meta['best_valid_loss']) == (400, 2.5)
+  assert [v['step'] for v in meta['valid']] == [100, 200, 300, 400, 500]
+
+
 def test_a_second_run_training_in_a_workdir_is_refused_naming_the_first(tmp_path):
   """Two runs training in one workdir would each write its checkpoints and every record of
   metrics.jsonl: the second is refused (the lock is the system's, so a killed run holds

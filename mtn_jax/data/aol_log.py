@@ -127,7 +127,7 @@ _MALFORMED_CODES = np.array([_CODE[r] for r in MALFORMED])
 _PARSED_CODES = np.array([_RECORD, _CODE['control_character'], _CODE['empty_query']])
 
 # Big enough that numpy's per-call overhead vanishes, small enough that the per-byte
-# temporaries of a chunk stay near 200 MB.
+# temporaries of a chunk stay a small part of a machine's memory.
 CHUNK_BYTES = 16 << 20
 # Below this much input, starting worker processes costs more than it saves.
 PARALLEL_MIN_BYTES = 32 << 20

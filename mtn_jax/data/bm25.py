@@ -133,9 +133,7 @@ def open_index(folder: str, documents: Sequence[str], *, k1: float = 1.2,
     with open(os.path.join(build, _FINGERPRINT), 'w', encoding='utf-8') as f:
       json.dump({'fingerprint': fingerprint, 'documents': len(documents), 'k1': k1, 'b': b,
                  'bm25s': _bm25s().__version__}, f)
-    if os.path.exists(folder):
-      shutil.rmtree(folder)
-    os.replace(build, folder)
+    files.replace_dir(build, folder, '.index-old-')
   except BaseException:
     shutil.rmtree(build, ignore_errors=True)
     raise

@@ -290,7 +290,7 @@ class _Batches:
     state['_plans'] = collections.OrderedDict()
     queries = self._queries
     # A split loaded with mmap is sent to worker processes as its place in the file, which
-    # they map again, rather than as a pickled copy of the whole array (~230 MB for AOL train).
+    # they map again, rather than as a pickled copy of the whole array (hundreds of MB for AOL).
     if (isinstance(queries, np.memmap) and isinstance(queries.base, mmap.mmap)
         and queries.flags.c_contiguous):
       state['_queries'] = _MappedArray(queries.filename, queries.dtype.str, queries.shape,

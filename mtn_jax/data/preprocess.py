@@ -58,7 +58,6 @@ import json
 import os
 import shutil
 import tempfile
-import uuid
 
 import ml_collections
 import numpy as np
@@ -353,7 +352,7 @@ def _input_paths(cfg: ml_collections.ConfigDict, target: str) -> list[str]:
   if cfg.source == 'demo':
     return [_demo_log(target, cfg.demo_users, cfg.demo_seed)]
   if cfg.source != 'aol':
-    raise ValueError(f"config.data.source must be 'aol' or 'demo', got {cfg.source!r}")
+    raise ValueError(f"config.data.source must be 'aol', 'demo' or 'movies', got {cfg.source!r}")
   if not cfg.raw_files.strip():
     raise aol_log.MissingLogError('config.data.raw_files is empty: pass the AOL-format log '
                                   'files (a glob, or comma-separated paths and globs)')
@@ -716,10 +715,4 @@ def _replace_dir(build: str, target: str) -> None:
         os.link(source, os.path.join(build, name))
       except OSError:  # a file system without hard links
         shutil.copy2(source, os.path.join(build, name))
-  if os.path.exists(target):
-    old = os.path.join(os.path.dirname(target), _OLD_PREFIX + uuid.uuid4().hex)
-    os.rename(target, old)
-    os.rename(build, target)
-    shutil.rmtree(old)
-  else:
-    os.rename(build, target)
+  files.replace_dir(build, target, _OLD_PREFIX)

@@ -3,8 +3,8 @@
 numpy's `argpartition` and `argsort` (the default kind) leave the order of equal scores to the
 algorithm, and numpy picks its algorithm by the CPU: on a CPU with AVX-512 its vectorised sorts
 put ties elsewhere than on one without. Where scores tie at the k-th place, which document or
-answer makes the top k then depended on the machine (IMDNA's BM25 answers did: 2 of 24
-questions' hits at 100 moved between two CPUs). Here ties go to the lower id, on any CPU.
+answer makes the top k then depended on the machine (IMDNA's BM25 answers did, between two
+CPUs). Here ties go to the lower id, on any CPU.
 """
 
 from __future__ import annotations

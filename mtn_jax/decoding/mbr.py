@@ -61,7 +61,7 @@ def _ngrams(words: Sequence[str], n: int) -> collections.Counter:
 def _profile(words: Sequence[str]) -> tuple[int, list[collections.Counter]]:
   """A query's length and its n-gram counts of orders 1..MAX_ORDER: what `sentence_bleu`
   reads of it, counted once per query rather than once per pair (a lone suggestion's MBR
-  compares ~13 candidates with 10 hypotheses)."""
+  compares every candidate with every hypothesis)."""
   return len(words), [_ngrams(words, n) for n in range(1, MAX_ORDER + 1)]
 
 
@@ -122,7 +122,10 @@ def rerank(ranked: Sequence[dict], session: Sequence[str] = ()) -> list[dict]:
   total = sum(weights)
   profiles = {q: _profile(q.split()) for q in [*(r['query'] for r in ranked), *session]}
   evidence = [(profiles[r['query']], w / total) for r, w in zip(ranked, weights)]
-  candidates = {r['query']: r['score'] for r in ranked}
+  candidates = {}
+  for r in ranked:  # a query written twice (two token sequences) keeps its better score
+    if r['query'] not in candidates or r['score'] > candidates[r['query']]:
+      candidates[r['query']] = r['score']
   for query in reversed(session):
     candidates.setdefault(query, None)
   scored = [{'query': q,

@@ -575,9 +575,9 @@ def search_sessions(model, params, batch: Mapping[str, jax.Array | np.ndarray],
     sequences: int32 [B, P, beam_size, max_len], as `beam_search` returns them.
     scores: float32 [B, P, beam_size], best first.
   """
-  # No eager jax.numpy op on the way (each is a slow dispatch of its own; a lone served request
-  # spent about a fifth of its time in them): host arrays go to the compiled calls as they are,
-  # device arrays (a sharded evaluation batch) stay where they are.
+  # No eager jax.numpy op on the way (each is a slow dispatch of its own, a real share of a
+  # lone served request's time): host arrays go to the compiled calls as they are, device
+  # arrays (a sharded evaluation batch) stay where they are.
   queries = batch['queries']
   if not isinstance(queries, jax.Array):
     batch = {**batch, 'queries': np.asarray(queries, np.int32)}

@@ -57,7 +57,7 @@ from mtn_jax.training import metric_writer
 
 
 class NonFiniteLoss(errors.Error, RuntimeError):
-  """Training produced a NaN or Inf loss; the last good checkpoint is left as it was."""
+  """Training produced a NaN or Inf loss or gradient; the last good checkpoint is left as it was."""
 
 
 @flax.struct.dataclass
@@ -370,7 +370,9 @@ def _record_validation(meta: dict, step: int, valid: dict) -> bool:
   """Adds a validation result to the run's meta; True when it is the best so far (the
   paper's model selection: the lowest validation loss)."""
   meta['valid'].append({'step': step, **valid})
-  best = meta['best_valid_loss'] is None or valid['loss'] < meta['best_valid_loss']
+  # A non-finite loss is never the best, nor kept as the best against a later finite one.
+  best = math.isfinite(valid['loss']) and (
+      meta['best_valid_loss'] is None or valid['loss'] < meta['best_valid_loss'])
   if best:
     meta['best_step'], meta['best_valid_loss'] = step, valid['loss']
   return best
@@ -447,13 +449,16 @@ class _TrainMonitor:
     self._compile_seconds += compile_seconds
 
   def check(self) -> list[dict]:
-    """Fetches the pending metrics; raises NonFiniteLoss at the first non-finite loss."""
+    """Fetches the pending metrics; raises NonFiniteLoss at the first step whose loss or
+    gradient is not finite (a finite loss with a NaN gradient makes NaN parameters: the
+    step's update is not saved either)."""
     fetched = jax.device_get([m for _, m in self._pending])
     for (step, _), m in zip(self._pending, fetched):
-      if not np.isfinite(m['loss']):
+      if not (np.isfinite(m['loss']) and np.isfinite(m['grad_norm'])):
         good = self._last_good_checkpoint()
         raise NonFiniteLoss(
-            f'non-finite training loss ({m["loss"]}) at step {step}; stopped without saving. '
+            f'non-finite training loss or gradient (loss {m["loss"]}, gradient norm '
+            f'{m["grad_norm"]}) at step {step}; stopped without saving. '
             + (good if good else 'No checkpoint was written yet.'))
     return fetched
 
@@ -577,14 +582,19 @@ def _train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict
     state = create_state(task, optimizer, config.seed, mesh)
   else:
     where = f'checkpoint {checkpoints.checkpoint_dir(workdir)}/{latest}'
-    saved_meta = checkpoints.read_meta(manager, latest)
-    checkpoints.check_compatible(saved_meta, cfg, vocab, where)
-    _check_data_order(saved_meta.get('config', {}), config, where, data.order_keys)
-    if latest < total_steps or saved_meta.get('pending_validation') is not None:
-      _check_device_count(saved_meta.get('device_count'), where)  # a run that continues
-    state, iter_state = _restore(manager, latest, task=task, optimizer=optimizer, mesh=mesh,
-                                 saved_meta=saved_meta)
-    train_iter.set_state(iter_state)
+    try:  # a resume refused closes what it opened (a caller in the same process goes on)
+      saved_meta = checkpoints.read_meta(manager, latest)
+      checkpoints.check_compatible(saved_meta, cfg, vocab, where)
+      _check_data_order(saved_meta.get('config', {}), config, where, data.order_keys)
+      if latest < total_steps or saved_meta.get('pending_validation') is not None:
+        _check_device_count(saved_meta.get('device_count'), where)  # a run that continues
+      state, iter_state = _restore(manager, latest, task=task, optimizer=optimizer, mesh=mesh,
+                                   saved_meta=saved_meta)
+      train_iter.set_state(iter_state)
+    except BaseException:
+      train_iter.close()
+      manager.close()
+      raise
     meta.update({k: saved_meta[k] for k in ('valid', 'best_step', 'best_valid_loss')})
     window = saved_meta.get('train_window', [])
     pending = saved_meta.get('pending_validation')

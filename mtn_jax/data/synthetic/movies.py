@@ -285,11 +285,11 @@ def vocabulary(texts: Iterable[str]) -> Vocab:
 
 
 def paths(data_dir: str) -> dict[str, str]:
-  files = {'kb': 'movies.kb.tsv', 'documents': 'movies.documents.txt', 'vocab': 'vocab.json',
+  names = {'kb': 'movies.kb.tsv', 'documents': 'movies.documents.txt', 'vocab': 'vocab.json',
            'manifest': _MANIFEST}
-  files.update({f'{task}.{split}': f'movies.{task}.{split}.jsonl'
+  names.update({f'{task}.{split}': f'movies.{task}.{split}.jsonl'
                 for task in TASKS for split in SPLITS})
-  return {k: os.path.join(data_dir, v) for k, v in files.items()}
+  return {k: os.path.join(data_dir, v) for k, v in names.items()}
 
 
 def _manifest(settings: ml_collections.ConfigDict) -> dict:
@@ -300,43 +300,42 @@ def _manifest(settings: ml_collections.ConfigDict) -> dict:
   return manifest
 
 
-def _write_text(path: str, text: str) -> None:
-  files.write_text(path, text)
-
-
 def prepare(config: ml_collections.ConfigDict, workdir: str, verbose: bool = False) -> dict:
   """Writes the world of `config.movies` into `<workdir>/data/` (see the module
-  docstring), or reuses it; returns the manifest with each task's split sizes."""
+  docstring), or reuses it; returns the manifest with each task's split sizes. The manifest
+  is removed first and written last: a build cut short leaves none, so it is built again."""
   settings = config.movies
   data_dir = os.path.join(os.path.abspath(workdir), 'data')
-  files = paths(data_dir)
+  where = paths(data_dir)
   manifest = _manifest(settings)
   try:
-    with open(files['manifest'], encoding='utf-8') as f:
+    with open(where['manifest'], encoding='utf-8') as f:
       current = json.load(f).get('fingerprint') == manifest['fingerprint']
   except (OSError, ValueError):
     current = False
-  if current and all(os.path.exists(p) for p in files.values()):
+  if current and all(os.path.exists(p) for p in where.values()):
     if verbose:
       print(f'Reusing the movie knowledge base in {data_dir}: same config.movies.')
-    with open(files['manifest'], encoding='utf-8') as f:
+    with open(where['manifest'], encoding='utf-8') as f:
       return json.load(f)
   world = generate(settings.num_movies, settings.num_users, settings.seed)
   os.makedirs(data_dir, exist_ok=True)
-  _write_text(files['kb'], ''.join('\t'.join(t) + '\n' for t in world.triples()))
+  if os.path.exists(where['manifest']):
+    os.remove(where['manifest'])
+  files.write_text(where['kb'], ''.join('\t'.join(t) + '\n' for t in world.triples()))
   documents = world.documents()
-  _write_text(files['documents'], ''.join(d + '\n' for d in documents))
+  files.write_text(where['documents'], ''.join(d + '\n' for d in documents))
   texts = list(documents)
   for task in TASKS:
     for split, questions in split_questions(world.questions[task], settings.seed).items():
-      _write_text(files[f'{task}.{split}'], ''.join(
+      files.write_text(where[f'{task}.{split}'], ''.join(
           json.dumps(q.to_json()) + '\n' for q in questions))
       manifest[f'{task}.{split}'] = len(questions)
       texts += [q.text for q in questions]
   vocab = vocabulary(texts)
-  _write_text(files['vocab'], json.dumps(vocab.to_json()))
+  files.write_text(where['vocab'], json.dumps(vocab.to_json()))
   manifest['vocab_size'] = len(vocab)
-  _write_text(files['manifest'], json.dumps(manifest, indent=2, sort_keys=True))
+  files.write_text(where['manifest'], json.dumps(manifest, indent=2, sort_keys=True))
   if verbose:
     print(f'Wrote a knowledge base of {len(documents):,} movies ({len(world.triples()):,} '
           f'triples) and its questions to {data_dir}: '
