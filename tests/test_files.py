@@ -56,3 +56,37 @@ def test_written_files_get_the_permissions_of_a_plain_open(tmp_path):
       f.write(b'x')
   mode = lambda p: stat.S_IMODE(os.stat(p).st_mode)
   assert mode(tmp_path / 'atomic.txt') == mode(plain) == mode(tmp_path / 'by_name.bin')
+
+
+def test_replace_dir_puts_the_new_folder_in_and_leaves_nothing_beside(tmp_path):
+  target, build = tmp_path / 'index', tmp_path / 'build'
+  build.mkdir()
+  (build / 'a').write_text('first')
+  files.replace_dir(str(build), str(target), '.old-')  # no folder there yet
+  assert (target / 'a').read_text() == 'first' and not build.exists()
+  build.mkdir()
+  (build / 'b').write_text('second')
+  files.replace_dir(str(build), str(target), '.old-')
+  assert sorted(p.name for p in target.iterdir()) == ['b']
+  assert sorted(p.name for p in tmp_path.iterdir()) == ['index']  # no old folder left
+
+
+def test_replace_dir_cut_short_leaves_the_old_folder_aside_under_its_prefix(tmp_path,
+                                                                           monkeypatch):
+  target, build = tmp_path / 'index', tmp_path / 'build'
+  target.mkdir()
+  (target / 'a').write_text('old')
+  build.mkdir()
+  renames, os_rename = [], os.rename
+
+  def rename(source, destination):
+    if renames:  # the second rename, build -> target, never happens
+      raise KeyboardInterrupt
+    renames.append(destination)
+    os_rename(source, destination)
+  monkeypatch.setattr(files.os, 'rename', rename)
+  with pytest.raises(KeyboardInterrupt):
+    files.replace_dir(str(build), str(target), '.old-')
+  monkeypatch.undo()
+  [aside] = [p for p in tmp_path.iterdir() if p.name.startswith('.old-')]
+  assert (aside / 'a').read_text() == 'old' and build.exists()
