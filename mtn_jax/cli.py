@@ -20,6 +20,7 @@ import textwrap
 import traceback
 
 from absl import flags
+import ml_collections
 from ml_collections import config_flags
 
 from mtn_jax import config_lib
@@ -209,6 +210,9 @@ def checked_config(config_flag, mode: str):
   if missing:
     usage_error(missing)
   config = config_flag.value
+  if not isinstance(config, ml_collections.ConfigDict):
+    usage_error(f'--config={config_flags.get_config_filename(config_flag)}: its get_config '
+                f'returned {config!r}, not an ml_collections.ConfigDict')
   config_lib.expand_home(config)
   try:
     config_lib.validate(config, mode)

@@ -9,6 +9,7 @@ own fields are checked by its config class (`ModelConfig.check`, found through
 
 from __future__ import annotations
 
+import math
 import os
 
 import ml_collections
@@ -65,6 +66,7 @@ def _choice(config, key, choices):
 
 def validate(config: ml_collections.ConfigDict, mode: str = 'all') -> None:
   """Raises ConfigError naming the first key whose value cannot work in `mode`."""
+  _check_numbers(config)
   _check_data(config, mode)
   if mode == 'preprocess':
     return  # preprocessing reads config.data alone, and runs without JAX
@@ -73,6 +75,28 @@ def validate(config: ml_collections.ConfigDict, mode: str = 'all') -> None:
   _check_train(config, model_class)
   _check_decode(config, mode)
   _check_serve(config)
+
+
+# The largest count a config holds: the arrays it sizes are indexed by 32-bit integers. Seeds
+# may be larger.
+MAX_COUNT = 2**31 - 1
+
+
+def _check_numbers(config, path: str = 'config') -> None:
+  """Refuses a NaN or infinite float anywhere in `config` (no key means anything by one: a
+  NaN passes every `<` check, an infinite rate or penalty runs and computes nothing) and a
+  count beyond `MAX_COUNT`."""
+  for key, value in config.items():
+    where = f'{path}.{key}'
+    if isinstance(value, ml_collections.ConfigDict):
+      _check_numbers(value, where)
+      continue
+    for item in (value if isinstance(value, (tuple, list)) else (value,)):
+      if isinstance(item, float) and not math.isfinite(item):
+        raise ConfigError(f'{where} must be a finite number, got {value!r}')
+      if (isinstance(item, int) and not isinstance(item, bool) and abs(item) > MAX_COUNT
+          and 'seed' not in key):
+        raise ConfigError(f'{where}={value!r} is out of range (at most {MAX_COUNT:,})')
 
 
 def _check_data(config, mode: str) -> None:

@@ -179,6 +179,26 @@ def test_a_nan_or_negative_time_or_share_is_refused(section, key, value):
     config_lib.validate(c, 'serve')
 
 
+@pytest.mark.parametrize('section, key, value, message', [
+    ('decode', 'length_penalty', float('nan'), 'must be a finite number, got nan'),
+    ('decode', 'length_penalty', float('inf'), 'must be a finite number, got inf'),
+    ('train', 'adam_eps', float('inf'), 'must be a finite number'),
+    ('train', 'learning_rate', float('-inf'), 'must be a finite number'),
+    ('decode', 'beam_size', 99_999_999_999, 'is out of range (at most 2,147,483,647)'),
+])
+def test_no_key_takes_a_nan_an_infinity_or_a_count_past_32_bits(section, key, value, message):
+  # Unchecked, each ran: NaN or infinite penalties and rates to empty or meaningless lists
+  # and a model that learns nothing, a huge count to an overflow deep inside.
+  c = default.get_config('mtn')
+  c.data.source, c[section][key] = 'demo', value
+  with pytest.raises(config_lib.ConfigError, match=re.escape(f'config.{section}.{key}')
+                     + '.*' + re.escape(message)):
+    config_lib.validate(c, 'train')
+  c.seed = 2**40  # a seed may be larger
+  c[section][key] = default.get_config('mtn')[section][key]
+  config_lib.validate(c, 'train')
+
+
 def test_more_suggestions_than_the_beam_only_where_the_strategy_pools_more():
   c = default.get_config('mtn')
   c.data.source, c.decode.beam_size, c.decode.top_k = 'demo', 10, 20

@@ -193,7 +193,7 @@ def test_session_lines_tabs_empty_oov_and_long(tmp_path):
       (6, ('hotels',), 0),
   ]
   assert dict(reader.counts) == {'empty_lines': 2, 'empty_queries': 1, 'long_queries': 1,
-                                 'long_sessions': 1, 'oov_words': 1 + 3}
+                                 'long_sessions': 1, 'oov_words': 1 + 3, 'lines_read': 6}
 
 
 def test_sessions_file_gzip_and_latin1(tmp_path):
@@ -288,6 +288,7 @@ def test_a_stray_nul_skips_its_line_and_a_binary_file_is_refused(tmp_path):
   contexts = list(inputs.read_sessions_file(str(path), reader, strict=False))
   assert [c.info['line'] for c in contexts] == [1, 3]
   assert reader.counts['control_character_lines'] == 1
+  assert reader.counts['lines_read'] == 3  # what was read and what was skipped add up
   with pytest.raises(inputs.DecodeInputError,
                      match=r'sessions.txt:2: the line holds the control character U\+0000'):
     list(inputs.read_sessions_file(str(path), make_reader(), strict=True))
@@ -322,7 +323,7 @@ def test_a_headerless_log_with_malformed_lines_is_a_log_and_no_file_mixes_forms(
   assert inputs.detect_format(str(path)) == 'sessions'
   reader = make_reader()
   assert len(list(inputs.read_sessions_file(str(path), reader, strict=False))) == 3
-  assert reader.counts['log_lines'] == 1
+  assert reader.counts['log_lines'] == 1 and reader.counts['lines_read'] == 4
   with pytest.raises(inputs.DecodeInputError,
                      match=r'log.txt:4: a line of an AOL-format log in a file read as sessions'):
     list(inputs.read_sessions_file(str(path), make_reader(), strict=True))
@@ -640,6 +641,47 @@ def test_report_refuses_a_run_without_its_samples_or_with_a_broken_sample(tmp_pa
   with pytest.raises(report.ReportError, match=r'run has no .*samples.jsonl: re-run '
                      r'--mode=eval'):
     report.load_run(workdir)
+
+
+def test_report_refuses_results_of_another_shape_naming_the_file(tmp_path):
+  workdir = write_run(tmp_path, 'run', 'mtn', (3, 2, 3), 1.0, (1.0, 1.0, 1.0, 1.0))
+  path = tmp_path / 'run' / 'eval' / 'results.json'
+  results = json.loads(path.read_text(encoding='utf-8'))
+  for damaged, message in (([1, 2], 'is not what --mode=eval writes'),
+                           ({**results, 'scores': {**results['scores'], 'model': 'x'}},
+                            'lacks scores.model'),
+                           ({**results, 'scores': {**results['scores'], 'model': {
+                               **results['scores']['model'], 'bleu': '4.5'}}},
+                            'lacks scores.model.bleu')):
+    path.write_text(json.dumps(damaged), encoding='utf-8')
+    with pytest.raises(report.ReportError, match=re.escape('results.json') + '.*'
+                       + re.escape(message)):
+      report.load_run(workdir)
+
+
+def test_decode_reads_no_pipe_and_suggest_no_closed_input(tmp_path):
+  # A pipe would give its lines once, and the input is read twice (format, then lines).
+  pipe = tmp_path / 'pipe'
+  os.mkfifo(pipe)
+  with pytest.raises(inputs.DecodeInputError, match='pipe: not a regular file'):
+    inputs.detect_format(str(pipe))
+  with pytest.raises(suggest.errors.Error, match='standard input, which is closed'):
+    suggest.interactive(demo.get_config(), str(tmp_path), stdin=None)
+  # An output the file system refuses (Linux's /proc, even to root) is named before any work.
+  sessions = tmp_path / 'sessions.txt'
+  sessions.write_text('a\n', encoding='utf-8')
+  with pytest.raises(suggest.DecodeOutputError,
+                     match=r'config.decode.output=/proc/x.jsonl: cannot write in /proc'):
+    suggest._check_output('/proc/x.jsonl', str(sessions))  # pylint: disable=protected-access
+
+
+def test_a_text_file_shorter_than_its_split_is_named(tmp_path):
+  texts = tmp_path / 'valid.text.txt'
+  texts.write_text('a\nb\n', encoding='utf-8')  # three query rows, two texts
+  split = SessionSplit('valid', np.zeros((3, 2), np.int32), np.array([0, 3]), str(texts))
+  with pytest.raises(ValueError, match=r'valid.text.txt: 2 lines, but the split holds 3 '
+                     r'queries: run --mode=preprocess again'):
+    split.texts  # pylint: disable=pointless-statement
 
 
 def ranking(exact, r5, r10, mrr, repeats, longest=10):

@@ -521,9 +521,14 @@ def test_a_damaged_checkpoint_is_named_in_one_error_with_what_to_fall_back_on(tm
   with pytest.raises(errors.Error, match=re.escape(
       f"checkpoint {lost / 'checkpoints'}/2, which step 3 names as the best, is gone")):
     trained._step(checkpoints.open_manager(str(lost), read_only=True), str(lost))  # pylint: disable=protected-access
+  meta = (step_dir / 'meta' / 'metadata').read_text()
   (step_dir / 'meta' / 'metadata').write_text('garbage')
   with pytest.raises(checkpoints.DamagedCheckpoint, match='JSONDecodeError'):
     checkpoints.read_meta(reader, 2)
+  (step_dir / 'meta' / 'metadata').write_text(meta)
+  (step_dir / 'vocab' / 'metadata').write_text('{')  # what loading a model reads with it
+  with pytest.raises(checkpoints.DamagedCheckpoint, match='JSONDecodeError'):
+    checkpoints.read_meta_and_vocab(reader, 2)
 
 
 def test_a_checkpoint_whose_values_changed_on_disk_is_refused_by_their_digest(tmp_path):

@@ -145,6 +145,11 @@ class SessionSplit:
       raise ValueError(f'split {self.name!r} has no text file')
     with open(self.text_path, encoding='utf-8') as f:
       lines = f.read().split('\n')
+    rows = self.text_rows
+    needed = len(self.queries) if rows is None else (int(rows.max()) + 1 if len(rows) else 0)
+    if len(lines) - 1 < needed:  # each text ends with a line end
+      raise CorpusFileError(f'{self.text_path}: {len(lines) - 1} lines, but the split holds '
+                            f'{needed} queries: run --mode=preprocess again')
     if self.text_rows is None:
       return lines[:len(self.queries)]
     return [lines[i] for i in self.text_rows]

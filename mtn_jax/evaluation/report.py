@@ -96,6 +96,9 @@ def load_run(workdir: str, prefix: str = '') -> EvaluatedRun:
       results = json.load(f)
   except (json.JSONDecodeError, UnicodeDecodeError) as e:
     raise ReportError(f'{results_path} is not valid JSON: {e}') from None
+  if not isinstance(results, dict) or not isinstance(results.get('scores', {}), dict):
+    raise ReportError(f'{results_path} is not what --mode=eval writes (an object with its '
+                      f'scores): re-run --mode=eval on {workdir}')
   if 'pool' in results and 'model' not in results.get('scores', {}):
     # A Cross-encoder's evaluation: the sampled protocols alone (eval's R@1/20 and R@1/100).
     raise ReportError(f'report workdir {workdir} holds a model that makes no suggestions of '
@@ -103,11 +106,15 @@ def load_run(workdir: str, prefix: str = '') -> EvaluatedRun:
                       'only): leave it out of config.report.workdirs')
   missing = [k for k in _REQUIRED_KEYS if k not in results]
   required = [name for name in trivial.SUGGESTERS if name not in trivial.OPTIONAL]
-  missing += [f'scores.{name}.{k}' for name in ('model', *required)
-              for k in _SCORE_KEYS if k not in results.get('scores', {}).get(name, {})]
+  scores = {name: results.get('scores', {}).get(name) for name in ('model', *required)}
+  missing += [f'scores.{name}' for name, score in scores.items()
+              if score is not None and not isinstance(score, dict)]
+  missing += [f'scores.{name}.{k}' for name, score in scores.items() for k in _SCORE_KEYS
+              if not isinstance(score, dict) or k not in score
+              or (k == 'bleu' and not isinstance(score[k], (int, float)))]
   if missing:
-    raise ReportError(f'{results_path} lacks {", ".join(missing)}: re-run --mode=eval on '
-                      f'{workdir}')
+    raise ReportError(f'{results_path} lacks {", ".join(missing)} (or holds something else '
+                      f'there): re-run --mode=eval on {workdir}')
   best = checkpoints.named_best_step(workdir)
   if best is not None and results.get('step') != best:
     raise ReportError(f'{results_path} was written for step {results.get("step")}, and the '

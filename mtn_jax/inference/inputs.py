@@ -225,6 +225,10 @@ def detect_format(path: str) -> str:
   """'raw' for an AOL-format log, 'sessions' for a file of tab-separated sessions."""
   if os.path.isdir(path):
     raise DecodeInputError(f'{path}: a folder, not a decode input file')
+  if os.path.exists(path) and not os.path.isfile(path):
+    # A pipe gives its lines once; the input is read twice (its format, then its lines).
+    raise DecodeInputError(f'{path}: not a regular file (a pipe or a device): write the '
+                           'input to a file and give that')
   opener = gzip.open if _is_gzip(path) else open
   with opener(path, 'rb') as f:
     try:
@@ -256,8 +260,11 @@ def read_sessions_file(path: str, reader: QueryReader, strict: bool) -> Iterator
   """One Context per non-empty line of a sessions file. A line holding a control character
   (`refused_character`) or a line of an AOL log (`is_raw_log_line`: its user number and time
   would be read as queries; the file's first lines read as sessions) is skipped and counted
-  ('control_character_lines', 'log_lines'); with `strict`, the first raises naming it."""
+  ('control_character_lines', 'log_lines'); with `strict`, the first raises naming it. Every
+  line is counted ('lines_read'): sessions + empty_lines + control_character_lines +
+  log_lines."""
   for number, line in _lines(path, reader.counts):
+    reader.counts['lines_read'] += 1
     if is_raw_log_line(line):
       if strict:
         raise DecodeInputError(

@@ -29,6 +29,7 @@ import contextlib
 import json
 import os
 import sys
+import tempfile
 import time
 from collections.abc import Iterable, Iterator, Sequence
 from typing import TextIO
@@ -148,8 +149,11 @@ def _check_output(output: str, input_path: str) -> list[str]:
     above = os.path.dirname(above)
   try:
     os.makedirs(folder, exist_ok=True)
+    with tempfile.TemporaryFile(dir=folder):  # the file system's own word, before any work
+      pass
   except OSError as e:
-    raise DecodeOutputError(f'{key}: {e.strerror or e}') from None
+    _unmade(made)
+    raise DecodeOutputError(f'{key}: cannot write in {folder} ({e.strerror or e})') from None
   return made
 
 
@@ -293,6 +297,8 @@ def interactive(config: ml_collections.ConfigDict, workdir: str, stdin: TextIO =
   for the whole conversation (the models are causal over queries, so the padding changes
   nothing).
   """
+  if stdin is None or stdin.closed:
+    raise errors.Error('suggest reads the queries from standard input, which is closed')
   config = with_protocol(config, user_facing=True)
   suggestions = pipeline.Pipeline.load(config, workdir)
   cfg = suggestions.trained.cfg
@@ -314,6 +320,7 @@ def interactive(config: ml_collections.ConfigDict, workdir: str, stdin: TextIO =
   # Bytes where the stream has them: a line that is not UTF-8 is read as Latin-1, as decode
   # reads its files, not refused with the lines read beside it.
   read_line = getattr(stdin, 'buffer', stdin).readline
+  first = True
   while True:
     if prompt:
       stdout.write('query> ')
@@ -322,6 +329,8 @@ def interactive(config: ml_collections.ConfigDict, workdir: str, stdin: TextIO =
     if not line:
       break
     line, latin1 = aol_log.decode_fields(line) if isinstance(line, bytes) else (line, False)
+    if first:  # a byte-order mark before the first line is no part of it, as in decode
+      line, first = line.removeprefix('\ufeff'), False
     if refused := inputs.refused_character(line):
       say(f'not read: the query holds {refused} (an arrow or function key?); type it again')
       continue

@@ -172,16 +172,14 @@ def load_trained(config: ml_collections.ConfigDict, workdir: str,
   manager = checkpoints.open_manager(workdir, read_only=True)
   try:
     step, where = _step(manager, workdir)
-    head = manager.restore(step, args=checkpoints.ocp.args.Composite(
-        meta=checkpoints.ocp.args.JsonRestore(), vocab=checkpoints.ocp.args.JsonRestore()))
-    vocab = Vocab.from_json(head['vocab'])
+    meta, vocab_json = checkpoints.read_meta_and_vocab(manager, step)
+    vocab = Vocab.from_json(vocab_json)
     data_dir = preprocess.data_dir(workdir)
     if os.path.exists(os.path.join(data_dir, 'vocab.json')):
       data_vocab = sessions.load_vocab(data_dir)
       if data_vocab.fingerprint != vocab.fingerprint:
         raise checkpoints.CheckpointMismatch(
             f'{where} was trained with another vocabulary than {data_dir}/vocab.json')
-    meta = head['meta']
     if meta['vocab_fingerprint'] != vocab.fingerprint:
       raise checkpoints.CheckpointMismatch(f'{where}: its vocabulary does not match its meta')
     cfg = saved_model_config(meta, config.model)

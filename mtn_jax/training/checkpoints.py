@@ -379,6 +379,14 @@ def read_meta(manager: ocp.CheckpointManager, step: int) -> dict:
     return manager.restore(step, args=ocp.args.Composite(meta=ocp.args.JsonRestore()))['meta']
 
 
+def read_meta_and_vocab(manager: ocp.CheckpointManager, step: int) -> tuple[dict, dict]:
+  """(meta, the vocabulary's JSON) of checkpoint `step`; a damaged file is named."""
+  with _reading(manager, step):
+    head = manager.restore(step, args=ocp.args.Composite(
+        meta=ocp.args.JsonRestore(), vocab=ocp.args.JsonRestore()))
+    return head['meta'], head['vocab']
+
+
 def named_best_step(workdir: str) -> int | None:
   """The checkpoint `load_trained` restores, read from the checkpoints' meta
   files alone (no orbax manager): the step the newest complete checkpoint names as best, else
