@@ -278,6 +278,17 @@ def test_decode_input_errors_name_the_file_a_folder_and_corrupt_gzip(tmp_path):
     list(inputs.read_sessions_file(str(late), reader, strict=False))
 
 
+def test_old_mac_line_ends_are_line_ends(tmp_path):
+  # A lone CR ends a line as LF and CR LF do: merged, the sessions would be one, unnoticed.
+  path = tmp_path / 'mac.txt'
+  path.write_bytes(b'weather boston\tnews\rcheap flights\r\rparis\r\nrome\n')
+  reader = make_reader()
+  contexts = list(inputs.read_sessions_file(str(path), reader, strict=False))
+  assert [(c.info['line'], len(c.queries)) for c in contexts] == [(1, 2), (2, 1), (4, 1),
+                                                                  (5, 1)]
+  assert reader.counts['empty_lines'] == 1 and reader.counts['lines_read'] == 5
+
+
 def test_a_stray_nul_skips_its_line_and_a_binary_file_is_refused(tmp_path):
   """A text file with a control character in one line loses that line alone (counted; named
   with strict), where a file of many control bytes (binary, UTF-16) is no text at all."""

@@ -191,18 +191,21 @@ def _lines(path: str, counts: collections.Counter) -> Iterator[tuple[int, str]]:
   """(line number, text without its line end) of a text file (a UTF-8 byte-order mark
   before line 1 is no part of it). A query that is not UTF-8 is read as Latin-1, as the AOL
   log's few such queries are written, and its line counted ('latin1_lines'): every byte
-  string decodes so, and no line is skipped."""
+  string decodes so, and no line is skipped. A line ends at LF, CR LF or a lone CR (a file
+  of old Mac line ends is as many lines, not one)."""
   opener = gzip.open if _is_gzip(path) else open
   number = 0
   try:
     with opener(path, 'rb') as f:
-      for number, raw in enumerate(f, 1):
-        if number == 1:
+      for index, raw in enumerate(f):
+        if not index:
           raw = raw.removeprefix(aol_log.UTF8_BOM)
         text, latin1 = aol_log.decode_fields(raw)
         if latin1:
           counts['latin1_lines'] += 1
-        yield number, text.rstrip('\r\n')
+        for line in text.rstrip('\r\n').split('\r'):
+          number += 1
+          yield number, line
   except (gzip.BadGzipFile, EOFError, zlib.error) as e:
     raise DecodeInputError(f'{path}: corrupt or truncated gzip data after line {number:,} '
                            f'({e})') from None
