@@ -56,8 +56,14 @@ def _verbosity(argv) -> int:
 def _fail(message: str, code: int, argv=None) -> None:
   """Exits with `code` and one line on stderr; --verbosity=1 or more first prints the
   traceback of the exception being handled, if any."""
-  if _verbosity(sys.argv if argv is None else argv) >= 1 and sys.exc_info()[0] is not None:
-    traceback.print_exc()
+  if _verbosity(sys.argv if argv is None else argv) >= 1:
+    if sys.exc_info()[0] is not None:
+      traceback.print_exc()
+  else:
+    # What a failed read leaves behind (orbax's unfinished reads of a damaged checkpoint) is
+    # reported at exit as "Exception ignored in ...", hundreds of lines after the one that
+    # says what failed: the run has said why.
+    sys.unraisablehook = lambda unraisable: None
   print(f'error: {message}', file=sys.stderr)
   sys.exit(code)
 
