@@ -411,4 +411,3 @@ def test_decode_keeps_its_programs_in_the_workdir_and_a_later_run_reads_them_bac
     outputs.append(output.read_text(encoding='utf-8'))
   assert kept[0] and kept[1] == kept[0]
   assert outputs[1] == outputs[0]
-
