@@ -253,6 +253,11 @@ def not_orbax_thread_failures(record) -> bool:
   return not (record.exc_info and f'{os.sep}orbax{os.sep}' in record.pathname)
 
 
+OUT_OF_MEMORY = ('a smaller batch (config.decode.batch_sessions, '
+                 'config.input.train_queries_per_batch) or shorter outputs '
+                 '(config.decode.max_len) need less')
+
+
 @contextlib.contextmanager
 def run_errors():
   """Around a mode: a problem with the input, config or checkpoint (`errors.Error`), or a
@@ -263,6 +268,15 @@ def run_errors():
     yield
   except (errors.Error, OSError) as e:
     _fail(str(e), DATA_ERROR)
+  except MemoryError:
+    _fail(f'out of host memory: {OUT_OF_MEMORY}', DATA_ERROR)
+  except Exception as e:  # pylint: disable=broad-except
+    # XLA's allocation failure (jax's XlaRuntimeError, told by name: importing jax here
+    # would slow every --help).
+    if type(e).__name__.endswith('RuntimeError') and 'RESOURCE_EXHAUSTED' in str(e):
+      _fail(f'out of device memory ({(str(e).splitlines() or [""])[0][:200]}): '
+            f'{OUT_OF_MEMORY}', DATA_ERROR)
+    raise
   except KeyboardInterrupt:
     print('interrupted', file=sys.stderr)
     sys.exit(EXIT_CODES['SIGINT'])

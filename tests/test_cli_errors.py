@@ -352,3 +352,20 @@ def test_a_failure_is_its_one_line_not_what_the_failed_work_leaves_behind():
   result = subprocess.run([sys.executable, '-c', program], cwd=cli.REPO, env=cli.env(),
                           capture_output=True, text=True, timeout=120)
   assert (result.returncode, result.stderr) == (1, 'error: what failed\n')
+
+
+def test_running_out_of_memory_is_one_line_naming_what_to_lower():
+  program = textwrap.dedent("""
+      from mtn_jax import cli
+      class XlaRuntimeError(RuntimeError):  # what jax raises, told apart by its name
+        pass
+      with cli.run_errors():
+        raise XlaRuntimeError('RESOURCE_EXHAUSTED: Out of memory allocating 9 bytes.\\nmore')
+      """)
+  result = subprocess.run([sys.executable, '-c', program], cwd=cli.REPO, env=cli.env(),
+                          capture_output=True, text=True, timeout=120)
+  assert result.returncode == 1, result.stderr
+  assert result.stderr == ('error: out of device memory (RESOURCE_EXHAUSTED: Out of memory '
+                           'allocating 9 bytes.): a smaller batch (config.decode.batch_sessions, '
+                           'config.input.train_queries_per_batch) or shorter outputs '
+                           '(config.decode.max_len) need less\n')
