@@ -61,7 +61,7 @@ def atomic_path(path: str | os.PathLike, suffix: str = '') -> Iterator[str]:
   folder = os.path.dirname(os.path.abspath(path))
   os.makedirs(folder, exist_ok=True)
   handle, temporary = tempfile.mkstemp(dir=folder, prefix=f'.{os.path.basename(path)}.',
-                                       suffix=suffix + '.tmp' if not suffix else suffix)
+                                       suffix=suffix or '.tmp')
   try:
     _as_created(handle)
   finally:
