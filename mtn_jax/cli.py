@@ -165,6 +165,8 @@ def _flag_error_message(error: BaseException, argv) -> str:
   if match:  # get_config raised: the file's own message, which names the file
     flag, kind, message = match.groups()
     return f'{flag}: {message}' if kind == 'ValueError' else f'{flag}: {kind}: {message}'
+  if isinstance(error, (SyntaxError, NameError)):  # the file itself is no Python that runs
+    return f'--config={_config_argument(argv)}: {type(error).__name__}: {text}'
   if isinstance(error, AttributeError) and "has no attribute 'get_config'" in text:
     return (f'--config={_config_argument(argv)}: the file defines no get_config(variant) '
             'returning the config (configs/default.py shows one)')

@@ -105,6 +105,23 @@ def test_every_config_names_its_variants(tmp_path, config, known):
 
 
 @pytest.mark.slow
+@pytest.mark.parametrize('source, message', [
+    ('def get_config(:\n', ': SyntaxError: invalid syntax'),
+    ('def get_config(variant=""):\n  return undefined\n',
+     ": NameError: name 'undefined' is not defined"),
+    ('def get_config(variant=""):\n  return 5\n',
+     ': its get_config returned 5, not an ml_collections.ConfigDict'),
+])
+def test_a_config_file_that_gives_no_config_is_named(tmp_path, source, message):
+  config = tmp_path / 'mine.py'
+  config.write_text(source, encoding='utf-8')
+  result = run(f'--config={config}', f'--workdir={tmp_path / "run"}')
+  assert result.returncode == 2 and 'Traceback' not in result.stderr, result.stderr
+  [line] = result.stderr.strip().splitlines()
+  assert line.startswith(f'error: --config={config}{message}'), line
+
+
+@pytest.mark.slow
 @pytest.mark.parametrize('flag', ['--help', '-h'])
 def test_help_lists_modes_flags_config_keys_and_decode_formats(flag):
   result = run(flag)  # no --config or --workdir needed
