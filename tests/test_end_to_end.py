@@ -411,3 +411,18 @@ def test_decode_keeps_its_programs_in_the_workdir_and_a_later_run_reads_them_bac
     outputs.append(output.read_text(encoding='utf-8'))
   assert kept[0] and kept[1] == kept[0]
   assert outputs[1] == outputs[0]
+
+
+def test_decode_of_a_file_whose_every_line_is_skipped_is_refused_as_an_empty_one(mtn_run,
+                                                                                tmp_path):
+  workdir, _ = mtn_run
+  input_file = tmp_path / 'bad.tsv'
+  input_file.write_bytes(b'a\x1b[A\tb\n' * 3 + b'\n')  # typed escape sequences, a blank line
+  output = tmp_path / 'new' / 'out.jsonl'
+  result = cli.run(workdir, *RUN, *MTN, f'--config.decode.input={input_file}',
+                   f'--config.decode.output={output}', mode='decode', check=False)
+  assert result.returncode == 1
+  [line] = result.stderr.strip().splitlines()
+  assert line == (f'error: {input_file}: no session to decode (every line was skipped: '
+                  '3 control_character_lines, 1 empty_lines)'), line
+  assert not (tmp_path / 'new').exists()

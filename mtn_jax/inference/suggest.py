@@ -259,19 +259,28 @@ def decode_file(config: ml_collections.ConfigDict, workdir: str) -> dict:
 
   started = last_log = time.time()
   num_sessions = num_records = 0
-  with _written(output) as write:
-    for chunk in _chunked(contexts, chunk_size):
-      lines = []
-      for context, ranked in zip(chunk, suggestions.suggest(chunk, positions=positions)):
-        lines += [json.dumps(record, ensure_ascii=False) + '\n'
-                  for record in _records(context, ranked)]
-        num_sessions += context.first_position == 0
-      write(''.join(lines))
-      num_records += len(lines)
-      if time.time() - last_log >= inference_sources.PROGRESS_SECONDS:
-        last_log = time.time()
-        print(f'  {num_sessions:,} sessions done '
-              f'({num_sessions / (last_log - started):.1f} sessions/s)', flush=True)
+  try:
+    with _written(output) as write:
+      for chunk in _chunked(contexts, chunk_size):
+        lines = []
+        for context, ranked in zip(chunk, suggestions.suggest(chunk, positions=positions)):
+          lines += [json.dumps(record, ensure_ascii=False) + '\n'
+                    for record in _records(context, ranked)]
+          num_sessions += context.first_position == 0
+        write(''.join(lines))
+        num_records += len(lines)
+        if time.time() - last_log >= inference_sources.PROGRESS_SECONDS:
+          last_log = time.time()
+          print(f'  {num_sessions:,} sessions done '
+                f'({num_sessions / (last_log - started):.1f} sessions/s)', flush=True)
+      if not num_sessions:  # as a file of blank lines is refused: nothing was decoded
+        skipped = ', '.join(f'{n:,} {key}' for key, n in sorted(reader.counts.items())
+                            if n and key != 'lines_read')
+        raise inputs.DecodeInputError(f'{dc.input}: no session to decode (every line was '
+                                      f'skipped: {skipped})')
+  except inputs.DecodeInputError:
+    _unmade(made)
+    raise
   elapsed = time.time() - started
   counts = {'format': input_format, 'sessions': num_sessions, 'suggestion_points': num_records,
             **{k: reader.counts.get(k, 0) for k in _COUNT_WORDS},
