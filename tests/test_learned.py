@@ -192,8 +192,9 @@ def test_contexts_without_a_past_are_the_groups_without_the_history_source():
   names = learned.feature_names(['generate', 'history'])
   column = {n: i for i, n in enumerate(names)}
 
-  def rows(sources_of):  # each candidate's features: 1.0 but its sources' ranks and count
-    x = np.ones((len(sources_of), len(names)), np.float32)
+  def rows(sources_of):  # each candidate's features its own values, its sources' ranks, count
+    x = 1 + np.random.default_rng(len(sources_of)).random((len(sources_of), len(names)),
+                                                          np.float32)
     for i, found in enumerate(sources_of):
       for name in ('generate', 'history'):
         if name not in found:
@@ -216,7 +217,9 @@ def test_contexts_without_a_past_are_the_groups_without_the_history_source():
   assert bare.lists == [{'generate': ['a', 'c']}, {'generate': ['e']}, {'generate': []}]
   assert np.isnan(bare.features[:, [column['history_rank'], column['history_score']]]).all()
   assert bare.features[:, column['num_sources']].tolist() == [1, 1]
-  assert (bare.features[:, column['generate_rank']] == 1).all()
+  # The rest of a kept candidate's row ('a', 'c': rows 0 and 2 of group 0) as it was.
+  kept = [i for i, n in enumerate(names) if not n.startswith('history') and n != 'num_sources']
+  np.testing.assert_array_equal(bare.features[:, kept], groups.features[[0, 2]][:, kept])
   assert groups.features[0, column['num_sources']] == 2  # the groups themselves unchanged
   both = learned.learning_groups(groups, names)
   assert both.sizes.tolist() == [3, 2, 0, 2, 0, 0] and both.folds.tolist() == [0, 1, 1] * 2

@@ -554,7 +554,7 @@ def test_cache_reuse_rebuild_and_atomic_replace(tmp_path, capsys, monkeypatch):
   workdir = str(tmp_path / 'w')
   data_dir = preprocess.data_dir(workdir)
   c = config(log, min_word_count=1, split_fractions=(0.8, 0.1, 0.1))
-  first = preprocess.prepare(c, workdir)
+  first = preprocess.prepare(c, workdir, verbose=True)
   assert 'Reusing' not in capsys.readouterr().out
   stamp = os.stat(os.path.join(data_dir, 'train.queries.npy')).st_mtime_ns
 
@@ -566,11 +566,11 @@ def test_cache_reuse_rebuild_and_atomic_replace(tmp_path, capsys, monkeypatch):
   assert os.stat(os.path.join(data_dir, 'train.queries.npy')).st_mtime_ns == stamp
 
   c.data.min_word_count = 2
-  second = preprocess.prepare(c, workdir)
+  second = preprocess.prepare(c, workdir, verbose=True)
   assert 'Reusing' not in capsys.readouterr().out
   assert second['vocab_size'] < first['vocab_size']
   os.utime(log, ns=(stamp, stamp + 10**9))  # the input changed
-  preprocess.prepare(c, workdir)
+  preprocess.prepare(c, workdir, verbose=True)
   assert 'Reusing' not in capsys.readouterr().out
 
   # A build that dies half way leaves the last complete corpus as it was, and no debris;
@@ -591,7 +591,7 @@ def test_cache_reuse_rebuild_and_atomic_replace(tmp_path, capsys, monkeypatch):
   assert corpus(data_dir) == before
   assert sorted(os.listdir(workdir)) == ['.workdir.lock', 'data']
   monkeypatch.undo()
-  preprocess.prepare(c, workdir)
+  preprocess.prepare(c, workdir, verbose=True)
   assert 'Reusing' not in capsys.readouterr().out
 
 

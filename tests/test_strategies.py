@@ -99,6 +99,12 @@ def test_rerank_keeps_the_generators_order_on_ties_and_pools_no_empty_text():
   out = rankers_with_scores(scores, use_mbr=False).order(
       [['x']], [[[['b', '', 'a', ' ']]], [[['c']]]], batch_rows=1)
   assert [c['query'] for c in out[0][0]] == ['b', 'a', 'c', 'x']
+  # Enough ties that an unstable sort reorders them (numpy's default does past a few dozen
+  # bytes): every one in its pooled order.
+  tied = [f'q{i}' for i in range(24)]
+  out = rankers_with_scores({**dict.fromkeys(tied, 1.0), 'x': 0.5}, use_mbr=False).order(
+      [['x']], [[[['x', *tied]]]], batch_rows=1)
+  assert [c['query'] for c in out[0][0]] == [*tied, 'x']
 
 
 def test_each_position_shows_its_list_without_any_query_of_the_session_so_far(tmp_path):
