@@ -305,6 +305,7 @@ def test_beam_of_one_is_greedy(searched):
   model, params, memory, _ = searched
   # Several `</s>` boosts (same shapes: no recompilation), so that `</s>` is at times the
   # best next token and at times the runner-up, which a beam of one must not finish.
+  ended = []
   for boost in np.linspace(-2.0, 2.0, 9):
     boosted = with_end_boost(params, VOCAB_SIZE, boost)
     greedy_sequences, greedy_scores = search.greedy(model, boosted, memory, max_len=MAX_LEN)
@@ -312,6 +313,8 @@ def test_beam_of_one_is_greedy(searched):
                                            max_len=MAX_LEN, length_penalty=0.0)
     np.testing.assert_array_equal(sequences[:, 0], greedy_sequences)
     np.testing.assert_allclose(scores[:, 0], greedy_scores, rtol=0, atol=1e-6)
+    ended += endings(np.asarray(greedy_sequences))[0].tolist()
+  assert any(ended) and not all(ended)  # both cases met
 
 
 def test_last_position_equals_its_row_of_all_positions(searched):
