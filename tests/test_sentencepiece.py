@@ -139,7 +139,9 @@ def test_a_subword_model_reads_its_corpus_word_limit_in_every_mode(monkeypatch):
     served.check(['cheap flights to paris'], 1, None)
   within = 'z\u00fcrich b\u00e4ckerei caf\u00e9'
   assert len(vocab.encode_text(within)) > 8
-  served.check([within], 1, None)
+  # Accepted whole (its words are within the limit): its pieces are cut where the model reads
+  # them, as decode's and eval's are.
+  assert served.check([within], 1, None).session == (reader.query(within),) == (within,)
   # A word vocabulary's model reads as many words as it has slots.
   words = Trained(types.SimpleNamespace(cfg=cfg), None, Vocab(SPECIAL_TOKENS), 0, {})
   assert words.query_words == 8
