@@ -787,6 +787,9 @@ def test_the_pages_run_no_inline_script_and_admin_refuses_other_sites():
     other = client.post('/admin/reload', headers={'Origin': 'http://evil.example',
                                                   'Content-Type': 'text/plain'}, content='x')
     assert other.status_code == 403 and 'another origin' in other.json()['error']
+    for malformed in ('http://[::1', 'http://[zz]'):  # no URL: no origin of this service
+      refused = client.post('/admin/reload', headers={'Origin': malformed})
+      assert refused.status_code == 403 and 'another origin' in refused.json()['error']
     same = client.post('/admin/reload', headers={'Origin': 'http://testserver'})
     assert same.status_code == 200 and same.json()['reloaded']
 
@@ -1312,3 +1315,10 @@ def test_the_settings_defaults_are_the_configs():
     assert getattr(made, field.name) == (
         service_lib.ServeSettings.from_config(config).workers if field.name == 'workers'
         else config.serve[field.name]), field.name
+
+
+def test_a_user_is_handed_to_a_ranker_as_its_numeric_id_only_when_it_is_one():
+  # str.isdigit holds for '²' and '٣', which int() reads as no number or another one.
+  info = lambda user: engine_lib.Engine._info(engine_lib.Request(('a',), 1, user))  # pylint: disable=protected-access
+  assert info('42') == {'user': 42}
+  assert info('²') == info('٣') == info('ann') == info(None) == {}

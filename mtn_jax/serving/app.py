@@ -278,6 +278,14 @@ _ROUTES = ('/', '/page.js', '/v1/suggest', '/v1/info', '/healthz', '/readyz', '/
            '/admin/reload', '/docs', '/openapi.json')
 
 
+def _netloc(url: str) -> str | None:
+  """The host and port of `url`, or None where it is no URL ('http://[::1')."""
+  try:
+    return urllib.parse.urlsplit(url).netloc
+  except ValueError:
+    return None
+
+
 def _is_loopback(host: str | None) -> bool:
   try:
     return host is not None and ipaddress.ip_address(host).is_loopback
@@ -448,7 +456,7 @@ def create_app(service) -> fastapi.FastAPI:
     """Loads the workdir's best checkpoint, compiles it and swaps it in; requests keep being
     answered by the previous model meanwhile."""
     origin = request.headers.get('origin')
-    if origin is not None and urllib.parse.urlsplit(origin).netloc != request.headers.get('host'):
+    if origin is not None and _netloc(origin) != request.headers.get('host'):
       # A page of another site in a browser on this host: a form's POST needs no preflight.
       return _error(403, 'admin is not answered to pages of another origin', request)
     token = service.settings.admin_token

@@ -301,7 +301,8 @@ class Engine:
   @staticmethod
   def _info(request: Request) -> dict:
     # A ranker that reads users knows its training users by their log's numeric ids.
-    if request.user is not None and request.user.isdigit():
+    # (ASCII digits alone: '²' is a digit to str.isdigit, and no number to int.)
+    if request.user is not None and request.user.isascii() and request.user.isdigit():
       return {'user': int(request.user)}
     return {}
 
