@@ -459,7 +459,7 @@ class Pipeline:
     s = self.settings
     reads_past = ((self.rankers is not None and bool(self.rankers.habit_rate))
                   or (self.ranker is not None
-                      and inference_sources.reads_past(self.ranker.source_names)))
+                      and presentation.reads_past(self.ranker.source_names)))
     return max(s.history_queries, s.past_queries if reads_past else 0)
 
   def latest_past(self, history: Sequence[str]) -> tuple[str, ...]:

@@ -76,7 +76,8 @@ def about_session(so_far: Sequence[str]) -> Callable[[str], bool]:
       len(text.split()) == 1 and text in typed)
 
 
-# The sources of the user's own earlier queries (`sources.History`).
+# The sources of the user's own earlier queries (`sources.History`): a pipeline with one reads
+# their latest `config.suggest.past_queries` (`Pipeline.past_read`).
 PAST_SOURCES = ('history', 'history_about')
 
 

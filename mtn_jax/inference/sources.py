@@ -437,8 +437,4 @@ LOG_SOURCES = {
     'session': lambda counts, k: Session(),
 }
 MODEL_SOURCES = ('generate', 'retrieve', 'imdna')
-# The sources that read a user's past (`Context.history`): a pipeline with one reads its latest
-# `config.suggest.past_queries` queries.
-PAST_SOURCES = presentation.PAST_SOURCES
-reads_past = presentation.reads_past
 NAMES = MODEL_SOURCES + tuple(LOG_SOURCES)
