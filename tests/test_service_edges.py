@@ -148,6 +148,55 @@ def test_a_body_that_stops_short_of_its_length_is_408_at_the_deadline():
   assert body['field'] == 'body' and 'did not arrive before the deadline' in body['error']
 
 
+def test_a_client_gone_before_its_body_ended_is_counted_apart_not_as_a_400():
+  """A client that closes its connection mid-body is no bad request of its own making: the
+  request counter says 499 (what the framework answers, a 400, reaches nobody)."""
+  app, service = stub_app()
+  chunks = [{'type': 'http.disconnect'},
+            {'type': 'http.request', 'body': b'{"session": ', 'more_body': True}]
+
+  async def main():
+    async def receive():
+      return chunks.pop()
+
+    async def send(message):
+      del message
+    scope = {'type': 'http', 'asgi': {'version': '3.0'}, 'http_version': '1.1',
+             'method': 'POST', 'scheme': 'http', 'path': '/v1/suggest', 'raw_path': b'',
+             'query_string': b'', 'root_path': '', 'client': ('127.0.0.1', 5000),
+             'server': ('127.0.0.1', 80), 'headers': [(b'content-type', b'application/json'),
+                                                      (b'content-length', b'50')]}
+    await asyncio.wait_for(app(scope, receive, send), 10)
+
+  asyncio.run(main())
+  metrics = service.metrics.render()[0].decode()
+  assert 'mtn_serve_requests_total{route="/v1/suggest",status="499"} 1.0' in metrics, metrics
+  assert 'status="400"' not in metrics
+  assert 'mtn_serve_suggest_seconds_count{status="499"} 1.0' in metrics
+
+
+@pytest.mark.parametrize('path', ['/', '/page.js', '/favicon.ico', '/v1/info', '/healthz',
+                                  '/readyz', '/metrics', '/docs', '/openapi.json',
+                                  app_lib.DOCS_ASSETS + '/swagger-ui.css'])
+def test_head_is_answered_wherever_get_is_with_its_headers_and_no_body(stub, path):
+  client, _ = stub
+  got, head = client.get(path), client.head(path)
+  assert got.status_code == head.status_code == 200, (got.text, head.text)
+  assert head.content == b'' and got.content
+  assert head.headers['content-type'] == got.headers['content-type']
+  if path != '/metrics':  # its body counts this very request
+    assert head.headers['content-length'] == got.headers['content-length']
+  assert head.headers['x-request-id'] != got.headers['x-request-id']
+
+
+def test_head_where_get_is_not_answered_is_405_or_404(stub):
+  client, _ = stub
+  answer = client.head('/v1/suggest')
+  assert answer.status_code == 405 and answer.headers['allow'] == 'POST', answer.headers
+  assert client.head('/nowhere').status_code == 404
+  assert client.head(app_lib.DOCS_ASSETS + '/nothing.js').status_code == 404
+
+
 def test_a_deeply_nested_body_is_400_not_a_500():
   app, _ = stub_app()  # the default max_body_bytes (16,384) holds 8,000 levels
   deep = b'[' * 8000 + b']' * 8000

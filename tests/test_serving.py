@@ -1247,6 +1247,28 @@ def test_a_body_over_the_limit_is_refused_before_it_is_sent():
     server.stop()
 
 
+def test_head_on_the_wire_sends_headers_only_and_the_connection_goes_on():
+  """uvicorn sends a HEAD's answer without a body: the next request on the same connection
+  is read from where the headers end."""
+  stub = service_lib.Service(SlowEngine(), service_lib.ServeSettings(), compilations=lambda: 0,
+                             log=_quiet)
+  server = ThreadServer(app_lib.create_app(stub))
+  try:
+    port = int(server.url.rsplit(':', 1)[1])
+    with socket.create_connection(('127.0.0.1', port), timeout=10) as sock:
+      sock.sendall(b'HEAD /healthz HTTP/1.1\r\nHost: x\r\n\r\n'
+                   b'HEAD /v1/info HTTP/1.1\r\nHost: x\r\n\r\n'
+                   b'GET /healthz HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n')
+      answer = b''
+      while chunk := sock.recv(65536):
+        answer += chunk
+  finally:
+    server.stop()
+  heads = answer.split(b'\r\n\r\n')
+  assert [h.split(b'\r\n')[0] for h in heads[:3]] == [b'HTTP/1.1 200 OK'] * 3, answer
+  assert b'content-length: 15' in heads[0].lower() and heads[-1] == b'{"status":"ok"}', answer
+
+
 def test_serve_settings_are_checked_before_anything_starts():
   from mtn_jax import config_lib  # pylint: disable=g-import-not-at-top
   for override, key in (('--config.serve.max_batch=0', 'serve.max_batch'),

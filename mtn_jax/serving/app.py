@@ -13,6 +13,7 @@
                     from loopback, or with `Authorization: Bearer <config.serve.admin_token>`
   GET  /            the page: type queries, see suggestions; the API at /docs (Swagger UI
                     served from the swagger-ui-py package: nothing is fetched off this host)
+  HEAD on any GET path: GET's status and headers, no body
 
 Every 4xx and 5xx, the service's own and the framework's (404, 405), is JSON {"error":
 message, "field": the request's part at fault or null, "request_id"}: a body that is not
@@ -47,6 +48,7 @@ import pydantic
 from fastapi import responses
 from fastapi.openapi import docs as docs_lib
 from fastapi.exceptions import RequestValidationError
+from starlette import routing
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from mtn_jax.serving import batcher as batcher_lib
@@ -198,27 +200,39 @@ def _error(status: int, message: str, request: fastapi.Request | None = None,
 class _Guard:
   """Outermost ASGI middleware: a request id on every request and response, bodies over the
   limit refused unread (413), the requests in flight counted (draining waits for them),
-  requests counted by route and status, and an unexpected exception answered as a 500 with
-  the request id, the service going on."""
+  requests counted by route and status (499 where the client went away before its body
+  ended), HEAD answered wherever GET is (its headers, no body), and an unexpected exception
+  answered as a 500 with the request id, the service going on."""
 
-  def __init__(self, app, service):
-    self.app, self.service = app, service
+  def __init__(self, app, service, router):
+    self.app, self.service, self.router = app, service, router
+
+  def _answers_get(self, scope) -> bool:
+    get = {**scope, 'method': 'GET'}
+    return any(route.matches(get)[0] == routing.Match.FULL for route in self.router.routes)
 
   async def __call__(self, scope, receive, send):
     if scope['type'] != 'http':
       return await self.app(scope, receive, send)
+    # FastAPI's routes answer HEAD with 405 (Starlette's own add it to GET): a HEAD is run as
+    # the GET it asks about, and its body dropped, so a probe or `curl -I` sees what GET sends.
+    head = scope['method'] == 'HEAD' and self._answers_get(scope)
+    if head:
+      scope = {**scope, 'method': 'GET'}
     request_id = uuid.uuid4().hex[:16]
     scope.setdefault('state', {})['request_id'] = request_id
     scope['state']['received'] = time.monotonic()
     service, limit = self.service, self.service.settings.max_body_bytes
     route = scope['path'] if scope['path'] in _ROUTES else 'other'
-    status = {'code': 500, 'started': False}
+    status = {'code': 500, 'started': False, 'gone': False}
 
     async def send_with_id(message):
       if message['type'] == 'http.response.start':
         status['code'], status['started'] = message['status'], True
         message['headers'] = [*message.get('headers', []),
                               (b'x-request-id', request_id.encode())]
+      elif head and message['type'] == 'http.response.body':
+        message = {**message, 'body': b''}
       await send(message)
 
     async def reply(code: int, message: str, field: str | None = None, headers=None):
@@ -249,7 +263,10 @@ class _Guard:
         except asyncio.TimeoutError:
           raise fastapi.HTTPException(408, 'the request body did not arrive before the '
                                       'deadline (config.serve.deadline_ms)') from None
-        if message['type'] == 'http.request':
+        if message['type'] == 'http.disconnect':
+          # What the framework answers then (400: a body it could not read) reaches nobody.
+          status['gone'] = True
+        elif message['type'] == 'http.request':
           seen += len(message.get('body', b''))
           complete = not message.get('more_body', False)
           if seen > limit:
@@ -264,10 +281,15 @@ class _Guard:
           await reply(500, 'internal error; the request id names it in the log')
     finally:
       service.inflight -= 1
-      service.metrics.requests.labels(route, str(status['code'])).inc()
+      code = str(CLIENT_GONE if status['gone'] else status['code'])
+      service.metrics.requests.labels(route, code).inc()
       if route == '/v1/suggest':
-        service.metrics.latency.labels(str(status['code'])).observe(
+        service.metrics.latency.labels(code).observe(
             time.monotonic() - scope['state']['received'])
+
+
+# The status counted for a request whose client went away before its body ended (nginx's).
+CLIENT_GONE = 499
 
 
 def _too_large(limit: int) -> str:
@@ -511,7 +533,7 @@ def create_app(service) -> fastapi.FastAPI:
     return app.openapi_schema
 
   app.openapi = openapi
-  app.add_middleware(_Guard, service=service)
+  app.add_middleware(_Guard, service=service, router=app.router)
   return app
 
 
