@@ -218,6 +218,8 @@ RAW_HEADER = 'AnonID\tQuery\tQueryTime\tItemRank\tClickURL\n'
     ('142\tcheap flights\t2006-03-01 07:17:12\n', 'raw'),
     ('cheap flights\tboston\thotels\n', 'sessions'),
     ('142\tcheap flights\tyesterday\n', 'sessions'),
+    ('-142\tcheap flights\t2006-03-01 07:17:12\n', 'raw'),  # a malformed log line
+    ('u142\tcheap flights\t2006-03-01 07:17:12\n', 'raw'),
     ('cheap flights\n', 'sessions'),
 ])
 def test_detect_format(tmp_path, first_line, expected):
@@ -330,6 +332,14 @@ def test_a_headerless_log_with_malformed_lines_is_a_log_and_no_file_mixes_forms(
   contexts = list(inputs.read_raw_log(str(path), reader, data_config(), chunk_sessions=2))
   assert [c.queries for c in contexts] == [('q0', 'q1')]
   assert reader.counts['skipped_bad_field_count'] == 3
+  # Users that are no AnonID: a log still, its lines counted, never suggested after.
+  path.write_text(''.join(good + [f'-7\tn{i}\t2006-03-01 10:2{i}:00\n' for i in range(3)]),
+                  encoding='utf-8')
+  assert inputs.detect_format(str(path)) == 'raw'
+  reader = make_reader()
+  contexts = list(inputs.read_raw_log(str(path), reader, data_config(), chunk_sessions=2))
+  assert [c.queries for c in contexts] == [('q0', 'q1')]
+  assert reader.counts['skipped_bad_user_id'] == 3
   path.write_text('cheap flights\tboston\n' * 3 + good[0], encoding='utf-8')
   assert inputs.detect_format(str(path)) == 'sessions'
   reader = make_reader()

@@ -8,8 +8,8 @@ its first `FORMAT_LINES` non-empty lines (the form at least half of them have: a
 first line is malformed is still a log):
   sessions  one session a line, its queries separated by tabs; suggestions are made after the
             LAST query of each line;
-  raw log   an AOL-format log (`AnonID` header line, or tab-separated fields, a user number
-            first and a `YYYY-MM-DD HH:MM:SS` time third): read and sessionized by
+  raw log   an AOL-format log (`AnonID` header line, or tab-separated fields, a user first
+            and a `YYYY-MM-DD HH:MM:SS` time third): read and sessionized by
             `mtn_jax.data.aol_log` with the data config's rules (session gap, successive
             duplicates removed), over-long queries cut rather than dropped and sessions of any
             length kept; suggestions are made after every query of every session, with the
@@ -177,14 +177,14 @@ class QueryReader:
 
 
 def is_raw_log_line(line: str) -> bool:
-  """Whether a line looks like an AOL log line or its header rather than a session: a user
-  number, then a query and a time (a line of another field count too: a malformed log line,
-  which the log reader counts, is no session whose queries are a number and a time)."""
+  """Whether a line looks like an AOL log line or its header rather than a session: a user,
+  then a query and a time. The time decides: a line of another field count, or whose user is
+  no AnonID ('-7', 'u7'), is a malformed log line, which the log reader counts by reason,
+  not a session whose queries are a user id and a time."""
   if line.startswith('AnonID\t'):
     return True
   fields = line.rstrip('\r\n').split('\t')
-  return (len(fields) >= 3 and fields[0].strip().isdigit()
-          and _TIME.fullmatch(fields[2].strip()) is not None)
+  return len(fields) >= 3 and _TIME.fullmatch(fields[2].strip()) is not None
 
 
 def _lines(path: str, counts: collections.Counter) -> Iterator[tuple[int, str]]:
@@ -261,7 +261,7 @@ def detect_format(path: str) -> str:
 
 def read_sessions_file(path: str, reader: QueryReader, strict: bool) -> Iterator[Context]:
   """One Context per non-empty line of a sessions file. A line holding a control character
-  (`refused_character`) or a line of an AOL log (`is_raw_log_line`: its user number and time
+  (`refused_character`) or a line of an AOL log (`is_raw_log_line`: its user and time
   would be read as queries; the file's first lines read as sessions) is skipped and counted
   ('control_character_lines', 'log_lines'); with `strict`, the first raises naming it. Every
   line is counted ('lines_read'): sessions + empty_lines + control_character_lines +
