@@ -178,8 +178,10 @@ def get_config(variant: str = '') -> ml_collections.ConfigDict:
   # (mtn_jax/inference/learned.py). A workdir without a ranker suggests by `blend`. `history`
   # is the user's own earlier queries: those of an AOL-format log given to decode, of the
   # user a request names to the service (its history store), of the corpus in eval; a
-  # session without a user gets none, and the ranker learns from contexts of both kinds.
-  c.suggest.sources = 'generate:10,popular:10,cooccurring:10,templates:20,history:10'
+  # session without a user gets none, and the ranker learns from contexts of both kinds;
+  # `history_about` is the same past's queries that share a word with the session.
+  c.suggest.sources = ('generate:10,popular:10,cooccurring:10,templates:20,history:10,'
+                       'history_about:10')
   c.suggest.ranker_folds = 2
   c.suggest.ranker_rounds = 150
   # 'learned': `attested_only` keeps out what the generator alone wrote unless well-formed

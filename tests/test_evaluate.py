@@ -28,7 +28,16 @@ from mtn_jax.evaluation import report
 from mtn_jax.evaluation import trivial
 from mtn_jax.inference import inputs
 from mtn_jax.inference import popular
+from mtn_jax.inference import sources
 from mtn_jax.inference import suggest
+
+
+def test_every_source_has_a_label_apart_from_the_suggesters():
+  """eval's table names each source of a plan in words: one added to the pipeline without a
+  label here fails this, not an eval run."""
+  assert set(evaluate.STRATEGY_SOURCES) == set(sources.NAMES)
+  labels = [*evaluate.STRATEGY_SOURCES.values(), *trivial.SUGGESTERS.values()]
+  assert len(set(labels)) == len(labels)
 
 
 def make_split(tmp_path, name, sessions):

@@ -84,6 +84,7 @@ STRATEGY_SOURCES = {'generate': 'Generate (the workdir\'s model)',
                     'templates': 'Reformulation templates (a source)',
                     'matching': 'Logged queries matching the previous one (a source)',
                     'history': 'The user\'s earlier queries (a source)',
+                    'history_about': 'The user\'s earlier queries about the session (a source)',
                     'session': 'The session\'s own queries (a source)'}
 NUM_SAMPLES = 50
 
@@ -432,10 +433,9 @@ def print_results(results: dict, lists: Lists, log) -> None:
   log(f'{results["pairs"]:,} suggestions in {results["decode_seconds"]:.1f} s '
       f'({results["suggestions_per_s"]:.1f}/s on {results["devices"]}).')
   log(f'Model size: {results["size_mb"]:.2f} MB (fp32), {results["num_params"]:,} parameters.')
-  # The strategy's sources in the order scored (one without a label here by its name, never
-  # left out), then the trivial suggesters.
+  # The strategy's sources in the order scored, then the trivial suggesters.
   labels = {'model': lists.label} if 'model' in results['scores'] else {}
-  labels |= {key: STRATEGY_SOURCES.get(key, f'{key} (a source)') for key in results['scores']
+  labels |= {key: STRATEGY_SOURCES[key] for key in results['scores']
              if key != 'model' and key not in trivial.SUGGESTERS}
   labels |= {key: label for key, label in trivial.SUGGESTERS.items() if key in results['scores']}
   width = max(len(n) for n in labels.values())
