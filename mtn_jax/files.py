@@ -102,12 +102,6 @@ def write_text(path: str | os.PathLike, text: str) -> None:
     f.write(text)
 
 
-def write_bytes(path: str | os.PathLike, data: bytes) -> None:
-  """Writes `data` to `path` atomically."""
-  with atomic_open(path, 'wb') as f:
-    f.write(data)
-
-
 def replace_dir(build: str, target: str, old_prefix: str) -> None:
   """Makes the folder `build` the folder `target`: the old `target` renamed aside (beside it,
   its name `old_prefix` and a random part), `build` renamed in, the old one deleted. Two

@@ -83,8 +83,8 @@ def test_trivial_suggesters_exact_candidates(tmp_path):
   assert trivial.repeat_previous(previous) == previous
   # a: b 2x, c 2x -> tie, b seen first. b: c 1x, a 1x -> c seen first. z: only followed by
   # w across a session boundary -> repeated. d: e 2x beats f. n, o: never seen -> repeated.
-  assert trivial.most_frequent_next(popular.LogCounts(train), previous) == [
-      'b', 'c', 'z', 'e', 'n', 'o']
+  assert [ranked[0] for ranked in trivial.most_frequent_next_lists(
+      popular.LogCounts(train), previous, k=1)] == ['b', 'c', 'z', 'e', 'n', 'o']
 
 
 def test_most_frequent_next_reads_only_the_split_rows(tmp_path):
@@ -92,8 +92,8 @@ def test_most_frequent_next_reads_only_the_split_rows(tmp_path):
   full = make_split(tmp_path, 'train', [['a', 'b'], ['a', 'c'], ['a', 'c']])
   prefix = evaluate.prefix_split(full, 1)
   assert prefix.num_sessions == 1 and prefix.texts == ['a', 'b']
-  assert trivial.most_frequent_next(popular.LogCounts(prefix), ['a']) == ['b']
-  assert trivial.most_frequent_next(popular.LogCounts(full), ['a']) == ['c']
+  assert trivial.most_frequent_next_lists(popular.LogCounts(prefix), ['a'], k=1) == [['b']]
+  assert trivial.most_frequent_next_lists(popular.LogCounts(full), ['a'], k=1) == [['c']]
 
 
 def test_score_entry_holds_the_printed_line():

@@ -13,7 +13,8 @@ def test_write_replaces_the_whole_file_and_leaves_no_temporary(tmp_path):
   files.write_text(path, 'first\n')
   files.write_text(path, 'second\n')
   assert path.read_text() == 'second\n'
-  files.write_bytes(path, b'\x00\x01')
+  with files.atomic_open(path, 'wb') as f:
+    f.write(b'\x00\x01')
   assert path.read_bytes() == b'\x00\x01'
   assert os.listdir(path.parent) == ['results.json']
 

@@ -69,4 +69,5 @@ def test_most_frequent_next_lists(tmp_path):
                        str(path))
   assert trivial.most_frequent_next_lists(popular.LogCounts(split), ['a', 'x', 'q'], k=2) == [
       ['b', 'c'], ['y'], ['q']]
-  assert trivial.most_frequent_next(popular.LogCounts(split), ['a', 'q']) == ['b', 'q']
+  assert trivial.most_frequent_next_lists(popular.LogCounts(split), ['a', 'q'], k=1) == [
+      ['b'], ['q']]

@@ -40,12 +40,6 @@ def most_frequent_next_lists(counts: popular.LogCounts, previous: Sequence[str],
   return [counts.followers(p, k) or [p] for p in previous]
 
 
-def most_frequent_next(counts: popular.LogCounts, previous: Sequence[str]) -> list[str]:
-  """For each previous query, the next query that most often follows it (the top of
-  `most_frequent_next_lists`)."""
-  return [ranked[0] for ranked in most_frequent_next_lists(counts, previous, k=1)]
-
-
 def lists(train: sessions.SessionSplit, previous: Sequence[str], contexts: Sequence[Sequence[str]],
           k: int = metrics.RANKING_CUTOFF) -> dict[str, list[list[str]]]:
   """{suggester: [pairs] its ranked list} of every suggester of `SUGGESTERS`."""
