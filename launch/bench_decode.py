@@ -34,6 +34,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 # pylint: disable=g-import-not-at-top,wrong-import-position
 from launch import bench_report
 from launch import synthetic_batches
+from mtn_jax import cli
 from mtn_jax import inference
 from mtn_jax import models
 from mtn_jax import parallel
@@ -89,6 +90,7 @@ def test_sessions(workdir: str, rng: np.random.Generator, count: int,
 
 def main(argv):
   del argv
+  cli.quiet_library_logs()
   parallel.set_cpu_devices(_CPU_DEVICES.value)
   config = _CONFIG.value
   rng = np.random.default_rng(_SEED.value)

@@ -31,6 +31,7 @@ import numpy as np
 
 from launch import bench_report
 from launch import bench_requests
+from mtn_jax import cli
 from mtn_jax.decoding import search
 from mtn_jax.inference import pipeline
 from mtn_jax.inference.inputs import Context
@@ -52,6 +53,7 @@ FLAGS = flags.FLAGS
 
 def main(argv) -> None:
   del argv
+  cli.quiet_library_logs()
   most = FLAGS.config.data.max_session_queries
   if FLAGS.contexts:
     requests = [tuple(queries) for queries in bench_requests.request_sessions(

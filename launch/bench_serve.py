@@ -46,7 +46,6 @@ import urllib.request
 
 from absl import app
 from absl import flags
-from absl import logging
 import aiohttp
 from ml_collections import config_flags
 import numpy as np
@@ -54,6 +53,7 @@ import numpy as np
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 # pylint: disable=g-import-not-at-top,wrong-import-position
 from launch import bench_report
+from mtn_jax import cli
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 # pylint: enable=g-import-not-at-top,wrong-import-position
 
@@ -276,8 +276,7 @@ def offline(config, workdir: str, sessions, batches: list[int], histories=None) 
 
 def main(argv):
   del argv
-  if not flags.FLAGS['verbosity'].present:
-    logging.set_verbosity(logging.WARNING)  # orbax's INFO lines per checkpoint read
+  cli.quiet_library_logs()
   workdir = os.path.abspath(_WORKDIR.value)
   config = load_config(_CONFIG.value, _SET.value)
   from mtn_jax import parallel  # pylint: disable=g-import-not-at-top

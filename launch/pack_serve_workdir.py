@@ -24,6 +24,7 @@ from ml_collections import config_flags
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 # pylint: disable=g-import-not-at-top,wrong-import-position
+from mtn_jax import cli
 from mtn_jax.inference import learned
 from mtn_jax.training import checkpoints
 # pylint: enable=g-import-not-at-top,wrong-import-position
@@ -106,6 +107,7 @@ def pack(workdir: str, out: str, base: dict) -> list[str]:
 
 def main(argv) -> None:
   del argv
+  cli.quiet_library_logs()
   args = flags.FLAGS
   sets = pack(os.path.abspath(args.workdir), args.out, args.config.to_dict())
   print(f'{args.out}: {args.workdir} packed to serve; overrides of the config: '

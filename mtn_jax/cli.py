@@ -20,6 +20,7 @@ import textwrap
 import traceback
 
 from absl import flags
+from absl import logging as absl_logging
 import ml_collections
 from ml_collections import config_flags
 
@@ -247,6 +248,13 @@ def _workdir_problem(workdir: str) -> str | None:
     return None if os.path.isdir(workdir) else f'--workdir={workdir} is a file, not a folder'
   problem = files.cannot_create(workdir)
   return problem and f'--workdir={workdir}: {problem}'
+
+
+def quiet_library_logs() -> None:
+  """Library INFO logs off (orbax writes several per checkpoint read: they would bury a
+  program's own lines) unless --verbosity asks for them."""
+  if not flags.FLAGS['verbosity'].present:
+    absl_logging.set_verbosity(absl_logging.WARNING)
 
 
 def not_orbax_thread_failures(record) -> bool:

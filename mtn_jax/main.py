@@ -14,7 +14,6 @@ import sys
 
 from absl import app
 from absl import flags
-from absl import logging
 from ml_collections import config_flags
 
 from mtn_jax import cli
@@ -45,9 +44,8 @@ flags.mark_flags_as_required(['config', 'workdir'])
 def main(argv):
   if len(argv) > 1:
     cli.usage_error(f'unexpected arguments: {" ".join(argv[1:])}')
+  cli.quiet_library_logs()
   if not FLAGS['verbosity'].present:
-    # Library INFO logs (orbax writes several per checkpoint) would bury the progress lines.
-    logging.set_verbosity(logging.WARNING)
     # Orbax's background threads log each failure of a checkpoint write with a traceback (a
     # full disk: one per file being written), then the save that waits for them raises it,
     # named in one line (`checkpoints._writing`): their copies would bury that line.
