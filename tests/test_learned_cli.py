@@ -121,30 +121,33 @@ PAST = 3  # fewer than the test users' earlier queries
 
 @pytest.mark.slow
 def test_a_users_past_as_a_source_eval_decode_and_serve_agree(learned_run, tmp_path):
-  """With the `history` source (a user's earlier queries, the latest `past_queries` of
-  them), `--mode=train` refits the ranker alone; eval's lists for users are what decode
+  """With the sources of a user's past (`history`: their earlier queries, the latest
+  `past_queries` of them; `history_about`: those about the session, as the default's plan),
+  `--mode=train` refits the ranker alone; eval's lists for users are what decode
   writes for an AOL-format log of their sessions, and what the service shows a user who types
   those sessions a query at a time (their earlier ones kept in its history store, which
   keeps more); the user's past reaches the lists."""
   workdir = tmp_path / 'history'
   shutil.copytree(learned_run[0], workdir, ignore=shutil.ignore_patterns('eval'))
   plan = (*LEARNED[:2],
-          '--config.suggest.sources=generate:4,popular:4,cooccurring:4,templates:4,history:4',
-          f'--config.suggest.past_queries={PAST}')
+          '--config.suggest.sources=generate:4,popular:4,cooccurring:4,templates:4,history:4,'
+          'history_about:4', f'--config.suggest.past_queries={PAST}')
   out = cli.run(workdir, *FEW, *plan, mode='train').stdout
   assert '[4/4] The learned ranker' in out and 'ranker data: fold 0' in out, out
   assert 'validation at step' not in out, out  # the generators were current
   meta = json.loads((workdir / 'ranker' / 'ranker.json').read_text())
-  assert meta['sources'][-1] == ['history', 4] and 'history_rank' in meta['importance']
+  assert meta['sources'][-2:] == [['history', 4], ['history_about', 4]]
+  assert {'history_rank', 'history_about_rank'} <= set(meta['importance'])
   # Its training contexts read the latest PAST earlier queries too (the source would propose
   # 4 of a longer past).
-  proposed = [len(group.get('history', ())) for group in json.loads(
-      (workdir / 'ranker' / 'groups.json').read_text())['lists']]
+  groups = json.loads((workdir / 'ranker' / 'groups.json').read_text())['lists']
+  proposed = [len(group.get('history', ())) for group in groups]
   assert max(proposed) == PAST, collections.Counter(proposed)
+  assert any(group.get('history_about') for group in groups)
   cli.run(workdir, *FEW, *plan, mode='eval')
   lists_path = workdir / 'eval' / 'learned_lists.jsonl'
   results = json.loads((workdir / 'eval' / 'learned_results.json').read_text())
-  assert 'history' in results['scores_excluding_session']
+  assert {'history', 'history_about'} <= set(results['scores_excluding_session'])
   pairs = read_jsonl(lists_path)
   test = sessions.load_split(str(workdir / 'data'), 'test')
   assert max(map(len, habits.past_queries(str(workdir / 'data'), test))) > PAST
