@@ -229,6 +229,8 @@ RAW_HEADER = 'AnonID\tQuery\tQueryTime\tItemRank\tClickURL\n'
     ('142\tcheap flights\tyesterday\n', 'sessions'),
     ('-142\tcheap flights\t2006-03-01 07:17:12\n', 'raw'),  # a malformed log line
     ('u142\tcheap flights\t2006-03-01 07:17:12\n', 'raw'),
+    ('cheap flights\tparis\t2006-03-01 07:17:12\n', 'sessions'),  # a query first
+    ('\tcheap flights\t2006-03-01 07:17:12\n', 'raw'),  # no user
     ('cheap flights\n', 'sessions'),
 ])
 def test_detect_format(tmp_path, first_line, expected):

@@ -193,6 +193,10 @@ def test_head_where_get_is_not_answered_is_405_or_404(stub):
   client, _ = stub
   answer = client.head('/v1/suggest')
   assert answer.status_code == 405 and answer.headers['allow'] == 'POST', answer.headers
+  # Where GET is answered, a 405 names HEAD too.
+  answer = client.post('/healthz')
+  assert answer.status_code == 405 and answer.headers['allow'] == 'GET, HEAD', answer.headers
+  assert answer.json()['error'] == 'POST is not answered at /healthz; it answers GET, HEAD'
   assert client.head('/nowhere').status_code == 404
   assert client.head(app_lib.DOCS_ASSETS + '/nothing.js').status_code == 404
 

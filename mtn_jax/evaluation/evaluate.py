@@ -75,7 +75,7 @@ from mtn_jax.inference import learned
 from mtn_jax.inference import pipeline
 
 # Under every strategy but 'generate', the sources it draws on, scored beside it, by these
-# names (another source is named by its own).
+# names: every source of `sources.NAMES` has one.
 STRATEGY_SOURCES = {'generate': 'Generate (the workdir\'s model)',
                     'retrieve': 'Retrieve (the ranker\'s pool entries)',
                     'imdna': 'IMDNA (next queries of similar sessions)',

@@ -177,14 +177,15 @@ class QueryReader:
 
 
 def is_raw_log_line(line: str) -> bool:
-  """Whether a line looks like an AOL log line or its header rather than a session: a user,
-  then a query and a time. The time decides: a line of another field count, or whose user is
-  no AnonID ('-7', 'u7'), is a malformed log line, which the log reader counts by reason,
-  not a session whose queries are a user id and a time."""
+  """Whether a line looks like an AOL log line or its header rather than a session: a user
+  (one token), then a query and a time. A line of another field count, or whose user is no
+  AnonID ('-7', 'u7', none), is a malformed log line, which the log reader counts by reason, not a
+  session whose queries are a user id and a time; a first field of several words is a query."""
   if line.startswith('AnonID\t'):
     return True
   fields = line.rstrip('\r\n').split('\t')
-  return len(fields) >= 3 and _TIME.fullmatch(fields[2].strip()) is not None
+  return (len(fields) >= 3 and len(fields[0].split()) <= 1
+          and _TIME.fullmatch(fields[2].strip()) is not None)
 
 
 def _lines(path: str, counts: collections.Counter) -> Iterator[tuple[int, str]]:

@@ -216,7 +216,8 @@ class _Guard:
       return await self.app(scope, receive, send)
     # FastAPI's routes answer HEAD with 405 (Starlette's own add it to GET): a HEAD is run as
     # the GET it asks about, and its body dropped, so a probe or `curl -I` sees what GET sends.
-    head = scope['method'] == 'HEAD' and self._answers_get(scope)
+    method = scope['method']
+    head = method == 'HEAD' and self._answers_get(scope)
     if head:
       scope = {**scope, 'method': 'GET'}
     request_id = uuid.uuid4().hex[:16]
@@ -276,7 +277,7 @@ class _Guard:
       try:
         await self.app(scope, limited_receive, send_with_id)
       except Exception:  # pylint: disable=broad-except
-        logger.exception('request %s (%s %s) failed', request_id, scope['method'], scope['path'])
+        logger.exception('request %s (%s %s) failed', request_id, method, scope['path'])
         if not status['started']:
           await reply(500, 'internal error; the request id names it in the log')
     finally:
@@ -288,7 +289,9 @@ class _Guard:
             time.monotonic() - scope['state']['received'])
 
 
-# The status counted for a request whose client went away before its body ended (nginx's).
+# The status counted for a request whose client went away before its body ended (nginx's code
+# for a client gone, here only one gone mid-body: one gone while its answer is made is not
+# heard of before the answer).
 CLIENT_GONE = 499
 
 
@@ -383,18 +386,21 @@ def create_app(service) -> fastapi.FastAPI:
 
   @app.exception_handler(StarletteHTTPException)
   async def http_error(request: fastapi.Request, exc: StarletteHTTPException):
-    code, field, message = exc.status_code, None, str(exc.detail)
+    code, field, message, headers = exc.status_code, None, str(exc.detail), exc.headers
     if code == 404:
       message = f'no such path: {request.url.path[:200]} (the API is described at /docs)'
     elif code == 405:
-      allowed = (exc.headers or {}).get('Allow', '')
-      message = (f'{request.method} is not answered at {request.url.path}; '
-                 f'{allowed or "another method"} is')
+      allowed = (headers or {}).get('Allow', '')
+      if 'GET' in allowed.split(', '):  # HEAD is answered wherever GET is (`_Guard`)
+        allowed += ', HEAD'
+        headers = {**headers, 'Allow': allowed}
+      message = (f'{request.method} is not answered at {request.url.path}; it answers '
+                 f'{allowed or "another method"}')
     elif code in (408, 413):
       field = 'body'
     elif code == 400:  # FastAPI's own: a body it could not read
       field, message = 'body', _parse_error(exc)
-    return _error(code, message, request, field, exc.headers)
+    return _error(code, message, request, field, headers)
 
   retry_doc = {'Retry-After': {'description': 'Seconds to wait before retrying.',
                                'schema': {'type': 'string'}}}
