@@ -5,8 +5,8 @@
 DIR/ gets W's config.json, its prepared data, the checkpoints the service restores (the
 latest, whose meta names the best, and the best) without the optimizer state and the input
 pipeline's position, and the learned ranker if W has one; DIR/serve_args.txt holds the
-`--set section.key=value` overrides that make `--config` the config W was trained with
-(`launch/bench_serve.py` takes them as they are). A key whose value differs and is a list is
+`--set section.key=value` overrides that make `--config` the config W was trained with, the
+ranker's sources and rounds as it was fitted (`launch/bench_serve.py` takes them as they are). A key whose value differs and is a list is
 refused: an override cannot express it; so is a base config of another model. launch/gpu_serve_workdir.sh packs d_serve's workdir so.
 """
 
@@ -85,7 +85,16 @@ def pack(workdir: str, out: str, base: dict) -> list[str]:
   if not os.path.exists(config_path):
     raise ValueError(f'{workdir}: no config.json (not a trained workdir)')
   with open(config_path, encoding='utf-8') as f:
-    sets = overrides(json.load(f)['config'], base)
+    trained = json.load(f)['config']
+  meta = learned.LearnedRanker.read_meta(workdir)
+  if meta is not None:
+    # config.json is written when the generator's training starts; a ranker refitted since
+    # (--mode=train again with another plan) records its own sources and rounds, which the
+    # service uses: the overrides say so, not the older config.
+    trained['suggest'] = {**trained.get('suggest', {}),
+                          'sources': learned.plan_text(meta['sources']),
+                          'ranker_rounds': meta['rounds']}
+  sets = overrides(trained, base)
   os.makedirs(out)
   shutil.copy(config_path, out)
   shutil.copytree(os.path.join(workdir, 'data'), os.path.join(out, 'data'))
@@ -96,7 +105,7 @@ def pack(workdir: str, out: str, base: dict) -> list[str]:
     for item in SERVED_ITEMS:
       copy = shutil.copytree if os.path.isdir(os.path.join(source, item)) else shutil.copy
       copy(os.path.join(source, item), os.path.join(target, item))
-  if learned.LearnedRanker.read_meta(workdir) is not None:
+  if meta is not None:
     os.makedirs(learned.ranker_dir(out))
     for name in (learned.RANKER_MODEL, learned.RANKER_META):
       shutil.copy(os.path.join(learned.ranker_dir(workdir), name), learned.ranker_dir(out))

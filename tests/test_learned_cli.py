@@ -435,3 +435,12 @@ def test_a_packed_workdir_suggests_what_the_trained_one_does(learned_run, tmp_pa
   lists = [pipeline.Pipeline.load(config, str(w), log=lambda *a, **k: None).suggest(
       contexts, positions='last') for w in (workdir, packed)]
   assert lists[0] == lists[1] and lists[0][0][0]
+  # A ranker refitted with another plan after config.json was written: the overrides give the
+  # ranker's plan, which the service uses.
+  refitted = tmp_path / 'refitted'
+  shutil.copytree(workdir, refitted, ignore=shutil.ignore_patterns('eval', 'folds'))
+  record = json.loads((refitted / 'config.json').read_text())
+  record['config']['suggest']['sources'] = 'generate:4,popular:4'
+  (refitted / 'config.json').write_text(json.dumps(record))
+  assert pack_serve_workdir.pack(str(refitted), str(tmp_path / 'packed2'), base) == [
+      '--set=suggest.ranker_rounds=20']
