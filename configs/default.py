@@ -201,10 +201,10 @@ def get_config(variant: str = '') -> ml_collections.ConfigDict:
   # raw log given to decode is read with every earlier session of a user.
   c.suggest.habit_rate = 0.0
   c.suggest.habit_min_past = 5
-  # The latest of a user's earlier queries that the sources of the past (`history`) and the
-  # habit rule read, in evaluation, the ranker's training, decode of a log and the service
-  # alike (its history store keeps at least as many): a heavy user's whole past would make
-  # each suggestion cost as much as all their queries.
+  # The latest of a user's earlier queries that the sources of the past (`history`,
+  # `history_about`) and the habit rule read, in evaluation, the ranker's training, decode of a
+  # log and the service alike (its history store keeps at least as many): a heavy user's whole
+  # past would make each suggestion cost as much as all their queries.
   c.suggest.past_queries = 1000
   # How a Bi-encoder retriever finds its best pool entries (decode, suggest, and the retriever
   # of 'rerank'): 'exact' scores the whole pool; 'usearch' searches an approximate
