@@ -6,8 +6,9 @@ DIR/ gets W's config.json, its prepared data, the checkpoints the service restor
 latest, whose meta names the best, and the best) without the optimizer state and the input
 pipeline's position, and the learned ranker if W has one; DIR/serve_args.txt holds the
 `--set section.key=value` overrides that make `--config` the config W was trained with, the
-ranker's sources and rounds as it was fitted (`launch/bench_serve.py` takes them as they are). A key whose value differs and is a list is
-refused: an override cannot express it; so is a base config of another model. launch/gpu_serve_workdir.sh packs d_serve's workdir so.
+ranker's sources and rounds as it was fitted (`launch/bench_serve.py` takes them as they
+are). A key whose value differs and is a list is refused: an override cannot express it; so
+is a base config of another model. launch/gpu_serve_workdir.sh packs d_serve's workdir so.
 """
 
 from __future__ import annotations
