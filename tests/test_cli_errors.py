@@ -234,8 +234,6 @@ def test_verbosity_shows_the_traceback(tmp_path, args, verbose):
   assert len(quiet.stderr.strip().splitlines()) == 1, quiet.stderr
 
 
-
-
 @pytest.mark.slow
 def test_data_errors_are_one_line_and_exit_1(tmp_path):
   binary = tmp_path / 'random.bin'

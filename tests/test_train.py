@@ -528,7 +528,7 @@ def test_a_damaged_checkpoint_is_named_in_one_error_with_what_to_fall_back_on(tm
   (step_dir / 'meta' / 'metadata').write_text(meta)
   (step_dir / 'vocab' / 'metadata').write_text('{')  # what loading a model reads with it
   with pytest.raises(checkpoints.DamagedCheckpoint, match='JSONDecodeError'):
-    checkpoints.read_meta_and_vocab(reader, 2)
+    checkpoints.read_json(reader, 2, 'meta', 'vocab')
 
 
 def test_a_checkpoint_whose_values_changed_on_disk_is_refused_by_their_digest(tmp_path):

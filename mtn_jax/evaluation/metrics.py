@@ -199,8 +199,6 @@ class RankingScore:
     return ranking.get('longest_list', RANKING_CUTOFF) >= k
 
 
-
-
 def _check_texts(name: str, texts: Sequence[str]) -> None:
   for i, text in enumerate(texts):
     if not isinstance(text, str):

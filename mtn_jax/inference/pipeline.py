@@ -734,7 +734,6 @@ class Pipeline:
     return SplitLists(by_pair, sources)
 
 
-
 def _load_proposer(config: ml_collections.ConfigDict, imdna_workdir: str,
                    workdir: str) -> imdna_proposer.NextQueryProposer:
   """The IMDNA run of `config.suggest.imdna_workdir`, checked to read `workdir`'s sessions."""

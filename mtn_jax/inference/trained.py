@@ -172,8 +172,8 @@ def load_trained(config: ml_collections.ConfigDict, workdir: str,
   manager = checkpoints.open_manager(workdir, read_only=True)
   try:
     step, where = _step(manager, workdir)
-    meta, vocab_json = checkpoints.read_meta_and_vocab(manager, step)
-    vocab = Vocab.from_json(vocab_json)
+    head = checkpoints.read_json(manager, step, 'meta', 'vocab')
+    meta, vocab = head['meta'], Vocab.from_json(head['vocab'])
     data_dir = preprocess.data_dir(workdir)
     if os.path.exists(os.path.join(data_dir, 'vocab.json')):
       data_vocab = sessions.load_vocab(data_dir)

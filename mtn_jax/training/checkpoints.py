@@ -374,17 +374,16 @@ def restore(manager: ocp.CheckpointManager, step: int, *, abstract_params,
   return restored
 
 
+def read_json(manager: ocp.CheckpointManager, step: int, *names: str) -> dict:
+  """{name: value} of the JSON items `names` ('meta', 'vocab') of checkpoint `step`, nothing
+  else read; a damaged file is named."""
+  with _reading(manager, step):
+    return dict(manager.restore(step, args=ocp.args.Composite(
+        **{name: ocp.args.JsonRestore() for name in names})))
+
+
 def read_meta(manager: ocp.CheckpointManager, step: int) -> dict:
-  with _reading(manager, step):
-    return manager.restore(step, args=ocp.args.Composite(meta=ocp.args.JsonRestore()))['meta']
-
-
-def read_meta_and_vocab(manager: ocp.CheckpointManager, step: int) -> tuple[dict, dict]:
-  """(meta, the vocabulary's JSON) of checkpoint `step`; a damaged file is named."""
-  with _reading(manager, step):
-    head = manager.restore(step, args=ocp.args.Composite(
-        meta=ocp.args.JsonRestore(), vocab=ocp.args.JsonRestore()))
-    return head['meta'], head['vocab']
+  return read_json(manager, step, 'meta')['meta']
 
 
 def named_best_step(workdir: str) -> int | None:
