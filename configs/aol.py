@@ -3,7 +3,10 @@
 Pass the log with `--config.data.raw_files=PATH_OR_GLOB` (the AOL collection's
 user-ct-test-collection-*.txt(.gz) files, or any log in that format).
 
-`small` is sized for a CPU and the 500-user sample: d_model 128, a vocabulary of ~2.7k-2.9k words (by split).
+`small` is sized for a CPU and the 500-user sample: d_model 128, a vocabulary of ~2.7k-2.9k words
+(by split). Its strategy is the learned ranker: `--mode=train` trains the generator, then
+`config.suggest.ranker_folds` generators each without one fold of the training users, then the
+ranker. docs/RESULTS.md's figures for users never seen add `--config.data.split_by=user`.
 """
 
 from configs import default

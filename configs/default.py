@@ -3,8 +3,9 @@
 Config files start from `get_config(MODEL)` here and change what they need, so a key has one
 name and one meaning everywhere. `config.model` holds what every model reads; each model
 family's own keys are in configs/families.py and come with the model's name:
-`--config=configs/default.py:mtn` is MTN with every default. `mtn_jax.config_lib.validate`
-checks values before any work starts.
+`--config=configs/default.py:mtn` is MTN with every default (given a log,
+`--config.data.raw_files`, or the demo's, `--config.data.source=demo`).
+`mtn_jax.config_lib.validate` checks values before any work starts.
 """
 
 import ml_collections
@@ -21,7 +22,8 @@ def get_config(variant: str = '') -> ml_collections.ConfigDict:
   c.seed = 0  # data order, initialisation and dropout all derive from it
 
   c.data = ml_collections.ConfigDict()
-  # 'aol': read `raw_files`; 'demo': first write the embedded demo log into the workdir.
+  # 'aol': read `raw_files`; 'demo': first write the embedded demo log into the workdir;
+  # 'movies': IMDNA's generated movie knowledge base (configs/imdna_movies.py).
   c.data.source = 'aol'
   c.data.raw_files = ''  # a glob, or comma-separated paths/globs; plain or .gz
   c.data.demo_users = 1500  # size of the generated demo log

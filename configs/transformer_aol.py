@@ -2,6 +2,7 @@
 
 Variants (`--config=configs/transformer_aol.py:VARIANT`), comma-separable:
   ''        the paper's Table-2 Transformer: 8 layers in all (4 encoder + 4 decoder)
+  'enc4dec4' 4 + 4 layers, as '' (the Fig.-3 ablation's first point)
   'enc5dec5' the Fig.-3 ablation with 5 + 5 layers
   'small'   CPU size for the 500-user sample (combine: 'small,enc5dec5')
 """
