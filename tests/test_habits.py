@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import collections
+import dataclasses
 import random
 
 import numpy as np
 import pytest
 
+from mtn_jax import errors
 from mtn_jax.data import sessions
 from mtn_jax.inference import habits
 from mtn_jax.inference import pipeline
@@ -38,6 +40,12 @@ def test_habit_figures_by_hand():
   assert user.first(['bank'], rate=0.61, min_past=5) is None  # rate too low
   assert user.first(['bank'], rate=0.6, min_past=6) is None  # too short a past
   assert habits.Habits().first(['x'], 0.0, 0) is None  # no past, no habit
+  # One query is no past to judge a habit by: its rate is 0, and no rate above 0 holds.
+  assert habits.Habits(['bank']).rate == 0.0
+  assert habits.Habits(['bank']).first(['x'], rate=0.5, min_past=0) is None
+  # Every query of the session is left out, not only the last one.
+  assert habits.Habits(['bank', 'mail', 'bank', 'news']).first(
+      ['bank', 'news'], rate=0.0, min_past=0) == 'mail'
 
 
 def test_incremental_ranking_equals_sorting_the_counts():
@@ -75,6 +83,14 @@ def test_past_queries_are_the_users_earlier_sessions_of_every_split(tmp_path):
   assert habits.past_queries(str(tmp_path), train, keep=3) == [(), ('d', 'e', 'f'), ()]
   assert habits.past_queries(str(tmp_path), valid, keep=3) == [('b', 'c', 'd')]
   assert habits.past_queries(str(tmp_path), test, keep=3) == [('a', 'b')]
+
+
+def test_a_split_without_users_or_start_times_is_refused_in_one_line(tmp_path):
+  write_split(tmp_path, 'train', [['a', 'b']], users=[1], start_times=[10])
+  split = sessions.load_split(str(tmp_path), 'train')
+  for missing in ({'users': None}, {'start_times': None}):
+    with pytest.raises(errors.Error, match='keeps no users or start times'):
+      habits.past_queries(str(tmp_path), dataclasses.replace(split, **missing))
 
 
 def test_rerank_puts_the_habit_query_first_where_the_rate_holds():

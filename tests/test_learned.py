@@ -186,6 +186,18 @@ def test_the_users_own_earlier_queries_by_hand():
                       positions='all')
   assert texts(got) == [[['weather news'], ['weather news', 'mail.com']]]
   assert 'history_about' in sources.NAMES
+  # A tie goes to the query issued last ('a' twice, last at 3; 'b' twice, last at 2).
+  got = history.propose([Context(('x',), 0, {}, history=('a', 'b', 'b', 'a'))], positions='last')
+  assert texts(got) == [[['a', 'b']]]
+
+
+def test_the_history_sources_by_their_config_names(counts):
+  # 'bank' and 'weather news' issued once each, 'weather news' last; only it is about 'news'.
+  made = {name: sources.LOG_SOURCES[name](counts, 3) for name in ('history', 'history_about')}
+  context = [Context(('news',), 0, {}, history=('bank', 'weather news'))]
+  assert texts(made['history'].propose(context, positions='last')) == [[['weather news', 'bank']]]
+  assert texts(made['history_about'].propose(context, positions='last')) == [[['weather news']]]
+  assert [made[name].name for name in made] == ['history', 'history_about']
 
 
 def test_contexts_without_a_past_are_the_groups_without_the_history_source():
@@ -367,10 +379,15 @@ def test_a_users_own_earlier_query_reads_as_a_query(counts):
   shown = presentation.presented(ranked, ('weather',), counts, session_first=2,
                                  attested_only=False)
   assert [c['query'] for c in shown] == ['weather chicago', 'chicago weather']
-  ranked[0]['sources'] = ['generate', 'history']
+  # With attested_only, what only the generator wrote and does not read as a query is dropped.
   shown = presentation.presented(ranked, ('weather',), counts, session_first=2,
                                  attested_only=True)
-  assert [c['query'] for c in shown] == ['chicago weather', 'weather chicago']
+  assert [c['query'] for c in shown] == ['weather chicago']
+  for past in ('history', 'history_about'):  # either source of the user's past
+    ranked[0]['sources'] = ['generate', past]
+    shown = presentation.presented(ranked, ('weather',), counts, session_first=2,
+                                   attested_only=True)
+    assert [c['query'] for c in shown] == ['chicago weather', 'weather chicago']
 
 
 def test_the_sessions_own_queries_take_no_first_place(counts):
@@ -410,6 +427,11 @@ def test_the_first_places_take_a_short_querys_site_and_no_words_added_unlogged()
   logged = popular.LogCounts.of_sessions(log + [['x', 'cheap cars for kids']])
   shown = presentation.presented(ranked, so_far, logged, session_first=2, attested_only=False)
   assert [c['query'] for c in shown][:2] == ['cheap cars for kids', 'cars for kids']
+  # Words added to the previous query, not to an earlier one ('news'), and only whole words.
+  shown = presentation.presented(ranked[0:3:2], ('news', 'cheap cars'), counts, session_first=1,
+                                 attested_only=False)
+  assert [c['query'] for c in shown] == ['cars for kids', 'cheap cars for kids']
+  assert not presentation.added_to('cheap carsales', 'cheap cars')
 
 
 def test_a_query_does_not_start_or_end_with_a_word_that_never_does():
@@ -452,6 +474,28 @@ def test_a_query_that_ends_as_the_user_ended_one_is_not_malformed():
   assert not presentation.well_formed(counts, ())('cat pictures')
   assert presentation.well_formed(counts, ('cat pictures',))('cat pictures')
   assert presentation.well_formed(counts, ('cute cat', 'cat pictures'))('cute cat pictures')
+
+
+def test_about_the_session_is_about_any_of_its_queries_and_sites():
+  """A candidate is about the session by a word of any of its queries, not the previous one
+  alone; a site ('www.ebay.com', 'ebay.net') stands for its name; a lone word of any query
+  typed is not about it; the empty query reads as no query."""
+  about = presentation.about_session(('cheap flights to paris', 'hotels'))
+  assert about('flights to rome') and about('hotels in rome')
+  assert not about('cheap') and not about('hotels')
+  assert presentation.about_session(('www.ebay.com',))('ebay coupons')
+  assert presentation.about_session(('ebay',))('ebay.net')
+  assert presentation.about_session(('ebay',))('www.ebay.org')
+  assert not presentation.well_formed(popular.LogCounts.of_sessions(SESSIONS), ())('')
+
+
+def test_a_query_of_the_session_takes_no_first_place_under_the_papers_protocol(counts):
+  """The paper's protocol keeps the session's queries among the candidates: an earlier one
+  ('weather chicago') as well as the previous one goes after the first places."""
+  ranked = [{'query': q, 'sources': ['templates']} for q in ('weather chicago', 'news chicago')]
+  shown = presentation.presented(ranked, ('weather chicago', 'news'), counts, session_first=1,
+                                 attested_only=False)
+  assert [c['query'] for c in shown] == ['news chicago', 'weather chicago']
 
 
 def test_a_lone_word_of_the_session_takes_no_first_place(counts):
