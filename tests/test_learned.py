@@ -18,6 +18,7 @@ from mtn_jax.inference import pipeline
 from mtn_jax.inference import popular
 from mtn_jax.inference import presentation
 from mtn_jax.inference import sources
+from mtn_jax.inference import teacher_forcing
 from mtn_jax.inference import templates
 from mtn_jax.inference.inputs import Context
 
@@ -73,6 +74,21 @@ def test_a_site_is_not_made_a_site_again_and_only_a_one_word_site_is_stripped():
   assert dict(templates.edits('www.ebay.com')) == {'strip_site': 'ebay'}
   assert dict(templates.edits('buy ebay.com')) == {
       'drop_last': 'buy', 'drop_first': 'ebay.com', 'join': 'buyebay.com'}
+  # .org and .net sites alike.
+  assert dict(templates.edits('wikipedia.org')) == {'strip_site': 'wikipedia'}
+  assert templates.templates_of('www.python.net', 'python') == ['strip_site']
+
+
+def test_templates_propose_each_text_once_at_most_k_and_no_substitution_in_one_word():
+  assert templates.Templates({'substitute:flights>hotels': 2}, 2).propose('flights', 5) == []
+  # 'la la' without its last word and without its first are one text, proposed once.
+  assert templates.Templates({'drop_last': 3, 'drop_first': 2}, 5).propose('la la', 5) == [
+      ('la', 'drop_last', 3)]
+  learnt = templates.Templates({'append:a': 3, 'append:b': 2, 'append:c': 1}, 6)
+  assert learnt.propose('q', 2) == [('q a', 'append:a', 3), ('q b', 'append:b', 2)]
+  # The 200 most frequent templates of a kind are kept by default (a deep source needs them).
+  many = templates.Templates({f'append:w{i:03d}': 2 for i in range(250)}, 500)
+  assert len(many.propose('q', 300)) == 200
 
 
 def test_a_query_rewritten_in_every_word_is_no_substitution():
@@ -237,6 +253,13 @@ def test_contexts_without_a_past_are_the_groups_without_the_history_source():
   assert both.sizes.tolist() == [3, 2, 0, 2, 0, 0] and both.folds.tolist() == [0, 1, 1] * 2
   plain = learned.feature_names(['generate'])
   assert learned.learning_groups(groups, plain) is groups  # no history source: as it is
+  # The past's queries about the session are the user's past too.
+  names = learned.feature_names(['generate', 'history_about'])
+  about = learned.Groups(np.ones((2, len(names)), np.float32), np.array([0, 1], np.int32),
+                         np.array([2]), np.array([0]), [['a', 'b']], ['b'], [('s',)],
+                         [{'generate': ['a'], 'history_about': ['b']}])
+  bare = learned.without_history(about, names)
+  assert bare.sizes.tolist() == [0] and bare.lists == [{'generate': ['a']}]
 
 
 def test_imdna_proposals_keep_each_users_own_sessions_out_of_reach():
@@ -332,6 +355,57 @@ def test_one_candidates_features_by_hand(counts):
                'popular': [{'query': 'ebay'}, {'query': 'cheap cars'}]}
   assert learned.pool_texts(by_source, so_far, drop_session=True) == ['ebay']
   assert learned.pool_texts(by_source, so_far, drop_session=False) == ['cheap cars', 'ebay']
+
+
+def test_features_of_repeats_sessions_and_the_log_by_hand(counts):
+  """The features a first case leaves alike: pairs against distinct followers, a source's
+  first proposal of a text, what the log holds as a next query (not as a previous one), an
+  earlier query of the session, repeated words."""
+  def features(texts, so_far, by_source=None, names=('generate',)):
+    by_source = by_source or {'generate': [{'query': t, 'score': -1.0} for t in texts]}
+    matrix = learned.features(texts, by_source, so_far, 1, counts,
+                              np.zeros((len(texts), 2), np.float32), list(names),
+                              Vocab.from_counts({'weather': 9}, 1))
+    return [dict(zip(learned.feature_names(list(names)), r)) for r in matrix.tolist()]
+
+  # 'google' was followed twice, both times by 'ebay': 2 pairs, 1 distinct follower.
+  (ebay,) = features(['ebay'], ('google',))
+  assert ebay['cooccurrence'] == pytest.approx(0.0)
+  assert ebay['previous_followed'] == pytest.approx(math.log1p(2))
+  # A source proposing a text twice: its first rank and score.
+  (a,) = features(['a'], ('x',), {'generate': [{'query': 'a', 'score': -1.0},
+                                               {'query': 'a', 'score': -2.0}]})
+  assert (a['generate_rank'], a['generate_score']) == (1, -1.0)
+  rows = features(['a', 'ebay'], ('x',), {'generate': [{'query': 'a', 'score': -1.0}],
+                                          'popular': [{'query': 'ebay', 'score': 2.0}]},
+                  ('generate', 'popular'))
+  assert [r['num_sources'] for r in rows] == [1, 1]
+  # 'google' opens sessions and never follows a query: not logged as a next query.
+  google, dotcom = features(['google', 'ebay.com'], ('x',))
+  assert (google['logged'], dotcom['logged'], dotcom['unseen_bigrams']) == (0, 1, 0)
+  # 'news chicago' shares 'news' with the session's first query, not with the previous one.
+  (chicago,) = features(['news chicago'], ('news', 'weather'))
+  assert (chicago['overlap_session'], chicago['shares_previous']) == (0.5, 0)
+  (repeated,) = features(['new york new york'], ('new york new york',))
+  assert (repeated['overlap_session'], repeated['previous_words']) == (1.0, 4)
+  (sale,) = features(['cheap cars for sale'], ('cheap cars',))
+  assert sale['shares_previous'] == 1  # a flag, whatever the number of words shared
+  # Every query of the session leaves the pool, not the previous one alone.
+  assert learned.pool_texts({'generate': [{'query': 'news'}, {'query': 'ebay'}]},
+                            ('news', 'cheap cars'), drop_session=True) == ['ebay']
+
+
+def test_the_position_feature_is_the_last_querys_place_in_the_session(counts, monkeypatch):
+  monkeypatch.setattr(teacher_forcing, 'candidate_log_probs',
+                      lambda trained, contexts, texts, **_: [
+                          [np.zeros((len(t), 2), np.float32) for t in per_context]
+                          for per_context in texts])
+  trained = types.SimpleNamespace(vocab=Vocab.from_counts({'weather': 9}, 1))
+  _, pools = learned.lists_and_features(
+      trained, [Context(('news', 'weather', 'cheap cars'), 0, {})], [sources.Popular(counts, 2)],
+      counts, positions='last', batch_rows=1)
+  column = learned.feature_names(['popular']).index('position')
+  assert pools[0][0].features[:, column].tolist() == [2, 2]
 
 
 def test_what_is_shown_keeps_word_salad_out_and_the_session_first(counts):

@@ -293,7 +293,10 @@ def test_train_refits_a_damaged_ranker_and_refuses_other_folds(learned_run, tmp_
   assert None not in record['fold_steps']
   assert learned.LearnedRanker.is_current(str(copy), trained, config)
   for changed in ({'fold_steps': [3, 2]}, {'features': record['features'][1:]},
-                  {'rounds': record['rounds'] + 1}):
+                  {'rounds': record['rounds'] + 1}, {'folds': record['folds'] + 1},
+                  {'checkpoint_step': record['checkpoint_step'] + 1},
+                  {'vocab_fingerprint': 'another'}, {'sources': record['sources'][:1]},
+                  {'past_queries': 3}, {'model_sha256': '0' * 64}):
     meta_path.write_text(json.dumps({**record, **changed}))
     assert not learned.LearnedRanker.is_current(str(copy), trained, config), changed
   meta_path.write_text(json.dumps({k: v for k, v in record.items() if k != 'fold_steps'}))

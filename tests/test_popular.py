@@ -122,3 +122,23 @@ def test_mpc_is_one_list_for_every_session_and_co_occurring_follows_the_previous
   assert lists['most_popular'] == [['b', 'c'], ['b', 'c']]
   assert lists['most_cooccurring'] == [['c', 'b'], ['b', 'c']]
   assert lists['most_frequent_next'] == [['c'], ['q']]
+
+
+def test_the_counts_keep_as_many_as_asked_and_every_bigram_each_time_logged(tmp_path):
+  """`keep` bounds the popular and co-occurring lists (100 by default: a source 100 deep runs
+  full); a word pair counts each time a next query holds it."""
+  assert popular.LogCounts.of_sessions([['s', q] for q in 'abcde'], keep=3).most_popular(5) == [
+      'a', 'b', 'c']
+  followers = [f'q{i:02d}' for i in range(15)]
+  assert popular.LogCounts.of_sessions([['s', q] for q in followers]).followers('s', 20) == (
+      followers)
+  counts = popular.LogCounts.of_sessions([['a', 'b c'], ['d', 'b c']])
+  assert counts.bigrams[('b', 'c')] == 2 and counts.bigram_starts['b'] == 2
+  many = [['s', f'q{i:03d}'] for i in range(150)]
+  assert len(popular.LogCounts.of_sessions(many).most_popular(100)) == 100
+  texts = [q for session in many for q in session]
+  path = tmp_path / 'train.text.txt'
+  path.write_text(''.join(t + '\n' for t in texts), encoding='utf-8')
+  split = SessionSplit('train', np.zeros((300, 2), np.int32), np.arange(0, 301, 2), str(path))
+  from_file = popular.LogCounts(split)
+  assert len(from_file.most_popular(100)) == 100 and len(from_file.followers('s', 100)) == 100
