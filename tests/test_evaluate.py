@@ -366,6 +366,57 @@ def data_config(gap=30.0):
                                     'history_queries': 0})
 
 
+def test_a_query_or_session_exactly_at_its_limit_is_not_counted_long(tmp_path):
+  reader = make_reader(max_query_words=3, max_session_queries=3)
+  assert reader.query('cheap flights boston') == 'cheap flights boston'
+  path = tmp_path / 'sessions.tsv'
+  path.write_text('cheap\tflights\tboston\n', encoding='utf-8')
+  [context] = inputs.read_sessions_file(str(path), reader, strict=False)
+  assert context.queries == ('cheap', 'flights', 'boston')
+  assert len(reader.raw_session(['cheap', 'flights', 'boston'], {'session': 0})) == 1
+  assert reader.counts['long_queries'] == reader.counts['long_sessions'] == 0
+
+
+def test_a_long_raw_session_keeps_the_users_past_at_every_position(tmp_path):
+  """Past the model's session table the window slides: every context still carries the
+  user's history, and every query of the session (not the first window's alone) joins the
+  history of the user's next session."""
+  reader = make_reader(max_session_queries=2)
+  contexts = reader.raw_session(['a', 'b', 'c', 'd'], {'session': 0}, history=('old',))
+  assert [c.history for c in contexts] == [('old',)] * 3
+  path = tmp_path / 'log.txt'
+  path.write_text(''.join([f'7\tq{i}\t2006-03-01 10:0{i}:00\n' for i in range(4)]
+                          + ['7\tnext\t2006-03-01 12:00:00\n']), encoding='utf-8')
+  contexts = list(inputs.read_raw_log(str(path), make_reader(max_session_queries=2),
+                                      data_config(), chunk_sessions=2, past_queries=10))
+  assert contexts[-1].queries == ('next',)
+  assert contexts[-1].history == ('q0', 'q1', 'q2', 'q3')
+
+
+def test_a_raw_logs_gap_blanks_control_characters_and_users_as_configured(tmp_path):
+  # The time field read with blanks around it; the config's session gap, not 30 minutes.
+  assert inputs.is_raw_log_line('7\tcheap flights\t2006-03-01 10:00:00 ')
+  assert inputs.is_raw_log_line('7\tcheap flights\t 2006-03-01 10:00:00\t1\thttp://a.com')
+  path = tmp_path / 'log.txt'
+  path.write_text('7\tboston\t2006-03-01 10:00:00\n7\thotels\t2006-03-01 10:10:00\n',
+                  encoding='utf-8')
+  contexts = list(inputs.read_raw_log(str(path), make_reader(), data_config(gap=5.0),
+                                      chunk_sessions=2))
+  assert [c.queries for c in contexts] == [('boston',), ('hotels',)]
+  # A control character's line counted under the same name as a sessions file's; reasons
+  # the log never met are not counted at all.
+  path.write_text('7\tbos\x1bton\t2006-03-01 10:00:00\n7\thotels\t2006-03-01 10:01:00\n',
+                  encoding='utf-8')
+  reader = make_reader()
+  list(inputs.read_raw_log(str(path), reader, data_config(), chunk_sessions=2))
+  assert reader.counts['control_character_lines'] == 1
+  assert [k for k in reader.counts if k.startswith('skipped_')] == [], dict(reader.counts)
+  # A context without a user is user -1 to the models that read users.
+  split = inputs.context_split([inputs.Context(('boston',), 0, {'line': 1}),
+                                inputs.Context(('red sox',), 0, {'user': 7})], VOCAB, 3)
+  assert split.users.tolist() == [-1, 7]
+
+
 def test_raw_log_is_sessionized_with_references(tmp_path):
   path = tmp_path / 'log.txt'
   path.write_text(

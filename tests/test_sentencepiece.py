@@ -108,6 +108,9 @@ def test_a_query_is_read_as_the_corpus_read_it_words_then_pieces():
   assert reader.query(long) == long and reader.counts['long_queries'] == 1
   assert reader.query(' '.join(['paris'] * 12)) == ' '.join(['paris'] * 10)
   assert reader.counts['long_queries'] == 2
+  # As many pieces as the slots is no long query.
+  exact = inputs.QueryReader(vocab, 10, 16, token_slots=len(vocab.encode_text('cheap paris')))
+  assert exact.query('cheap paris') == 'cheap paris' and exact.counts['long_queries'] == 0
   assert reader.limit == '10 words, the model reading its first 8 subword pieces'
   assert inputs.QueryReader(Vocab(SPECIAL_TOKENS), 10, 16).limit == '10 words'
   # What the model reads of it: the first 8 pieces, as preprocessing wrote the corpus's.

@@ -957,6 +957,40 @@ class Server:
 
 
 @pytest.mark.slow
+def test_a_session_that_does_not_continue_the_stored_one_starts_anew(tmp_path):
+  """The stored session goes to the history when a request does not continue it: one that
+  shares only its first query, a shorter one, or one whose overlap with the stored session's
+  last queries is under half a window; the same window of repeated queries sent again adds
+  nothing."""
+  store = history_lib.HistoryStore(str(tmp_path / 'h.sqlite'), per_user=100, window=16)
+  store.observe('ann', ['a', 'b'])
+  assert store.observe('ann', ['a', 'c']) == ('a', 'b') and store.current('ann') == ('a', 'c')
+  store.observe('bob', ['a', 'b'])
+  assert store.observe('bob', ['a']) == ('a', 'b') and store.current('bob') == ('a',)
+  first = [f'q{i}' for i in range(16)]
+  store.observe('cy', first)
+  assert store.observe('cy', first[-7:] + [f'n{i}' for i in range(9)]) == tuple(first)
+  repeats = history_lib.HistoryStore(str(tmp_path / 'r.sqlite'), per_user=100, window=4)
+  repeats.observe('ann', ['a', 'b', 'a', 'b'])
+  repeats.observe('ann', ['a', 'b', 'a', 'b'])
+  assert repeats.current('ann') == ('a', 'b', 'a', 'b')
+
+
+def test_bounding_one_users_history_leaves_the_others_and_a_failure_leaves_the_store(tmp_path):
+  store = history_lib.HistoryStore(str(tmp_path / 'h.sqlite'), per_user=2, window=16)
+  for user, sessions in (('bob', (['x', 'y'], ['z'])), ('ann', (['a'], ['b'], ['c'], ['d']))):
+    for session in sessions:
+      store.observe(user, session)
+  store.observe('bob', ['w'])  # bob's [z] joins: x y z -> y z
+  assert store.earlier('bob') == ('y', 'z') and store.earlier('ann') == ('b', 'c')
+  store.observe('ann', ['e'])
+  assert store.earlier('bob') == ('y', 'z') and store.earlier('ann') == ('c', 'd')
+  # A request that fails inside its transaction is rolled back: the next ones are stored.
+  with pytest.raises(sqlite3.Error):
+    store.observe(['no', 'user', 'id'], ['a'])
+  assert store.observe('dan', ['a']) == () and store.current('dan') == ('a',)
+
+
 def test_histories_survive_kill_9_and_sighup_reloads_and_sigterm_drains(workdir):
   # Batches of 2 and a beam of 20: slow enough that a burst of requests waits in the queue
   # when SIGTERM comes (the drain below needs waiting requests to answer).
