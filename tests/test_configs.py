@@ -185,6 +185,11 @@ def test_a_nan_or_negative_time_or_share_is_refused(section, key, value):
     ('train', 'adam_eps', float('inf'), 'must be a finite number'),
     ('train', 'learning_rate', float('-inf'), 'must be a finite number'),
     ('decode', 'beam_size', 99_999_999_999, 'is out of range (at most 2,147,483,647)'),
+    ('decode', 'beam_size', -99_999_999_999, 'is out of range (at most 2,147,483,647)'),
+    ('data', 'split_fractions', (float('nan'), 0.5, 0.5), 'must be a finite number'),
+    ('data', 'split_fractions', (0.5, 0.2, 0.2), 'summing to 1'),
+    ('train', 'adam_b1', 1.0, 'must be in [0, 1)'),
+    ('train', 'adam_b2', 1.0, 'must be in [0, 1)'),
 ])
 def test_no_key_takes_a_nan_an_infinity_or_a_count_past_32_bits(section, key, value, message):
   # Unchecked, each ran: NaN or infinite penalties and rates to empty or meaningless lists
@@ -194,9 +199,11 @@ def test_no_key_takes_a_nan_an_infinity_or_a_count_past_32_bits(section, key, va
   with pytest.raises(config_lib.ConfigError, match=re.escape(f'config.{section}.{key}')
                      + '.*' + re.escape(message)):
     config_lib.validate(c, 'train')
-  c.seed = 2**40  # a seed may be larger
+  c.seed = c.data.split_seed = c.data.demo_seed = 2**40  # a seed may be larger
   c[section][key] = default.get_config('mtn')[section][key]
   config_lib.validate(c, 'train')
+  c.data.max_query_words = config_lib.MAX_COUNT  # the largest count is taken
+  config_lib.validate(c, 'preprocess')
 
 
 def test_more_suggestions_than_the_beam_only_where_the_strategy_pools_more():

@@ -34,6 +34,23 @@ def test_an_error_mid_write_keeps_the_old_file(tmp_path):
       raise KeyboardInterrupt
   assert path.read_text() == 'old\n'
   assert os.listdir(tmp_path) == ['results.json']
+  with pytest.raises(KeyboardInterrupt):  # Ctrl-C mid-write leaves no temporary either
+    with files.atomic_open(path) as f:
+      f.write('half')
+      raise KeyboardInterrupt
+  assert os.listdir(tmp_path) == ['results.json'] and path.read_text() == 'old\n'
+
+
+def test_a_written_file_is_synced_whole_before_it_is_renamed_in(tmp_path, monkeypatch):
+  # A crash after the rename then finds the whole file, not an empty or truncated one.
+  synced, fsync = [], os.fsync
+
+  def spy(fd):
+    synced.append(os.fstat(fd).st_size)
+    return fsync(fd)
+  monkeypatch.setattr(files.os, 'fsync', spy)
+  files.write_text(tmp_path / 'r.json', 'x' * 100)
+  assert synced == [100]
 
 
 def test_atomic_path_hands_a_writer_a_name_beside_the_target(tmp_path):
@@ -87,7 +104,8 @@ def test_replace_dir_cut_short_leaves_the_old_folder_aside_under_its_prefix(tmp_
     os_rename(source, destination)
   monkeypatch.setattr(files.os, 'rename', rename)
   with pytest.raises(KeyboardInterrupt):
-    files.replace_dir(str(build), str(target), '.old-')
+    files.replace_dir(str(build), str(target), '.data-old-')
   monkeypatch.undo()
-  [aside] = [p for p in tmp_path.iterdir() if p.name.startswith('.old-')]
+  # Under the caller's prefix, which its clean-up looks for (preprocessing's '.data-old-').
+  [aside] = [p for p in tmp_path.iterdir() if p.name.startswith('.data-old-')]
   assert (aside / 'a').read_text() == 'old' and build.exists()

@@ -482,6 +482,9 @@ def test_a_damaged_checkpoint_is_named_in_one_error_with_what_to_fall_back_on(tm
   reader = checkpoints.open_manager(str(tmp_path), read_only=True)
   assert checkpoints.restore(reader, 1, abstract_params=abstract)['params']['w'].sum() == (
       params['w'].sum())
+  # The JSON items of the step asked for, not of the latest.
+  assert checkpoints.read_meta(reader, 1)['best_step'] == 1
+  assert checkpoints.read_json(reader, 2, 'meta')['meta']['best_step'] == 2
   with pytest.raises(checkpoints.DamagedCheckpoint, match=re.escape(
       f'{step_dir}: a damaged or incomplete checkpoint (')) as error:
     checkpoints.restore(reader, 2, abstract_params=abstract)
@@ -529,6 +532,22 @@ def test_a_damaged_checkpoint_is_named_in_one_error_with_what_to_fall_back_on(tm
   (step_dir / 'vocab' / 'metadata').write_text('{')  # what loading a model reads with it
   with pytest.raises(checkpoints.DamagedCheckpoint, match='JSONDecodeError'):
     checkpoints.read_json(reader, 2, 'meta', 'vocab')
+
+
+def test_a_failed_read_is_named_by_the_first_line_of_the_first_error_of_its_chain():
+  """The error a user sees names what went wrong first (a JSON error under orbax's 'restore
+  failed', raised while handling it or from it), in one line."""
+  first = checkpoints._first_cause  # pylint: disable=protected-access
+  for chained in (False, True):
+    try:
+      try:
+        raise ValueError('Expecting value: line 1 column 1\n  more detail')
+      except ValueError as cause:
+        if chained:
+          raise RuntimeError('restore failed') from cause
+        raise RuntimeError('restore failed')  # pylint: disable=raise-missing-from
+    except RuntimeError as e:
+      assert first(e) == 'ValueError: Expecting value: line 1 column 1'
 
 
 def test_a_checkpoint_whose_values_changed_on_disk_is_refused_by_their_digest(tmp_path):
@@ -808,18 +827,31 @@ def test_a_step_with_a_non_finite_loss_or_gradient_stops_before_anything_is_save
   with pytest.raises(train.NonFiniteLoss, match=r'at step 7; stopped without saving\. '
                      r'Last good: step 6\.$'):
     monitor.window()
+  # Every step since the last log line is checked, not the last one alone.
+  earlier = train._TrainMonitor(  # pylint: disable=protected-access
+      writer=None, log=lambda *a, **k: None, schedule=lambda step: 0.1,
+      steps_per_epoch=10, total_steps=20, last_good_checkpoint=lambda: 'Last good: step 6.')
+  earlier.add(6, {'loss': np.float32(loss), 'grad_norm': np.float32(grad_norm)}, 1, 0.0)
+  earlier.add(7, fine, 1, 0.0)
+  with pytest.raises(train.NonFiniteLoss, match='at step 6;'):
+    earlier.window()
 
 
 def test_a_non_finite_validation_loss_is_never_the_best():
   from mtn_jax.training import train  # pylint: disable=g-import-not-at-top
   meta = {'valid': [], 'best_step': None, 'best_valid_loss': None}
   record = train._record_validation  # pylint: disable=protected-access
-  assert not record(meta, 100, {'loss': math.nan})
-  assert meta['best_step'] is None
+  best_so_far = train._best_so_far  # pylint: disable=protected-access
+  assert not record(meta, 100, {'loss': math.inf}) and not record(meta, 100, {'loss': math.nan})
+  assert meta['best_step'] is None and meta['best_valid_loss'] is None
+  # The log lines that name the best say there is none (formatting None failed the run).
+  assert best_so_far(meta) == 'no finite validation loss yet'
   assert record(meta, 200, {'loss': 3.0}) and not record(meta, 300, {'loss': math.inf})
   assert record(meta, 400, {'loss': 2.5}) and not record(meta, 500, {'loss': 2.9})
+  assert not record(meta, 600, {'loss': 2.5})  # a tie keeps the earlier checkpoint
   assert (meta['best_step'], meta['best_valid_loss']) == (400, 2.5)
-  assert [v['step'] for v in meta['valid']] == [100, 200, 300, 400, 500]
+  assert best_so_far(meta) == 'best validation loss 2.5000 at step 400'
+  assert [v['step'] for v in meta['valid']] == [100, 100, 200, 300, 400, 500, 600]
 
 
 def test_a_second_run_training_in_a_workdir_is_refused_naming_the_first(tmp_path):

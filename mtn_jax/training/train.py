@@ -378,6 +378,14 @@ def _record_validation(meta: dict, step: int, valid: dict) -> bool:
   return best
 
 
+def _best_so_far(meta: dict) -> str:
+  """The best validation so far, in words for a log line (none while every loss was
+  non-finite: `_record_validation` keeps no best then)."""
+  if meta['best_valid_loss'] is None:
+    return 'no finite validation loss yet'
+  return f'best validation loss {meta["best_valid_loss"]:.4f} at step {meta["best_step"]}'
+
+
 # ---------------------------------------------------------------------------------------------
 # The loop's pieces
 
@@ -605,8 +613,8 @@ def _train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict
       train_iter.close()
       of = (f'of {total_steps}' if latest == total_steps else
             f'past the {total_steps} this config trains (an earlier run trained further)')
-      log(f'Training is already complete: {where} is step {latest} {of} (best validation '
-          f'loss {meta["best_valid_loss"]:.4f} at step {meta["best_step"]}).', flush=True)
+      log(f'Training is already complete: {where} is step {latest} {of} '
+          f'({_best_so_far(meta)}).', flush=True)
       return _summary(latest, total_steps, meta, None)
     log(f'Resuming from {where} (step {latest} of {total_steps}, epoch '
         f'{latest // steps_per_epoch + 1} of {math.ceil(total_steps / steps_per_epoch)}).')
@@ -666,8 +674,7 @@ def _train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict
     writer.write(step, 'valid', valid)
     _record_validation(meta, step, valid)
     log(f'validation at step {step} (epoch {step / steps_per_epoch:.2f}): loss '
-        f'{valid["loss"]:.4f}, {_figures(valid)} (best '
-        f'{meta["best_valid_loss"]:.4f} at step {meta["best_step"]})', flush=True)
+        f'{valid["loss"]:.4f}, {_figures(valid)} ({_best_so_far(meta)})', flush=True)
     if meta.pop('pending_validation', None) is not None:
       # The checkpoint saved when validation was cut short, saved again with its result.
       checkpoints.finish(manager)
