@@ -818,23 +818,19 @@ def test_a_step_with_a_non_finite_loss_or_gradient_stops_before_anything_is_save
   """A finite loss with a NaN gradient makes NaN parameters: the check before every save
   (`_TrainMonitor.window`) refuses either, naming the step and the last good checkpoint."""
   from mtn_jax.training import train  # pylint: disable=g-import-not-at-top
-  monitor = train._TrainMonitor(  # pylint: disable=protected-access
-      writer=None, log=lambda *a, **k: None, schedule=lambda step: 0.1,
-      steps_per_epoch=10, total_steps=20, last_good_checkpoint=lambda: 'Last good: step 6.')
   fine = {'loss': np.float32(1), 'grad_norm': np.float32(1)}
-  monitor.add(6, fine, 1, 0.0)
-  monitor.add(7, {'loss': np.float32(loss), 'grad_norm': np.float32(grad_norm)}, 1, 0.0)
-  with pytest.raises(train.NonFiniteLoss, match=r'at step 7; stopped without saving\. '
-                     r'Last good: step 6\.$'):
-    monitor.window()
-  # Every step since the last log line is checked, not the last one alone.
-  earlier = train._TrainMonitor(  # pylint: disable=protected-access
-      writer=None, log=lambda *a, **k: None, schedule=lambda step: 0.1,
-      steps_per_epoch=10, total_steps=20, last_good_checkpoint=lambda: 'Last good: step 6.')
-  earlier.add(6, {'loss': np.float32(loss), 'grad_norm': np.float32(grad_norm)}, 1, 0.0)
-  earlier.add(7, fine, 1, 0.0)
-  with pytest.raises(train.NonFiniteLoss, match='at step 6;'):
-    earlier.window()
+  bad = {'loss': np.float32(loss), 'grad_norm': np.float32(grad_norm)}
+  # The bad step last, then (every step since the last log line is checked, not the last one
+  # alone) first.
+  for steps, bad_step in (((fine, bad), 7), ((bad, fine), 6)):
+    monitor = train._TrainMonitor(  # pylint: disable=protected-access
+        writer=None, log=lambda *a, **k: None, schedule=lambda step: 0.1,
+        steps_per_epoch=10, total_steps=20, last_good_checkpoint=lambda: 'Last good: step 6.')
+    for step, sums in zip((6, 7), steps):
+      monitor.add(step, sums, 1, 0.0)
+    with pytest.raises(train.NonFiniteLoss, match=rf'at step {bad_step}; stopped without '
+                       r'saving\. Last good: step 6\.$'):
+      monitor.window()
 
 
 def test_a_non_finite_validation_loss_is_never_the_best():
