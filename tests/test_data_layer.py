@@ -143,12 +143,18 @@ def test_lower_case_exceptions_cover_this_pythons_unicode():
 
 def test_the_reader_cleans_queries_as_normalize_query_does(tmp_path):
   queries = ['CHEAP Flights', 'cheap  flights ', '\u00c9cole NORMALE', '\u0130stanbul OTEL',
-             '\u023a\u023e x', 'A\u00a0B\u2003C', 'ok', ' MiXeD\x0bcase ', '\u039f\u0394\u039f\u03a3']
+             '\u023a\u023e x', 'A\u00a0B\u2003C', 'ok', ' MiXeD\x0bcase ', '\u039f\u0394\u039f\u03a3',
+             'ARIZONA ZOO',  # plain ASCII: A to Z lower-cased in place
+             'rock\x0broll', 'a\x1cb\x1dc\x1ed\x1fe']  # str.split's whitespace, not refused
   rows = [row(1, q, f'10:{i:02d}') for i, q in enumerate(queries)]
   rows.append(row(1, b'CAF\xc9  AU lait', '10:30'))  # Latin-1
   log = aol_log.read_log(write(tmp_path / 'log.tsv', rows))
   expected = [aol_log.normalize_query(q) for q in queries + ['CAF\u00c9  AU lait']]
   assert log.records.texts(np.arange(len(rows))) == expected
+  assert expected[-4:-1] == ['arizona zoo', 'rock roll', 'a b c d e']
+  # Texts gathered a few records at a time read the same, in any order of records.
+  assert log.records.texts(np.arange(len(rows)), batch=3) == expected
+  assert log.records.texts(np.arange(len(rows))[::-1], batch=4) == expected[::-1]
   assert log.records.num_words.tolist() == [len(t.split(' ')) for t in expected]
   assert expected[3] == 'istanbul otel' and expected[-1] == 'caf\u00e9 au lait'
 

@@ -214,6 +214,13 @@ def test_long_query_policies(tmp_path, policy, expected, long_count):
   assert skipped['long_query'] == long_count
 
 
+def test_an_unknown_long_query_policy_is_refused(tmp_path):
+  log = aol_log.read_log(write(tmp_path / 'log.tsv', [line(1, 'a b', '10:00:00')]))
+  with pytest.raises(ValueError, match="long_query must be one of .*, got 'drop'"):
+    aol_log.sessionize(log.records, gap_minutes=30.0, max_query_words=1, long_query='drop',
+                       min_queries=1, max_queries=5)
+
+
 def test_truncate_cuts_stored_queries(tmp_path):
   words = ['w%d' % i for i in range(12)]
   log = write(tmp_path / 'log.tsv', [line(1, 'a', '10:00:00'), line(1, ' '.join(words),
@@ -272,6 +279,14 @@ def test_unsorted_huge_user_ids(tmp_path):
   assert session_texts(log)[0] == [['x'], ['y'], ['z'], ['a', 'b', 'c']]
 
 
+def test_unsorted_neighbouring_users_keep_their_sessions(tmp_path):
+  """Out of order, AnonID 1's latest record (the log's last time) and AnonID 2's earliest
+  (its first) still sort apart: each user's records make its own sessions."""
+  log = write(tmp_path / 'log.tsv', [line(2, 'x', '10:00:00'), line(1, 'a', '10:00:00'),
+                                     line(1, 'b', '10:05:00'), line(2, 'y', '10:01:00')])
+  assert session_texts(log)[0] == [['a', 'b'], ['x', 'y']]
+
+
 def test_text_cleaning_case_and_latin1(tmp_path):
   log = write(tmp_path / 'log.tsv', [
       line(1, 'www.myspace.com', '10:00:00'),  # punctuation kept as it is
@@ -313,6 +328,13 @@ def test_field_counts_header_and_line_ends(tmp_path):
   bom = aol_log.read_log(write(tmp_path / 'bom.tsv', [aol_log.UTF8_BOM + HEADER.encode()] + rows,
                                header=False))
   assert bom.skipped == with_header.skipped and bom.lines_read == with_header.lines_read
+  # ... nor of a first line that is a record; a first field that only starts with `AnonID`
+  # is no header but a bad AnonID.
+  bom_record = aol_log.read_log(write(tmp_path / 'bom-record.tsv', [
+      aol_log.UTF8_BOM + rows[0].encode(), 'AnonIDs\tq\t2006-03-01 10:05:00'], header=False))
+  assert bom_record.records.user.tolist() == [1]
+  assert bom_record.records.texts(np.arange(1)) == ['a']
+  assert (bom_record.skipped['header'], bom_record.skipped['bad_user_id']) == (0, 1)
   assert np.array_equal(crlf.records.time, with_header.records.time)
   # A header inside a file (logs joined by `cat`) is a header too, with strict mode as well.
   late = aol_log.read_log(write(tmp_path / 'late.tsv', [rows[0], HEADER, rows[0],
@@ -329,11 +351,12 @@ def test_user_ids_and_times_parse_exactly(tmp_path):
           line(8, 'h', '2006-02-29 10:00:00'), line(8, 'i', '2006-13-01 10:00:00'),
           line(8, 'j', '2006-03-01 24:00:00'), line(8, 'k', '2006-03-01 10:60:00'),
           line(8, 'l', '2006-3-01 10:00:00'), line(8, 'm', '2006-03-01T10:00:00'),
-          line(8, 'n', '2006-03-01 10:00:00.5'), line(8, 'o', '')]
+          line(8, 'n', '2006-03-01 10:00:00.5'), line(8, 'o', ''),
+          line(8, 'p', '2006-03-01 10:00:60'), line(8, 'q', '2006-03-00 10:00:00')]
   log = aol_log.read_log(write(tmp_path / 'log.tsv', rows, header=False))
   assert log.records.user.tolist() == [42, 7, 999999999999999999]
   assert log.records.time.tolist() == [0, 1141228736, 1078099199]
-  assert (log.skipped['bad_user_id'], log.skipped['bad_time']) == (4, 8)
+  assert (log.skipped['bad_user_id'], log.skipped['bad_time']) == (4, 10)
 
 
 def test_gzip_and_many_files_read_like_one(tmp_path):
@@ -354,6 +377,15 @@ def test_gzip_and_many_files_read_like_one(tmp_path):
   expected['stats']['lines_read'] = 34
   assert corpus(preprocess.data_dir(str(tmp_path / 'b'))) == expected
   assert corpus(preprocess.data_dir(str(tmp_path / 'c'))) == expected
+  # Gzip is told by the file's first bytes, not its name.
+  gzipped = tmp_path / 'gzipped.tsv'
+  os.rename(write(tmp_path / 'gzipped.tsv.gz', rows), gzipped)
+  plain = tmp_path / 'plain.gz'
+  os.rename(one, plain)
+  for path in (gzipped, plain):
+    read = aol_log.read_log(str(path))
+    assert read.lines_read == 33 and read.records.texts(np.arange(32)) == [
+        r.split('\t')[1] for r in rows]
 
 
 def test_chunk_boundaries_and_worker_processes_change_nothing(tmp_path, monkeypatch):
@@ -397,6 +429,13 @@ def test_strict_mode_names_file_line_and_reason(tmp_path):
   with pytest.raises(aol_log.LogFormatError, match=r'nul\.tsv:3: control_character: the query'):
     aol_log.read_log(nul, strict=True)
   assert aol_log.read_log(nul).skipped['control_character'] == 1
+  # So do ESC and DEL, DEL also in a chunk with no byte below the space but tabs and newlines.
+  for name, byte in (('esc', b'\x1b'), ('del', b'\x7f')):
+    path = write(tmp_path / f'{name}.tsv', [line(1, 'a', '10:00:00'),
+                                           b'1\tparis' + byte + b'hotels\t2006-03-01 10:01:00'])
+    assert aol_log.read_log(path).skipped['control_character'] == 1
+    with pytest.raises(aol_log.LogFormatError, match=rf'{name}\.tsv:3: control_character'):
+      aol_log.read_log(path, strict=True)
   # A line that is not UTF-8 is no malformed line: it is read as Latin-1.
   latin1 = write(tmp_path / 'u.tsv', [line(1, 'a', '10:00:00'),
                                       b'1\tcaf\xe9\t2006-03-01 10:00:00'])
@@ -462,6 +501,11 @@ def test_errors_are_one_line_and_name_the_input(tmp_path):
     assert isinstance(error.value, errors.Error)  # the command line prints it, no traceback
     # A workdir made for the failed build is not left behind, empty.
     assert not os.path.exists(workdir)
+  # One that was there before the build stays, though empty.
+  os.makedirs(workdir)
+  with pytest.raises(preprocess.EmptyCorpusError):
+    preprocess.prepare(config(good), workdir)
+  assert os.path.isdir(workdir) and not os.path.exists(preprocess.data_dir(workdir))
 
 
 def _many_sessions_log(path, num_sessions=100, extra_word=None):
@@ -932,6 +976,35 @@ def test_a_damaged_corpus_is_built_again_and_strict_mode_is_not_reused_past(tmp_
   assert corpus(data_dir) == before
 
 
+def test_strict_mode_builds_again_a_corpus_whose_stats_lack_a_malformed_reason(tmp_path,
+                                                                               capsys):
+  """A corpus built before a reason was counted kept such lines: reused without `strict`,
+  built again with it (which names the first malformed line, if any)."""
+  log = _many_sessions_log(tmp_path / 'log.tsv', 20)
+  workdir = str(tmp_path / 'w')
+  data_dir = preprocess.data_dir(workdir)
+  c = config(log, min_word_count=1, split_fractions=(0.8, 0.1, 0.1))
+  preprocess.prepare(c, workdir)
+  stats_path, manifest_path = (os.path.join(data_dir, n) for n in ('stats.json',
+                                                                    'manifest.json'))
+  with open(stats_path) as f:
+    stats = json.load(f)
+  del stats['skipped']['control_character']
+  with open(stats_path, 'w') as f:
+    json.dump(stats, f)
+  with open(manifest_path) as f:
+    manifest = json.load(f)
+  manifest['sizes']['stats.json'] = os.path.getsize(stats_path)  # whole, as far as sizes go
+  with open(manifest_path, 'w') as f:
+    json.dump(manifest, f)
+  capsys.readouterr()
+  preprocess.prepare(c, workdir, verbose=True)
+  assert 'Reusing' in capsys.readouterr().out
+  c.data.strict = True
+  assert preprocess.prepare(c, workdir, verbose=True)['skipped']['control_character'] == 0
+  assert 'Reusing' not in capsys.readouterr().out
+
+
 def test_a_second_run_preprocessing_in_a_workdir_is_refused(tmp_path):
   from mtn_jax import files  # pylint: disable=g-import-not-at-top
   import fcntl  # pylint: disable=g-import-not-at-top
@@ -973,6 +1046,10 @@ def test_counts_add_up_with_training_users_left_out_and_the_summary_shows_them(t
 def test_expand_paths_takes_files_named_like_globs_and_names_what_is_not_a_file(tmp_path):
   odd = write(tmp_path / 'log[1].tsv', [line(1, 'a', '10:00:00')])
   assert aol_log.expand_paths(odd) == [odd]
+  # A glob's matches in sorted order (the order of equal times across files), after the
+  # paths before it.
+  parts = [write(tmp_path / f'part-{k}.tsv', [line(1, k, '10:00:00')]) for k in 'cadb']
+  assert aol_log.expand_paths(f'{odd}, {tmp_path}/part-*.tsv') == [odd] + sorted(parts)
   fifo = tmp_path / 'pipe'
   os.mkfifo(fifo)
   with pytest.raises(aol_log.MissingLogError, match=re.escape(f'{fifo}: not a regular file')):

@@ -221,6 +221,17 @@ def test_preprocessing_with_sentencepiece(tmp_path):
   assert train_sentencepiece(train.texts, 320).fingerprint == vocab.fingerprint
 
 
+def test_a_query_of_exactly_the_token_slots_is_not_cut():
+  """Only a query of more pieces than token slots is cut and counted in `cut_queries`."""
+  vocab = train_sentencepiece(TRAIN, 320)
+  texts = ['paris hotels', 'cheap flights to paris']
+  pieces = [vocab.encode_text(t) for t in texts]
+  slots = len(pieces[0])  # the first fills every slot, the second has more pieces
+  assert len(pieces[1]) > slots
+  ids, cut = preprocess._encode_pieces(texts, vocab, slots)  # pylint: disable=protected-access
+  assert cut == 1 and ids.tolist() == [pieces[0], pieces[1][:slots]]
+
+
 @pytest.mark.slow
 def test_cli_trains_and_decodes_with_subwords(tmp_path):
   overrides = ('--config.data.tokenizer=sentencepiece', '--config.data.vocab_size=400',
