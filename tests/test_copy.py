@@ -124,6 +124,24 @@ def test_a_target_outside_the_vocabulary_and_the_context_is_unk():
       losses.extended_targets(targets, jnp.array([[4]]), 37), [[[40, UNK_ID, 7]]])
 
 
+def test_copy_token_losses_by_hand():
+  """V = 4 uniform words, the gate at 1/2, equal attention over three source positions and a
+  masked fourth. Token 0: source [2, 2, 5], target 5: P(5) = 1/6 < P(2) = 1/8 + 1/3, wrong.
+  Token 1: the same source, target 2, right. Token 2: source [5, 6, 7], target 5: a three-way
+  tie for the best (1/6 each, above any vocabulary word's 1/8), which counts as right.
+  Smoothing takes the mean of log P over the V words, word 2 once however often copied."""
+  masked = copying.MASKED_SCORE
+  sources = jnp.array([[2, 2, 5, -1], [2, 2, 5, -1], [5, 6, 7, -1]], jnp.int32)
+  scores = jnp.array([[0.0, 0.0, 0.0, masked]] * 3, jnp.float32)
+  loss, nll, correct = jax.jit(functools.partial(losses.copy_token_losses, label_smoothing=0.1))(
+      jnp.zeros((3, 4)), jnp.array([5, 2, 5]), jnp.zeros(3), scores, sources)
+  p2 = 1 / 8 + 1 / 3
+  np.testing.assert_allclose(nll, [np.log(6), -np.log(p2), np.log(6)], rtol=1e-6)
+  mean_log_prob = np.array([(3 * np.log(1 / 8) + np.log(p2)) / 4] * 2 + [np.log(1 / 8)])
+  np.testing.assert_allclose(loss, 0.9 * np.asarray(nll) - 0.1 * mean_log_prob, rtol=1e-6)
+  np.testing.assert_array_equal(correct, [0.0, 1.0, 1.0])
+
+
 def test_a_copied_word_fed_back_to_the_decoder_is_read_as_unk(copy_model):
   """The search feeds a copied word back by its extended id, which the decoder's word table
   has no row for: it reads `<unk>` there, as training read the same word (the queries hold

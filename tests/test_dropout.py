@@ -71,3 +71,28 @@ def test_raw_typed_and_other_keys():
   np.testing.assert_array_equal(random_uint16(jax.random.PRNGKey(7), (5, 9)), typed)
   other = random_uint16(jax.random.key(7, impl='rbg'), (5, 9))
   assert other.shape == (5, 9) and not np.array_equal(np.asarray(other), np.asarray(typed))
+
+
+def test_an_element_is_dropped_exactly_where_its_draw_falls_below_the_threshold(monkeypatch):
+  """The drop probability is the rate rounded to a multiple of 2**-16, exactly: an element goes
+  iff its 16-bit draw is below round(rate * 2**16), and a draw equal to it keeps the element.
+  The rate is set to one of the module's own draws, so that the boundary is met."""
+  from mtn_jax.models import dropout  # pylint: disable=g-import-not-at-top
+  draws = []
+
+  def recorded(key, shape):
+    draws.append(np.asarray(random_uint16(key, shape)))
+    return jnp.asarray(draws[-1])
+
+  monkeypatch.setattr(dropout, 'random_uint16', recorded)
+  x = jnp.full((8, 64), 3.0, jnp.float32)
+  apply = lambda rate: np.asarray(Dropout(rate).apply({}, x, deterministic=False,
+                                                      rngs={'dropout': jax.random.key(5)}))
+  apply(0.5)
+  threshold = int(draws[0][0, 0])
+  assert 0 < threshold < 2**16
+  y = apply(threshold / 2**16)
+  np.testing.assert_array_equal(draws[1], draws[0])  # the same key: the same draws
+  np.testing.assert_array_equal(y == 0, draws[0] < threshold)
+  assert y[0, 0] != 0
+  np.testing.assert_allclose(y[y != 0], 3.0 * 2**16 / (2**16 - threshold), rtol=1e-6)

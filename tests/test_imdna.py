@@ -272,6 +272,16 @@ def test_multi_hot_ignores_padding():
   np.testing.assert_array_equal(hot, [[1, 0, 1, 0], [0, 0, 0, 0]])
 
 
+def test_validation_figures_are_per_question_with_an_answer():
+  """The summed loss per question and HITS@1 in percent, as the evaluation reports its hits;
+  a split with no question gives zeros, not a division by zero."""
+  totals = {'loss': 6.0, 'nll': 6.0, 'correct': 1.0, 'tokens': 4.0, 'pairs': 4.0}
+  assert multi_answer.IMDNATask.summarize(totals) == {
+      'loss': 1.5, 'hits_at_1': 25.0, 'questions': 4.0}
+  assert multi_answer.IMDNATask.summarize(dict.fromkeys(totals, 0.0)) == {
+      'loss': 0.0, 'hits_at_1': 0.0, 'questions': 0.0}
+
+
 def test_hits_and_recall_at_k():
   ranked = np.array([[3, 1, 2], [0, 1, 2]])
   answers = np.array([[1, -1], [2, 5]])
@@ -331,6 +341,19 @@ def test_a_missing_document_and_a_padding_row_read_no_document():
   np.testing.assert_array_equal(last['documents'], [[[5, 6, 0], [0, 0, 0]], [[0, 0, 0]] * 2])
   np.testing.assert_array_equal(last['answers'], [[2], [-1]])
   np.testing.assert_array_equal(last['question'], [[3, 3], [0, 0]])
+
+
+def test_answer_scores_give_each_question_its_own_row_whatever_the_batch_size():
+  """3 questions in batches of 2 score as the first 3 of 4 do: the padding row of the last
+  batch (question id -1) is written nowhere, not on the last question's row as index -1."""
+  library, _ = _stub_library()
+  task = multi_answer.IMDNATask(tiny_config(vocab_size=len(library.vocab), num_items=3))
+  batch = {'question': np.ones((1, 2), np.int32), 'documents': library.document_tokens[None]}
+  params = random_variables(task.model, 0, batch)['params']
+  four = task.answer_scores(params, library, _question_set(4), batch_size=2)
+  assert four.shape == (4, 3) and len({tuple(row) for row in four.round(6)}) == 4
+  np.testing.assert_allclose(task.answer_scores(params, library, _question_set(3), batch_size=2),
+                             four[:3], rtol=1e-6)
 
 
 def test_training_batches_reshuffle_every_epoch_and_repeat_exactly():

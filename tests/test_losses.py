@@ -6,6 +6,7 @@ import math
 
 import jax
 import jax.numpy as jnp
+import ml_collections
 import numpy as np
 import optax
 import pytest
@@ -118,6 +119,10 @@ def test_output_layer_losses_refuse_bad_shapes_and_chunks():
   with pytest.raises(ValueError, match=r'expected hidden \[G, M, H\]'):
     output_layer_losses(lambda k, h: h @ k, jnp.zeros((4, 3)), hidden[0], targets, weights,
                         chunk_tokens=2)
+  # M-NSRF's entropy term has no definition over a copy mixture: refused, not dropped.
+  with pytest.raises(ValueError, match='entropy regulariser is not defined for a copy mixture'):
+    output_layer_losses(lambda k, h: h @ k, jnp.zeros((4, 3)), hidden, targets, weights,
+                        chunk_tokens=2, entropy_weight=0.1, copy={})
 
 
 TINY_FIELDS = dict(
@@ -222,3 +227,25 @@ def test_the_training_loss_is_the_mean_per_real_target_token():
   assert float(GenerationTask.training_loss(sums)) == 1.5
   assert float(GenerationTask.training_loss({**sums, 'loss': jnp.float32(0.0),
                                              'tokens': jnp.float32(0.0)})) == 0.0
+
+
+def test_validation_figures_are_the_cross_entropy_and_accuracy_per_target_token():
+  """Validation loss is the summed cross-entropy ('nll', not the smoothed objective) over the
+  real target tokens, perplexity its exp, capped at exp(50) so that a diverged model still
+  reports a number; token accuracy per token, pairs as counted; an empty split (0 tokens)
+  gives zeros, not a division by zero."""
+  totals = {'loss': 9.0, 'nll': 6.0, 'correct': 3.0, 'tokens': 4.0, 'pairs': 2.0}
+  assert GenerationTask.summarize(totals) == {
+      'loss': 1.5, 'perplexity': math.exp(1.5), 'token_accuracy': 0.75, 'pairs': 2.0}
+  assert GenerationTask.summarize({**totals, 'nll': 4000.0})['perplexity'] == math.exp(50.0)
+  assert GenerationTask.summarize(dict.fromkeys(totals, 0.0)) == {
+      'loss': 0.0, 'perplexity': 1.0, 'token_accuracy': 0.0, 'pairs': 0.0}
+
+
+def test_a_generation_task_takes_each_loss_setting_from_its_own_key():
+  """Label smoothing and the entropy regulariser are both 0.1 in their papers: a task that read
+  one key for the other would train another objective without a sign."""
+  train = ml_collections.ConfigDict(dict(label_smoothing=0.1, entropy_weight=0.2,
+                                         loss_chunk_tokens=7))
+  task = GenerationTask.from_config(TINY, train)
+  assert (task.label_smoothing, task.entropy_weight, task.chunk_tokens) == (0.1, 0.2, 7)

@@ -84,3 +84,16 @@ def test_rerank_a_query_proposed_twice_is_one_candidate_with_its_better_score():
   reranked = mbr.rerank(ranked)
   assert [r['query'] for r in reranked] == ['a b', 'c']
   assert {r['query']: r['model_score'] for r in reranked} == {'a b': -1.0, 'c': -2.0}
+
+
+def test_rerank_reads_the_scores_as_log_weights_whatever_their_offset():
+  # p = softmax(scores): only their differences matter. A ranker's scores (or a long query's
+  # log-probability) can lie far below zero, where exp(score) alone is 0 for every one: the
+  # list reranks as the same list shifted up, with the same utilities.
+  ranked = [{'query': 'google', 'score': -1.0}, {'query': 'make up schools ny', 'score': -1.2},
+            {'query': 'make up schools nyc', 'score': -1.3}]
+  shifted = [{**r, 'score': r['score'] - 1000.0} for r in ranked]
+  want = [(r['query'], r['score']) for r in mbr.rerank(ranked)]
+  got = [(r['query'], r['score']) for r in mbr.rerank(shifted)]
+  assert [q for q, _ in got] == [q for q, _ in want]
+  assert [s for _, s in got] == pytest.approx([s for _, s in want], rel=1e-9)

@@ -605,3 +605,16 @@ def test_a_personalised_mtn_reads_its_users_history_and_no_other_users():
   other = forward(params, history.at[0].set(history[0, ::-1] % (VOCAB - 10) + 10))
   assert not np.allclose(logits[0], other[0], atol=1e-4)
   np.testing.assert_allclose(logits[1], other[1], atol=1e-6)
+
+
+def test_a_model_that_reads_users_refuses_a_split_without_their_earlier_queries():
+  """A user memory given no earlier queries (none kept, or `config.data.history_queries` 0)
+  is an error naming the setting, not a memory of nothing."""
+  import types  # pylint: disable=g-import-not-at-top
+  from mtn_jax import errors  # pylint: disable=g-import-not-at-top
+  from mtn_jax.tasks import base  # pylint: disable=g-import-not-at-top
+  task = base.GenerationTask(MTN2.replace(user_memory='attention'))
+  for history in (None, np.zeros((BATCH, 0, WORDS), np.int32)):
+    with pytest.raises(errors.Error, match=re.escape(
+        'set config.data.history_queries > 0 (the valid split has none)')):
+      task.context_inputs(types.SimpleNamespace(name='valid', history=history), vocab=None)

@@ -700,6 +700,71 @@ def test_a_metrics_line_cut_short_is_dropped_and_another_bad_one_named(tmp_path,
       read()
 
 
+def test_blank_metrics_lines_are_skipped_and_a_whole_line_that_is_no_record_is_named(tmp_path):
+  """Only a last line without its newline is a write cut short: a whole last line (newline
+  included) that is no record of a step is named like any other; blank lines are no records
+  and no error."""
+  path = tmp_path / 'metrics.jsonl'
+  lines = [json.dumps({'kind': 'train', 'step': s, 'time': 0.0, 'loss': 1.0}) + '\n'
+           for s in (1, 2, 3)]
+  path.write_text(lines[0] + '\n' + lines[1] + '  \n' + lines[2], encoding='utf-8')
+  assert [r['step'] for r in metric_writer.read_metrics(str(tmp_path))] == [1, 2, 3]
+  for bad in ('{"kind": "train", "st\n', '{"kind": "train", "time": 0.0}\n', '[1, 2]\n',
+              '{"kind": "train", "step": "3"}\n'):
+    path.write_text(''.join(lines) + bad, encoding='utf-8')
+    with pytest.raises(errors.Error, match=re.escape(f'{path}:4: not a metrics record (')):
+      metric_writer.read_metrics(str(tmp_path))
+
+
+def test_a_resumed_run_redoes_the_checkpoints_validation_only_when_told(tmp_path):
+  """Resumed from step 2: the records after it go, and with `redo_validation` (the checkpoint
+  was saved without its validation, which the resumed run does again) step 2's validation
+  too, never its training record."""
+  path = tmp_path / 'metrics.jsonl'
+  logged = [(s, kind) for s in (1, 2, 3) for kind in ('train', 'valid')]
+  whole = ''.join(json.dumps({'kind': kind, 'step': s, 'time': 0.0, 'loss': 1.0}) + '\n'
+                  for s, kind in logged)
+  for redo, kept in ((False, logged[:4]), (True, logged[:3])):
+    path.write_text(whole, encoding='utf-8')
+    metric_writer.MetricWriter(str(tmp_path), enabled=True, resumed_at=2,
+                               redo_validation=redo).close()
+    assert [(r['step'], r['kind']) for r in metric_writer.read_metrics(str(tmp_path))] == kept
+
+
+def tensorboard_events(folder) -> list:
+  """The events of the TensorBoard files in `folder`: TFRecords of `Event` protos (the
+  record's length, its CRC, the record, its CRC)."""
+  from tensorboardX.proto import event_pb2  # pylint: disable=g-import-not-at-top
+  events = []
+  for name in sorted(os.listdir(folder)):
+    with open(os.path.join(folder, name), 'rb') as f:
+      data = f.read()
+    at = 0
+    while at < len(data):
+      length = int.from_bytes(data[at:at + 8], 'little')
+      events.append(event_pb2.Event.FromString(data[at + 12:at + 12 + length]))
+      at += 16 + length
+  return events
+
+
+def test_tensorboard_hides_what_a_stopped_run_logged_after_its_checkpoint(tmp_path):
+  """Resumed from the checkpoint of step 2, the run tells TensorBoard to purge the events of
+  step 3 on, which it logs again (those of step 2 stay, as in the JSONL); each scalar is
+  tagged with its kind."""
+  from tensorboardX.proto import event_pb2  # pylint: disable=g-import-not-at-top
+  (tmp_path / 'metrics.jsonl').write_text(''.join(
+      json.dumps({'kind': 'train', 'step': s, 'time': 0.0, 'loss': 1.0}) + '\n'
+      for s in (1, 2, 3)), encoding='utf-8')
+  writer = metric_writer.MetricWriter(str(tmp_path), enabled=True, resumed_at=2)
+  writer.write(3, 'valid', {'loss': 0.5})
+  writer.close()
+  events = tensorboard_events(tmp_path / 'tensorboard')
+  [start] = [e for e in events if e.HasField('session_log')]
+  assert (start.session_log.status, start.step) == (event_pb2.SessionLog.START, 3)
+  assert [(e.step, v.tag, v.simple_value) for e in events for v in e.summary.value] == [
+      (3, 'valid/loss', 0.5)]
+
+
 def test_a_stopped_runs_steps_after_its_last_log_line_are_logged_by_the_resumed_run():
   """The metrics of the steps after the last log line go with the checkpoint
   (`_TrainMonitor.window`, in its meta as JSON); the resumed run's next log line covers them
