@@ -9,6 +9,7 @@ each search compiles once per model.
 import functools
 import itertools
 
+import flax.linen as nn
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -45,11 +46,12 @@ def tiny_model(name, vocab_size, **changes):
                                                  max_query_words=QUERY_WORDS))
 
 
-def suggest(model, params, queries, *, beam_size, max_len, length_penalty, **kwargs):
+def suggest(model, params, queries, *, beam_size, max_len, length_penalty, emit_unk=False,
+            block_repeats=False, **kwargs):
   """`search.search_sessions` over `queries` with the search given by keywords."""
   settings = search.SearchSettings(beam_size=beam_size, max_len=max_len,
-                                   length_penalty=length_penalty, emit_unk=False,
-                                   top_k=beam_size)
+                                   length_penalty=length_penalty, emit_unk=emit_unk,
+                                   top_k=beam_size, block_repeats=block_repeats)
   return search.search_sessions(model, params, {'queries': queries}, settings, **kwargs)
 
 
@@ -286,6 +288,10 @@ def test_unk_is_suggested_only_when_asked_for(searched):
   sequences, _ = search.beam_search(model, unk_first, memory, beam_size=BEAM, max_len=MAX_LEN,
                                     length_penalty=0.0, emit_unk=True)
   assert (np.asarray(sequences)[:, 0, 0] == UNK_ID).all()
+  # The sessions' search reads it from its settings.
+  sequences, _ = suggest(model, unk_first, QUERIES, beam_size=BEAM, max_len=MAX_LEN,
+                         length_penalty=0.0, emit_unk=True)
+  assert (np.asarray(sequences)[..., 0, 0] == UNK_ID).all()
 
 
 def test_a_certain_end_stops_every_hypothesis_at_once(searched):
@@ -438,8 +444,74 @@ def test_bad_arguments_are_refused(searched):
                    positions='last', lengths=np.array([3, 4]))
   with pytest.raises(ValueError, match=r'queries must be \[batch, queries, tokens\]'):
     suggest(model, params, QUERIES[0], beam_size=2, max_len=3, length_penalty=0.0)
+  with pytest.raises(ValueError, match=r'lengths must lie in 1\.\.3'):
+    suggest(model, params, QUERIES, beam_size=2, max_len=3, length_penalty=0.0,
+                   positions='last', lengths=np.array([0, 2]))
   with pytest.raises(ValueError, match='beam_size must be at least 1'):
     search.beam_search(model, params, memory, beam_size=0, max_len=3, length_penalty=0.0)
+  # Memory whose leaves disagree on the rows, or sequences for other rows than the memory's.
+  rows = len(jax.tree.leaves(memory)[0])
+  uneven = {'a': jnp.zeros((rows, 2)), 'b': jnp.zeros((rows - 1, 2))}
+  with pytest.raises(ValueError, match='every memory leaf must lead with the number of rows'):
+    search.greedy(model, params, uneven, max_len=3)
+  with pytest.raises(ValueError, match=f'memory has {rows} rows but sequences {rows - 1}'):
+    search.sequence_log_prob(model, params, memory,
+                             jnp.zeros((rows - 1, 1, MAX_LEN), jnp.int32))
+
+
+class Bigram(nn.Module):
+  """A decoder whose next-word logits are the row of `params['table']` of the last word:
+  probabilities set by hand. Its memory (leaves [N, ...]) is not read."""
+
+  @nn.compact
+  def decode(self, memory, tokens, decode=False):
+    del memory
+    table = self.param('table', nn.initializers.ones, (8, 8))
+    if decode:
+      self.variable('cache', 'steps', lambda: jnp.zeros((), jnp.int32))
+    return jnp.log(table)[tokens]
+
+
+def bigram_table(first, after):
+  """The probabilities of `Bigram`'s table [8, 8] (words 5, 6, 7): `first` after `<s>`, and
+  `after[w]` after word w, each {word id: probability}; uniform after any other token."""
+  table = np.full((8, 8), 1 / 8, np.float32)
+  for row, probabilities in [(BOS_ID, first), *after.items()]:
+    table[row] = 0.0
+    for word, p in probabilities.items():
+      table[row, word] = p
+  return {'table': jnp.asarray(table)}
+
+
+def bigram_search(params, **kwargs):
+  memory = {'rows': jnp.zeros((1, 1))}
+  sequences, scores = search.beam_search(Bigram(), params, memory, **kwargs)
+  return np.asarray(sequences)[0], np.asarray(scores)[0]
+
+
+def test_a_vocabulary_too_small_for_the_beam_leaves_empty_slots():
+  """One word (5) and `</s>` make three suggestions of at most two tokens: a beam of four
+  returns them best first and one empty slot (score -inf, all padding), never a suggestion
+  continued after its `</s>`."""
+  params = bigram_table({EOS_ID: 0.6, 5: 0.4}, {5: {EOS_ID: 0.25, 5: 0.75}})
+  sequences, scores = bigram_search(params, beam_size=4, max_len=2, length_penalty=0.0)
+  np.testing.assert_array_equal(sequences, [[EOS_ID, 0], [5, 5], [5, EOS_ID], [0, 0]])
+  np.testing.assert_allclose(scores, [*np.log([0.6, 0.3, 0.1]), -np.inf], rtol=1e-6)
+
+
+def test_a_penalty_for_length_stops_the_search_only_when_no_live_hypothesis_can_win():
+  """With alpha < 0 a longer suggestion is penalised, so a live hypothesis can do best by
+  ending at the next step: the search goes on while that could beat the K-th finished one.
+  After two steps `</s>` and `6 </s>` are finished and `5 7` is live; `5 7 </s>` then beats
+  `6 </s>`, which a bound at max_len alone would have kept."""
+  params = bigram_table({EOS_ID: 0.5, 5: 0.3, 6: 0.2},
+                        {5: {7: 0.9, EOS_ID: 0.1}, 6: {EOS_ID: 0.9, 5: 0.1},
+                         7: {EOS_ID: 0.95, 6: 0.05}})
+  alpha = -1.0
+  sequences, scores = bigram_search(params, beam_size=2, max_len=6, length_penalty=alpha)
+  np.testing.assert_array_equal(sequences, [[EOS_ID, 0, 0, 0, 0, 0], [5, 7, EOS_ID, 0, 0, 0]])
+  expected = search.length_normalize(np.log([0.5, 0.3 * 0.9 * 0.95]), np.array([1, 3]), alpha)
+  np.testing.assert_allclose(scores, expected, rtol=1e-6)
 
 
 def _repeats_a_word(sequence) -> bool:
@@ -463,6 +535,10 @@ def test_blocking_repeats_never_repeats_a_word_and_keeps_exact_scores(searched):
   np.testing.assert_allclose(
       scores, search.length_normalize(log_probs, search.sequence_lengths(blocked), ALPHA),
       atol=1e-5, rtol=0)
+  # The sessions' search reads it from its settings.
+  from_settings, _ = suggest(model, params, QUERIES, beam_size=BEAM, max_len=MAX_LEN,
+                             length_penalty=ALPHA, block_repeats=True)
+  np.testing.assert_array_equal(np.asarray(from_settings).reshape(blocked.shape), blocked)
 
 
 def test_encoded_reuses_the_last_encoding_only_for_the_same_inputs():

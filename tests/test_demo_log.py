@@ -73,11 +73,26 @@ def paper_sessions(sessions):
 
 
 @pytest.fixture(scope='module')
-def demo_rows(tmp_path_factory) -> list[Row]:
+def demo_written(tmp_path_factory) -> tuple[list[Row], list[list[str]]]:
+  """The demo log's rows, and the queries of every session as the generator made them, in
+  the order it wrote them."""
   path = tmp_path_factory.mktemp('demo') / 'demo-log.tsv.gz'
-  demo_log.write_demo_log(str(path), DEMO_USERS, seed=0)
+  generated, session_lines = [], demo_log._session_lines  # pylint: disable=protected-access
+
+  def recording(draws, queries, start, sites):
+    generated.append(list(queries))
+    return session_lines(draws, queries, start, sites)
+
+  with pytest.MonkeyPatch.context() as patch:
+    patch.setattr(demo_log, '_session_lines', recording)
+    demo_log.write_demo_log(str(path), DEMO_USERS, seed=0)
   with gzip.open(path, 'rt', encoding='utf-8') as f:
-    return parse(f.read())
+    return parse(f.read()), generated
+
+
+@pytest.fixture(scope='module')
+def demo_rows(demo_written) -> list[Row]:
+  return demo_written[0]
 
 
 @pytest.fixture(scope='module')
@@ -101,6 +116,9 @@ def test_gzip_holds_exactly_the_plain_text(tmp_path):
   demo_log.write_demo_log(str(tmp_path / 'log.tsv.gz'), 40, seed=7)
   compressed = (tmp_path / 'log.tsv.gz').read_bytes()
   assert compressed[:2] == b'\x1f\x8b'
+  # The header's flags name no file (FNAME unset) and its MTIME is zero: the bytes depend on
+  # the seed alone, not on the file's name or the hour it was written.
+  assert compressed[3] == 0 and compressed[4:8] == bytes(4)
   assert gzip.decompress(compressed) == (tmp_path / 'log.tsv').read_bytes()
 
 
@@ -131,11 +149,22 @@ def test_bad_arguments_are_refused(tmp_path):
   assert list(tmp_path.iterdir()) == []
 
 
+def test_a_busy_users_sessions_stop_at_the_end_of_may(tmp_path):
+  """Seed 8's first 160 users hold one whose sessions, at the gaps drawn, outlast the three
+  months: the log still ends with May, as the AOL collection does."""
+  demo_log.write_demo_log(str(tmp_path / 'log.tsv'), 160, seed=8)
+  rows = parse((tmp_path / 'log.tsv').read_text())
+  assert max(r.time for r in rows) < datetime.datetime(2006, 6, 1)
+
+
 def test_lines_are_sorted_by_user_then_time_within_the_aol_period(demo_rows):
   assert [(r.user, r.time) for r in demo_rows] == sorted((r.user, r.time) for r in demo_rows)
   assert len({r.user for r in demo_rows}) == DEMO_USERS
   assert min(r.time for r in demo_rows) >= datetime.datetime(2006, 3, 1)
   assert max(r.time for r in demo_rows).date() <= datetime.date(2006, 6, 1)
+  # March to May, like the AOL collection: each month well filled, none later.
+  months = collections.Counter(r.time.month for r in demo_rows)
+  assert sorted(months) == [3, 4, 5] and min(months.values()) > len(demo_rows) / 6, months
 
 
 def test_the_real_logs_quirks_are_present(demo_rows):
@@ -157,6 +186,8 @@ def test_the_real_logs_quirks_are_present(demo_rows):
   assert 10 <= over_long <= 0.01 * len(queries)
   assert 10 <= dashes <= 0.01 * len(demo_rows)
   assert min(gaps.values()) >= 20, gaps
+  # ItemRank: 1 to 10 for a click on the first result page, 11 to 20 on the next one.
+  assert {int(r.rank) for r in demo_rows if r.rank} == set(range(1, 21))
 
 
 def test_sessions_hold_1_to_10_queries_and_the_papers_filter_keeps_8k_to_12k(demo_sessions):
@@ -166,6 +197,18 @@ def test_sessions_hold_1_to_10_queries_and_the_papers_filter_keeps_8k_to_12k(dem
   assert 8000 <= len(kept) <= 12000
   vocabulary = collections.Counter(w for q in kept for x in q for w in words(x))
   assert 300 <= sum(c >= 2 for c in vocabulary.values()) <= 1500
+
+
+def test_the_30_minute_rule_recovers_every_generated_session(demo_written, demo_sessions):
+  """Gaps within a session stay under 30 minutes and gaps between sessions reach it: the
+  sessions split by the rule are exactly those generated, query for query."""
+  assert [queries for _, queries in demo_sessions] == demo_written[1]
+
+
+def test_users_have_1_to_121_sessions_with_a_median_of_13(demo_sessions):
+  per_user = collections.Counter(user for user, _ in demo_sessions)
+  assert min(per_user.values()) == 1 and 100 <= max(per_user.values()) <= 121
+  assert 11 <= statistics.median(per_user.values()) <= 15
 
 
 def test_sessions_do_not_depend_on_dropping_dashes_and_repeats_first(demo_rows):
@@ -234,6 +277,8 @@ def test_navigation_always_goes_to_one_address_per_site(demo_sessions):
   assert len(addresses) >= 80
   assert {a: b for a, b in addresses.items() if len(b) > 1} == {}
   assert addresses['bank of america'] == {'www.bankofamerica.com'}
+  # A host with a name of its own is typed as it is, without "www.".
+  assert addresses['fafsa'] == {'fafsa.ed.gov'}
 
 
 def test_next_query_is_predictable_from_the_session(demo_sessions):

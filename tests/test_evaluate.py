@@ -594,6 +594,32 @@ def test_excluding_session_queries_still_fills_top_k_from_the_whole_beam():
   assert search.ranked_suggestions(VOCAB, sequences, scores, settings,
                                    session=['hotels', 'red sox']) == [
       {'query': 'boston', 'score': -1.0}, {'query': 'cheap flights', 'score': -1.5}]
+  # What is left is still cut to top_k.
+  one = search.SearchSettings(beam_size=4, max_len=4, length_penalty=0.0, emit_unk=False,
+                              top_k=1, exclude_session_queries=True)
+  assert search.ranked_suggestions(VOCAB, sequences, scores, one,
+                                   session=['hotels', 'red sox']) == [
+      {'query': 'boston', 'score': -1.0}]
+
+
+def test_mbr_weighs_the_whole_beam_and_adds_the_session_only_for_beam_session():
+  """MBR reads every hypothesis as evidence however few are shown: its pick here is the beam's
+  consensus, not the likeliest hypothesis ('hotels') that the first top_k alone would give.
+  'beam' reorders the hypotheses only; 'beam+session' adds the session's queries."""
+  words = ['hotels', 'cheap boston hotels', 'cheap boston flights', 'boston flights']
+  sequences = np.zeros((4, 4), np.int32)
+  for k, query in enumerate(words):
+    ids = [VOCAB.id(w) for w in query.split()] + [3]
+    sequences[k, :len(ids)] = ids
+  scores = np.array([-0.5, -0.6, -0.7, -0.8], np.float32)
+  queries = lambda top_k, mbr: [r['query'] for r in search.ranked_suggestions(
+      VOCAB, sequences, scores, search.SearchSettings(
+          beam_size=4, max_len=4, length_penalty=0.0, emit_unk=False, top_k=top_k, mbr=mbr),
+      session=['cheap boston'])]
+  assert queries(1, 'beam') == ['cheap boston hotels']
+  consensus = ['cheap boston hotels', 'cheap boston flights', 'boston flights']
+  assert queries(5, 'beam') == consensus + ['hotels']
+  assert queries(5, 'beam+session') == consensus + ['cheap boston', 'hotels']
 
 
 def test_describe_counts():

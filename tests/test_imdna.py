@@ -6,6 +6,7 @@ import functools
 import json
 import os
 import re
+import signal
 
 import flax.linen as nn
 import jax
@@ -18,6 +19,8 @@ from mtn_jax.data import bm25
 from mtn_jax.data import sessions as session_data
 from mtn_jax.data import top_k
 from mtn_jax.data.synthetic import movies
+from mtn_jax.data.vocab import SPECIAL_TOKENS
+from mtn_jax.data.vocab import Vocab
 from mtn_jax.evaluation import evaluate
 from mtn_jax.evaluation import answer_hits
 from mtn_jax.models import imdna
@@ -480,6 +483,63 @@ def test_generator_is_seeded_and_its_answers_follow_from_its_triples():
   assert all(d.split()[0] == m.title for d, m in zip(documents, world.movies))
 
 
+def test_the_world_has_the_documented_shape():
+  """A movie has one director, one or two writers, two to four actors and one to three tags;
+  people lean to genres and a user's four movies to a taste. The counts add up: a QA question
+  per movie and forward template (six) and per person and inverse one (three), a
+  recommendation question per user."""
+  world = movies.generate(200, 300, seed=3)
+  assert {len(m.writers) for m in world.movies} == {1, 2}
+  assert {len(m.actors) for m in world.movies} == {2, 3, 4}
+  assert {len(m.tags) for m in world.movies} == {1, 2, 3}
+  people = [{m.director for m in world.movies}, {w for m in world.movies for w in m.writers},
+            {a for m in world.movies for a in m.actors}]
+  assert len(world.questions['qa']) == 6 * 200 + sum(len(p) for p in people)
+  assert len(world.questions['recs']) == 300
+  by_director = {}
+  for m in world.movies:
+    by_director.setdefault(m.director, []).append(m.genre)
+  in_main_genre = sum(max(map(g.count, g)) for g in by_director.values())
+  assert in_main_genre > 0.6 * len(world.movies)
+  by_title = {m.title: m for m in world.movies}
+  shared_tag = 0
+  for question in world.questions['recs']:
+    liked = [by_title[w] for w in question.text.split() if w in by_title]
+    liked.append(by_title[question.answers[0]])
+    assert len(liked) == 4 and len({m.genre for m in liked}) == 1
+    shared_tag += bool(set.intersection(*(set(m.tags) for m in liked)))
+  assert shared_tag > 0.5 * len(world.questions['recs'])
+
+
+def test_too_few_movies_are_refused_rather_than_searched_without_end():
+  with pytest.raises(ValueError, match='num_movies must be at least 12'):
+    movies.generate(11, 0, seed=0)
+  assert len(movies.generate(12, 0, seed=0).movies) == 12
+  # Twelve movies seldom give one genre the four that a recommendation question names: a
+  # clear refusal, where the questions' draw would otherwise go on for ever (the alarm makes
+  # such a draw a failure of this test, not a suite that never ends).
+  def endless(signum, frame):
+    raise AssertionError('the recommendation questions were drawn without end')
+
+  previous = signal.signal(signal.SIGALRM, endless)
+  signal.alarm(30)
+  try:
+    with pytest.raises(ValueError, match='gives no genre the 4 movies'):
+      movies.generate(12, 3, seed=0)
+  finally:
+    signal.alarm(0)
+    signal.signal(signal.SIGALRM, previous)
+
+
+def test_splits_are_a_seeded_80_10_10_partition_in_the_questions_order():
+  splits = movies.split_questions(list(range(1000)), seed=5)
+  assert [len(splits[s]) for s in movies.SPLITS] == [800, 100, 100]
+  assert sorted(sum(splits.values(), [])) == list(range(1000))
+  assert all(part == sorted(part) for part in splits.values())
+  assert movies.split_questions(list(range(1000)), seed=5) == splits
+  assert movies.split_questions(list(range(1000)), seed=6) != splits
+
+
 def test_prepare_writes_once_and_splits_cover_every_question(tmp_path):
   config = imdna_movies.get_config('test')
   first = movies.prepare(config, str(tmp_path))
@@ -519,6 +579,31 @@ def test_a_build_cut_short_is_made_again_not_reused(tmp_path, monkeypatch):
   documents = (tmp_path / 'data' / 'movies.documents.txt').read_text().splitlines()
   assert len(documents) == config.movies.num_movies
   assert manifest == movies.prepare(config, str(tmp_path))
+
+
+def test_prepare_knows_every_word_and_rebuilds_a_missing_file_or_other_users(tmp_path):
+  """The vocabulary holds every word of the documents and questions, and only those; the
+  candidate answers are the knowledge base's entities (relation names are none). A file
+  removed since, or another number of users, makes prepare build the world again."""
+  config = imdna_movies.get_config('test')
+  movies.prepare(config, str(tmp_path))
+  data_dir = str(tmp_path / 'data')
+  where = movies.paths(data_dir)
+  documents = movies.load_documents(data_dir)
+  texts = documents + [q.text for task in movies.TASKS for split in movies.SPLITS
+                       for q in movies.load_questions(data_dir, task, split)]
+  vocab = Vocab.load(where['vocab'])
+  assert set(vocab.words[len(SPECIAL_TOKENS):]) == {w for text in texts for w in text.split()}
+  world = movies.generate(config.movies.num_movies, config.movies.num_users,
+                          config.movies.seed)
+  assert set(movies.answer_entities(documents)) == (
+      {m.title for m in world.movies} | {o for _, _, o in world.triples()})
+  os.remove(where['qa.valid'])
+  movies.prepare(config, str(tmp_path))
+  assert os.path.exists(where['qa.valid'])
+  config.movies.num_users += 10
+  manifest = movies.prepare(config, str(tmp_path))
+  assert sum(manifest[f'recs.{s}'] for s in movies.SPLITS) == config.movies.num_users
 
 
 # ---------------------------------------------------------------------------------------------

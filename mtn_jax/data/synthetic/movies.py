@@ -228,8 +228,13 @@ def recs_questions(movies: Sequence[Movie], num_users: int,
                    rng: np.random.Generator) -> tuple[Question, ...]:
   """One question per user: three liked movies named, the fourth to find. A user's taste is
   a genre and one of its tags; each liked movie has that taste with probability 0.8, the
-  genre alone otherwise (a genre always has more than four movies by then)."""
+  genre alone otherwise. Only genres of at least four movies are drawn; a world with none is
+  refused."""
   genre_of = np.asarray([GENRES.index(m.genre) for m in movies])
+  if num_users > 0 and np.bincount(genre_of).max() < _LIKED:
+    # No user could like four movies of one genre: the loop below would never end.
+    raise ValueError(f'config.movies.num_movies ({len(movies)}) gives no genre the {_LIKED} '
+                     'movies a recommendation question names: ask for more movies')
   questions = []
   while len(questions) < num_users:
     movie = movies[int(rng.integers(len(movies)))]
