@@ -260,6 +260,12 @@ def test_data_errors_are_one_line_and_exit_1(tmp_path):
       'error: the valid split is empty: 3 sessions were kept and '
       'config.data.split_fractions=(0.95, 0.025, 0.025) gives it none of the sessions; use '
       'more data or a larger config.data.split_fractions[1]']
+  # So does a movie world too small for its recommendation questions.
+  result = run('--config=configs/imdna_movies.py:test', f'--workdir={tmp_path / "m"}',
+               '--mode=preprocess', '--config.movies.num_movies=12')
+  assert result.returncode == 1 and result.stderr.strip().splitlines() == [
+      'error: config.movies.num_movies (12) gives no genre the 4 movies a recommendation '
+      'question names: ask for more movies']
 
 
 # ---------------------------------------------------------------------------------------------

@@ -233,8 +233,9 @@ def recs_questions(movies: Sequence[Movie], num_users: int,
   genre_of = np.asarray([GENRES.index(m.genre) for m in movies])
   if num_users > 0 and np.bincount(genre_of).max() < _LIKED:
     # No user could like four movies of one genre: the loop below would never end.
-    raise ValueError(f'config.movies.num_movies ({len(movies)}) gives no genre the {_LIKED} '
-                     'movies a recommendation question names: ask for more movies')
+    raise errors.ConfigError(
+        f'config.movies.num_movies ({len(movies)}) gives no genre the {_LIKED} movies a '
+        'recommendation question names: ask for more movies')
   questions = []
   while len(questions) < num_users:
     movie = movies[int(rng.integers(len(movies)))]
@@ -258,8 +259,8 @@ def recs_questions(movies: Sequence[Movie], num_users: int,
 def generate(num_movies: int, num_users: int, seed: int) -> MovieWorld:
   """The knowledge base and both tasks' questions; the same arguments give the same world."""
   if num_movies < len(GENRES):
-    raise ValueError(f'config.movies.num_movies must be at least {len(GENRES)} (one per '
-                     f'genre), got {num_movies}')
+    raise errors.ConfigError(f'config.movies.num_movies must be at least {len(GENRES)} '
+                             f'(one per genre), got {num_movies}')
   kb_rng, qa_rng, recs_rng = (np.random.default_rng(s)
                               for s in np.random.SeedSequence(seed).spawn(3))
   movies = generate_movies(num_movies, kb_rng)
