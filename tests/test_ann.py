@@ -52,6 +52,7 @@ def test_usearch_top_k_equals_the_exact_top_k(tmp_path):
   for expansion in (retrieval.USEARCH_EXPANSION_SEARCH, 512):
     ids, scores = retrieval.search_index(index, vectors, queries, 10, expansion=expansion)
     assert recall(ids) >= 0.99, (expansion, recall(ids))
+    assert index.expansion_search == expansion
   assert ids.shape == scores.shape == (300, 10) and ids.dtype == np.int64
   # Where the index found the exact top 10, it gives them in the exact order, with the exact
   # scores (rescored from the vectors, whatever order the graph walk found them in).
@@ -73,12 +74,33 @@ def test_usearch_top_k_equals_the_exact_top_k(tmp_path):
   all_ids, all_scores = retrieval.search_index(small_index, small, queries[:3], 7)
   assert (all_ids[:, 5:] == -1).all() and np.isneginf(all_scores[:, 5:]).all()
   assert sorted(all_ids[0, :5].tolist()) == list(range(5))
+  # One query past the pool: the entries it did not find are -1 and -inf too, not pool
+  # entries padded in.
+  one_ids, one_scores = retrieval.search_index(small_index, small, queries[:1], 7)
+  np.testing.assert_array_equal(one_ids, all_ids[:1])
+  np.testing.assert_array_equal(one_scores, all_scores[:1])
+  # A k past half the search list widens the list to 2k (the docstring's max(expansion, 2k)).
+  retrieval.search_index(index, vectors, queries[:2], 300)
+  assert index.expansion_search == 600
+
+
+def test_the_graph_is_built_and_searched_wider_than_usearchs_defaults(tmp_path):
+  # Inner products are a hard metric for the graph: at usearch's own defaults it misses much
+  # of a Bi-encoder's true top 10, so the index is built denser and searched wider.
+  from usearch.index import Index  # pylint: disable=g-import-not-at-top
+  defaults = Index(ndim=4, metric='ip', dtype='f32')
+  index = retrieval.usearch_index(random_vectors(50, 4, seed=0), KEY, str(tmp_path),
+                                  log=lambda *a, **k: None)
+  assert index.connectivity > defaults.connectivity
+  retrieval.search_index(index, random_vectors(50, 4, seed=0), random_vectors(2, 4, seed=1), 5)
+  assert index.expansion_search > defaults.expansion_search
 
 
 def test_a_direction_all_candidates_share_costs_no_recall(tmp_path):
   # Trained vectors often share a direction; the index is built on them less their mean,
-  # which moves every score of a query alike (plain inner products found 0.94 here).
-  vectors = random_vectors(500, 16, seed=5) + 1
+  # which moves every score of a query alike (plain inner products miss much of the top 10
+  # here: a shift of 1 was too small to tell them apart).
+  vectors = random_vectors(500, 16, seed=5) + 3
   queries = random_vectors(50, 16, seed=6)
   index = retrieval.usearch_index(vectors, KEY, str(tmp_path), log=lambda *a, **k: None)
   ids, scores = retrieval.search_index(index, vectors, queries, 10)
@@ -169,6 +191,19 @@ def test_retriever_suggests_through_the_index_what_exact_scoring_does(tmp_path, 
       assert [s['query'] for s in got_at] == [s['query'] for s in want_at]
       np.testing.assert_allclose([s['score'] for s in got_at],
                                  [s['score'] for s in want_at], rtol=1e-5, atol=1e-5)
+  # Entries the search did not find (-1, -inf: fewer than asked for) are never suggested.
+  search_index = retrieval.search_index
+
+  def found_two(*args, **kwargs):
+    ids, scores = search_index(*args, **kwargs)
+    ids[:, 2:], scores[:, 2:] = -1, -np.inf
+    return ids, scores
+
+  monkeypatch.setattr(retrieval, 'search_index', found_two)
+  got = approximate.suggestions(batch, 8, texts, exclude_session_queries=False)
+  assert [[[s['query'] for s in at] for at in row] for row in got] == [
+      [[s['query'] for s in at[:2]] for at in row] for row in want]
+  monkeypatch.setattr(retrieval, 'search_index', search_index)
   # The same checkpoint again reads the index; a new checkpoint rebuilds it.
   retrieval.Retriever(trained, str(tmp_path), log=log, index='usearch')
   assert len(lines) == 2
@@ -176,6 +211,28 @@ def test_retriever_suggests_through_the_index_what_exact_scoring_does(tmp_path, 
                                 cfg=task.cfg, step=6)
   retrieval.Retriever(later, str(tmp_path), log=log, index='usearch')
   assert len(lines) == 4  # the candidate cache and the index, both anew
+
+
+def test_retriever_leaves_out_the_session_so_far_and_still_gives_k(tmp_path, monkeypatch):
+  """With `exclude_session_queries`, each position's list is the ranking with the session's
+  queries up to that position dropped, still `k` long: the ranker is asked for as many more
+  entries as the longest session holds."""
+  task, params = dual_task('biencoder')
+  pool = bi_encoder_pool(400)
+  monkeypatch.setattr(retrieval.candidates, 'load_pool', lambda data_dir: pool)
+  trained = types.SimpleNamespace(task=task, params=params, cfg=task.cfg, step=5)
+  retriever = retrieval.Retriever(trained, str(tmp_path), log=lambda *a, **k: None)
+  batch = {'queries': sessions()}
+  k, lengths = 4, (3, 2, 3)  # row 3 is padding
+  whole = retriever.suggestions(batch, k + 3, [['x'] * n for n in lengths],
+                                exclude_session_queries=False)
+  # Each session has typed the best entry at each of its positions: the lists must skip it.
+  typed = [[at[0]['query'] for at in row] for row in whole]
+  kept = retriever.suggestions(batch, k, typed, exclude_session_queries=True)
+  for row, session in enumerate(typed):
+    assert [len(at) for at in kept[row]] == [k] * len(session)
+    for t, at in enumerate(kept[row]):
+      assert at == [s for s in whole[row][t] if s['query'] not in session[:t + 1]][:k]
 
 
 def test_usearch_is_refused_for_a_poly_encoder(tmp_path):

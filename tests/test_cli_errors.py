@@ -390,3 +390,34 @@ def test_running_out_of_memory_is_one_line_naming_what_to_lower():
                            'allocating 9 bytes.): a smaller batch (config.decode.batch_sessions, '
                            'config.input.train_queries_per_batch) or shorter outputs '
                            '(config.decode.max_len) need less\n')
+
+
+def test_a_runtime_error_that_is_not_about_memory_keeps_its_own_traceback():
+  """Only XLA's allocation failure (RESOURCE_EXHAUSTED) is told as running out of memory;
+  another error of the runtime passes as it is."""
+  from mtn_jax import cli as command_line  # pylint: disable=g-import-not-at-top
+
+  class XlaRuntimeError(RuntimeError):  # what jax raises, told apart by its name
+    pass
+
+  with pytest.raises(XlaRuntimeError, match='^INTERNAL: a failed compilation$'):
+    with command_line.run_errors():
+      raise XlaRuntimeError('INTERNAL: a failed compilation')
+
+
+def test_help_is_asked_for_only_before_a_double_dash():
+  from mtn_jax import cli as command_line  # pylint: disable=g-import-not-at-top
+  asks = command_line._asks_for_help  # pylint: disable=protected-access
+  assert asks(['main', '--config=c.py', '-h']) == 'short'
+  assert asks(['main', '--helpfull']) == 'full'
+  assert asks(['main', '--config=c.py', '--', '--help']) is None  # an argument, not a flag
+
+
+def test_a_message_handed_as_a_repr_or_a_repr_of_one_is_read_back_to_its_text():
+  """ml_collections hands a mistyped key's message as the repr of a string, which a KeyError
+  quotes once more: either way the line is the message's own text."""
+  from mtn_jax import cli as command_line  # pylint: disable=g-import-not-at-top
+  message = "'nmu_heads'\nDid you mean \"num_heads\" instead of \"nmu_heads\"?"
+  expected = "'nmu_heads' Did you mean \"num_heads\" instead of \"nmu_heads\"?"
+  for handed in (message, repr(message)):
+    assert command_line._one_line(KeyError(handed)) == expected  # pylint: disable=protected-access

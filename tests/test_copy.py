@@ -4,6 +4,7 @@ written out verbatim in suggestions."""
 
 import dataclasses
 import functools
+import types
 
 import jax
 import jax.numpy as jnp
@@ -116,6 +117,16 @@ def test_fused_copy_loss_equals_its_definition_in_values_and_gradients(copy_mode
                  f_grads, grads)
   # The copy head learns: its parameters receive gradients.
   assert float(jnp.abs(grads['copy_head']['gate']['kernel']).max()) > 0
+
+
+def test_only_a_copying_model_writes_the_sessions_words_outside_the_vocabulary():
+  """`Trained.copied_words`, the words a candidate's unknown words are scored as: those of
+  the session, in order of first appearance, for a model that copies; none for one that does
+  not, which reads every such word as <unk> (as its training did)."""
+  context = ['w1 zq', 'w3 xv zq']
+  for copies, words in ((True, ['zq', 'xv']), (False, [])):
+    trained = inference.Trained(types.SimpleNamespace(copies=copies), None, VOCAB, 0, {})
+    assert trained.copied_words(context) == words
 
 
 def test_a_target_outside_the_vocabulary_and_the_context_is_unk():

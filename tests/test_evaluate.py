@@ -5,9 +5,11 @@ logs), and the report built from hand-written results files.
 """
 
 import gzip
+import io
 import json
 import os
 import re
+import types
 
 import ml_collections
 import numpy as np
@@ -27,9 +29,11 @@ from mtn_jax.evaluation import pool_ranking
 from mtn_jax.evaluation import report
 from mtn_jax.evaluation import trivial
 from mtn_jax.inference import inputs
+from mtn_jax.inference import pipeline
 from mtn_jax.inference import popular
 from mtn_jax.inference import sources
 from mtn_jax.inference import suggest
+from mtn_jax.inference.trained import Trained
 
 
 def test_every_source_has_a_label_apart_from_the_suggesters():
@@ -628,6 +632,92 @@ def test_describe_counts():
   assert '2 empty lines skipped' in text and '1 queries cut to 10 words' in text
   assert '0 contexts cut to their last 16 queries' in text
   assert text.endswith('3 log lines skipped (bad_time)')
+
+
+class StandInPipeline:
+  """What decode and suggest read of a loaded `pipeline.Pipeline`, with no model: after each
+  output position it suggests the session's queries so far, the latest first, and it keeps
+  the config it was loaded with and every context it was asked about."""
+
+  def __init__(self, max_session_queries):
+    cfg = types.SimpleNamespace(name='mtn', max_session_queries=max_session_queries,
+                                max_query_words=3)
+    self.trained = self.suggester = Trained(types.SimpleNamespace(cfg=cfg), None, VOCAB, 7, {})
+    self.past_read, self.config, self.asked = 0, None, []
+
+  def load(self, config, workdir, log=print):
+    del workdir, log
+    self.config = config
+    return self
+
+  def how(self):
+    return 'a stand-in'
+
+  def score_kind(self):
+    return 'minus the place'
+
+  def suggest(self, contexts, *, positions, batch_rows=None, widths=None):
+    del batch_rows, widths
+    self.asked += [(c.queries, c.history) for c in contexts]
+    return [[[{'query': q, 'score': -float(place)}
+              for place, q in enumerate(reversed(c.queries[:t + 1]), 1)]
+             for t in range(len(c.queries) - 1 if positions == 'last' else c.first_output,
+                            len(c.queries))]
+            for c in contexts]
+
+
+def test_decode_of_a_raw_log_writes_every_point_once_across_chunks(tmp_path, monkeypatch):
+  """A raw log is decoded after every query, in chunks of CHUNK_BATCHES * batch_sessions
+  contexts (the last one short), into `<workdir>/decode/<input name>.suggestions.jsonl` by
+  default, under the paper's protocol unless the config sets one; a session longer than the
+  model's table is several contexts but one session, each position written once."""
+  stand_in = StandInPipeline(max_session_queries=2)
+  monkeypatch.setattr(pipeline.Pipeline, 'load', stand_in.load)
+  words = ['cheap', 'flights', 'boston', 'hotels']
+  lines = ['AnonID\tQuery\tQueryTime\tItemRank\tClickURL']
+  for user, length in enumerate([4] + [1] * (suggest.CHUNK_BATCHES + 1), 100):  # 10 sessions
+    lines += [f'{user}\t{words[i]}\t2006-03-01 10:0{i}:00\t\t' for i in range(length)]
+  log = tmp_path / 'log.tsv.gz'
+  with gzip.open(log, 'wt', encoding='utf-8') as f:
+    f.write('\n'.join(lines) + '\n')
+  config = demo.get_config()
+  config.decode.input, config.decode.batch_sessions = str(log), 1
+  counts = suggest.decode_file(config, str(tmp_path / 'run'))
+  assert stand_in.config.decode.exclude_session_queries is False
+  output = tmp_path / 'run' / 'decode' / 'log.suggestions.jsonl'
+  assert counts['output'] == str(output)
+  assert (counts['format'], counts['sessions'], counts['suggestion_points']) == ('raw', 10, 13)
+  records = [json.loads(line) for line in output.read_text(encoding='utf-8').splitlines()]
+  assert [(r['user'], r['position'], r['context'], r['reference']) for r in records[:4]] == [
+      (100, 0, ['cheap'], 'flights'), (100, 1, ['cheap', 'flights'], 'boston'),
+      (100, 2, ['flights', 'boston'], 'hotels'), (100, 3, ['boston', 'hotels'], None)]
+  assert [s['query'] for s in records[2]['suggestions']] == ['boston', 'flights']
+  assert [(r['user'], r['position']) for r in records[4:]] == [(u, 0) for u in range(101, 110)]
+
+
+def test_suggest_keeps_a_typed_sessions_last_queries_and_the_earlier_ones_as_its_history(
+    monkeypatch):
+  """--mode=suggest: a session longer than the model's table keeps its last queries, a new
+  session is given the queries typed before it as its history, the list is numbered from 1,
+  a query cut to the model's words says so, and the protocol is the user-facing one unless
+  the config sets one."""
+  stand_in = StandInPipeline(max_session_queries=3)
+  monkeypatch.setattr(pipeline.Pipeline, 'load', stand_in.load)
+  typed = io.StringIO('cheap\nflights\nboston\nhotels red sox boston\n\nred sox\n')
+  shown = io.StringIO()
+  suggest.interactive(demo.get_config(), '/nowhere', stdin=typed, stdout=shown)
+  assert stand_in.config.decode.exclude_session_queries is True
+  assert stand_in.asked == [
+      (('cheap',), ()), (('cheap', 'flights'), ()), (('cheap', 'flights', 'boston'), ()),
+      (('flights', 'boston', 'hotels red sox'), ()),
+      (('red sox',), ('flights', 'boston', 'hotels red sox'))]
+  out = shown.getvalue().splitlines()
+  assert 'the user-facing protocol' in out[0]
+  assert out[1:3] == ['after cheap:', '  1. cheap  (-1.000)']
+  assert out[10:14] == ['after flights | boston | hotels red sox (query cut to 3 words):',
+                       '  1. hotels red sox  (-1.000)', '  2. boston  (-2.000)',
+                       '  3. flights  (-3.000)']
+  assert out[14:] == ['-- new session --', 'after red sox:', '  1. red sox  (-1.000)', '']
 
 
 # ---------------------------------------------------------------------------------------------

@@ -388,6 +388,11 @@ def test_candidate_cache_round_trip_and_invalidation(tmp_path):
   # Nothing of it is a pickle: the vectors load with pickling refused.
   with np.load(tmp_path / 'candidate_cache' / 'vectors.npz', allow_pickle=False) as stored:
     assert stored['leaf_0'].shape == (3, 8)
+  # Vectors of another shape under the right key (a file replaced by hand) are computed
+  # again, not handed on.
+  np.savez(tmp_path / 'candidate_cache' / 'vectors.npz', leaf_0=np.zeros((2, 8), np.float32))
+  recomputed = retrieval.candidate_cache(later, other_pool, str(tmp_path), log=log)
+  assert len(lines) == 4 and recomputed.shape == (3, 8) and np.abs(recomputed).sum() > 0
 
 
 def test_a_rankers_checkpoint_is_not_compared_on_keys_its_model_does_not_read():

@@ -20,6 +20,7 @@ import sqlite3
 import subprocess
 import threading
 import time
+import types
 
 import warnings
 
@@ -1361,6 +1362,75 @@ def test_sigterm_while_preparing_the_service_stops_the_compiling_process_too(tmp
   assert stopped.value.code == 128 + signal.SIGTERM
   assert started and started[0].poll() is not None  # not left running
   assert signal.getsignal(signal.SIGTERM) is before
+
+
+def test_the_service_is_prepared_only_when_asked_and_with_a_compilation_cache(tmp_path,
+                                                                              monkeypatch):
+  """config.serve.prepare_after_train off: nothing runs. On, it needs a compilation cache to
+  keep the programs in, the config's (config.serve.compile_cache) or the process's own
+  (JAX_COMPILATION_CACHE_DIR); without either nothing runs and the run says why. A failed
+  preparation is reported, and leaves training's outcome alone."""
+  from mtn_jax.serving import prepare  # pylint: disable=g-import-not-at-top
+  started, exits = [], [0]
+
+  def run(args, **kwargs):  # the preparing process, as it would end
+    del kwargs
+    started.append(args)
+    return subprocess.CompletedProcess(args, exits[0])
+
+  monkeypatch.setattr(subprocess, 'run', run)
+  said = []
+  log = lambda line, **_: said.append(line)
+  monkeypatch.delenv('JAX_COMPILATION_CACHE_DIR', raising=False)
+  assert not prepare.after_training(cli.config(), str(tmp_path), log=log)
+  assert not started and not said
+  no_cache = cli.config('--config.serve.prepare_after_train=True', '--config.serve.compile_cache=')
+  assert not prepare.after_training(no_cache, str(tmp_path), log=log)
+  assert not started and 'needs a compilation cache' in said[-1]
+  monkeypatch.setenv('JAX_COMPILATION_CACHE_DIR', str(tmp_path / 'cache'))
+  assert prepare.after_training(no_cache, str(tmp_path), log=log)
+  assert started[-1][1:3] == ['-m', 'mtn_jax.serving.prepare']
+  assert started[-1][-1] == str(tmp_path) and said[-1].startswith("The service's programs")
+  exits[0] = 1
+  assert not prepare.after_training(no_cache, str(tmp_path), log=log)
+  assert len(started) == 2 and 'were not prepared (exit 1' in said[-1]
+
+
+def test_the_preparing_process_compiles_for_the_services_devices_into_its_cache(tmp_path,
+                                                                                monkeypatch):
+  """The process `after_training` starts has the service's CPU device count (one, where
+  training has one per core), so the programs it compiles are those the service looks up,
+  and keeps them in the service's compilation cache."""
+  from mtn_jax import parallel  # pylint: disable=g-import-not-at-top
+  from mtn_jax.inference import trained  # pylint: disable=g-import-not-at-top
+  from mtn_jax.serving import prepare  # pylint: disable=g-import-not-at-top
+  devices, kept = [], []
+  monkeypatch.setattr(parallel, 'set_cpu_devices', devices.append)
+  monkeypatch.setattr(trained, 'keep_compiled_programs',
+                      lambda workdir, folder, log: kept.append((workdir, folder)))
+  monkeypatch.setattr(engine_lib.Engine, 'load', lambda config, workdir, log: None)
+  monkeypatch.setattr(service_lib, 'describe', lambda engine, seconds: 'warmed up')
+  config = cli.config()
+  (tmp_path / 'config.json').write_text(json.dumps(config.to_dict()), encoding='utf-8')
+  prepare._main([str(tmp_path / 'config.json'), str(tmp_path)])  # pylint: disable=protected-access
+  assert devices == [parallel.cpu_devices_for('serve', None)] == [1]
+  assert kept == [(str(tmp_path), config.serve.compile_cache)]
+
+
+def test_a_process_keeps_its_own_compilation_cache(tmp_path, monkeypatch):
+  """eval, decode, suggest and serve keep their programs in the workdir's cache
+  (`keep_compiled_programs`) only where the process has none of its own (these tests' is
+  JAX_COMPILATION_CACHE_DIR's) and a folder is named."""
+  import jax  # pylint: disable=g-import-not-at-top
+  from mtn_jax.inference import trained  # pylint: disable=g-import-not-at-top
+  own = jax.config.jax_compilation_cache_dir
+  assert own
+  chosen, said = [], []
+  monkeypatch.setattr(trained, 'compilation_cache', types.SimpleNamespace(
+      set_cache_dir=chosen.append, reset_cache=lambda: None))
+  for folder in ('serve/compile_cache', ''):
+    trained.keep_compiled_programs(str(tmp_path), folder, said.append)
+  assert not chosen and not said and jax.config.jax_compilation_cache_dir == own
 
 
 def test_the_settings_defaults_are_the_configs():

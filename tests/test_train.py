@@ -976,6 +976,24 @@ def test_a_checkpoint_of_another_vocabulary_is_refused_naming_both():
       'in, or a new workdir')
 
 
+def test_a_checkpoint_whose_vocabulary_is_not_the_one_its_meta_names_is_not_loaded(tmp_path):
+  """A checkpoint's vocabulary item and its meta's fingerprint disagree (one of them replaced):
+  loading it to decode is refused, as its ids would be read as other words."""
+  from configs import demo  # pylint: disable=g-import-not-at-top
+  from mtn_jax import inference  # pylint: disable=g-import-not-at-top
+  from mtn_jax.data.vocab import SPECIAL_TOKENS  # pylint: disable=g-import-not-at-top
+  from mtn_jax.data.vocab import Vocab  # pylint: disable=g-import-not-at-top
+  vocab, other = Vocab(SPECIAL_TOKENS + ('cheap',)), Vocab(SPECIAL_TOKENS + ('hotels',))
+  manager = checkpoints.open_manager(str(tmp_path), keep=1)
+  checkpoints.save(manager, 1, params={'w': np.ones(3, np.float32)},
+                   train_state={'step': np.zeros((), np.int32)}, data_iter={},
+                   meta={'best_step': 1, 'vocab_fingerprint': other.fingerprint}, vocab=vocab)
+  manager.close()
+  with pytest.raises(checkpoints.CheckpointMismatch,
+                     match=r'checkpoints/1: its vocabulary does not match its meta$'):
+    inference.load_trained(demo.get_config(), str(tmp_path))
+
+
 def test_each_training_step_draws_its_own_dropout_key():
   """Step s's dropout key is the run's key folded with s (`TrainState.dropout_rng`): each step
   drops other units, and a resumed run's step s drops the same ones as the run it resumes.
@@ -1072,6 +1090,78 @@ def test_orbax_threads_failure_logs_are_left_to_the_one_line_error():
   assert not cli.not_orbax_thread_failures(record(orbax, failure))
   assert cli.not_orbax_thread_failures(record(orbax, None))
   assert cli.not_orbax_thread_failures(record('/work/mtn_jax/training/train.py', failure))
+
+
+# ---------------------------------------------------------------------------------------------
+# The main job's stages (`mtn_jax.main_job`), each one stood in for
+
+
+def stand_in_stages(monkeypatch, stopped_in=None):
+  """The main job's stages replaced by a record of the ones run (returned), the training in
+  the workdir named `stopped_in` stopped by SIGTERM, and an evaluation that scores no
+  suggestions of the model's own (as a Cross-encoder's: no report)."""
+  from mtn_jax import main_job  # pylint: disable=g-import-not-at-top
+  done = []
+
+  def train_and_evaluate(config, workdir):
+    del config
+    done.append(os.path.basename(workdir))
+    return {'interrupted': done[-1] == stopped_in, 'stopped_by': 'SIGTERM', 'step': 6,
+            'total_steps': 6, 'best_step': None}
+
+  def stage(name, returns=None):
+    return lambda *args, **kwargs: done.append(name) or returns
+
+  monkeypatch.setattr(main_job.train_loop, 'prepare_corpus', stage('corpus'))
+  monkeypatch.setattr(main_job.train_loop, 'train_and_evaluate', train_and_evaluate)
+  monkeypatch.setattr(main_job.hypothesis_decoding, 'prepare', stage('hypotheses'))
+  monkeypatch.setattr(main_job.prepare, 'after_training', stage('prepare'))
+  monkeypatch.setattr(main_job.inference, 'load_trained', stage('load'))
+  monkeypatch.setattr(main_job.learned.LearnedRanker, 'is_current', stage('is_current', False))
+  monkeypatch.setattr(main_job.learned, 'fit', stage('ranker'))
+  monkeypatch.setattr(main_job.evaluation, 'evaluate', stage('eval', {'scores': {}, 'step': 6}))
+  return done
+
+
+def test_a_stopped_training_ends_the_main_job_before_any_later_stage(tmp_path, monkeypatch):
+  """A signal that stops the generator's training, or a fold generator's (the learned
+  ranker's candidates), ends `--mode=all` there, saying so: no later fold, no ranker, no
+  compiled service, no evaluation."""
+  from mtn_jax import main_job  # pylint: disable=g-import-not-at-top
+  config = cli.config('--config.suggest.strategy=learned')
+  whole = ['corpus', 'hypotheses', 'run', 'fold0', 'fold1', 'load', 'is_current', 'ranker',
+           'prepare', 'eval']
+  for stopped_in, run in (('run', 3), ('fold0', 4), (None, len(whole))):
+    done = stand_in_stages(monkeypatch, stopped_in)
+    results = main_job.run_all(config, str(tmp_path / 'run'))
+    assert done == whole[:run], stopped_in
+    assert (results == {'stopped_by': 'SIGTERM'}) == (stopped_in is not None)
+
+
+def test_the_main_jobs_summaries(tmp_path, monkeypatch, capsys):
+  """The samples shown are the first SAMPLES_SHOWN, an empty prediction named; the closing
+  summary lists the workdir's files but its lock; the results named are the evaluated
+  split's; a model that brings its own measures gets no report."""
+  from mtn_jax import main_job  # pylint: disable=g-import-not-at-top
+  main_job.print_samples([{'context': [f'q{i}', 'x'], 'predicted': f'p{i}' if i else '',
+                           'actual': f'a{i}'} for i in range(main_job.SAMPLES_SHOWN + 2)])
+  shown = capsys.readouterr().out.splitlines()
+  assert shown[1:3] == ['  q0, x', '      -> (empty) | a0']
+  assert len(shown) == 1 + 2 * main_job.SAMPLES_SHOWN
+  stand_in_stages(monkeypatch)
+  workdir = tmp_path / 'run'
+  (workdir / 'data').mkdir(parents=True)
+  main_job.run_all(cli.config('--config.decode.eval_split=valid'), str(workdir))
+  out = capsys.readouterr().out
+  assert 'Training done at step 6 of 6.' in out and f'  data/{" " * 12}the corpus' in out
+  assert files.WORKDIR_LOCK not in out
+  assert f'Results:     {workdir / "eval" / "valid_results.json"}' in out
+  # A model with measures of its own (IMDNA's) ends the job at its evaluation: no report.
+  imdna = cli.config()
+  imdna.model.name = 'imdna'
+  stand_in_stages(monkeypatch)
+  assert main_job.run_all(imdna, str(tmp_path / 'imdna')) == {'scores': {}, 'step': 6}
+  assert 'Results:' not in capsys.readouterr().out
 
 
 def test_the_time_left_is_rounded_up():
