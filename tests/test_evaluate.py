@@ -794,6 +794,19 @@ def test_results_table_text(tmp_path):
   table = report.results_table([runs[0]] + [report.load_run(w) for w in (same, other)])
   assert table.count('| Most frequent next query (train) |') == 2
   assert table.count('| Repeat previous query |') == 1
+  # And where only their figures never repeating a session query differ.
+  for workdir, bleu in ((same, 7.0), (other, 7.5)):
+    path = os.path.join(workdir, 'eval', 'results.json')
+    with open(path, encoding='utf-8') as f:
+      results = json.load(f)
+    results['scores']['most_frequent_next']['bleu'] = 9.5
+    results['scores_excluding_session'] = {
+        'repeat_previous': score(0.0, (0.0,) * 4), 'most_frequent_next': score(bleu, (1.0,) * 4)}
+    with open(path, 'w', encoding='utf-8') as f:
+      json.dump(results, f)
+  table = report.results_table([report.load_run(w) for w in (same, other)])
+  assert table.count('| Most frequent next query (train) |') == 2
+  assert table.count('| Repeat previous query |') == 1
   # Runs evaluated on the validation split (config.decode.eval_split) say so.
   assert report.results_table(runs, 'valid').splitlines()[0] == (
       '| Model | Size (MB) | 1/2/3/4-gram | BLEU | Validation pairs | Workdir |')
@@ -851,11 +864,16 @@ def test_report_refuses_results_of_another_shape_naming_the_file(tmp_path):
                             'lacks scores.model'),
                            ({**results, 'scores': {**results['scores'], 'model': {
                                **results['scores']['model'], 'bleu': '4.5'}}},
-                            'lacks scores.model.bleu')):
+                            'lacks scores.model.bleu'),
+                           ({k: v for k, v in results.items() if k != 'size_mb'},
+                            'lacks size_mb')):
     path.write_text(json.dumps(damaged), encoding='utf-8')
     with pytest.raises(report.ReportError, match=re.escape('results.json') + '.*'
                        + re.escape(message)):
       report.load_run(workdir)
+  # The pool's figures beside the suggestions' (a Bi- or Poly-encoder's results) are read.
+  path.write_text(json.dumps({**results, 'pool': {'r1_of_20': 30.0}}), encoding='utf-8')
+  assert report.load_run(workdir).results['pool'] == {'r1_of_20': 30.0}
 
 
 def test_decode_reads_no_pipe_and_suggest_no_closed_input(tmp_path):
@@ -973,6 +991,31 @@ def test_the_bleu_chart_draws_the_trivial_baselines_only_where_the_runs_share_th
   drawn.clear()
   report.write_report(report_config(','.join(same), str(tmp_path / 'out')), same[0])
   assert drawn == [('bleu.png', [('Repeat previous query', 11.89)])]
+
+
+def test_the_charts_draw_each_runs_figures_and_the_layer_ablation_in_the_papers_order(
+    tmp_path, monkeypatch):
+  """bleu.png: per run its 1- to 4-gram precisions, then its BLEU; layers.png (Fig. 3): the
+  Transformers, then the MTNs, whatever the order of config.report.workdirs."""
+  from matplotlib.axes import Axes  # pylint: disable=g-import-not-at-top
+  bars, bar = [], Axes.bar
+  monkeypatch.setattr(Axes, 'bar', lambda self, x, height, *args, **kwargs: (
+      bars.append((kwargs['label'], list(height))) or bar(self, x, height, *args, **kwargs)))
+  report._bar_chart(str(tmp_path / 'chart.png'), ['a', 'b'],  # pylint: disable=protected-access
+                    [score(14.0, (35.0, 21.0, 14.0, 10.0)), score(9.0, (30.0, 15.0, 8.0, 4.0))],
+                    'title')
+  assert bars == [('1-gram', [35.0, 30.0]), ('2-gram', [21.0, 15.0]), ('3-gram', [14.0, 8.0]),
+                  ('4-gram', [10.0, 4.0]), ('BLEU', [14.0, 9.0])]
+  drawn = {}
+  monkeypatch.setattr(report, '_bar_chart', lambda path, labels, scores, title, baselines=(): (
+      drawn.update({os.path.basename(path): labels})))
+  workdirs = [write_run(tmp_path, name, model, layers, 14.0, (35.0, 21.0, 14.0, 10.0))
+              for name, model, layers in (('mtn', 'mtn', (3, 2, 3)),
+                                          ('t5', 'transformer', (5, 0, 5)),
+                                          ('t4', 'transformer', (4, 0, 4)))]
+  report.write_report(report_config(','.join(workdirs), str(tmp_path / 'out')), workdirs[0])
+  assert drawn['layers.png'] == ['Transformer (5Q enc, 5 dec)', 'Transformer (4Q enc, 4 dec)',
+                                 'MTN (3Q+2S, 3)']
 
 
 def report_config(workdirs: str, output: str) -> ml_collections.ConfigDict:

@@ -6,6 +6,7 @@ import functools
 import json
 import os
 import re
+import shutil
 import signal
 
 import flax.linen as nn
@@ -26,6 +27,7 @@ from mtn_jax.evaluation import answer_hits
 from mtn_jax.models import imdna
 from mtn_jax.tasks import multi_answer
 from mtn_jax.training import checkpoints
+from mtn_jax.training import metric_writer
 from mtn_jax.training import train
 from tests import cli
 from tests.test_models import random_like
@@ -715,12 +717,15 @@ def _run(workdir, others=(), **train_settings):
   return config, train.train_and_evaluate(config, str(workdir))
 
 
-def test_training_resumes_exactly_and_evaluation_writes_results(tmp_path):
+def test_training_resumes_exactly_and_evaluation_writes_results(tmp_path, monkeypatch,
+                                                                capsys):
   straight = tmp_path / 'straight'
   config, summary = _run(straight, max_steps=12, checkpoint_every_steps=5)
   assert summary['step'] == 12
   stopped = tmp_path / 'stopped'
   config7, _ = _run(stopped, max_steps=7, checkpoint_every_steps=5)
+  interrupted = tmp_path / 'interrupted'
+  shutil.copytree(stopped, interrupted)  # resumed below with a stop request
   # The task's batch size fixes its batches: another is refused; the session corpus's is not
   # the task's, and changes nothing.
   with pytest.raises(checkpoints.CheckpointMismatch, match=re.escape(
@@ -735,6 +740,67 @@ def test_training_resumes_exactly_and_evaluation_writes_results(tmp_path):
   assert step_a == step_b == 12
   for a, b in zip(jax.tree.leaves(params_a), jax.tree.leaves(params_b)):
     np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+  # Stopped between two log lines (after step 9, by a stop request): the steps since the last
+  # line go with the checkpoint, and the run that resumes logs what the run never stopped
+  # did, and trains to the same parameters. The seconds spent saving and validating, and
+  # compiling each run's first step, are left out of the pace.
+  monitor, stops = train._TrainMonitor, train._StopRequests  # pylint: disable=protected-access
+  events, stop_after = [], [8]
+  add, pause, restart = monitor.add, monitor.pause, monitor.restart_pace
+  monkeypatch.setattr(monitor, 'add', lambda self, step, *args: (
+      events.append(step) or add(self, step, *args)))
+  monkeypatch.setattr(monitor, 'pause', lambda self, seconds: (
+      events.append(('saved', seconds)) or pause(self, seconds)))
+  monkeypatch.setattr(monitor, 'restart_pace', lambda self: (
+      events.append('validated') or restart(self)))
+  monkeypatch.setattr(stops, 'requested', property(lambda self: bool(
+      set(stop_after) & set(events))))
+  capsys.readouterr()
+  assert _run(interrupted, max_steps=12, checkpoint_every_steps=5)[1]['step'] == 9
+  window = checkpoints.read_meta(checkpoints.open_manager(str(interrupted), read_only=True),
+                                 9)['train_window']
+  assert [m['step'] for m in window] == [7, 8]
+  stop_after.clear()
+  _run(interrupted, max_steps=12, checkpoint_every_steps=5)
+  assert (f'Resuming from checkpoint {interrupted}/checkpoints/9 (step 9 of 12, epoch 1 of 1).'
+          in capsys.readouterr().out)
+  assert [e if not isinstance(e, tuple) else e[0] for e in events] == [
+      7, 8, 'saved', 9, 'saved', 10, 11, 'validated']
+  assert all(e[1] > 0 for e in events if isinstance(e, tuple))
+  figures = lambda workdir: [{k: v for k, v in r.items() if k in (
+      'kind', 'step', 'epoch', 'loss', 'nll', 'learning_rate', 'grad_norm', 'hits_at_1',
+      'questions')} for r in metric_writer.read_metrics(str(workdir))]
+  assert figures(interrupted) == figures(stopped)
+  compiling = [r['compile_s'] for r in metric_writer.read_metrics(str(interrupted), 'train')]
+  assert compiling[-2] > 0 and compiling[-1] == 0  # the run's first step compiled, no other
+  for a, b in zip(jax.tree.leaves(final_params(interrupted)[1]), jax.tree.leaves(params_b)):
+    np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+  # Stopped during its last validation: its checkpoint says that validation is pending (a run
+  # on another device count is refused, as for steps), a run stopped again in it leaves the
+  # checkpoint as it is, and the same command validates then, recorded once, keeping the
+  # earlier validations and the best among them, rather than calling training complete.
+  meta_file = stopped / 'checkpoints' / '12' / 'meta' / 'metadata'
+  meta = json.loads(meta_file.read_text())
+  earlier = {**resumed_summary['valid'][0], 'loss': 1.0}  # step 7's, better than step 12's
+  meta.update(valid=[earlier], best_step=7, best_valid_loss=1.0, pending_validation=12,
+              device_count=jax.device_count() + 1)
+  meta_file.write_text(json.dumps(meta))
+  with pytest.raises(checkpoints.CheckpointMismatch,
+                     match=f'trained on {jax.device_count() + 1} device'):
+    _run(stopped, max_steps=12, checkpoint_every_steps=5)
+  meta_file.write_text(json.dumps({**meta, 'device_count': jax.device_count()}))
+  logged = [(r['kind'], r['step']) for r in metric_writer.read_metrics(str(stopped))]
+  monkeypatch.setattr(stops, 'requested', property(lambda self: True))
+  assert _run(stopped, max_steps=12, checkpoint_every_steps=5)[1]['valid'] == [earlier]
+  assert json.loads(meta_file.read_text())['pending_validation'] == 12
+  monkeypatch.undo()
+  _, again = _run(stopped, max_steps=12, checkpoint_every_steps=5)
+  assert [v['step'] for v in resumed_summary['valid']] == [7, 12]
+  assert again['valid'] == [earlier, resumed_summary['valid'][1]]
+  assert (again['step'], again['best_step'], again['best_valid_loss']) == (12, 7, 1.0)
+  assert (again['stopped_by'], again['interrupted']) == (None, False)
+  assert [(r['kind'], r['step']) for r in metric_writer.read_metrics(str(stopped))] == logged
+  assert 'pending_validation' not in json.loads(meta_file.read_text())
 
   results = evaluate.evaluate(config, str(straight))
   written = json.loads((straight / 'eval' / 'results.json').read_text())

@@ -13,6 +13,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import threading
 
 import numpy as np
 import orbax.checkpoint as ocp
@@ -945,12 +946,15 @@ def test_a_second_run_training_in_a_workdir_is_refused_naming_the_first(tmp_path
 def test_a_resumed_runs_changed_learning_settings_are_named():
   from mtn_jax.training import train  # pylint: disable=g-import-not-at-top
   saved = {'train': {'learning_rate': 0.3, 'max_steps': 20, 'gone': 1},
-           'model': {'dropout': 0.1}, 'decode': {'beam_size': 5}}
+           'model': {'dropout': 0.1}, 'decode': {'beam_size': 5},
+           'input': {'prefetch_batches': 2}}
   current = {'train': {'learning_rate': 0.9, 'max_steps': 20, 'new': 2},
-             'model': {'dropout': 0.5}, 'decode': {'beam_size': 10}}
+             'model': {'dropout': 0.5}, 'decode': {'beam_size': 10},
+             'input': {'prefetch_batches': 4}}
   # Decoding settings are no training setting; a key one run lacks is no change.
   assert train.changed_settings(saved, current) == [
-      'config.train.learning_rate=0.9 (was 0.3)', 'config.model.dropout=0.5 (was 0.1)']
+      'config.train.learning_rate=0.9 (was 0.3)', 'config.model.dropout=0.5 (was 0.1)',
+      'config.input.prefetch_batches=4 (was 2)']
   assert train.changed_settings(saved, saved) == []
 
 
@@ -1168,3 +1172,241 @@ def test_the_time_left_is_rounded_up():
   from mtn_jax.training import train  # pylint: disable=g-import-not-at-top
   assert [train._duration(s) for s in (0, 0.2, 59.5, 3661)] == [  # pylint: disable=protected-access
       '0:00:00', '0:00:01', '0:01:00', '1:01:01']
+
+
+def test_a_checkpoint_is_due_every_n_steps_counted_from_the_first():
+  """`config.train.checkpoint_every_steps=3`: after steps 3, 6, 9, ... (the step count once
+  the step has run), not one step early or late."""
+  from mtn_jax.training import train  # pylint: disable=g-import-not-at-top
+  due = train._checkpoint_due  # pylint: disable=protected-access
+  assert [step for step in range(1, 11) if due(step, 3)] == [3, 6, 9]
+  assert [step for step in range(1, 4) if due(step, 1)] == [1, 2, 3]
+
+
+def test_the_first_stop_signal_names_the_stop_a_second_ctrl_c_aborts_and_handlers_return():
+  """SIGINT then SIGTERM stops as SIGINT (its exit code, 130); a SIGINT while a stop is being
+  honoured raises KeyboardInterrupt at once; leaving the block puts back the handlers it
+  found, so that after training (a fold generator's, before the main model's) Ctrl-C and
+  SIGTERM are handled as before it."""
+  from mtn_jax.training import train  # pylint: disable=g-import-not-at-top
+  handle = lambda stop, signum: stop._handle(signum, None)  # pylint: disable=protected-access
+  stop = train._StopRequests()  # pylint: disable=protected-access
+  assert not stop.requested and stop.signal_name is None
+  handle(stop, signal.SIGTERM)
+  assert stop.requested and stop.signal_name == 'SIGTERM'
+  handle(stop, signal.SIGTERM)  # a scheduler's second SIGTERM: still the one stop
+  assert stop.signal_name == 'SIGTERM'
+  with pytest.raises(KeyboardInterrupt):
+    handle(stop, signal.SIGINT)
+  stop = train._StopRequests()  # pylint: disable=protected-access
+  handle(stop, signal.SIGINT)
+  handle(stop, signal.SIGTERM)
+  assert stop.signal_name == 'SIGINT'
+  before = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)}
+  with train._StopRequests() as stop:  # pylint: disable=protected-access
+    installed = {s: signal.getsignal(s) for s in before}
+    if threading.current_thread() is threading.main_thread():  # else none are installed
+      assert installed == dict.fromkeys(before, stop._handle)  # pylint: disable=protected-access
+  assert {s: signal.getsignal(s) for s in before} == before
+
+
+def test_resuming_is_refused_for_another_fold_or_device_count_not_for_a_setting_it_predates():
+  """A fold generator resumed, or called complete, with another held-out fold would have seen
+  the users it is to score; another seed or batch size would continue other batches. A
+  checkpoint saved before a key (or the device count) was recorded is not refused for it."""
+  import jax  # pylint: disable=g-import-not-at-top
+  import ml_collections  # pylint: disable=g-import-not-at-top
+  from mtn_jax.training import train  # pylint: disable=g-import-not-at-top
+  check = train._check_data_order  # pylint: disable=protected-access
+  order = ('seed', 'input.train_queries_per_batch')
+  config = ml_collections.ConfigDict({'seed': 0, 'input': {'train_queries_per_batch': 240},
+                                      'train': {'user_folds': 2, 'held_out_fold': 1}})
+  saved = json.loads(config.to_json())
+  check(saved, config, 'step 5', order)
+  check({'seed': 0}, config, 'step 5', order)  # older: the others not recorded
+  for key, value in (('held_out_fold', 0), ('user_folds', 3)):
+    other = json.loads(config.to_json())
+    other['train'][key] = value
+    with pytest.raises(checkpoints.CheckpointMismatch, match=re.escape(
+        f'step 5 was trained with config.train.{key}={value!r}, not '
+        f'{config.train[key]!r}: it was trained without other users; use {value!r}, or a new '
+        'workdir')):
+      check(other, config, 'step 5', order)
+  with pytest.raises(checkpoints.CheckpointMismatch, match=re.escape(
+      'config.seed=1, not 0: a resumed run continues its batches in their order')):
+    check({**saved, 'seed': 1}, config, 'step 5', order)
+  check_devices = train._check_device_count  # pylint: disable=protected-access
+  check_devices(jax.device_count(), 'step 5')
+  check_devices(None, 'step 5')  # saved before the count was recorded
+  with pytest.raises(checkpoints.CheckpointMismatch, match='trained on 9 device'):
+    check_devices(9, 'step 5')
+
+
+def test_validation_sums_every_batch_and_a_stop_request_abandons_it():
+  """The validation figures are the task's summary of the eval step's sums over all batches
+  (not the last batch's); a stop request asked before each batch abandons the pass."""
+  import jax  # pylint: disable=g-import-not-at-top
+  from mtn_jax.training import train  # pylint: disable=g-import-not-at-top
+
+  class Summing:
+    input_keys = ('x',)
+
+    @staticmethod
+    def summarize(totals):
+      return {'loss': float(totals['x']) / float(totals['rows']), 'rows': float(totals['rows'])}
+
+  rows = 2 * jax.device_count()
+  batches = [{'x': np.full(rows, value, np.float32), 'other': np.zeros(rows)}
+             for value in (1.0, 2.0, 6.0)]
+  eval_fn = lambda params, batch: {'x': batch['x'].sum() * params,
+                                   'rows': jax.numpy.float32(batch['x'].shape[0])}
+  valid = train.evaluate_loss(1.0, batches, task=Summing(), mesh=parallel.make_mesh(),
+                              eval_fn=eval_fn)
+  assert valid == {'loss': 3.0, 'rows': 3.0 * rows}
+  asked = []
+  assert train.evaluate_loss(1.0, batches, task=Summing(), mesh=parallel.make_mesh(),
+                             eval_fn=eval_fn,
+                             should_stop=lambda: asked.append(1) or len(asked) > 2) is None
+  assert len(asked) == 3
+
+
+def test_a_log_lines_figures_and_pace_leave_out_compiling_and_saving(monkeypatch):
+  """A log line's figures over the steps since the last one: the loss and cross-entropy per
+  token, the mean gradient norm, the epoch of its step, and the pace (sessions, pairs,
+  tokens and steps per second, and the time left at that pace) over the window's time less
+  the seconds spent compiling and saving; `restart_pace` starts the next window afresh."""
+  import types  # pylint: disable=g-import-not-at-top
+  from mtn_jax.training import train  # pylint: disable=g-import-not-at-top
+  now = [100.0]
+  monkeypatch.setattr(train, 'time', types.SimpleNamespace(time=lambda: now[0]))
+  written, logged = [], []
+  writer = type('Writer', (), {'write': lambda self, *record: written.append(record)})()
+  monitor = train._TrainMonitor(  # pylint: disable=protected-access
+      writer=writer, log=lambda line, **_: logged.append(line), schedule=lambda step: 0.5,
+      steps_per_epoch=8, total_steps=20, last_good_checkpoint=lambda: '')
+  for step, (loss, nll, tokens, grad_norm) in enumerate(
+      ((6.0, 5.0, 3.0, 1.0), (2.0, 1.0, 1.0, 3.0), (4.0, 4.0, 4.0, 2.0), (8.0, 8.0, 8.0, 6.0))):
+    monitor.add(step, {'loss': np.float32(loss), 'nll': np.float32(nll),
+                       'tokens': np.float32(tokens), 'pairs': np.float32(2),
+                       'grad_norm': np.float32(grad_norm)}, 3, 1.5 if step == 0 else 0.0)
+  monitor.pause(0.5)
+  now[0] = 110.0  # 10 s: 1.5 compiling, 0.5 saving, 8 training
+  monitor.write(4)
+  [(step, kind, figures)] = written
+  assert (step, kind) == (4, 'train')
+  assert figures == {'epoch': 0.5, 'loss': 20 / 16, 'nll': 18 / 16, 'learning_rate': 0.5,
+                     'grad_norm': 3.0, 'sessions_per_s': 12 / 8, 'pairs_per_s': 8 / 8,
+                     'tokens_per_s': 16 / 8, 'steps_per_s': 4 / 8, 'eta_s': 2.0 * 16,
+                     'compile_s': 1.5}
+  assert logged == ['step 4/20 epoch 0.50 loss 1.2500 (cross-entropy 1.1250) lr 5.00e-01 '
+                    '2 sessions/s 2 tokens/s, 0:00:32 left']
+  now[0] = 150.0  # a validation and its checkpoint: no training time
+  monitor.restart_pace()
+  monitor.add(4, {'loss': np.float32(1), 'nll': np.float32(1), 'tokens': np.float32(1),
+                  'pairs': np.float32(1), 'grad_norm': np.float32(1)}, 1, 0.0)
+  now[0] = 152.0
+  monitor.write(5)
+  assert written[-1][2]['steps_per_s'] == 0.5 and written[-1][2]['eta_s'] == 2.0 * 15
+
+
+def test_an_unreadable_newest_record_keeps_every_checkpoint_until_a_save_can_read_one(tmp_path):
+  """What is kept is decided from the newest complete checkpoint's meta (`best_step`): where
+  that file cannot be read, nothing is deleted (the best may be any of them) until a later
+  save decides on a readable record."""
+  import types  # pylint: disable=g-import-not-at-top
+  folder = tmp_path / 'checkpoints'
+  for step, meta in ((1, {'best_step': 1}), (2, {'best_step': 1}), (3, {'best_step': 1})):
+    (folder / str(step) / 'meta').mkdir(parents=True)
+    (folder / str(step) / 'meta' / 'metadata').write_text(json.dumps(meta))
+  policy = checkpoints._LatestAndBest(str(folder), keep=1)  # pylint: disable=protected-access
+  infos = [types.SimpleNamespace(step=step) for step in (1, 2, 3)]
+  assert policy.should_preserve(infos, context=None) == [True, False, True]
+  (folder / '3' / 'meta' / 'metadata').write_text('{"best_step": 1')  # cut short
+  assert policy.should_preserve(infos, context=None) == [True, True, True]
+
+
+def test_the_best_step_without_a_named_best_is_the_newest_complete_checkpoint(tmp_path):
+  """`named_best_step` (what eval, decode and the report read): the step the newest complete
+  checkpoint names; where it names none (no finite validation loss yet), that newest one;
+  orbax's temporary folder of a checkpoint being written is none."""
+  folder = tmp_path / 'checkpoints'
+  assert checkpoints.named_best_step(str(tmp_path)) is None
+  for step, best in ((3, 3), (5, None)):
+    (folder / str(step) / 'meta').mkdir(parents=True)
+    (folder / str(step) / 'meta' / 'metadata').write_text(json.dumps({'best_step': best}))
+  (folder / '7.orbax-checkpoint-tmp-1234').mkdir()
+  assert checkpoints.named_best_step(str(tmp_path)) == 5
+  (folder / '5' / 'meta' / 'metadata').write_text(json.dumps({'best_step': 3}))
+  assert checkpoints.named_best_step(str(tmp_path)) == 3
+
+
+def test_a_checkpoint_is_compared_on_what_fixes_its_parameters_at_their_defaults():
+  """Runtime fields (dropout, dtype, layer layout) may change on resume; a field a checkpoint
+  predates counts at its default; the layer layout is read from the whole config where it
+  is recorded."""
+  from configs import default  # pylint: disable=g-import-not-at-top
+  from mtn_jax import models  # pylint: disable=g-import-not-at-top
+  cfg = models.make_config(default.get_config('mtn').model, vocab_size=7, max_query_words=5)
+  saved = checkpoints.architecture(cfg)
+  assert 'dropout' not in saved and 'scan_layers' not in saved
+  checkpoints.check_model(saved, cfg.replace(dropout=cfg.dropout + 0.25,
+                                             scan_layers=not cfg.scan_layers), 'step 5')
+  older = {k: v for k, v in saved.items() if k not in ('copy', 'user_memory')}
+  assert checkpoints.architecture_differences(older, cfg) == {}
+  checkpoints.check_model(older, cfg, 'step 5')
+  assert checkpoints.architecture_differences(older, cfg.replace(copy=True)) == {
+      'copy': (False, True)}
+  with pytest.raises(checkpoints.CheckpointMismatch, match=re.escape(
+      'step 5 holds another model (model.copy: checkpoint False vs config True)')):
+    checkpoints.check_model(older, cfg.replace(copy=True), 'step 5')
+  layout = not cfg.scan_layers
+  assert checkpoints.saved_scan_layers(
+      {'model': saved, 'model_config': {'scan_layers': layout}}) is layout
+  assert checkpoints.saved_scan_layers({'model': {**saved, 'scan_layers': layout}}) is layout
+
+
+def test_training_without_validation_sessions_is_refused(tmp_path):
+  """config.data.split_fractions[1]=0 leaves the valid split empty, which preprocessing
+  allows (no such split was asked for); training refuses, since it picks its best
+  checkpoint by the validation loss."""
+  from configs import demo  # pylint: disable=g-import-not-at-top
+  from mtn_jax.training import train  # pylint: disable=g-import-not-at-top
+  config = demo.get_config()
+  config.data.demo_users, config.data.split_fractions = 60, (0.9, 0.0, 0.1)
+  with pytest.raises(errors.Error, match=re.escape(
+      'the valid split is empty: model selection needs validation sessions')):
+    train.training_data(config, str(tmp_path))
+
+
+def test_a_checkpoint_of_the_other_layer_layout_resumes_converted_to_this_runs(tmp_path):
+  """`scan_layers` is a runtime field: a run resumed with the other layout restores the
+  checkpoint in its saved layout, then trains its parameters and optimizer state converted
+  to its own, with the data iterator's position as saved."""
+  import jax  # pylint: disable=g-import-not-at-top
+  import optax  # pylint: disable=g-import-not-at-top
+  from configs import default  # pylint: disable=g-import-not-at-top
+  from mtn_jax import tasks  # pylint: disable=g-import-not-at-top
+  from mtn_jax.data.vocab import SPECIAL_TOKENS, Vocab  # pylint: disable=g-import-not-at-top
+  from mtn_jax.models import layers  # pylint: disable=g-import-not-at-top
+  from mtn_jax.training import train  # pylint: disable=g-import-not-at-top
+  from tests.test_models import MTN2, random_like  # pylint: disable=g-import-not-at-top
+  assert MTN2.scan_layers
+  scanned = tasks.make_task(MTN2, default.get_config().train)
+  in_a_loop = tasks.make_task(MTN2.replace(scan_layers=False), default.get_config().train)
+  optimizer, mesh = optax.adam(1e-3), parallel.make_mesh()
+  params = random_like(train.abstract_state(scanned, optimizer, mesh).params)
+  opt_state = jax.tree.map(lambda x: x + 1, optimizer.init(params))  # its moments non-zero
+  state = train.TrainState(step=np.int32(3), params=params, opt_state=opt_state,
+                           dropout_rng=jax.random.PRNGKey(1))
+  manager = checkpoints.open_manager(str(tmp_path))
+  checkpoints.save(manager, 3, params=params, train_state=state.optimizer_part(),
+                   data_iter={'position': 7}, meta={'best_step': None},
+                   vocab=Vocab(SPECIAL_TOKENS))
+  manager.wait_until_finished()
+  restored, data_iter = train._restore(  # pylint: disable=protected-access
+      manager, 3, task=in_a_loop, optimizer=optimizer, mesh=mesh,
+      saved_meta={'model': {}, 'model_config': {'scan_layers': True}})
+  assert data_iter == {'position': 7} and int(restored.step) == 3
+  assert_trees_equal(restored.params, layers.convert_layer_layout(params, scan_layers=False))
+  assert_trees_equal(restored.opt_state,
+                     layers.convert_layer_layout(opt_state, scan_layers=False))
