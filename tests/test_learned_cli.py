@@ -11,7 +11,6 @@ import shutil
 
 import numpy as np
 import pytest
-from fastapi.testclient import TestClient
 
 from launch import pack_serve_workdir
 from mtn_jax import inference
@@ -25,6 +24,8 @@ from mtn_jax.inference.inputs import Context
 from mtn_jax.serving import app as app_lib
 from mtn_jax.serving import service as service_lib
 from tests import cli
+from tests.service_client import LOOPBACK
+from tests.service_client import TestClient
 from tests.test_polyencoder_cli import assert_decode_writes_what_eval_scored
 from tests.lists import assert_raw_log_decode_writes_what_eval_scored
 from tests.lists import assert_same_list
@@ -109,7 +110,7 @@ def test_eval_decode_and_serve_give_the_same_learned_lists(learned_run, tmp_path
                                          '--config.serve.compile_cache=',
                                          '--config.serve.max_batch=1'),
                               str(workdir), log=lambda *a, **k: None)
-  with TestClient(app_lib.create_app(service), client=('127.0.0.1', 50000)) as client:
+  with TestClient(app_lib.create_app(service), client=LOOPBACK) as client:
     for pair in pairs:
       answer = client.post('/v1/suggest', json={'session': pair['context']}).json()
       expected = pair['suggestions_excluding_session']
@@ -164,7 +165,7 @@ def test_a_users_past_as_a_source_eval_decode_and_serve_agree(learned_run, tmp_p
                                          '--config.serve.max_batch=1'),
                               str(workdir), log=lambda *a, **k: None)
   read = []
-  with TestClient(app_lib.create_app(service), client=('127.0.0.1', 50000)) as client:
+  with TestClient(app_lib.create_app(service), client=LOOPBACK) as client:
     for record in decoded:  # each user's sessions in order, a query at a time
       answer = client.post('/v1/suggest', json={'session': record['context'],
                                                 'user': str(record['user'])}).json()

@@ -14,25 +14,21 @@ import subprocess
 import sys
 import threading
 import time
-import warnings
 
 import httpx
 import hypothesis
 import pytest
 import schemathesis
 
-with warnings.catch_warnings():  # starlette's TestClient asks for a package the project lacks
-  warnings.simplefilter('ignore')
-  from fastapi.testclient import TestClient  # pylint: disable=g-import-not-at-top
-
 from configs import demo
 from mtn_jax import errors
 from mtn_jax.serving import app as app_lib
 from mtn_jax.serving import service as service_lib
 from tests import cli
+from tests.service_client import LOOPBACK
+from tests.service_client import TestClient
 from tests.stub_server import StubEngine
 
-LOOPBACK = ('127.0.0.1', 50000)
 
 
 def _quiet(*args, **kwargs):

@@ -22,15 +22,10 @@ import threading
 import time
 import types
 
-import warnings
 
 import httpx
 import pytest
 import uvicorn
-
-with warnings.catch_warnings():  # starlette's TestClient asks for a package the project lacks
-  warnings.simplefilter('ignore')
-  from fastapi.testclient import TestClient  # pylint: disable=g-import-not-at-top
 
 from mtn_jax.inference import pipeline as pipeline_lib
 from mtn_jax.inference import suggest
@@ -40,6 +35,8 @@ from mtn_jax.serving import engine as engine_lib
 from mtn_jax.serving import history as history_lib
 from mtn_jax.serving import service as service_lib
 from tests import cli
+from tests.service_client import LOOPBACK
+from tests.service_client import TestClient
 
 
 # The model reads each user's last 4 earlier queries (a user is accepted); two steps of training.
@@ -50,7 +47,6 @@ MODEL = ('--config.data.history_queries=4', '--config.model.user_memory=attentio
 TRAIN = ('--config.train.max_steps=2',)
 SERVE = ('--config.serve.max_batch=4', '--config.serve.max_wait_ms=20')
 MAX_QUERIES = 4  # the model's max_session_queries (MODEL)
-LOOPBACK = ('127.0.0.1', 50000)
 
 
 def _quiet(*args, **kwargs):
