@@ -199,7 +199,10 @@ def test_config_paths_expand_a_leading_tilde(monkeypatch):
   c.data.raw_files = '~/a.tsv, /logs/b.tsv,~/c/*.gz'
   c.decode.input, c.suggest.ranker_workdir = '~/sessions.txt', 'runs/~x'
   c.report.workdirs = '~/w1,~/w2'
+  c.serve.history_db, c.serve.compile_cache = '~/h.sqlite', '~/cache'
   config_lib.expand_home(c)
+  assert (c.serve.history_db, c.serve.compile_cache) == ('/home/someone/h.sqlite',
+                                                         '/home/someone/cache')
   assert c.data.raw_files == '/home/someone/a.tsv,/logs/b.tsv,/home/someone/c/*.gz'
   assert c.decode.input == '/home/someone/sessions.txt'
   assert c.suggest.ranker_workdir == 'runs/~x'  # `~` only at a path's start

@@ -216,6 +216,10 @@ def test_more_suggestions_than_the_beam_only_where_the_strategy_pools_more():
   for strategy in ('blend', 'learned'):  # the service's k goes as far
     c.suggest.strategy = strategy
     config_lib.validate(c, 'eval')
+  # A ranker's own 'generate' list is its pool, not a beam: the beam's size bounds nothing.
+  c = default.get_config('polyencoder')
+  c.data.source, c.decode.beam_size, c.decode.top_k = 'demo', 10, 20
+  config_lib.validate(c, 'eval')
 
 
 @pytest.mark.parametrize('key, value, message', [
@@ -231,6 +235,9 @@ def test_more_suggestions_than_the_beam_only_where_the_strategy_pools_more():
     ('train.held_out_fold', 3, 'config.train.held_out_fold=3 is read only with '
                                'config.train.user_folds=K'),
     ('decode.max_eval_sessions', -5, 'config.decode.max_eval_sessions must be >= 0'),
+    ('data.history_queries', -1, 'config.data.history_queries must be >= 0'),
+    ('suggest.ranker_rounds', 0, 'config.suggest.ranker_rounds must be positive'),
+    ('suggest.unrelated_first', -1, 'config.suggest.unrelated_first must be >= 0'),
 ])
 def test_a_value_no_run_can_use_is_refused_naming_its_key(key, value, message):
   c = default.get_config('mtn')
@@ -241,6 +248,7 @@ def test_a_value_no_run_can_use_is_refused_naming_its_key(key, value, message):
     config_lib.validate(c, 'all')
 
 
+RERANK = {'suggest.strategy': 'rerank', 'suggest.ranker_workdir': 'ranker'}  # its keys' rules
 # Each rule's edge: the first value refused (with its message), and beside it the last value
 # accepted. Values from `default.get_config('mtn')`: sessions of 3 to 5 queries (the model
 # reads 16), 256 training queries a batch, a beam of 5.
@@ -252,6 +260,9 @@ EDGES = [
     ({'data.tokenizer': 'sentencepiece', 'data.vocab_size': 299},
      {'data.tokenizer': 'sentencepiece', 'data.vocab_size': 300, 'decode.max_len': 25},
      'config.data.vocab_size must be at least 300 with sentencepiece'),
+    ({'data.max_query_tokens': 0, 'data.tokenizer': 'sentencepiece', 'data.vocab_size': 300},
+     {'data.max_query_tokens': 1, 'data.tokenizer': 'sentencepiece', 'data.vocab_size': 300},
+     'config.data.max_query_tokens must be positive'),
     ({'data.train_users': 5}, {'data.train_users': 5, 'data.split_by': 'user'},
      "config.data.train_users=5: a number of training users >= 0, with "
      "config.data.split_by='user' only"),
@@ -280,6 +291,14 @@ EDGES = [
      'config.serve.history_per_user must be positive'),
     ({'suggest.past_queries': 0}, {'suggest.past_queries': 1},
      'config.suggest.past_queries must be positive'),
+    ({'data.train_users': -1, 'data.split_by': 'user'},
+     {'data.train_users': 0, 'data.split_by': 'user'},
+     'config.data.train_users=-1: a number of training users >= 0'),
+    ({'suggest.popular': -1, **RERANK}, {'suggest.popular': 0, **RERANK},
+     'config.suggest.popular must be >= 0'),
+    ({'suggest.imdna_proposed': 0, 'suggest.imdna_workdir': 'imdna', **RERANK},
+     {'suggest.imdna_proposed': 1, 'suggest.imdna_workdir': 'imdna', **RERANK},
+     'config.suggest.imdna_proposed must be positive'),
 ]
 
 
@@ -300,6 +319,20 @@ def test_each_rule_refuses_the_first_value_past_its_edge_and_takes_the_last_with
     else:
       with pytest.raises(config_lib.ConfigError, match=re.escape(message)):
         config_lib.validate(c, 'all')
+
+
+@pytest.mark.parametrize('raw_files', ['', ' , '])
+def test_raw_files_that_name_no_file_are_refused_where_the_log_is_read(raw_files):
+  """An AOL config whose raw_files names no file (empty, or commas and spaces alone) is
+  refused by the modes that read the log (preprocessing, and training, which prepares the
+  data first); the others read a workdir's prepared data."""
+  c = default.get_config('mtn')
+  c.data.raw_files = raw_files
+  assert c.data.source == 'aol'
+  for mode in ('all', 'preprocess', 'train'):
+    with pytest.raises(config_lib.ConfigError, match='config.data.raw_files is empty'):
+      config_lib.validate(c, mode)
+  config_lib.validate(c, 'eval')
 
 
 def test_a_habit_rate_of_one_is_a_rate_and_above_one_is_refused():

@@ -261,6 +261,13 @@ def test_users_that_do_not_fit_the_sessions_are_named(tmp_path):
   with pytest.raises(sessions_lib.CorpusFileError,
                      match=rf'{path}: shape \(3,\), but .*test.sessions.npy holds 4 sessions'):
     sessions_lib.load_split(preprocess.data_dir(workdir), 'test')
+  # The users' earlier queries too: a history of another number of sessions is named.
+  np.save(path, np.zeros(4, np.int64))
+  history = sessions_lib.split_paths(preprocess.data_dir(workdir), 'test')['history']
+  np.save(history, np.zeros((3, 0, 10), np.int32))
+  with pytest.raises(sessions_lib.CorpusFileError,
+                     match=rf'{history}: 3 sessions, but .*test.sessions.npy holds 4'):
+    sessions_lib.load_split(preprocess.data_dir(workdir), 'test')
 
 
 # A log too small to split

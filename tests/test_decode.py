@@ -139,6 +139,15 @@ def test_to_words_stops_at_padding_too():
   assert vocab.decode_text(np.array([6, 7, PAD_ID, 5])) == 'to cook'
 
 
+def test_a_decoder_input_reads_as_its_query():
+  # `<s>` + query reads as the query (`Vocab.decode` drops `<s>`), and an id past the
+  # vocabulary as the context's word it copies.
+  vocab = Vocab(SPECIAL_TOKENS + ('how', 'to', 'cook'))
+  assert vocab.decode(np.array([BOS_ID, 5, 6, EOS_ID, 7])) == ['how', 'to']
+  assert vocab.decode_text(np.array([BOS_ID, 7, len(vocab) + 1]), ['paris', 'rome']) == (
+      'cook rome')
+
+
 def test_suggest_matches_beam_search_on_the_memory(searched):
   model, params, memory, beams = searched
   sequences, scores = search.beam_search(model, params, memory, beam_size=BEAM,

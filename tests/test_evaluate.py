@@ -899,6 +899,16 @@ def test_a_text_file_shorter_than_its_split_is_named(tmp_path):
   with pytest.raises(ValueError, match=r'valid.text.txt: 2 lines, but the split holds 3 '
                      r'queries: run --mode=preprocess again'):
     split.texts  # pylint: disable=pointless-statement
+  # A selection of another split's sessions (`text_rows`) needs the lines up to its last row.
+  picked = SessionSplit('valid', np.zeros((2, 2), np.int32), np.array([0, 2]), str(texts),
+                        text_rows=np.array([1, 2]))
+  with pytest.raises(ValueError, match=r'valid.text.txt: 2 lines, but the split holds 3 '):
+    picked.texts  # pylint: disable=pointless-statement
+  # A file with more lines than the split has rows (the split a prefix of its corpus's): the
+  # split's rows alone, one text a query row.
+  texts.write_text('a\nb\nc\nd\n', encoding='utf-8')
+  prefix = SessionSplit('valid', np.zeros((3, 2), np.int32), np.array([0, 3]), str(texts))
+  assert prefix.texts == ['a', 'b', 'c']
 
 
 def ranking(exact, r5, r10, mrr, repeats, longest=10):

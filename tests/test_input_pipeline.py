@@ -65,15 +65,21 @@ def test_steps_per_epoch_counts_short_last_batches():
   counts = np.bincount(split.lengths, minlength=6)
   expected = sum(-(-counts[length] // size) for length, size in ((3, 6), (4, 5), (5, 4)))
   assert input_pipeline.steps_per_epoch(split, QUERIES_PER_BATCH, 1) == expected
+  # A bucket that fills its batches exactly has no short one after them: 6 sessions of 3
+  # queries are one batch of 6, and one pass yields it alone.
+  exact = SessionSplit('train', np.ones((18, MAX_QUERY_WORDS), np.int32), np.arange(0, 19, 3))
+  assert input_pipeline.steps_per_epoch(exact, QUERIES_PER_BATCH, 1) == 1
+  [batch] = input_pipeline.make_eval_iterator(exact, queries_per_batch=QUERIES_PER_BATCH)
+  np.testing.assert_array_equal(batch['session_ids'], np.arange(6))
 
 
 def test_train_epochs_hold_every_session_once_in_fresh_orders():
   split = make_split()
   steps = input_pipeline.steps_per_epoch(split, QUERIES_PER_BATCH, 1)
   batches = take(input_pipeline.make_train_iterator(
-      split, queries_per_batch=QUERIES_PER_BATCH, seed=3), 2 * steps)
+      split, queries_per_batch=QUERIES_PER_BATCH, seed=3), 3 * steps)
   epoch_orders = []
-  for epoch in range(2):
+  for epoch in range(3):
     epoch_batches = batches[epoch * steps:(epoch + 1) * steps]
     assert [int(b['epoch']) for b in epoch_batches] == [epoch] * steps
     ids = np.concatenate([b['session_ids'] for b in epoch_batches])
@@ -87,7 +93,8 @@ def test_train_epochs_hold_every_session_once_in_fresh_orders():
     # Batches of different buckets are interleaved, not grouped.
     batch_lengths = [b['queries'].shape[1] for b in epoch_batches]
     assert batch_lengths != sorted(batch_lengths)
-  assert not np.array_equal(epoch_orders[0], epoch_orders[1])
+  # Each epoch its own order (seeded by the seed and the epoch), none another's again.
+  assert len({order.tobytes() for order in epoch_orders}) == 3
 
 
 def test_train_stream_is_fixed_by_the_seed():
@@ -153,6 +160,30 @@ def test_eval_covers_every_session_once_bucket_by_bucket_in_index_order():
   # A second pass is the same pass.
   again = np.concatenate([b['session_ids'] for b in dataset])
   np.testing.assert_array_equal(again, ids)
+
+
+def test_a_padded_batch_holds_each_session_in_its_row_from_the_first_slot():
+  """`padded_batch` (a request's or a decoded file's batch): session i in row i from slot 0,
+  zeros after its end and in the rows past the sessions, the per-query and per-session arrays
+  alike; a batch of exactly the sessions and the longest session's length is taken, one row
+  or one slot fewer refused."""
+  split = make_split(num_sessions=3, seed=2)  # sessions of 5, 3 and 3 queries
+  per_query = {'oov': np.arange(len(split.queries)) + 1}
+  per_session = {'history': np.arange(split.num_sessions) + 1}
+  batch = input_pipeline.padded_batch(split, rows=4, width=5, per_query=per_query,
+                                      per_session=per_session)
+  assert batch['queries'].shape == (4, 5, MAX_QUERY_WORDS) and batch['oov'].shape == (4, 5)
+  for i, length in enumerate(split.lengths.tolist()):
+    np.testing.assert_array_equal(batch['queries'][i, :length], split.session(i))
+    np.testing.assert_array_equal(batch['oov'][i, :length],
+                                  np.arange(split.starts[i], split.starts[i + 1]) + 1)
+    assert not batch['queries'][i, length:].any() and not batch['oov'][i, length:].any()
+  assert not batch['queries'][3].any() and not batch['oov'][3].any()
+  np.testing.assert_array_equal(batch['history'], [1, 2, 3, 0])
+  input_pipeline.padded_batch(split, rows=3, width=5)
+  for rows, width in ((2, 5), (3, 4)):
+    with pytest.raises(ValueError, match=f'do not fit a batch of {rows} rows of {width}'):
+      input_pipeline.padded_batch(split, rows=rows, width=width)
 
 
 def child_processes() -> list[int]:

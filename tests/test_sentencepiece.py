@@ -16,6 +16,7 @@ from mtn_jax.data import extended
 from mtn_jax.data import preprocess
 from mtn_jax.data import sessions as sessions_lib
 from mtn_jax.data.vocab import EOS_ID
+from mtn_jax.data.vocab import PAD_ID
 from mtn_jax.data.vocab import SentencePieceVocab
 from mtn_jax.data.vocab import SPECIAL_TOKENS
 from mtn_jax.data.vocab import train_sentencepiece
@@ -37,8 +38,9 @@ def test_round_trip_of_seen_and_unseen_words():
     ids = vocab.encode_text(text)
     assert UNK_ID not in ids  # byte fallback writes any character
     assert vocab.decode_text(ids) == text
-    # Decoding stops at </s> and ignores what follows, as for words.
+    # Decoding stops at </s> or padding and ignores what follows, as for words.
     assert vocab.decode_text(ids + [EOS_ID] + ids) == text
+    assert vocab.decode_text(ids + [PAD_ID] + ids) == text
   # An emitted <unk> stays <unk> (config.decode.emit_unk), a word of its own as with words.
   cheap, paris = vocab.encode_text('cheap'), vocab.encode_text('paris')
   assert vocab.decode_text(cheap + [UNK_ID] + paris) == 'cheap <unk> paris'
@@ -49,6 +51,15 @@ def test_round_trip_of_seen_and_unseen_words():
   for text in ('a<sep>b', 'x <s> </s> <pad> y'):
     ids = vocab.encode_text(text)
     assert min(ids) >= len(SPECIAL_TOKENS) and vocab.decode_text(ids) == text
+
+
+def test_a_character_among_the_rarest_of_the_training_text_is_written_in_bytes():
+  # Pieces go to the characters of all but the rarest 0.05 % of the training queries' text
+  # (character_coverage): one seen once in it has no piece, and is read in byte pieces.
+  vocab = train_sentencepiece(TRAIN * 3 + ['strasse stra\u00dfe'], 320)
+  assert not any('\u00df' in piece for piece in vocab.words)
+  ids = vocab.encode_text('stra\u00dfe')
+  assert vocab.id('<0xC3>') in ids and vocab.decode_text(ids) == 'stra\u00dfe'
 
 
 def test_a_vocabulary_too_small_for_the_logs_characters_is_one_config_error():

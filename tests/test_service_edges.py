@@ -23,6 +23,7 @@ import schemathesis
 from configs import demo
 from mtn_jax import errors
 from mtn_jax.serving import app as app_lib
+from mtn_jax.serving import engine as engine_lib
 from mtn_jax.serving import service as service_lib
 from tests import cli
 from tests.service_client import LOOPBACK
@@ -144,14 +145,19 @@ def test_a_body_that_stops_short_of_its_length_is_408_at_the_deadline():
   assert body['field'] == 'body' and 'did not arrive before the deadline' in body['error']
 
 
-def asgi(app, method: str, path: str, headers=(), chunks=()) -> list[dict]:
+def asgi(app, method: str, path: str, headers=(), chunks=(), late: float = 0.0,
+         service=None) -> list[dict]:
   """The messages `app` sends when called as a server calls it (what uvicorn would turn
-  away or hide from a test client reaches it), its body read from `chunks` in order."""
+  away or hide from a test client reaches it), its body read from `chunks` in order, each
+  after the first `late` seconds after the one before; `service` (the app's) started for the
+  call where given (what a suggestion needs)."""
   sent, pending = [], list(reversed(chunks)) or [{'type': 'http.request', 'body': b''}]
 
   async def main():
     async def receive():
       if pending:
+        if len(pending) < len(chunks):
+          await asyncio.sleep(late)
         return pending.pop()
       await asyncio.sleep(3600)
 
@@ -161,10 +167,29 @@ def asgi(app, method: str, path: str, headers=(), chunks=()) -> list[dict]:
              'method': method, 'scheme': 'http', 'path': path, 'raw_path': path.encode(),
              'query_string': b'', 'root_path': '', 'client': LOOPBACK,
              'server': ('127.0.0.1', 80), 'headers': list(headers)}
-    await asyncio.wait_for(app(scope, receive, send), 10)
+    if service is not None:
+      await service.start()
+    try:
+      await asyncio.wait_for(app(scope, receive, send), 10)
+    finally:
+      if service is not None:
+        await service.stop()
 
   asyncio.run(main())
   return sent
+
+
+def test_the_deadline_counts_from_the_requests_arrival_not_from_its_bodys_end():
+  """A body that took most of deadline_ms (500 here) to arrive leaves the batch only the
+  rest: a batch of 0.3 s then is answered 504, the deadline counted from the arrival."""
+  app, service = stub_app(StubEngine(seconds=0.3), deadline_ms=500)
+  body = b'{"session": ["a"]}'
+  sent = asgi(app, 'POST', '/v1/suggest',
+              headers=[(b'content-type', b'application/json'),
+                       (b'content-length', str(len(body)).encode())],
+              chunks=[{'type': 'http.request', 'body': body[:5], 'more_body': True},
+                      {'type': 'http.request', 'body': body[5:]}], late=0.4, service=service)
+  assert [m['status'] for m in sent if m['type'] == 'http.response.start'] == [504], sent
 
 
 def test_a_client_gone_before_its_body_ended_is_counted_apart_not_as_a_400():
@@ -194,6 +219,9 @@ def test_a_content_length_that_is_no_number_is_413_not_a_500():
   assert set(body) == {'error', 'field', 'request_id'} and body['field'] == 'body', body
   metrics = service.metrics.render()[0].decode()
   assert 'mtn_serve_requests_total{route="/v1/suggest",status="413"} 1.0' in metrics, metrics
+  # The body is left unread: the connection is closed after the answer, not read on from.
+  [start] = [m for m in sent if m['type'] == 'http.response.start']
+  assert (b'connection', b'close') in start['headers'], start
 
 
 def test_a_head_answer_sends_no_body_to_the_server():
@@ -228,10 +256,12 @@ def test_a_draining_service_closes_the_connection_of_a_refused_request(stub):
   """A keep-alive client's next request then goes to another instance, not this one about
   to stop."""
   client, service = stub
+  assert 'mtn_serve_draining 0.0' in client.get('/metrics').text
   service.begin_drain()
   answer = client.post('/v1/suggest', json={'session': ['a']})
   assert_one_shape(answer, 503, None)
   assert answer.headers['retry-after'] == '1' and answer.headers['connection'] == 'close'
+  assert 'mtn_serve_draining 1.0' in client.get('/metrics').text  # what a dashboard sees
 
 
 @pytest.mark.parametrize('user, message', [('', None), ('ann\x07', 'U+0007')])
@@ -313,6 +343,22 @@ def test_paths_the_service_does_not_answer_are_counted_as_one_route(stub):
   metrics = client.get('/metrics').text
   assert 'mtn_serve_requests_total{route="other",status="404"} 3.0' in metrics, metrics
   assert 'nowhere' not in metrics and 'wp-login' not in metrics and 'more"' not in metrics
+
+
+def test_the_described_user_takes_what_the_service_takes():
+  """A personalising service's description gives `user` the pattern of the text it takes: a
+  client that validates against it sends no user the service refuses, and refuses none it
+  takes."""
+  app, _ = stub_app(StubEngine(personalises=True))
+  with TestClient(app, client=LOOPBACK, raise_server_exceptions=False) as client:
+    request = client.get('/openapi.json').json()['components']['schemas']['SuggestRequest']
+    [text] = [option for option in request['properties']['user']['anyOf']
+              if option.get('type') == 'string']
+    for user, taken in (('ann', True), ('tab\tand space', True), ('ann\x07', False),
+                        ('c1\x9b', False), ('del\x7f', False)):
+      answer = client.post('/v1/suggest', json={'session': ['a'], 'user': user})
+      assert (answer.status_code == 200) is taken, (user, answer.text)
+      assert bool(re.search(text['pattern'], user)) is taken, user
 
 
 def test_a_user_of_over_200_characters_is_refused_naming_the_user():
@@ -540,6 +586,48 @@ def test_a_drain_waits_for_requests_in_flight_and_the_quiet_time_after_the_last_
                                 compilations=lambda: 0, log=_quiet)
   patient.begin_drain()
   assert asyncio.run(patient.drained(0.4)) is True  # quiet for 0.1 s: a quarter of 0.4
+  patient.begin_drain()  # again: the quiet time counts from here
+  started = time.monotonic()
+  assert asyncio.run(patient.drained(4)) is True
+  assert 0.95 <= time.monotonic() - started < 1.8  # a quarter of 4 s, not more
+
+
+def _answer_during_a_drain(engine, settings, drain_after: float):
+  """(what `drained(0.2)` says once the drain began, the request's answer, the seconds from
+  the drain's beginning to the answer, what `drained(1)` says after it): one suggestion
+  request sent to a started service whose drain begins `drain_after` seconds later."""
+  service = service_lib.Service(engine, settings, compilations=lambda: 0, log=_quiet)
+
+  async def main():
+    await service.start()
+    try:
+      request = engine_lib.Request(('a',), 1)
+      answer = asyncio.create_task(service.batcher.submit(request, time.monotonic() + 10))
+      await asyncio.sleep(drain_after)
+      service.begin_drain()
+      began = time.monotonic()
+      held = await service.drained(0.2)
+      ranked, _, _ = await answer
+      return held, ranked, time.monotonic() - began, await service.drained(1)
+    finally:
+      await service.stop()
+
+  return asyncio.run(main())
+
+
+def test_a_drain_waits_for_the_batches_running():
+  """A batch still running holds the drain, though no request is queued or in flight."""
+  held, ranked, _, done = _answer_during_a_drain(
+      StubEngine(seconds=1.5), service_lib.ServeSettings(drain_quiet_seconds=0), 0.2)
+  assert held is False and ranked == [{'query': 'a more', 'score': 0.0}] and done is True
+
+
+def test_a_drain_starts_the_batch_waiting_for_batch_mates_at_once():
+  """SIGTERM's drain starts the queued batches at once: one already waiting for batch-mates
+  (max_wait_ms, 3 s here) when the drain begins does not wait on for them."""
+  _, ranked, seconds, _ = _answer_during_a_drain(
+      StubEngine(), service_lib.ServeSettings(max_wait_ms=3000, drain_quiet_seconds=0), 0.1)
+  assert ranked == [{'query': 'a more', 'score': 0.0}] and seconds < 1.5, seconds
 
 
 # ---------------------------------------------------------------------------------------------

@@ -261,6 +261,8 @@ def test_warm_up_on_threads_runs_every_shape_once_the_smallest_alone_first(monke
   monkeypatch.setattr(engine, '_warm', warm)
   engine.warm_up(threads=3)
   assert runs[0] == (1, 1, 1)
+  # Then the largest pairs first, one a thread: the longest compilations do not start last.
+  assert {(size, width) for size, width, _ in runs[1:4]} == {(4, 8), (2, 8), (4, 4)}
   assert sorted((size, width) for size, width, _ in runs) == sorted(engine.shapes())
   assert len(runs) == len(engine.sizes) * len(engine.widths)
   assert most[0] == 3 and engine.warm_threads == 3 and engine.warmed.is_set()
@@ -268,6 +270,80 @@ def test_warm_up_on_threads_runs_every_shape_once_the_smallest_alone_first(monke
   most[0] = 0
   engine.warm_up(threads=1)
   assert [(size, width) for size, width, _ in runs] == engine.shapes() and most[0] == 1
+
+
+def test_more_requests_than_the_largest_batch_run_in_batches_of_it_each_in_its_place(
+    monkeypatch):
+  """`run` given more requests than max_batch runs them max_batch at a time, each batch
+  padded to its own shape, and answers every request in its place: none dropped."""
+  engine = engine_lib.Engine.__new__(engine_lib.Engine)
+  engine.sizes, engine.widths = (1, 2), (1, 2, 4)
+  batches = []
+
+  def run(requests, size, width):
+    batches.append((len(requests), size, width))
+    return [[{'query': r.session[-1], 'score': 0.0}] for r in requests]
+
+  monkeypatch.setattr(engine, '_run', run)
+  requests = [engine_lib.Request(tuple(f'r{i} q{t}' for t in range(1 + i % 3)), 1)
+              for i in range(5)]
+  assert [shown[0]['query'] for shown in engine.run(requests)] == [
+      r.session[-1] for r in requests]
+  assert batches == [(2, 2, 2), (2, 2, 4), (1, 1, 2)]
+
+
+def test_a_background_warm_up_pads_to_the_pairs_compiled_so_far_and_stops_when_asked(
+    monkeypatch):
+  """While the other pairs compile, a batch runs padded to the smallest pair compiled so far
+  that holds it (a lone session of the longest length included); each pair joins those once
+  compiled; stop_warming lets the pair being compiled finish and compiles no other."""
+  engine = engine_lib.Engine.__new__(engine_lib.Engine)
+  engine.sizes, engine.widths = (1, 2), (1, 2, 4)
+  engine.warmed = threading.Event()
+  engine._stop_warming = threading.Event()  # pylint: disable=protected-access
+  started, compiled, proceed = [], [], threading.Semaphore(0)
+
+  def warm(size, width):
+    started.append((size, width))
+    if threading.current_thread().name == 'warm-up':
+      assert proceed.acquire(timeout=30)
+    compiled.append((size, width))
+
+  def until(condition):
+    end = time.time() + 10
+    while not condition():
+      assert time.time() < end, (started, compiled)
+      time.sleep(0.01)
+
+  monkeypatch.setattr(engine, '_warm', warm)
+  engine.warm_up(background=True, log=_quiet)
+  assert compiled == [(1, 4), (2, 4)] and not engine.warmed.is_set()
+  assert engine.padded_shape(1, 4) == (1, 4) and engine.padded_shape(2, 4) == (2, 4)
+  assert engine.padded_shape(1, 1) == (1, 4) and engine.padded_shape(2, 1) == (2, 4)
+  proceed.release()  # (1, 1) compiles: a lone short session runs at its own shape
+  until(lambda: engine.padded_shape(1, 1) == (1, 1))
+  assert engine.padded_shape(1, 2) == (1, 4) and engine.padded_shape(2, 1) == (2, 4)
+  until(lambda: started[-1] == (1, 2))
+  engine.stop_warming()  # while (1, 2) compiles: it finishes, and no other pair follows
+  proceed.release()
+  engine.stop_warming(timeout=10)
+  assert not engine._warm_thread.is_alive()  # pylint: disable=protected-access
+  assert compiled == [(1, 4), (2, 4), (1, 1), (1, 2)] and not engine.warmed.is_set()
+
+
+def test_the_engine_warms_up_on_the_threads_and_in_the_way_it_is_asked(monkeypatch):
+  """Engine.load warms up in the background when asked (config.serve.warm_up_background, read
+  by `build`), on config.serve.warm_up_threads threads, 0 read as one a core this process may
+  use."""
+  warmed = []
+  monkeypatch.setattr(pipeline_lib.Pipeline, 'load', lambda *args, **kwargs: None)
+  monkeypatch.setattr(engine_lib.Engine, '__init__', lambda self, *args: None)
+  monkeypatch.setattr(engine_lib.Engine, 'warm_up',
+                      lambda self, threads, background, log: warmed.append((threads, background)))
+  for threads, background in ((0, True), (3, False)):
+    engine_lib.Engine.load(_config(f'--config.serve.warm_up_threads={threads}'), 'run',
+                           log=_quiet, background=background)
+  assert warmed == [(len(os.sched_getaffinity(0)), True), (3, False)]
 
 
 @pytest.mark.slow
@@ -704,6 +780,71 @@ def test_a_lone_request_that_fails_is_run_once():
   assert calls == [['a', 'bad', 'c'], ['a'], ['bad'], ['c']]
 
 
+def test_a_request_that_cannot_be_prepared_fails_alone_and_its_batch_mates_get_their_own():
+  """In a batch of three whose middle request's preparation fails, that request gets its
+  error and the other two the answers to their own requests."""
+  def prepare(requests):
+    if 'b' in requests:
+      raise ValueError('b cannot be prepared')
+    return [r.upper() for r in requests]
+
+  def run(requests):
+    time.sleep(0.3 if requests == ['X'] else 0.0)  # the others queue meanwhile
+    return [r + '!' for r in requests]
+
+  batcher = batcher_lib.Batcher(run, prepare=prepare, max_batch=3, max_wait=0, queue_bound=8)
+  results = run_batcher(batcher, ['x', 'a', 'b', 'c'])
+  assert results[:2] + results[3:] == ['X!', 'A!', 'C!'] and isinstance(results[2], ValueError)
+
+
+def test_a_request_given_up_in_a_running_batch_leaves_its_batch_mates_their_answers():
+  """'a' reaches its deadline while its batch runs: 'b', after it in the batch, is still
+  answered when the batch ends."""
+  async def scenario(batcher, ask):
+    del batcher
+    first = asyncio.create_task(ask('x', 5))  # holds the one worker while 'a' and 'b' queue
+    await asyncio.sleep(0.1)
+    gives_up, waits = asyncio.create_task(ask('a', 0.6)), asyncio.create_task(ask('b', 5))
+    return await first, await gives_up, await waits
+
+  assert run_with_deadlines(slow_echo(0.4), scenario, max_batch=2, queue_bound=8) == (
+      'x!', batcher_lib.DeadlineExceeded, 'b!')
+
+
+def test_a_batch_whose_requests_all_gave_up_while_it_waited_frees_its_worker():
+  """A lone request's deadline (0.1 s) passes while its batch waits max_wait (0.5 s) for
+  batch-mates: the batch starts empty, and the one worker is free for the next request."""
+  async def main():
+    batcher = batcher_lib.Batcher(slow_echo(0.0), max_batch=4, max_wait=0.5, queue_bound=8)
+    batcher.start()
+    try:
+      with pytest.raises(batcher_lib.DeadlineExceeded):
+        await batcher.submit('a', time.monotonic() + 0.1)
+      await asyncio.sleep(0.6)  # the empty batch's wait ends
+      return await batcher.submit('b', time.monotonic() + 3)
+    finally:
+      await batcher.stop()
+
+  assert asyncio.run(main()) == 'b!'
+
+
+def test_stopping_answers_the_running_and_the_queued_requests_at_once():
+  """At shutdown a request of the running batch and one still queued get their 504 at
+  once, not at their deadlines."""
+  async def main():
+    batcher = batcher_lib.Batcher(slow_echo(0.3), max_batch=1, max_wait=0, queue_bound=8)
+    batcher.start()
+    asked = [asyncio.create_task(batcher.submit(r, time.monotonic() + 5)) for r in 'ab']
+    await asyncio.sleep(0.1)  # 'a' runs, 'b' waits
+    started = time.monotonic()
+    await batcher.stop()
+    results = await asyncio.gather(*asked, return_exceptions=True)
+    return [type(r) for r in results], time.monotonic() - started
+
+  kinds, seconds = asyncio.run(main())
+  assert kinds == [batcher_lib.DeadlineExceeded] * 2 and seconds < 3, (kinds, seconds)
+
+
 def test_reloads_are_counted_by_outcome_and_the_step_is_the_new_models():
   """A failed reload leaves the old model and says so (counted 'failed'); a reload that
   works says which step it replaced, and /metrics' model step follows it."""
@@ -767,6 +908,17 @@ def test_a_load_that_exits_fails_the_reload_and_frees_the_next():
     assert client.post('/admin/reload').json()['reloaded']
 
 
+def test_a_reload_stops_the_old_models_background_warm_up():
+  """The replaced model compiles no more pairs: its background warm-up is stopped."""
+  client, service = stub_client(SlowEngine())
+  old, stopped = service.engine, []
+  old.stop_warming = lambda timeout=0.0: stopped.append(timeout)
+  service.loader = SlowEngine
+  with client:
+    assert client.post('/admin/reload').json()['reloaded'] and service.engine is not old
+  assert stopped == [0.0]
+
+
 def test_the_pages_run_no_inline_script_and_admin_refuses_other_sites():
   """The page's script is a file of this host (no inline script may run on it), no page may
   be framed by another site, and a page of another origin cannot make the service reload
@@ -788,6 +940,10 @@ def test_the_pages_run_no_inline_script_and_admin_refuses_other_sites():
       refused = client.post('/admin/reload', headers={'Origin': malformed})
       assert refused.status_code == 403 and 'another origin' in refused.json()['error']
     same = client.post('/admin/reload', headers={'Origin': 'http://testserver'})
+    assert same.status_code == 200 and same.json()['reloaded']
+    # The service's own page on a port: its origin names the port, as the Host header does.
+    same = client.post('/admin/reload', headers={'Origin': 'http://testserver:8080',
+                                                 'Host': 'testserver:8080'})
     assert same.status_code == 200 and same.json()['reloaded']
 
 
@@ -1307,7 +1463,8 @@ def test_serve_settings_are_checked_before_anything_starts():
                         ('--config.serve.port=70000', 'serve.port'),
                         ('--config.serve.max_wait_ms=-1', 'serve.max_wait_ms'),
                         ('--config.serve.drain_quiet_seconds=-1', 'serve.drain_quiet_seconds'),
-                        ('--config.serve.warm_up_threads=-1', 'serve.warm_up_threads')):
+                        ('--config.serve.warm_up_threads=-1', 'serve.warm_up_threads'),
+                        ('--config.serve.queue_bound=0', 'serve.queue_bound')):
     with pytest.raises(config_lib.ConfigError, match=re.escape(f'config.{key}')):
       config_lib.validate(cli.config(override), 'serve')
 
@@ -1444,3 +1601,23 @@ def test_a_user_is_handed_to_a_ranker_as_its_numeric_id_only_when_it_is_one():
   info = lambda user: engine_lib.Engine._info(engine_lib.Request(('a',), 1, user))  # pylint: disable=protected-access
   assert info('42') == {'user': 42}
   assert info('²') == info('٣') == info('ann') == info(None) == {}
+
+
+def test_the_history_store_keeps_at_least_what_the_model_reads(tmp_path, monkeypatch):
+  """config.serve.history_per_user below what the pipeline reads of a user's past: the store
+  keeps what it reads (as evaluation and decode read it), not fewer; a model that reads no
+  user has no store."""
+  from tests.stub_server import StubEngine  # pylint: disable=g-import-not-at-top
+  monkeypatch.setattr(engine_lib.Engine, 'load',
+                      lambda *args, **kwargs: StubEngine(personalises=True))
+  monkeypatch.setattr(service_lib, 'describe', lambda engine, seconds: 'loaded')
+  built = service_lib.build(cli.config('--config.serve.history_per_user=3'), str(tmp_path),
+                            log=_quiet)
+  try:
+    assert built.store.per_user == built.engine.past_read == 1000
+  finally:
+    built.store.close()
+  # A model that reads no user keeps no histories.
+  monkeypatch.setattr(engine_lib.Engine, 'load', lambda *args, **kwargs: StubEngine())
+  assert service_lib.build(cli.config(), str(tmp_path / 'other'), log=_quiet).store is None
+  assert not (tmp_path / 'other').exists()

@@ -69,7 +69,18 @@ class Batcher:
     self._batches: dict[asyncio.Task, list[_Item]] = {}  # the batches running
     self._executor: concurrent.futures.ThreadPoolExecutor | None = None
     self._in_order: concurrent.futures.ThreadPoolExecutor | None = None
-    self.flush = False  # True: start each batch at once (draining)
+    self._flush = False
+
+  @property
+  def flush(self) -> bool:
+    """True: start each batch at once (draining), one already waiting for batch-mates too."""
+    return self._flush
+
+  @flush.setter
+  def flush(self, value: bool) -> None:
+    self._flush = value
+    if value and self._wake is not None:  # a batch waiting for batch-mates waits no more
+      self._wake.set()
 
   @property
   def depth(self) -> int:
