@@ -311,3 +311,78 @@ def test_a_pool_with_more_tokens_than_a_packed_row_scores_each_candidate_as_alon
                                               positions='last', batch_rows=16)
   np.testing.assert_allclose(together, np.concatenate([a[0] for a in alone]), rtol=1e-5,
                              atol=1e-5)
+
+
+def test_copy_head_is_a_scaled_dot_product_attention_over_the_source_and_a_gate():
+  """`CopyHead` by its definition, in float64: scores (h W_q + b_q) . (s W_k + b_k) /
+  sqrt(features) at the real source positions (`MASKED_SCORE` elsewhere); the attention's
+  context, the sum of the source tokens s themselves weighed by the softmax of the scores;
+  the gate's logit, a dense map of [h, context] (the decoder state first)."""
+  head = copying.CopyHead(8)
+  rng = np.random.default_rng(0)
+  hidden = rng.normal(size=(2, 3, 8)).astype(np.float32)
+  tokens = rng.normal(size=(2, 4, 8)).astype(np.float32)
+  mask = np.array([[True, True, False, True], [True, False, False, False]])
+  memory = {'copy_tokens': tokens, 'copy_mask': mask}
+  params = jax.tree.map(lambda x: rng.normal(0, 0.5, x.shape).astype(np.float32), jax.eval_shape(
+      lambda: head.init(jax.random.key(0), hidden, memory))['params'])
+  gate, scores = head.apply({'params': params}, hidden, memory)
+  p = jax.tree.map(lambda x: np.asarray(x, np.float64), params)
+  query = hidden @ p['query']['kernel'] + p['query']['bias']
+  keys = tokens @ p['key']['kernel'] + p['key']['bias']
+  expected = np.einsum('ntd,nld->ntl', query, keys) / np.sqrt(8)
+  np.testing.assert_allclose(scores, np.where(mask[:, None], expected, copying.MASKED_SCORE),
+                             rtol=1e-5, atol=1e-5)
+  weights = np.where(mask[:, None], np.exp(expected - expected.max(-1, keepdims=True)), 0)
+  context = np.einsum('ntl,nld->ntd', weights / weights.sum(-1, keepdims=True), tokens)
+  expected_gate = (np.concatenate([hidden, context], -1) @ p['gate']['kernel'])[..., 0]
+  np.testing.assert_allclose(gate, expected_gate + p['gate']['bias'][0], rtol=1e-5, atol=1e-5)
+
+
+def test_packing_lays_sequences_as_a_tree_of_their_prefixes_by_hand():
+  """`teacher_forcing._Packing`: each sequence's inputs (`<s>`, then its tokens but the last)
+  share the row's existing nodes of the same (parent, token) and add the rest; a sequence
+  starts a new row when its new positions would pass `width`, its tokens `num_targets`, or it
+  reads another memory row. Targets pick the position of the input they follow."""
+  from mtn_jax.inference import teacher_forcing  # pylint: disable=g-import-not-at-top
+  s = teacher_forcing.BOS_ID
+  packing = teacher_forcing._Packing(6, 16, one_per_row=False)  # pylint: disable=protected-access
+  packing.add(0, [5, 6, 2])
+  packing.add(0, [5, 7, 2])  # shares <s> 5: one new position
+  packing.add(0, [4, 4, 2])  # two new positions fill the row's 6; the second 4 is 4's child
+  packing.known(-1.5, 3)
+  packing.add(0, [5, 6, 8, 2])  # one new position would make 7 (its 4 targets fit): a new row
+  packing.add(1, [5, 6, 8, 2])  # another memory row: a new row
+  inputs, parents, picks, targets, memory_rows = packing.arrays()
+  np.testing.assert_array_equal(inputs, [[s, 5, 6, 7, 4, 4], [s, 5, 6, 8, 0, 0],
+                                         [s, 5, 6, 8, 0, 0]])
+  np.testing.assert_array_equal(parents, [[-1, 0, 1, 1, 0, 4], [-1, 0, 1, 2, -1, -1],
+                                          [-1, 0, 1, 2, -1, -1]])
+  np.testing.assert_array_equal(picks, [[0, 1, 2, 0, 1, 3, 0, 4, 5] + [-1] * 7,
+                                        [0, 1, 2, 3] + [-1] * 12, [0, 1, 2, 3] + [-1] * 12])
+  np.testing.assert_array_equal(targets, [[5, 6, 2, 5, 7, 2, 4, 4, 2] + [0] * 7,
+                                          [5, 6, 8, 2] + [0] * 12, [5, 6, 8, 2] + [0] * 12])
+  np.testing.assert_array_equal(memory_rows, [0, 0, 1])
+  assert packing.spans == [(0, 0, 3), (0, 3, 6), (0, 6, 9), (-1, 0, 3), (1, 0, 4), (2, 0, 4)]
+  assert packing.given == [0.0, 0.0, 0.0, -1.5, 0.0, 0.0]
+  # Scored tokens: a third two-token sequence would make 6 of at most 5.
+  packing = teacher_forcing._Packing(64, 5, one_per_row=False)  # pylint: disable=protected-access
+  for tokens in ([5, 2], [6, 2], [7, 2]):
+    packing.add(0, tokens)
+  assert packing.spans == [(0, 0, 2), (0, 2, 4), (1, 0, 2)]
+
+
+def test_a_known_candidates_mean_is_over_its_words_and_its_end_token(copy_model):
+  """A candidate whose sum of log p is `known` (the beam's own) is averaged over the tokens
+  teacher forcing would have scored: its words and `</s>`, none after a candidate of the most
+  tokens (`target_len`), as for a forced one."""
+  from mtn_jax.inference import teacher_forcing  # pylint: disable=g-import-not-at-top
+  cfg, _, params = copy_model
+  trained = inference.Trained(tasks.make_task(cfg, default.get_config().train), params, VOCAB,
+                              step=0, meta={})
+  texts = ['w4 w1', 'w1 w2 w3 w4 w5']
+  assert len(texts[1].split()) == cfg.target_len
+  [[values]] = teacher_forcing.candidate_log_probs(
+      trained, [inputs.Context(('w1 zq',), 0, {})], [[texts]], positions='last', batch_rows=1,
+      known=[[{'w4 w1': -3.0, 'w1 w2 w3 w4 w5': -5.0}]])
+  np.testing.assert_allclose(values, [[-3.0, -1.0], [-5.0, -1.0]])

@@ -618,3 +618,212 @@ def test_a_model_that_reads_users_refuses_a_split_without_their_earlier_queries(
     with pytest.raises(errors.Error, match=re.escape(
         'set config.data.history_queries > 0 (the valid split has none)')):
       task.context_inputs(types.SimpleNamespace(name='valid', history=history), vocab=None)
+
+
+def apply_stack(cfg, stack_params, num_layers, x, mask):
+  """float64 output of a LayerStack of `num_layers` layers (no cross-attention, inference)."""
+  return np.asarray(layers.LayerStack(cfg, num_layers).apply(
+      {'params': stack_params}, jnp.asarray(x, jnp.float32), mask, train=False), np.float64)
+
+
+def test_mtn_encoder_computes_the_session_level_by_its_definition():
+  """MTN's memory (K = 2) by the paper's Sec. 4 around its layer stacks (which the test above
+  checks by their definition): each query's words embedded with their token positions 0..n-1
+  and encoded alone under their padding mask; query t's vector w_proj . (its zero-padded
+  token rows) plus query position t; the masked session encoder over the query vectors; query
+  t's own session vector added to each of its tokens, then LayerNorm."""
+  cfg = MTN2
+  params = jax.tree.map(np.asarray, init_params(cfg))
+  queries = make_queries(12)
+  memory = compiled(cfg)['encode'](params, queries)
+  tokens = np.asarray(queries).reshape(BATCH * QUERIES, WORDS)
+  real = tokens != PAD_ID
+  x = (params['encoder_embedding']['embedding'][tokens]
+       + np.asarray(layers.sinusoid(jnp.arange(WORDS), cfg.d_model)))
+  encoded = apply_stack(cfg, params['query_encoder'], cfg.query_layers, x,
+                        layers.padding_mask(jnp.asarray(real)))
+  encoded = encoded.reshape(BATCH, QUERIES, WORDS, cfg.d_model)
+  level = params['session_levels_0']
+  vectors = (np.einsum('bsnd,n->bsd', np.where(real.reshape(BATCH, QUERIES, WORDS, 1), encoded, 0),
+                       level['query_projection'])
+             + np.asarray(layers.sinusoid(jnp.arange(QUERIES), cfg.d_model)))
+  session = apply_stack(cfg, level['session_encoder'], cfg.session_layers, vectors,
+                        layers.causal_mask(QUERIES))
+  expected = np_layer_norm(encoded + session[:, :, None], level['add_norm'])
+  np.testing.assert_allclose(memory['tokens'], expected.reshape(BATCH * QUERIES, WORDS, -1),
+                             atol=2e-5, rtol=1e-5)
+  np.testing.assert_array_equal(memory['mask'], real)
+
+
+def test_flat_session_encoder_is_a_transformer_encoder_over_each_compacted_source():
+  """The Transformer's memory row b*S + t: `q_0 <sep> ... q_t` embedded with source positions
+  0, 1, 2, ... and encoded under the mask of its real tokens; a copying Transformer copies
+  exactly the words of that source, never a `<sep>`."""
+  cfg = TRANSFORMER
+  params = jax.tree.map(np.asarray, init_params(cfg))
+  queries = make_queries(12)
+  memory = compiled(cfg)['encode'](params, queries)
+  sources, lengths = map(np.asarray, session_sources(queries))
+  real = np.arange(sources.shape[-1]) < lengths[:, None]
+  x = (np.asarray(layers.WordEmbedding(cfg).apply({'params': params['word_embedding']},
+                                                  jnp.asarray(sources)))
+       + np.asarray(layers.sinusoid(jnp.arange(sources.shape[-1]), cfg.d_model)))
+  expected = apply_stack(cfg, params['encoder'], cfg.query_layers, x,
+                         layers.padding_mask(jnp.asarray(real)))
+  np.testing.assert_allclose(memory['tokens'], expected, atol=2e-5, rtol=1e-5)
+  np.testing.assert_array_equal(memory['mask'], real)
+  copy_memory = compiled(TRANSFORMER_COPY)['encode'](init_params(TRANSFORMER_COPY), queries)
+  words = real & (sources != SEP_ID)
+  assert (real & (sources == SEP_ID)).any()  # the sources hold <sep>s to leave out
+  np.testing.assert_array_equal(copy_memory['copy_mask'], words)
+  np.testing.assert_array_equal(copy_memory['copy_ids'], np.where(words, sources, -1))
+
+
+@pytest.mark.parametrize('pre_norm', [False, True])
+def test_dropout_acts_on_sublayer_outputs_embeddings_and_query_vectors_only(pre_norm):
+  """With every dropout dropping everything (rate 1, in training), only what no dropout
+  touches is left: each Add & Norm's residual path. A post-norm layer stack then maps x to
+  LayerNorm(x) once per sublayer, a pre-norm one to its final LayerNorm(x); the embeddings
+  (MTN's words, the decoder's inputs) and the query vectors entering the session encoder are
+  dropped, so the query encoder's output, the session encoder's and the decoder's states are
+  one vector at every position, whatever the queries, and the session vector joins no token:
+  the memory is the level's LayerNorm of the query encoder's output."""
+  cfg = MTN2.replace(pre_norm=pre_norm, scan_layers=False, dropout=1.0)
+  rng = np.random.default_rng(0)
+  x, memory = rng.normal(size=(2, 4, 16)), rng.normal(size=(2, 3, 16))
+  for cross_attention in (True, False):
+    stack = layers.LayerStack(cfg, 2, cross_attention=cross_attention)
+    args = ((x, layers.causal_mask(4), memory, layers.padding_mask(jnp.ones((2, 3), bool)))
+            if cross_attention else (x, layers.causal_mask(4)))
+    params = jax.tree.map(np.asarray, random_like(jax.eval_shape(lambda: stack.init(
+        jax.random.key(0), *args, train=False))['params'], seed=1))
+    out = stack.apply({'params': params}, *args, train=True,
+                      rngs={'dropout': jax.random.key(2)})
+    expected = x
+    if pre_norm:
+      expected = np_layer_norm(x, params['final_norm'])
+    else:
+      names = ('self_attention', 'cross_attention', 'feed_forward')[::1 if cross_attention else 2]
+      for i in range(2):
+        for name in names:
+          expected = np_layer_norm(expected, params[f'layers_{i}'][f'{name}_norm'])
+    np.testing.assert_allclose(out, expected, atol=2e-5, rtol=1e-5)
+
+  model = create_model(cfg)
+  model_params = random_like(jax.eval_shape(lambda: model.init(
+      jax.random.key(0), {'queries': make_queries(0)}, train=False))['params'])
+  stacks = lambda module, method: isinstance(module, layers.LayerStack)
+  memory, state = model.apply({'params': model_params}, {'queries': make_queries(13)},
+                              train=True, method='encode', rngs={'dropout': jax.random.key(3)},
+                              capture_intermediates=stacks, mutable=['intermediates'])
+  [encoded] = state['intermediates']['query_encoder']['__call__']
+  np.testing.assert_allclose(memory['tokens'], np_layer_norm(
+      encoded, model_params['session_levels_0']['add_norm']), atol=2e-5, rtol=1e-5)
+  [session] = state['intermediates']['session_levels_0']['session_encoder']['__call__']
+  inputs = make_queries(14).reshape(BATCH * QUERIES, WORDS)  # a row of words per memory row
+  hidden = model.apply({'params': model_params}, memory, inputs, train=True,
+                       method='decode_hidden', rngs={'dropout': jax.random.key(4)})
+  for states in (encoded, session, hidden):
+    flat = np.asarray(states).reshape(-1, states.shape[-1])
+    np.testing.assert_allclose(flat, np.broadcast_to(flat[:1], flat.shape), atol=1e-5)
+
+
+def test_scanned_layers_draw_their_own_initial_parameters():
+  """Under `scan_layers` each layer of a stack starts from its own draw of parameters (a
+  stack of copies of one layer would train as one)."""
+  x = jnp.zeros((1, 3, 16))
+  params = jax.jit(lambda: layers.LayerStack(BASE, 2).init(
+      jax.random.key(0), x, layers.causal_mask(3), train=False))()['params']
+  kernels = {jax.tree_util.keystr(path): x for path, x in
+             jax.tree_util.tree_leaves_with_path(params['layers']) if 'kernel' in str(path)}
+  assert len(kernels) == 6  # drawn at random (biases and LayerNorms start at constants)
+  for path, kernel in kernels.items():
+    assert not np.allclose(kernel[0], kernel[1]), path
+
+
+def test_layer_layouts_keep_the_order_of_a_dozen_layers():
+  """`loop_to_scan_params` stacks layers_0, layers_1, ..., layers_11 in their numeric order
+  (not their names' order, which puts layers_10 before layers_2), and back."""
+  loop = {'stack': {f'layers_{i}': {'w': np.full((2,), i)} for i in range(12)}, 'other': 1}
+  scan = layers.loop_to_scan_params(loop)
+  np.testing.assert_array_equal(scan['stack']['layers']['w'][:, 0], np.arange(12))
+  back = layers.scan_to_loop_params(scan)
+  assert back['other'] == 1 and sorted(back['stack']) == sorted(loop['stack'])
+  for i in range(12):
+    np.testing.assert_array_equal(back['stack'][f'layers_{i}']['w'], [i, i])
+
+
+def test_the_user_slot_attends_over_phi_of_each_earlier_query_of_the_sessions_user():
+  """The personalised memory by its definition (`encoder_decoder`'s docstring): history query
+  i is tanh(W mean(its words' encoder embeddings) + b), its padding left out, and a query of
+  no words is no item; the context's vector q is the mean of its real encoded tokens; each
+  row gets one more slot, always attended, holding `UserMemory`(q, its own session's items)."""
+  from mtn_jax.models import user_memory  # pylint: disable=g-import-not-at-top
+  cfg = MTN2.replace(user_memory='attention')
+  model = create_model(cfg)
+  queries = make_queries(1)
+  history = np.random.default_rng(5).integers(SEP_ID + 1, VOCAB, (BATCH, 3, WORDS))
+  history[0, 0, 2:] = PAD_ID  # a query of two words
+  history[0, 2] = PAD_ID  # no query
+  history[1, 0, 1:] = PAD_ID  # session 1's user: one query of one word
+  history[1, 1:] = PAD_ID
+  batch = {'queries': queries, 'history': jnp.asarray(history, jnp.int32)}
+  params = random_like(jax.eval_shape(lambda: model.init(
+      jax.random.key(0), batch, train=False))['params'])
+  memory = jax.jit(lambda p: model.apply({'params': p}, batch, method='encode'))(params)
+  p = jax.tree.map(lambda x: np.asarray(x, np.float64), params)
+  words = history != PAD_ID
+  embedded = np.where(words[..., None], p['encoder_embedding']['embedding'][history], 0)
+  mean = embedded.sum(-2) / np.maximum(words.sum(-1, keepdims=True), 1)
+  items = np.tanh(mean @ p['history_projection']['kernel'] + p['history_projection']['bias'])
+  tokens, mask = np.asarray(memory['tokens'], np.float64), np.asarray(memory['mask'])
+  assert tokens.shape[1] == WORDS + 1 and mask[:, -1].all()
+  real = mask[:, :-1]
+  q = (tokens[:, :-1] * real[..., None]).sum(1) / real.sum(-1, keepdims=True)
+  u, weights, _ = user_memory.UserMemory(cfg.attention_hidden, zero_attention=False).apply(
+      {'params': params['user_memory']}, jnp.asarray(q, jnp.float32),
+      jnp.asarray(np.repeat(items, QUERIES, axis=0), jnp.float32),
+      np.repeat(words.any(-1), QUERIES, axis=0))
+  np.testing.assert_allclose(tokens[:, -1], u, atol=1e-5, rtol=1e-5)
+  np.testing.assert_allclose(memory['user_weights'], weights, atol=1e-6)
+  # The empty query weighs nothing, the two-word one something.
+  weights = np.asarray(memory['user_weights']).reshape(BATCH, QUERIES, 3)
+  assert not weights[0, :, 2].any() and (weights[0, :, 0] > 0).all()
+
+
+def test_each_scanned_layer_draws_its_own_dropout_mask():
+  """Under `scan_layers`, layer k's dropout masks are its own draw, not layer 0's again. Two
+  pre-norm layers whose self-attention outputs a vector of ones (their other sublayers 0),
+  dropout 1/2 (kept values doubled): the stack's input to its final LayerNorm, from x = 0, is
+  2 (m_0 + m_1) per element, which takes the three values 0, 2 and 4 along a row only if the
+  layers' masks m_0 and m_1 differ; the LayerNorm keeps how many distinct values a row has."""
+  cfg = BASE.replace(pre_norm=True, dropout=0.5)
+  stack = layers.LayerStack(cfg, 2)
+  x = jnp.zeros((2, 4, 16))
+  params = jax.tree.map(jnp.zeros_like, jax.eval_shape(lambda: stack.init(
+      jax.random.key(0), x, layers.causal_mask(4), train=False))['params'])
+  params['layers']['self_attention']['out']['bias'] = jnp.ones((2, 16))
+  params['final_norm']['scale'] = jnp.ones((16,))
+  out = jax.jit(lambda p: stack.apply({'params': p}, x, layers.causal_mask(4), train=True,
+                                      rngs={'dropout': jax.random.key(1)}))(params)
+  distinct = [len(np.unique(np.round(row, 4))) for row in np.asarray(out).reshape(-1, 16)]
+  assert max(distinct) == 3, distinct
+
+
+def test_decoding_refuses_steps_of_several_positions_and_packed_rows():
+  """After the cache is made, each decoding step feeds one position per row (the cache
+  advances by one); packed sequences are read whole, never decoded step by step."""
+  cfg = MTN2
+  params = init_params(cfg)
+  queries = make_queries(7)
+  memory = jax.tree.map(lambda m: m[:BATCH], compiled(cfg)['encode'](params, queries))
+  inputs = jnp.zeros((BATCH, cfg.target_len), jnp.int32)
+  cache = compiled(cfg)['init_cache'](params, memory, inputs)
+  model = create_model(cfg)
+  with pytest.raises(ValueError, match='a decoding step takes one position per row'):
+    jax.eval_shape(lambda: model.apply({'params': params, 'cache': cache}, memory, inputs[:, :2],
+                                       decode=True, mutable=['cache'], method='decode'))
+  with pytest.raises(ValueError, match=r'packed sequences \(parents\) are read whole'):
+    jax.eval_shape(lambda: model.apply({'params': params}, memory, inputs, decode=True,
+                                       parents=jnp.full(inputs.shape, -1), mutable=['cache'],
+                                       method='decode'))
