@@ -47,6 +47,8 @@ def test_templates_by_hand():
   assert set(templates.templates_of('cheap hotels', 'cheap')) == {'drop_last'}
   assert templates.templates_of('google', 'ebay') == []  # another query, not an edit
   assert templates.templates_of('a', 'a') == []
+  # One word added to a query of that word alone is both an append and a prepend.
+  assert templates.templates_of('la la', 'la la la') == ['append:la', 'prepend:la']
   # Counted over pairs, kept from two occurrences on.
   learnt = templates.Templates.learn(
       (s[t], s[t + 1]) for s in SESSIONS for t in range(len(s) - 1))
@@ -110,6 +112,9 @@ def test_a_template_never_writes_a_word_twice():
   assert learnt.propose('cheap flights', 5) == [
       ('weather cheap flights', 'prepend:weather', 3),
       ('cheap hotels', 'substitute:flights>hotels', 2)]
+  # A template that does not apply leaves the less frequent ones to apply.
+  assert learnt.propose('weather cheap flights', 5) == [
+      ('weather cheap hotels', 'substitute:flights>hotels', 2)]
 
 
 def test_templates_of_equal_count_are_proposed_in_the_order_of_their_names():
@@ -172,6 +177,9 @@ def test_log_sources_by_hand(counts):
   got = matching.propose([Context(('weather chicago',), 0, {}), Context(('zzz',), 0, {})],
                          positions='last')
   assert texts(got) == [[['weather chicago il', 'news chicago']], [[]]]
+  # k of them where the previous query is not among the best (k + 1 are searched).
+  assert texts(sources.Matching(counts, 1).propose([Context(('cheap cars',), 0, {})],
+                                                   positions='last')) == [[['cheap']]]
   got = sources.Session().propose([Context(('a', 'b', 'a'), 1, {})], positions='all')
   assert texts(got) == [[['b', 'a'], ['a', 'b']]]
   ran = sources.propose_all([sources.Session(), sources.Popular(counts, 1)], contexts(),
@@ -523,6 +531,10 @@ def test_a_query_does_not_start_or_end_with_a_word_that_never_does():
   # One use fewer and the log says too little about 'of' to keep it from the edges.
   fewer = popular.LogCounts.of_sessions(logged[1:])
   assert presentation.well_formed(fewer, ())('pictures of')
+  # Each edge is judged by its own word's uses: a rare first word ('hats') does not let
+  # 'of', which ends none of its uses, end a query.
+  hats = popular.LogCounts.of_sessions(logged + [['x', 'hats of mice']])
+  assert not presentation.well_formed(hats, ())('hats of')
 
 
 def test_a_logged_query_is_well_formed_and_an_edge_at_the_minimum_share_is_kept():
@@ -560,6 +572,8 @@ def test_about_the_session_is_about_any_of_its_queries_and_sites():
   assert presentation.about_session(('www.ebay.com',))('ebay coupons')
   assert presentation.about_session(('ebay',))('ebay.net')
   assert presentation.about_session(('ebay',))('www.ebay.org')
+  # The site of an earlier short query of the session, not only the previous one's.
+  assert presentation.about_session(('bass champs', 'fishing'))('basschamps.com')
   assert not presentation.well_formed(popular.LogCounts.of_sessions(SESSIONS), ())('')
 
 
@@ -689,3 +703,78 @@ def test_sources_plans_are_checked():
   # The session's queries: its training pools hold none, so it would meet them first live.
   with pytest.raises(ValueError, match="'session' is no source of the learned ranker"):
     learned.parse_sources('generate:3,session:2')
+
+
+def test_a_splits_chosen_sessions_are_contexts_of_their_own_user_past_and_next_queries(
+    tmp_path):
+  """`sources.session_contexts` of some sessions, in the order chosen: each its queries but
+  the last, the next query after each, and its own session's user and past (by its index in
+  the split, not its place among those chosen)."""
+  from tests.test_popular import toy_split  # pylint: disable=g-import-not-at-top
+  split = dataclasses.replace(toy_split(tmp_path), users=np.arange(10, 15))
+  histories = [(f'h{i}',) for i in range(split.num_sessions)]
+  got = sources.session_contexts(split, [3, 0], histories)
+  assert [(c.queries, c.first_output, c.references, c.info, c.history) for c in got] == [
+      (('x', 'b'), 0, ('b', 'c'), {'session': 3, 'user': 13}, ('h3',)),
+      (('a',), 0, ('b',), {'session': 0, 'user': 10}, ('h0',))]
+
+
+def test_model_batches_are_padded_to_the_first_width_that_holds_them(monkeypatch):
+  """`sources.batches`: contexts by length, each batch as wide as the first of `widths` that
+  holds its longest context (one exactly as long as a width fits in it)."""
+  monkeypatch.setattr(sources.inputs, 'context_batch',
+                      lambda task, vocab, contexts, *, rows, width, **_: ({'width': width}, None))
+  trained = types.SimpleNamespace(task=None, vocab=None)
+  contexts = [Context(('q',) * n, 0, {}) for n in (3, 1, 2, 4)]
+  got = [(group, batch['width'])
+         for group, _, batch, _ in sources.batches(trained, contexts, 2, (2, 4), 0)]
+  assert got == [([1, 2], 2), ([0, 3], 4)]
+
+
+def test_the_beam_after_each_position_is_its_own_columns_with_the_session_up_to_it(
+    monkeypatch):
+  """`sources.generated` with 'all' positions: the suggestions after position t are the
+  model's output column t (a context's first output need not be 0), ranked with the session
+  up to and including query t."""
+  monkeypatch.setattr(sources.inputs, 'context_batch',
+                      lambda task, vocab, contexts, *, rows, width, **_: (
+                          {}, np.asarray([len(c.queries) for c in contexts])))
+  monkeypatch.setattr(sources.search, 'ranked_suggestions',
+                      lambda vocab, sequences, scores, settings, session, copied: [
+                          {'query': f'column {int(sequences[0])} after {"/".join(session)}',
+                           'score': float(scores[0])}])
+
+  class Columns:
+    context_keys = ()
+
+    def suggest(self, params, inputs, settings, *, positions, lengths):
+      del params, inputs, settings, positions, lengths
+      columns = np.arange(4)[None, :, None]
+      return np.broadcast_to(columns, (2, 4, 1)), np.zeros((2, 4, 1), np.float32)
+
+  trained = types.SimpleNamespace(task=Columns(), vocab=None, params={},
+                                  copied_words=lambda queries: ())
+  got = sources.generated(trained, [Context(('a', 'b', 'c'), 1, {}), Context(('d',), 0, {})],
+                          None, positions='all', batch_rows=2)
+  assert texts(got) == [[['column 1 after a/b'], ['column 2 after a/b/c']],
+                        [['column 0 after d']]]
+
+
+def test_a_rankers_pool_entries_are_proposed_with_the_sessions_queries_among_them(
+    monkeypatch):
+  """`sources.retrieved` drops nothing: which protocol leaves out the session's queries is
+  for `pipeline.show` to say."""
+  monkeypatch.setattr(sources.inputs, 'context_batch',
+                      lambda task, vocab, contexts, *, rows, width, **_: ({}, None))
+
+  def suggestions(batch, k, sessions, exclude_session_queries):
+    del batch
+    return [[[{'query': q, 'score': 0.0} for q in ('a', 'p')[:k]
+              if not (exclude_session_queries and q in session)] for _ in session]
+            for session in sessions]
+
+  retriever = types.SimpleNamespace(trained=types.SimpleNamespace(task=None, vocab=None),
+                                    pool=None, suggestions=suggestions)
+  got = sources.retrieved(retriever, [Context(('a', 'b'), 0, {})], k=2, positions='all',
+                          batch_rows=1)
+  assert texts(got) == [[['a', 'p'], ['a', 'p']]]

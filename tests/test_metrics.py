@@ -64,6 +64,9 @@ def test_to_dict_survives_json_exactly():
   assert restored == {'bleu': score.bleu, 'precisions': list(score.precisions),
                       'bp': score.bp, 'hyp_len': 7, 'ref_len': 7}
   assert metrics.BleuScore(**{**restored, 'precisions': tuple(restored['precisions'])}) == score
+  # Each length under its own name: 2 candidate words against 3 reference words.
+  short = metrics.bleu(['a b'], ['a b c']).to_dict()
+  assert (short['hyp_len'], short['ref_len']) == (2, 3)
 
 
 def test_empty_candidate_adds_only_its_reference_length():
@@ -217,6 +220,7 @@ def test_ranks_equal_argsort_position_and_ignore_candidate_order():
     (np.zeros((2, 3)), np.zeros(3, int), r'\[examples\] = \[2\], got shape \(3,\)'),
     (np.zeros((2, 3)), np.zeros(2), 'integers, got dtype float64'),
     (np.zeros((2, 3)), np.array([0, 3]), r'true_index\[1\] = 3 is not a column of the 3'),
+    (np.zeros((2, 3)), np.array([0, -1]), r'true_index\[1\] = -1 is not a column of the 3'),
     (np.array([[0.0, 1.0], [np.nan, 1.0]]), np.array([0, 1]), 'example 1 contain NaN'),
 ])
 def test_bad_scores_are_refused(scores, true_index, message):
@@ -239,6 +243,7 @@ def test_mean_reciprocal_rank():
 @pytest.mark.parametrize('ranks, k, message', [
     ([1, 2], 0, 'k must be at least 1, got 0'),
     ([], 1, r'non-empty \[examples\] list, got shape \(0,\)'),
+    ([[1, 2]], 1, r'non-empty \[examples\] list, got shape \(1, 2\)'),
     ([1.0, 2.0], 1, 'integers, got dtype float64'),
     ([1, 0], 1, r'ranks\[1\] = 0, but rank 1 is the best'),
 ])

@@ -89,9 +89,12 @@ def test_blend_fills_each_quota_with_queries_the_session_does_not_hold():
                             pipeline.parse_blend('popular:1,generate:2'), session_so_far=['s'])
   assert [r['query'] for r in pipeline.show(ranked, ['s'], exclude_session_queries=True,
                                             top_k=3)] == ['p', 'a', 'b']
-  for bad in ('popular', 'popular:0', 'nope:2', 'popular:1,popular:2'):
+  for bad in ('popular', 'popular:0', 'nope:2', 'popular:1,popular:2', 'templates:2',
+              'history:3'):  # the last two are sources, but none a blend draws from
     with pytest.raises(ValueError):
       pipeline.parse_blend(bad)
+  # Spaces around an item or its count are no part of it.
+  assert pipeline.parse_blend(' popular:2, generate: 7') == (('popular', 2), ('generate', 7))
 
 
 def test_the_blends_log_lists_run_deep_enough_to_fill_top_k_without_the_session(tmp_path):

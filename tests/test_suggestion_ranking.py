@@ -71,3 +71,10 @@ def test_most_frequent_next_lists(tmp_path):
       ['b', 'c'], ['y'], ['q']]
   assert trivial.most_frequent_next_lists(popular.LogCounts(split), ['a', 'q'], k=1) == [
       ['b'], ['q']]
+  # trivial.lists cuts the list at its k too.
+  assert trivial.lists(split, ['a'], [['a']], k=1)['most_frequent_next'] == [['b']]
+  # Unasked, as deep as any ranking metric reads (RANKING_CUTOFF), no deeper.
+  followers = [f'f{i:02d}' for i in range(metrics.RANKING_CUTOFF + 2)]
+  counts = popular.LogCounts.of_sessions([['s', f] for f in followers])
+  assert trivial.most_frequent_next_lists(counts, ['s']) == [
+      followers[:metrics.RANKING_CUTOFF]]
