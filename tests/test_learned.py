@@ -101,9 +101,9 @@ def test_a_query_rewritten_in_every_word_is_no_substitution():
 
 
 def test_a_template_never_writes_a_word_twice():
-  """A prepend whose word already starts the query, or a substitution whose new word the
-  query already holds, does not apply: 'weather weather news' and 'cheap hotels hotels' are
-  no suggestions."""
+  """An append or a prepend whose word the query already holds, or a substitution whose new
+  word it holds, does not apply: 'weather weather news', 'chicago weather chicago' and
+  'cheap hotels hotels' are no suggestions."""
   learnt = templates.Templates(
       {'prepend:weather': 3, 'substitute:flights>hotels': 2}, 5)
   assert learnt.propose('weather news', 5) == []
@@ -115,6 +115,13 @@ def test_a_template_never_writes_a_word_twice():
   # A template that does not apply leaves the less frequent ones to apply.
   assert learnt.propose('weather cheap flights', 5) == [
       ('weather cheap hotels', 'substitute:flights>hotels', 2)]
+  # Wherever the query holds the word, not only at the end it would be written at.
+  learnt = templates.Templates({'append:chicago': 3, 'prepend:news': 2, 'drop_last': 1}, 6)
+  assert learnt.propose('chicago weather', 5) == [('news chicago weather', 'prepend:news', 2),
+                                                  ('chicago', 'drop_last', 1)]
+  assert learnt.propose('weather news today', 5) == [
+      ('weather news today chicago', 'append:chicago', 3),
+      ('weather news', 'drop_last', 1)]
 
 
 def test_templates_of_equal_count_are_proposed_in_the_order_of_their_names():

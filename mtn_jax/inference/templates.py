@@ -6,8 +6,8 @@ them: they add a word ("weather" -> "weather chicago"), drop one, swap one ("che
 -> "cheap hotels"), or turn a name into a site ("ebay" -> "ebay.com", "www.ebay.com").
 A template is one such edit, with its word where it has one:
 
-  append:W       the previous query, then the word W
-  prepend:W      the word W, then the previous query
+  append:W       the previous query, then the word W (a word it does not hold)
+  prepend:W      the word W (a word it does not hold), then the previous query
   drop_last      the previous query without its last word (queries of 2+ words)
   drop_first     the previous query without its first word (queries of 2+ words)
   substitute:A>B the word A of the previous query replaced by B (queries of 2+ words)
@@ -75,10 +75,12 @@ def apply(template: str, previous: str) -> str | None:
   words = previous.split()
   if not words:
     return None
+  if kind in ('append', 'prepend') and word in words:  # "chicago weather chicago"
+    return None
   if kind == 'append':
-    return None if words[-1] == word else f'{previous} {word}'
+    return f'{previous} {word}'
   if kind == 'prepend':
-    return None if words[0] == word else f'{word} {previous}'
+    return f'{word} {previous}'
   if kind == 'substitute':
     old, _, new = word.partition('>')
     if len(words) < 2 or old not in words or new in words:
