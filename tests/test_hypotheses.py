@@ -131,12 +131,51 @@ def test_each_training_session_reads_the_generator_that_never_saw_its_user(tmp_p
   hypothesis_files.write(found[0].path('valid'), {'sessions': hypothesis_files.fingerprint(valid)},
                          [['x']] * len(valid.texts))
   assert hypothesis_files.split_suggestions(found, valid) == [['x']] * len(valid.texts)
+  # Named fold 1 first: each training session still goes to the generator that held its user
+  # out (by its fold, not its place in the list), another split's to the first named.
+  backwards = found[::-1]
+  assert [(g.held_out, c.tolist()) for g, c in hypothesis_files.sessions_of(backwards, split)
+          ] == [(g.held_out, c.tolist()) for g, c in assigned[::-1]]
+  assert hypothesis_files.sessions_of(backwards, valid)[0][0] is backwards[0]
+  # The same texts cut into other sessions are other sessions.
+  regrouped = dataclasses.replace(split, starts=np.array([0, 5, 7, 8, 10, 13]))
+  assert hypothesis_files.fingerprint(regrouped) != hypothesis_files.fingerprint(split)
+  # A file cut short (its header whole, its last row lost): refused, not read misaligned.
+  part = sessions.select_sessions(split, assigned[0][1])
+  hypothesis_files.write(found[0].path('train'), {'sessions': hypothesis_files.fingerprint(part)},
+                         [['x']] * (len(part.texts) - 1))
+  with pytest.raises(errors.Error, match='g0/hypotheses/train.jsonl does not hold the '
+                                         'suggestions for the train sessions'):
+    hypothesis_files.split_suggestions(found, split)
+  # One damaged (no JSON): refused in the same words, not a JSON traceback.
+  (tmp_path / 'g0' / 'hypotheses' / 'train.jsonl').write_text('{"sessions": "cut')
+  assert hypothesis_files.read(found[0].path('train')) == (None, [])
+  with pytest.raises(errors.Error, match='g0/hypotheses/train.jsonl does not hold the '
+                                         'suggestions for the train sessions'):
+    hypothesis_files.split_suggestions(found, split)
   # Generator 1's file read for generator 0's sessions: refused by name.
   (tmp_path / 'g0' / 'hypotheses' / 'train.jsonl').write_text(
       (tmp_path / 'g1' / 'hypotheses' / 'train.jsonl').read_text())
   with pytest.raises(errors.Error, match='g0/hypotheses/train.jsonl does not hold the '
                                          'suggestions for the train sessions'):
     hypothesis_files.split_suggestions(found, split)
+
+
+def test_a_fold_of_no_user_has_no_generator_to_read(tmp_path):
+  """More folds than users: the generators whose fold holds no session are left out, and the
+  training split is read from the others' files alone."""
+  split = _training_sessions(tmp_path)
+  found = _fold_generators(tmp_path, folds=5)
+  fold_of_session = sessions.session_folds(split, 5, 0)
+  assigned = hypothesis_files.sessions_of(found, split)
+  assert [g.held_out for g, _ in assigned] == sorted(set(fold_of_session.tolist()))
+  assert len(assigned) < 5
+  for generator, chosen in assigned:
+    part = sessions.select_sessions(split, chosen)
+    hypothesis_files.write(generator.path('train'),
+                           {'sessions': hypothesis_files.fingerprint(part)},
+                           [[text] for text in part.texts])
+  assert hypothesis_files.split_suggestions(found, split) == [[text] for text in split.texts]
 
 
 def test_generators_must_hold_out_each_fold_of_one_split_once(tmp_path, monkeypatch):
@@ -155,7 +194,7 @@ def test_generators_must_hold_out_each_fold_of_one_split_once(tmp_path, monkeypa
   a, b, c, d = workdir('a', 0), workdir('b', 1), workdir('c', 0), workdir('d', 1, seed=5)
   found = hypothesis_files.generators(f'{b}, {a},', str(tmp_path))
   assert [(g.workdir, g.held_out, g.folds) for g in found] == [(b, 1, 2), (a, 0, 2)]
-  for names in (f'{a},{c}', f'{a},{d}', a):
+  for names in (f'{a},{c}', f'{a},{d}', a, f'{a},{b},{c}'):
     with pytest.raises(errors.Error, match='hold out each fold of one user_folds=K once'):
       hypothesis_files.generators(names, str(tmp_path))
   # A damaged record (cut short, or not the config) is named, not a JSON traceback.
@@ -164,6 +203,12 @@ def test_generators_must_hold_out_each_fold_of_one_split_once(tmp_path, monkeypa
     with pytest.raises(errors.Error, match=re.escape(
         f'{b}/config.json is not the config record --mode=train writes (')):
       hypothesis_files.generators(f'{a},{b}', str(tmp_path))
+  # A generator trained on other sessions than this run's is refused by name.
+  monkeypatch.setattr(hypothesis_files.preprocess, 'session_difference',
+                      lambda a, b: 'another train split')
+  with pytest.raises(errors.Error, match=re.escape(
+      f'{a} was trained on other sessions than this run (another train split)')):
+    hypothesis_files.generators(a, str(tmp_path))
 
 
 def test_generators_decode_their_whole_beam_whatever_top_k_shows():

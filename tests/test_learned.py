@@ -408,6 +408,14 @@ def test_features_of_repeats_sessions_and_the_log_by_hand(counts):
   # Every query of the session leaves the pool, not the previous one alone.
   assert learned.pool_texts({'generate': [{'query': 'news'}, {'query': 'ebay'}]},
                             ('news', 'cheap cars'), drop_session=True) == ['ebay']
+  # Each candidate a template wrote reads its own template's count, not the first one's.
+  rows = features(['weather chicago', 'weather news'], ('weather',),
+                  {'generate': [{'query': 'weather news', 'score': -1.0}],
+                   'templates': [{'query': 'weather chicago', 'score': 2.0},
+                                 {'query': 'weather news', 'score': 5.0}]},
+                  ('generate', 'templates'))
+  assert [r['template_frequency'] for r in rows] == pytest.approx(
+      [math.log(3) - math.log(10), math.log(6) - math.log(10)])
 
 
 def test_the_position_feature_is_the_last_querys_place_in_the_session(counts, monkeypatch):
@@ -421,6 +429,29 @@ def test_the_position_feature_is_the_last_querys_place_in_the_session(counts, mo
       counts, positions='last', batch_rows=1)
   column = learned.feature_names(['popular']).index('position')
   assert pools[0][0].features[:, column].tolist() == [2, 2]
+  # A context cut from a longer session: its queries' places in the whole session.
+  _, pools = learned.lists_and_features(
+      trained, [Context(('news', 'weather', 'cheap cars'), 1, {}, first_position=4)],
+      [sources.Popular(counts, 2)], counts, positions='all', batch_rows=1)
+  assert [pool.features[0, column] for pool in pools[0]] == [5, 6]
+  # Pools `keep` turns down are left empty: no candidate described.
+  _, pools = learned.lists_and_features(
+      trained, [Context(('news', 'weather'), 0, {})], [sources.Popular(counts, 2)], counts,
+      positions='all', batch_rows=1, keep=lambda i, p, texts: p == 1)
+  assert [(pool.texts, pool.features.shape[0]) for pool in pools[0]] == [
+      ([], 0), (['cheap hotels', 'ebay'], 2)]
+  # The generator scores the candidates reading as much of the user's past as it suggests with.
+  read = []
+
+  def scored(trained, contexts, texts, history_queries=0, **_):
+    del trained, contexts
+    read.append(history_queries)
+    return [[np.zeros((len(t), 2), np.float32) for t in c] for c in texts]
+
+  monkeypatch.setattr(teacher_forcing, 'candidate_log_probs', scored)
+  learned.lists_and_features(trained, [Context(('news',), 0, {})], [sources.Popular(counts, 2)],
+                             counts, positions='last', batch_rows=1, history_queries=3)
+  assert read == [3]
 
 
 def test_what_is_shown_keeps_word_salad_out_and_the_session_first(counts):
@@ -641,6 +672,52 @@ def test_the_ranker_learns_a_known_order():
   assert gain['signal'] > 10 * max(gain['noise_a'], gain['noise_b'])
 
 
+def test_the_ranker_learns_listwise_from_the_chosen_groups_that_hold_the_next_query(
+    monkeypatch):
+  """`train_booster` hands LightGBM the rows of the chosen groups that hold a next query, in
+  their groups (one without it, an empty one and one not chosen left out), with the
+  XE-NDCG objective for `ranker_rounds` rounds."""
+  import lightgbm  # pylint: disable=g-import-not-at-top
+  given = {}
+
+  def dataset(x, labels, group, feature_name, free_raw_data):
+    del free_raw_data
+    given.update(x=x, labels=labels, group=group, names=feature_name)
+    return 'data'
+
+  monkeypatch.setattr(lightgbm, 'Dataset', dataset)
+  monkeypatch.setattr(lightgbm, 'train', lambda params, data, num_boost_round: (
+      params, data, num_boost_round))
+  # Groups: [0 1] chosen, [0 0 0] no next query, [] empty, [1 0] not chosen, [1] chosen.
+  sizes = np.array([2, 3, 0, 2, 1])
+  labels = np.array([0, 1, 0, 0, 0, 1, 0, 1], np.int32)
+  x = np.arange(16, dtype=np.float32).reshape(8, 2)
+  data = learned.Groups(x, labels, sizes, np.zeros(5, int), [], [], [], [])
+  config = types.SimpleNamespace(seed=3, suggest=types.SimpleNamespace(ranker_rounds=7))
+  params, _, rounds = learned.train_booster(
+      data, np.array([True, True, True, False, True]), config, ['f', 'g'])
+  assert given['group'].tolist() == [2, 1] and given['labels'].tolist() == [0, 1, 1]
+  np.testing.assert_array_equal(given['x'], x[[0, 1, 7]])
+  assert (params['objective'], params['seed'], rounds) == ('rank_xendcg', 3, 7)
+  # Some columns alone: their values and names.
+  learned.train_booster(data, np.ones(5, bool), config, ['f', 'g'], columns=[1])
+  assert given['names'] == ['g'] and given['x'][:, 0].tolist() == [1, 3, 11, 13, 15]
+
+
+def test_each_candidate_names_the_sources_proposing_it_once_each():
+  """`proposers`: a source proposing a text twice is named once, in the sources' order."""
+  by_source = {'generate': [{'query': 'a'}, {'query': 'b'}, {'query': 'a'}],
+               'popular': [{'query': 'a'}, {'query': 'a'}]}
+  assert learned.proposers(by_source) == {'a': ['generate', 'popular'], 'b': ['generate']}
+
+
+def test_each_folds_cached_candidates_are_keyed_by_its_own_generator():
+  key = {'sources': [['generate', 4]], 'fold_steps': [30, 40, None]}
+  assert [learned._fold_key(key, k) for k in range(3)] == [  # pylint: disable=protected-access
+      {'sources': [['generate', 4]], 'fold': k, 'fold_step': step}
+      for k, step in enumerate([30, 40, None])]
+
+
 def test_a_ranker_for_another_checkpoint_or_vocabulary_is_refused(tmp_path):
   folder = tmp_path / learned.RANKER_DIR
   folder.mkdir()
@@ -683,6 +760,11 @@ def test_the_candidates_are_searched_as_the_ranker_was_trained():
                                   top_k=5, exclude_session_queries=True)
   made = learned.generator_settings((('generate', 4),), default)
   assert (made.beam_size, made.top_k, made.exclude_session_queries) == (4, 4, False)
+  # The ranker's generator source searches so (reading the user's past it is given).
+  generate, log = learned.build_sources((('generate', 4), ('popular', 3)), None, None, default,
+                                        history_queries=2)
+  assert (generate.settings, generate.history_queries) == (made, 2)
+  assert (log.name, log.k) == ('popular', 3)
   # A record written before the search was kept: searched as the plan says, nothing to note.
   ranker = learned.LearnedRanker(None, {'sources': [['generate', 4]]})
   assert ranker.candidate_search(default) == made

@@ -5,9 +5,11 @@ for another checkpoint is refused in one line; packed to be served elsewhere
 (launch/pack_serve_workdir.py), it suggests what it did."""
 
 import collections
+import hashlib
 import json
 import re
 import shutil
+import types
 
 import numpy as np
 import pytest
@@ -15,6 +17,7 @@ import pytest
 from launch import pack_serve_workdir
 from mtn_jax import inference
 from mtn_jax.data import sessions
+from mtn_jax.data.vocab import Vocab
 from mtn_jax.inference import habits
 from mtn_jax.inference import learned
 from mtn_jax.inference import pipeline
@@ -66,6 +69,9 @@ def test_one_train_command_makes_the_generators_and_the_ranker(learned_run):
   assert meta['sources'] == [['generate', 4], ['popular', 4], ['cooccurring', 4],
                              ['templates', 4]]
   assert set(meta['importance']) == set(meta['features'])
+  # Shares of the total gain, the most important first (the run's line names the first few).
+  shares = list(meta['importance'].values())
+  assert shares == sorted(shares, reverse=True) and sum(shares) == pytest.approx(1, abs=0.01)
   assert (workdir / 'folds' / 'fold0' / 'checkpoints').is_dir()
   # The job evaluates and reports the strategy's lists (eval/learned_*), not the beam's.
   assert f'Results:     {workdir / "eval" / "learned_results.json"}' in out
@@ -404,6 +410,45 @@ def test_unreadable_cached_candidates_are_made_again(tmp_path):
   assert said and 'cannot be read (BadZipFile)' in said[0], said
   (tmp_path / 'groups.json').write_text('{"key": ')
   assert learned.load_groups(str(tmp_path), key) is None
+
+
+def test_a_ranker_is_current_only_for_its_rounds_and_the_model_file_it_recorded(tmp_path):
+  """`is_current` from the record alone (no fold generator trained: their steps None): the
+  record written for this config, or by an older version, is current; other rounds, or a model
+  file other than the one whose SHA-256 it holds, are not (the ranker is refitted); a record
+  that is no JSON object is not current, and refused in one line when loaded."""
+  config = cli.config(*FEW, *LEARNED)
+  vocab = Vocab.from_counts({'a': 9}, 1)
+  trained = types.SimpleNamespace(step=6, vocab=vocab)
+  folder = tmp_path / learned.RANKER_DIR
+  folder.mkdir()
+  model = folder / learned.RANKER_MODEL
+  model.write_bytes(b'a model\n')
+  plan = learned.parse_sources(config.suggest.sources)
+  record = {'checkpoint_step': 6, 'vocab_fingerprint': vocab.fingerprint,
+            'sources': [list(x) for x in plan], 'folds': config.suggest.ranker_folds,
+            'rounds': config.suggest.ranker_rounds,
+            'features': learned.feature_names([name for name, _ in plan]),
+            'search': learned.search_key(config),
+            'fold_steps': learned.fold_steps(config, str(tmp_path)),
+            'model_sha256': hashlib.sha256(b'a model\n').hexdigest()}
+  meta = folder / learned.RANKER_META
+  current = lambda: learned.LearnedRanker.is_current(str(tmp_path), trained, config)
+  meta.write_text(json.dumps(record))
+  assert current()
+  # Older records: no fold steps kept, the candidates' protocol unset (which searched alike).
+  meta.write_text(json.dumps({**{k: v for k, v in record.items() if k != 'fold_steps'},
+                              'search': {**record['search'], 'exclude_session_queries': None}}))
+  assert current()
+  meta.write_text(json.dumps({**record, 'rounds': record['rounds'] + 1}))
+  assert not current()
+  meta.write_text(json.dumps(record))
+  model.write_bytes(b'another model\n')
+  assert not current()
+  meta.write_text('[1, 2]')
+  assert not current()
+  with pytest.raises(learned.DamagedRanker, match='ranker.json: not a ranker record'):
+    learned.LearnedRanker.load(str(tmp_path), trained)
 
 
 def test_overrides_name_the_scalar_settings_that_differ():

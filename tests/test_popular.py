@@ -132,6 +132,8 @@ def test_the_counts_keep_as_many_as_asked_and_every_bigram_each_time_logged(tmp_
   full); a word pair counts each time a next query holds it."""
   assert popular.LogCounts.of_sessions([['s', q] for q in 'abcde'], keep=3).most_popular(5) == [
       'a', 'b', 'c']
+  assert popular.LogCounts.of_sessions([['s', q] for q in 'abcde'], keep=3).followers('s', 5) == [
+      'a', 'b', 'c']
   followers = [f'q{i:02d}' for i in range(15)]
   assert popular.LogCounts.of_sessions([['s', q] for q in followers]).followers('s', 20) == (
       followers)

@@ -1123,6 +1123,11 @@ def test_a_session_that_does_not_continue_the_stored_one_starts_anew(tmp_path):
   first = [f'q{i}' for i in range(16)]
   store.observe('cy', first)
   assert store.observe('cy', first[-7:] + [f'n{i}' for i in range(9)]) == tuple(first)
+  # A request shorter than the window is its session's whole beginning, never a slid window:
+  # one that begins with the stored session's last query is a new session.
+  short = history_lib.HistoryStore(str(tmp_path / 's.sqlite'), per_user=100, window=3)
+  short.observe('ann', ['a', 'b'])
+  assert short.observe('ann', ['b']) == ('a', 'b') and short.current('ann') == ('b',)
   repeats = history_lib.HistoryStore(str(tmp_path / 'r.sqlite'), per_user=100, window=4)
   repeats.observe('ann', ['a', 'b', 'a', 'b'])
   repeats.observe('ann', ['a', 'b', 'a', 'b'])
