@@ -302,6 +302,9 @@ def model_config(name, **model):
      'config.model.num_levels must be >= 2 for an MTN context encoder, got 1'),
     ('crossencoder', dict(lexical_negatives=2),
      'config.model.lexical_negatives is for the Bi- and Poly-encoders'),
+    # A negative count of hard negatives is refused, not read as none.
+    ('biencoder', dict(lexical_negatives=-1),
+     'config.model.lexical_negatives must be >= 0, got -1'),
     ('crossencoder', dict(scaled_scores=True),
      'config.model.scaled_scores is for the Bi- and Poly-encoders'),
     ('biencoder', dict(user_memory='attention'), "'biencoder' has none (set it to 'none')"),

@@ -760,6 +760,14 @@ def test_layer_labels():
   assert report.layer_label('mtn', {**model_config(3, 2, 3), 'num_levels': 3}) == (
       'MTN (3Q+2S+2S, 3)')
   assert report.layer_label('hred', model_config(3, 2, 3)) == 'H-LSTM'
+  # A ranker: the Poly-encoder's codes, the context encoder (flat for a config without the
+  # key) and its depth; the Cross-encoder's joint encoder is flat whatever the key says.
+  ranker = {**model_config(2, 1, 1), 'poly_codes': 16}
+  assert report.layer_label('polyencoder', ranker) == 'Poly-encoder 16 (flat 2)'
+  assert report.layer_label('biencoder', {**ranker, 'context_encoder': 'mtn'}) == (
+      'Bi-encoder (mtn 2Q+1S)')
+  assert report.layer_label('crossencoder', {**ranker, 'context_encoder': 'mtn'}) == (
+      'Cross-encoder (flat 2)')
 
 
 def test_results_table_text(tmp_path):

@@ -97,6 +97,32 @@ def test_model_ignores_padded_questions_documents_and_missing_documents():
   np.testing.assert_allclose(again['query_attention'].sum(-1), 1.0, rtol=1e-6)
 
 
+
+def test_question_encoder_prediction_input_and_initial_answer_bias():
+  """Two bidirectional GRUs (module docstring), one over the question and another over each
+  document: the question's attention moves with the question encoder's weights. The network
+  reads z N (`IMDNA.read`). Each answer's bias starts at -log A, so that every answer starts
+  at a probability of about 1/A."""
+  model = imdna.create(tiny_config())
+  batch = {'question': jnp.array([[3, 4, 5, 0, 0]]),
+           'documents': jnp.array([[[6, 7, 8], [9, 3, 0]]])}
+  params = random_variables(model, 1, batch)['params']
+  read = jax.jit(lambda p: model.apply({'params': p}, batch, method='read'))
+  negated = {**params, 'question_encoder': jax.tree.map(jnp.negative,
+                                                        params['question_encoder'])}
+  assert np.abs(np.asarray(read(negated)['query_attention']
+                           - read(params)['query_attention'])).max() > 1e-4
+  # The prediction network reads z times N, the documents' real tokens (5 here, not 6).
+  reading = read(params)
+  dense = lambda name, x: x @ np.asarray(params[name]['kernel']) + np.asarray(
+      params[name]['bias'])
+  hidden = np.maximum(dense('hidden', 5 * np.asarray(reading['word_scores'])), 0)
+  np.testing.assert_allclose(reading['logits'], dense('answers', hidden), rtol=1e-5,
+                             atol=1e-6)
+  answers = model.init(jax.random.PRNGKey(0), jnp.zeros((1, 7)),
+                       method=lambda m, hidden: m.answers(hidden))['params']['answers']
+  np.testing.assert_allclose(answers['bias'], np.full(4, -np.log(4)), rtol=1e-6)
+
 def test_word_scores_match_a_hand_computation():
   # Two documents stacked: [a b a pad | c a pad pad], a=5, b=6, c=7.
   tokens = jnp.array([[5, 6, 5, 0, 7, 5, 0, 0]])
@@ -180,10 +206,12 @@ def softmax_over(logits, mask):
   return weights / weights.sum()
 
 
-def test_one_inference_step_by_hand():
+@pytest.mark.parametrize('gates_at_half', [True, False])
+def test_one_inference_step_by_hand(gates_at_half):
   """Sordoni et al.'s step (module docstring): the query attentive read over the real
   question tokens, the document read keyed by [s, q_t] over the real document tokens, and
-  the GRU fed [g_q * q_t, g_d * d_t], each gate scaling its own read (gates of 1/2 here)."""
+  the GRU fed [g_q * q_t, g_d * d_t], each gate scaling its own read (gates of 1/2, or the
+  gates sigmoid(MLP(r)) of r = [s, q_t, d_t, q_t * d_t] by hand)."""
   rng = np.random.default_rng(0)
   state = jnp.asarray(rng.normal(size=(2, 5)), jnp.float32)
   question = jnp.asarray(rng.normal(size=(2, 4, 6)), jnp.float32)
@@ -193,12 +221,14 @@ def test_one_inference_step_by_hand():
   encodings = (question, question_mask, documents, documents_mask)
   step = imdna.InferenceStep(5)
   params = random_variables(step, 0, state, encodings)['params']
-  for gate in ('query_gate', 'document_gate'):  # sigmoid(0) = 1/2 whatever r is
-    params[gate]['out'] = jax.tree.map(jnp.zeros_like, params[gate]['out'])
+  for gate in ('query_gate', 'document_gate') if gates_at_half else ():
+    params[gate]['out'] = jax.tree.map(jnp.zeros_like, params[gate]['out'])  # sigmoid(0)
   new_state, (query_attention, document_attention) = jax.jit(step.apply)(
       {'params': params}, state, encodings)
-  dense = lambda name, x: x @ np.asarray(params[name]['kernel']) + np.asarray(
-      params[name]['bias'])
+  dense = lambda name, x, p=params: x @ np.asarray(p[name]['kernel']) + np.asarray(
+      p[name]['bias'])
+  gate = lambda name, r: 1 / (1 + np.exp(-dense('out', np.maximum(
+      dense('hidden', r, params[name]), 0), params[name])))
   gru = nn.GRUCell(5, parent=None)
   for b in range(2):
     s, q_tokens, d_tokens = map(np.asarray, (state[b], question[b], documents[b]))
@@ -209,8 +239,12 @@ def test_one_inference_step_by_hand():
                              np.asarray(documents_mask[b]))
     np.testing.assert_allclose(document_attention[b], d_weights, rtol=1e-5, atol=1e-7)
     d = d_weights @ d_tokens
+    r = np.concatenate([s, q, d, q * d])
+    g_q, g_d = gate('query_gate', r), gate('document_gate', r)
+    if gates_at_half:
+      np.testing.assert_allclose(np.concatenate([g_q, g_d]), 0.5)
     expected, _ = gru.apply({'params': params['search_state']}, s[None],
-                            np.concatenate([0.5 * q, 0.5 * d])[None])
+                            np.concatenate([g_q * q, g_d * d])[None])
     np.testing.assert_allclose(new_state[b], expected[0], rtol=1e-5, atol=1e-6)
 
 

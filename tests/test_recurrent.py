@@ -164,6 +164,44 @@ def test_seq2seq_decoder_starts_from_the_encoders_final_state():
   assert np.abs(np.asarray(run(harness.params, False) - run(harness.params, True))).max() > 1e-3
 
 
+def test_seq2seq_memory_is_the_encoders_states_forward_then_backward():
+  """Seq2Seq's memory (the class docstring): `source_states` the bidirectional outputs over
+  the real source tokens and exactly zero at padding, `final_state` the final (c, h) of the
+  forward then the backward LSTM; `_encode_tokens` gives an empty row a zero state, not the
+  state flax reaches over its padding."""
+  harness = harness_of('seq2seq')
+  sources, lengths = session_sources(jnp.asarray(SESSIONS))
+
+  def source_encoder(module, sources, lengths):
+    carries, outputs = module.source_encoder(
+        module.encoder_embedding(sources), seq_lengths=lengths, return_carry=True)
+    return carries, outputs, module.encode({'queries': SESSIONS})
+
+  apply = lambda method, *args: jax.jit(lambda *a: harness.model.apply(
+      {'params': harness.params}, *a, method=method))(*args)
+  ((c_forward, h_forward), (c_backward, h_backward)), outputs, memory = apply(
+      source_encoder, sources, lengths)
+  np.testing.assert_array_equal(memory['source_lengths'], lengths)
+  np.testing.assert_allclose(memory['final_state'][0], np.concatenate([c_forward, c_backward],
+                                                                      -1), rtol=1e-6, atol=1e-6)
+  np.testing.assert_allclose(memory['final_state'][1], np.concatenate([h_forward, h_backward],
+                                                                      -1), rtol=1e-6, atol=1e-6)
+  is_token = np.arange(sources.shape[1]) < np.asarray(lengths)[:, None]
+  states = np.asarray(memory['source_states'])
+  np.testing.assert_allclose(states[is_token], np.asarray(outputs)[is_token], rtol=1e-6,
+                             atol=1e-6)
+  assert (~is_token).any() and not states[~is_token].any()
+  # An empty row (a padding query) beside real ones: zero final state and outputs.
+  tokens = jnp.asarray(SESSIONS.reshape(8, 4))
+  query_lengths = (tokens != 0).sum(-1)
+  assert not query_lengths[-1]
+  encode_tokens = recurrent._encode_tokens  # pylint: disable=protected-access
+  outputs, final = apply(lambda m, t, n: encode_tokens(
+      m.source_encoder, m.encoder_embedding(t), n), tokens, query_lengths)
+  assert not np.asarray(final[0][-1]).any() and not np.asarray(final[1][-1]).any()
+  assert np.asarray(final[1][:-1]).any(-1).all() and not np.asarray(outputs[-1]).any()
+
+
 def test_hred_decoder_reads_the_session_state_at_every_step():
   """HRED's decoder reads s_t beside each input word as well as starting from tanh(W s_t):
   with W and its bias at zero (a start that knows nothing of s_t), another session state

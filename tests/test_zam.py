@@ -158,6 +158,16 @@ def test_each_family_member_scores_i_dot_q_plus_u(user_model):
     assert np.asarray(out['u'][0]).any()
 
 
+
+def test_hem_gives_every_training_user_their_own_vector():
+  """HEM's u is the learned vector of the context's user for every training user, index 1
+  included: index 0 alone is the user unseen in training, who gets u = 0."""
+  model, params, batch = family_model('hem')
+  out = model.apply({'params': params}, {**batch, 'user': jnp.array([1, 3], jnp.int32)})
+  for b, user in enumerate((1, 3)):
+    np.testing.assert_allclose(out['u'][b], np.broadcast_to(params['user_vectors'][user],
+                                                            (3, 8)))
+
 @pytest.mark.parametrize('user_model', zam.USER_MODELS)
 def test_each_family_members_training_objective_reads_the_history(user_model, tmp_path):
   """The sampled objective with a real history (M = 4 earlier queries of n words, not the
