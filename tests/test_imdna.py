@@ -2,6 +2,7 @@
 accumulation, the movie generator, BM25 retrieval's cache, the answers' dependence on their
 documents, and training through the shared trainer (exact resume, evaluation)."""
 
+import dataclasses
 import functools
 import json
 import os
@@ -326,6 +327,10 @@ def test_hits_and_recall_at_k():
   answers = np.array([[1, -1], [2, 5]])
   assert answer_hits.hits_at(ranked, answers, (1, 2)) == {'hits_at_1': 0.0, 'hits_at_2': 50.0}
   assert answer_hits.recall_at(ranked, answers, (3,)) == {'recall_at_3': 75.0}
+  # A question without an answer counts 0, in the mean like any other.
+  ranked, answers = np.vstack([ranked, [[1, 2, 3]]]), np.vstack([answers, [[-1, -1]]])
+  assert answer_hits.recall_at(ranked, answers, (3,)) == {'recall_at_3': 50.0}
+  assert answer_hits.hits_at(ranked, answers, (3,)) == {'hits_at_3': pytest.approx(200 / 3)}
 
 
 def _stub_library(split='test', **extra):
@@ -469,6 +474,19 @@ def test_bm25_alone_sums_the_scores_of_the_documents_holding_each_answer():
   np.testing.assert_array_equal(
       answer_hits.bm25_answer_scores(library, questions, exclude_question_words=True),
       [[-1.0, 2.0, 0.5]])
+
+
+
+def test_bm25_alone_never_answers_a_special_token():
+  """On AOL every word of the vocabulary is a candidate answer, the special tokens too: a
+  document's padding is no answer, and no special token is ranked above an answer that no
+  document holds (they score -1, the bottom of the list)."""
+  library, questions = _stub_library()
+  library = dataclasses.replace(library, answers=list(library.vocab.words),
+                                answer_words=np.arange(len(library.vocab), dtype=np.int32))
+  scores = answer_hits.bm25_answer_scores(library, questions, exclude_question_words=False)
+  # paris, louvre, museum, hotels after the special tokens; document 1 holds padding.
+  np.testing.assert_array_equal(scores, [[-1.0] * len(SPECIAL_TOKENS) + [2.0, 2.0, 0.5, 0.5]])
 
 
 def test_the_most_frequent_next_query_follows_the_contexts_last_query(tmp_path):

@@ -272,11 +272,18 @@ def test_pool_negatives_join_every_contexts_negatives_except_its_true_query(name
   assert float(plain['loss']) < float(sums['loss'])
   if name == 'polyencoder':
     return  # the training path below is the same code for both
-  # Training draws from the step's key: finite and differentiable.
-  grads = compiled(jax.grad(lambda p: task.loss_sums(
-      p, {'queries': queries}, train=True, rngs={'dropout': jax.random.PRNGKey(3)})['loss']),
-                   params)
+  # Training draws from the step's key, in a stream of its own (folded with 1) that leaves
+  # the dropout masks as they are without pool negatives; dropout is 0 here, so the loss is
+  # the hand computation's with those draws. Finite and differentiable.
+  key = jax.random.PRNGKey(3)
+  loss, grads = compiled(jax.value_and_grad(lambda p: task.loss_sums(
+      p, {'queries': queries}, train=True, rngs={'dropout': key})['loss']), params)
   assert all(np.isfinite(g).all() for g in jax.tree.leaves(grads))
+  drawn = pool[np.asarray(jax.random.randint(jax.random.fold_in(key, 1), (6,), 0, len(pool)))]
+  total, _, _ = in_batch_loss_by_hand(
+      contexts.reshape(-1, *contexts.shape[2:]), vectors(queries[:, 1:]).reshape(-1, 8),
+      queries[:, 1:].reshape(-1, N), task.poly, drawn, vectors(drawn))
+  np.testing.assert_allclose(float(loss), total, rtol=1e-5)
 
 
 def test_cross_encoder_scores_the_joint_sequence_and_its_loss_masks_the_true_query():
@@ -482,6 +489,7 @@ def test_graded_session_candidates_loss_equals_a_hand_computation(name, extra, g
   hypotheses[3, 2, 1] = queries[3, 0]
   hypotheses[0, 1, 2] = hypotheses[0, 1, 1]
   hypotheses[2, 0, 1] = 0
+  hypotheses[3, 0, 2] = queries[3, 2]  # a later query of the session: not yet seen, scored
   task = rankers.DualEncoderTask(
       ranker_config(name, session_candidates=True, lexical_negatives=3 if lexical else 0),
       pool_queries=pool, hypotheses_from='folds' if generated else '')

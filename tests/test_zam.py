@@ -6,7 +6,9 @@ command line (train, resume bit for bit, eval by user history, decode, suggest).
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
+import types
 
 import jax
 import jax.numpy as jnp
@@ -15,9 +17,11 @@ import optax
 import pytest
 
 from mtn_jax.data import candidates
+from mtn_jax.data import sessions
 from mtn_jax.evaluation import pool_ranking
 from mtn_jax.models import user_memory
 from mtn_jax.models import zam
+from mtn_jax.tasks import base
 from mtn_jax.tasks import zero_attention
 from tests import cli
 from tests import golden
@@ -260,7 +264,8 @@ def test_training_objective_is_eq_14_with_the_pool_and_the_users_words_by_hand(t
   word_noise[0] = -np.inf
   task = zero_attention.ZeroAttentionTask(cfg, data_dir=str(tmp_path), word_noise=word_noise,
                                            train_users=np.arange(3))
-  history = jnp.array([[[5, 6, 0], [7, 0, 0]], [[0, 0, 0]] * 2], jnp.int32)  # [B, M=2, n]
+  # [B, M=2, n]; session 1's user is unseen (index 0): no vector, its history not read.
+  history = jnp.array([[[5, 6, 0], [7, 0, 0]], [[12, 13, 0], [9, 0, 0]]], jnp.int32)
   # Session 0 goes on to pool entries 0 and 6; session 1 to one outside the pool, then a
   # padding query.
   targets = jnp.array([[3, 0, 6], [1, -1, 2]], jnp.int32)
@@ -295,6 +300,17 @@ def test_training_objective_is_eq_14_with_the_pool_and_the_users_words_by_hand(t
   assert float(sums['tokens']) == 2
   np.testing.assert_allclose(float(sums['nll']), item_total, rtol=1e-5)
   np.testing.assert_allclose(float(sums['loss']), total, rtol=1e-5)
+  # Without a context whose next query is a pool entry a session has no loss, the user's
+  # word term included.
+  outside = task.loss_sums(params, {**inputs, 'targets': jnp.full_like(targets, -1)},
+                           train=True, rngs={'dropout': key})
+  assert float(outside['tokens']) == 0 and float(outside['loss']) == 0
+  # Nor is the unseen user's history read when its session has a context with a loss.
+  pooled = {**inputs, 'targets': inputs['targets'].at[1, 1].set(4)}
+  unseen = [float(task.loss_sums(params, {**pooled, 'history': h}, train=True,
+                                 rngs={'dropout': key})['loss'])
+            for h in (history, history.at[1].set(0))]
+  assert unseen[0] == unseen[1]
 
 
 def test_validation_counts_a_context_correct_when_its_target_scores_highest(tmp_path):
@@ -343,6 +359,9 @@ def test_validation_loss_is_the_exact_pool_cross_entropy(tmp_path):
   # a padding query (no pair).
   assert float(sums['tokens']) == 2
   np.testing.assert_allclose(sums['nll'], sum(expected), rtol=1e-5)
+  # Retrieval scores the pool with the same contexts: position t's predicts query t + 1.
+  np.testing.assert_allclose(task.score_pool(params, batch, task.encode_candidates(
+      params, jnp.asarray(pool.queries))), logits, rtol=1e-5, atol=1e-6)
   assert float(sums['correct']) == sum(
       int(np.argmax(logits[0, t]) == c) for t, c in ((0, 4), (1, 6)))
   # Training: the sampled objective is finite and differentiable.
@@ -371,6 +390,16 @@ def test_drawn_noise_words_follow_the_noise_distribution_and_never_its_zeros():
   assert frequencies[[0, 1, 4, 6]].sum() == 0
 
 
+def test_a_uniform_draw_of_exactly_zero_is_a_word_with_mass(monkeypatch):
+  """The uniform draw can return 0.0 exactly: it picks the first word the noise can draw,
+  not padding or another word of probability 0 in front of it."""
+  with np.errstate(divide='ignore'):
+    logits = np.log(np.array([0.0, 0.0, 1.0, 4.0, 0.0, 3.0, 0.0], np.float32))
+  monkeypatch.setattr(jax.random, 'uniform', lambda rng, shape: jnp.zeros(shape))
+  drawn = zero_attention.draw_words(jax.random.PRNGKey(0), logits, (3,))
+  assert np.asarray(drawn).tolist() == [2, 2, 2]
+
+
 def test_user_index_maps_training_users_and_unseen_ones_to_zero():
   assert zero_attention.user_index(np.array([30, 10, 20, 10]),
                                     np.array([20, 99, 10, 5])).tolist() == [2, 0, 1, 0]
@@ -395,6 +424,10 @@ def test_pool_figures_count_a_next_query_outside_the_pool_as_a_miss():
   np.testing.assert_allclose(figures['mrr'], 100 * (1 + 1 / 20 + 1 / 101) / 3)
   np.testing.assert_allclose(figures['recall_at_10'], 100 / 3)
   assert figures['r1_of_20'] == 50.0 and figures['r1_of_100'] == 50.0
+  # Each protocol reads its own column.
+  figures = dataclasses.replace(ranked, sampled_ranks=np.array([[1, 1], [1, 12], [0, 0]])
+                                ).figures()
+  assert figures['r1_of_20'] == 100.0 and figures['r1_of_100'] == 50.0
 
 
 def test_sampled_negatives_reach_every_other_pool_entry():
@@ -428,6 +461,77 @@ def test_a_tie_with_the_next_query_counts_against_it():
   assert top_ids[1].tolist() == [[1, 2]]
   np.testing.assert_allclose(top_scores[1], [[0.9, 0.3]])
   assert np.isnan(zero_weight).all()
+
+
+@dataclasses.dataclass(frozen=True)
+class _FirstWordConfig:
+  name: str = 'first_word'
+
+
+class _FirstWordScores:
+  """A ranker without parameters that scores a candidate, after any context, by half its
+  first word id rounded down (so pairs of entries tie), the whole pool and given candidates
+  alike."""
+
+  cfg = _FirstWordConfig()
+
+  @classmethod
+  def vector_index(cls, cfg):
+    del cfg
+    return False
+
+  def context_inputs(self, split, vocab):
+    del split, vocab
+    return base.SplitInputs()
+
+  def encode_candidates(self, params, candidate_queries):
+    del params
+    return (candidate_queries[:, 0] // 2).astype(jnp.float32)
+
+  def score_pool(self, params, batch, cache):
+    del params
+    return jnp.broadcast_to(cache, batch['queries'][:, 1:, 0].shape + cache.shape)
+
+  def score_candidates(self, params, batch, candidate_queries):
+    del params, batch
+    return (candidate_queries[..., 0] // 2).astype(jnp.float32)
+
+
+@pytest.mark.parametrize('sampled_only', [False, True])
+def test_each_pair_is_ranked_against_its_own_next_query_and_seeded_negatives(sampled_only,
+                                                                             tmp_path):
+  """Through `rank_split` and `rank_sampled`, a batch of one session at a time: the next
+  query of pair (session, t) is query t + 1 of the session, its negatives are the seeded
+  draws of that pair, entry 0 of the pool is a next query like any other, a tie counts
+  against it, and a next query outside the pool ranks C + 1 with no sampled rank."""
+  texts = ['a', 'b', 'c', 'd', 'e', 'f']  # word ids 5..10, scored 2, 3, 3, 4, 4, 5
+  pool = candidates.CandidatePool(queries=np.array([[5 + i, 0] for i in range(6)], np.int32),
+                                  counts=np.ones(6, np.int64), texts=texts)
+  (tmp_path / 'data').mkdir()
+  candidates.save_pool(str(tmp_path / 'data'), pool)
+  lines = ('c', 'a', 'zz', 'e', 'd', 'b', 'f')  # 'zz' (word 15) is not in the pool
+  split = sessions.SessionSplit(
+      'test', np.array([[texts.index(t) + 5 if t in texts else 15, 0] for t in lines],
+                       np.int32), np.array([0, 3, 5, 7]), text_lines=lines)
+  trained = types.SimpleNamespace(task=_FirstWordScores(), params={}, vocab=None,
+                                  cfg=_FirstWordConfig(), step=1)
+  rank = pool_ranking.rank_sampled if sampled_only else functools.partial(
+      pool_ranking.rank_split, k=2)
+  ranking = rank(trained, split, str(tmp_path), seed=4, queries_per_batch=2)
+  next_ids = np.array([0, -1, 3, 5])  # a, zz, d, f
+  scores = np.array([2, 3, 3, 4, 4, 5])
+  negatives = pool_ranking.sampled_negatives(next_ids, 6, 99, seed=4)
+  expected = [[1 + int((scores[negatives[p, :size - 1]] >= scores[i]).sum()) if i >= 0
+               else 0 for size in pool_ranking.SAMPLED_PROTOCOLS]
+              for p, i in enumerate(next_ids)]
+  assert ranking.sampled_ranks.tolist() == expected
+  assert expected[0] == [20, 100]  # 'a' scores lowest: last among its negatives
+  if sampled_only:
+    assert not ranking.pool_ranks.any()
+  else:
+    assert ranking.pool_ranks.tolist() == [6, 7, 3, 1]  # 'd' ties with 'e'
+    assert ranking.suggestions == [['f', 'd']] * 4
+  assert ranking.figures()['pairs_in_pool'] == 3
 
 
 # ---------------------------------------------------------------------------------------------
