@@ -508,6 +508,32 @@ def test_the_most_frequent_next_query_follows_the_contexts_last_query(tmp_path):
   assert figures['bm25']['exact_match'] == 100.0  # 'b', after 'a' in document 0
 
 
+def test_each_aol_question_ranks_its_candidates_by_its_own_model_scores(tmp_path, monkeypatch):
+  """AOL's next-query figures rank question i's candidates by row i of the model's word
+  probabilities: two questions with the same candidates, each row preferring its own
+  question's next query, both ranked first."""
+  import dataclasses  # pylint: disable=g-import-not-at-top
+  from mtn_jax.data.sessions import SessionSplit  # pylint: disable=g-import-not-at-top
+  path = tmp_path / 'train.text.txt'
+  path.write_text('paris\nmuseum\n', encoding='utf-8')
+  train = SessionSplit('train', np.zeros((2, 2), np.int32), np.array([0, 2]), str(path))
+  library, one = _stub_library(test={'contexts': [['paris'], ['paris']]}, train_split=train)
+  questions = dataclasses.replace(
+      one, question=np.repeat(one.question, 2, 0), documents=np.repeat(one.documents, 2, 0),
+      document_scores=np.repeat(one.document_scores, 2, 0),
+      answers=np.repeat(one.answers, 2, 0), texts=['paris hotels'] * 2,
+      answer_texts=['louvre', 'museum'])
+  monkeypatch.setattr(answer_hits.imdna_library, 'following_queries',
+                      lambda *args: ['louvre', 'museum'])
+  scores = np.zeros((2, len(library.vocab)), np.float32)
+  louvre, museum = library.vocab.encode(['louvre', 'museum'])
+  scores[0, louvre] = scores[1, museum] = 1.0
+  figures = answer_hits._aol_query_figures(  # pylint: disable=protected-access
+      library, questions, 'test', scores)
+  assert figures['model']['exact_match'] == 100.0
+  assert figures['bm25']['exact_match'] == 50.0  # the candidates' own order: 'louvre' first
+
+
 # ---------------------------------------------------------------------------------------------
 # The movie world
 
