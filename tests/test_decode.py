@@ -455,7 +455,7 @@ def test_bad_arguments_are_refused(searched):
     suggest(model, params, QUERIES[0], beam_size=2, max_len=3, length_penalty=0.0)
   with pytest.raises(ValueError, match=r'lengths must lie in 1\.\.3'):
     suggest(model, params, QUERIES, beam_size=2, max_len=3, length_penalty=0.0,
-                   positions='last', lengths=np.array([0, 2]))
+            positions='last', lengths=np.array([0, 2]))
   with pytest.raises(ValueError, match='beam_size must be at least 1'):
     search.beam_search(model, params, memory, beam_size=0, max_len=3, length_penalty=0.0)
   # Memory whose leaves disagree on the rows, or sequences for other rows than the memory's.

@@ -309,21 +309,15 @@ def test_a_background_warm_up_pads_to_the_pairs_compiled_so_far_and_stops_when_a
       assert proceed.acquire(timeout=30)
     compiled.append((size, width))
 
-  def until(condition):
-    end = time.time() + 10
-    while not condition():
-      assert time.time() < end, (started, compiled)
-      time.sleep(0.01)
-
   monkeypatch.setattr(engine, '_warm', warm)
   engine.warm_up(background=True, log=_quiet)
   assert compiled == [(1, 4), (2, 4)] and not engine.warmed.is_set()
   assert engine.padded_shape(1, 4) == (1, 4) and engine.padded_shape(2, 4) == (2, 4)
   assert engine.padded_shape(1, 1) == (1, 4) and engine.padded_shape(2, 1) == (2, 4)
   proceed.release()  # (1, 1) compiles: a lone short session runs at its own shape
-  until(lambda: engine.padded_shape(1, 1) == (1, 1))
+  _wait(lambda: engine.padded_shape(1, 1) == (1, 1), timeout=10)
   assert engine.padded_shape(1, 2) == (1, 4) and engine.padded_shape(2, 1) == (2, 4)
-  until(lambda: started[-1] == (1, 2))
+  _wait(lambda: started[-1] == (1, 2), timeout=10)
   engine.stop_warming()  # while (1, 2) compiles: it finishes, and no other pair follows
   proceed.release()
   engine.stop_warming(timeout=10)
@@ -733,14 +727,15 @@ def test_a_full_batch_or_a_draining_service_waits_no_max_wait():
   """A batch waits up to max_wait for batch-mates only while it could hold more and the
   service is not draining: a full batch, or any batch after SIGTERM (the queued batches
   start at once), runs without waiting max_wait (5 s here)."""
-  for requests, flush in ((['a', 'b'], False), (['a'], True)):
+  for requests, draining in ((['a', 'b'], False), (['a'], True)):
     batches = []
     batcher = batcher_lib.Batcher(_recording_echo(batches), max_batch=2, max_wait=5.0,
                                   queue_bound=8)
-    batcher.flush = flush
+    if draining:
+      batcher.drain()
     started = time.monotonic()
     assert run_batcher(batcher, requests, spacing=0) == [r + '!' for r in requests]
-    assert batches == [requests] and time.monotonic() - started < 2.5, (flush, batches)
+    assert batches == [requests] and time.monotonic() - started < 2.5, (draining, batches)
 
 
 def test_max_wait_counts_from_the_oldest_request_of_a_batch():
@@ -1278,7 +1273,7 @@ def _wait(condition, timeout: float = 30, chrome=None):
     value = condition()
     if value:
       return value
-    assert time.time() < end, 'the page did not get there' + (
+    assert time.time() < end, 'not there in time' + (
         f': session {_texts(chrome, "#session li")}, status {_texts(chrome, "#status")}, '
         f'suggestions {_texts(chrome, "#suggestions .text")}' if chrome else '')
     time.sleep(0.05)

@@ -69,17 +69,12 @@ class Batcher:
     self._batches: dict[asyncio.Task, list[_Item]] = {}  # the batches running
     self._executor: concurrent.futures.ThreadPoolExecutor | None = None
     self._in_order: concurrent.futures.ThreadPoolExecutor | None = None
-    self._flush = False
+    self.draining = False  # True: each batch starts at once
 
-  @property
-  def flush(self) -> bool:
-    """True: start each batch at once (draining), one already waiting for batch-mates too."""
-    return self._flush
-
-  @flush.setter
-  def flush(self, value: bool) -> None:
-    self._flush = value
-    if value and self._wake is not None:  # a batch waiting for batch-mates waits no more
+  def drain(self) -> None:
+    """From now on each batch starts at once, one already waiting for batch-mates too."""
+    self.draining = True
+    if self._wake is not None:
       self._wake.set()
 
   @property
@@ -152,7 +147,7 @@ class Batcher:
         continue
       # Wait for batch-mates: until the batch is full or its oldest request has waited enough
       # (or every request waiting gave up meanwhile).
-      while self._queue and len(self._queue) < self.max_batch and not self.flush:
+      while self._queue and len(self._queue) < self.max_batch and not self.draining:
         left = self._queue[0].enqueued + self.max_wait - time.monotonic()
         if left <= 0:
           break

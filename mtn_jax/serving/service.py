@@ -184,7 +184,7 @@ class Service:
 
   def begin_drain(self) -> None:
     self.draining, self.drain_started = True, time.monotonic()
-    self.batcher.flush = True
+    self.batcher.drain()
     self.metrics.draining.set(1)
 
   async def drained(self, timeout: float) -> bool:
