@@ -215,6 +215,10 @@ def test_decode_raw_log_suggests_after_every_query(mtn_run, tmp_path):
                    f'--config.decode.output={output}', '--config.data.strict=True',
                    mode='decode')
   counts = summary(result.stdout)
+  # data.strict differs from the corpus's: the note says the input log is read with it.
+  assert ("config.data.strict: False there, True here): its corpus and model stay as they were "
+          "built and trained; these settings apply only to what this run reads itself (a log "
+          "given to decode, a user's past).") in result.stdout
   assert counts['format'] == 'raw' and counts['sessions'] == 3
   assert counts['duplicate_queries'] == 1 and counts['long_queries'] == 1
   assert counts['skipped_header'] == 1 and counts['empty_lines'] == 1

@@ -76,6 +76,12 @@ def test_a_site_is_not_made_a_site_again_and_only_a_one_word_site_is_stripped():
   assert dict(templates.edits('www.ebay.com')) == {'strip_site': 'ebay'}
   assert dict(templates.edits('buy ebay.com')) == {
       'drop_last': 'buy', 'drop_first': 'ebay.com', 'join': 'buyebay.com'}
+  # Only what can name a site is made one: ASCII letters, digits, hyphens and dots, at most
+  # a DNS label's 63 characters.
+  assert 'dotcom' in dict(templates.edits('nj 12')) and 'www' in dict(templates.edits('a-b'))
+  for not_a_name in ('<b>hi</b>', '東京 天気', 'pizza 🍕', "macy's", 'a' * 64, '.ebay'):
+    assert not {'dotcom', 'www'} & set(dict(templates.edits(not_a_name))), not_a_name
+  assert dict(templates.edits('a' * 63))['www'] == f'www.{"a" * 63}.com'
   # .org and .net sites alike.
   assert dict(templates.edits('wikipedia.org')) == {'strip_site': 'wikipedia'}
   assert templates.templates_of('www.python.net', 'python') == ['strip_site']

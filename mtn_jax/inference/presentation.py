@@ -108,7 +108,8 @@ def presented(ranked: Sequence[dict], so_far: Sequence[str], counts: popular.Log
   and the templates' candidates are queries or one edit of one); what the user typed before
   (`PAST_SOURCES`) is a query. Then the first `session_first` places go to the best
   `well_formed` candidates (no word salad), at most `unrelated_first` of them not
-  `about_session` (a head query such as "google", the user's habit query), none the
+  `about_session` (a head query such as "google", the user's habit query, a lone word of the
+  session: each where the ranker puts it, first too), none the
   previous query with words added that neither the log nor the user's past holds (people
   rate most such additions odd: "mexican insurance for kids", "free the big guy"), none a
   query of the session (the user-facing protocol drops those, `pipeline.show`: the places

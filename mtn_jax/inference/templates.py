@@ -12,8 +12,9 @@ A template is one such edit, with its word where it has one:
   drop_first     the previous query without its first word (queries of 2+ words)
   substitute:A>B the word A of the previous query replaced by B (queries of 2+ words)
   join           the previous query's words written together ("e bay" -> "ebay")
-  dotcom         the previous query's words joined, then ".com"
-  www            "www.", the previous query's words joined, then ".com"
+  dotcom         the previous query's words joined, then ".com" (where they can name a site:
+                 letters, digits, hyphens and dots, at most 63 characters)
+  www            "www.", the previous query's words joined, then ".com" (the same)
   strip_site     "www." and ".com" (or ".org", ".net") taken off a one-word query
 
 The templates of a training log count, for every (previous, next) pair, each template that
@@ -32,6 +33,10 @@ import re
 from collections.abc import Iterable, Iterator
 
 _SITE = re.compile(r'^(?:www\.)?(.+?)\.(?:com|org|net)$')
+# What can stand before ".com" in an address: letters, digits, hyphens and dots, at most the
+# 63 characters of a DNS label. A query of other characters ("<b>", "東京天気", a pasted
+# paragraph) names no site, and the log's own site queries hold nothing else.
+_SITE_NAME = re.compile(r'^[a-z0-9][a-z0-9.-]{0,62}$')
 _WORDLESS = ('drop_last', 'drop_first', 'join', 'dotcom', 'www', 'strip_site')
 
 
@@ -42,9 +47,10 @@ def edits(previous: str) -> Iterator[tuple[str, str]]:
     yield 'drop_last', ' '.join(words[:-1])
     yield 'drop_first', ' '.join(words[1:])
     yield 'join', ''.join(words)
-  if words and not _SITE.match(previous):
-    yield 'dotcom', ''.join(words) + '.com'
-    yield 'www', 'www.' + ''.join(words) + '.com'
+  name = ''.join(words)
+  if _SITE_NAME.match(name) and not _SITE.match(previous):
+    yield 'dotcom', name + '.com'
+    yield 'www', 'www.' + name + '.com'
   site = _SITE.match(previous)
   if len(words) == 1 and site:
     yield 'strip_site', site.group(1)

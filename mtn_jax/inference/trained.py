@@ -150,8 +150,9 @@ def check_config(config: ml_collections.ConfigDict, workdir: str) -> None:
   differences = preprocess.settings_differences(config.data, workdir)
   if differences:
     print(f'Note: the corpus of {workdir} was built with other config.data settings '
-          f'({"; ".join(differences)}): its corpus and model are read as they were trained, '
-          'these settings are not used.', flush=True)
+          f'({"; ".join(differences)}): its corpus and model stay as they were built and '
+          'trained; these settings apply only to what this run reads itself (a log given to '
+          'decode, a user\'s past).', flush=True)
   if meta.get('best_step') is None:
     print(f'Note: no checkpoint of {workdir} was validated yet (training stopped before its '
           f'first validation): the latest, step {step}, is used.', flush=True)
