@@ -213,12 +213,13 @@ def test_decode_raw_log_suggests_after_every_query(mtn_run, tmp_path):
   output = tmp_path / 'log.jsonl'
   result = cli.run(workdir, *RUN, *MTN, f'--config.decode.input={log}',
                    f'--config.decode.output={output}', '--config.data.strict=True',
-                   mode='decode')
+                   '--config.data.session_gap_minutes=29', mode='decode')
   counts = summary(result.stdout)
-  # data.strict differs from the corpus's: the note says the input log is read with it.
-  assert ("config.data.strict: False there, True here): its corpus and model stay as they were "
-          "built and trained; these settings apply only to what this run reads itself (a log "
-          "given to decode, a user's past).") in result.stdout
+  # A gap other than the corpus's (the same sessions here): the note says the log is read
+  # with it.
+  assert ('config.data.session_gap_minutes: 30.0 there, 29.0 here): its corpus and model stay '
+          'as they were built and trained; these settings apply only to what this run reads '
+          "itself (a log given to decode, a user's past).") in result.stdout
   assert counts['format'] == 'raw' and counts['sessions'] == 3
   assert counts['duplicate_queries'] == 1 and counts['long_queries'] == 1
   assert counts['skipped_header'] == 1 and counts['empty_lines'] == 1

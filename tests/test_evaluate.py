@@ -702,6 +702,7 @@ def test_suggest_keeps_a_typed_sessions_last_queries_and_the_earlier_ones_as_its
   a query cut to the model's words says so, and the protocol is the user-facing one unless
   the config sets one."""
   stand_in = StandInPipeline(max_session_queries=3)
+  stand_in.past_read = 1000  # a pipeline that reads a past says the typed sessions are it
   monkeypatch.setattr(pipeline.Pipeline, 'load', stand_in.load)
   typed = io.StringIO('cheap\nflights\nboston\nhotels red sox boston\n\nred sox\n')
   shown = io.StringIO()
@@ -713,11 +714,19 @@ def test_suggest_keeps_a_typed_sessions_last_queries_and_the_earlier_ones_as_its
       (('red sox',), ('flights', 'boston', 'hotels red sox'))]
   out = shown.getvalue().splitlines()
   assert 'the user-facing protocol' in out[0]
+  assert out[0].endswith('an empty line starts a new session (the sessions typed before are '
+                         'your past: the latest 1,000 queries are read); end with Ctrl-D.')
   assert out[1:3] == ['after cheap:', '  1. cheap  (-1.000)']
   assert out[10:14] == ['after flights | boston | hotels red sox (query cut to 3 words):',
                        '  1. hotels red sox  (-1.000)', '  2. boston  (-2.000)',
                        '  3. flights  (-3.000)']
   assert out[14:] == ['-- new session --', 'after red sox:', '  1. red sox  (-1.000)', '']
+  # One that reads no past does not say so.
+  monkeypatch.setattr(pipeline.Pipeline, 'load', StandInPipeline(max_session_queries=3).load)
+  shown = io.StringIO()
+  suggest.interactive(demo.get_config(), '/nowhere', stdin=io.StringIO('cheap\n'), stdout=shown)
+  assert shown.getvalue().splitlines()[0].endswith(
+      'an empty line starts a new session; end with Ctrl-D.')
 
 
 # ---------------------------------------------------------------------------------------------

@@ -318,10 +318,14 @@ def interactive(config: ml_collections.ConfigDict, workdir: str, stdin: TextIO =
     stdout.write(text + '\n')
     stdout.flush()
 
+  # What a personalising model or a source of the user's past reads: the sessions typed
+  # before this one, as a log's earlier sessions and a request naming its user are read.
+  past = (f' (the sessions typed before are your past: the latest {suggestions.past_read:,} '
+          'queries are read)' if suggestions.past_read else '')
   say(f'{cfg.name} (checkpoint step {suggestions.suggester.step}, '
       f'{len(suggestions.trained.vocab):,} words; score = {suggestions.score_kind()}); '
       f'{protocol_words(bool(config.decode.exclude_session_queries))}. Type a query per line; '
-      'an empty line starts a new session; end with Ctrl-D.')
+      f'an empty line starts a new session{past}; end with Ctrl-D.')
   session: list[str] = []
   # The queries of the sessions typed before this one: the history of a model that
   # personalises.
