@@ -367,6 +367,10 @@ def _check_serve(config) -> None:
   _positive(config, ['serve.max_batch', 'serve.queue_bound',
                      'serve.deadline_ms', 'serve.drain_seconds', 'serve.max_body_bytes',
                      'serve.history_per_user'])
+  smallest = '{"session":["a"]}'  # the shortest request the service answers
+  if v.max_body_bytes < len(smallest):
+    raise ConfigError(f'config.serve.max_body_bytes ({v.max_body_bytes}) would refuse every '
+                      f'request: the shortest, {smallest}, is {len(smallest)} bytes')
   if not 0 <= v.port <= 65535:
     raise ConfigError(f'config.serve.port must be in 0..65535 (0: any free port), got {v.port}')
   _non_negative(config, ['serve.max_wait_ms', 'serve.drain_quiet_seconds',

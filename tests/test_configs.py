@@ -285,8 +285,11 @@ EDGES = [
     ({'serve.host': ''}, {'serve.host': '::1'}, 'config.serve.host is empty'),
     ({'serve.deadline_ms': 0.0}, {'serve.deadline_ms': 1.0},
      'config.serve.deadline_ms must be positive'),
-    ({'serve.max_body_bytes': 0}, {'serve.max_body_bytes': 1},
+    ({'serve.max_body_bytes': 0}, {'serve.max_body_bytes': 17},
      'config.serve.max_body_bytes must be positive'),
+    ({'serve.max_body_bytes': 16}, {'serve.max_body_bytes': 17},
+     'config.serve.max_body_bytes (16) would refuse every request: the shortest, '
+     '{"session":["a"]}, is 17 bytes'),
     ({'serve.history_per_user': 0}, {'serve.history_per_user': 1},
      'config.serve.history_per_user must be positive'),
     ({'suggest.past_queries': 0}, {'suggest.past_queries': 1},

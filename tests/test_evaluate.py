@@ -629,9 +629,12 @@ def test_mbr_weighs_the_whole_beam_and_adds_the_session_only_for_beam_session():
 def test_describe_counts():
   text = suggest.describe_counts({'empty_lines': 2, 'long_queries': 1,
                                   'skipped_bad_time': 3}, '10 words', 16)
-  assert '2 empty lines skipped' in text and '1 queries cut to 10 words' in text
-  assert '0 contexts cut to their last 16 queries' in text
-  assert text.endswith('3 log lines skipped (bad_time)')
+  assert text == '2 empty lines skipped, 1 queries cut to 10 words, 3 log lines skipped (bad_time)'
+  # Only the changes made: a count of 0 names nothing (a sessions file removes no duplicates).
+  assert suggest.describe_counts({'duplicate_queries': 0, 'skipped_bad_time': 0,
+                                  'long_sessions': 2}, '10 words', 16) == (
+      '2 contexts cut to their last 16 queries')
+  assert suggest.describe_counts({'empty_lines': 0}, '10 words', 16) == 'none'
 
 
 class StandInPipeline:

@@ -798,6 +798,11 @@ def test_sources_plans_are_checked():
   # The session's queries: its training pools hold none, so it would meet them first live.
   with pytest.raises(ValueError, match="'session' is no source of the learned ranker"):
     learned.parse_sources('generate:3,session:2')
+  # An unknown one is told the sources the ranker takes, not the session's.
+  with pytest.raises(ValueError, match=r"'nothing:2' is not SOURCE:N with SOURCE one of "
+                     r'generate, popular, cooccurring, templates, matching, history, '
+                     r'history_about and N >= 1$'):
+    learned.parse_sources('generate:3,nothing:2')
 
 
 def test_a_splits_chosen_sessions_are_contexts_of_their_own_user_past_and_next_queries(

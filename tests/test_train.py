@@ -211,6 +211,12 @@ def test_checkpoint_of_another_model_is_refused(reference_run, tmp_path):
       'was trained on 1 device(s), not 2: a resumed run continues its batches in their order, '
       'and each batch holds a multiple of the device count; resume on 1 (--cpu_devices=1 on a '
       'CPU), or use a new workdir'), result.stderr
+  # Read (not continued) on another device count, past its total: said that the count may be
+  # why.
+  result = cli.run(ref_dir, *SHORT, '--config.train.num_epochs=1', '--cpu_devices=2',
+                   devices=None)
+  assert ('this config trains (an earlier run trained further, or on 1 device(s), where an '
+          'epoch has other steps)') in result.stdout, result.stdout
 
 
 @pytest.mark.slow

@@ -61,21 +61,26 @@ RANKER_MODEL = 'model.txt'
 RANKER_META = 'ranker.json'
 
 
+# What `config.suggest.sources` may name: the generator and the sources that need no model,
+# but the session's own queries.
+RANKER_SOURCES = ('generate',) + tuple(n for n in sources_lib.LOG_SOURCES if n != 'session')
+
+
 def parse_sources(plan: str) -> tuple[tuple[str, int], ...]:
   """'generate:10,popular:20' -> (('generate', 10), ('popular', 20)).
 
   Raises:
     ValueError: not such a list of sources the learned ranker can read, each once, N >= 1.
   """
-  out = sources_lib.parse_plan(plan, ('generate',) + tuple(sources_lib.LOG_SOURCES))
-  if out[0][0] != 'generate':
-    raise ValueError(f'{plan!r}: the generator comes first (it scores every candidate)')
-  if 'session' in dict(out):
+  if 'session' in (item.strip().partition(':')[0] for item in plan.split(',')):
     # Its training pools hold none of the session's queries (`lists_and_features`'
     # `drop_session`): the ranker would meet them first when it suggests.
     raise ValueError(f"{plan!r}: 'session' is no source of the learned ranker (it learns from "
                      "candidates without the session's queries, which the user-facing "
                      'protocol never shows)')
+  out = sources_lib.parse_plan(plan, RANKER_SOURCES)
+  if out[0][0] != 'generate':
+    raise ValueError(f'{plan!r}: the generator comes first (it scores every candidate)')
   return out
 
 

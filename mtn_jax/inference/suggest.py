@@ -85,13 +85,13 @@ _COUNT_WORDS = {
 
 def describe_counts(counts: dict, limit: str, max_session_queries: int) -> str:
   """The input changes in words, e.g. '3 empty lines skipped, 2 queries cut to 10 words'
-  (`limit`: what a query is cut to, `inputs.QueryReader.limit`)."""
-  parts = []
-  for key, words in _COUNT_WORDS.items():
-    parts.append(f'{counts.get(key, 0):,} ' + words.format(n=limit, s=max_session_queries))
-  for key in sorted(k for k in counts if k.startswith('skipped_')):
-    parts.append(f'{counts[key]:,} log lines skipped ({key[len("skipped_"):]})')
-  return ', '.join(parts)
+  (`limit`: what a query is cut to, `inputs.QueryReader.limit`), or 'none'. Only the changes
+  made are named (the summary line holds every count, zeros too)."""
+  parts = [f'{counts[key]:,} ' + words.format(n=limit, s=max_session_queries)
+           for key, words in _COUNT_WORDS.items() if counts.get(key)]
+  parts += [f'{counts[key]:,} log lines skipped ({key[len("skipped_"):]})'
+            for key in sorted(k for k in counts if k.startswith('skipped_')) if counts[key]]
+  return ', '.join(parts) or 'none'
 
 
 def with_protocol(config: ml_collections.ConfigDict,

@@ -611,8 +611,14 @@ def _train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict
     if latest >= total_steps and pending is None:
       manager.close()
       train_iter.close()
+      trained_on = saved_meta.get('device_count')
+      # Each bucket's batch is a multiple of the device count: on another count an epoch has
+      # another number of steps.
+      other_count = (f', or on {trained_on} device(s), where an epoch has other steps'
+                     if trained_on not in (None, jax.device_count()) else '')
       of = (f'of {total_steps}' if latest == total_steps else
-            f'past the {total_steps} this config trains (an earlier run trained further)')
+            f'past the {total_steps} this config trains (an earlier run trained further'
+            f'{other_count})')
       log(f'Training is already complete: {where} is step {latest} {of} '
           f'({_best_so_far(meta)}).', flush=True)
       return _summary(latest, total_steps, meta, None)
