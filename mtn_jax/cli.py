@@ -299,13 +299,15 @@ _HELP_FLAGS = ('-h', '--h', '-help', '--help', '-helpshort', '--helpshort', '-?'
 
 _DECODE_INPUT = """\
 --mode=decode reads --config.decode.input=FILE, plain or gzip, in one of two formats told
-apart by its first 100 non-empty lines (the format at least half of them have):
+apart by its first 100 non-empty lines (a log's header first, else the format at least half
+of them have):
   sessions file  one session a line, its queries separated by tabs; suggestions after the
                  last query of each line.
   raw log        an AOL-format log: an `AnonID` header line (AnonID, Query, QueryTime,
                  ItemRank, ClickURL), or lines of 3 or 5 tab-separated fields with a
-                 YYYY-MM-DD HH:MM:SS time in the third; sessions are cut as preprocessing cuts
-                 them (config.data.session_gap_minutes) and suggestions are made after every
+                 YYYY-MM-DD HH:MM:SS time in the third (a time in another form is refused);
+                 sessions are cut as preprocessing cuts them
+                 (config.data.session_gap_minutes) and suggestions are made after every
                  query, with the next query as the reference.
 It writes one JSON line per suggestion point to config.decode.output (default
 <workdir>/decode/<input name>.suggestions.jsonl), the config.decode.top_k best first."""

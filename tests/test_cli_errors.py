@@ -271,6 +271,23 @@ def test_data_errors_are_one_line_and_exit_1(tmp_path):
       'question names: ask for more movies']
 
 
+@pytest.mark.slow
+def test_a_log_of_another_time_form_is_one_line_naming_the_form(tmp_path):
+  """A log with the header and ISO times is refused naming the reason, its count, the first
+  such line and the time's form, where it was called no AOL query log."""
+  log = tmp_path / 'iso.tsv'
+  log.write_text('AnonID\tQuery\tQueryTime\tItemRank\tClickURL\n'
+                 '4945\trosa parks\t2006-03-01T15:58:56\t\t\n'
+                 '4945\tselma\t2006-03-01T16:01:02\t\t\n', encoding='utf-8')
+  result = run('--config=configs/aol.py', f'--workdir={tmp_path / "w"}', '--mode=preprocess',
+               f'--config.data.raw_files={log}')
+  assert result.returncode == 1 and 'Traceback' not in result.stderr
+  assert result.stderr.strip().splitlines() == [
+      f'error: {log}: none of its 3 lines reads as a query (bad_time 2, header 1): QueryTime '
+      "is not a valid YYYY-MM-DD HH:MM:SS, first at line 2: "
+      "'4945\\trosa parks\\t2006-03-01T15:58:56\\t\\t'"]
+
+
 # ---------------------------------------------------------------------------------------------
 # Config checks: each model family checks its own fields, config_lib the rules across sections
 

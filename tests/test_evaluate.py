@@ -236,6 +236,14 @@ RAW_HEADER = 'AnonID\tQuery\tQueryTime\tItemRank\tClickURL\n'
     ('cheap flights\tparis\t2006-03-01 07:17:12\n', 'sessions'),  # a query first
     ('\tcheap flights\t2006-03-01 07:17:12\n', 'raw'),  # no user
     ('cheap flights\n', 'sessions'),
+    # A log's line whose time is in another form: its AnonID and time are no queries.
+    ('4945\trosa parks\t2006-03-01T15:58:56\n', 'raw'),
+    ('4945\trosa parks\t2006/03/01 15:58\t1\thttp://x.com\n', 'raw'),
+    # Sessions whose queries are numbers, a date or a date-time after words, stay sessions.
+    ('4945\t1984\t1141228736\n', 'sessions'),
+    ('4945\trosa parks\t2006-03-01\n', 'sessions'),
+    ('4945\trosa parks\tmlk\t2006-03-01T15:58:56\n', 'sessions'),
+    ('rosa parks\t4945\t2006-03-01T15:58:56\n', 'sessions'),
 ])
 def test_detect_format(tmp_path, first_line, expected):
   path = tmp_path / 'input.txt'
@@ -256,6 +264,51 @@ def test_a_log_whose_first_line_is_malformed_is_a_log(tmp_path):
   path.write_text('cheap flights\n' * inputs.FORMAT_LINES + ''.join(log[1:] * 100),
                   encoding='utf-8')
   assert inputs.detect_format(str(path)) == 'sessions'
+
+
+ISO_LOG = ('4945\trosa parks\t2006-03-01T15:58:56\t\t\n'
+           '4945\tmartin luther king\t2006-03-01T16:01:02\t1\thttp://www.mlk.org\n')
+
+
+def test_a_log_of_another_time_form_is_refused_naming_it_not_read_as_sessions(tmp_path):
+  """The log's header makes a log whatever its lines hold, and so do lines of an AnonID and a
+  time in another form (ISO's): read as sessions, their user ids and times would be
+  suggested after. The log reader refuses a log of no valid line naming the reason, its
+  count and first line, and the time's form; a valid line among them is read, the others
+  counted by reason."""
+  path = tmp_path / 'iso.tsv'
+  for text, tally, first in ((RAW_HEADER + ISO_LOG, 'bad_time 2, header 1', 2),
+                             (ISO_LOG, 'bad_time 2', 1)):
+    path.write_text(text, encoding='utf-8')
+    assert inputs.detect_format(str(path)) == 'raw'
+    with pytest.raises(inputs.DecodeInputError) as error:
+      list(inputs.read_raw_log(str(path), make_reader(), data_config(), chunk_sessions=2))
+    assert str(error.value) == (
+        f'{path}: none of its {first + 1} lines reads as a query ({tally}): QueryTime is not a '
+        f"valid YYYY-MM-DD HH:MM:SS, first at line {first}: "
+        "'4945\\trosa parks\\t2006-03-01T15:58:56\\t\\t'")
+  # Whatever its lines hold: a header then lines of sessions is a log, its lines named.
+  path.write_text(RAW_HEADER + 'cheap flights\tboston\nparis\n', encoding='utf-8')
+  assert inputs.detect_format(str(path)) == 'raw'
+  with pytest.raises(inputs.DecodeInputError, match=re.escape(
+      'none of its 3 lines reads as a query (bad_field_count 2, header 1): expected 3 or 5 '
+      'tab-separated fields (AnonID, Query, QueryTime[, ItemRank, ClickURL]), first at line '
+      "2: 'cheap flights\\tboston'")):
+    list(inputs.read_raw_log(str(path), make_reader(), data_config(), chunk_sessions=2))
+  # One valid line: read, the others counted by reason, every line once.
+  path.write_text(RAW_HEADER + ISO_LOG + '4945\tselma\t2006-03-01 16:05:00\n',
+                  encoding='utf-8')
+  reader = make_reader()
+  contexts = list(inputs.read_raw_log(str(path), reader, data_config(), chunk_sessions=2))
+  assert [c.queries for c in contexts] == [('selma',)]
+  assert (reader.counts['skipped_bad_time'], reader.counts['skipped_header'],
+          reader.counts['lines_read']) == (2, 1, 4)
+  # In a sessions file such a line is a log's, skipped and counted.
+  path.write_text('cheap flights\tboston\n' * 3 + ISO_LOG, encoding='utf-8')
+  assert inputs.detect_format(str(path)) == 'sessions'
+  reader = make_reader()
+  assert len(list(inputs.read_sessions_file(str(path), reader, strict=False))) == 3
+  assert (reader.counts['log_lines'], reader.counts['lines_read']) == (2, 5)
 
 
 def test_detect_format_refuses_an_empty_file(tmp_path):
@@ -696,6 +749,22 @@ def test_decode_of_a_raw_log_writes_every_point_once_across_chunks(tmp_path, mon
       (100, 2, ['flights', 'boston'], 'hotels'), (100, 3, ['boston', 'hotels'], None)]
   assert [s['query'] for s in records[2]['suggestions']] == ['boston', 'flights']
   assert [(r['user'], r['position']) for r in records[4:]] == [(u, 0) for u in range(101, 110)]
+
+
+def test_decode_of_a_log_of_another_time_form_is_refused_leaving_no_output(tmp_path,
+                                                                         monkeypatch):
+  """The new user's log (the header, ISO times): refused in one line naming the time's form,
+  where it was decoded as sessions of a user id, a query and a time; no output is left."""
+  monkeypatch.setattr(pipeline.Pipeline, 'load', StandInPipeline(max_session_queries=3).load)
+  log = tmp_path / 'iso.tsv'
+  log.write_text(RAW_HEADER + ISO_LOG, encoding='utf-8')
+  config = demo.get_config()
+  config.decode.input = str(log)
+  with pytest.raises(inputs.DecodeInputError, match=re.escape(
+      f'{log}: none of its 3 lines reads as a query (bad_time 2, header 1): QueryTime is not '
+      'a valid YYYY-MM-DD HH:MM:SS, first at line 2: ')):
+    suggest.decode_file(config, str(tmp_path / 'run'))
+  assert not (tmp_path / 'run').exists()
 
 
 def test_suggest_keeps_a_typed_sessions_last_queries_and_the_earlier_ones_as_its_history(

@@ -414,6 +414,31 @@ def test_chunk_boundaries_and_worker_processes_change_nothing(tmp_path, monkeypa
       aol_log.read_logs(paths, strict=True, workers=workers)
 
 
+def test_a_log_of_no_valid_line_names_its_lines_read_in_any_chunks(tmp_path, monkeypatch):
+  """A log whose lines all fail one check is refused naming that reason, how many lines it
+  took, and the first of them, however the file is cut into chunks; one valid line is read
+  and the others counted by reason, every line once; strict names the first bad line."""
+  path = write(tmp_path / 'log.tsv', [line(7, 'a', '2006-03-01T10:00:00'),
+                                      line(7, 'b', '2006-03-01 10:01:00', rank='1'), 'x',
+                                      line(7, 'c', '01/03/2006 10:02:00')])
+  bad = write(tmp_path / 'bad.tsv', [line(7, 'a', '2006-03-01T10:00:00'), 'x',
+                                     line(7, 'c', '01/03/2006 10:02:00')])
+  message = (f'{bad}: none of its 4 lines reads as a query (bad_time 2, header 1, '
+             'bad_field_count 1): QueryTime is not a valid YYYY-MM-DD HH:MM:SS, first at line '
+             "2: '7\\ta\\t2006-03-01T10:00:00\\t\\t'")
+  for chunk_bytes in (aol_log.CHUNK_BYTES, 37):
+    monkeypatch.setattr(aol_log, 'CHUNK_BYTES', chunk_bytes)
+    with pytest.raises(aol_log.LogFormatError) as error:
+      aol_log.read_log(bad)
+    assert str(error.value) == message
+    read = aol_log.read_log(path)
+    assert len(read.records) == 1 and read.lines_read == 5
+    assert {r: n for r, n in read.skipped.items() if n} == {'header': 1, 'bad_time': 2,
+                                                            'bad_field_count': 1}
+  with pytest.raises(aol_log.LogFormatError, match=r'log\.tsv:2: bad_time: QueryTime is not'):
+    aol_log.read_log(path, strict=True)
+
+
 def test_strict_mode_names_file_line_and_reason(tmp_path):
   log = write(tmp_path / 'log.tsv', [line(1, 'a', '10:00:00'), line(1, '-', '10:01:00'),
                                      line(1, 'b', '2006-03-01 25:00:00'),
@@ -489,6 +514,20 @@ def test_errors_are_one_line_and_name_the_input(tmp_path):
   csv.write_text('a,b,c\n' * 1000 + '\n'.join([HEADER] + [line(1, 'q', '10:00:00')] * 9))
   cases.append((str(csv), aol_log.LogFormatError,
                 'table.csv: not an AOL query log: none of its first 1,000 lines'))
+  # A log whose times are in another form: the reason, its count, the first line and the
+  # form expected, not "not an AOL query log" (with the header or without).
+  iso = write(tmp_path / 'iso.tsv', [line(4945, 'rosa parks', '2006-03-01T15:58:56'),
+                                     line(4945, 'selma', '2006-03-01T16:01:02')])
+  cases.append((iso, aol_log.LogFormatError, re.escape(
+      f'{iso}: none of its 3 lines reads as a query (bad_time 2, header 1): QueryTime is not '
+      "a valid YYYY-MM-DD HH:MM:SS, first at line 2: '4945\\trosa parks\\t"
+      "2006-03-01T15:58:56\\t\\t'") + '$'))
+  long_iso = write(tmp_path / 'long-iso.tsv', [f'{u}\tq\t2006-03-01T15:58:56' for u in
+                                               range(1200)], header=False)
+  cases.append((long_iso, aol_log.LogFormatError, re.escape(
+      'long-iso.tsv: none of its first 1,000 lines reads as a query (bad_time 1,000): '
+      "QueryTime is not a valid YYYY-MM-DD HH:MM:SS, first at line 1: '0\\tq\\t"
+      "2006-03-01T15:58:56'")))
   (tmp_path / 'cut.tsv.gz').write_bytes(gzip.compress(b'x' * 10000)[:40])
   cases.append((str(tmp_path / 'cut.tsv.gz'), aol_log.LogFormatError,
                 'cut.tsv.gz: corrupt or truncated gzip data'))

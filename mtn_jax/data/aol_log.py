@@ -145,8 +145,10 @@ _NEEDS_STR_SPLIT[[11, 12, 13, 28, 29, 30, 31]] = True
 _NEEDS_STR_SPLIT[0x80:] = True
 _NEWLINE, _TAB, _CR, _SPACE, _DASH = (ord(c) for c in '\n\t\r -')
 _GZIP_MAGIC = b'\x1f\x8b'
-_HEADER_FIELD = b'AnonID'
+_HEADER_FIELD = 'AnonID'
 UTF8_BOM = b'\xef\xbb\xbf'
+# A refused file's first bad line is shown cut to this many characters (a line may be long).
+_SHOWN_CHARACTERS = 80
 
 
 # Characters whose lower case is longer in UTF-8 than they are (Unicode 14; a test checks the
@@ -209,6 +211,14 @@ def _latin1_lines_to_utf8(buf: bytearray) -> tuple[bytearray, int]:
       lines[i] = text.encode('utf-8')
       count += 1
   return bytearray(b'\n'.join(lines)), count
+
+
+def is_header(line: str) -> bool:
+  """Whether a log's line (its text without the line end) is an `AnonID` header line: its
+  first field is `AnonID` (a UTF-8 byte-order mark before it no part of it, as where files
+  were joined). The reader skips such lines, and decode reads a file that starts with one as
+  a log."""
+  return line.removeprefix('\ufeff').split('\t', 1)[0] == _HEADER_FIELD
 
 
 def decode_fields(line: bytes) -> tuple[str, bool]:
@@ -510,9 +520,9 @@ def _parse_chunk(buf: bytearray) -> tuple[np.ndarray, Records]:
   # byte-order mark too). An AnonID is digits, so only lines that start with the header's
   # letter or a mark are looked at.
   first_bytes = data[line_start[rows]]
-  maybe = rows[(first_bytes == _HEADER_FIELD[0]) | (first_bytes == UTF8_BOM[0])]
-  headers = [r for r in maybe.tolist() if bytes(buf[line_start[r]:line_end[r]]).removeprefix(
-      UTF8_BOM).split(b'\t', 1)[0] == _HEADER_FIELD]
+  maybe = rows[(first_bytes == ord(_HEADER_FIELD[0])) | (first_bytes == UTF8_BOM[0])]
+  headers = [r for r in maybe.tolist()
+             if is_header(bytes(buf[line_start[r]:line_end[r]]).decode('utf-8', 'replace'))]
   rows, = reject(~np.isin(rows, headers), 'header')
 
   tabs = np.flatnonzero(data == _TAB)
@@ -560,18 +570,30 @@ def _parse_chunk(buf: bytearray) -> tuple[np.ndarray, Records]:
 
 
 def read_log(path: str, strict: bool = False) -> LogLines:
-  """Reads one log file (see the module docstring for the checks)."""
+  """Reads one log file (see the module docstring for the checks). A file none of whose first
+  `_SNIFF_LINES` lines parses is refused (`_no_query`), naming what its lines are."""
   parts = []
   counts = np.zeros(len(LINE_REASONS) + 1, np.int64)
-  lines_read = parsed_early = latin1_lines = 0
+  # The statuses of the first _SNIFF_LINES lines, and while none of them parses, the first
+  # line of each status (number, text): what the refusal of a file of no query names.
+  early = np.zeros(len(LINE_REASONS) + 1, np.int64)
+  first_lines: dict[int, tuple[int, str]] = {}
+  lines_read = latin1_lines = 0
+  parsed_early = False
   for chunk in _chunks(path):
     chunk, latin1 = _latin1_lines_to_utf8(chunk)
     latin1_lines += latin1
     status, records = _parse_chunk(chunk)
-    parsed_early += np.count_nonzero(
-        np.isin(status[:max(_SNIFF_LINES - lines_read, 0)], _PARSED_CODES))
+    head = status[:max(_SNIFF_LINES - lines_read, 0)]
+    early += np.bincount(head, minlength=len(early))
+    parsed_early = early[_PARSED_CODES].any()
+    if not parsed_early:
+      # The parser rewrites the bytes of queries it reads alone, none of these lines'.
+      for code in set(np.unique(head).tolist()) - first_lines.keys():
+        index = int(np.argmax(head == code))
+        first_lines[code] = (lines_read + index + 1, _line_text(chunk, index))
     if not parsed_early and lines_read + len(status) >= _SNIFF_LINES:
-      raise _not_a_log(path, _SNIFF_LINES)
+      raise _no_query(path, early, first_lines, of_first=True)
     if strict and (bad := np.flatnonzero(np.isin(status, _MALFORMED_CODES))).size:
       reason = LINE_REASONS[status[bad[0]] - 1]
       raise LogFormatError(f'{path}:{lines_read + bad[0] + 1}: {reason}: {_WHY[reason]}')
@@ -583,15 +605,39 @@ def read_log(path: str, strict: bool = False) -> LogLines:
   if counts[1 + LINE_REASONS.index('header')] == lines_read:
     raise LogFormatError(f'{path}: the log holds no records: its {lines_read:,} line'
                          f'{"s are" if lines_read > 1 else " is"} the AnonID header only')
-  if not parsed_early:
-    raise _not_a_log(path, lines_read)
+  if not parsed_early:  # every line is among the first _SNIFF_LINES: `early` counts them all
+    raise _no_query(path, early, first_lines, of_first=False)
   return LogLines(Records.concatenate(parts),
                   dict(zip(LINE_REASONS, counts[1:].tolist())), lines_read, latin1_lines)
 
 
-def _not_a_log(path: str, lines: int) -> LogFormatError:
-  return LogFormatError(f'{path}: not an AOL query log: none of its first {lines:,} lines '
-                        'reads as AnonID<TAB>Query<TAB>QueryTime[<TAB>ItemRank<TAB>ClickURL]')
+def _line_text(chunk: bytearray, index: int) -> str:
+  """Line `index` of `chunk` (whole lines), without its line end."""
+  line = chunk.split(b'\n', index + 1)[index]
+  return line.removesuffix(b'\r').decode('utf-8', 'replace')
+
+
+def _no_query(path: str, statuses: np.ndarray, first_lines: dict[int, tuple[int, str]],
+              of_first: bool) -> LogFormatError:
+  """The refusal of a file none of whose first lines parses (`statuses`: their count by
+  status; `first_lines`: the first line of each status). Lines that are no log's (most of
+  them not 3 or 5 tab-separated fields, and no `AnonID` header) make no query log; a log's
+  lines whose AnonID or QueryTime is in another form (an ISO time, say) make a log read
+  wrong, which is named: the reason most of its lines have, with the first such line."""
+  counts = dict(zip(LINE_REASONS, statuses[1:].tolist()))
+  lines = f'{"first " if of_first else ""}{int(statuses.sum()):,} lines'
+  # A tie names the later check's reason: those lines read further as a log's.
+  reason = max(reversed(('bad_field_count', 'bad_user_id', 'bad_time')), key=counts.get)
+  if not counts[reason] or (reason == 'bad_field_count' and not counts['header']):
+    return LogFormatError(f'{path}: not an AOL query log: none of its {lines} reads as '
+                          'AnonID<TAB>Query<TAB>QueryTime[<TAB>ItemRank<TAB>ClickURL]')
+  # Every line counted once, by reason: the one named first, then the others.
+  others = [r for r in LINE_REASONS if r != reason and counts[r]]
+  tally = ', '.join(f'{r} {counts[r]:,}' for r in [reason] + others)
+  number, text = first_lines[_CODE[reason]]
+  shown = repr(text[:_SHOWN_CHARACTERS]) + (' ...' if len(text) > _SHOWN_CHARACTERS else '')
+  return LogFormatError(f'{path}: none of its {lines} reads as a query ({tally}): '
+                        f'{_WHY[reason]}, first at line {number:,}: {shown}')
 
 
 def read_logs(paths: Sequence[str], strict: bool = False, workers: int = 0,

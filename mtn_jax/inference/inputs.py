@@ -4,12 +4,15 @@ or a request, into `Context`s the suggestion pipeline takes, and contexts into m
 model reads is its task's `context_inputs` in both.
 
 Decode input (plain or gzip, told by its first bytes) is in one of two forms, told apart by
-its first `FORMAT_LINES` non-empty lines (the form at least half of them have: a log whose
-first line is malformed is still a log):
+its first `FORMAT_LINES` non-empty lines (a first line that is the log's `AnonID` header
+makes a log, else the form at least half of them have: a log whose first line is malformed is
+still a log):
   sessions  one session a line, its queries separated by tabs; suggestions are made after the
             LAST query of each line;
   raw log   an AOL-format log (`AnonID` header line, or tab-separated fields, a user first
-            and a `YYYY-MM-DD HH:MM:SS` time third): read and sessionized by
+            and a `YYYY-MM-DD HH:MM:SS` time third, or an AnonID first and a time in another
+            form third, a malformed line: a log of no other is refused, naming the form a
+            time takes): read and sessionized by
             `mtn_jax.data.aol_log` with the data config's rules (session gap, successive
             duplicates removed), over-long queries cut rather than dropped and sessions of any
             length kept; suggestions are made after every query of every session, with the
@@ -49,6 +52,11 @@ from mtn_jax.data.vocab import UNK_ID
 from mtn_jax.data.vocab import Vocab
 
 _TIME = re.compile(r'\d{4}-\d{2}-\d{2} \d{2}:\d{2}:\d{2}')
+# A date and a time of day in another form than the log's (ISO's `2006-03-01T15:58:56`,
+# `2006/03/01 15:58`, `03/01/2006 3:58 PM`, ...): after an AnonID of digits, a log's line
+# (`is_raw_log_line`) whose time the log reader counts as bad, not a session's queries.
+_OTHER_TIME = re.compile(r'\d{1,4}[-/.]\d{1,2}[-/.]\d{1,4}[T\s]+\d{1,2}:\d{2}')
+_ANON_ID = re.compile(r'[0-9]+')
 _GZIP_MAGIC = b'\x1f\x8b'
 # Characters a query may not hold: the log's control characters (`aol_log.CONTROL_CHARACTERS`:
 # NUL, ESC, the C1 controls, ...), and lone surrogates (not text).
@@ -177,15 +185,21 @@ class QueryReader:
 
 
 def is_raw_log_line(line: str) -> bool:
-  """Whether a line looks like an AOL log line or its header rather than a session: a user
-  (one token), then a query and a time. A line of another field count, or whose user is no
-  AnonID ('-7', 'u7', none), is a malformed log line, which the log reader counts by reason, not a
-  session whose queries are a user id and a time; a first field of several words is a query."""
-  if line.startswith('AnonID\t'):
+  """Whether a line looks like an AOL log line or its header (`aol_log.is_header`) rather
+  than a session: a user (one token), then a query and a time. A line of another field count,
+  or whose user is no AnonID ('-7', 'u7', none), is a malformed log line, which the log reader
+  counts by reason, not a session whose queries are a user id and a time; a first field of
+  several words is a query. So is a line of 3 or 5 fields, an AnonID of digits first and a
+  time in another form third (`_OTHER_TIME`): read as a session, its id and time would be
+  suggested after; a log's, its time is refused by name."""
+  if aol_log.is_header(line):
     return True
   fields = line.rstrip('\r\n').split('\t')
-  return (len(fields) >= 3 and len(fields[0].split()) <= 1
-          and _TIME.fullmatch(fields[2].strip()) is not None)
+  if (len(fields) >= 3 and len(fields[0].split()) <= 1
+      and _TIME.fullmatch(fields[2].strip()) is not None):
+    return True
+  return (len(fields) in (3, 5) and _ANON_ID.fullmatch(fields[0]) is not None
+          and _OTHER_TIME.match(fields[2].strip()) is not None)
 
 
 def _lines(path: str, counts: collections.Counter) -> Iterator[tuple[int, str]]:
@@ -226,7 +240,9 @@ BINARY_MIN_BYTES = 8
 
 
 def detect_format(path: str) -> str:
-  """'raw' for an AOL-format log, 'sessions' for a file of tab-separated sessions."""
+  """'raw' for an AOL-format log (its first non-empty line the `AnonID` header, or at least
+  half of its first FORMAT_LINES non-empty lines a log's), 'sessions' for a file of
+  tab-separated sessions."""
   if os.path.isdir(path):
     raise DecodeInputError(f'{path}: a folder, not a decode input file')
   if os.path.exists(path) and not os.path.isfile(path):
@@ -250,6 +266,10 @@ def detect_format(path: str) -> str:
   lines = raw = read = 0
   for lines, line in _lines(path, collections.Counter()):
     if line.strip():
+      if not read and aol_log.is_header(line):
+        # The log's header: a log whatever its lines hold (the log reader counts, or names,
+        # what is wrong with them), never sessions whose queries are its fields.
+        return 'raw'
       raw += is_raw_log_line(line)
       read += 1
       if read == FORMAT_LINES:
