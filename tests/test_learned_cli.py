@@ -88,7 +88,10 @@ def test_eval_decode_and_serve_give_the_same_learned_lists(learned_run, tmp_path
   workdir, ran = learned_run
   evaluated = ran.stdout  # the main job's evaluation
   # The generate source searches to its depth in the plan (4), not config.decode's beam.
-  assert re.search(r'Evaluating .* sessions: beam 4, length penalty', evaluated), evaluated
+  assert re.search(r'Evaluating .* sessions: beam 4, length penalty .* tokens; the learned '
+                   r'ranker over generate:4,popular:4,cooccurring:4,templates:4\.\n',
+                   evaluated), evaluated
+  assert re.search(r'\n  learned: .*, 4 sources by the learned ranker  BLEU = ', evaluated)
   results = json.loads((workdir / 'eval' / 'learned_results.json').read_text())
   assert results['strategy']['strategy'] == 'learned'
   # Each source alone is scored beside the ranker's lists, and printed with its figures.

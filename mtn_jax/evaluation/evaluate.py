@@ -156,7 +156,8 @@ def strategy_record(pipe: pipeline.Pipeline) -> dict:
                                                           'rounds', 'groups', 'importance')},
                        # the search its candidates were made with, not config.decode's
                        'search': pipe.ranker.candidate_search(dc).to_dict()},
-            'label': f'{label_of(pipe.trained)}: {plan}, by the learned ranker'}
+            'label': f'{label_of(pipe.trained)}, {len(pipe.ranker.sources)} sources by the '
+                     'learned ranker'}
   if s.strategy == 'blend':
     plan = ','.join(f'{name}:{n}' for name, n in s.blend)
     return {'strategy': s.strategy, 'blend': plan,
@@ -318,11 +319,14 @@ def decode_lists(config: ml_collections.ConfigDict, workdir: str, trained: infer
   dc, strategy = config.decode, config.suggest.strategy
   name = models.spec(trained.cfg.name).label(trained.meta['model'])
 
-  def say_what(beam_size: int | None) -> None:
-    """The header: how the model suggests (`beam_size`: its beam; None: it ranks the pool)."""
+  def say_what(beam_size: int | None, sources: str = '') -> None:
+    """The header: how the model suggests (`beam_size`: its beam; None: it ranks the pool;
+    `sources`: the learned ranker's plan, named once here rather than on each figures line)."""
     how = ('ranking the candidate pool' if beam_size is None else
            f'beam {beam_size}, length penalty {dc.length_penalty}, at most {dc.max_len} '
            f'tokens{", <unk> allowed" if dc.emit_unk else ""}')
+    if sources:
+      how += f'; the learned ranker over {sources}'
     log(f'Evaluating {name} (checkpoint step {trained.step}) on {test.num_pairs:,} '
         f'{config.decode.eval_split} pairs of {test.num_sessions:,} sessions: {how}.',
         flush=True)
@@ -345,7 +349,9 @@ def decode_lists(config: ml_collections.ConfigDict, workdir: str, trained: infer
     sources = {}
   else:
     suggestions_of = pipeline.Pipeline.load(config, workdir, log=log, trained=trained)
-    say_what(suggestions_of.beam_size if isinstance(trained.task, tasks.Suggests) else None)
+    say_what(suggestions_of.beam_size if isinstance(trained.task, tasks.Suggests) else None,
+             '' if suggestions_of.ranker is None
+             else learned.plan_text(suggestions_of.ranker.sources))
 
     pool = ranked_pool(suggestions_of, test, config, queries_per_batch, log)
     retrieved = None if pool is None else (pool.suggestions, pool.top_scores)
