@@ -332,6 +332,27 @@ def test_beam_of_one_is_greedy(searched):
   assert any(ended) and not all(ended)  # both cases met
 
 
+
+def test_every_position_is_searched_a_position_at_a_time(searched):
+  """A search holds its rows' memory once per beam, and a row's memory grows with the
+  session's width: after every position of B sessions of S queries, each call searches the B
+  rows of one position, never the B * S rows at once, and the lists are the same."""
+  model, params, _, beams = searched
+  calls = []
+  beam_search = search.beam_search
+
+  def counted(model, params, memory, **kwargs):
+    calls.append(search._num_rows(memory))  # pylint: disable=protected-access
+    return beam_search(model, params, memory, **kwargs)
+
+  with pytest.MonkeyPatch.context() as patch:
+    patch.setattr(search, 'beam_search', counted)
+    sequences, scores = suggest(model, params, QUERIES, beam_size=BEAM, max_len=MAX_LEN,
+                                length_penalty=ALPHA)
+  assert calls == [QUERIES.shape[0]] * QUERIES.shape[1]
+  np.testing.assert_array_equal(sequences, beams[0])
+  np.testing.assert_array_equal(scores, beams[1])
+
 def test_last_position_equals_its_row_of_all_positions(searched):
   model, params, _, beams = searched
   # Each session of QUERIES three times, with `lengths` naming each of its real queries as

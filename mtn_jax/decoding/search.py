@@ -567,9 +567,9 @@ def search_sessions(model, params, batch: Mapping[str, jax.Array | np.ndarray],
     batch: the model's inputs: `queries` int32 [B, S, n] word ids, 0-padded; shorter
       sessions end in all-padding rows.
     settings: beam size, length, length penalty and `<unk>` (`top_k` is the caller's).
-    positions: 'all': suggest after every position t = 0..S-1 (P = S; all decoded in
-      parallel, padding positions included); 'last': only after each session's last real
-      query (P = 1).
+    positions: 'all': suggest after every position t = 0..S-1 (P = S, padding positions
+      included; searched a position at a time, B rows a call); 'last': only after each
+      session's last real query (P = 1).
     lengths: int [B], real queries per session, 1..S; needed for positions='last'.
   Returns:
     sequences: int32 [B, P, beam_size, max_len], as `beam_search` returns them.
@@ -601,12 +601,20 @@ def search_sessions(model, params, batch: Mapping[str, jax.Array | np.ndarray],
   else:
     raise ValueError(f"positions must be 'all' or 'last', got {positions!r}")
   memory = encoded(model, params, batch, rows)
-  beam_size, max_len = settings.beam_size, settings.max_len
-  sequences, scores = beam_search(model, params, memory, beam_size=beam_size, max_len=max_len,
-                                  length_penalty=settings.length_penalty,
-                                  emit_unk=settings.emit_unk,
-                                  block_repeats=settings.block_repeats)
-  return _per_session(sequences, scores, num_sessions, per_session)
+  search = functools.partial(beam_search, model, params, beam_size=settings.beam_size,
+                             max_len=settings.max_len, length_penalty=settings.length_penalty,
+                             emit_unk=settings.emit_unk, block_repeats=settings.block_repeats)
+  if per_session == 1:
+    sequences, scores = search(memory)
+    return _per_session(sequences, scores, num_sessions, per_session)
+  # A position at a time: a search holds its rows' memory once per beam (and the cache
+  # projected from it), and a row's memory grows with the session's width (a copying model's
+  # is every word of the session), so all B * S rows at once would cost S times the
+  # session-width memory of B rows, a search of a log's long sessions gigabytes. Taking
+  # position t of every session keeps each call's rows spread as the batch's sessions are
+  # (over the devices of a sharded batch).
+  found = [search(_at_position(memory, num_sessions, t)) for t in range(per_session)]
+  return _stacked([f[0] for f in found]), _stacked([f[1] for f in found])
 
 
 @functools.partial(jax.jit, static_argnums=(2, 3))
@@ -615,3 +623,16 @@ def _per_session(sequences: jax.Array, scores: jax.Array, num_sessions: int, per
   """[B * P, K, L] and [B * P, K] -> [B, P, K, L] and [B, P, K]."""
   return (sequences.reshape(num_sessions, per_session, *sequences.shape[1:]),
           scores.reshape(num_sessions, per_session, *scores.shape[1:]))
+
+
+@functools.partial(jax.jit, static_argnums=(1,))
+def _at_position(memory: Memory, num_sessions: int, position: jax.Array) -> Memory:
+  """Rows b * S + `position` of memory leaves [B * S, ...] -> [B, ...] (one compilation
+  for every position)."""
+  return jax.tree.map(lambda x: x.reshape(num_sessions, -1, *x.shape[1:])[:, position], memory)
+
+
+@jax.jit
+def _stacked(per_position: list[jax.Array]) -> jax.Array:
+  """P arrays [B, ...] -> [B, P, ...]."""
+  return jnp.stack(per_position, axis=1)
