@@ -333,10 +333,12 @@ def test_beam_of_one_is_greedy(searched):
 
 
 
-def test_every_position_is_searched_a_position_at_a_time(searched):
+
+def test_every_position_is_searched_in_calls_that_bound_the_memory(searched):
   """A search holds its rows' memory once per beam, and a row's memory grows with the
-  session's width: after every position of B sessions of S queries, each call searches the B
-  rows of one position, never the B * S rows at once, and the lists are the same."""
+  session's width: after every position of B sessions S queries wide, a call searches at most
+  SEARCH_POSITIONS_BY_WIDTH // S positions of each session (all of them where S is short, as
+  a corpus's sessions are), and the lists are those of one call over all the rows."""
   model, params, _, beams = searched
   calls = []
   beam_search = search.beam_search
@@ -345,13 +347,35 @@ def test_every_position_is_searched_a_position_at_a_time(searched):
     calls.append(search._num_rows(memory))  # pylint: disable=protected-access
     return beam_search(model, params, memory, **kwargs)
 
+  wide = np.concatenate([QUERIES, QUERIES], axis=1)  # sessions 6 queries wide
+  run = functools.partial(suggest, model, params, beam_size=BEAM, max_len=MAX_LEN,
+                          length_penalty=ALPHA)
+  sessions = QUERIES.shape[0]
+  assert search.SEARCH_POSITIONS_BY_WIDTH // 6 == 4
   with pytest.MonkeyPatch.context() as patch:
     patch.setattr(search, 'beam_search', counted)
-    sequences, scores = suggest(model, params, QUERIES, beam_size=BEAM, max_len=MAX_LEN,
-                                length_penalty=ALPHA)
-  assert calls == [QUERIES.shape[0]] * QUERIES.shape[1]
-  np.testing.assert_array_equal(sequences, beams[0])
-  np.testing.assert_array_equal(scores, beams[1])
+    short = run(QUERIES)
+    assert calls == [sessions * 3]  # 3 positions: one call
+    calls.clear()
+    grouped = run(wide)
+    assert calls == [sessions * 4, sessions * 2]  # positions 0-3, then 4-5
+    calls.clear()
+    patch.setattr(search, 'SEARCH_POSITIONS_BY_WIDTH', 36)
+    at_once = run(wide)
+    assert calls == [sessions * 6]
+    calls.clear()
+    patch.setattr(search, 'SEARCH_POSITIONS_BY_WIDTH', 6)
+    one_by_one = run(wide)
+    assert calls == [sessions] * 6
+  np.testing.assert_array_equal(short[0], beams[0])
+  np.testing.assert_array_equal(short[1], beams[1])
+  for split in (grouped, one_by_one):
+    np.testing.assert_array_equal(split[0], at_once[0])
+    # Another call's row count may round the scores otherwise (XLA on a CPU).
+    np.testing.assert_allclose(split[1], at_once[1], rtol=0, atol=1e-5)
+  # A session's first queries are suggested after as they are in the narrower batch.
+  np.testing.assert_array_equal(grouped[0][:, :3], beams[0])
+
 
 def test_last_position_equals_its_row_of_all_positions(searched):
   model, params, _, beams = searched

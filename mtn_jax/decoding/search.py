@@ -48,6 +48,10 @@ from mtn_jax.data.vocab import Vocab
 from mtn_jax.decoding import mbr
 
 NEVER_EMITTED = (PAD_ID, BOS_ID, SEP_ID)
+# After every position of sessions S queries wide, `search_sessions` searches at most this
+# // S positions of each session a call (one at least): a call's memory grows with its rows
+# times their width.
+SEARCH_POSITIONS_BY_WIDTH = 25
 
 Memory = Any  # a pytree of arrays, every leaf [N, ...]
 
@@ -568,8 +572,8 @@ def search_sessions(model, params, batch: Mapping[str, jax.Array | np.ndarray],
       sessions end in all-padding rows.
     settings: beam size, length, length penalty and `<unk>` (`top_k` is the caller's).
     positions: 'all': suggest after every position t = 0..S-1 (P = S, padding positions
-      included; searched a position at a time, B rows a call); 'last': only after each
-      session's last real query (P = 1).
+      included; searched SEARCH_POSITIONS_BY_WIDTH // S positions at a time, all of them
+      where S is short); 'last': only after each session's last real query (P = 1).
     lengths: int [B], real queries per session, 1..S; needed for positions='last'.
   Returns:
     sequences: int32 [B, P, beam_size, max_len], as `beam_search` returns them.
@@ -604,17 +608,21 @@ def search_sessions(model, params, batch: Mapping[str, jax.Array | np.ndarray],
   search = functools.partial(beam_search, model, params, beam_size=settings.beam_size,
                              max_len=settings.max_len, length_penalty=settings.length_penalty,
                              emit_unk=settings.emit_unk, block_repeats=settings.block_repeats)
-  if per_session == 1:
+  # A search holds its rows' memory once per beam (and the cache projected from it), and a
+  # row's memory grows with the session's width S (a copying model's is every word of the
+  # session): all B * S rows at once cost the square of the width, a log's long sessions
+  # gigabytes. So a call takes `group` positions of every session, at most
+  # SEARCH_POSITIONS_BY_WIDTH // S of them: sessions as short as a corpus's in one call, as
+  # before, a long one's positions a few at a time. Position slices keep each call's rows
+  # spread as the batch's sessions are (over the devices of a sharded batch).
+  group = max(1, SEARCH_POSITIONS_BY_WIDTH // per_session)
+  if group >= per_session:
     sequences, scores = search(memory)
     return _per_session(sequences, scores, num_sessions, per_session)
-  # A position at a time: a search holds its rows' memory once per beam (and the cache
-  # projected from it), and a row's memory grows with the session's width (a copying model's
-  # is every word of the session), so all B * S rows at once would cost S times the
-  # session-width memory of B rows, a search of a log's long sessions gigabytes. Taking
-  # position t of every session keeps each call's rows spread as the batch's sessions are
-  # (over the devices of a sharded batch).
-  found = [search(_at_position(memory, num_sessions, t)) for t in range(per_session)]
-  return _stacked([f[0] for f in found]), _stacked([f[1] for f in found])
+  found = [search(_positions(memory, num_sessions, start, min(group, per_session - start)))
+           for start in range(0, per_session, group)]
+  return (_joined([f[0] for f in found], num_sessions),
+          _joined([f[1] for f in found], num_sessions))
 
 
 @functools.partial(jax.jit, static_argnums=(2, 3))
@@ -625,14 +633,15 @@ def _per_session(sequences: jax.Array, scores: jax.Array, num_sessions: int, per
           scores.reshape(num_sessions, per_session, *scores.shape[1:]))
 
 
+@functools.partial(jax.jit, static_argnums=(1, 2, 3))
+def _positions(memory: Memory, num_sessions: int, start: int, count: int) -> Memory:
+  """Rows b * S + t, t in [start, start + count), of memory leaves [B * S, ...] ->
+  [B * count, ...], session-major."""
+  return jax.tree.map(lambda x: x.reshape(num_sessions, -1, *x.shape[1:])[
+      :, start:start + count].reshape(-1, *x.shape[1:]), memory)
+
+
 @functools.partial(jax.jit, static_argnums=(1,))
-def _at_position(memory: Memory, num_sessions: int, position: jax.Array) -> Memory:
-  """Rows b * S + `position` of memory leaves [B * S, ...] -> [B, ...] (one compilation
-  for every position)."""
-  return jax.tree.map(lambda x: x.reshape(num_sessions, -1, *x.shape[1:])[:, position], memory)
-
-
-@jax.jit
-def _stacked(per_position: list[jax.Array]) -> jax.Array:
-  """P arrays [B, ...] -> [B, P, ...]."""
-  return jnp.stack(per_position, axis=1)
+def _joined(groups: list[jax.Array], num_sessions: int) -> jax.Array:
+  """Arrays [B * count_i, ...] of consecutive position groups -> [B, sum count_i, ...]."""
+  return jnp.concatenate([g.reshape(num_sessions, -1, *g.shape[1:]) for g in groups], axis=1)
