@@ -332,8 +332,6 @@ def test_beam_of_one_is_greedy(searched):
   assert any(ended) and not all(ended)  # both cases met
 
 
-
-
 def test_every_position_is_searched_in_calls_that_bound_the_memory(searched):
   """A search holds its rows' memory once per beam, and a row's memory grows with the
   session's width: after every position of B sessions S queries wide, a call searches at most

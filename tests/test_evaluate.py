@@ -753,8 +753,8 @@ def test_decode_of_a_raw_log_writes_every_point_once_across_chunks(tmp_path, mon
 
 def test_decode_of_a_log_of_another_time_form_is_refused_leaving_no_output(tmp_path,
                                                                          monkeypatch):
-  """The new user's log (the header, ISO times): refused in one line naming the time's form,
-  where it was decoded as sessions of a user id, a query and a time; no output is left."""
+  """A log with its header and ISO times: refused in one line naming the time's form (not
+  decoded as sessions of a user id, a query and a time); no output is left."""
   monkeypatch.setattr(pipeline.Pipeline, 'load', StandInPipeline(max_session_queries=3).load)
   log = tmp_path / 'iso.tsv'
   log.write_text(RAW_HEADER + ISO_LOG, encoding='utf-8')
