@@ -616,21 +616,11 @@ def search_sessions(model, params, batch: Mapping[str, jax.Array | np.ndarray],
   # before, a long one's positions a few at a time. Position slices keep each call's rows
   # spread as the batch's sessions are (over the devices of a sharded batch).
   group = max(1, SEARCH_POSITIONS_BY_WIDTH // per_session)
-  if group >= per_session:
-    sequences, scores = search(memory)
-    return _per_session(sequences, scores, num_sessions, per_session)
-  found = [search(_positions(memory, num_sessions, start, min(group, per_session - start)))
-           for start in range(0, per_session, group)]
+  found = ([search(memory)] if group >= per_session else
+           [search(_positions(memory, num_sessions, start, min(group, per_session - start)))
+            for start in range(0, per_session, group)])
   return (_joined([f[0] for f in found], num_sessions),
           _joined([f[1] for f in found], num_sessions))
-
-
-@functools.partial(jax.jit, static_argnums=(2, 3))
-def _per_session(sequences: jax.Array, scores: jax.Array, num_sessions: int, per_session: int
-                 ) -> tuple[jax.Array, jax.Array]:
-  """[B * P, K, L] and [B * P, K] -> [B, P, K, L] and [B, P, K]."""
-  return (sequences.reshape(num_sessions, per_session, *sequences.shape[1:]),
-          scores.reshape(num_sessions, per_session, *scores.shape[1:]))
 
 
 @functools.partial(jax.jit, static_argnums=(1, 2, 3))
@@ -643,5 +633,6 @@ def _positions(memory: Memory, num_sessions: int, start: int, count: int) -> Mem
 
 @functools.partial(jax.jit, static_argnums=(1,))
 def _joined(groups: list[jax.Array], num_sessions: int) -> jax.Array:
-  """Arrays [B * count_i, ...] of consecutive position groups -> [B, sum count_i, ...]."""
+  """Arrays [B * count_i, ...] of consecutive position groups (one: every position) ->
+  [B, sum count_i, ...]."""
   return jnp.concatenate([g.reshape(num_sessions, -1, *g.shape[1:]) for g in groups], axis=1)

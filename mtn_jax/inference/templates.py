@@ -47,11 +47,10 @@ def edits(previous: str) -> Iterator[tuple[str, str]]:
     yield 'drop_last', ' '.join(words[:-1])
     yield 'drop_first', ' '.join(words[1:])
     yield 'join', ''.join(words)
-  name = ''.join(words)
-  if _SITE_NAME.match(name) and not _SITE.match(previous):
+  name, site = ''.join(words), _SITE.match(previous)
+  if _SITE_NAME.match(name) and not site:
     yield 'dotcom', name + '.com'
     yield 'www', 'www.' + name + '.com'
-  site = _SITE.match(previous)
   if len(words) == 1 and site:
     yield 'strip_site', site.group(1)
 
