@@ -702,8 +702,9 @@ class StandInPipeline:
     self.past_read, self.config, self.asked = 0, None, []
 
   def load(self, config, workdir, log=print):
-    del workdir, log
+    del workdir
     self.config = config
+    log('Note: a stand-in.')
     return self
 
   def how(self):
@@ -772,13 +773,14 @@ def test_suggest_keeps_a_typed_sessions_last_queries_and_the_earlier_ones_as_its
   """--mode=suggest: a session longer than the model's table keeps its last queries, a new
   session is given the queries typed before it as its history, the list is numbered from 1,
   a query cut to the model's words says so, and the protocol is the user-facing one unless
-  the config sets one."""
+  the config sets one. The pipeline's notes go apart from the lists."""
   stand_in = StandInPipeline(max_session_queries=3)
   stand_in.past_read = 1000  # a pipeline that reads a past says the typed sessions are it
   monkeypatch.setattr(pipeline.Pipeline, 'load', stand_in.load)
   typed = io.StringIO('cheap\nflights\nboston\nhotels red sox boston\n\nred sox\n')
-  shown = io.StringIO()
-  suggest.interactive(demo.get_config(), '/nowhere', stdin=typed, stdout=shown)
+  shown, notes = io.StringIO(), io.StringIO()
+  suggest.interactive(demo.get_config(), '/nowhere', stdin=typed, stdout=shown, notes=notes)
+  assert notes.getvalue() == 'Note: a stand-in.\n'
   assert stand_in.config.decode.exclude_session_queries is True
   assert stand_in.asked == [
       (('cheap',), ()), (('cheap', 'flights'), ()), (('cheap', 'flights', 'boston'), ()),

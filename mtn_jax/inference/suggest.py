@@ -299,8 +299,11 @@ def decode_file(config: ml_collections.ConfigDict, workdir: str) -> dict:
 
 
 def interactive(config: ml_collections.ConfigDict, workdir: str, stdin: TextIO = sys.stdin,
-                stdout: TextIO = sys.stdout) -> None:
+                stdout: TextIO = sys.stdout, notes: TextIO | None = None) -> None:
   """Suggestions after each query a person types; an empty line starts a new session.
+
+  `stdout` holds the banner and the lists alone; the pipeline's notes on how it was loaded go
+  to `notes` (standard error by default), so that piped lists hold nothing else.
 
   Every context is padded to the model's query-position table, so there is one compilation
   for the whole conversation (the models are causal over queries, so the padding changes
@@ -309,7 +312,9 @@ def interactive(config: ml_collections.ConfigDict, workdir: str, stdin: TextIO =
   if stdin is None or stdin.closed:
     raise errors.Error('suggest reads the queries from standard input, which is closed')
   config = with_protocol(config, user_facing=True)
-  suggestions = pipeline.Pipeline.load(config, workdir)
+  notes = notes or sys.stderr
+  suggestions = pipeline.Pipeline.load(
+      config, workdir, log=lambda text, **_: print(text, file=notes, flush=True))
   cfg = suggestions.trained.cfg
   reader = inputs.QueryReader.for_model(suggestions.trained)
   prompt = stdin.isatty()
