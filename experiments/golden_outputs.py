@@ -30,6 +30,8 @@ import tempfile
 import time
 from collections.abc import Mapping
 
+# Each run evaluates its split's first sessions alone.
+EVAL_SESSIONS = 16
 # The sizes of the tests (tests/cli.py), written out: the record must not move with them.
 # `config.model` holds the keys of its model's family only: the attention models' sizes and
 # warm-up go to the generator (MTN) and the Poly-encoder, not to IMDNA, which reads none of them.
@@ -37,7 +39,7 @@ TINY = ('--config.data.demo_users=150', '--config.data.max_session_queries=3',
         '--config.data.min_word_count=2', '--config.model.emb_dim=16',
         '--config.train.learning_rate=0.3', '--config.input.train_queries_per_batch=240',
         '--config.input.eval_queries_per_batch=480', '--config.decode.batch_sessions=32',
-        '--config.decode.max_eval_sessions=16')
+        f'--config.decode.max_eval_sessions={EVAL_SESSIONS}')
 ATTENTION = TINY + (
     '--config.train.warmup_steps=10',  # the attention models' schedule; IMDNA's has none
     '--config.model.d_model=16', '--config.model.num_heads=2', '--config.model.ff_dim=32',
@@ -49,7 +51,7 @@ IMDNA = ('--config.data.source=demo', '--config.model.emb_dim=8', '--config.mode
          '--config.imdna.batch_size=16', '--config.train.max_steps=3')
 ZAM = ('--config.data.demo_users=150', '--config.data.max_session_queries=4',
        '--config.model.emb_dim=16', '--config.input.train_queries_per_batch=240',
-       '--config.decode.max_eval_sessions=16', '--config.train.max_steps=6')
+       f'--config.decode.max_eval_sessions={EVAL_SESSIONS}', '--config.train.max_steps=6')
 HABITS = ('--config.suggest.habit_rate=0.01', '--config.suggest.habit_min_past=1')
 
 
@@ -74,6 +76,10 @@ _FIGURES = ('split', 'sessions', 'pairs', 'scores', 'scores_excluding_session', 
 
 
 def evaluated(workdir: pathlib.Path, prefix: str = '') -> dict:
+  # The files of an evaluation of the first sessions alone: `first16_` after the split and
+  # strategy since 2026-12-01, the whole split's names before (either commit may be recorded).
+  if (workdir / 'eval' / f'{prefix}first{EVAL_SESSIONS}_results.json').exists():
+    prefix = f'{prefix}first{EVAL_SESSIONS}_'
   results = json.loads((workdir / 'eval' / f'{prefix}results.json').read_text())
   record = {key: results[key] for key in _FIGURES if key in results}
   for name in ('lists', 'samples'):
@@ -123,7 +129,7 @@ def record(repo: str, root: pathlib.Path, ranker_args: list[str]) -> dict:
   _run(repo, zam, *ZAM, config='configs/zam_aol.py:demo')
   # The sessions decoded: the test split's contexts, as eval lists them.
   _run(repo, generator, *ATTENTION, mode='eval')
-  contexts = [s['context'] for s in _jsonl(generator / 'eval' / 'samples.jsonl')]
+  contexts = [s['context'] for s in evaluated(generator)['samples']]
   sessions_file = root / 'sessions.txt'
   sessions_file.write_text(''.join('\t'.join(c) + '\n' for c in contexts))
 

@@ -156,7 +156,7 @@ def run_all(config: ml_collections.ConfigDict, workdir: str) -> dict:
     return results
   if issubclass(tasks.task_class(config.model), tasks.BringsOwnData):  # its own measures, no report
     return results
-  prefix = evaluation.results_prefix(config.decode.eval_split, config.suggest.strategy)
+  prefix = evaluation.results_prefix(config)
   results_path = os.path.join(workdir, 'eval', f'{prefix}results.json')
   if 'model' not in results['scores']:
     # A Cross-encoder cannot score the whole pool: it suggests only by reranking another

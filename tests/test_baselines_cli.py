@@ -110,7 +110,7 @@ def test_training_lowers_the_loss_and_resumes_where_it_stopped(baseline):
 
 
 def test_eval_restores_the_best_checkpoint(baseline):
-  results = json.loads((baseline.workdir / 'eval' / 'results.json').read_text())
+  results = json.loads((baseline.workdir / 'eval' / 'first8_results.json').read_text())
   valid = metric_writer.read_metrics(str(baseline.workdir), 'valid')
   best = min(valid, key=lambda r: r['loss'])['step']
   assert results['model'] == baseline.model and results['step'] == best
@@ -128,7 +128,7 @@ def test_decode_gives_the_evaluated_top_k(baseline, tmp_path):
   # Evaluation searches every position of a session in one pass; decoding each prefix from
   # a file must give the same ranked suggestions with the same scores.
   samples = [json.loads(line) for line in
-             (baseline.workdir / 'eval' / 'samples.jsonl').read_text().splitlines()]
+             (baseline.workdir / 'eval' / 'first8_samples.jsonl').read_text().splitlines()]
   assert samples
   sessions_file = tmp_path / 'prefixes.tsv'
   sessions_file.write_text(''.join('\t'.join(s['context']) + '\n' for s in samples),

@@ -157,7 +157,7 @@ def test_eval_files_hold_every_pairs_lists_and_the_samples_in_pair_order(tmp_pat
            True: [[{'query': 'b', 'score': -0.5}], [], []]}
   lists = evaluate.Lists(shown, {}, None, {}, 'MTN', 1.0)
   evaluate.write_results(str(tmp_path), {'split': 'valid', 'pairs': 3}, lists, pairs,
-                         strategy='generate', seed=0)
+                         prefix='valid_', seed=0)
   eval_dir = tmp_path / 'eval'
   assert f'Results: {eval_dir / "valid_results.json"}' in capsys.readouterr().out
   assert sorted(os.listdir(eval_dir)) == ['valid_lists.jsonl', 'valid_results.json',
@@ -1122,7 +1122,7 @@ def test_the_charts_draw_each_runs_figures_and_the_layer_ablation_in_the_papers_
 def report_config(workdirs: str, output: str) -> ml_collections.ConfigDict:
   """The keys the report reads: the runs, where it goes, and which eval files it reports."""
   return ml_collections.ConfigDict({'report': {'workdirs': workdirs, 'output': output},
-                                    'decode': {'eval_split': 'test'},
+                                    'decode': {'eval_split': 'test', 'max_eval_sessions': 0},
                                     'suggest': {'strategy': 'generate'}})
 
 
@@ -1199,6 +1199,20 @@ def test_a_report_of_runs_on_different_splits_says_so(tmp_path, capsys):
     report.write_report(report_config(','.join(same), str(tmp_path / 'out3')), same[0])
     text = (tmp_path / 'out3' / 'report.md').read_text(encoding='utf-8')
     assert ('different test splits (pairs: 1,234 each)' in text) == noted
+
+
+@pytest.mark.parametrize('split, strategy, limit, prefix', [
+    ('test', 'generate', 0, ''), ('valid', 'generate', 0, 'valid_'),
+    ('test', 'learned', 0, 'learned_'), ('valid', 'blend', 0, 'valid_blend_'),
+    ('test', 'generate', 100, 'first100_'), ('valid', 'learned', 8, 'valid_learned_first8_')])
+def test_the_files_of_an_evaluation_are_named_after_its_split_strategy_and_limit(
+    split, strategy, limit, prefix):
+  """An evaluation of a split's first sessions alone (a quick look) is filed apart from the
+  whole split's, which it would otherwise replace."""
+  config = demo.get_config()
+  config.decode.eval_split, config.suggest.strategy = split, strategy
+  config.decode.max_eval_sessions = limit
+  assert evaluate.results_prefix(config) == prefix
 
 
 def test_report_refuses_missing_and_unevaluated_workdirs(tmp_path):

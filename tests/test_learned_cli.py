@@ -73,9 +73,11 @@ def test_one_train_command_makes_the_generators_and_the_ranker(learned_run):
   shares = list(meta['importance'].values())
   assert shares == sorted(shares, reverse=True) and sum(shares) == pytest.approx(1, abs=0.01)
   assert (workdir / 'folds' / 'fold0' / 'checkpoints').is_dir()
-  # The job evaluates and reports the strategy's lists (eval/learned_*), not the beam's.
-  assert f'Results:     {workdir / "eval" / "learned_results.json"}' in out
-  assert not (workdir / 'eval' / 'results.json').exists()
+  # The job evaluates and reports the strategy's lists (eval/learned_*), not the beam's; of
+  # the first sessions alone (config.decode.max_eval_sessions), in files of their own.
+  assert f'Results:     {workdir / "eval" / "learned_first12_results.json"}' in out
+  assert sorted(p.name for p in (workdir / 'eval').iterdir()) == [
+      f'learned_first12_{name}' for name in ('lists.jsonl', 'results.json', 'samples.jsonl')]
   report_text = (workdir / 'report' / 'report.md').read_text()
   assert 'the suggestions of the learned strategy' in report_text
   # Run again: everything is current, nothing is trained again.
@@ -92,7 +94,7 @@ def test_eval_decode_and_serve_give_the_same_learned_lists(learned_run, tmp_path
                    r'ranker over generate:4,popular:4,cooccurring:4,templates:4\.\n',
                    evaluated), evaluated
   assert re.search(r'\n  learned: .*, 4 sources by the learned ranker  BLEU = ', evaluated)
-  results = json.loads((workdir / 'eval' / 'learned_results.json').read_text())
+  results = json.loads((workdir / 'eval' / 'learned_first12_results.json').read_text())
   assert results['strategy']['strategy'] == 'learned'
   # Each source alone is scored beside the ranker's lists, and printed with its figures.
   assert {'model', 'generate', 'popular', 'cooccurring', 'templates'} <= set(
@@ -100,7 +102,7 @@ def test_eval_decode_and_serve_give_the_same_learned_lists(learned_run, tmp_path
   for key in results['scores']:
     assert results['scores'][key]['line'] in evaluated, key
   assert 'Reformulation templates (a source)' in evaluated
-  lists_path = workdir / 'eval' / 'learned_lists.jsonl'
+  lists_path = workdir / 'eval' / 'learned_first12_lists.jsonl'
   assert_decode_writes_what_eval_scored(workdir, lists_path, tmp_path, *FEW, *LEARNED)
   # The service, as --mode=serve builds it, shows the user-facing lists eval scored.
   pairs = read_jsonl(lists_path)
@@ -155,8 +157,8 @@ def test_a_users_past_as_a_source_eval_decode_and_serve_agree(learned_run, tmp_p
   assert max(proposed) == PAST, collections.Counter(proposed)
   assert any(group.get('history_about') for group in groups)
   cli.run(workdir, *FEW, *plan, mode='eval')
-  lists_path = workdir / 'eval' / 'learned_lists.jsonl'
-  results = json.loads((workdir / 'eval' / 'learned_results.json').read_text())
+  lists_path = workdir / 'eval' / 'learned_first12_lists.jsonl'
+  results = json.loads((workdir / 'eval' / 'learned_first12_results.json').read_text())
   assert {'history', 'history_about'} <= set(results['scores_excluding_session'])
   pairs = read_jsonl(lists_path)
   test = sessions.load_split(str(workdir / 'data'), 'test')
@@ -193,7 +195,7 @@ def test_the_learned_lists_are_the_rankers_order_before_the_presentation_moves_i
   what only the generator wrote and does not read as a query."""
   workdir, _ = learned_run
   contexts = [Context(tuple(p['context']), len(p['context']) - 1, {})
-              for p in read_jsonl(workdir / 'eval' / 'learned_lists.jsonl')[:8]]
+              for p in read_jsonl(workdir / 'eval' / 'learned_first12_lists.jsonl')[:8]]
   load = lambda *overrides: pipeline.Pipeline.load(cli.config(*FEW, *LEARNED, *overrides),
                                                    str(workdir), log=lambda *a, **k: None)
   unmoved = load('--config.suggest.session_first=0', '--config.suggest.attested_only=False')
@@ -228,7 +230,7 @@ def test_without_a_ranker_the_blend_and_with_a_foreign_one_a_refusal(learned_run
   # Its evaluation names the strategy that suggested (the blend), in the learned_ files.
   evaluated = cli.run(old, *FEW, *LEARNED, mode='eval')
   assert 'blend: ' in evaluated.stdout and 'learned: ' not in evaluated.stdout
-  record = json.loads((old / 'eval' / 'learned_results.json').read_text())
+  record = json.loads((old / 'eval' / 'learned_first12_results.json').read_text())
   assert record['strategy']['strategy'] == 'blend'
   # A ranker trained for another checkpoint: one line naming the file, exit 1.
   meta_path = workdir / 'ranker' / 'ranker.json'

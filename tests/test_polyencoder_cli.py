@@ -97,7 +97,7 @@ def popular_order(workdir) -> list[str]:
 @pytest.mark.slow
 def test_rerank_eval_scores_the_strategy_beside_its_sources(rerank_run):
   generator, poly, reranked = rerank_run
-  results = json.loads((generator / 'eval' / 'rerank_results.json').read_text())
+  results = json.loads((generator / 'eval' / 'rerank_first16_results.json').read_text())
   assert set(results['scores']) == {'model', 'generate', 'retrieve', *trivial.SUGGESTERS}
   assert set(results['scores_excluding_session']) == set(results['scores'])
   strategy = results['strategy']
@@ -108,15 +108,15 @@ def test_rerank_eval_scores_the_strategy_beside_its_sources(rerank_run):
   # config.model describes the generator: the ranker's own model is no difference to note.
   assert 'is not used' not in reranked.stdout, reranked.stdout
   # 'generate' is the workdir's own beam: the figures of its plain evaluation.
-  plain = json.loads((generator / 'eval' / 'results.json').read_text())
+  plain = json.loads((generator / 'eval' / 'first16_results.json').read_text())
   assert results['scores']['generate'] == plain['scores']['model']
   assert results['pairs'] == plain['pairs'] > 0
   # Every reranked suggestion is a pooled candidate: a beam hypothesis, a pool entry (the
   # retrieved ones are), or one of the session's queries so far; best first.
   beams = {(s['session'], s['position']): {c['query'] for c in s['suggestions']}
-           for s in read_jsonl(generator / 'eval' / 'samples.jsonl')}
+           for s in read_jsonl(generator / 'eval' / 'first16_samples.jsonl')}
   pool = pool_texts(poly)
-  samples = read_jsonl(generator / 'eval' / 'rerank_samples.jsonl')
+  samples = read_jsonl(generator / 'eval' / 'rerank_first16_samples.jsonl')
   assert len(samples) == len(beams) > 0
   for sample in samples:
     ranked = sample['suggestions']
@@ -134,7 +134,7 @@ def test_rerank_eval_scores_the_strategy_beside_its_sources(rerank_run):
 @pytest.mark.slow
 def test_rerank_refuses_a_ranker_of_another_vocabulary(rerank_run, tmp_path):
   generator = rerank_run[0]
-  results_path = generator / 'eval' / 'rerank_results.json'
+  results_path = generator / 'eval' / 'rerank_first16_results.json'
   before = results_path.read_text()
   other = tmp_path / 'other'
   cli.run(other, *FEW, '--config.data.min_word_count=3', '--config.train.max_steps=1',
@@ -152,7 +152,7 @@ def test_rerank_refuses_a_ranker_of_another_vocabulary(rerank_run, tmp_path):
 @pytest.mark.slow
 def test_rerank_decode_writes_pooled_candidates_best_first(rerank_run, tmp_path):
   generator, poly, _ = rerank_run
-  samples = read_jsonl(generator / 'eval' / 'rerank_samples.jsonl')
+  samples = read_jsonl(generator / 'eval' / 'rerank_first16_samples.jsonl')
   contexts = [s['context'] for s in samples[:3]]
   sessions_file = tmp_path / 'sessions.txt'
   sessions_file.write_text(''.join('\t'.join(c) + '\n' for c in contexts))
@@ -286,7 +286,7 @@ def test_rerank_adds_imdna_next_queries(imdna_run, rerank_run, tmp_path):
                 '--config.suggest.imdna_proposed=3',
                 f'--config.suggest.imdna_workdir={imdna_run}', mode='eval')
   assert 'IMDNA proposed next queries' in out.stdout
-  results = json.loads((generator / 'eval' / 'rerank_results.json').read_text())
+  results = json.loads((generator / 'eval' / 'rerank_first16_results.json').read_text())
   # retrieved=0: no pool entries, IMDNA's instead.
   assert set(results['scores']) == {'model', 'generate', 'imdna', *trivial.SUGGESTERS}
   strategy = results['strategy']
@@ -295,10 +295,10 @@ def test_rerank_adds_imdna_next_queries(imdna_run, rerank_run, tmp_path):
   # Every reranked suggestion is a beam hypothesis, one of IMDNA's next queries (logged
   # training queries, so pool entries) or a query of the session.
   beams = {(s['session'], s['position']): {c['query'] for c in s['suggestions']}
-           for s in read_jsonl(rerank_run[0] / 'eval' / 'samples.jsonl')}
+           for s in read_jsonl(rerank_run[0] / 'eval' / 'first16_samples.jsonl')}
   pool = pool_texts(poly)
   taken_from_imdna = 0
-  for sample in read_jsonl(generator / 'eval' / 'rerank_samples.jsonl'):
+  for sample in read_jsonl(generator / 'eval' / 'rerank_first16_samples.jsonl'):
     beam = beams[(sample['session'], sample['position'])]
     queries = {s['query'] for s in sample['suggestions']}
     assert queries <= beam | pool | set(sample['context'])
@@ -326,7 +326,7 @@ def test_rerank_with_imdna_and_habits_decodes_what_eval_scored(imdna_run, rerank
             '--config.suggest.imdna_proposed=3', f'--config.suggest.imdna_workdir={imdna_run}',
             *HABITS)
   cli.run(generator, *FEW, *rerank, mode='eval')
-  lists = generator / 'eval' / 'rerank_lists.jsonl'
+  lists = generator / 'eval' / 'rerank_first16_lists.jsonl'
   # The habit rule decided some of these lists: where it names a query, that query is first.
   test = sessions.load_split(str(generator / 'data'), 'test')
   firsts = [[user.first(test.session_texts(i)[:t + 1], 0.01, 1)
@@ -399,7 +399,7 @@ def test_graded_poly_encoder_with_lexical_negatives_trains_and_evaluates(tmp_pat
   assert {p.name for p in (tmp_path / 'data' / 'pool_bm25').glob('*.top_k.npz')} == {
       'train.top_k.npz', 'valid.top_k.npz'}
   run(mode='eval')
-  results = json.loads((tmp_path / 'eval' / 'results.json').read_text())
+  results = json.loads((tmp_path / 'eval' / 'first16_results.json').read_text())
   assert results['pairs'] > 0 and '"r1_of_20"' in json.dumps(results)
 
 
@@ -443,7 +443,7 @@ def test_generate_suggests_and_scores_what_the_code_before_the_move_did(rerank_r
   evaluated = rerank_run[0] / 'first_eval'
   golden.assert_unchanged_since_the_move('generate', evaluated)
   before = golden.before_move()['generate']
-  pairs = read_jsonl(evaluated / 'eval' / 'lists.jsonl')
+  pairs = read_jsonl(evaluated / 'eval' / 'first16_lists.jsonl')
   for exclude, key in ((False, 'suggestions'), (True, 'suggestions_excluding_session')):
     decoded = before[f'decode_exclude_{exclude}']
     assert [r['context'] for r in decoded] == [p['context'] for p in pairs]
@@ -505,10 +505,11 @@ def test_eval_scores_exactly_what_decode_writes(rerank_run, poly_run, tmp_path):
   rerank = ('--config.suggest.strategy=rerank', f'--config.suggest.ranker_workdir={poly}',
             '--config.suggest.popular=3', '--config.suggest.cooccurring=3')
   cli.run(generator, *FEW, *rerank, mode='eval')
-  results = json.loads((generator / 'eval' / 'rerank_results.json').read_text())
+  results = json.loads((generator / 'eval' / 'rerank_first16_results.json').read_text())
   assert {'popular', 'cooccurring'} <= set(results['scores'])
   assert 'the 3 most popular + the 3 most co-occurring' in results['strategy']['label']
-  assert_decode_writes_what_eval_scored(generator, generator / 'eval' / 'rerank_lists.jsonl',
+  assert_decode_writes_what_eval_scored(generator,
+                                        generator / 'eval' / 'rerank_first16_lists.jsonl',
                                         tmp_path, *rerank, protocols=(True,))
   # The Poly-encoder's pool entries for the generator's sessions ('retrieve').
   retrieve = ('--config.suggest.strategy=retrieve', f'--config.suggest.ranker_workdir={poly}')
@@ -516,25 +517,25 @@ def test_eval_scores_exactly_what_decode_writes(rerank_run, poly_run, tmp_path):
   # Retrieved deep enough that top_k are shown once the session's queries are dropped.
   top_k = cli.config(*FEW, *retrieve).decode.top_k
   assert {len(p['suggestions_excluding_session'])
-          for p in read_jsonl(generator / 'eval' / 'retrieve_lists.jsonl')} == {top_k}
+          for p in read_jsonl(generator / 'eval' / 'retrieve_first16_lists.jsonl')} == {top_k}
   assert_decode_writes_what_eval_scored(generator,
-                                        generator / 'eval' / 'retrieve_lists.jsonl',
+                                        generator / 'eval' / 'retrieve_first16_lists.jsonl',
                                         tmp_path, *retrieve, protocols=(False,))
   # The generator's beam blended with the training log's lists by quotas.
   blend = ('--config.suggest.strategy=blend',
            '--config.suggest.blend=popular:2,generate:2,cooccurring:2')
   cli.run(generator, *FEW, *blend, mode='eval')
-  results = json.loads((generator / 'eval' / 'blend_results.json').read_text())
+  results = json.loads((generator / 'eval' / 'blend_first16_results.json').read_text())
   assert {'generate', 'popular', 'cooccurring'} <= set(results['scores'])
   assert results['strategy']['blend'] == 'popular:2,generate:2,cooccurring:2'
-  lists = read_jsonl(generator / 'eval' / 'blend_lists.jsonl')
+  lists = read_jsonl(generator / 'eval' / 'blend_first16_lists.jsonl')
   for pair in lists:  # the two most popular next queries the session does not hold, first
     shown = [s['query'] for s in pair['suggestions_excluding_session']]
     assert [s['source'] for s in pair['suggestions_excluding_session'][:2]] == ['popular'] * 2
     assert shown[:2] == [q for q in popular_order(generator) if q not in pair['context']][:2]
-  assert_decode_writes_what_eval_scored(generator, generator / 'eval' / 'blend_lists.jsonl',
+  assert_decode_writes_what_eval_scored(generator, generator / 'eval' / 'blend_first16_lists.jsonl',
                                         tmp_path, *blend, protocols=(True,))
   # The ranker's own pool entries ('generate' of a ranker).
   cli.run(poly_run[0], *FEW, mode='eval', config=RANKER_CONFIG)
-  assert_decode_writes_what_eval_scored(poly_run[0], poly_run[0] / 'eval' / 'lists.jsonl',
+  assert_decode_writes_what_eval_scored(poly_run[0], poly_run[0] / 'eval' / 'first16_lists.jsonl',
                                         tmp_path, config=RANKER_CONFIG)

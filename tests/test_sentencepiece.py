@@ -262,7 +262,7 @@ def test_cli_trains_and_decodes_with_subwords(tmp_path):
   # Decode reads a query as the corpus that eval reads was cut (words, then pieces; half the
   # demo's queries take more than 12 pieces here): the lists eval scored, both protocols.
   cli.run(tmp_path, *overrides, '--config.decode.max_eval_sessions=8', mode='eval')
-  lists = tmp_path / 'eval' / 'lists.jsonl'
+  lists = tmp_path / 'eval' / 'first8_lists.jsonl'
   pairs = [json.loads(line) for line in lists.read_text().splitlines()]
   vocab = sessions_lib.load_vocab(preprocess.data_dir(str(tmp_path)))
   assert any(len(vocab.encode_text(q)) > 12 for p in pairs for q in p['context'])

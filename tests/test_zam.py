@@ -583,7 +583,7 @@ def test_zam_resumes_bit_for_bit(zam_run):
 @pytest.mark.slow
 def test_zam_eval_reports_the_pool_and_the_history_groups(zam_run, tmp_path):
   workdir, _, _, evaluated = zam_run
-  results = json.loads((workdir / 'eval' / 'results.json').read_text())
+  results = json.loads((workdir / 'eval' / 'first16_results.json').read_text())
   assert results['label'] == 'ZAM'
   pool = results['pool']
   assert pool['pairs'] == results['pairs'] and 0 < pool['pairs_in_pool'] <= pool['pairs']
@@ -596,7 +596,7 @@ def test_zam_eval_reports_the_pool_and_the_history_groups(zam_run, tmp_path):
   # Eval's lists, under both protocols, are what decode writes for a log of those users'
   # sessions: the same queries in the same order, the same scores. The log holds each user's
   # earlier sessions (from every split), so decode attends over the history eval read.
-  lists = workdir / 'eval' / 'lists.jsonl'
+  lists = workdir / 'eval' / 'first16_lists.jsonl'
   pairs = read_jsonl(lists)
   assert len(pairs) == results['pairs'] and groups['with_history']['pairs'] > 0
   pool_texts = set(candidates.load_pool(str(workdir / 'data')).texts)
@@ -615,7 +615,7 @@ def test_personalised_mtn_trains_and_evaluates_by_history(tmp_path):
                 '--config.model.user_memory=zero_attention', '--config.data.history_queries=8',
                 '--config.data.split_by=time', '--config.train.max_steps=4',
                 '--config.decode.max_eval_sessions=16', '--config.decode.top_k=3', mode='all')
-  results = json.loads((tmp_path / 'eval' / 'results.json').read_text())
+  results = json.loads((tmp_path / 'eval' / 'first16_results.json').read_text())
   assert results['model_config']['user_memory'] == 'zero_attention'
   assert set(results['by_history']) == {'with_history', 'short_history', 'without_history'}
   assert 'with history' in run.stdout

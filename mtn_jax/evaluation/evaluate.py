@@ -8,7 +8,9 @@ Out: `<workdir>/eval/<prefix>results.json`, `<prefix>samples.jsonl` and `<prefix
      and the figures printed. The prefix (`results_prefix`) names the split and strategy
      where they are not the test split and 'generate': `valid_` for the validation split (for
      tuning decoding settings without touching the test split), `learned_`,
-     `valid_learned_`, ...; the report reads the files of the config's split and strategy.
+     `valid_learned_`, ..., and `first<N>_` after them for an evaluation of the split's first
+     N sessions alone (`config.decode.max_eval_sessions`); the report reads the files the
+     config names.
 `evaluate` runs four steps: the lists (`decode_lists`), their scores (`scores`), the printed
 figures (`print_results`), the files (`write_results`).
 
@@ -230,7 +232,7 @@ def evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict:
                    total_sessions=total_sessions, started=started)
   print_results(results, lists, log)
   if is_writer:
-    write_results(workdir, results, lists, pairs, strategy=config.suggest.strategy,
+    write_results(workdir, results, lists, pairs, prefix=results_prefix(config),
                   seed=config.seed)
   return results
 
@@ -467,11 +469,17 @@ def print_results(results: dict, lists: Lists, log) -> None:
     log(f'  {group.replace("_", " ")} ({figures["pairs"]:,} pairs): {line}')
 
 
-def results_prefix(split: str, strategy: str) -> str:
-  """The prefix of the eval/ files of `split` under `strategy`: '' for the test split and
-  'generate' (the paper's), 'valid_', 'learned_', 'valid_learned_', ... otherwise."""
-  return ('' if split == 'test' else f'{split}_') + ('' if strategy == 'generate'
-                                                     else f'{strategy}_')
+def results_prefix(config: ml_collections.ConfigDict) -> str:
+  """The prefix of the eval/ files of `config.decode.eval_split` under
+  `config.suggest.strategy`: '' for the test split and 'generate' (the paper's), 'valid_',
+  'learned_', 'valid_learned_', ... otherwise; then 'first<N>_' where
+  `config.decode.max_eval_sessions` = N limits the evaluation, so that a quick look at a few
+  sessions never replaces the whole split's files."""
+  split, strategy = config.decode.eval_split, config.suggest.strategy
+  limit = config.decode.max_eval_sessions
+  return (('' if split == 'test' else f'{split}_')
+          + ('' if strategy == 'generate' else f'{strategy}_')
+          + (f'first{limit}_' if limit else ''))
 
 
 def split_digest(split) -> str:
@@ -482,11 +490,10 @@ def split_digest(split) -> str:
                         ).hexdigest()
 
 
-def write_results(workdir: str, results: dict, lists: Lists, pairs: Pairs, *, strategy: str,
+def write_results(workdir: str, results: dict, lists: Lists, pairs: Pairs, *, prefix: str,
                   seed: int) -> None:
   """`<workdir>/eval/`: results.json, every pair's lists (lists.jsonl) and a seeded sample of
-  pairs (samples.jsonl), prefixed by the split and strategy where they are not the test
-  split and 'generate'."""
+  pairs (samples.jsonl), their names after `prefix` (`results_prefix`)."""
   eval_dir = os.path.join(workdir, 'eval')
   os.makedirs(eval_dir, exist_ok=True)
   rng = np.random.default_rng(seed)
@@ -498,7 +505,6 @@ def write_results(workdir: str, results: dict, lists: Lists, pairs: Pairs, *, st
     samples.append({'session': int(pairs.session[pair]), 'position': int(pairs.position[pair]),
                     'context': pairs.contexts[pair], 'predicted': ranked[0] if ranked else '',
                     'actual': pairs.references[pair], 'suggestions': lists.shown[False][pair]})
-  prefix = results_prefix(results['split'], strategy)
   with files.atomic_open(os.path.join(eval_dir, f'{prefix}lists.jsonl')) as f:
     for pair, context in enumerate(pairs.contexts):
       f.write(json.dumps({'session': int(pairs.session[pair]),

@@ -86,11 +86,13 @@ def load_run(workdir: str, prefix: str = '') -> EvaluatedRun:
     if others:
       raise ReportError(f'report workdir {workdir} has no {results_path}; it holds '
                         f'{", ".join(others)} only: a report takes one strategy\'s results '
-                        'on one split from every run, as config.suggest.strategy and '
-                        'config.decode.eval_split name them (a strategy its model has)')
+                        'on one split from every run, as config.suggest.strategy, '
+                        'config.decode.eval_split and config.decode.max_eval_sessions name '
+                        'them (a strategy its model has)')
     raise ReportError(f'report workdir {workdir} has not been evaluated ({results_path} is '
                       'missing): run --mode=eval on it first with the same '
-                      'config.suggest.strategy and config.decode.eval_split')
+                      'config.suggest.strategy, config.decode.eval_split and '
+                      'config.decode.max_eval_sessions')
   try:
     with open(results_path, encoding='utf-8') as f:
       results = json.load(f)
@@ -334,7 +336,7 @@ def write_report(config: ml_collections.ConfigDict, workdir: str,
     workdirs = [w.strip() for w in config.report.workdirs.split(',') if w.strip()] or [workdir]
   if not workdirs:
     raise ReportError('no workdirs to report on: pass --config.report.workdirs=A,B')
-  prefix = evaluate.results_prefix(config.decode.eval_split, config.suggest.strategy)
+  prefix = evaluate.results_prefix(config)
   runs = [load_run(os.path.abspath(w), prefix) for w in workdirs]
   out_dir = os.path.abspath(config.report.output or os.path.join(workdir, 'report'))
   try:
