@@ -40,7 +40,8 @@ def test_every_source_has_a_label_apart_from_the_suggesters():
   """eval's table names each source of a plan in words: one added to the pipeline without a
   label here fails this, not an eval run."""
   assert set(evaluate.STRATEGY_SOURCES) == set(sources.NAMES)
-  labels = [*evaluate.STRATEGY_SOURCES.values(), *trivial.SUGGESTERS.values()]
+  labels = [*evaluate.STRATEGY_SOURCES.values(), *evaluate.BLEND_SOURCES.values(),
+            *trivial.SUGGESTERS.values()]
   assert len(set(labels)) == len(labels)
 
 

@@ -524,7 +524,10 @@ def test_eval_scores_exactly_what_decode_writes(rerank_run, poly_run, tmp_path):
   # The generator's beam blended with the training log's lists by quotas.
   blend = ('--config.suggest.strategy=blend',
            '--config.suggest.blend=popular:2,generate:2,cooccurring:2')
-  cli.run(generator, *FEW, *blend, mode='eval')
+  evaluated = cli.run(generator, *FEW, *blend, mode='eval').stdout
+  # Its co-occurring lists are the followers alone, named apart from the other strategies'.
+  assert 'Co-occurring next queries alone (a source)' in evaluated
+  assert 'then MPC (a source)' not in evaluated
   results = json.loads((generator / 'eval' / 'blend_first16_results.json').read_text())
   assert {'generate', 'popular', 'cooccurring'} <= set(results['scores'])
   assert results['strategy']['blend'] == 'popular:2,generate:2,cooccurring:2'
@@ -533,7 +536,8 @@ def test_eval_scores_exactly_what_decode_writes(rerank_run, poly_run, tmp_path):
     shown = [s['query'] for s in pair['suggestions_excluding_session']]
     assert [s['source'] for s in pair['suggestions_excluding_session'][:2]] == ['popular'] * 2
     assert shown[:2] == [q for q in popular_order(generator) if q not in pair['context']][:2]
-  assert_decode_writes_what_eval_scored(generator, generator / 'eval' / 'blend_first16_lists.jsonl',
+  assert_decode_writes_what_eval_scored(generator,
+                                        generator / 'eval' / 'blend_first16_lists.jsonl',
                                         tmp_path, *blend, protocols=(True,))
   # The ranker's own pool entries ('generate' of a ranker).
   cli.run(poly_run[0], *FEW, mode='eval', config=RANKER_CONFIG)

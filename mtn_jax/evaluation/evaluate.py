@@ -82,12 +82,16 @@ STRATEGY_SOURCES = {'generate': 'Generate (the workdir\'s model)',
                     'retrieve': 'Retrieve (the ranker\'s pool entries)',
                     'imdna': 'IMDNA (next queries of similar sessions)',
                     'popular': 'Popular next queries (a source)',
-                    'cooccurring': 'Co-occurring next queries (a source)',
+                    'cooccurring': 'Co-occurring next queries, then MPC (a source)',
                     'templates': 'Reformulation templates (a source)',
                     'matching': 'Logged queries matching the previous one (a source)',
                     'history': 'The user\'s earlier queries (a source)',
                     'history_about': 'The user\'s earlier queries about the session (a source)',
                     'session': 'The session\'s own queries (a source)'}
+# The blend's own lists where they are not those of `sources` (`pipeline.blend_sources`): its
+# co-occurring queries are the previous query's followers alone, popular ones being a quota of
+# their own.
+BLEND_SOURCES = {'cooccurring': 'Co-occurring next queries alone (a source)'}
 NUM_SAMPLES = 50
 
 
@@ -443,7 +447,10 @@ def print_results(results: dict, lists: Lists, log) -> None:
   log(f'Model size: {results["size_mb"]:.2f} MB (fp32), {results["num_params"]:,} parameters.')
   # The strategy's sources in the order scored, then the trivial suggesters.
   labels = {'model': lists.label} if 'model' in results['scores'] else {}
-  labels |= {key: STRATEGY_SOURCES[key] for key in results['scores']
+  source_labels = (STRATEGY_SOURCES | BLEND_SOURCES
+                   if results.get('strategy', {}).get('strategy') == 'blend'
+                   else STRATEGY_SOURCES)
+  labels |= {key: source_labels[key] for key in results['scores']
              if key != 'model' and key not in trivial.SUGGESTERS}
   labels |= {key: label for key, label in trivial.SUGGESTERS.items() if key in results['scores']}
   width = max(len(n) for n in labels.values())
