@@ -35,7 +35,8 @@ flags.DEFINE_integer('cpu_devices', None,
                      'JAX devices of a CPU-only host: 0 = one per core, N = N devices. Default: '
                      'one per core for training and evaluation (data parallel over the cores), '
                      'one for decode, suggest and serve (parallel.cpu_devices_for says why). '
-                     'XLA_FLAGS\' --xla_force_host_platform_device_count takes precedence.')
+                     'Where XLA_FLAGS\' --xla_force_host_platform_device_count sets a count, it '
+                     'decides (another --cpu_devices is refused).')
 flags.register_validator('cpu_devices', lambda count: count is None or count >= 0,
                          message='--cpu_devices must be >= 0 (0: one per core)')
 flags.mark_flags_as_required(['config', 'workdir'])
@@ -57,7 +58,8 @@ def main(argv):
     cli.check_workdir(workdir)
     if FLAGS.mode != 'preprocess':  # the one mode that runs without JAX
       from mtn_jax import parallel  # pylint: disable=g-import-not-at-top
-      parallel.set_cpu_devices(parallel.cpu_devices_for(FLAGS.mode, FLAGS.cpu_devices))
+      parallel.set_cpu_devices(parallel.cpu_devices_for(FLAGS.mode, FLAGS.cpu_devices),
+                               asked=FLAGS.cpu_devices is not None)
     if FLAGS.distributed:
       import jax  # pylint: disable=g-import-not-at-top
       jax.distributed.initialize(coordinator_address=FLAGS.coordinator_address,

@@ -9,9 +9,12 @@ starts) makes every core a device, so the same data parallelism spreads a step o
 from __future__ import annotations
 
 import os
+import re
 
 import jax
 import numpy as np
+
+from mtn_jax import errors
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
@@ -44,7 +47,7 @@ def cpu_devices_for(mode: str, count: int | None) -> int:
   return 1 if mode in WHOLE_BATCH_MODES else 0
 
 
-def set_cpu_devices(count: int = 0) -> int:
+def set_cpu_devices(count: int = 0, *, asked: bool = False) -> int:
   """Sets how many JAX devices a CPU host shows: `count`, or with 0 one per usable core.
 
   Must run before JAX starts (its first computation or device query). Data parallelism over
@@ -53,7 +56,8 @@ def set_cpu_devices(count: int = 0) -> int:
   too small to split well, this is the faster way to use the cores (docs/PERFORMANCE.md). A
   device count already set through XLA_FLAGS (`--xla_force_host_platform_device_count`) is
   kept; on a GPU host the setting only shapes the idle CPU backend. Returns the count set,
-  or 0 when XLA_FLAGS decides.
+  or 0 when XLA_FLAGS decides. A count the user `asked` for (`--cpu_devices`) that XLA_FLAGS
+  contradicts is refused: the run would train other batches than asked without a word.
 
   It also raises the CPU collectives' abort timeout to `CPU_COLLECTIVE_TIMEOUT_SECONDS`,
   through XLA_FLAGS (XLA reads it when its backend starts), unless XLA_FLAGS already sets
@@ -65,9 +69,16 @@ def set_cpu_devices(count: int = 0) -> int:
   if _XLA_COLLECTIVE_TIMEOUT_FLAG not in xla_flags:
     os.environ['XLA_FLAGS'] = (
         f'{xla_flags} {_XLA_COLLECTIVE_TIMEOUT_FLAG}={CPU_COLLECTIVE_TIMEOUT_SECONDS}'.strip())
+  cores = len(os.sched_getaffinity(0))
   if _XLA_DEVICE_COUNT_FLAG in xla_flags:
+    set_there = re.findall(rf'{_XLA_DEVICE_COUNT_FLAG}=(\d+)', xla_flags)
+    if asked and set_there and int(set_there[-1]) != (count or cores):
+      asked_for = f'{count}' if count else f'0 (one per core: {cores})'
+      raise errors.Error(f'--cpu_devices={asked_for} contradicts XLA_FLAGS, whose '
+                         f'{_XLA_DEVICE_COUNT_FLAG}={set_there[-1]} would decide: unset '
+                         'one of them')
     return 0
-  count = count or len(os.sched_getaffinity(0))
+  count = count or cores
   jax.config.update('jax_num_cpu_devices', count)
   return count
 

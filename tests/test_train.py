@@ -231,6 +231,9 @@ def test_checkpoint_of_another_model_is_refused(reference_run, tmp_path):
     ('--config.decode.mbr=bleu', "config.decode.mbr='bleu': unknown list 'bleu'"),
     ('--config.train.loss_chunk_tokens=0', 'config.train.loss_chunk_tokens must be positive'),
     ('--cpu_devices=-1', '--cpu_devices must be >= 0'),
+    # The tests' XLA_FLAGS set one device: another count asked for would not be the run's.
+    ('--cpu_devices=2', '--cpu_devices=2 contradicts XLA_FLAGS, whose '
+     '--xla_force_host_platform_device_count=1 would decide: unset one of them'),
 ])
 def test_config_errors_fail_before_any_work(tmp_path, override, message):
   result = cli.run(tmp_path, override, check=False, timeout=60)
@@ -269,6 +272,21 @@ def test_cpu_hosts_get_one_device_per_core_unless_told():
   # A count set through XLA_FLAGS wins (the tests' own multi-device runs rely on it).
   assert _cpu_devices_in_a_fresh_process(
       0, '--xla_force_host_platform_device_count=1')[:2] == (0, 1)
+
+
+def test_a_cpu_device_count_asked_for_that_xla_flags_contradicts_is_refused(monkeypatch):
+  """With a device count in XLA_FLAGS (which XLA obeys), a `--cpu_devices` that agrees runs,
+  one that differs is refused rather than ignored; a count nobody asked for (a mode's
+  default) gives way silently."""
+  monkeypatch.setenv('XLA_FLAGS', '--xla_force_host_platform_device_count=1')
+  assert parallel.set_cpu_devices(1, asked=True) == 0
+  assert parallel.set_cpu_devices(2) == 0
+  with pytest.raises(errors.Error, match=r'--cpu_devices=2 contradicts XLA_FLAGS, whose '
+                     r'--xla_force_host_platform_device_count=1 would decide'):
+    parallel.set_cpu_devices(2, asked=True)
+  if len(os.sched_getaffinity(0)) > 1:  # one per core is another count than 1
+    with pytest.raises(errors.Error, match=r'--cpu_devices=0 \(one per core: \d+\)'):
+      parallel.set_cpu_devices(0, asked=True)
 
 
 def test_cpu_collectives_wait_long_for_a_late_device_unless_told(monkeypatch):
