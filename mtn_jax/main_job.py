@@ -48,6 +48,8 @@ WORKDIR_FILES = {
     'serve': 'the service\'s users\' histories and compiled programs',
     'folds': 'the generators trained without one fold of the users each (learned ranker)',
     'ranker': 'the learned ranker (config.suggest.strategy=learned)',
+    'candidate_cache': 'the candidate pool\'s vectors for the best checkpoint (a ranker\'s)',
+    'retrieval': 'IMDNA\'s BM25 indexes of its documents',
 }
 
 

@@ -6,6 +6,7 @@ for another checkpoint is refused in one line; packed to be served elsewhere
 
 import collections
 import hashlib
+import itertools
 import json
 import re
 import shutil
@@ -65,6 +66,9 @@ def test_one_train_command_makes_the_generators_and_the_ranker(learned_run):
   closing = out[out.index('[4/4] The learned ranker'):]
   assert 'Best checkpoint: step' in closing and out.count('The workdir, ') == 1, out
   assert all(f'  {name}/' in closing for name in ('checkpoints', 'folds', 'ranker')), closing
+  listed = list(itertools.takewhile(lambda line: line.startswith('  '),
+                                    closing[closing.index('The workdir, '):].splitlines()[1:]))
+  assert listed and all(len(line.split()) > 1 for line in listed), listed  # each described
   meta = json.loads((workdir / 'ranker' / 'ranker.json').read_text())
   assert meta['sources'] == [['generate', 4], ['popular', 4], ['cooccurring', 4],
                              ['templates', 4]]
