@@ -114,14 +114,24 @@ done
 
 echo "== Report"
 joined=$(IFS=,; echo "${workdirs[*]}")
+# With the overrides, the report reads the files the evaluations wrote (a look at the first N
+# sessions alone, config.decode.max_eval_sessions=N, has files of its own).
 "$PYTHON" -m mtn_jax.main --config=configs/aol.py:small --workdir="$OUT_DIR" --mode=report \
-  --config.suggest.strategy=generate \
+  --config.suggest.strategy=generate "${OVERRIDES[@]}" \
   --config.report.workdirs="$joined" --config.report.output="$OUT_DIR/report"
+# The test split's results file those evaluations wrote (evaluate.results_prefix).
+prefix=""
+for override in "${OVERRIDES[@]}"; do
+  if [[ "$override" == --config.decode.max_eval_sessions=* ]]; then
+    sessions=${override#*=}
+    prefix=$([[ "$sessions" == 0 ]] || echo "first${sessions}_")
+  fi
+done
 
 # Per-model figures beside the report: the best validation perplexity, and the training
 # throughput as the median over the logged windows (the first window holds the compilation,
 # and a window after an epoch's end holds the validation).
-"$PYTHON" - "$OUT_DIR" "${workdirs[@]}" <<'EOF'
+"$PYTHON" - "$OUT_DIR" "${prefix}results.json" "${workdirs[@]}" <<'EOF'
 import csv
 import json
 import os
@@ -130,21 +140,21 @@ import sys
 
 from mtn_jax.training import metric_writer
 
-out_dir, workdirs = sys.argv[1], sys.argv[2:]
+out_dir, results_file, workdirs = sys.argv[1], sys.argv[2], sys.argv[3:]
 with open(os.path.join(out_dir, 'wall_times.tsv'), encoding='utf-8') as f:
   wall = {row['model']: row for row in csv.DictReader(f, delimiter='\t')}
 lines = ['| Workdir | Model | Params | Best valid ppl (step) | Train sessions/s | BLEU | '
          'Train wall (s) | Eval wall (s) |', '|---|---|---:|---:|---:|---:|---:|---:|']
 for workdir in workdirs:
   name = os.path.basename(workdir)
-  with open(os.path.join(workdir, 'eval', 'results.json'), encoding='utf-8') as f:
+  with open(os.path.join(workdir, 'eval', results_file), encoding='utf-8') as f:
     results = json.load(f)
   valid = metric_writer.read_metrics(workdir, 'valid')
   best = min(valid, key=lambda r: r['loss'])
   speeds = [r['sessions_per_s'] for r in metric_writer.read_metrics(workdir, 'train')[1:]]
   throughput = f'{statistics.median(speeds):.0f}' if speeds else '- (one window)'
   lines.append(
-      f'| {name} | {results["model"]} | {results["num_params"]:,} | '
+      f'| {name} | {results["label"]} | {results["num_params"]:,} | '
       f'{best["perplexity"]:.2f} ({best["step"]}) | {throughput} | '
       f'{results["scores"]["model"]["bleu"]:.2f} | {wall[name]["train_s"]} | '
       f'{wall[name]["eval_s"]} |')

@@ -9,6 +9,7 @@ worker, take about as long."""
 from __future__ import annotations
 
 import json
+import re
 import shutil
 import sys
 
@@ -52,6 +53,7 @@ def poly_run(tmp_path_factory):
 def test_poly_encoder_resumes_bit_for_bit(poly_run):
   workdir, straight, resumed = poly_run
   assert 'Resuming from' in resumed.stdout
+  assert re.search(r' \d+ sessions/s \d+ contexts/s, ', resumed.stdout)  # a ranker's pace
   from mtn_jax.training import metric_writer  # pylint: disable=g-import-not-at-top
   a = metric_writer.read_metrics(str(workdir), 'train')
   b = metric_writer.read_metrics(str(straight), 'train')
@@ -216,7 +218,9 @@ IMDNA_TINY = ('--config.data.source=demo', '--config.model.emb_dim=8',
 def imdna_run(tmp_path_factory):
   """A 3-step IMDNA on the generator's demo sessions (its vocabulary is its own)."""
   workdir = tmp_path_factory.mktemp('imdna')
-  cli.run(workdir, *FEW, *IMDNA_TINY, config='configs/imdna_aol.py')
+  trained = cli.run(workdir, *FEW, *IMDNA_TINY, config='configs/imdna_aol.py')
+  # Its pace in its own terms: a batch's rows are question slots, its 'tokens' questions.
+  assert re.search(r' \d+ question slots/s \d+ questions/s, ', trained.stdout), trained.stdout
   return workdir
 
 
@@ -368,7 +372,6 @@ def test_imdna_of_other_sessions_is_refused(rerank_run, tmp_path):
 
 @pytest.mark.slow
 def test_rerank_oracle_script_prints_each_choice(rerank_run):
-  import re  # pylint: disable=g-import-not-at-top
   import subprocess  # pylint: disable=g-import-not-at-top
   generator, poly, _ = rerank_run
   result = subprocess.run(

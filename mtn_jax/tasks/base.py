@@ -65,9 +65,12 @@ class Task(Protocol):
       only the loss reads: targets, negatives), which decode and the service give it.
     model: the Linen module.
     reads_users: whether the model reads who the user is or their earlier queries.
+    PACE_WORDS: what the trainer's pace line counts a second (a batch's rows, the loss's
+      'tokens').
   """
 
   cfg: ModelConfig
+  PACE_WORDS: tuple[str, str]
 
   @property
   def input_keys(self) -> tuple[str, ...]: ...
@@ -252,6 +255,8 @@ class ModelTask:
 
   # The keys of `input_keys` that only the loss reads (a subclass's targets, negatives).
   LOSS_KEYS: ClassVar[tuple[str, ...]] = ()
+  # What the trainer's pace line counts a second: a batch's rows, and the loss's 'tokens'.
+  PACE_WORDS: ClassVar[tuple[str, str]] = ('sessions', 'tokens')
 
   @property
   def context_keys(self) -> tuple[str, ...]:
@@ -392,7 +397,8 @@ class RankingTask(ModelTask):
   A subclass sets `from_config` (and `example_batch`, where its model reads more than the
   queries), its loss (`loss_sums`, with
   'loss', 'nll', 'correct', 'tokens', 'pairs' sums, 'tokens' counting the scored contexts so
-  the trainer's per-token figures are per context), and how it scores candidates:
+  the trainer's per-token figures are per context, `PACE_WORDS` saying so), and how it scores
+  candidates:
     `encode_candidates(params, candidates int32 [C, n])` -> the part of the pool's scoring
       that depends on the candidates alone, computed once per checkpoint
       (`mtn_jax.inference.retrieval` caches it);
@@ -406,6 +412,8 @@ class RankingTask(ModelTask):
   Attributes:
     cfg: the model's config.
   """
+
+  PACE_WORDS: ClassVar[tuple[str, str]] = ('sessions', 'contexts')
 
   def context_inputs(self, split, vocab) -> SplitInputs:
     """Nothing beyond the queries (a subclass that reads a user says what)."""

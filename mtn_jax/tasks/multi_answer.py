@@ -46,6 +46,7 @@ class IMDNATask(base.ModelTask):
 
   input_keys = ('question', 'documents', 'answers')
   LOSS_KEYS = ('answers',)
+  PACE_WORDS = ('question slots', 'questions')  # a batch's rows, the real questions among them
   check_config = staticmethod(check_config)  # config_lib.validate asks it before any work
 
   @classmethod

@@ -432,13 +432,17 @@ class _TrainMonitor:
 
   Pace figures (sessions/s, tokens/s, the time left) leave out the time spent compiling the
   step for each new batch shape: counting it made a two-minute run announce half an hour left.
+  The log line names them as the task counts them (`pace_words`: a batch's rows, the loss's
+  'tokens'); metrics.jsonl keeps the keys 'sessions_per_s' and 'tokens_per_s'.
   """
 
   def __init__(self, *, writer, log, schedule, steps_per_epoch: int, total_steps: int,
-               last_good_checkpoint, window: Sequence[dict] = ()):
+               last_good_checkpoint, window: Sequence[dict] = (),
+               pace_words: tuple[str, str] = ('sessions', 'tokens')):
     """`window`: the metrics of the steps after the last log line that a stopped run saved
     with its checkpoint (`window()`), so the resumed run's next line covers them too."""
     self._writer, self._log, self._schedule = writer, log, schedule
+    self._pace_words = pace_words
     self._steps_per_epoch, self._total_steps = steps_per_epoch, total_steps
     self._last_good_checkpoint = last_good_checkpoint
     self._pending: list[tuple[int, dict]] = [
@@ -513,8 +517,9 @@ class _TrainMonitor:
            else f' (cross-entropy {scalars["nll"]:.4f})')
     self._log(f'step {step}/{self._total_steps} epoch {scalars["epoch"]:.2f} loss '
               f'{scalars["loss"]:.4f}{nll} lr {scalars["learning_rate"]:.2e} '
-              f'{scalars["sessions_per_s"]:.0f} sessions/s {scalars["tokens_per_s"]:.0f} '
-              f'tokens/s, {_duration(scalars["eta_s"])} left', flush=True)
+              f'{scalars["sessions_per_s"]:.0f} {self._pace_words[0]}/s '
+              f'{scalars["tokens_per_s"]:.0f} {self._pace_words[1]}/s, '
+              f'{_duration(scalars["eta_s"])} left', flush=True)
     self._pending, self._sessions, self._restored = [], 0, 0
     self._window_start, self._compile_seconds, self._paused_seconds = now, 0.0, 0.0
 
@@ -656,7 +661,7 @@ def _train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict
                           schedule=learning_rate_schedule(tc, config.model.get('d_model')),
                           steps_per_epoch=steps_per_epoch, total_steps=total_steps,
                           last_good_checkpoint=last_good_checkpoint,
-                          window=window)
+                          window=window, pace_words=task.PACE_WORDS)
   step = int(jax.device_get(state.step))
   iter_state = train_iter.get_state()
 
