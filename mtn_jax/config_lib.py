@@ -345,17 +345,9 @@ def _check_decode(config, mode: str) -> None:
                       "config.suggest.strategy='generate'")
   if (config.data.tokenizer == 'sentencepiece'
       and issubclass(tasks.task_class(config.model), tasks.Suggests)):
-    # The search counts pieces: a shorter one than a query's pieces cuts words (and
-    # multi-byte characters) mid-way; and a repeated piece is no repeated word ("mike s forum s").
-    if dc.max_len < config.data.max_query_tokens + 1:
-      raise ConfigError(f'config.decode.max_len ({dc.max_len}) counts subword pieces with '
-                        "config.data.tokenizer='sentencepiece': at least "
-                        f'config.data.max_query_tokens + 1 ({config.data.max_query_tokens + 1})'
-                        ', or suggestions are cut mid-word')
-    if dc.block_repeats:
-      raise ConfigError("config.decode.block_repeats blocks repeated tokens, which with "
-                        "config.data.tokenizer='sentencepiece' are pieces, not words (\"mikes "
-                        'forums" repeats one): set it False')
+    from mtn_jax.data import preprocess  # pylint: disable=g-import-not-at-top
+    if problem := preprocess.subword_search_problem(dc, config.data.max_query_tokens):
+      raise ConfigError(problem)
   if mode == 'decode' and not dc.input:
     raise ConfigError('config.decode.input is empty: pass --config.decode.input=FILE (one '
                       'session a line, queries separated by tabs, or an AOL log)')

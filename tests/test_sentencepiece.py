@@ -268,3 +268,15 @@ def test_cli_trains_and_decodes_with_subwords(tmp_path):
   assert any(len(vocab.encode_text(q)) > 12 for p in pairs for q in p['context'])
   (tmp_path / 'decoded').mkdir()
   assert_decode_writes_what_eval_scored(tmp_path, lists, tmp_path / 'decoded', *overrides)
+  # A config that does not name the tokenizer still searches the workdir's pieces as training
+  # had to: a search too short for them is refused in one line, not run.
+  plain = ('--config.train.max_steps=6', '--config.model.copy=True')
+  for mode in ('decode', 'eval'):
+    refused = cli.run(tmp_path, *plain, f'--config.decode.input={sessions_file}', mode=mode,
+                      check=False)
+    assert refused.returncode == 1 and refused.stderr.strip().count('\n') == 0, refused.stderr
+    assert (f'the corpus of {tmp_path} is cut into sentencepiece pieces: config.decode.max_len'
+            in refused.stderr), refused.stderr
+  cli.run(tmp_path, *plain, '--config.decode.max_len=13', f'--config.decode.input={sessions_file}',
+          f'--config.decode.output={tmp_path / "plain.jsonl"}', mode='decode')
+  assert (tmp_path / 'plain.jsonl').read_text() == output.read_text()

@@ -674,6 +674,29 @@ def _encode(texts: list[str], num_words: np.ndarray, vocab: Vocab,
   return ids
 
 
+def built_data_config(workdir: str) -> dict:
+  """The `config.data` settings `workdir`'s corpus was built with ({} where there is none)."""
+  built = _read_json(os.path.join(data_dir(workdir), _MANIFEST)) or {}
+  return built.get('data_config') or {}
+
+
+def subword_search_problem(decode: ml_collections.ConfigDict, max_query_tokens: int
+                           ) -> str | None:
+  """Why a search of `decode`'s settings would write broken queries of sentencepiece pieces
+  (queries of at most `max_query_tokens` pieces), or None."""
+  # The search counts pieces: a shorter one than a query's pieces cuts words (and multi-byte
+  # characters) mid-way; and a repeated piece is no repeated word ("mike s forum s").
+  if decode.max_len < max_query_tokens + 1:
+    return (f'config.decode.max_len ({decode.max_len}) counts subword pieces with '
+            "config.data.tokenizer='sentencepiece': at least config.data.max_query_tokens + 1 "
+            f'({max_query_tokens + 1}), or suggestions are cut mid-word')
+  if decode.block_repeats:
+    return ("config.decode.block_repeats blocks repeated tokens, which with "
+            "config.data.tokenizer='sentencepiece' are pieces, not words (\"mikes forums\" "
+            'repeats one): set it False')
+  return None
+
+
 def token_slots(cfg: ml_collections.ConfigDict) -> int:
   """Token slots per query (n, the models' query width): the words' maximum for words, else
   `config.data.max_query_tokens`."""
