@@ -802,6 +802,33 @@ def test_train_users_keeps_that_many_training_users_and_the_other_splits(tmp_pat
   assert manifest(ml_collections.ConfigDict(without)) == manifest(config(log, **kw).data)
 
 
+def test_a_log_mostly_of_malformed_lines_is_said_to_be_read_wrong(tmp_path):
+  """A company's export read as AOL's in part (hashed user ids here): the split too small for
+  it names the malformed lines first, the likelier cause; a corpus built from a log with one
+  malformed line in ten warns in its summary; a clean log's summary does not."""
+  good = [line(u, f'topic{u % 7} q{i} user{u}', f'10:0{i}:00') for u in range(20)
+          for i in range(3)]
+  hashed = [line(f'u{u:x}', f'topic{u % 7} q{i}', f'10:0{i}:00') for u in range(400)
+            for i in range(3)]
+  log = write(tmp_path / 'hashed.tsv', good + hashed)
+  with pytest.raises(preprocess.SplitTooSmallError, match=re.escape(
+      'the test split is empty: 20 sessions were kept and config.data.split_fractions='
+      '(0.95, 0.025, 0.025) gives it none of the sessions; 1,200 of the 1,261 lines read '
+      '(95.2 %) are malformed (bad_user_id 1,200): is the log in the AOL format? Else, use '
+      'more data or a larger config.data.split_fractions[2]')):
+    preprocess.prepare(config(log, min_word_count=1), str(tmp_path / 'w'))
+  kept = _many_sessions_log(tmp_path / 'clean.tsv', 300)
+  stats = preprocess.prepare(config(kept, min_word_count=1), str(tmp_path / 'clean'))
+  assert 'Warning' not in preprocess.summary(stats, 'clean')
+  some = write(tmp_path / 'some.tsv', open(kept, encoding='utf-8').read().splitlines()[1:]
+               + hashed[:120])
+  stats = preprocess.prepare(config(some, min_word_count=1), str(tmp_path / 'some'))
+  assert preprocess.summary(stats, 'some').endswith(
+      'Warning: 120 of the 1,021 lines read (11.8 %) are malformed (bad_user_id 120): is the log '
+      'in the AOL format (AnonID<TAB>Query<TAB>QueryTime[<TAB>ItemRank<TAB>ClickURL], AnonID '
+      'digits, QueryTime YYYY-MM-DD HH:MM:SS)? config.data.strict names the first such line.')
+
+
 def test_a_log_too_small_to_split_fails_at_preprocessing(tmp_path):
   log = _many_sessions_log(tmp_path / 'log.tsv', 20)
   with pytest.raises(preprocess.SplitTooSmallError) as error:

@@ -320,8 +320,25 @@ def kept_queries(stats: dict) -> int:
   return sum(stats[split]['sessions'] + stats[split]['pairs'] for split in sessions_lib.SPLITS)
 
 
+# A log of which at least this share of the lines is malformed is said to be read wrong.
+MOSTLY_MALFORMED = 0.1
+
+
+def malformed_lines(skipped: dict, lines_read: int) -> str:
+  """'14,597 of the 14,645 lines read (99.7 %) are malformed (bad_user_id 14,597)', or ''
+  where none is."""
+  malformed = {r: skipped.get(r, 0) for r in aol_log.MALFORMED if skipped.get(r, 0)}
+  if not malformed:
+    return ''
+  total = sum(malformed.values())
+  return (f'{total:,} of the {lines_read:,} lines read ({100 * total / lines_read:.1f} %) are '
+          'malformed (' + ', '.join(f'{r} {c:,}' for r, c in malformed.items()) + ')')
+
+
 def summary(stats: dict, where: str) -> str:
-  """Table 1 of the paper for this corpus, then the counts behind it."""
+  """Table 1 of the paper for this corpus, then the counts behind it; a warning where many of
+  the log's lines are malformed (a log of another format read in part, whose skipped lines
+  would otherwise pass as a smaller corpus)."""
   lines = [f'Corpus in {where}', f'{"":<8}{"sessions":>12}{"pairs":>14}']
   for split in sessions_lib.SPLITS:
     lines.append(f'{split:<8}{stats[split]["sessions"]:>12,}{stats[split]["pairs"]:>14,}')
@@ -345,6 +362,12 @@ def summary(stats: dict, where: str) -> str:
                f'read as Latin-1): {kept_queries(stats):,} queries kept, '
                f'{sum(stats["skipped"].values()):,} skipped by reason:')
   lines += [f'  {reason:<20}{count:>12,}' for reason, count in stats['skipped'].items()]
+  malformed = sum(stats['skipped'].get(r, 0) for r in aol_log.MALFORMED)
+  if malformed >= MOSTLY_MALFORMED * stats['lines_read']:
+    lines.append(f'Warning: {malformed_lines(stats["skipped"], stats["lines_read"])}: is the '
+                 'log in the AOL format (AnonID<TAB>Query<TAB>QueryTime[<TAB>ItemRank<TAB>'
+                 'ClickURL], AnonID digits, QueryTime YYYY-MM-DD HH:MM:SS)? config.data.strict '
+                 'names the first such line.')
   return '\n'.join(lines)
 
 
@@ -484,6 +507,7 @@ def _write_corpus(cfg: ml_collections.ConfigDict, paths: list[str], folder: str)
         f'no session kept from {log.lines_read:,} lines of {len(paths)} file(s) '
         f'({paths[0]}{", ..." if len(paths) > 1 else ""}); skipped: '
         + ', '.join(f'{r} {c:,}' for r, c in stats['skipped'].items() if c))
+  malformed = malformed_lines(stats['skipped'], log.lines_read)
 
   stats['latin1_lines'] = log.latin1_lines
   session_lengths = np.diff(sessions.starts)
@@ -511,7 +535,7 @@ def _write_corpus(cfg: ml_collections.ConfigDict, paths: list[str], folder: str)
       stats['time_split_short'] = short
   else:
     parts = split_sessions(sessions.num_sessions, fractions, cfg.split_seed)
-  _check_splits_needed(parts, fractions, session_users, cfg.split_by)
+  _check_splits_needed(parts, fractions, session_users, cfg.split_by, malformed)
   split_texts, split_starts, split_words = {}, {}, {}
   split_users_, split_times, split_rows, split_history = {}, {}, {}, {}
   history_rows = _history_rows(sessions.starts, session_users, cfg.history_queries)
@@ -615,7 +639,7 @@ class SplitTooSmallError(errors.Error, ValueError):
 
 
 def _check_splits_needed(parts: list[np.ndarray], fractions: tuple, session_users: np.ndarray,
-                         split_by: str) -> None:
+                         split_by: str, malformed: str = '') -> None:
   """Refuses, at preprocessing, a corpus too small to give a split the share it was asked
   for: training or evaluation would fail later, further from the cause.
 
@@ -626,6 +650,7 @@ def _check_splits_needed(parts: list[np.ndarray], fractions: tuple, session_user
   Args:
     parts: the session ids of (train, valid, test), int [sessions of the part] each.
     session_users: int [num_sessions], each session's user.
+    malformed: `malformed_lines` of the log, where some are: said first, as the likelier cause.
   """
   total = sum(len(p) for p in parts)
   for index, (name, part) in enumerate(zip(sessions_lib.SPLITS, parts)):
@@ -636,10 +661,11 @@ def _check_splits_needed(parts: list[np.ndarray], fractions: tuple, session_user
         num_users = len(np.unique(session_users))
         kept += f' of {num_users:,} user{"s" * (num_users != 1)}'
         unit = 'users'
+      cause = (f'{malformed}: is the log in the AOL format? Else, ' if malformed else '')
       raise SplitTooSmallError(
           f'the {name} split is empty: {kept} {"were" if total != 1 else "was"} kept and '
-          f'config.data.split_fractions={tuple(fractions)} gives it none of the {unit}; use '
-          f'more data or a larger config.data.split_fractions[{index}]')
+          f'config.data.split_fractions={tuple(fractions)} gives it none of the {unit}; '
+          f'{cause}use more data or a larger config.data.split_fractions[{index}]')
 
 
 def _ranges(starts: np.ndarray, lengths: np.ndarray) -> np.ndarray:
