@@ -316,14 +316,17 @@ def test_field_counts_header_and_line_ends(tmp_path):
   with_header = aol_log.read_log(write(tmp_path / 'h.tsv', rows))
   without = aol_log.read_log(write(tmp_path / 'n.tsv', rows, header=False))
   crlf = aol_log.read_log(write(tmp_path / 'crlf.tsv', rows, newline='\r\n'))
+  # An old Mac file's lone carriage returns end its lines too (not one line of the whole file).
+  lone_cr = aol_log.read_log(write(tmp_path / 'cr.tsv', rows, newline='\r'))
   no_final_newline = tmp_path / 'last.tsv'
   no_final_newline.write_text('\n'.join([HEADER] + rows) + '\n' + line(1, 'f', '10:09:00'))
   last = aol_log.read_log(str(no_final_newline))
-  for log, header in ((with_header, 1), (without, 0), (crlf, 1), (last, 1)):
+  for log, header in ((with_header, 1), (without, 0), (crlf, 1), (lone_cr, 1), (last, 1)):
     assert log.skipped['header'] == header
     assert log.skipped['bad_field_count'] == 3 and log.skipped['empty_line'] == 1
     assert log.records.texts(np.arange(len(log.records)))[:2] == ['a', 'b']
   assert last.lines_read == 8 and last.records.texts(np.array([2])) == ['f']
+  assert lone_cr.lines_read == crlf.lines_read == 7
   # A byte-order mark before the header (as some editors write UTF-8) is no part of it.
   bom = aol_log.read_log(write(tmp_path / 'bom.tsv', [aol_log.UTF8_BOM + HEADER.encode()] + rows,
                                header=False))

@@ -6,8 +6,9 @@ In: log files in the AOL collection's tab-separated form, one query event a line
 
 (3 or 5 fields; ItemRank and ClickURL may be empty; QueryTime is `YYYY-MM-DD HH:MM:SS`),
 optional `AnonID ...` header lines (a file's first, and any inside it where files were
-joined), plain or gzip (told by the magic bytes, not the name), `\\n` or `\\r\\n` line ends,
-users interleaved and lines in any order.
+joined), plain or gzip (told by the magic bytes, not the name), `\\n` or `\\r\\n` line ends
+(lone `\\r` ones too, as old Mac files end lines, where the file's first block holds no
+`\\n`), users interleaved and lines in any order.
 
 Out of `read_logs`: `LogLines`, holding `Records` (one row per line that parses and holds a
 query, as flat numpy columns `[num_records]`, plus the cleaned texts back to back in one byte
@@ -357,7 +358,10 @@ def expand_paths(spec: str) -> list[str]:
 
 
 def _chunks(path: str) -> Iterator[bytearray]:
-  """Whole lines of `path` (plain or gzip), CHUNK_BYTES at a time, each ending in a newline."""
+  """Whole lines of `path` (plain or gzip), CHUNK_BYTES at a time, each ending in a newline.
+  A file whose first block holds a carriage return but no newline ends its lines with lone
+  carriage returns: they are read as newlines (as a sessions file's are: `inputs`), not as
+  one line of the whole file."""
   with open(path, 'rb') as raw:
     is_gzip = raw.read(len(_GZIP_MAGIC)) == _GZIP_MAGIC
   try:
@@ -367,6 +371,8 @@ def _chunks(path: str) -> Iterator[bytearray]:
       # A byte-order mark, as some editors start a UTF-8 file with, is no part of line 1.
       blocks = itertools.chain([first.removeprefix(UTF8_BOM)],
                                iter(lambda: f.read(CHUNK_BYTES), b''))
+      if b'\r' in first and b'\n' not in first:
+        blocks = (block.replace(b'\r', b'\n') for block in blocks)
       for block in blocks:
         cut = block.rfind(b'\n') + 1
         carry += block[:cut] if cut else block
