@@ -4,6 +4,7 @@ Trivial suggesters on a hand-made split, decode-input reading (sessions files an
 logs), and the report built from hand-written results files.
 """
 
+import bz2
 import gzip
 import io
 import json
@@ -338,6 +339,12 @@ def test_decode_input_errors_name_the_file_a_folder_and_corrupt_gzip(tmp_path):
   corrupt.write_bytes(gzip.compress(b'cheap flights\tparis\n' * 50)[:12] + b'\xff' * 40)
   with pytest.raises(inputs.DecodeInputError, match='sessions.txt.gz: corrupt or truncated gzip'):
     inputs.detect_format(str(corrupt))
+  # Another compression: named (its bytes are no sessions).
+  bzipped = tmp_path / 'sessions.txt.bz2'
+  bzipped.write_bytes(bz2.compress(b'cheap flights\tparis\n' * 50))
+  with pytest.raises(inputs.DecodeInputError, match=re.escape(
+      'sessions.txt.bz2: bzip2-compressed: only plain text or gzip is read')):
+    inputs.detect_format(str(bzipped))
   # Corrupt after a good first block: found while reading, with the line reached.
   good = gzip.compress(''.join(f'q{i}\tr{i}\n' for i in range(30000)).encode())
   late = tmp_path / 'late.txt.gz'

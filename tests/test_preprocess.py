@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import bz2
 import collections
 import gzip
 import json
+import lzma
 import os
 import re
 import sys
@@ -534,6 +536,13 @@ def test_errors_are_one_line_and_name_the_input(tmp_path):
   (tmp_path / 'cut.tsv.gz').write_bytes(gzip.compress(b'x' * 10000)[:40])
   cases.append((str(tmp_path / 'cut.tsv.gz'), aol_log.LogFormatError,
                 'cut.tsv.gz: corrupt or truncated gzip data'))
+  # Another compression than gzip: named, not read as lines that are no log's.
+  log_text = open(good, 'rb').read()
+  (tmp_path / 'log.tsv.bz2').write_bytes(bz2.compress(log_text))
+  (tmp_path / 'log.tsv.xz').write_bytes(lzma.compress(log_text))
+  for name, kind in (('log.tsv.bz2', 'bzip2'), ('log.tsv.xz', 'xz')):
+    cases.append((str(tmp_path / name), aol_log.LogFormatError, re.escape(
+        f'{name}: {kind}-compressed: only plain text or gzip is read; decompress it first')))
   cases.append((good, preprocess.EmptyCorpusError,
                 r'no session kept from 2 lines .*session_too_short 1'))
   for raw_files, error_type, message in cases:

@@ -90,6 +90,7 @@ import re
 import tempfile
 import zlib
 from collections.abc import Iterator, Sequence
+from typing import BinaryIO
 
 import numpy as np
 
@@ -146,6 +147,9 @@ _NEEDS_STR_SPLIT[[11, 12, 13, 28, 29, 30, 31]] = True
 _NEEDS_STR_SPLIT[0x80:] = True
 _NEWLINE, _TAB, _CR, _SPACE, _DASH = (ord(c) for c in '\n\t\r -')
 _GZIP_MAGIC = b'\x1f\x8b'
+# What a file of another compression starts with: refused by name, not read as text.
+_OTHER_COMPRESSIONS = {b'BZh': 'bzip2', b'\xfd7zXZ\x00': 'xz', b'PK\x03\x04': 'zip',
+                       b'\x28\xb5\x2f\xfd': 'zstd', b'7z\xbc\xaf\x27\x1c': '7z'}
 _HEADER_FIELD = 'AnonID'
 UTF8_BOM = b'\xef\xbb\xbf'
 # A refused file's first bad line is shown cut to this many characters (a line may be long).
@@ -357,15 +361,25 @@ def expand_paths(spec: str) -> list[str]:
   return paths
 
 
+def open_bytes(path: str) -> BinaryIO:
+  """`path` opened for its bytes, gzip told by its magic bytes, not its name; a file of another
+  compression is refused by name (its bytes would be read as lines that are no log's)."""
+  with open(path, 'rb') as raw:
+    head = raw.read(8)
+  for magic, name in _OTHER_COMPRESSIONS.items():
+    if head.startswith(magic):
+      raise LogFormatError(f'{path}: {name}-compressed: only plain text or gzip is read; '
+                           'decompress it first')
+  return gzip.open(path, 'rb') if head.startswith(_GZIP_MAGIC) else open(path, 'rb')
+
+
 def _chunks(path: str) -> Iterator[bytearray]:
   """Whole lines of `path` (plain or gzip), CHUNK_BYTES at a time, each ending in a newline.
   A file whose first block holds a carriage return but no newline ends its lines with lone
   carriage returns: they are read as newlines (as a sessions file's are: `inputs`), not as
   one line of the whole file."""
-  with open(path, 'rb') as raw:
-    is_gzip = raw.read(len(_GZIP_MAGIC)) == _GZIP_MAGIC
   try:
-    with (gzip.open(path, 'rb') if is_gzip else open(path, 'rb')) as f:
+    with open_bytes(path) as f:
       carry = bytearray()
       first = f.read(CHUNK_BYTES)
       # A byte-order mark, as some editors start a UTF-8 file with, is no part of line 1.

@@ -39,6 +39,7 @@ import os
 import re
 import zlib
 from collections.abc import Iterator, Sequence
+from typing import BinaryIO
 
 import ml_collections
 import numpy as np
@@ -57,7 +58,6 @@ _TIME = re.compile(r'\d{4}-\d{2}-\d{2} \d{2}:\d{2}:\d{2}')
 # (`is_raw_log_line`) whose time the log reader counts as bad, not a session's queries.
 _OTHER_TIME = re.compile(r'\d{1,4}[-/.]\d{1,2}[-/.]\d{1,4}[T\s]+\d{1,2}:\d{2}')
 _ANON_ID = re.compile(r'[0-9]+')
-_GZIP_MAGIC = b'\x1f\x8b'
 # Characters a query may not hold: the log's control characters (`aol_log.CONTROL_CHARACTERS`:
 # NUL, ESC, the C1 controls, ...), and lone surrogates (not text).
 _REFUSED_CHARACTER = re.compile(rf'[{aol_log.CONTROL_CHARACTERS}\ud800-\udfff]')
@@ -208,10 +208,9 @@ def _lines(path: str, counts: collections.Counter) -> Iterator[tuple[int, str]]:
   log's few such queries are written, and its line counted ('latin1_lines'): every byte
   string decodes so, and no line is skipped. A line ends at LF, CR LF or a lone CR (a file
   of old Mac line ends is as many lines, not one)."""
-  opener = gzip.open if _is_gzip(path) else open
   number = 0
   try:
-    with opener(path, 'rb') as f:
+    with _open(path) as f:
       for index, raw in enumerate(f):
         if not index:
           raw = raw.removeprefix(aol_log.UTF8_BOM)
@@ -226,9 +225,11 @@ def _lines(path: str, counts: collections.Counter) -> Iterator[tuple[int, str]]:
                            f'({e})') from None
 
 
-def _is_gzip(path: str) -> bool:
-  with open(path, 'rb') as f:
-    return f.read(2) == _GZIP_MAGIC
+def _open(path: str) -> BinaryIO:
+  try:
+    return aol_log.open_bytes(path)
+  except aol_log.LogFormatError as e:  # another compression: named as decode's input
+    raise DecodeInputError(str(e)) from None
 
 
 # The non-empty lines a decode input's form is told by (the module docstring).
@@ -249,8 +250,7 @@ def detect_format(path: str) -> str:
     # A pipe gives its lines once; the input is read twice (its format, then its lines).
     raise DecodeInputError(f'{path}: not a regular file (a pipe or a device): write the '
                            'input to a file and give that')
-  opener = gzip.open if _is_gzip(path) else open
-  with opener(path, 'rb') as f:
+  with _open(path) as f:
     try:
       head = f.read(1 << 16)
     except (gzip.BadGzipFile, EOFError, zlib.error) as e:
