@@ -59,7 +59,7 @@ def get_config(variant: str = '') -> ml_collections.ConfigDict:
   # suggestions are detokenised, metrics stay on words. The <= max_query_words filter applies
   # either way.
   c.data.tokenizer = 'word'
-  c.data.vocab_size = 4000
+  c.data.vocab_size = 4000  # sentencepiece's alone (the word vocabulary: min_word_count)
   c.data.max_query_tokens = 24
   c.data.strict = False  # True: stop at the first malformed line instead of skipping it
 

@@ -1118,7 +1118,9 @@ def test_counts_add_up_with_training_users_left_out_and_the_summary_shows_them(t
   assert (f'lines read: {len(rows) + 1:,} (0 of them read as Latin-1): {kept:,} queries '
           f'kept, {len(rows) + 1 - kept:,} skipped by reason:') in text
   assert f'  {preprocess.USER_LEFT_OUT:<20}{19 * 9:>12,}' in text
-  assert 'vocabulary: ' in text and ' words, special tokens included' in text
+  assert 'vocabulary: ' in text and (' words (those of the training split seen '
+                                     'config.data.min_word_count times or more), special '
+                                     'tokens included') in text
 
 
 def test_expand_paths_takes_files_named_like_globs_and_names_what_is_not_a_file(tmp_path):

@@ -347,9 +347,14 @@ def summary(stats: dict, where: str) -> str:
     lines.append(f'training users: {t["kept"]:,} kept of {t["kept"] + t["left_out"]:,} '
                  f'(config.data.train_users); {t["left_out_sessions"]:,} sessions of the '
                  'others left out')
+  # What sets its size: the word vocabulary reads no config.data.vocab_size.
   pieces = stats.get('tokenizer') == 'sentencepiece'
-  lines.append(f'vocabulary: {stats["vocab_size"]:,} {"pieces" if pieces else "words"}, '
-               'special tokens included')
+  lines.append(f'vocabulary: {stats["vocab_size"]:,} '
+               + ('pieces (config.data.vocab_size at most: fewer where the training text '
+                  'holds fewer)' if pieces else
+                  'words (those of the training split seen config.data.min_word_count times '
+                  'or more)')
+               + ', special tokens included')
   for split, (got, asked) in stats.get('time_split_short', {}).items():
     lines.append(f'{split}: {got:,} sessions of the {asked:,} config.data.split_fractions '
                  "asks (split_by='time' takes one session a user at most)")
