@@ -129,6 +129,11 @@ def test_normalize_query():
   # Capitals whose lower case is longer in UTF-8 (the reader cleans a field in place).
   assert aol_log.normalize_query('\u0130STANBUL') == 'istanbul'
   assert aol_log.normalize_query('\u023aB \u023e') == '\u023ab \u023e'
+  # One spelling of what looks the same (NFKC): a decomposed umlaut (macOS, iOS) is the
+  # composed one, full-width letters are ASCII; a query NFKC would lengthen keeps its form.
+  assert aol_log.normalize_query('Wetter Mu\u0308nchen') == 'wetter m\u00fcnchen'
+  assert aol_log.normalize_query('\uff49\uff50\uff48\uff4f\uff4e\uff45 \uff11\uff15') == 'iphone 15'
+  assert aol_log.normalize_query('\u00bd PRICE') == '\u00bd price'
 
 
 def test_lower_case_exceptions_cover_this_pythons_unicode():
@@ -145,13 +150,16 @@ def test_the_reader_cleans_queries_as_normalize_query_does(tmp_path):
   queries = ['CHEAP Flights', 'cheap  flights ', '\u00c9cole NORMALE', '\u0130stanbul OTEL',
              '\u023a\u023e x', 'A\u00a0B\u2003C', 'ok', ' MiXeD\x0bcase ', '\u039f\u0394\u039f\u03a3',
              'ARIZONA ZOO',  # plain ASCII: A to Z lower-cased in place
-             'rock\x0broll', 'a\x1cb\x1dc\x1ed\x1fe']  # str.split's whitespace, not refused
+             'rock\x0broll', 'a\x1cb\x1dc\x1ed\x1fe',  # str.split's whitespace, not refused
+             # NFKC, where it is no longer
+             'Mu\u0308nchen \uff49\uff50\uff48\uff4f\uff4e\uff45', '\u00bd Off']
   rows = [row(1, q, f'10:{i:02d}') for i, q in enumerate(queries)]
   rows.append(row(1, b'CAF\xc9  AU lait', '10:30'))  # Latin-1
   log = aol_log.read_log(write(tmp_path / 'log.tsv', rows))
   expected = [aol_log.normalize_query(q) for q in queries + ['CAF\u00c9  AU lait']]
   assert log.records.texts(np.arange(len(rows))) == expected
-  assert expected[-4:-1] == ['arizona zoo', 'rock roll', 'a b c d e']
+  assert expected[-6:-1] == ['arizona zoo', 'rock roll', 'a b c d e', 'm\u00fcnchen iphone',
+                             '\u00bd off']
   # Texts gathered a few records at a time read the same, in any order of records.
   assert log.records.texts(np.arange(len(rows)), batch=3) == expected
   assert log.records.texts(np.arange(len(rows))[::-1], batch=4) == expected[::-1]

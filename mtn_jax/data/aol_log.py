@@ -17,14 +17,15 @@ array) and the count of lines skipped by each line-level reason. Out of `session
 session, in user then time order) with row offsets `[num_sessions + 1]`, and the count of
 records dropped by each session-level reason.
 
-Query cleaning (`normalize_query`, shared with the decode and suggest input): a query is
-lower-cased, its words are its whitespace-separated tokens (Python's `str.split()`, so any
-Unicode whitespace separates), and its text is those words joined by one space; punctuation is
-left untouched. A line that is not UTF-8 is no bad line: each of its fields that is not UTF-8
-is read as Latin-1 (`decode_text`; the AOL log's few such queries are Latin-1), so its query
-is kept like any other, and the line is counted in `LogLines.latin1_lines` (beside, not
-among, the skip reasons: such a line is then kept or skipped like any other, and still
-`lines_read` = kept queries + skipped lines). This is what reproduces the documented
+Query cleaning (`normalize_query`, shared with the decode and suggest input): a query is in
+Unicode's NFKC form (where that is no longer), lower-cased, its words are its
+whitespace-separated tokens (Python's `str.split()`, so any Unicode whitespace separates), and
+its text is those words joined by one space; punctuation is left untouched. A line that is not
+UTF-8 is no bad line: each of its fields that is not UTF-8 is read as Latin-1 (`decode_text`;
+the AOL log's few such queries are Latin-1), so its query is kept like any other, and the line
+is counted in `LogLines.latin1_lines` (beside, not among, the skip reasons: such a line is then
+kept or skipped like any other, and still `lines_read` = kept queries + skipped lines). This is
+what reproduces the documented
 figures of the real 500-user AOL sample: 11,231 sessions, 28,914 pairs, 2,851 words seen at
 least 8 times in them, and `BLEU = 11.89, 25.2/14.8/9.2/6.2` for suggesting the previous query
 again, over all pairs. Replacing every non-alphanumeric character with a space (which would
@@ -88,6 +89,7 @@ import multiprocessing
 import os
 import re
 import tempfile
+import unicodedata
 import zlib
 from collections.abc import Iterator, Sequence
 from typing import BinaryIO
@@ -165,13 +167,24 @@ _LOWER_CASE_EXCEPTION = re.compile('([' + ''.join(_LOWER_CASE_EXCEPTIONS) + '])'
 
 
 def normalize_query(text: str) -> str:
-  """A query as the corpus holds it: lower-cased, words split on any whitespace and joined by
-  one space (`CHEAP\u00a0 Flights ` -> `cheap flights`); punctuation is left as it is.
+  """A query as the corpus holds it: in Unicode's compatibility composition (NFKC),
+  lower-cased, words split on any whitespace and joined by one space (`CHEAP\u00a0 Flights `
+  -> `cheap flights`); punctuation is left as it is.
 
   The log reader cleans every log line this way (vectorised for plain ASCII), and the decode
   and suggest input should too, so that typed queries meet the vocabulary's words. The UTF-8
-  result is never longer than `text`'s: `str.lower()` except for `_LOWER_CASE_EXCEPTIONS`.
+  result is never longer than `text`'s: `str.lower()` except for `_LOWER_CASE_EXCEPTIONS`,
+  and NFKC only where it is not longer.
   """
+  if not text.isascii():
+    # One spelling of what looks the same, as search engines fold queries: a 'u' and a
+    # combining diaeresis (macOS and iOS keyboards) is the one 'ü', full-width 'ｉｐｈｏｎｅ' is
+    # 'iphone'. The reader cleans a query inside its field, which cannot grow: the rare
+    # query NFKC would lengthen ('½' -> '1⁄2') keeps its form, here as in every reader.
+    folded = unicodedata.normalize('NFKC', text)
+    size = lambda t: len(t.encode('utf-8', 'surrogatepass'))
+    if size(folded) <= size(text):
+      text = folded
   if _LOWER_CASE_EXCEPTION.search(text):
     pieces = _LOWER_CASE_EXCEPTION.split(text)  # odd positions hold the exceptions
     text = ''.join(_LOWER_CASE_EXCEPTIONS[p] if i % 2 else p.lower()
