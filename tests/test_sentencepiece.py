@@ -277,6 +277,11 @@ def test_cli_trains_and_decodes_with_subwords(tmp_path):
     assert refused.returncode == 1 and refused.stderr.strip().count('\n') == 0, refused.stderr
     assert (f'the corpus of {tmp_path} is cut into sentencepiece pieces: config.decode.max_len'
             in refused.stderr), refused.stderr
+  # Nor may a config naming a smaller piece limit than the corpus's search fewer pieces.
+  refused = cli.run(tmp_path, *overrides, '--config.data.max_query_tokens=6',
+                    '--config.decode.max_len=7', f'--config.decode.input={sessions_file}',
+                    mode='decode', check=False)
+  assert refused.returncode == 1 and 'config.decode.max_len (7)' in refused.stderr, refused.stderr
   cli.run(tmp_path, *plain, '--config.decode.max_len=13', f'--config.decode.input={sessions_file}',
           f'--config.decode.output={tmp_path / "plain.jsonl"}', mode='decode')
   assert (tmp_path / 'plain.jsonl').read_text() == output.read_text()

@@ -148,9 +148,9 @@ def check_config(config: ml_collections.ConfigDict, workdir: str) -> None:
   checkpoints.check_model(meta['model'], config_class.from_fields(config.model, **sizes), where,
                           ignore=DATA_SIZES)
   # A corpus of sentencepiece pieces is searched as training's config must search it, whatever
-  # tokenizer this config names (its corpus is the workdir's).
+  # tokenizer and piece limit this config names (its corpus is the workdir's).
   built = preprocess.built_data_config(workdir)
-  if (built.get('tokenizer') == 'sentencepiece' and config.data.tokenizer != 'sentencepiece'
+  if (built.get('tokenizer') == 'sentencepiece'
       and issubclass(tasks.task_class(config.model), tasks.Suggests)):
     if problem := preprocess.subword_search_problem(config.decode, built['max_query_tokens']):
       raise errors.Error(f'the corpus of {workdir} is cut into sentencepiece pieces: {problem}')
