@@ -13,7 +13,8 @@ import sys
 import tempfile
 import threading
 
-from tests.conftest import REPO  # re-exported for tests
+# The repository (tests/conftest.py imports this module: it cannot import conftest back).
+REPO = pathlib.Path(__file__).resolve().parents[1]
 
 # A model and a demo log small enough that a run takes seconds on a 2-core CPU. Sessions of
 # exactly three queries make one bucket: every bucket is a program to trace (seconds each, the

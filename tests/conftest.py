@@ -6,22 +6,22 @@ import pathlib
 import pytest
 from absl import flags
 
-REPO = pathlib.Path(__file__).resolve().parents[1]
+from tests import cli
+
+REPO = cli.REPO
 AOL_SAMPLE = pathlib.Path(os.environ.get(
     'MTN_AOL_SAMPLE', REPO.parent / 'shared' / 'data' / 'aol-sample' / 'aol-500users.tsv.gz'))
 
 if not flags.FLAGS.is_parsed():
   flags.FLAGS.mark_as_parsed()
 
-# The tests compile the same tiny programs run after run: the persistent compilation cache
-# that the command-line runs already share (tests/cli.py) serves the in-process ones too.
-from tests import cli  # pylint: disable=g-import-not-at-top,wrong-import-position
-
 # Read when JAX starts its CPU backend, so set before any test runs: every program a test
 # compiles gets it (cli.TEST_XLA_FLAGS), no per-test compiler options needed.
 os.environ['XLA_FLAGS'] = f"{os.environ.get('XLA_FLAGS', '')} {cli.TEST_XLA_FLAGS}".strip()
 import jax  # pylint: disable=g-import-not-at-top,wrong-import-position
 
+# The tests compile the same tiny programs run after run: the persistent compilation cache
+# that the command-line runs already share (tests/cli.py) serves the in-process ones too.
 jax.config.update('jax_compilation_cache_dir', cli.env()['JAX_COMPILATION_CACHE_DIR'])
 jax.config.update('jax_persistent_cache_min_compile_time_secs',
                   float(cli.env()['JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS']))

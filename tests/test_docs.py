@@ -85,3 +85,14 @@ def test_every_section_the_code_and_docs_name_exists():
       if not any(h.startswith(section) for h in headings):
         missing.append(f'{name}: {doc}, "{section}"')
   assert not missing, missing
+
+
+def test_usage_names_every_source_of_the_learned_ranker():
+  """USAGE lists the sources a plan of `config.suggest.sources` may name: a source added to
+  the code is added there too."""
+  from mtn_jax.inference import learned  # pylint: disable=g-import-not-at-top
+  with open(os.path.join(REPO, 'docs', 'USAGE.md'), encoding='utf-8') as f:
+    usage = f.read()
+  start = usage.index('The sources\n  (`mtn_jax/inference/sources.py`)')
+  listed = usage[start:usage.index('; a new one is', start)]
+  assert set(re.findall(r'`(\w+)`', listed)) == set(learned.RANKER_SOURCES)

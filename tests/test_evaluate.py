@@ -38,10 +38,10 @@ from mtn_jax.inference.trained import Trained
 
 
 def test_every_source_has_a_label_apart_from_the_suggesters():
-  """eval's table names each source of a plan in words: one added to the pipeline without a
-  label here fails this, not an eval run."""
-  assert set(evaluate.STRATEGY_SOURCES) == set(sources.NAMES)
-  labels = [*evaluate.STRATEGY_SOURCES.values(), *evaluate.BLEND_SOURCES.values(),
+  """eval's table names each source of a plan in words, apart from the trivial suggesters (a
+  source added without its label fails at import: `sources.LABELS`)."""
+  assert set(sources.LABELS) == set(sources.NAMES)
+  labels = [*sources.LABELS.values(), *evaluate.BLEND_SOURCES.values(),
             *trivial.SUGGESTERS.values()]
   assert len(set(labels)) == len(labels)
 
@@ -148,7 +148,7 @@ def test_history_groups_split_pairs_at_five_earlier_queries_and_weigh_the_zero_v
       'with_history': 3, 'short_history': 0, 'without_history': 1}
 
 
-def test_eval_files_hold_every_pairs_lists_and_the_samples_in_pair_order(tmp_path, capsys):
+def test_eval_files_hold_every_pairs_lists_and_the_samples_in_pair_order(tmp_path):
   """lists.jsonl: every pair under both protocols; samples.jsonl: the sampled pairs in pair
   order, '' as the prediction of a pair without suggestions (the report's sample tables
   print it); all of them prefixed by the split where it is not the test split."""
@@ -158,10 +158,10 @@ def test_eval_files_hold_every_pairs_lists_and_the_samples_in_pair_order(tmp_pat
   shown = {False: [[{'query': 'b', 'score': -0.5}], [], [{'query': 'c', 'score': -1.0}]],
            True: [[{'query': 'b', 'score': -0.5}], [], []]}
   lists = evaluate.Lists(shown, {}, None, {}, 'MTN', 1.0)
-  evaluate.write_results(str(tmp_path), {'split': 'valid', 'pairs': 3}, lists, pairs,
-                         prefix='valid_', seed=0)
+  written = evaluate.write_results(str(tmp_path), {'split': 'valid', 'pairs': 3}, lists, pairs,
+                                   prefix='valid_', seed=0)
   eval_dir = tmp_path / 'eval'
-  assert f'Results: {eval_dir / "valid_results.json"}' in capsys.readouterr().out
+  assert written == str(eval_dir / 'valid_results.json')
   assert sorted(os.listdir(eval_dir)) == ['valid_lists.jsonl', 'valid_results.json',
                                           'valid_samples.jsonl']
   records = [json.loads(line) for line in

@@ -5,6 +5,7 @@ order is known, and the refusal of a ranker trained for another checkpoint."""
 import dataclasses
 import json
 import math
+import re
 import types
 
 import numpy as np
@@ -798,10 +799,14 @@ def test_sources_plans_are_checked():
   # The session's queries: its training pools hold none, so it would meet them first live.
   with pytest.raises(ValueError, match="'session' is no source of the learned ranker"):
     learned.parse_sources('generate:3,session:2')
-  # An unknown one is told the sources the ranker takes, not the session's.
-  with pytest.raises(ValueError, match=r"'nothing:2' is not SOURCE:N with SOURCE one of "
-                     r'generate, popular, cooccurring, templates, matching, history, '
-                     r'history_about and N >= 1$'):
+  # An unknown one is told the sources the ranker takes (the generator, the log's), not the
+  # session's.
+  assert learned.RANKER_SOURCES == ('generate', *(n for n in sources.LOG_SOURCES
+                                                  if n != 'session'))
+  with pytest.raises(ValueError, match=re.escape(
+      "'nothing:2' is not SOURCE:N with SOURCE one of "
+      f'{", ".join(learned.RANKER_SOURCES)} and N >= 1')
+      + '$'):
     learned.parse_sources('generate:3,nothing:2')
 
 

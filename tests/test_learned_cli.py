@@ -107,6 +107,9 @@ def test_eval_decode_and_serve_give_the_same_learned_lists(learned_run, tmp_path
     assert results['scores'][key]['line'] in evaluated, key
   assert 'Reformulation templates (a source)' in evaluated
   assert 'Co-occurring next queries, then MPC (a source)' in evaluated
+  # The files are named after the figures (they are written before them).
+  written = f'Results: {workdir / "eval" / "learned_first12_results.json"}\n'
+  assert evaluated.index('Never suggesting a query of the session:') < evaluated.index(written)
   lists_path = workdir / 'eval' / 'learned_first12_lists.jsonl'
   assert_decode_writes_what_eval_scored(workdir, lists_path, tmp_path, *FEW, *LEARNED)
   # The service, as --mode=serve builds it, shows the user-facing lists eval scored.

@@ -75,19 +75,8 @@ from mtn_jax.evaluation import trivial
 from mtn_jax.inference import habits
 from mtn_jax.inference import learned
 from mtn_jax.inference import pipeline
+from mtn_jax.inference import sources as inference_sources
 
-# Under every strategy but 'generate', the sources it draws on, scored beside it, by these
-# names: every source of `sources.NAMES` has one.
-STRATEGY_SOURCES = {'generate': 'Generate (the workdir\'s model)',
-                    'retrieve': 'Retrieve (the ranker\'s pool entries)',
-                    'imdna': 'IMDNA (next queries of similar sessions)',
-                    'popular': 'Popular next queries (a source)',
-                    'cooccurring': 'Co-occurring next queries, then MPC (a source)',
-                    'templates': 'Reformulation templates (a source)',
-                    'matching': 'Logged queries matching the previous one (a source)',
-                    'history': 'The user\'s earlier queries (a source)',
-                    'history_about': 'The user\'s earlier queries about the session (a source)',
-                    'session': 'The session\'s own queries (a source)'}
 # The blend's own lists where they are not those of `sources` (`pipeline.blend_sources`): its
 # co-occurring queries are the previous query's followers alone, popular ones being a quota of
 # their own.
@@ -234,10 +223,12 @@ def evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict:
   lists = decode_lists(config, workdir, trained, test, pairs, log)
   results = scores(config, workdir, trained, test, train, pairs, lists,
                    total_sessions=total_sessions, started=started)
+  # Written before they are printed: the decoded lists are kept whatever printing meets.
+  path = (write_results(workdir, results, lists, pairs, prefix=results_prefix(config),
+                        seed=config.seed) if is_writer else None)
   print_results(results, lists, log)
-  if is_writer:
-    write_results(workdir, results, lists, pairs, prefix=results_prefix(config),
-                  seed=config.seed)
+  if path:
+    print(f'Results: {path}', flush=True)
   return results
 
 
@@ -447,9 +438,9 @@ def print_results(results: dict, lists: Lists, log) -> None:
   log(f'Model size: {results["size_mb"]:.2f} MB (fp32), {results["num_params"]:,} parameters.')
   # The strategy's sources in the order scored, then the trivial suggesters.
   labels = {'model': lists.label} if 'model' in results['scores'] else {}
-  source_labels = (STRATEGY_SOURCES | BLEND_SOURCES
+  source_labels = (inference_sources.LABELS | BLEND_SOURCES
                    if results.get('strategy', {}).get('strategy') == 'blend'
-                   else STRATEGY_SOURCES)
+                   else inference_sources.LABELS)
   labels |= {key: source_labels[key] for key in results['scores']
              if key != 'model' and key not in trivial.SUGGESTERS}
   labels |= {key: label for key, label in trivial.SUGGESTERS.items() if key in results['scores']}
@@ -498,9 +489,10 @@ def split_digest(split) -> str:
 
 
 def write_results(workdir: str, results: dict, lists: Lists, pairs: Pairs, *, prefix: str,
-                  seed: int) -> None:
+                  seed: int) -> str:
   """`<workdir>/eval/`: results.json, every pair's lists (lists.jsonl) and a seeded sample of
-  pairs (samples.jsonl), their names after `prefix` (`results_prefix`)."""
+  pairs (samples.jsonl), their names after `prefix` (`results_prefix`); returns results.json's
+  path."""
   eval_dir = os.path.join(workdir, 'eval')
   os.makedirs(eval_dir, exist_ok=True)
   rng = np.random.default_rng(seed)
@@ -524,7 +516,7 @@ def write_results(workdir: str, results: dict, lists: Lists, pairs: Pairs, *, pr
                     ''.join(json.dumps(s, ensure_ascii=False) + '\n' for s in samples))
   results_path = os.path.join(eval_dir, f'{prefix}results.json')
   files.write_text(results_path, json.dumps(results, indent=2, ensure_ascii=False) + '\n')
-  print(f'Results: {results_path}', flush=True)
+  return results_path
 
 
 def pool_line(figures: dict) -> str:

@@ -16,15 +16,17 @@ The sources:
   retrieve      a Bi- or Poly-encoder's best pool entries (`retrieval.Retriever`);
   imdna         the next queries of the most similar training sessions (`imdna_proposer`);
   popular       the training log's most popular next queries (MPC);
-  cooccurring   the queries that most often followed the previous one in the training log;
+  cooccurring   the queries that most often followed the previous one in the training log,
+                then the most popular;
   templates     reformulations of the previous query by the training log's most frequent
                 edits (`templates`);
   matching      the training log's queries that best match the previous one (BM25);
   history       the user's own earlier queries (`Context.history`), the most issued first;
   history_about those of them about the session so far;
   session       the session's own queries so far, latest first.
-A new source is a class with a `name` and `propose`, and its entry in `LOG_SOURCES` (or its
-own construction in `pipeline.Pipeline.load` where it needs a model of its own).
+A new source is a class with a `name` and `propose`, its entry in `LOG_SOURCES` (or its own
+construction in `pipeline.Pipeline.load` where it needs a model of its own) and its label in
+`LABELS` (how evaluation names its figures).
 """
 
 from __future__ import annotations
@@ -438,3 +440,17 @@ LOG_SOURCES = {
 }
 MODEL_SOURCES = ('generate', 'retrieve', 'imdna')
 NAMES = MODEL_SOURCES + tuple(LOG_SOURCES)
+# Each source as evaluation names its figures, scored beside the strategy that pools it.
+LABELS = {'generate': 'Generate (the workdir\'s model)',
+          'retrieve': 'Retrieve (the ranker\'s pool entries)',
+          'imdna': 'IMDNA (next queries of similar sessions)',
+          'popular': 'Popular next queries (a source)',
+          'cooccurring': 'Co-occurring next queries, then MPC (a source)',
+          'templates': 'Reformulation templates (a source)',
+          'matching': 'Logged queries matching the previous one (a source)',
+          'history': 'The user\'s earlier queries (a source)',
+          'history_about': 'The user\'s earlier queries about the session (a source)',
+          'session': 'The session\'s own queries (a source)'}
+if set(LABELS) != set(NAMES):  # a source added without its label fails at once, not in eval
+  raise ImportError(f'sources.LABELS misses {sorted(set(NAMES) - set(LABELS))} or names '
+                    f'{sorted(set(LABELS) - set(NAMES))}, which are no sources')
