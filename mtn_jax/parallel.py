@@ -12,11 +12,11 @@ import os
 import re
 
 import jax
+from jax.sharding import NamedSharding
+from jax.sharding import PartitionSpec as P
 import numpy as np
 
 from mtn_jax import errors
-from jax.sharding import NamedSharding
-from jax.sharding import PartitionSpec as P
 
 
 _XLA_DEVICE_COUNT_FLAG = '--xla_force_host_platform_device_count'

@@ -25,12 +25,12 @@ UTF-8 is no bad line: each of its fields that is not UTF-8 is read as Latin-1 (`
 the AOL log's few such queries are Latin-1), so its query is kept like any other, and the line
 is counted in `LogLines.latin1_lines` (beside, not among, the skip reasons: such a line is then
 kept or skipped like any other, and still `lines_read` = kept queries + skipped lines). This is
-what reproduces the documented
-figures of the real 500-user AOL sample: 11,231 sessions, 28,914 pairs, 2,851 words seen at
-least 8 times in them, and `BLEU = 11.89, 25.2/14.8/9.2/6.2` for suggesting the previous query
-again, over all pairs. Replacing every non-alphanumeric character with a space (which would
-turn `www.myspace.com` into the paper's `www myspace com`) gives 11,217 sessions, 28,877 pairs
-and `BLEU = 12.10, 25.5/14.9/9.4/6.3` instead, so the sample was not made that way.
+what reproduces the documented figures of the real 500-user AOL sample: 11,231 sessions, 28,914
+pairs, 2,851 words seen at least 8 times in them, and `BLEU = 11.89, 25.2/14.8/9.2/6.2` for
+suggesting the previous query again, over all pairs. Replacing every non-alphanumeric character
+with a space (which would turn `www.myspace.com` into the paper's `www myspace com`) gives
+11,217 sessions, 28,877 pairs and `BLEU = 12.10, 25.5/14.9/9.4/6.3` instead, so the sample
+was not made that way.
 The AOL log is lower-case already: lower-casing changes one query of the sample's 157,074
 (line 83,527, `hermTs gardens & homes houston`, a session of one query, so the corpus stays
 the same); it makes a typed `CHEAP FLIGHTS` read as the log's `cheap flights`.

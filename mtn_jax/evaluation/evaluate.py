@@ -11,8 +11,8 @@ Out: `<workdir>/eval/<prefix>results.json`, `<prefix>samples.jsonl` and `<prefix
      `valid_learned_`, ..., and `first<N>_` after them for an evaluation of the split's first
      N sessions alone (`config.decode.max_eval_sessions`); the report reads the files the
      config names.
-`evaluate` runs four steps: the lists (`decode_lists`), their scores (`scores`), the printed
-figures (`print_results`), the files (`write_results`).
+`evaluate` runs four steps: the lists (`decode_lists`), their scores (`scores`), the files
+(`write_results`), the printed figures (`print_results`).
 
 Every (session prefix -> next query) pair of the split gets the suggestion pipeline's list
 (`config.suggest.strategy`; 'generate' is the model's own beam search, `config.decode`). Each
