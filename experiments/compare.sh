@@ -119,19 +119,10 @@ joined=$(IFS=,; echo "${workdirs[*]}")
 "$PYTHON" -m mtn_jax.main --config=configs/aol.py:small --workdir="$OUT_DIR" --mode=report \
   --config.suggest.strategy=generate "${OVERRIDES[@]}" \
   --config.report.workdirs="$joined" --config.report.output="$OUT_DIR/report"
-# The test split's results file those evaluations wrote (evaluate.results_prefix).
-prefix=""
-for override in "${OVERRIDES[@]}"; do
-  if [[ "$override" == --config.decode.max_eval_sessions=* ]]; then
-    sessions=${override#*=}
-    prefix=$([[ "$sessions" == 0 ]] || echo "first${sessions}_")
-  fi
-done
-
 # Per-model figures beside the report: the best validation perplexity, and the training
 # throughput as the median over the logged windows (the first window holds the compilation,
 # and a window after an epoch's end holds the validation).
-"$PYTHON" - "$OUT_DIR" "${prefix}results.json" "${workdirs[@]}" <<'EOF'
+"$PYTHON" - "$OUT_DIR" "${workdirs[@]}" <<'EOF'
 import csv
 import json
 import os
@@ -140,14 +131,17 @@ import sys
 
 from mtn_jax.training import metric_writer
 
-out_dir, results_file, workdirs = sys.argv[1], sys.argv[2], sys.argv[3:]
+out_dir, workdirs = sys.argv[1], sys.argv[2:]
 with open(os.path.join(out_dir, 'wall_times.tsv'), encoding='utf-8') as f:
   wall = {row['model']: row for row in csv.DictReader(f, delimiter='\t')}
 lines = ['| Workdir | Model | Params | Best valid ppl (step) | Train sessions/s | BLEU | '
          'Train wall (s) | Eval wall (s) |', '|---|---|---:|---:|---:|---:|---:|---:|']
 for workdir in workdirs:
   name = os.path.basename(workdir)
-  with open(os.path.join(workdir, 'eval', results_file), encoding='utf-8') as f:
+  # The test split's results, as its evaluation named them (its log's 'Results: PATH').
+  with open(os.path.join(out_dir, f'{name}.eval.log'), encoding='utf-8') as f:
+    results_path = [l[len('Results: '):].strip() for l in f if l.startswith('Results: ')][-1]
+  with open(results_path, encoding='utf-8') as f:
     results = json.load(f)
   valid = metric_writer.read_metrics(workdir, 'valid')
   best = min(valid, key=lambda r: r['loss'])

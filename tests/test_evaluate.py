@@ -41,7 +41,7 @@ def test_every_source_has_a_label_apart_from_the_suggesters():
   """eval's table names each source of a plan in words, apart from the trivial suggesters (a
   source added without its label fails at import: `sources.LABELS`)."""
   assert set(sources.LABELS) == set(sources.NAMES)
-  labels = [*sources.LABELS.values(), *evaluate.BLEND_SOURCES.values(),
+  labels = [*sources.LABELS.values(), *pipeline.BLEND_LABELS.values(),
             *trivial.SUGGESTERS.values()]
   assert len(set(labels)) == len(labels)
 

@@ -76,11 +76,6 @@ from mtn_jax.inference import habits
 from mtn_jax.inference import learned
 from mtn_jax.inference import pipeline
 from mtn_jax.inference import sources as inference_sources
-
-# The blend's own lists where they are not those of `sources` (`pipeline.blend_sources`): its
-# co-occurring queries are the previous query's followers alone, popular ones being a quota of
-# their own.
-BLEND_SOURCES = {'cooccurring': 'Co-occurring next queries alone (a source)'}
 NUM_SAMPLES = 50
 
 
@@ -438,7 +433,7 @@ def print_results(results: dict, lists: Lists, log) -> None:
   log(f'Model size: {results["size_mb"]:.2f} MB (fp32), {results["num_params"]:,} parameters.')
   # The strategy's sources in the order scored, then the trivial suggesters.
   labels = {'model': lists.label} if 'model' in results['scores'] else {}
-  source_labels = (inference_sources.LABELS | BLEND_SOURCES
+  source_labels = (inference_sources.LABELS | pipeline.BLEND_LABELS
                    if results.get('strategy', {}).get('strategy') == 'blend'
                    else inference_sources.LABELS)
   labels |= {key: source_labels[key] for key in results['scores']

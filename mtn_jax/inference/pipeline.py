@@ -166,6 +166,12 @@ def blended(sources: dict[str, Sequence[str]], plan: Sequence[tuple[str, int]],
           for rank, (q, name) in enumerate(order.items(), 1)]
 
 
+# The labels of the blend's lists that are not `sources.LABELS`' lists (`blend_sources`): its
+# co-occurring queries are the previous query's followers alone, popular ones being a quota of
+# their own.
+BLEND_LABELS = {'cooccurring': 'Co-occurring next queries alone (a source)'}
+
+
 def blend_sources(beam: Sequence[str], context: Sequence[str], counts: popular.LogCounts,
                   top_k: int) -> dict[str, list[str]]:
   """The sources of 'blend' after `context`: the beam, and the training log's lists
