@@ -888,6 +888,17 @@ def test_training_resumes_exactly_and_evaluation_writes_results(tmp_path, monkey
                                                            'test'))
   for entry in written['answers'].values():
     assert 0 <= entry['hits_at_1'] <= entry['hits_at_10'] <= entry['hits_at_100'] <= 100
+  # A quick look at the first questions is filed apart and leaves the whole split's alone.
+  whole = (straight / 'eval' / 'results.json').read_text()
+  quick = config.copy_and_resolve_references()
+  quick.decode.max_eval_sessions = 3
+  evaluate.evaluate(quick, str(straight))
+  first = json.loads((straight / 'eval' / 'first3_results.json').read_text())
+  assert (first['questions'], first['split_questions']) == (3, written['questions'])
+  tested = movies.load_questions(str(straight / 'data'), 'qa', 'test')
+  samples = (straight / 'eval' / 'first3_samples.jsonl').read_text().splitlines()
+  assert [json.loads(s)['question'] for s in samples] == [q.text for q in tested[:3]]
+  assert (straight / 'eval' / 'results.json').read_text() == whole
   # decode, suggest and serve are a generator's: one error says where IMDNA serves instead.
   from mtn_jax import errors  # pylint: disable=g-import-not-at-top
   from mtn_jax.inference import pipeline  # pylint: disable=g-import-not-at-top

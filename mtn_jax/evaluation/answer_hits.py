@@ -9,6 +9,7 @@ query-level ranking metrics beside the trivial suggesters (`mtn_jax.evaluation.t
 
 from __future__ import annotations
 
+import dataclasses
 import datetime
 import json
 import os
@@ -84,9 +85,10 @@ def bm25_answer_scores(library: Library, questions: QuestionSet,
   return scores
 
 
-def evaluate(trained, config: ml_collections.ConfigDict, workdir: str) -> dict:
-  """Scores the best checkpoint and BM25 alone on `config.decode.eval_split`; writes
-  `<workdir>/eval/[valid_]results.json` and returns its dict."""
+def evaluate(trained, config: ml_collections.ConfigDict, workdir: str, prefix: str) -> dict:
+  """Scores the best checkpoint and BM25 alone on `config.decode.eval_split` (its first
+  `config.decode.max_eval_sessions` questions where that is set); writes
+  `<workdir>/eval/<prefix>results.json` (`evaluate.results_prefix`) and returns its dict."""
   started = time.time()
   workdir = os.path.abspath(workdir)
   library = imdna_library.load_library(config, workdir)
@@ -96,8 +98,13 @@ def evaluate(trained, config: ml_collections.ConfigDict, workdir: str) -> dict:
   split = config.decode.eval_split
   questions = library.splits[split]
   task_name, cfg = config.imdna.task, trained.cfg
-  print(f'Evaluating IMDNA ({cfg.reader}, checkpoint step {trained.step}) on '
-        f'{len(questions):,} {split} questions ({task_name}).', flush=True)
+  total = len(questions)
+  if 0 < config.decode.max_eval_sessions < total:
+    questions = first_questions(questions, config.decode.max_eval_sessions)
+  which = (f'the first {len(questions):,} of {total:,}' if len(questions) < total
+           else f'{total:,}')
+  print(f'Evaluating IMDNA ({cfg.reader}, checkpoint step {trained.step}) on {which} {split} '
+        f'questions ({task_name}).', flush=True)
   depth = max(HITS_AT)
   scores = {'model': trained.task.answer_scores(trained.params, library, questions,
                                                    config.imdna.batch_size),
@@ -111,7 +118,8 @@ def evaluate(trained, config: ml_collections.ConfigDict, workdir: str) -> dict:
   results = {'model': cfg.name, 'reader': cfg.reader, 'task': task_name,
              'model_config': trained.meta['model'], 'step': trained.step,
              'num_params': models.count_params(trained.params), 'split': split,
-             'questions': len(questions), 'documents': len(library.documents),
+             'questions': len(questions), 'split_questions': total,
+             'documents': len(library.documents),
              'num_documents': config.imdna.num_documents,
              'candidate_answers': len(library.answers), 'answers': figures}
   for name, entry in figures.items():
@@ -132,13 +140,19 @@ def evaluate(trained, config: ml_collections.ConfigDict, workdir: str) -> dict:
                     'bm25': [library.answers[a] for a in ranked['bm25'][i, :5]]})
   eval_dir = os.path.join(workdir, 'eval')
   os.makedirs(eval_dir, exist_ok=True)
-  prefix = '' if split == 'test' else f'{split}_'
   for name, text in ((f'{prefix}results.json', json.dumps(results, indent=2) + '\n'),
                      (f'{prefix}samples.jsonl',
                       ''.join(json.dumps(s) + '\n' for s in samples))):
     files.write_text(os.path.join(eval_dir, name), text)
   print(f'Results: {os.path.join(eval_dir, prefix + "results.json")}', flush=True)
   return results
+
+
+def first_questions(questions: QuestionSet, n: int) -> QuestionSet:
+  """The first `n` questions of a split, every field cut alike (the AOL contexts of
+  `Library.extra` are row for row with them, so their first `n` stay aligned)."""
+  return dataclasses.replace(questions, **{f.name: getattr(questions, f.name)[:n]
+                                           for f in dataclasses.fields(questions)})
 
 
 def _aol_query_figures(library: Library, questions: QuestionSet, split: str,

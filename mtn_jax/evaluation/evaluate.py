@@ -210,7 +210,7 @@ def evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict:
     raise errors.Error(f'evaluation writes its results in {workdir}/eval: {problem}')
   trained = inference.load_trained(config, workdir)
   if isinstance(trained.task, tasks.BringsOwnData):  # its own data and measures
-    return answer_hits.evaluate(trained, config, workdir)
+    return answer_hits.evaluate(trained, config, workdir, results_prefix(config))
   data_dir = preprocess.data_dir(workdir)
   test, total_sessions = split_to_evaluate(config, data_dir, log)
   train = _load_split(data_dir, 'train')
