@@ -97,8 +97,10 @@ def test_every_error_has_the_one_shape(stub, method, path, kwargs, status, field
 
 def test_an_address_it_cannot_listen_on_is_named_before_any_model_loads(tmp_path):
   taken = service_lib._bind('127.0.0.1', 0)  # pylint: disable=protected-access
-  taken.listen()
   port = taken.getsockname()[1]
+  # Two services starting together: the second is refused while the first still loads.
+  with pytest.raises(errors.Error, match='cannot listen there'):
+    service_lib._bind('127.0.0.1', port)  # pylint: disable=protected-access
   config = demo.get_config()
   config.serve.host, config.serve.port = '127.0.0.1', port
   # The workdir holds no model: the address is refused first.

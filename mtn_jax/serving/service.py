@@ -297,14 +297,18 @@ class _Server(uvicorn.Server):
 
 
 def _bind(host: str, port: int) -> socket.socket:
-  """A socket bound to `host`:`port` (not yet listening: a connection is refused until the
-  server runs), or an error naming the two keys and why the system refused them."""
+  """A socket listening on `host`:`port` (a connection made while the model loads waits to
+  be answered), or an error naming the two keys and why the system refused them."""
   try:
     family, kind, proto, _, address = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM,
                                                         flags=socket.AI_PASSIVE)[0]
     sock = socket.socket(family, kind, proto)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     sock.bind(address)
+    # Listening at once: two sockets with SO_REUSEADDR may both be bound to one port until
+    # one listens, and uvloop closes a socket whose listen fails without a word, which left
+    # a second server on the port saying it served while it held no socket.
+    sock.listen(socket.SOMAXCONN)
   except OSError as e:
     raise errors.Error(f'config.serve.host, port = {host!r}, {port}: cannot listen there '
                        f'({e.strerror or e})') from None
