@@ -27,6 +27,7 @@ import httpx
 import pytest
 import uvicorn
 
+from mtn_jax import errors
 from mtn_jax.inference import pipeline as pipeline_lib
 from mtn_jax.inference import suggest
 from mtn_jax.serving import app as app_lib
@@ -697,6 +698,50 @@ def test_prepare_sees_the_batches_in_the_order_they_came():
   assert isinstance(results[2], ValueError)
   assert prepared == [['a'], ['b'], ['d']]
   assert finished[0] == ['B'] and finished[-1] == ['A'], finished
+
+
+def test_a_batch_that_prepare_would_not_change_does_not_wait_for_it():
+  """A user's batch whose preparation is slow (its history database locked) holds up no
+  batch without a user: that one runs at once on the other worker and is answered first."""
+  answered = []
+
+  def prepare(requests):
+    time.sleep(0.6)
+    return [r.upper() for r in requests]
+
+  def run(requests):
+    answered.extend(requests)
+    return [r + '!' for r in requests]
+
+  batcher = batcher_lib.Batcher(run, prepare=prepare, prepares=lambda r: r.startswith('user'),
+                                max_batch=1, max_wait=0, queue_bound=8, workers=2)
+  assert run_batcher(batcher, ['user a', 'b']) == ['USER A!', 'b!']
+  assert answered == ['b', 'USER A']
+
+
+def test_an_error_that_no_caller_hears_is_handed_on():
+  """A request that failed after its caller gave up (its deadline) is answered to nobody:
+  its exception goes to `on_unheard` (the service logs it) rather than nowhere."""
+  unheard = []
+
+  def run(requests):
+    time.sleep(0.3)
+    raise ValueError(f'{requests[0]} failed')
+
+  async def main():
+    batcher = batcher_lib.Batcher(run, max_batch=1, max_wait=0, queue_bound=8,
+                                  on_unheard=unheard.append)
+    batcher.start()
+    try:
+      with pytest.raises(batcher_lib.DeadlineExceeded):
+        await batcher.submit('a', time.monotonic() + 0.1)
+      with pytest.raises(ValueError, match='b failed'):  # heard: handed to its caller alone
+        await batcher.submit('b', time.monotonic() + 5)
+    finally:
+      await batcher.stop()
+
+  asyncio.run(main())
+  assert [str(e) for e in unheard] == ['a failed']
 
 
 def test_the_queue_holds_queue_bound_requests_and_refuses_the_next_at_once():
@@ -1608,6 +1653,45 @@ def test_a_user_is_handed_to_a_ranker_as_its_numeric_id_only_when_it_is_one():
   info = lambda user: engine_lib.Engine._info(engine_lib.Request(('a',), 1, user))  # pylint: disable=protected-access
   assert info('42') == {'user': 42}
   assert info('²') == info('٣') == info('ann') == info(None) == {}
+
+
+def test_a_locked_history_database_leaves_the_request_answered_without_the_past(tmp_path):
+  """Another process holds the histories' file locked: a request naming a user waits the
+  store's busy time, then is answered without the user's past (`history` 0), counted and
+  logged; once the lock is gone, its session is recorded again."""
+  from tests.stub_server import StubEngine  # pylint: disable=g-import-not-at-top
+  path = str(tmp_path / 'histories.sqlite')
+  store = history_lib.HistoryStore(path, per_user=10, window=4, busy_seconds=0.2)
+  said = []
+  service = service_lib.Service(StubEngine(personalises=True), service_lib.ServeSettings(),
+                                store, compilations=lambda: 0, log=said.append)
+  other = sqlite3.connect(path, isolation_level=None)
+  with TestClient(app_lib.create_app(service)) as client:
+    ask = lambda session: client.post('/v1/suggest', json={'session': session, 'user': 'ann'})
+    assert ask(['a']).json()['history'] == 0
+    other.execute('BEGIN IMMEDIATE')
+    started = time.monotonic()
+    answer = ask(['b'])
+    assert answer.status_code == 200 and answer.json()['history'] == 0
+    assert 0.15 < time.monotonic() - started < 1.5
+    assert 'mtn_serve_history_errors_total 1.0' in client.get('/metrics').text
+    assert any(path in line and 'database is locked' in line for line in said), said
+    other.execute('ROLLBACK')
+    assert ask(['c']).json()['history'] == 1  # 'a', the session before
+  other.close()
+
+
+def test_a_history_database_it_cannot_write_is_named_in_one_line(tmp_path, monkeypatch):
+  from tests.stub_server import StubEngine  # pylint: disable=g-import-not-at-top
+  monkeypatch.setattr(engine_lib.Engine, 'load',
+                      lambda *args, **kwargs: StubEngine(personalises=True))
+  monkeypatch.setattr(service_lib, 'describe', lambda engine, seconds: 'loaded')
+  (tmp_path / 'serve').mkdir()
+  (tmp_path / 'serve' / 'histories.sqlite').mkdir()  # a folder where the file should be
+  with pytest.raises(errors.Error, match=re.escape(
+      "config.serve.history_db: cannot keep users' histories in "
+      f"{tmp_path}/serve/histories.sqlite (")):
+    service_lib.build(cli.config(), str(tmp_path), log=_quiet)
 
 
 def test_the_history_store_keeps_at_least_what_the_model_reads(tmp_path, monkeypatch):

@@ -175,7 +175,8 @@ class Error(pydantic.BaseModel):
   field: str | None = pydantic.Field(description='The request\'s part at fault '
                                      '(\'session[2]\', \'k\', \'body\'); null where none is.')
   request_id: str | None = pydantic.Field(description='The X-Request-ID header\'s value, '
-                                          'which the service\'s log names.')
+                                          'which the service\'s log names where it failed '
+                                          '(500).')
 
 
 def _field(loc) -> str:
@@ -423,7 +424,7 @@ def create_app(service) -> fastapi.FastAPI:
     """Suggestions for the query after the session's last (those `--mode=decode` writes)."""
     received = request.state.received
     retry = {'Retry-After': str(RETRY_AFTER_SECONDS)}
-    if service.draining:
+    if service.draining and received >= service.drain_started:  # came after the SIGTERM
       return _error(503, 'the service is shutting down', request,
                     headers={**retry, 'Connection': 'close'})
     checked = service.engine.check(body.session, body.k, body.user)
@@ -477,12 +478,14 @@ def create_app(service) -> fastapi.FastAPI:
   @app.post('/admin/reload', responses={
       401: {'model': Error, 'description': 'config.serve.admin_token is set and the '
             'Authorization header does not carry it.'},
-      403: {'model': Error, 'description': 'Not from loopback, and no admin token is set.'}})
-  async def reload(request: fastapi.Request,
-                   authorization: Annotated[str | None, fastapi.Header()] = None
-                   ) -> dict[str, Any]:
+      403: {'model': Error, 'description': 'From a page of another origin, or not from '
+            'loopback where no admin token is set.'}})
+  async def reload(request: fastapi.Request) -> dict[str, Any]:
     """Loads the workdir's best checkpoint, compiles it and swaps it in; requests keep being
-    answered by the previous model meanwhile."""
+    answered by the previous model meanwhile. (The Authorization header is read from the
+    request, not declared: a declared header would add a validation answer, 422, in a shape
+    other than `Error`, to the API's description, one this route never gives.)"""
+    authorization = request.headers.get('authorization')
     origin = request.headers.get('origin')
     if origin is not None and _netloc(origin) != request.headers.get('host'):
       # A page of another site in a browser on this host: a form's POST needs no preflight.

@@ -9,7 +9,7 @@ second batch runs on another core while the first does, and the event loop keeps
 refusing and timing out requests meanwhile. An optional `prepare` step (the users'
 histories) runs first on one thread of its own, batch after batch in the order the batches
 formed, so that a user's requests are seen in the order they came even when their batches
-overlap. A request whose caller has stopped waiting (its deadline passed, or the client went)
+overlap; a batch it would not change (no request names a user) does not wait for it. A request whose caller has stopped waiting (its deadline passed, or the client went)
 leaves the queue at once: it holds no place a waiting request could take. A batch that
 raises is run again one request at a time, so that one bad request fails alone.
 """
@@ -48,17 +48,24 @@ class Batcher:
     run: called on a worker thread with up to `max_batch` (prepared) requests.
     prepare: None, or called before `run` with the batch's requests, on one thread, batches
       in the order they formed: one prepared request a request.
+    prepares: which requests `prepare` changes; a batch with none of them skips it, so that
+      a slow `prepare` of other batches holds it up no more.
     workers: batches run at once.
     on_batch: called (on the event loop) with each batch's size and run time, e.g. metrics.
     on_depth: called with the queue's depth whenever it changes.
+    on_unheard: called with the exception of a request whose caller had stopped waiting,
+      which no answer carries.
   """
 
   def __init__(self, run: Callable[[Sequence[Any]], list], *, max_batch: int, max_wait: float,
                queue_bound: int, workers: int = 1,
                prepare: Callable[[Sequence[Any]], list] | None = None,
+               prepares: Callable[[Any], bool] = lambda request: True,
                on_batch: Callable[[int, float], None] = lambda n, s: None,
-               on_depth: Callable[[int], None] = lambda n: None):
-    self._run, self._prepare = run, prepare
+               on_depth: Callable[[int], None] = lambda n: None,
+               on_unheard: Callable[[BaseException], None] = lambda e: None):
+    self._run, self._prepare, self._prepares = run, prepare, prepares
+    self._on_unheard = on_unheard
     self.max_batch, self.max_wait, self.workers = max_batch, max_wait, workers
     self.queue_bound = queue_bound
     self._on_batch, self._on_depth = on_batch, on_depth
@@ -181,7 +188,7 @@ class Batcher:
     started = time.monotonic()
     try:
       results = [i.request for i in items]
-      if self._prepare is not None:
+      if self._prepare is not None and any(map(self._prepares, results)):
         results = await loop.run_in_executor(self._in_order, _isolated, self._prepare, results)
       ready = [i for i, r in enumerate(results) if not isinstance(r, BaseException)]
       if ready:
@@ -194,6 +201,8 @@ class Batcher:
     self._on_batch(len(items), time.monotonic() - started)
     for item, result in zip(items, results):
       if item.future.done():
+        if isinstance(result, BaseException):
+          self._on_unheard(result)
         continue
       if isinstance(result, BaseException):
         item.future.set_exception(result)

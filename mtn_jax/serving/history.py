@@ -43,12 +43,14 @@ CREATE TABLE IF NOT EXISTS sessions (
 class HistoryStore:
   """Users' earlier queries in the SQLite file `path` (see the module docstring)."""
 
-  def __init__(self, path: str, per_user: int, window: int):
+  def __init__(self, path: str, per_user: int, window: int, busy_seconds: float = 10.0):
+    """`busy_seconds`: how long a request waits for the file while another process holds
+    it locked, before sqlite3.OperationalError."""
     os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
     self.path, self.per_user, self.window = path, per_user, window
     # One connection, used by one thread at a time (the lock); autocommit off by hand.
     self._db = sqlite3.connect(path, check_same_thread=False, isolation_level=None,
-                               timeout=10.0)
+                               timeout=busy_seconds)
     self._lock = threading.Lock()
     with self._lock:
       mode = self._db.execute('PRAGMA journal_mode=WAL').fetchone()[0]

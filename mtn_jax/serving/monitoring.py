@@ -12,7 +12,7 @@ LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0,
 
 class Metrics:
   """requests by route and status, suggestion latency, batch sizes, queue depth, model step,
-  compilations."""
+  compilations, draining, requests answered without their user's past."""
 
   def __init__(self, max_batch: int, compilations: Callable[[], int] = lambda: 0):
     self.registry = prom.CollectorRegistry()
@@ -40,6 +40,10 @@ class Metrics:
     self.compilations.set_function(compilations)
     self.draining = prom.Gauge('mtn_serve_draining', '1 while draining after SIGTERM',
                                registry=r)
+    self.history_errors = prom.Counter('mtn_serve_history_errors', 'Requests answered '
+                                       "without their user's past: the history database "
+                                       'failed (locked by another process, unwritable)',
+                                       registry=r)
 
   def render(self) -> tuple[bytes, str]:
     return prom.generate_latest(self.registry), prom.CONTENT_TYPE_LATEST

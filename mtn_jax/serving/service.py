@@ -9,8 +9,8 @@
    thread of its own while the old model answers; then the new one is swapped in between
    two batches. A reload that fails leaves the old model serving (and says why).
 4. SIGTERM (or Ctrl-C): the service keeps listening, /readyz says 503, new suggestion
-   requests get 503 with Retry-After, the queued batches start at once; once the requests in
-   flight are answered and no suggestion request came for config.serve.drain_quiet_seconds
+   requests get 503 with Retry-After (those that came before the signal are answered), the
+   queued batches start at once; once the requests in flight are answered and no suggestion request came for config.serve.drain_quiet_seconds
    (counted from the signal at the earliest; /readyz polls do not count), or once
    config.serve.drain_seconds have passed, it stops listening and exits 0. A second Ctrl-C
    stops at once.
@@ -25,6 +25,7 @@ import gc
 import os
 import signal
 import socket
+import sqlite3
 import sys
 import threading
 import time
@@ -109,9 +110,12 @@ class Service:
     self.metrics.model_step.set(engine.step)
     self.batcher = batcher_lib.Batcher(
         self._run, prepare=None if store is None else self._with_histories,
+        prepares=lambda request: request.user is not None,
         max_batch=settings.max_batch, workers=settings.workers,
         max_wait=settings.max_wait_ms / 1000, queue_bound=settings.queue_bound,
-        on_batch=self._on_batch, on_depth=self.metrics.queue_depth.set)
+        on_batch=self._on_batch, on_depth=self.metrics.queue_depth.set,
+        on_unheard=lambda e: self.log(f'A request whose caller had stopped waiting (its '
+                                      f'deadline) failed: {type(e).__name__}: {e}'))
     self.draining = False
     self.inflight = 0  # HTTP requests being answered (`app._Guard` counts them)
     self.last_request = 0.0  # time.monotonic() when the latest POST /v1/suggest came
@@ -137,11 +141,22 @@ class Service:
   def _with_histories(self, requests: Sequence[engine_lib.Request]
                       ) -> list[engine_lib.Request]:
     """On the batcher's `prepare` thread, batches in the order they came: each request's
-    user's earlier queries read, and its session recorded."""
-    return [request if request.user is None else
-            dataclasses.replace(request, history=self.store.observe(request.user,
-                                                                    request.session))
-            for request in requests]
+    user's earlier queries read, and its session recorded. Where the database fails (another
+    process holding it locked past the store's wait, a full disk), the request is answered
+    without the user's past (its `history` 0), logged and counted: the suggestions do not
+    wait on the histories."""
+    prepared = []
+    for request in requests:
+      if request.user is not None:
+        try:
+          request = dataclasses.replace(
+              request, history=self.store.observe(request.user, request.session))
+        except sqlite3.Error as e:
+          self.metrics.history_errors.inc()
+          self.log(f"Users' histories ({self.store.path}) failed: {e}; a request answered "
+                   "without its user's past.")
+      prepared.append(request)
+    return prepared
 
   def _run(self, requests: Sequence[engine_lib.Request]) -> list[tuple[list, dict, int]]:
     """On a worker thread: the batch run by the engine answering now, with the model's
@@ -343,9 +358,17 @@ def build(config: ml_collections.ConfigDict, workdir: str, log=_say) -> Service:
   store = None
   if settings.history_db and engine.personalises:
     path = os.path.join(os.path.abspath(workdir), settings.history_db)
-    # At least what the pipeline reads of a user's past, as evaluation and decode read it.
-    store = history_lib.HistoryStore(path, max(settings.history_per_user, engine.past_read),
-                                     engine.max_session_queries)
+    try:
+      # At least what the pipeline reads of a user's past, as evaluation and decode read
+      # it; a file another process holds locked waits half a request's deadline at most,
+      # leaving the model the other half.
+      store = history_lib.HistoryStore(path, max(settings.history_per_user, engine.past_read),
+                                       engine.max_session_queries,
+                                       busy_seconds=settings.deadline_ms / 2000)
+    except (sqlite3.Error, OSError) as e:
+      engine.stop_warming(settings.drain_seconds)  # no compiler left as the process ends
+      raise errors.Error(f"config.serve.history_db: cannot keep users' histories in {path} "
+                         f"({e}): a path this process can write, or '' to keep none") from None
     log(f'Users\' histories: {path}')
   return Service(engine, settings, store,
                  loader=lambda: engine_lib.Engine.load(config, workdir, log=log), log=log)
