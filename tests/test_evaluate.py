@@ -1357,3 +1357,40 @@ def test_decode_refused_before_any_suggestion_leaves_no_output_folder(tmp_path):
   with pytest.raises(errors.Error, match='no checkpoints'):
     suggest.decode_file(config, str(workdir))
   assert not workdir.exists()
+
+
+def test_evaluation_writes_its_files_before_printing_its_figures(tmp_path, monkeypatch):
+  """A failure printing the figures leaves the decoded lists written."""
+  calls = []
+  monkeypatch.setattr(evaluate.inference, 'load_trained',
+                      lambda config, workdir: types.SimpleNamespace(task=object()))
+  monkeypatch.setattr(evaluate, 'split_to_evaluate', lambda config, data_dir, log: ('S', 1))
+  monkeypatch.setattr(evaluate, '_load_split', lambda data_dir, name: 'T')
+  monkeypatch.setattr(evaluate.Pairs, 'of', classmethod(lambda cls, split: 'P'))
+  monkeypatch.setattr(evaluate, 'decode_lists', lambda *args: 'L')
+  monkeypatch.setattr(evaluate, 'scores', lambda *args, **kwargs: {'scores': {}})
+
+  def written(workdir, results, lists, pairs, *, prefix, seed):
+    calls.append('write')
+    return os.path.join(workdir, 'eval', f'{prefix}results.json')
+
+  def printed(results, lists, log):
+    calls.append('print')
+    raise KeyError('a source without its label')
+
+  monkeypatch.setattr(evaluate, 'write_results', written)
+  monkeypatch.setattr(evaluate, 'print_results', printed)
+  with pytest.raises(KeyError):
+    evaluate.evaluate(demo.get_config(), str(tmp_path))
+  assert calls == ['write', 'print']
+
+
+@pytest.mark.parametrize('first_line', [
+    '4945\trosa parks\t2006-03-01T15:58:56\tmlk\n',  # 4 fields: a session of 4 queries
+    '4945\trosa parks\t2006/03/01 15:58\ta\tb\tc\n'])  # 6 fields
+def test_an_anon_id_and_another_time_form_make_a_log_line_only_in_3_or_5_fields(tmp_path,
+                                                                               first_line):
+  """`is_raw_log_line`'s other-time rule holds for a log's 3 or 5 fields alone."""
+  path = tmp_path / 'input.txt'
+  path.write_text(first_line + 'more\n', encoding='utf-8')
+  assert inputs.detect_format(str(path)) == 'sessions'

@@ -563,6 +563,13 @@ def test_generator_is_seeded_and_its_answers_follow_from_its_triples():
   assert all(d.split()[0] == m.title for d, m in zip(documents, world.movies))
 
 
+def test_a_genre_of_exactly_four_movies_is_enough_for_recommendation_questions():
+  """A recommendation question names 4 liked movies of one genre: a genre of 4 is enough."""
+  world = movies.generate(12, 3, seed=2)
+  assert np.bincount([movies.GENRES.index(m.genre) for m in world.movies]).max() == 4
+  assert len(world.questions['recs']) == 3
+
+
 def test_the_world_has_the_documented_shape():
   """A movie has one director, one or two writers, two to four actors and one to three tags;
   people lean to genres and a user's four movies to a taste. The counts add up: a QA question

@@ -11,6 +11,7 @@ import os
 import re
 import sys
 import types
+import zipfile
 
 import ml_collections
 import numpy as np
@@ -540,7 +541,14 @@ def test_errors_are_one_line_and_name_the_input(tmp_path):
   log_text = open(good, 'rb').read()
   (tmp_path / 'log.tsv.bz2').write_bytes(bz2.compress(log_text))
   (tmp_path / 'log.tsv.xz').write_bytes(lzma.compress(log_text))
-  for name, kind in (('log.tsv.bz2', 'bzip2'), ('log.tsv.xz', 'xz')):
+  with zipfile.ZipFile(tmp_path / 'log.zip', 'w') as archive:
+    archive.writestr('log.tsv', log_text)
+  # No compressor of these in the standard library: their formats' first bytes (RFC 8878's
+  # magic number; 7-Zip's signature), then anything.
+  (tmp_path / 'log.tsv.zst').write_bytes(b'\x28\xb5\x2f\xfd' + bytes(range(160)))
+  (tmp_path / 'log.7z').write_bytes(b'7z\xbc\xaf\x27\x1c' + bytes(range(160)))
+  for name, kind in (('log.tsv.bz2', 'bzip2'), ('log.tsv.xz', 'xz'), ('log.zip', 'zip'),
+                     ('log.tsv.zst', 'zstd'), ('log.7z', '7z')):
     cases.append((str(tmp_path / name), aol_log.LogFormatError, re.escape(
         f'{name}: {kind}-compressed: only plain text or gzip is read; decompress it first')))
   cases.append((good, preprocess.EmptyCorpusError,
@@ -557,6 +565,17 @@ def test_errors_are_one_line_and_name_the_input(tmp_path):
   with pytest.raises(preprocess.EmptyCorpusError):
     preprocess.prepare(config(good), workdir)
   assert os.path.isdir(workdir) and not os.path.exists(preprocess.data_dir(workdir))
+
+
+def test_a_tie_between_bad_user_ids_and_bad_times_names_the_time(tmp_path):
+  """`_no_query` names the later check's reason on a tie (its docstring)."""
+  path = write(tmp_path / 'tie.tsv', [line('u7', 'a', '10:00:00'),
+                                      line(7, 'b', '2006-03-01T10:01:00')], header=False)
+  with pytest.raises(aol_log.LogFormatError) as error:
+    aol_log.read_log(path)
+  assert str(error.value).startswith(
+      f'{path}: none of its 2 lines reads as a query (bad_time 1, bad_user_id 1): QueryTime '
+      'is not a valid YYYY-MM-DD HH:MM:SS, first at line 2: ')
 
 
 def _many_sessions_log(path, num_sessions=100, extra_word=None):
@@ -1149,3 +1168,19 @@ def test_the_settings_a_corpus_was_built_with_are_told_apart_from_the_configs(tm
   other = config(tmp_path / 'moved.tsv', **{**kwargs, 'min_word_count': 3, 'strict': True})
   assert preprocess.settings_differences(other.data, workdir) == [
       'config.data.min_word_count: 1 there, 3 here']
+
+
+def test_a_log_exactly_one_tenth_malformed_is_warned_of(tmp_path):
+  """The warning holds from one line in ten malformed: 100 of 1,000 warn."""
+  kept = _many_sessions_log(tmp_path / 'clean.tsv', 300)  # a header, then 900 lines
+  hashed = [line(f'u{u:x}', f'topic{u % 7} q{i}', f'10:0{i}:00') for u in range(50)
+            for i in range(2)]
+  log = write(tmp_path / 'tenth.tsv', open(kept, encoding='utf-8').read().splitlines()[1:]
+              + hashed, header=False)
+  stats = preprocess.prepare(config(log, min_word_count=1), str(tmp_path / 'w'))
+  assert stats['lines_read'] == 1000
+  assert preprocess.summary(stats, 'w').endswith(
+      'Warning: 100 of the 1,000 lines read (10.0 %) are malformed (bad_user_id 100): is the '
+      'log in the AOL format (AnonID<TAB>Query<TAB>QueryTime[<TAB>ItemRank<TAB>ClickURL], '
+      'AnonID digits, QueryTime YYYY-MM-DD HH:MM:SS)? config.data.strict names the first such '
+      'line.')

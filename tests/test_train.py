@@ -289,6 +289,15 @@ def test_a_cpu_device_count_asked_for_that_xla_flags_contradicts_is_refused(monk
       parallel.set_cpu_devices(0, asked=True)
 
 
+def test_one_per_core_asked_for_where_xla_flags_sets_the_core_count_runs(monkeypatch):
+  """--cpu_devices=0 (one per core) agrees with an XLA_FLAGS count of the cores."""
+  cores = len(os.sched_getaffinity(0))
+  monkeypatch.setenv('XLA_FLAGS', f'--xla_force_host_platform_device_count={cores}')
+  assert parallel.set_cpu_devices(0, asked=True) == 0
+  with pytest.raises(errors.Error, match='contradicts XLA_FLAGS'):
+    parallel.set_cpu_devices(cores + 1, asked=True)
+
+
 def test_cpu_collectives_wait_long_for_a_late_device_unless_told(monkeypatch):
   """XLA aborts a process whose CPU devices meet at a collective more than a minute apart
   (its 40 s terminate timeout), which killed training runs on a busy machine: set_cpu_devices
