@@ -171,8 +171,9 @@ def get_config(variant: str = '') -> ml_collections.ConfigDict:
   # 'blend': the generator's beam and the training log's lists by quotas, in order: the first
   # N of each SOURCE (generate: the beam; popular: the most popular next queries;
   # cooccurring: the queries that most often followed the previous one), then the rest of
-  # each. A query of the session counts towards no quota (mtn_jax/inference/pipeline.py).
-  c.suggest.blend = 'popular:5,generate:10'
+  # each. A query of the session counts towards no quota (mtn_jax/inference/pipeline.py);
+  # the quotas before `generate` leave the beam a place of config.decode.top_k's.
+  c.suggest.blend = 'popular:2,generate:10'
   # 'learned': the sources pooled (SOURCE:N, the generator first: it scores every candidate;
   # mtn_jax/inference/sources.py) and ordered by gradient-boosted trees learned at
   # --mode=train from cross-fitted candidates: `ranker_folds` generators, each trained without

@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 from sacrebleu.metrics import BLEU
 
+from mtn_jax import tasks
 from mtn_jax.inference import pipeline
 
 
@@ -403,3 +404,27 @@ def test_a_ranker_of_another_vocabulary_is_refused_naming_both_workdirs():
   with pytest.raises(errors.Error, match='ranker_workdir=/ranker: .* is not the one of /run'):
     check(types.SimpleNamespace(vocab=other), ours, 'ranker_workdir', '/ranker', '/run')
   check(types.SimpleNamespace(vocab=ours), ours, 'ranker_workdir', '/ranker', '/run')
+
+
+def test_a_blend_that_leaves_the_beam_no_place_is_noted(tmp_path, monkeypatch):
+  """Quotas of the log's lists that fill `config.decode.top_k` before the beam (or a plan
+  with no beam) are noted when the pipeline loads; every config's own blend leaves the beam
+  a place."""
+  from configs import aol, default, demo  # pylint: disable=g-import-not-at-top
+  assert [pipeline.beam_place(pipeline.parse_blend(plan)) for plan in (
+      'popular:5,generate:10', 'generate:2,popular:1', 'popular:3,cooccurring:5,generate:10',
+      'popular:5')] == [5, 0, 8, None]
+  for config in (default.get_config(), demo.get_config(), aol.get_config('small')):
+    assert pipeline.beam_place(pipeline.parse_blend(config.suggest.blend)) < (
+        config.decode.top_k), config.suggest.blend
+  monkeypatch.setattr(pipeline.popular.LogCounts, 'of_workdir', lambda workdir: None)
+  suggests = types.SimpleNamespace(task=object.__new__(type('Stub', (tasks.Suggests,), {})))
+  for plan, noted in (('popular:5,generate:10', True), ('popular:4,generate:10', False),
+                      ('popular:2', True)):
+    config = default.get_config()
+    config.suggest.strategy, config.suggest.blend, config.decode.top_k = 'blend', plan, 5
+    said = []
+    pipeline.Pipeline.load(config, str(tmp_path), log=said.append, trained=suggests)
+    assert said == ([f"Note: config.suggest.blend='{plan}' leaves the beam no place of the 5 "
+                     "shown (config.decode.top_k): the lists are the training log's alone."]
+                    if noted else []), plan

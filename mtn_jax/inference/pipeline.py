@@ -146,6 +146,15 @@ def parse_blend(plan: str) -> tuple[tuple[str, int], ...]:
   return inference_sources.parse_plan(plan, BLEND_SOURCES)
 
 
+def beam_place(plan: Sequence[tuple[str, int]]) -> int | None:
+  """The places a blend's quotas give the log's lists before the beam's first candidate
+  (fewer where a list is shorter than its quota); None: the plan holds no beam."""
+  names = [name for name, _ in plan]
+  if 'generate' not in names:
+    return None
+  return sum(quota for _, quota in plan[:names.index('generate')])
+
+
 def blended(sources: dict[str, Sequence[str]], plan: Sequence[tuple[str, int]],
             session_so_far: Sequence[str]) -> list[dict]:
   """The candidates of `sources` by quotas: the first n of each source of `plan` in turn
@@ -412,6 +421,11 @@ class Pipeline:
       if not isinstance(trained.task, tasks.Suggests):
         raise errors.Error('config.suggest.strategy=\'blend\' blends a generative model\'s '
                            f'beam: {workdir} holds a {trained.cfg.name!r} ranker')
+      before = beam_place(settings.blend)
+      if before is None or before >= settings.top_k:
+        log(f'Note: config.suggest.blend={config.suggest.blend!r} leaves the beam no place '
+            f'of the {settings.top_k} shown (config.decode.top_k): the lists are the training '
+            'log\'s alone.')
       return cls(settings, trained, trained, None, None, None, workdir)
     if settings.strategy == 'generate':
       retriever = (retrieval.Retriever(trained, workdir, log=log, index=settings.index)
