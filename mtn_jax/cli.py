@@ -305,7 +305,8 @@ of them have):
                  last query of each line.
   raw log        an AOL-format log: an `AnonID` header line (AnonID, Query, QueryTime,
                  ItemRank, ClickURL), or lines of 3 or 5 tab-separated fields with a
-                 YYYY-MM-DD HH:MM:SS time in the third (a time in another form is refused);
+                 YYYY-MM-DD HH:MM:SS time in the third (a line of another form is skipped
+                 and counted; a log of no such line is refused);
                  sessions are cut as preprocessing cuts them
                  (config.data.session_gap_minutes) and suggestions are made after every
                  query, with the next query as the reference.

@@ -17,6 +17,7 @@ from absl import flags
 from ml_collections import config_flags
 
 from mtn_jax import cli
+from mtn_jax import errors
 from mtn_jax import modes
 
 FLAGS = flags.FLAGS
@@ -58,8 +59,11 @@ def main(argv):
     cli.check_workdir(workdir)
     if FLAGS.mode != 'preprocess':  # the one mode that runs without JAX
       from mtn_jax import parallel  # pylint: disable=g-import-not-at-top
-      parallel.set_cpu_devices(parallel.cpu_devices_for(FLAGS.mode, FLAGS.cpu_devices),
-                               asked=FLAGS.cpu_devices is not None)
+      try:
+        parallel.set_cpu_devices(parallel.cpu_devices_for(FLAGS.mode, FLAGS.cpu_devices),
+                                 asked=FLAGS.cpu_devices is not None)
+      except errors.ConfigError as e:  # a flag that contradicts the environment
+        cli.usage_error(str(e))
     if FLAGS.distributed:
       import jax  # pylint: disable=g-import-not-at-top
       jax.distributed.initialize(coordinator_address=FLAGS.coordinator_address,

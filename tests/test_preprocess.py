@@ -498,6 +498,17 @@ def test_every_line_is_counted_once(tmp_path):
   assert stats['lines_read'] == len(rows) + 1 == kept + sum(stats['skipped'].values())
 
 
+def test_a_missing_log_given_by_a_relative_path_names_the_folder_it_was_looked_in(
+    tmp_path, monkeypatch):
+  monkeypatch.chdir(tmp_path)
+  with pytest.raises(FileNotFoundError, match=re.escape(
+      f'data/log.tsv: no such log file (from {tmp_path})')):
+    preprocess.prepare(config('data/log.tsv'), str(tmp_path / 'w'))
+  with pytest.raises(FileNotFoundError, match=re.escape(
+      f'{tmp_path}/log.tsv: no such log file') + '$'):
+    preprocess.prepare(config(str(tmp_path / 'log.tsv')), str(tmp_path / 'w'))
+
+
 def test_errors_are_one_line_and_name_the_input(tmp_path):
   workdir = str(tmp_path / 'w')
   good = write(tmp_path / 'good.tsv', [line(1, 'a', '10:00:00')])

@@ -237,7 +237,7 @@ def test_checkpoint_of_another_model_is_refused(reference_run, tmp_path):
 ])
 def test_config_errors_fail_before_any_work(tmp_path, override, message):
   result = cli.run(tmp_path, override, check=False, timeout=60)
-  assert result.returncode != 0
+  assert result.returncode == 2, result.stderr  # a usage error
   assert message in result.stderr
   assert not (tmp_path / 'data').exists()
 

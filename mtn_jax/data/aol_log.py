@@ -365,8 +365,9 @@ def expand_paths(spec: str) -> list[str]:
       raise MissingLogError(f'{path}: a folder, not a log file (give its files, e.g. '
                             f'{os.path.join(path, "*.txt.gz")!r})')
     if not os.path.isfile(path):
+      where = '' if os.path.isabs(path) else f' (from {os.getcwd()})'  # a relative path
       raise MissingLogError(f'{path}: not a regular file' if os.path.exists(path)
-                            else f'{path}: no such log file')
+                            else f'{path}: no such log file{where}')
   resolved = [os.path.realpath(p) for p in paths]
   if len(set(resolved)) < len(resolved):
     twice = next(p for i, p in enumerate(paths) if resolved[i] in resolved[:i])

@@ -11,8 +11,9 @@ Out, in `config.report.output` (default `<workdir>/report/`):
                 form of the paper's Tables 4-5 (previous queries, predicted, actual)
   `bleu.png`    BLEU per model, like the paper's Fig. 2, beside each model's 1-4-gram
                 precisions
-  `layers.png`  only when the workdirs hold Transformers of different depths: the same per
-                layer layout ("Transformer (4Q enc, 4 dec)", "MTN (3Q+2S, 3)"), like Fig. 3
+  `layers.png`  only where the workdirs hold one model of the layer ablation (the
+                Transformer, MTN) at more than one depth: BLEU per layer layout
+                ("Transformer (4Q enc, 4 dec)", "MTN (3Q+2S, 3)"), like Fig. 3
 """
 
 from __future__ import annotations
