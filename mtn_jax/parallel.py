@@ -32,9 +32,9 @@ _XLA_COLLECTIVE_TIMEOUT_FLAG = '--xla_cpu_collective_call_terminate_timeout_seco
 CPU_COLLECTIVE_TIMEOUT_SECONDS = 30 * 60
 
 
-# Modes that run each batch whole: their parameters are replicated on every device and a
-# batch is not split, so every further CPU device computes the same batch again on another
-# core, which makes them slower, not faster (docs/notes/2026-11-26-serving.md), and a
+# Modes that run each batch whole, on one device (`inference.load_trained`): a further CPU
+# device would take no part in the work (when their parameters were replicated, every device
+# computed each batch again, which made them slower: docs/notes/2026-11-26-serving.md), and a
 # service's other cores are its HTTP loop's.
 WHOLE_BATCH_MODES = ('decode', 'suggest', 'serve')
 

@@ -7,6 +7,8 @@ the Transformer made by `--mode=train` then `--mode=eval` on two devices.
 
 import json
 import re
+import subprocess
+import sys
 
 import pytest
 
@@ -431,3 +433,20 @@ def test_decode_of_a_file_whose_every_line_is_skipped_is_refused_as_an_empty_one
   assert line == (f'error: {input_file}: no session to decode (every line was skipped: '
                   '3 control_character_lines, 1 empty_lines)'), line
   assert not (tmp_path / 'new').exists()
+
+
+def test_a_loaded_model_runs_a_whole_batch_on_one_device_and_a_split_one_on_all(
+    transformer_run):
+  """On two devices: the parameters of a loaded model are on one, so a batch given whole runs
+  there once (replicated, every device would compute all of it); an evaluation that splits
+  its batches has them on both."""
+  workdir, _ = transformer_run
+  code = ('import jax; from configs import demo; from mtn_jax import inference; '
+          'from mtn_jax.inference import sources; '
+          f'trained = inference.load_trained(demo.get_config("transformer"), {str(workdir)!r}); '
+          'split = sources.Generate(trained, None).on_local_devices(); '
+          'on = lambda params: len({d for x in jax.tree.leaves(params) for d in x.devices()}); '
+          'print(jax.local_device_count(), on(trained.params), on(split.trained.params))')
+  ran = subprocess.run([sys.executable, '-c', code], env=cli.env(devices=2), cwd=cli.REPO,
+                       capture_output=True, text=True, timeout=120, check=True)
+  assert ran.stdout.split()[-3:] == ['2', '1', '2'], ran.stdout + ran.stderr
