@@ -623,12 +623,14 @@ def search_sessions(model, params, batch: Mapping[str, jax.Array | np.ndarray],
           _joined([f[1] for f in found], num_sessions))
 
 
-@functools.partial(jax.jit, static_argnums=(1, 2, 3))
+@functools.partial(jax.jit, static_argnums=(1, 3))
 def _positions(memory: Memory, num_sessions: int, start: int, count: int) -> Memory:
   """Rows b * S + t, t in [start, start + count), of memory leaves [B * S, ...] ->
-  [B * count, ...], session-major."""
-  return jax.tree.map(lambda x: x.reshape(num_sessions, -1, *x.shape[1:])[
-      :, start:start + count].reshape(-1, *x.shape[1:]), memory)
+  [B * count, ...], session-major. `start` is traced: one program for every group of a
+  size, not one for each start (a log's wide sessions have many)."""
+  return jax.tree.map(lambda x: jax.lax.dynamic_slice_in_dim(
+      x.reshape(num_sessions, -1, *x.shape[1:]), start, count, axis=1
+  ).reshape(-1, *x.shape[1:]), memory)
 
 
 @functools.partial(jax.jit, static_argnums=(1,))

@@ -171,10 +171,10 @@ def candidate_log_probs(trained: inference.Trained, contexts: Sequence[Context],
   for group, group_contexts, batch, lengths in sources_lib.batches(
       trained, contexts, batch_rows, widths, history_queries):
     num_queries = batch['queries'].shape[1]
-    if positions == 'last':
-      rows = np.arange(batch_rows) * num_queries + lengths - 1
-    else:
-      rows = np.arange(batch_rows * num_queries)
+    # Every row for 'all': None, as the beam search asks for them, so that scoring the beam's
+    # batch finds its memory already encoded (`search.encoded`).
+    rows = ((np.arange(batch_rows) * num_queries + lengths - 1).astype(np.int32)
+            if positions == 'last' else None)
     packing = _Packing(width, num_targets, one_per_row=not packs)
     token_log_probs = np.zeros((0, num_targets), np.float32)
     for row, (i, context) in enumerate(zip(group, group_contexts)):
@@ -191,7 +191,7 @@ def candidate_log_probs(trained: inference.Trained, contexts: Sequence[Context],
             packing.add(r, ids)
     if packing.targets:
       memory = search.encoded(task.model, params, {key: batch[key] for key in task.context_keys},
-                              rows.astype(np.int32))
+                              rows)
       inputs, parents, picks, targets, memory_rows = packing.arrays()
       token_log_probs = np.zeros(targets.shape, np.float32)
       # `chunk` packed rows a call, the last call padded with its last row.
