@@ -75,8 +75,8 @@ def set_cpu_devices(count: int = 0, *, asked: bool = False) -> int:
     if asked and set_there and int(set_there[-1]) != (count or cores):
       asked_for = f'{count}' if count else f'0 (one per core: {cores})'
       raise errors.ConfigError(f'--cpu_devices={asked_for} contradicts XLA_FLAGS, whose '
-                         f'{_XLA_DEVICE_COUNT_FLAG}={set_there[-1]} would decide: unset '
-                         'one of them')
+                               f'{_XLA_DEVICE_COUNT_FLAG}={set_there[-1]} would decide: '
+                               'unset one of them')
     return 0
   count = count or cores
   jax.config.update('jax_num_cpu_devices', count)

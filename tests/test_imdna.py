@@ -532,6 +532,10 @@ def test_each_aol_question_ranks_its_candidates_by_its_own_model_scores(tmp_path
       library, questions, 'test', scores)
   assert figures['model']['exact_match'] == 100.0
   assert figures['bm25']['exact_match'] == 50.0  # the candidates' own order: 'louvre' first
+  # A quick look at the first question (config.decode.max_eval_sessions=1): its context alone.
+  first = answer_hits._aol_query_figures(  # pylint: disable=protected-access
+      library, answer_hits.first_questions(questions, 1), 'test', scores[:1])
+  assert (first['model']['pairs'], first['bm25']['exact_match']) == (1, 100.0)
 
 
 # ---------------------------------------------------------------------------------------------

@@ -7,6 +7,7 @@ drain after SIGTERM as a load balancer polling /readyz sees it."""
 from __future__ import annotations
 
 import asyncio
+import gc
 import json
 import re
 import signal
@@ -97,10 +98,8 @@ def test_every_error_has_the_one_shape(stub, method, path, kwargs, status, field
 
 def test_an_address_it_cannot_listen_on_is_named_before_any_model_loads(tmp_path):
   taken = service_lib._bind('127.0.0.1', 0)  # pylint: disable=protected-access
+  taken.listen()
   port = taken.getsockname()[1]
-  # Two services starting together: the second is refused while the first still loads.
-  with pytest.raises(errors.Error, match='cannot listen there'):
-    service_lib._bind('127.0.0.1', port)  # pylint: disable=protected-access
   config = demo.get_config()
   config.serve.host, config.serve.port = '127.0.0.1', port
   # The workdir holds no model: the address is refused first.
@@ -112,6 +111,28 @@ def test_an_address_it_cannot_listen_on_is_named_before_any_model_loads(tmp_path
   with pytest.raises(errors.Error, match=re.escape(
       "config.serve.host, port = '999.1.1.1', 0: cannot listen there (")):
     service_lib._bind('999.1.1.1', 0)  # pylint: disable=protected-access
+
+
+def test_a_service_whose_address_another_took_while_it_loaded_stops_saying_so():
+  """Two services started together both bind the port (neither listens while its model
+  loads); the first to listen has it, and the second stops with that error, never saying
+  it serves."""
+  first = service_lib._bind('127.0.0.1', 0)  # pylint: disable=protected-access
+  port = first.getsockname()[1]
+  second = service_lib._bind('127.0.0.1', port)  # pylint: disable=protected-access
+  first.listen()
+  said = []
+  service = service_lib.Service(StubEngine(), service_lib.ServeSettings(),
+                                compilations=lambda: 0, log=said.append)
+  try:
+    with pytest.raises(errors.Error, match=re.escape(
+        f"config.serve.host, port = '127.0.0.1', {port}: cannot listen there (another "
+        'process took the address while this one loaded')):
+      service_lib.run(service, second)
+  finally:
+    gc.unfreeze()  # `run` froze the objects of this process, as a service's own
+    first.close()
+  assert not any('Serving on' in line for line in said), said
 
 
 def test_a_body_that_stops_short_of_its_length_is_408_at_the_deadline():

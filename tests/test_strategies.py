@@ -426,5 +426,5 @@ def test_a_blend_that_leaves_the_beam_no_place_is_noted(tmp_path, monkeypatch):
     said = []
     pipeline.Pipeline.load(config, str(tmp_path), log=said.append, trained=suggests)
     assert said == ([f"Note: config.suggest.blend='{plan}' leaves the beam no place of the 5 "
-                     "shown (config.decode.top_k): the lists are the training log's alone."]
-                    if noted else []), plan
+                     "shown (config.decode.top_k) where the training log's lists fill their "
+                     'quotas.'] if noted else []), plan

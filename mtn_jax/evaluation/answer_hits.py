@@ -150,7 +150,7 @@ def evaluate(trained, config: ml_collections.ConfigDict, workdir: str, prefix: s
 
 def first_questions(questions: QuestionSet, n: int) -> QuestionSet:
   """The first `n` questions of a split, every field cut alike (the AOL contexts of
-  `Library.extra` are row for row with them, so their first `n` stay aligned)."""
+  `Library.extra` are row for row with them: `_aol_query_figures` reads their first `n`)."""
   return dataclasses.replace(questions, **{f.name: getattr(questions, f.name)[:n]
                                            for f in dataclasses.fields(questions)})
 
@@ -159,7 +159,7 @@ def _aol_query_figures(library: Library, questions: QuestionSet, split: str,
                        model_scores: np.ndarray) -> dict:
   """Next-query ranking (`metrics.suggestion_ranking`) of the model's candidate queries, of
   the same candidates in BM25's order, and of the trivial suggesters."""
-  contexts = library.extra[split]['contexts']
+  contexts = library.extra[split]['contexts'][:len(questions)]  # the first N, where cut
   references = questions.answer_texts
   candidates = [imdna_library.following_queries(library, questions, i, contexts[i])
                 for i in range(len(questions))]

@@ -424,8 +424,8 @@ class Pipeline:
       before = beam_place(settings.blend)
       if before is None or before >= settings.top_k:
         log(f'Note: config.suggest.blend={config.suggest.blend!r} leaves the beam no place '
-            f'of the {settings.top_k} shown (config.decode.top_k): the lists are the training '
-            'log\'s alone.')
+            f'of the {settings.top_k} shown (config.decode.top_k) where the training log\'s '
+            'lists fill their quotas.')
       return cls(settings, trained, trained, None, None, None, workdir)
     if settings.strategy == 'generate':
       retriever = (retrieval.Retriever(trained, workdir, log=log, index=settings.index)

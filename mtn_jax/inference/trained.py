@@ -31,6 +31,7 @@ import ml_collections
 
 from mtn_jax import errors
 from mtn_jax import models
+from mtn_jax import parallel
 from mtn_jax import tasks
 from mtn_jax.data import extended
 from mtn_jax.data import preprocess
@@ -195,13 +196,15 @@ def load_trained(config: ml_collections.ConfigDict, workdir: str,
     task = tasks.make_task(cfg, config.train, data_dir)
     saved_task = task.with_layout(checkpoints.saved_scan_layers(meta))
     task = task.with_layout(False)
-    # On one device of this process, whatever devices the run was trained on (the saved
-    # sharding names the training machine's: another device count would not load). A batch
-    # given whole then runs on that device alone: replicated parameters would have every
-    # device compute all of it again (on a CPU, each on a core the others need). Who splits
-    # batches over the devices replicates the parameters there (`sources.Generate.
-    # on_local_devices`, `pool_ranking`).
-    on_devices = jax.sharding.SingleDeviceSharding(jax.local_devices()[0])
+    # On one device, whatever devices the run was trained on (the saved sharding names the
+    # training machine's: another device count would not load). A batch given whole then
+    # runs on that device alone: replicated parameters would have every device compute all
+    # of it again (on a CPU, each on a core the others need). Who splits batches over the
+    # devices replicates the parameters there (`sources.Generate.on_local_devices`,
+    # `pool_ranking`). A run of several processes keeps them replicated on all: a transfer
+    # from one device to every host's cannot be made.
+    on_devices = (jax.sharding.SingleDeviceSharding(jax.local_devices()[0])
+                  if jax.process_count() == 1 else parallel.replicated(parallel.make_mesh()))
     abstract_params = jax.tree.map(
         lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=on_devices),
         saved_task.abstract_params())

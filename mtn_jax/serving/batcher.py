@@ -9,9 +9,11 @@ second batch runs on another core while the first does, and the event loop keeps
 refusing and timing out requests meanwhile. An optional `prepare` step (the users'
 histories) runs first on one thread of its own, batch after batch in the order the batches
 formed, so that a user's requests are seen in the order they came even when their batches
-overlap; a batch it would not change (no request names a user) does not wait for it. A request whose caller has stopped waiting (its deadline passed, or the client went)
-leaves the queue at once: it holds no place a waiting request could take. A batch that
-raises is run again one request at a time, so that one bad request fails alone.
+overlap; a batch it would not change (no request names a user) does not wait for it (only
+for a free worker, which a batch being prepared holds). A request whose caller has stopped
+waiting (its deadline passed, or the client went) leaves the queue at once: it holds no
+place a waiting request could take. A batch that raises is run again one request at a time,
+so that one bad request fails alone.
 """
 
 from __future__ import annotations

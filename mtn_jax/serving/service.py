@@ -10,8 +10,9 @@
    two batches. A reload that fails leaves the old model serving (and says why).
 4. SIGTERM (or Ctrl-C): the service keeps listening, /readyz says 503, new suggestion
    requests get 503 with Retry-After (those that came before the signal are answered), the
-   queued batches start at once; once the requests in flight are answered and no suggestion request came for config.serve.drain_quiet_seconds
-   (counted from the signal at the earliest; /readyz polls do not count), or once
+   queued batches start at once; once the requests in flight are answered and no
+   suggestion request came for config.serve.drain_quiet_seconds (counted from the signal
+   at the earliest; /readyz polls do not count), or once
    config.serve.drain_seconds have passed, it stops listening and exits 0. A second Ctrl-C
    stops at once.
 """
@@ -75,6 +76,12 @@ class ServeSettings:
   def from_config(cls, config: ml_collections.ConfigDict) -> ServeSettings:
     return cls(**{f.name: config.serve[f.name] for f in dataclasses.fields(cls)})
 
+  @property
+  def history_wait_seconds(self) -> float:
+    """How long the users' histories may hold a request up: half its deadline, the other
+    half left to the model."""
+    return self.deadline_ms / 2000
+
 
 def default_workers(backend: str) -> int:
   """Batches run at once where config.serve.workers is 0. On a CPU two: the compiled programs
@@ -115,12 +122,14 @@ class Service:
         max_wait=settings.max_wait_ms / 1000, queue_bound=settings.queue_bound,
         on_batch=self._on_batch, on_depth=self.metrics.queue_depth.set,
         on_unheard=lambda e: self.log(f'A request whose caller had stopped waiting (its '
-                                      f'deadline) failed: {type(e).__name__}: {e}'))
+                                      f'deadline passed, or it went) failed: '
+                                      f'{type(e).__name__}: {e}'))
     self.draining = False
     self.inflight = 0  # HTTP requests being answered (`app._Guard` counts them)
     self.last_request = 0.0  # time.monotonic() when the latest POST /v1/suggest came
     self.drain_started = 0.0  # time.monotonic() at SIGTERM
     self._reload_lock: asyncio.Lock | None = None
+    self._histories_failed_until = 0.0  # time.monotonic(): the store is not asked before
 
   async def start(self) -> None:
     self._reload_lock = asyncio.Lock()
@@ -143,18 +152,26 @@ class Service:
     """On the batcher's `prepare` thread, batches in the order they came: each request's
     user's earlier queries read, and its session recorded. Where the database fails (another
     process holding it locked past the store's wait, a full disk), the request is answered
-    without the user's past (its `history` 0), logged and counted: the suggestions do not
-    wait on the histories."""
+    without the user's past (its `history` 0), and so is every request for the next
+    `history_wait_seconds` without asking the store again: at most one wait a while, however
+    many users a batch holds or batches queue. Each such request is counted, each failure
+    logged."""
     prepared = []
     for request in requests:
       if request.user is not None:
-        try:
-          request = dataclasses.replace(
-              request, history=self.store.observe(request.user, request.session))
-        except sqlite3.Error as e:
+        if time.monotonic() < self._histories_failed_until:
           self.metrics.history_errors.inc()
-          self.log(f"Users' histories ({self.store.path}) failed: {e}; a request answered "
-                   "without its user's past.")
+        else:
+          try:
+            request = dataclasses.replace(
+                request, history=self.store.observe(request.user, request.session))
+          except sqlite3.Error as e:
+            self._histories_failed_until = (time.monotonic()
+                                            + self.settings.history_wait_seconds)
+            self.metrics.history_errors.inc()
+            self.log(f"Users' histories ({self.store.path}) failed: {e}; requests answered "
+                     f'without their user\'s past for {self.settings.history_wait_seconds:g} '
+                     's.')
       prepared.append(request)
     return prepared
 
@@ -258,6 +275,7 @@ class _Server(uvicorn.Server):
     super().__init__(config)
     self.service, self.url = service, url
     self._tasks: set[asyncio.Task] = set()
+    self.address_lost = False  # another socket listened on the address first
 
   @contextlib.contextmanager
   def capture_signals(self):
@@ -306,29 +324,42 @@ class _Server(uvicorn.Server):
 
   async def startup(self, sockets=None) -> None:
     await super().startup(sockets=sockets)
-    if self.started:
+    # Two sockets with SO_REUSEADDR may both be bound to one address until one listens (two
+    # services started together, each loading its model): the second's listen fails, and
+    # uvloop then closes its socket without a word, leaving a service that would say it
+    # serves and holds no socket.
+    self.address_lost = self.started and not all(map(_listening, sockets or ()))
+    if self.address_lost:
+      self.should_exit = True
+    elif self.started:
       self.service.log(f'Serving on {self.url} (POST /v1/suggest, the page at /, /docs; '
                        f'{self.service.settings.workers} worker(s)).')
 
 
 def _bind(host: str, port: int) -> socket.socket:
-  """A socket listening on `host`:`port` (a connection made while the model loads waits to
-  be answered), or an error naming the two keys and why the system refused them."""
+  """A socket bound to `host`:`port` (not yet listening: a connection is refused until the
+  server runs), or an error naming the two keys and why the system refused them."""
   try:
     family, kind, proto, _, address = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM,
                                                         flags=socket.AI_PASSIVE)[0]
     sock = socket.socket(family, kind, proto)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     sock.bind(address)
-    # Listening at once: two sockets with SO_REUSEADDR may both be bound to one port until
-    # one listens, and uvloop closes a socket whose listen fails without a word, which left
-    # a second server on the port saying it served while it held no socket.
-    sock.listen(socket.SOMAXCONN)
   except OSError as e:
-    raise errors.Error(f'config.serve.host, port = {host!r}, {port}: cannot listen there '
-                       f'({e.strerror or e})') from None
+    raise errors.Error(_cannot_listen(host, port, e.strerror or str(e))) from None
   sock.set_inheritable(True)
   return sock
+
+
+def _cannot_listen(host: str, port: int, why: str) -> str:
+  return f'config.serve.host, port = {host!r}, {port}: cannot listen there ({why})'
+
+
+def _listening(sock: socket.socket) -> bool:
+  try:
+    return bool(sock.getsockopt(socket.SOL_SOCKET, socket.SO_ACCEPTCONN))
+  except OSError:  # closed
+    return False
 
 
 def describe(engine: engine_lib.Engine, seconds: float) -> str:
@@ -359,12 +390,10 @@ def build(config: ml_collections.ConfigDict, workdir: str, log=_say) -> Service:
   if settings.history_db and engine.personalises:
     path = os.path.join(os.path.abspath(workdir), settings.history_db)
     try:
-      # At least what the pipeline reads of a user's past, as evaluation and decode read
-      # it; a file another process holds locked waits half a request's deadline at most,
-      # leaving the model the other half.
+      # At least what the pipeline reads of a user's past, as evaluation and decode read it.
       store = history_lib.HistoryStore(path, max(settings.history_per_user, engine.past_read),
                                        engine.max_session_queries,
-                                       busy_seconds=settings.deadline_ms / 2000)
+                                       busy_seconds=settings.history_wait_seconds)
     except (sqlite3.Error, OSError) as e:
       engine.stop_warming(settings.drain_seconds)  # no compiler left as the process ends
       raise errors.Error(f"config.serve.history_db: cannot keep users' histories in {path} "
@@ -404,6 +433,13 @@ def run(service: Service, sock: socket.socket | None = None) -> None:
   # (docs/notes/2026-11-27-figures-from-code-comments.md).
   gc.collect()
   gc.freeze()
-  server.run(sockets=[sock])
+  taken = _cannot_listen(host, port, 'another process took the address while this one '
+                         'loaded')
+  try:
+    server.run(sockets=[sock])
+  except OSError as e:  # asyncio's loop says so where uvloop does not
+    raise errors.Error(f'{taken}: {e.strerror or e}') from None
+  if server.address_lost:
+    raise errors.Error(taken)
   service.log('Stopped.')
   sys.stdout.flush()
