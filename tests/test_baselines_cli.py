@@ -1,9 +1,7 @@
 """The recurrent baselines (Seq2Seq with attention, HRED, M-NSRF) through the real command
 line, from their own config files, on a tiny model and demo log: training lowers the loss, a
 re-run resumes from the checkpoint, `--mode=eval` restores it, and `--mode=decode` suggests
-the same queries as the evaluation did. Also: every shipped config file and variant loads and
-passes `config_lib.validate`, and the comparison's small configs share one data config and
-budget.
+the same queries as the evaluation did. (The config files themselves: tests/test_configs.py.)
 
 One trained workdir per model is shared by the module's tests.
 """
@@ -11,8 +9,6 @@ One trained workdir per model is shared by the module's tests.
 from __future__ import annotations
 
 import dataclasses
-import importlib
-import inspect
 import json
 import pathlib
 import re
@@ -20,10 +16,6 @@ import subprocess
 
 import pytest
 
-from configs import families
-from mtn_jax import config_lib
-from mtn_jax import tasks
-from mtn_jax.tasks import registry
 from mtn_jax.training import metric_writer
 from tests import cli
 
@@ -40,27 +32,6 @@ RUN = ('--config.data.source=demo', '--config.data.max_session_queries=3',
        '--config.decode.max_eval_sessions=8', '--config.decode.beam_size=3',
        '--config.decode.top_k=3')
 BLEU_LINE = r'BLEU = \d+\.\d\d, \d+\.\d/\d+\.\d/\d+\.\d/\d+\.\d'
-
-# Every variant of every config file that takes one; a file whose get_config() takes a
-# variant must be listed here, so a new variant is not left untested by accident.
-VARIANTS = {
-    'aol': ('', 'small'),
-    'transformer_aol': ('', 'small', 'enc5dec5', 'small,enc5dec5'),
-    'seq2seq_aol': ('', 'small'),
-    'hred_aol': ('', 'small'),
-    'mnsrf_aol': ('', 'small'),
-    'default': ('mtn', 'transformer', 'biencoder', 'polyencoder', 'crossencoder'),
-    'demo': ('', 'transformer'),
-    'imdna_movies': ('', 'qa', 'recs', 'test', 'qa+embeddings', 'recs+embeddings'),
-    'imdna_aol': ('', 'embeddings'),
-    'polyencoder_aol': ('', 'small', 'poly64', 'poly360', 'bi', 'cross', 'demo', 'demo_bi',
-                        'demo_cross'),
-    'zam_aol': ('', 'zam', 'aem', 'hem', 'qem', 'demo', 'mtn', 'mtn_aem', 'mtn_zam'),
-}
-# The configs that `experiments/compare.sh` runs against each other.
-COMPARED = ('aol:small', 'transformer_aol:small', 'transformer_aol:small,enc5dec5',
-            'seq2seq_aol:small', 'hred_aol:small', 'mnsrf_aol:small')
-
 
 @dataclasses.dataclass(frozen=True)
 class BaselineRun:
@@ -149,85 +120,3 @@ def test_decode_gives_the_evaluated_top_k(baseline, tmp_path):
     # session's own queries as candidates, which may hold any word.
     assert all(set(s['query'].split()) <= vocabulary or s['query'] in record['context']
                for s in suggestions)
-
-
-# ---------------------------------------------------------------------------------------------
-# Config files
-
-
-def load_config(name: str, variant: str = ''):
-  """What `--config=configs/NAME.py[:VARIANT]` loads (ml_collections passes the variant)."""
-  module = importlib.import_module(f'configs.{name}')
-  config = module.get_config(variant) if variant else module.get_config()
-  # Validation asks for a log only of configs that read one; any path will do here.
-  if config.data.source == 'aol':
-    config.data.raw_files = config.data.raw_files or 'log.tsv'
-  return config
-
-
-def config_files() -> list[str]:
-  """The config files (configs/families.py holds the families' keys, no config)."""
-  return sorted(p.stem for p in (cli.REPO / 'configs').glob('*.py')
-                if p.stem not in ('__init__', 'families'))
-
-
-def flat_keys(config, prefix: str = '') -> set[str]:
-  keys = set()
-  for key, value in config.items():
-    if hasattr(value, 'items'):
-      keys |= flat_keys(value, f'{prefix}{key}.')
-    else:
-      keys.add(prefix + key)
-  return keys
-
-
-@pytest.mark.parametrize('name', config_files())
-def test_every_config_and_variant_loads_and_validates(name):
-  takes_variant = bool(inspect.signature(
-      importlib.import_module(f'configs.{name}').get_config).parameters)
-  if takes_variant:
-    assert name in VARIANTS, f'configs/{name}.py takes variants: list them in VARIANTS'
-  shared = flat_keys(load_config('default'))
-  for variant in VARIANTS.get(name, ('',)):
-    config = load_config(name, variant)
-    config_lib.validate(config)
-    # Every config starts from default.py with its model's family (configs/families.py): a
-    # key has one name and one meaning everywhere, and config.model holds the keys its model
-    # reads, no other family's. IMDNA's task adds config.imdna (and the movie knowledge base
-    # config.movies).
-    family = {f'model.{k}' for k in families.keys(config.model.name)}
-    task = {k for k in flat_keys(config) if k.split('.')[0] in ('imdna', 'movies')}
-    assert not task or config.model.name == 'imdna', f'configs/{name}.py:{variant}'
-    assert flat_keys(config) == shared | family | task, f'configs/{name}.py:{variant}'
-  if takes_variant:
-    with pytest.raises(ValueError, match=rf'configs/{name}\.py: unknown variant'):
-      load_config(name, 'no-such-variant')
-
-
-def test_compared_configs_share_data_and_budget():
-  configs = {spec: load_config(*spec.split(':')) for spec in COMPARED}
-  reference = configs['aol:small']
-  for spec, config in configs.items():
-    # Same data config and seeds: every workdir builds the same corpus and split.
-    assert config.data.to_dict() == reference.data.to_dict(), spec
-    assert config.seed == reference.seed, spec
-    for key in ('num_epochs', 'max_steps'):
-      assert config.train[key] == reference.train[key], (spec, key)
-    assert config.input.to_dict() == reference.input.to_dict(), spec
-    assert config.decode.to_dict() == reference.decode.to_dict(), spec
-  # Every generative model is compared (the rankers are evaluated on their own terms).
-  generative = [name for name, task in registry.TASKS.items()
-                if task is tasks.GenerationTask]
-  assert sorted({c.model.name for c in configs.values()}) == sorted(generative)
-
-
-@pytest.mark.parametrize('name', [f'{b}_aol' for b in BASELINES])
-def test_recurrent_configs_follow_the_paper(name):
-  config = load_config(name)
-  assert (config.model.lstm_units, config.model.emb_dim, config.model.dropout) == (256, 300, 0.1)
-  assert (config.train.schedule, config.train.learning_rate) == ('constant', 0.001)
-  assert config.train.label_smoothing == 0
-  assert config.train.entropy_weight == (0.1 if name == 'mnsrf_aol' else 0.0)
-  small = load_config(name, 'small')
-  assert (small.train.schedule, small.train.learning_rate) == ('constant', 0.003)
-  assert small.train.entropy_weight == config.train.entropy_weight

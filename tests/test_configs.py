@@ -1,6 +1,8 @@
 """The config by family: configs/default.py holds what every run shares, each model family its
 own keys (configs/families.py); one switch per idea; old runs' saved configs still load."""
 
+import importlib
+import inspect
 import re
 import types
 
@@ -12,9 +14,12 @@ from configs import families
 from mtn_jax import cli as cli_errors
 from mtn_jax import config_lib
 from mtn_jax import models
+from mtn_jax import tasks
 from mtn_jax.decoding import mbr
 from mtn_jax.decoding import search
 from mtn_jax.inference import trained as trained_lib
+from mtn_jax.tasks import registry
+from tests import cli
 
 
 def leaf_keys(config, prefix=''):
@@ -555,3 +560,107 @@ def test_an_old_checkpoints_model_config_maps_to_the_same_model(name):
   model = default.get_config(name).model
   model.update({k: v for k, v in OLD_MODEL.items() if k in model and k != 'name'})
   assert models.make_config(model, **sizes) == saved
+
+
+# ---------------------------------------------------------------------------------------------
+# Config files
+
+# Every variant of every config file that takes one; a file whose get_config() takes a
+# variant must be listed here, so a new variant is not left untested by accident.
+VARIANTS = {
+    'aol': ('', 'small'),
+    'transformer_aol': ('', 'small', 'enc5dec5', 'small,enc5dec5'),
+    'seq2seq_aol': ('', 'small'),
+    'hred_aol': ('', 'small'),
+    'mnsrf_aol': ('', 'small'),
+    'default': ('mtn', 'transformer', 'biencoder', 'polyencoder', 'crossencoder'),
+    'demo': ('', 'transformer'),
+    'imdna_movies': ('', 'qa', 'recs', 'test', 'qa+embeddings', 'recs+embeddings'),
+    'imdna_aol': ('', 'embeddings'),
+    'polyencoder_aol': ('', 'small', 'poly64', 'poly360', 'bi', 'cross', 'demo', 'demo_bi',
+                        'demo_cross'),
+    'zam_aol': ('', 'zam', 'aem', 'hem', 'qem', 'demo', 'mtn', 'mtn_aem', 'mtn_zam'),
+}
+# The configs that `experiments/compare.sh` runs against each other.
+COMPARED = ('aol:small', 'transformer_aol:small', 'transformer_aol:small,enc5dec5',
+            'seq2seq_aol:small', 'hred_aol:small', 'mnsrf_aol:small')
+
+def load_config(name: str, variant: str = ''):
+  """What `--config=configs/NAME.py[:VARIANT]` loads (ml_collections passes the variant)."""
+  module = importlib.import_module(f'configs.{name}')
+  config = module.get_config(variant) if variant else module.get_config()
+  # Validation asks for a log only of configs that read one; any path will do here.
+  if config.data.source == 'aol':
+    config.data.raw_files = config.data.raw_files or 'log.tsv'
+  return config
+
+
+def config_files() -> list[str]:
+  """The config files (configs/families.py holds the families' keys, no config)."""
+  return sorted(p.stem for p in (cli.REPO / 'configs').glob('*.py')
+                if p.stem not in ('__init__', 'families'))
+
+
+def flat_keys(config, prefix: str = '') -> set[str]:
+  keys = set()
+  for key, value in config.items():
+    if hasattr(value, 'items'):
+      keys |= flat_keys(value, f'{prefix}{key}.')
+    else:
+      keys.add(prefix + key)
+  return keys
+
+
+@pytest.mark.parametrize('name', config_files())
+def test_every_config_and_variant_loads_and_validates(name):
+  takes_variant = bool(inspect.signature(
+      importlib.import_module(f'configs.{name}').get_config).parameters)
+  if takes_variant:
+    assert name in VARIANTS, f'configs/{name}.py takes variants: list them in VARIANTS'
+  shared = flat_keys(load_config('default'))
+  for variant in VARIANTS.get(name, ('',)):
+    config = load_config(name, variant)
+    config_lib.validate(config)
+    # Every config starts from default.py with its model's family (configs/families.py): a
+    # key has one name and one meaning everywhere, and config.model holds the keys its model
+    # reads, no other family's. IMDNA's task adds config.imdna (and the movie knowledge base
+    # config.movies).
+    family = {f'model.{k}' for k in families.keys(config.model.name)}
+    task = {k for k in flat_keys(config) if k.split('.')[0] in ('imdna', 'movies')}
+    assert not task or config.model.name == 'imdna', f'configs/{name}.py:{variant}'
+    assert flat_keys(config) == shared | family | task, f'configs/{name}.py:{variant}'
+  if takes_variant:
+    with pytest.raises(ValueError, match=rf'configs/{name}\.py: unknown variant'):
+      load_config(name, 'no-such-variant')
+
+
+def test_compared_configs_share_data_and_budget():
+  configs = {spec: load_config(*spec.split(':')) for spec in COMPARED}
+  reference = configs['aol:small']
+  for spec, config in configs.items():
+    # Same data config and seeds: every workdir builds the same corpus and split.
+    assert config.data.to_dict() == reference.data.to_dict(), spec
+    assert config.seed == reference.seed, spec
+    for key in ('num_epochs', 'max_steps'):
+      assert config.train[key] == reference.train[key], (spec, key)
+    assert config.input.to_dict() == reference.input.to_dict(), spec
+    assert config.decode.to_dict() == reference.decode.to_dict(), spec
+  # Every generative model is compared (the rankers are evaluated on their own terms).
+  generative = [name for name, task in registry.TASKS.items()
+                if task is tasks.GenerationTask]
+  missing = sorted(set(generative) - {c.model.name for c in configs.values()})
+  assert not missing, (f'{missing}: every generative model is in the paper comparison: add '
+                       'configs/NAME_aol.py with a :small variant to COMPARED and to '
+                       'experiments/compare.sh')
+
+
+@pytest.mark.parametrize('name', ['seq2seq_aol', 'hred_aol', 'mnsrf_aol'])
+def test_recurrent_configs_follow_the_paper(name):
+  config = load_config(name)
+  assert (config.model.lstm_units, config.model.emb_dim, config.model.dropout) == (256, 300, 0.1)
+  assert (config.train.schedule, config.train.learning_rate) == ('constant', 0.001)
+  assert config.train.label_smoothing == 0
+  assert config.train.entropy_weight == (0.1 if name == 'mnsrf_aol' else 0.0)
+  small = load_config(name, 'small')
+  assert (small.train.schedule, small.train.learning_rate) == ('constant', 0.003)
+  assert small.train.entropy_weight == config.train.entropy_weight

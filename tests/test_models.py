@@ -133,8 +133,10 @@ def test_later_queries_never_change_earlier_positions(name):
       rows = memory[key].reshape(BATCH, QUERIES, *memory[key].shape[1:])
       changed_rows = changed_memory[key].reshape(rows.shape)
       np.testing.assert_allclose(rows[:, :t + 1], changed_rows[:, :t + 1], atol=1e-6)
-      # The check has teeth: the changed positions do move.
-      assert not np.allclose(rows[:, t + 1:], changed_rows[:, t + 1:], atol=1e-3)
+      # The check has teeth: the changed positions' vectors do move (a mask may not: a model
+      # whose every position holds one vector has a mask of ones).
+      if np.issubdtype(rows.dtype, np.floating):
+        assert not np.allclose(rows[:, t + 1:], changed_rows[:, t + 1:], atol=1e-3), key
     changed_logits = fns['forward'](params, changed)
     np.testing.assert_allclose(logits[:, :t], changed_logits[:, :t], atol=1e-6)
 

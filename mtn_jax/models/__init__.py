@@ -3,7 +3,8 @@
 A model is one `ModelSpec` in `REGISTRY`: its Linen module, its config class (the fields it
 reads, `base.ModelConfig` and its own), the name shown in logs and reports, its Fig.-3 layer
 label, and the example batch its parameters are made from. Training, checkpoints, evaluation
-and the report all look a model up here; adding one is adding its entry.
+and the report all look a model up here; adding one is adding its entry, its family's keys
+and its task (BUILD.md lists the places).
 
 Every registered module has the entry points of `mtn_jax.models.base.SessionModel`:
   `encode(batch, *, train=False)` -> memory, leaves with leading dim B*S;

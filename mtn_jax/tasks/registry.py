@@ -27,7 +27,8 @@ TASKS: dict[str, type] = {
     'crossencoder': rankers.CrossEncoderTask,
     'imdna': multi_answer.IMDNATask,
 }
-assert set(TASKS) == set(models.REGISTRY), 'every registered model needs its task'
+assert set(TASKS) == set(models.REGISTRY), (
+    f'every registered model needs its task here: {sorted(set(models.REGISTRY) ^ set(TASKS))}')
 
 
 def task_class(cfg: ModelConfig | ml_collections.ConfigDict) -> type:
