@@ -585,6 +585,7 @@ VARIANTS = {
 COMPARED = ('aol:small', 'transformer_aol:small', 'transformer_aol:small,enc5dec5',
             'seq2seq_aol:small', 'hred_aol:small', 'mnsrf_aol:small')
 
+
 def load_config(name: str, variant: str = ''):
   """What `--config=configs/NAME.py[:VARIANT]` loads (ml_collections passes the variant)."""
   module = importlib.import_module(f'configs.{name}')
@@ -648,10 +649,12 @@ def test_compared_configs_share_data_and_budget():
   # Every generative model is compared (the rankers are evaluated on their own terms).
   generative = [name for name, task in registry.TASKS.items()
                 if task is tasks.GenerationTask]
-  missing = sorted(set(generative) - {c.model.name for c in configs.values()})
+  compared = {c.model.name for c in configs.values()}
+  missing = sorted(set(generative) - compared)
   assert not missing, (f'{missing}: every generative model is in the paper comparison: add '
                        'configs/NAME_aol.py with a :small variant to COMPARED and to '
                        'experiments/compare.sh')
+  assert compared <= set(generative), sorted(compared - set(generative))  # rankers: their own
 
 
 @pytest.mark.parametrize('name', ['seq2seq_aol', 'hred_aol', 'mnsrf_aol'])

@@ -22,6 +22,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
+import errno
 import gc
 import os
 import signal
@@ -323,11 +324,18 @@ class _Server(uvicorn.Server):
     self.should_exit = True
 
   async def startup(self, sockets=None) -> None:
-    await super().startup(sockets=sockets)
     # Two sockets with SO_REUSEADDR may both be bound to one address until one listens (two
     # services started together, each loading its model): the second's listen fails, and
     # uvloop then closes its socket without a word, leaving a service that would say it
-    # serves and holds no socket.
+    # serves and holds no socket; asyncio's loop raises instead.
+    try:
+      await super().startup(sockets=sockets)
+    except OSError as e:
+      if e.errno != errno.EADDRINUSE:
+        raise
+      await self.lifespan.shutdown()  # as uvicorn does where it binds the address itself
+      self.address_lost, self.should_exit = True, True
+      return
     self.address_lost = self.started and not all(map(_listening, sockets or ()))
     if self.address_lost:
       self.should_exit = True
@@ -433,13 +441,9 @@ def run(service: Service, sock: socket.socket | None = None) -> None:
   # (docs/notes/2026-11-27-figures-from-code-comments.md).
   gc.collect()
   gc.freeze()
-  taken = _cannot_listen(host, port, 'another process took the address while this one '
-                         'loaded')
-  try:
-    server.run(sockets=[sock])
-  except OSError as e:  # asyncio's loop says so where uvloop does not
-    raise errors.Error(f'{taken}: {e.strerror or e}') from None
+  server.run(sockets=[sock])
   if server.address_lost:
-    raise errors.Error(taken)
+    raise errors.Error(_cannot_listen(host, port, 'another process took the address while '
+                                      'this one loaded'))
   service.log('Stopped.')
   sys.stdout.flush()
