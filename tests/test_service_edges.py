@@ -700,3 +700,18 @@ def test_the_page_shows_ranks_and_says_what_it_dropped_and_why_fewer(browser):  
     assert _texts(browser, '#suggestions .rank') == ['1.']  # an order, not a score
   finally:
     server.stop()
+
+
+def test_admin_behind_a_proxy_on_this_host_is_asked_of_the_forwarded_client():
+  """Through uvicorn as the service runs it: a proxy on this host connects from loopback,
+  and uvicorn takes the client from its X-Forwarded-For (trusted from loopback), so a
+  forwarded outside client is refused admin without a token; loopback itself is answered."""
+  app, _ = stub_app()
+  server = ThreadServer(app)
+  try:
+    forwarded = httpx.post(server.url + '/admin/reload',
+                           headers={'X-Forwarded-For': '203.0.113.5'}, timeout=10)
+    assert forwarded.status_code == 403, forwarded.text
+    assert httpx.post(server.url + '/admin/reload', timeout=10).status_code == 200
+  finally:
+    server.stop()
