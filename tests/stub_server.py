@@ -11,16 +11,17 @@ import sys
 import threading
 import time
 
+from mtn_jax.data import aol_log
 from mtn_jax.serving import engine as engine_lib
 from mtn_jax.serving import service as service_lib
 
 
 class _Reader:
-  """Normalises a query as the real reader does (lower-case, single spaces)."""
+  """Normalises a query as the real reader does (`aol_log.normalize_query`)."""
 
   @staticmethod
   def query(text: str) -> str:
-    return ' '.join(text.lower().split())
+    return aol_log.normalize_query(text)
 
 
 class StubEngine(engine_lib.Engine):

@@ -134,6 +134,11 @@ def test_normalize_query():
   assert aol_log.normalize_query('Wetter Mu\u0308nchen') == 'wetter m\u00fcnchen'
   assert aol_log.normalize_query('\uff49\uff50\uff48\uff4f\uff4e\uff45 \uff11\uff15') == 'iphone 15'
   assert aol_log.normalize_query('\u00bd PRICE') == '\u00bd price'
+  # Bidirectional controls, which show a text in another order than it reads, are dropped;
+  # a joiner inside an emoji is no such control and stays.
+  assert aol_log.normalize_query('abc\u202edef\u2066 GHI\u2069') == 'abcdef ghi'
+  assert aol_log.normalize_query('\u202e') == ''
+  assert aol_log.normalize_query('\U0001f469\u200d\U0001f4bb') == '\U0001f469\u200d\U0001f4bb'
 
 
 def test_lower_case_exceptions_cover_this_pythons_unicode():

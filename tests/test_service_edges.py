@@ -434,6 +434,17 @@ def test_a_control_character_is_refused_naming_the_field(stub, text, code):
   assert code in answer['error'], answer
 
 
+def test_a_query_of_bidirectional_controls_alone_is_empty_and_refused_one_holding_them_cleaned(
+    stub):
+  client, _ = stub
+  body = json.dumps({'session': ['fine', '\u202e\u2066']}).encode()
+  answer = assert_one_shape(client.post('/v1/suggest', content=body, headers=JSON), 422,
+                            'session[1]')
+  assert 'an empty query once normalised' in answer['error'], answer
+  answer = client.post('/v1/suggest', json={'session': ['moc.\u202eevil']})
+  assert answer.json()['session'] == ['moc.evil'], answer.text
+
+
 def test_tab_newline_and_other_whitespace_separate_words(stub):
   client, _ = stub
   answer = client.post('/v1/suggest', json={'session': ['Cheap\tflights\nto\x85Paris']})

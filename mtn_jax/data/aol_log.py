@@ -18,9 +18,10 @@ session, in user then time order) with row offsets `[num_sessions + 1]`, and the
 records dropped by each session-level reason.
 
 Query cleaning (`normalize_query`, shared with the decode and suggest input): a query is in
-Unicode's NFKC form (where that is no longer), lower-cased, its words are its
-whitespace-separated tokens (Python's `str.split()`, so any Unicode whitespace separates), and
-its text is those words joined by one space; punctuation is left untouched. A line that is not
+Unicode's NFKC form (where that is no longer), without bidirectional controls, lower-cased,
+its words are its whitespace-separated tokens (Python's `str.split()`, so any Unicode
+whitespace separates), and its text is those words joined by one space; punctuation is left
+untouched. A line that is not
 UTF-8 is no bad line: each of its fields that is not UTF-8 is read as Latin-1 (`decode_text`;
 the AOL log's few such queries are Latin-1), so its query is kept like any other, and the line
 is counted in `LogLines.latin1_lines` (beside, not among, the skip reasons: such a line is then
@@ -164,12 +165,16 @@ _SHOWN_CHARACTERS = 80
 # user types (`str.lower` adds a combining dot above), the two rare letters keep their case.
 _LOWER_CASE_EXCEPTIONS = {'\u0130': 'i', '\u023a': '\u023a', '\u023e': '\u023e'}
 _LOWER_CASE_EXCEPTION = re.compile('([' + ''.join(_LOWER_CASE_EXCEPTIONS) + '])')
+# Unicode's bidirectional embeddings, overrides and isolates: invisible, and a query holding
+# one shows its text (or a suggestion made of it, the text after it) in another order than
+# it reads ("Trojan Source"). No query needs them: they are dropped.
+_BIDI_CONTROLS = re.compile('[\u202a-\u202e\u2066-\u2069]')
 
 
 def normalize_query(text: str) -> str:
-  """A query as the corpus holds it: in Unicode's compatibility composition (NFKC),
-  lower-cased, words split on any whitespace and joined by one space (`CHEAP\u00a0 Flights `
-  -> `cheap flights`); punctuation is left as it is.
+  """A query as the corpus holds it: in Unicode's compatibility composition (NFKC), its
+  bidirectional controls dropped, lower-cased, words split on any whitespace and joined by
+  one space (`CHEAP\u00a0 Flights ` -> `cheap flights`); punctuation is left as it is.
 
   The log reader cleans every log line this way (vectorised for plain ASCII), and the decode
   and suggest input should too, so that typed queries meet the vocabulary's words. The UTF-8
@@ -185,6 +190,7 @@ def normalize_query(text: str) -> str:
     size = lambda t: len(t.encode('utf-8', 'surrogatepass'))
     if size(folded) <= size(text):
       text = folded
+    text = _BIDI_CONTROLS.sub('', text)
   if _LOWER_CASE_EXCEPTION.search(text):
     pieces = _LOWER_CASE_EXCEPTION.split(text)  # odd positions hold the exceptions
     text = ''.join(_LOWER_CASE_EXCEPTIONS[p] if i % 2 else p.lower()

@@ -251,7 +251,11 @@ class Engine:
       if len(words) > self.max_query_words:
         raise BadInput(f'session[{i}]', f'{len(words)} words; the model reads at most '
                        f'{self.max_query_words} a query')
-      queries.append(self._reader.query(text))
+      query = self._reader.query(text)
+      if not query:  # nothing left once normalised (bidirectional controls alone)
+        raise BadInput(f'session[{i}]', 'an empty query once normalised (it holds only '
+                       'characters a query drops)')
+      queries.append(query)
     if k is not None and not 1 <= k <= MAX_K:
       raise BadInput('k', f'{k} is out of range 1..{MAX_K}')
     if user is not None and not self.personalises:
