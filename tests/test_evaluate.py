@@ -760,6 +760,64 @@ def test_decode_of_a_raw_log_writes_every_point_once_across_chunks(tmp_path, mon
   assert [(r['user'], r['position']) for r in records[4:]] == [(u, 0) for u in range(101, 110)]
 
 
+def test_a_stopped_decode_goes_on_and_writes_what_an_uninterrupted_one_does(tmp_path,
+                                                                             monkeypatch,
+                                                                             capsys):
+  """Stopped after its first chunk (Ctrl-C), a decode leaves that chunk in OUT.partial and
+  what made it beside; the same command goes on from there (a last line cut short dropped)
+  and writes the uninterrupted run's bytes; another setting decodes afresh, saying so."""
+  stand_in = StandInPipeline(max_session_queries=2)
+  monkeypatch.setattr(pipeline.Pipeline, 'load', stand_in.load)
+  words = ['cheap', 'flights', 'boston', 'hotels']
+  lines = ['AnonID\tQuery\tQueryTime\tItemRank\tClickURL']
+  for user, length in enumerate([4] + [2] * (2 * suggest.CHUNK_BATCHES), 100):
+    lines += [f'{user}\t{words[i]}\t2006-03-01 10:0{i}:00\t\t' for i in range(length)]
+  log = tmp_path / 'log.tsv'
+  log.write_text('\n'.join(lines) + '\n', encoding='utf-8')
+  config = demo.get_config()
+  config.decode.input, config.decode.batch_sessions = str(log), 1
+  whole, output = tmp_path / 'whole.jsonl', tmp_path / 'out.jsonl'
+  config.decode.output = str(whole)
+  uninterrupted = suggest.decode_file(config, str(tmp_path / 'run'))
+  config.decode.output = str(output)
+  answer, calls = stand_in.suggest, []
+
+  def stopped_at_the_second_chunk(contexts, **kwargs):
+    calls.append(1)
+    if len(calls) % 2 == 0:
+      raise KeyboardInterrupt
+    return answer(contexts, **kwargs)
+
+  def stopped():
+    monkeypatch.setattr(stand_in, 'suggest', stopped_at_the_second_chunk)
+    with pytest.raises(KeyboardInterrupt):
+      suggest.decode_file(config, str(tmp_path / 'run'))
+    monkeypatch.setattr(stand_in, 'suggest', answer)
+    assert '(the same command goes on from them)' in capsys.readouterr().out
+
+  stopped()
+  partial = tmp_path / 'out.jsonl.partial'
+  first_chunk = partial.read_text(encoding='utf-8')
+  written = first_chunk.count('\n')  # the first chunk's points, whole
+  assert whole.read_text(encoding='utf-8').startswith(first_chunk)
+  assert 0 < written < uninterrupted['suggestion_points']
+  with open(partial, 'a', encoding='utf-8') as f:
+    f.write('{"user": 1')  # a record cut short by a kill
+  resumed = suggest.decode_file(config, str(tmp_path / 'run'))
+  assert f'Resuming after the {written} suggestion points' in capsys.readouterr().out
+  assert output.read_bytes() == whole.read_bytes()
+  assert {k: resumed[k] for k in ('sessions', 'suggestion_points')} == {
+      k: uninterrupted[k] for k in ('sessions', 'suggestion_points')}
+  assert not partial.exists() and not (tmp_path / 'out.jsonl.partial.json').exists()
+  # Stopped again, then run with another setting: not gone on from.
+  stopped()
+  config.decode.top_k = 3
+  afresh = suggest.decode_file(config, str(tmp_path / 'run'))
+  assert (f'Note: {partial} is not gone on from (made with another decode): decoding afresh.'
+          in capsys.readouterr().out)
+  assert afresh['suggestion_points'] == uninterrupted['suggestion_points']
+
+
 def test_decode_of_a_log_of_another_time_form_is_refused_leaving_no_output(tmp_path,
                                                                          monkeypatch):
   """A log with its header and ISO times: refused in one line naming the time's form (not

@@ -26,6 +26,7 @@ time needs).
 from __future__ import annotations
 
 import contextlib
+import itertools
 import json
 import os
 import sys
@@ -165,16 +166,53 @@ def _unmade(folders: Sequence[str]) -> None:
 
 
 PARTIAL = '.partial'
+# Beside a partial output: what made it (`_making`), which a resumed decode must match.
+PARTIAL_RECORD = '.partial.json'
+
+
+def _making(config: ml_collections.ConfigDict, input_path: str, step: int) -> dict:
+  """What a decode's lists follow from: the input file (path, size, time), the checkpoint
+  step, and the settings of the data, decoding and suggestion (the output's aside)."""
+  stat = os.stat(input_path)
+  decode = {k: v for k, v in config.decode.to_dict().items() if k != 'output'}
+  return json.loads(json.dumps(
+      {'input': os.path.abspath(input_path), 'size': stat.st_size,
+       'mtime_ns': stat.st_mtime_ns, 'step': step, 'chunk_sessions': CHUNK_BATCHES
+       * config.decode.batch_sessions, 'data': config.data.to_dict(), 'decode': decode,
+       'suggest': config.suggest.to_dict()}, default=str))
+
+
+def _resumable(output: str, making: dict) -> list[str]:
+  """The whole records of `output` + PARTIAL (a line each), where a decode stopped part-way
+  by the same input, checkpoint and settings (`making`) left them: the same command goes on
+  from there. None otherwise (said where a partial output was made otherwise). A last line
+  cut short (a run killed mid-write) is dropped."""
+  partial, record = output + PARTIAL, output + PARTIAL_RECORD
+  if not os.path.isfile(partial):
+    return []
+  try:
+    with open(record, encoding='utf-8') as f:
+      made = json.load(f)
+  except (OSError, ValueError):
+    made = None
+  if made != making:
+    differs = ('no record of what made it' if made is None else 'made with another '
+               + ', '.join(k for k in making if made.get(k) != making[k]))
+    print(f'Note: {partial} is not gone on from ({differs}): decoding afresh.', flush=True)
+    return []
+  with open(partial, encoding='utf-8') as f:
+    return [line + '\n' for line in f.read().split('\n')[:-1]]
 
 
 @contextlib.contextmanager
-def _written(output: str):
+def _written(output: str, making: dict | None = None):
   """`write(text)` appending to a temporary file beside `output` and flushing it (a chunk at
   a time), which replaces `output` when the block ends (`files.atomic_path`): a run stopped
-  by an error leaves `output` as it was, and what it wrote in `output` + PARTIAL, and says
-  so. A link, a device or a pipe (`/dev/stdout`) is written in place, as it is. What the
-  system refuses of the output (a full disk) is an error naming config.decode.output; an
-  error of the block itself (the input's) passes as it is."""
+  by an error leaves `output` as it was, and what it wrote in `output` + PARTIAL, with
+  `making` (what made it) in `output` + PARTIAL_RECORD, and says so. A link, a device or a
+  pipe (`/dev/stdout`) is written in place, as it is. What the system refuses of the output
+  (a full disk) is an error naming config.decode.output; an error of the block itself (the
+  input's) passes as it is."""
   def refused(e: OSError) -> DecodeOutputError:
     return DecodeOutputError(f'config.decode.output={output}: {e.strerror or e}')
   existed = os.path.exists(output)
@@ -198,8 +236,11 @@ def _written(output: str):
         out.close()
         if not in_place and os.path.getsize(path):
           os.replace(path, output + PARTIAL)
-          print(f'Stopped: the suggestions written before are in {output + PARTIAL}; '
-                + (f'{output} is as it was.' if existed else f'no {output} was written.'),
+          if making is not None:
+            files.write_text(output + PARTIAL_RECORD, json.dumps(making) + '\n')
+          print(f'Stopped: the suggestions written before are in {output + PARTIAL}'
+                + (' (the same command goes on from them)' if making else '')
+                + '; ' + (f'{output} is as it was.' if existed else f'no {output} was written.'),
                 flush=True)
       raise
     try:
@@ -257,10 +298,27 @@ def decode_file(config: ml_collections.ConfigDict, workdir: str) -> dict:
   if note:
     print(note, flush=True)
 
+  making = _making(config, dc.input, suggester.step)
+  kept = _resumable(output, making)
+  to_skip = len(kept)
   started = last_log = time.time()
   num_sessions = num_records = 0
   try:
-    with _written(output) as write:
+    with _written(output, making) as write:
+      if to_skip:
+        # The contexts the partial output holds whole (its chunks are written whole; a run
+        # killed mid-write may have cut the last), read again but not decoded.
+        contexts = iter(contexts)
+        for context in contexts:
+          points = len(context.queries) - context.first_output
+          if num_records + points > to_skip:
+            contexts = itertools.chain([context], contexts)
+            break
+          num_records += points
+          num_sessions += context.first_position == 0
+        write(''.join(kept[:num_records]))
+        print(f'Resuming after the {num_records:,} suggestion points of '
+              f'{output + PARTIAL}.', flush=True)
       for chunk in _chunked(contexts, chunk_size):
         lines = []
         for context, ranked in zip(chunk, suggestions.suggest(chunk, positions=positions)):
@@ -281,6 +339,10 @@ def decode_file(config: ml_collections.ConfigDict, workdir: str) -> dict:
   except inputs.DecodeInputError:
     _unmade(made)
     raise
+  if kept:  # gone into the output
+    for left in (output + PARTIAL, output + PARTIAL_RECORD):
+      with contextlib.suppress(FileNotFoundError):
+        os.remove(left)
   elapsed = time.time() - started
   counts = {'format': input_format, 'sessions': num_sessions, 'suggestion_points': num_records,
             **{k: reader.counts.get(k, 0) for k in _COUNT_WORDS},
