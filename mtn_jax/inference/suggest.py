@@ -185,7 +185,7 @@ def _making(config: ml_collections.ConfigDict, input_path: str, step: int) -> di
 def _resumable(output: str, making: dict) -> list[str]:
   """The whole records of `output` + PARTIAL (a line each), where a decode stopped part-way
   by the same input, checkpoint and settings (`making`) left them: the same command goes on
-  from there. None otherwise (said where a partial output was made otherwise). A last line
+  from there; none otherwise (said where a partial output was made otherwise). A last line
   cut short (a run killed mid-write) is dropped."""
   partial, record = output + PARTIAL, output + PARTIAL_RECORD
   if not os.path.isfile(partial):
@@ -300,18 +300,17 @@ def decode_file(config: ml_collections.ConfigDict, workdir: str) -> dict:
 
   making = _making(config, dc.input, suggester.step)
   kept = _resumable(output, making)
-  to_skip = len(kept)
   started = last_log = time.time()
   num_sessions = num_records = 0
   try:
     with _written(output, making) as write:
-      if to_skip:
+      if kept:
         # The contexts the partial output holds whole (its chunks are written whole; a run
         # killed mid-write may have cut the last), read again but not decoded.
         contexts = iter(contexts)
         for context in contexts:
           points = len(context.queries) - context.first_output
-          if num_records + points > to_skip:
+          if num_records + points > len(kept):
             contexts = itertools.chain([context], contexts)
             break
           num_records += points
