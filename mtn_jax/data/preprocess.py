@@ -324,13 +324,13 @@ def kept_queries(stats: dict) -> int:
 MOSTLY_MALFORMED = 0.1
 
 
-def malformed_lines(skipped: dict, lines_read: int) -> str:
+def malformed_lines(skipped: dict, lines_read: int, at_least: float = 0.0) -> str:
   """'14,597 of the 14,645 lines read (99.7 %) are malformed (bad_user_id 14,597)', or ''
-  where none is."""
+  where none is, or fewer than the share `at_least` of the lines."""
   malformed = {r: skipped.get(r, 0) for r in aol_log.MALFORMED if skipped.get(r, 0)}
-  if not malformed:
-    return ''
   total = sum(malformed.values())
+  if not malformed or total < at_least * lines_read:
+    return ''
   return (f'{total:,} of the {lines_read:,} lines read ({100 * total / lines_read:.1f} %) are '
           'malformed (' + ', '.join(f'{r} {c:,}' for r, c in malformed.items()) + ')')
 
@@ -367,12 +367,10 @@ def summary(stats: dict, where: str) -> str:
                f'read as Latin-1): {kept_queries(stats):,} queries kept, '
                f'{sum(stats["skipped"].values()):,} skipped by reason:')
   lines += [f'  {reason:<20}{count:>12,}' for reason, count in stats['skipped'].items()]
-  malformed = sum(stats['skipped'].get(r, 0) for r in aol_log.MALFORMED)
-  if malformed >= MOSTLY_MALFORMED * stats['lines_read']:
-    lines.append(f'Warning: {malformed_lines(stats["skipped"], stats["lines_read"])}: is the '
-                 'log in the AOL format (AnonID<TAB>Query<TAB>QueryTime[<TAB>ItemRank<TAB>'
-                 'ClickURL], AnonID digits, QueryTime YYYY-MM-DD HH:MM:SS)? config.data.strict '
-                 'names the first such line.')
+  if malformed := malformed_lines(stats['skipped'], stats['lines_read'], MOSTLY_MALFORMED):
+    lines.append(f'Warning: {malformed}: is the log in the AOL format (AnonID<TAB>Query<TAB>'
+                 'QueryTime[<TAB>ItemRank<TAB>ClickURL], AnonID digits, QueryTime YYYY-MM-DD '
+                 'HH:MM:SS)? config.data.strict names the first such line.')
   return '\n'.join(lines)
 
 
