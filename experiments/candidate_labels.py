@@ -35,6 +35,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from mtn_jax.inference import pipeline
 from mtn_jax.inference import popular
 from mtn_jax.inference import presentation
+from mtn_jax.inference import subjects
 import panel  # experiments/panel.py, beside this script
 # pylint: enable=wrong-import-position
 
@@ -43,12 +44,12 @@ RANKER_TOP = 10
 
 
 def shares_word(so_far) -> Callable[[str], bool]:
-  """`presentation.about_session` before the sites of short queries counted: a shared word
+  """`subjects.about_session` before the sites of short queries counted: a shared word
   (a site's name standing for its address), not one word of the session alone. The candidates
   shown to the judges are chosen by it, so that a context drawn again shows the same ones."""
   typed = {w for q in so_far for w in q.split()}
-  session = set().union(*(presentation.site_words(q) for q in so_far))
-  return lambda text: bool(presentation.site_words(text) & session) and not (
+  session = set().union(*(subjects.site_words(q) for q in so_far))
+  return lambda text: bool(subjects.site_words(text) & session) and not (
       len(text.split()) == 1 and text in typed)
 
 
@@ -79,7 +80,7 @@ def kind(candidate: dict, counts: popular.LogCounts, so_far, templates: dict, en
           'logged': bool(counts.issued.get(text)),
           'well_formed': presentation.well_formed(counts, so_far)(text),
           'about': shares_word(so_far)(text),
-          'short_site': (presentation.about_session(so_far)(text)
+          'short_site': (subjects.about_session(so_far)(text)
                          and not shares_word(so_far)(text)),
           'added': presentation.added_to(text, so_far[-1]),
           'lone_word': len(text.split()) == 1 and text in typed,

@@ -19,6 +19,7 @@ from mtn_jax.inference import pipeline
 from mtn_jax.inference import popular
 from mtn_jax.inference import presentation
 from mtn_jax.inference import sources
+from mtn_jax.inference import subjects
 from mtn_jax.inference import teacher_forcing
 from mtn_jax.inference import templates
 from mtn_jax.inference.inputs import Context
@@ -203,6 +204,41 @@ def test_log_sources_by_hand(counts):
   assert texts(ran['popular']) == [[['cheap hotels']], [['cheap hotels']]]
 
 
+@pytest.mark.parametrize('name', list(sources.LOG_SOURCES))
+def test_every_source_of_the_log_keeps_the_protocol(counts, name):
+  """What the pipeline and the learned ranker rely on of a source, for each one (a new one
+  too): it is named as its plan names it, lists each query once with a number for its
+  score, and reads the user's past exactly where it says so (`reads_past`), so that every
+  mode hands the past over to it."""
+  source = sources.LOG_SOURCES[name].of_log(counts, 3)
+  assert isinstance(source, sources.Source) and source.name == name
+  past = ('weather chicago', 'weather radar', 'cheap hotels', 'weather radar')
+  sessions_so_far = [('news', 'weather'), ('cheap cars',), ('weather', 'weather chicago')]
+  with_past = source.propose([Context(s, 0, {}, history=past) for s in sessions_so_far],
+                             positions='all', batch_rows=1)
+  without = source.propose([Context(s, 0, {}) for s in sessions_so_far], positions='all',
+                           batch_rows=1)
+  assert (with_past != without) == source.reads_past
+  assert (name in sources.PAST_SOURCES) == source.reads_past
+  for lists in with_past:
+    for candidates in lists:
+      assert len({c['query'] for c in candidates}) == len(candidates)
+      assert all(isinstance(c['query'], str) and isinstance(c['score'], float)
+                 for c in candidates)
+
+
+def test_two_sources_of_one_name_are_refused(counts):
+  """A name keys a source's lists (and its features): a second of the same name would
+  silently take the first one's place."""
+
+  class Renamed(sources.Cooccurring):
+    pass
+
+  with pytest.raises(ValueError, match='two candidate sources share a name'):
+    sources.propose_all([sources.Cooccurring(counts, 2), Renamed(counts, 2)], contexts(),
+                        positions='last', batch_rows=1)
+
+
 def test_the_users_own_earlier_queries_by_hand():
   # Issued: 'mail' 3 times, 'bank' and 'weather news' twice ('weather news' latest), 'maps' once.
   past = ('mail', 'bank', 'weather news', 'mail', 'maps', 'bank', 'mail', 'weather news')
@@ -219,7 +255,7 @@ def test_the_users_own_earlier_queries_by_hand():
   # Only those about the session so far: sharing a word with it ('weather news' after 'news'),
   # a site standing for its name ('mail.com' once 'mail' is typed); not a lone word of it
   # ('mail', typed, is left out as a query of the session; 'bank' shares nothing).
-  about = sources.History(3, about=True)
+  about = sources.HistoryAbout(3)
   got = about.propose([Context(('news', 'mail'), 0, {}, history=past + ('mail.com',))],
                       positions='all')
   assert texts(got) == [[['weather news'], ['weather news', 'mail.com']]]
@@ -231,7 +267,8 @@ def test_the_users_own_earlier_queries_by_hand():
 
 def test_the_history_sources_by_their_config_names(counts):
   # 'bank' and 'weather news' issued once each, 'weather news' last; only it is about 'news'.
-  made = {name: sources.LOG_SOURCES[name](counts, 3) for name in ('history', 'history_about')}
+  made = {name: sources.LOG_SOURCES[name].of_log(counts, 3)
+          for name in ('history', 'history_about')}
   context = [Context(('news',), 0, {}, history=('bank', 'weather news'))]
   assert texts(made['history'].propose(context, positions='last')) == [[['weather news', 'bank']]]
   assert texts(made['history_about'].propose(context, positions='last')) == [[['weather news']]]
@@ -545,9 +582,9 @@ def test_the_first_places_take_a_short_querys_site_and_no_words_added_unlogged()
   assert presentation.well_formed(counts, so_far)('cheap cars for kids')
   assert presentation.added_to('cheap cars for kids', 'cheap cars')
   assert not presentation.added_to('cars for kids', 'cheap cars')
-  assert presentation.about_session(so_far)('cheapcars.com')
+  assert subjects.about_session(so_far)('cheapcars.com')
   # Three words joined are no address anyone types.
-  assert not presentation.about_session(('pictures of cats',))('picturesofcats.com')
+  assert not subjects.about_session(('pictures of cats',))('picturesofcats.com')
   shown = presentation.presented(ranked, so_far, counts, session_first=2, attested_only=False)
   assert [c['query'] for c in shown] == ['cars for kids', 'cheapcars.com',
                                          'cheap cars for kids', 'ebay', 'x']
@@ -611,14 +648,14 @@ def test_about_the_session_is_about_any_of_its_queries_and_sites():
   """A candidate is about the session by a word of any of its queries, not the previous one
   alone; a site ('www.ebay.com', 'ebay.net') stands for its name; a lone word of any query
   typed is not about it; the empty query reads as no query."""
-  about = presentation.about_session(('cheap flights to paris', 'hotels'))
+  about = subjects.about_session(('cheap flights to paris', 'hotels'))
   assert about('flights to rome') and about('hotels in rome')
   assert not about('cheap') and not about('hotels')
-  assert presentation.about_session(('www.ebay.com',))('ebay coupons')
-  assert presentation.about_session(('ebay',))('ebay.net')
-  assert presentation.about_session(('ebay',))('www.ebay.org')
+  assert subjects.about_session(('www.ebay.com',))('ebay coupons')
+  assert subjects.about_session(('ebay',))('ebay.net')
+  assert subjects.about_session(('ebay',))('www.ebay.org')
   # The site of an earlier short query of the session, not only the previous one's.
-  assert presentation.about_session(('bass champs', 'fishing'))('basschamps.com')
+  assert subjects.about_session(('bass champs', 'fishing'))('basschamps.com')
   assert not presentation.well_formed(popular.LogCounts.of_sessions(SESSIONS), ())('')
 
 
@@ -634,7 +671,7 @@ def test_a_query_of_the_session_takes_no_first_place_under_the_papers_protocol(c
 def test_a_lone_word_of_the_session_takes_no_first_place(counts):
   """A word cut from what the user typed ('cheap' after 'cheap flights') says less than the
   query did: it is not about the session, and a related query comes first."""
-  about = presentation.about_session(('cheap flights',))
+  about = subjects.about_session(('cheap flights',))
   assert not about('cheap') and not about('flights')
   assert about('cheap hotels')
   ranked = [{'query': q, 'sources': ['templates']} for q in ('cheap', 'cheap hotels')]

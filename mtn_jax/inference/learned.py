@@ -428,7 +428,7 @@ def build_sources(plan: Sequence[tuple[str, int]], trained: inference.Trained,
       out.append(sources_lib.Generate(trained, generator_settings(plan, settings),
                                       history_queries))
     else:
-      out.append(sources_lib.LOG_SOURCES[name](counts, k))
+      out.append(sources_lib.LOG_SOURCES[name].of_log(counts, k))
   return out
 
 
@@ -514,7 +514,7 @@ def cross_fitted_groups(config: ml_collections.ConfigDict, workdir: str, key: di
   fold_of = sessions.session_folds(train, folds, config.data.split_seed)
   # Each session's user's earlier queries, as evaluation reads them (a user's own: no fold's).
   histories = (habits.past_queries(data_dir, train, keep=config.suggest.past_queries)
-               if presentation.reads_past(dict(plan)) else None)
+               if sources_lib.reads_past(dict(plan)) else None)
   settings = search.SearchSettings.from_config(config.decode)
   parts, to_make = {}, []
   for k in range(folds):
@@ -599,7 +599,7 @@ def past_key(config: ml_collections.ConfigDict) -> dict:
   any (the key of no other plan changes with it)."""
   plan = parse_sources(config.suggest.sources)
   return ({'past_queries': int(config.suggest.past_queries)}
-          if presentation.reads_past(dict(plan)) else {})
+          if sources_lib.reads_past(dict(plan)) else {})
 
 
 def save_groups(groups: Groups, folder: str, key: dict) -> None:
@@ -649,11 +649,11 @@ def load_groups(folder: str, key: dict, log=print) -> Groups | None:
 
 def without_history(groups: Groups, names: Sequence[str]) -> Groups:
   """`groups` as contexts without a user's past would make them (a sessions file, a request
-  naming no user): what the sources of the past (`presentation.PAST_SOURCES`) alone proposed left
+  naming no user): what the sources of the past (`sources.PAST_SOURCES`) alone proposed left
   out, their ranks and scores missing, and a group whose next query only they proposed
   emptied. The other sources and the features of a candidate do not read the past, so these
   are exactly the groups such contexts give."""
-  past = [s for s in presentation.PAST_SOURCES if f'{s}_rank' in names]
+  past = [s for s in sources_lib.PAST_SOURCES if f'{s}_rank' in names]
   ranks = [names.index(f'{s}_rank') for s in past]
   scores = [names.index(f'{s}_score') for s in past]
   count = names.index('num_sources')
@@ -682,7 +682,7 @@ def learning_groups(groups: Groups, names: Sequence[str]) -> Groups:
   """What the ranker learns from: `groups`, and with a source of the user's past the same
   contexts without it too (`without_history`), as a service meets both: learned from the
   first alone, it ranks the second's candidates below the ranker of a plan without it."""
-  if not any(f'{s}_rank' in names for s in presentation.PAST_SOURCES):
+  if not any(f'{s}_rank' in names for s in sources_lib.PAST_SOURCES):
     return groups
   return concatenate([groups, without_history(groups, names)])
 

@@ -479,7 +479,7 @@ class Pipeline:
     s = self.settings
     reads_past = ((self.rankers is not None and bool(self.rankers.habit_rate))
                   or (self.ranker is not None
-                      and presentation.reads_past(self.ranker.source_names)))
+                      and inference_sources.reads_past(self.ranker.source_names)))
     return max(s.history_queries, s.past_queries if reads_past else 0)
 
   def latest_past(self, history: Sequence[str]) -> tuple[str, ...]:
@@ -656,7 +656,7 @@ class Pipeline:
       out.append(inference_sources.Retrieve(self.retriever, s.retrieved, s.history_queries))
     if self.proposer is not None:
       out.append(inference_sources.IMDNA(self.proposer, s.imdna_proposed))
-    out += [inference_sources.LOG_SOURCES[name](self.log_counts, k)
+    out += [inference_sources.LOG_SOURCES[name].of_log(self.log_counts, k)
             for name, k in self._log_sources()]
     return out
 

@@ -5,27 +5,21 @@ A ranker orders candidates by how likely the logged next query is among them; a 
 reads everything else in the list. So what only the generator wrote is kept out unless it is
 `well_formed` (the training log holds it, or every pair of its words, and its first and last
 words can start and end a query: word salad such as "harry city potter" has pairs no query of
-the log has), and the first places go to candidates `about_session` (sharing a word with it,
-or the site of a short query of it: "nhra.com" after "nhra"), so that head queries ("google")
-fill the list only after them, or where the session gives nothing to go on
-(`config.suggest.session_first`, `unrelated_first`, `attested_only`). What was tried on rated
+the log has), and the first places go to candidates about the session
+(`subjects.about_session`: sharing a word with it, or the site of a short query of it:
+"nhra.com" after "nhra"), so that head queries ("google") fill the list only after them, or
+where the session gives nothing to go on (`config.suggest.session_first`, `unrelated_first`,
+`attested_only`). What was tried on rated
 candidates and blind panels: docs/notes/2026-11-27-learned-ranker.md.
 """
 
 from __future__ import annotations
 
-import re
 from collections.abc import Callable, Sequence
 
 from mtn_jax.inference import popular
-
-_SITE = re.compile(r'^(?:www\.)?(.+?)(?:\.(?:com|org|net))?$')
-
-
-def site_words(text: str) -> set[str]:
-  """A query's words, a site's name standing for its address ("www.ebay.com" -> "ebay")."""
-  return {_SITE.match(w).group(1) for w in text.split()}
-
+from mtn_jax.inference import sources
+from mtn_jax.inference import subjects
 
 # A word the log's queries use at least this often is known well enough to say whether it
 # starts or ends queries: one that starts (ends) under this share of its uses is no query's
@@ -59,37 +53,10 @@ def well_formed(counts: popular.LogCounts, so_far: Sequence[str]) -> Callable[[s
   return formed
 
 
-# A session query of at most this many words written as a site ("bass champs" ->
-# "basschamps.com") is about the session; a longer one joined is no address anyone types.
-SITE_MAX_WORDS = 2
-
-
-def about_session(so_far: Sequence[str]) -> Callable[[str], bool]:
-  """Whether a candidate is about the session `so_far`: it shares a word with it (a site's
-  name standing for its address), or is the address of a short query of it ("nhra" ->
-  "nhra.com"), and is not one word of it alone (a lone word cut from what was typed says less
-  than the query did). The session's words are read once, for all its candidates."""
-  typed = {w for q in so_far for w in q.split()}
-  session = set().union(*(site_words(q) for q in so_far))
-  session |= {''.join(q.split()) for q in so_far if len(q.split()) <= SITE_MAX_WORDS}
-  return lambda text: bool(site_words(text) & session) and not (
-      len(text.split()) == 1 and text in typed)
-
-
-# The sources of the user's own earlier queries (`sources.History`): a pipeline with one reads
-# their latest `config.suggest.past_queries` (`Pipeline.past_read`).
-PAST_SOURCES = ('history', 'history_about')
-
-
-def reads_past(source_names: Sequence[str]) -> bool:
-  """Whether any of `source_names` is a source of the user's past."""
-  return any(name in PAST_SOURCES for name in source_names)
-
-
 def typed_before(candidate: dict) -> bool:
   """Whether a candidate ({'sources': the sources proposing it}) is a query of the user's
   past."""
-  return reads_past(candidate['sources'])
+  return sources.reads_past(candidate['sources'])
 
 
 def added_to(text: str, previous: str) -> bool:
@@ -106,10 +73,10 @@ def presented(ranked: Sequence[dict], so_far: Sequence[str], counts: popular.Log
 
   With `attested_only`, none that the generator alone wrote unless `well_formed` (the log's
   and the templates' candidates are queries or one edit of one); what the user typed before
-  (`PAST_SOURCES`) is a query. Then the first `session_first` places go to the best
-  `well_formed` candidates (no word salad), at most `unrelated_first` of them not
-  `about_session` (a head query such as "google", the user's habit query, a lone word of the
-  session: each where the ranker puts it, first too), none the
+  (a source that `reads_past`) is a query. Then the first `session_first` places go to the
+  best `well_formed` candidates (no word salad), at most `unrelated_first` of them not
+  `subjects.about_session` (a head query such as "google", the user's habit query, a lone
+  word of the session: each where the ranker puts it, first too), none the
   previous query with words added that neither the log nor the user's past holds (people
   rate most such additions odd: "mexican insurance for kids", "free the big guy"), none a
   query of the session (the user-facing protocol drops those, `pipeline.show`: the places
@@ -125,7 +92,7 @@ def presented(ranked: Sequence[dict], so_far: Sequence[str], counts: popular.Log
   if not session_first:
     return list(ranked)
   first, rest, malformed, unrelated = [], [], [], 0
-  about = about_session(so_far)
+  about = subjects.about_session(so_far)
   issued = set(so_far)
   for c in ranked:
     if not formed[c['query']]:

@@ -24,10 +24,12 @@ The sources:
   history       the user's own earlier queries (`Context.history`), the most issued first;
   history_about those of them about the session so far;
   session       the session's own queries so far, latest first.
-A new source is a class with a `name` and `propose`, its entry in `LOG_SOURCES` (or its own
-construction in `pipeline.Pipeline.load` where it needs a model of its own) and its label in
-`LABELS` (how evaluation names its figures).
-"""
+A new source is a class with the three members of `Source` (its `name` is its name in a plan,
+`config.suggest.sources`, and in a candidate's 'sources'; `reads_past` where it reads the
+user's earlier queries, so that every mode hands them over); one that needs no model also has
+`of_log` and joins `LOG_SOURCES` by its class, which is all the learned ranker needs. Its
+label goes in `LABELS` (how evaluation names its figures). BUILD.md lists the rest: the
+USAGE page's list of sources and the tests every source meets."""
 
 from __future__ import annotations
 
@@ -36,7 +38,7 @@ import dataclasses
 import itertools
 import time
 from collections.abc import Sequence
-from typing import Protocol, runtime_checkable
+from typing import ClassVar, Protocol, runtime_checkable
 
 import jax
 import numpy as np
@@ -49,8 +51,8 @@ from mtn_jax.decoding import search
 from mtn_jax.inference import imdna_proposer
 from mtn_jax.inference import inputs
 from mtn_jax.inference import popular
-from mtn_jax.inference import presentation
 from mtn_jax.inference import retrieval
+from mtn_jax.inference import subjects
 from mtn_jax.inference import templates as templates_lib
 from mtn_jax.inference.inputs import Context
 
@@ -59,9 +61,18 @@ Lists = list[list[list[dict]]]  # [context][output position] candidates, best fi
 
 @runtime_checkable
 class Source(Protocol):
-  """Proposes candidates (see the module docstring)."""
+  """Proposes candidates (see the module docstring): each query once in a list, best first.
 
-  name: str
+  Attributes:
+    name: its name in a plan (`config.suggest.sources`) and in a candidate's 'sources'.
+    reads_past: whether it reads `Context.history`, the user's earlier queries: a pipeline
+      with such a source reads them (`Pipeline.past_read`), the learned ranker learns from
+      contexts with them and without (`learned.without_history`), and what it proposes is a
+      query a person typed (`presentation.typed_before`).
+  """
+
+  name: ClassVar[str]
+  reads_past: ClassVar[bool]
 
   def propose(self, contexts: Sequence[Context], *, positions: str, batch_rows: int,
               widths: Sequence[int] | None = None) -> Lists:
@@ -101,6 +112,9 @@ def sessions_so_far(contexts: Sequence[Context], positions: str) -> list[list[tu
 def propose_all(sources: Sequence[Source], contexts: Sequence[Context], *, positions: str,
                 batch_rows: int, widths: Sequence[int] | None = None) -> dict[str, Lists]:
   """{source name: its lists} of every source over `contexts`, in the sources' order."""
+  names = [s.name for s in sources]
+  if len(set(names)) != len(names):
+    raise ValueError(f'two candidate sources share a name: {names} (a name keys its lists)')
   return {s.name: s.propose(contexts, positions=positions, batch_rows=batch_rows,
                             widths=widths) for s in sources}
 
@@ -231,7 +245,8 @@ class Generate:
   trained: inference.Trained
   settings: search.SearchSettings  # the whole beam: `Settings.whole_beam`
   history_queries: int = 0
-  name: str = 'generate'
+  name: ClassVar[str] = 'generate'
+  reads_past: ClassVar[bool] = False
   mesh: jax.sharding.Mesh | None = None
 
   def propose(self, contexts, *, positions, batch_rows, widths=None) -> Lists:
@@ -270,7 +285,8 @@ class Retrieve:
   retriever: retrieval.Retriever
   k: int
   history_queries: int = 0
-  name: str = 'retrieve'
+  name: ClassVar[str] = 'retrieve'
+  reads_past: ClassVar[bool] = False
 
   def propose(self, contexts, *, positions, batch_rows, widths=None) -> Lists:
     return retrieved(self.retriever, contexts, k=self.k, positions=positions,
@@ -285,7 +301,8 @@ class IMDNA:
 
   proposer: imdna_proposer.NextQueryProposer
   k: int
-  name: str = 'imdna'
+  name: ClassVar[str] = 'imdna'
+  reads_past: ClassVar[bool] = False
 
   def propose(self, contexts, *, positions, batch_rows, widths=None) -> Lists:
     del batch_rows, widths
@@ -316,7 +333,12 @@ class Popular:
 
   counts: popular.LogCounts
   k: int
-  name: str = 'popular'
+  name: ClassVar[str] = 'popular'
+  reads_past: ClassVar[bool] = False
+
+  @classmethod
+  def of_log(cls, counts: popular.LogCounts, k: int) -> Source:
+    return cls(counts, k)
 
   def propose(self, contexts, *, positions, batch_rows=0, widths=None) -> Lists:
     top = [{'query': q, 'score': float(self.counts.issued[q])}
@@ -331,7 +353,12 @@ class Cooccurring:
 
   counts: popular.LogCounts
   k: int
-  name: str = 'cooccurring'
+  name: ClassVar[str] = 'cooccurring'
+  reads_past: ClassVar[bool] = False
+
+  @classmethod
+  def of_log(cls, counts: popular.LogCounts, k: int) -> Source:
+    return cls(counts, k)
 
   def propose(self, contexts, *, positions, batch_rows=0, widths=None) -> Lists:
     def one(so_far):
@@ -348,7 +375,12 @@ class Templates:
 
   templates: templates_lib.Templates
   k: int
-  name: str = 'templates'
+  name: ClassVar[str] = 'templates'
+  reads_past: ClassVar[bool] = False
+
+  @classmethod
+  def of_log(cls, counts: popular.LogCounts, k: int) -> Source:
+    return cls(counts.templates, k)
 
   def propose(self, contexts, *, positions, batch_rows=0, widths=None) -> Lists:
     return _per_position(contexts, positions, lambda so_far: [
@@ -366,7 +398,12 @@ class Matching:
 
   counts: popular.LogCounts
   k: int
-  name: str = 'matching'
+  name: ClassVar[str] = 'matching'
+  reads_past: ClassVar[bool] = False
+
+  @classmethod
+  def of_log(cls, counts: popular.LogCounts, k: int) -> Source:
+    return cls(counts, k)
 
   def __post_init__(self):
     # The logged next queries, in the log's order of first appearance (ties: the first seen).
@@ -389,7 +426,13 @@ class Matching:
 class Session:
   """The session's own queries so far, latest first; score: minus the steps back."""
 
-  name: str = 'session'
+  name: ClassVar[str] = 'session'
+  reads_past: ClassVar[bool] = False
+
+  @classmethod
+  def of_log(cls, counts: popular.LogCounts, k: int) -> Source:
+    del counts, k  # all of the session's queries so far
+    return cls()
 
   def propose(self, contexts, *, positions, batch_rows=0, widths=None) -> Lists:
     return _per_position(contexts, positions, lambda so_far: [
@@ -405,12 +448,17 @@ class History:
   to the same queries (docs/RESULTS.md, "A user's habits"), and what a user searched before is
   a query a person typed, never word salad. A context without a history (a sessions file, a
   request naming no user) gets none. With `about`, only those about the session so far
-  (`presentation.about_session`): a person's own related queries, which the most issued often
-  leave out."""
+  (`HistoryAbout`)."""
 
   k: int
-  about: bool = False
-  name: str = 'history'
+  name: ClassVar[str] = 'history'
+  reads_past: ClassVar[bool] = True
+  about: ClassVar[bool] = False
+
+  @classmethod
+  def of_log(cls, counts: popular.LogCounts, k: int) -> Source:
+    del counts  # the user's own queries, none of the log's
+    return cls(k)
 
   def propose(self, contexts, *, positions, batch_rows=0, widths=None) -> Lists:
     out = []
@@ -420,7 +468,7 @@ class History:
       ranked = sorted(issued, key=lambda q: (-issued[q], -latest[q]))
       lists = []
       for so_far in session:
-        about = presentation.about_session(so_far) if self.about else None
+        about = subjects.about_session(so_far) if self.about else None
         chosen = (q for q in ranked if q not in so_far and (about is None or about(q)))
         lists.append([{'query': q, 'score': float(issued[q])}
                       for q in itertools.islice(chosen, self.k)])
@@ -428,18 +476,33 @@ class History:
     return out
 
 
-# The sources that need no model: name -> (the training log's LogCounts, depth) -> the source.
-LOG_SOURCES = {
-    'popular': lambda counts, k: Popular(counts, k),
-    'cooccurring': lambda counts, k: Cooccurring(counts, k),
-    'templates': lambda counts, k: Templates(counts.templates, k),
-    'matching': lambda counts, k: Matching(counts, k),
-    'history': lambda counts, k: History(k),
-    'history_about': lambda counts, k: History(k, about=True, name='history_about'),
-    'session': lambda counts, k: Session(),
-}
-MODEL_SOURCES = ('generate', 'retrieve', 'imdna')
+@dataclasses.dataclass
+class HistoryAbout(History):
+  """The user's earlier queries about the session so far (`subjects.about_session`), the `k`
+  most issued: a person's own related queries, which the most issued often leave out."""
+
+  name: ClassVar[str] = 'history_about'
+  about: ClassVar[bool] = True
+
+
+# The sources that need no model, by name: each made by its class's `of_log(the training log's
+# LogCounts, depth)`.
+_LOG_SOURCE_CLASSES = (Popular, Cooccurring, Templates, Matching, History, HistoryAbout, Session)
+LOG_SOURCES = {cls.name: cls for cls in _LOG_SOURCE_CLASSES}
+MODEL_SOURCES = (Generate.name, Retrieve.name, IMDNA.name)
 NAMES = MODEL_SOURCES + tuple(LOG_SOURCES)
+if len(set(NAMES)) != len(_LOG_SOURCE_CLASSES) + len(MODEL_SOURCES):
+  raise ImportError(f'two candidate sources share a name: {NAMES} (a name keys its lists)')
+# The sources of the user's own earlier queries: a pipeline with one reads their latest
+# `config.suggest.past_queries` (`Pipeline.past_read`).
+PAST_SOURCES = tuple(name for name, cls in LOG_SOURCES.items() if cls.reads_past)
+
+
+def reads_past(source_names: Sequence[str]) -> bool:
+  """Whether any of `source_names` is a source of the user's past."""
+  return any(name in PAST_SOURCES for name in source_names)
+
+
 # Each source as evaluation names its figures, scored beside the strategy that pools it.
 LABELS = {'generate': 'Generate (the workdir\'s model)',
           'retrieve': 'Retrieve (the ranker\'s pool entries)',
