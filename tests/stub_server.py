@@ -37,7 +37,7 @@ class StubEngine(engine_lib.Engine):
     self.past_read = 1000 if personalises else 0
     self.max_session_queries, self.max_query_words = 4, 10
     self.exclude_session_queries = True
-    self._reader = _Reader()
+    self.reader = _Reader()
     self.warmed = threading.Event()
     self.warmed.set()  # nothing to compile
 

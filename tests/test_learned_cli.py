@@ -16,6 +16,7 @@ import numpy as np
 import pytest
 
 from launch import pack_serve_workdir
+from mtn_jax import api
 from mtn_jax import inference
 from mtn_jax.data import sessions
 from mtn_jax.data.vocab import Vocab
@@ -134,6 +135,10 @@ def test_eval_decode_and_serve_give_the_same_learned_lists(learned_run, tmp_path
       answer = client.post('/v1/suggest', json={'session': pair['context']}).json()
       expected = pair['suggestions_excluding_session']
       assert_same_list(answer['suggestions'], expected, pair['context'], abs=1e-4)
+  # From Python (`mtn_jax.api`), batched: the same lists.
+  suggester = api.load(cli.config(*FEW, *LEARNED), str(workdir), log=lambda *a, **k: None)
+  for shown, pair in zip(suggester.suggest_many([pair['context'] for pair in pairs]), pairs):
+    assert_same_list(shown, pair['suggestions_excluding_session'], pair['context'], abs=1e-4)
 
 
 PAST = 3  # fewer than the test users' earlier queries

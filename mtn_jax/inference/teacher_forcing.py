@@ -159,7 +159,10 @@ def candidate_log_probs(trained: inference.Trained, contexts: Sequence[Context],
       are not teacher forced again.
   Returns:
     [context][output position] float32 [candidates, 2]: the sum of log p over the
-    candidate's tokens and `</s>` (`_candidate_ids`), and that sum per token.
+    candidate's tokens and `</s>` (`_candidate_ids`), and that sum per token. A word neither
+    in the vocabulary nor copyable from the session is scored as `<unk>`, which the search
+    never writes: such a figure says how likely an unknown word is there, not this one (the
+    learned ranker reads it beside the candidate's count of unknown words).
   """
   task, params, vocab = trained.task, trained.params, trained.vocab
   length = trained.cfg.target_len

@@ -171,7 +171,7 @@ class Engine:
     self.widths = padded_sizes(cfg.max_session_queries)
     self.max_query_words = pipeline.trained.query_words
     # Normalises and cuts queries as decode's reader does; its counts are not read.
-    self._reader = inputs.QueryReader.for_model(pipeline.trained)
+    self.reader = inputs.QueryReader.for_model(pipeline.trained)
 
   @classmethod
   def load(cls, config: ml_collections.ConfigDict, workdir: str, log=print,
@@ -251,7 +251,7 @@ class Engine:
       if len(words) > self.max_query_words:
         raise BadInput(f'session[{i}]', f'{len(words)} words; the model reads at most '
                        f'{self.max_query_words} a query')
-      query = self._reader.query(text)
+      query = self.reader.query(text)
       if not query:  # nothing left once normalised (bidirectional controls alone)
         raise BadInput(f'session[{i}]', 'an empty query once normalised (it holds only '
                        'characters a query drops)')

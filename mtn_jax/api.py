@@ -1,0 +1,114 @@
+"""mtn_jax from Python: a trained workdir's suggestions, as `--mode=suggest` and the service
+give them.
+
+    from configs import aol                            # in the checkout's folder
+    from mtn_jax import api
+    config = aol.get_config('small')                   # the config W was trained with,
+    config.data.raw_files = LOG                        # overridden as on its command line
+    suggester = api.load(config, 'W')
+    suggester.suggest(['cheap flights'])               # [{'query', 'score', ...}, ...]
+    suggester.suggest(['cheap flights'], past=['hotels in paris', 'weather paris'], k=10)
+    suggester.suggest_many([['weather'], ['ebay', 'ebay motors']])
+
+A session is read as the service reads a request (`serving.engine.Engine.check`): each query
+normalised as the corpus's are, and one the model cannot read refused with a ValueError that
+names it (`session[2]`: an empty query, a control character, more words than the model
+reads), as is a session of more queries than the model reads. `past` is the user's earlier
+queries, oldest first, which a model or strategy that reads a user's past takes its latest of
+(`Suggester.past_read`); the lists are the service's for a user whose history holds them.
+The protocol is the user-facing one (no query of the session suggested again) unless the
+config sets `decode.exclude_session_queries`. Parameters live on one device; each batch
+size and session length compiles once (the service's programs), on the first call that
+needs it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Sequence
+
+import ml_collections
+
+from mtn_jax import config_lib
+from mtn_jax.inference import pipeline as pipeline_lib
+from mtn_jax.inference import suggest as suggest_lib
+from mtn_jax.inference import trained as trained_lib
+from mtn_jax.serving import engine as engine_lib
+
+
+@dataclasses.dataclass
+class Suggester:
+  """A workdir's suggestion pipeline answering sessions (see the module docstring)."""
+
+  engine: engine_lib.Engine
+
+  @property
+  def past_read(self) -> int:
+    """How many of a user's latest earlier queries the lists read (0: none)."""
+    return self.engine.past_read
+
+  @property
+  def info(self) -> dict:
+    """What the service's page says of the model: its name, step, strategy, top_k, ..."""
+    return self.engine.info()
+
+  def suggest(self, session: Sequence[str], *, past: Sequence[str] = (),
+              k: int | None = None) -> list[dict]:
+    """The suggestions after `session` (its queries so far, oldest first), best first:
+    {'query', 'score', ...} as `--mode=suggest` and the service give them; `k` of them
+    (default `config.decode.top_k`)."""
+    return self.suggest_many([session], pasts=[past], k=k)[0]
+
+  def suggest_many(self, sessions: Sequence[Sequence[str]], *,
+                   pasts: Sequence[Sequence[str]] | None = None,
+                   k: int | None = None) -> list[list[dict]]:
+    """`suggest` of each session (with each user's `pasts`), in batches of at most
+    `config.serve.max_batch`: the same lists as one at a time."""
+    if isinstance(sessions, str):
+      raise TypeError('sessions: a list of sessions, each a list of queries')
+    if pasts is not None and len(pasts) != len(sessions):
+      raise ValueError(f'pasts: {len(pasts)} for {len(sessions)} sessions')
+    pasts = pasts if pasts is not None else [()] * len(sessions)
+    requests = [self._request(i, session, past, k)
+                for i, (session, past) in enumerate(zip(sessions, pasts))]
+    return self.engine.run(requests)
+
+  def _request(self, i: int, session: Sequence[str], past: Sequence[str],
+               k: int | None) -> engine_lib.Request:
+    where = f'sessions[{i}]'
+    for name, texts in (('', session), ('past', past)):
+      if isinstance(texts, str) or not all(isinstance(q, str) for q in texts):
+        raise TypeError(f'{where}{"." + name if name else ""}: a list of queries (str), got '
+                        f'{texts!r}')
+    try:
+      request = self.engine.check(list(session), k, None)
+    except engine_lib.BadInput as e:
+      raise ValueError(str(e) if e.field == 'k' else f'{where}: {e}') from None
+    if not past:
+      return request
+    if not self.past_read:
+      raise ValueError(f'{where}.past: this model reads no user\'s past (it was trained '
+                       'without users\' histories, and its strategy reads none): leave it out')
+    reader = self.engine.reader
+    history = tuple(q for q in (reader.query(text) for text in past) if q)
+    return dataclasses.replace(request, history=history[max(0, len(history) - self.past_read):])
+
+
+def load(config: ml_collections.ConfigDict, workdir: str, log=print) -> Suggester:
+  """The suggester of `workdir`'s best checkpoint under `config`, the config it was trained
+  with as the command line takes it (`configs/aol.py`'s `get_config('small')` and the same
+  overrides, set on it): refused as `--mode=suggest` refuses it where it cannot work or is not
+  the workdir's model (the decoding settings, `config.decode` and `config.suggest`, may
+  differ). `log` gets the notes the command line prints.
+
+  Raises:
+    mtn_jax.errors.Error: a config it cannot take (the key named), no trained model there.
+  """
+  config = config.copy_and_resolve_references()
+  config_lib.expand_home(config)
+  config_lib.validate(config, 'suggest')
+  trained_lib.check_config(config, workdir)
+  config = suggest_lib.with_protocol(config, user_facing=True)
+  pipeline = pipeline_lib.Pipeline.load(config, workdir, log=log)
+  return Suggester(engine_lib.Engine(pipeline, config.serve.max_batch,
+                                     bool(config.decode.exclude_session_queries)))

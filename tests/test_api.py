@@ -1,0 +1,62 @@
+"""`mtn_jax.api`, the Python entry point: what it refuses, and the user's past it hands over
+(on an engine without a model, tests/stub_server.py). Its lists are the service's:
+tests/test_learned_cli.py."""
+
+import pytest
+
+from mtn_jax import api
+from mtn_jax.serving import engine as engine_lib
+from tests.stub_server import StubEngine
+
+
+class Recording(StubEngine):
+  """Answers with the past each request holds."""
+
+  def run(self, requests):
+    self.requests = list(requests)
+    return [[{'query': q, 'score': 0.0} for q in r.history] for r in requests]
+
+
+def test_sessions_are_read_as_the_service_reads_a_request():
+  suggester = api.Suggester(Recording())
+  assert suggester.suggest(['Cheap  Flights']) == []
+  assert suggester.engine.requests == [engine_lib.Request(('cheap flights',), 5)]
+  suggester.suggest_many([['a'], ['b', 'c']], k=3)
+  assert [(r.session, r.k) for r in suggester.engine.requests] == [(('a',), 3),
+                                                                   (('b', 'c'), 3)]
+  # What the service answers 422 is a ValueError naming the session and its item.
+  for session, message in ((['ok', ' '], r"sessions\[0\]: session\[1\]: an empty query"),
+                           (['q'] * 5, r'sessions\[0\]: session: 5 queries; the model reads '
+                            r'at most 4'),
+                           (['w ' * 11], r'sessions\[0\]: session\[0\]: 11 words'),
+                           (['a\x1bb'], r'sessions\[0\]: session\[0\]: holds'),
+                           ([], r'sessions\[0\]: session: empty')):
+    with pytest.raises(ValueError, match=message):
+      suggester.suggest(session)
+  with pytest.raises(ValueError, match=r'^k: 0 is out of range'):
+    suggester.suggest_many([['a'], ['b']], k=0)
+  # A string is no session (it would be read a letter a query), nor a number a query.
+  for bad in ('google', ['a', 1], [None]):
+    with pytest.raises(TypeError, match=r'sessions\[0\]: a list of queries \(str\)'):
+      suggester.suggest(bad)
+  with pytest.raises(TypeError, match='sessions: a list of sessions'):
+    suggester.suggest_many('google')
+  with pytest.raises(ValueError, match='pasts: 1 for 2 sessions'):
+    suggester.suggest_many([['a'], ['b']], pasts=[['c']])
+
+
+def test_a_users_past_is_normalised_and_cut_to_what_the_lists_read():
+  engine = Recording(personalises=True)
+  engine.past_read = 2
+  suggester = api.Suggester(engine)
+  assert [c['query'] for c in suggester.suggest(
+      ['now'], past=['Oldest', 'Weather  PARIS', '\u202e', 'Hotels'])] == [
+          'weather paris', 'hotels']
+  # Several users: each their own.
+  got = suggester.suggest_many([['a'], ['b']], pasts=[['x'], []])
+  assert [[c['query'] for c in shown] for shown in got] == [['x'], []]
+  with pytest.raises(TypeError, match=r'sessions\[0\]\.past: a list of queries'):
+    suggester.suggest(['a'], past='x y')
+  # A model that reads no user's past refuses one, as the service refuses a user.
+  with pytest.raises(ValueError, match=r"sessions\[0\]\.past: this model reads no user's past"):
+    api.Suggester(Recording()).suggest(['a'], past=['b'])
