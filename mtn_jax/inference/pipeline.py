@@ -1,7 +1,9 @@
 """The one suggestion pipeline: a trained model turned into suggestions, for every mode.
 
 `Pipeline.load(config, workdir)` builds it once from `Settings` (config.suggest and
-config.decode, read in one place). It never trains or fits anything. Three stages:
+config.decode, read in one place), the protocol as its caller set it (each mode's default:
+`suggest.with_protocol`; from Python, `mtn_jax.api` sets the service's). It never trains or
+fits anything. Three stages:
 
 1. Candidate sources, for each context and position: the workdir's generative beam (every
    hypothesis, in the generator's own order: beam score, or MBR with `config.decode.mbr`),
