@@ -75,6 +75,17 @@ def atomic_path(path: str | os.PathLike, suffix: str = '') -> Iterator[str]:
     raise
 
 
+def remove_temporaries(path: str | os.PathLike) -> None:
+  """Removes what `atomic_path` or `atomic_open` left beside `path` when a process was killed
+  while writing it (`.<name>.<random part>...`); only for a writer that holds the folder alone
+  (the workdir's lock), as another's write in progress would go too."""
+  folder, name = os.path.split(os.path.abspath(os.fspath(path)))
+  for entry in os.listdir(folder) if os.path.isdir(folder) else ():
+    if entry.startswith(f'.{name}.'):
+      with contextlib.suppress(FileNotFoundError, IsADirectoryError):
+        os.remove(os.path.join(folder, entry))
+
+
 def _umask() -> int:
   """The process's umask, read without setting it where Linux shows it (setting it to read
   it would, for a moment, change it for every thread)."""

@@ -109,3 +109,19 @@ def test_replace_dir_cut_short_leaves_the_old_folder_aside_under_its_prefix(tmp_
   # Under the caller's prefix, which its clean-up looks for (preprocessing's '.data-old-').
   [aside] = [p for p in tmp_path.iterdir() if p.name.startswith('.data-old-')]
   assert (aside / 'a').read_text() == 'old' and build.exists()
+
+
+def test_a_killed_writers_temporaries_are_removed_and_nothing_else(tmp_path):
+  """What `atomic_path` leaves beside a file when its process is killed (a ranker's model
+  file under the workdir's lock) is removed before the file is written again; the file
+  itself and another file's temporaries stay."""
+  names = ['model.txt', '.model.txt.k3j2.tmp', '.model.txt.x9.npz', '.ranker.json.a1.tmp',
+           'model.txt.bak']
+  for name in names:
+    (tmp_path / name).write_text('x')
+  with files.atomic_path(tmp_path / 'other.txt') as path:  # a temporary of the same form
+    assert os.path.basename(path).startswith('.other.txt.')
+  files.remove_temporaries(tmp_path / 'model.txt')
+  assert sorted(os.listdir(tmp_path)) == ['.ranker.json.a1.tmp', 'model.txt', 'model.txt.bak',
+                                          'other.txt']
+  files.remove_temporaries(tmp_path / 'nowhere' / 'model.txt')  # no folder: nothing to do

@@ -156,6 +156,28 @@ def test_sigkill_at_random_step_then_resume_is_bit_exact(reference_run, tmp_path
 
 
 @pytest.mark.slow
+def test_a_run_killed_before_its_first_checkpoint_starts_afresh_its_log_once(reference_run,
+                                                                               tmp_path):
+  """Killed before any checkpoint is committed, the run starts again from nothing: what the
+  killed run logged goes (metrics.jsonl, TensorBoard), as after a checkpoint what follows it
+  goes; the run is the uninterrupted one."""
+  ref_dir, _ = reference_run
+  proc = cli.popen(tmp_path, *SHORT)
+  for line in proc.stdout:
+    if re.match(r'step 2/', line):
+      proc.send_signal(signal.SIGKILL)
+      break
+  proc.wait(timeout=120)
+  assert proc.returncode == -signal.SIGKILL and not committed_steps(tmp_path)
+  assert metric_writer.read_metrics(str(tmp_path))  # what the killed run logged
+  again = cli.run(tmp_path, *SHORT)
+  assert 'Resuming' not in again.stdout
+  logged = lambda workdir: [(r['kind'], r['step']) for r in metric_writer.read_metrics(workdir)]
+  assert logged(str(tmp_path)) == logged(str(ref_dir))
+  assert_trees_equal(final_params(tmp_path)[1], final_params(ref_dir)[1])
+
+
+@pytest.mark.slow
 def test_four_devices_match_one(reference_run, tmp_path):
   """Four CPU devices, asked for by `--cpu_devices` alone (no device count in XLA_FLAGS: the
   flag decides), give the same losses as one."""

@@ -692,7 +692,7 @@ def read_logs(paths: Sequence[str], strict: bool = False, workers: int = 0,
   """
   if not workers:
     big = sum(os.path.getsize(p) for p in paths) >= PARALLEL_MIN_BYTES
-    workers = min(len(paths), os.cpu_count() or 1) if big else 1
+    workers = min(len(paths), len(os.sched_getaffinity(0))) if big else 1
   if workers == 1:
     logs = [read_log(path, strict) for path in paths]
     return LogLines(Records.concatenate([log.records for log in logs]),

@@ -608,6 +608,8 @@ def save_groups(groups: Groups, folder: str, key: dict) -> None:
   Each file is written whole or not at all, but not the two together: the key in both tells
   a pair from two runs' halves."""
   os.makedirs(folder, exist_ok=True)
+  for name in ('groups.npz', 'groups.json'):  # a killed run's half-written files
+    files.remove_temporaries(os.path.join(folder, name))
   with files.atomic_path(os.path.join(folder, 'groups.npz'), suffix='.npz') as path:
     np.savez(path, features=groups.features, labels=groups.labels, sizes=groups.sizes,
              folds=groups.folds, key=np.array(json.dumps(key, sort_keys=True)))
@@ -692,7 +694,7 @@ def lightgbm_params(config: ml_collections.ConfigDict) -> dict:
   fold hold the next query at the sample's size, and bigger trees or lambdarank fitted them
   less well for unseen users (docs/RESULTS.md, "A learned ranker")."""
   return {'objective': 'rank_xendcg', 'learning_rate': 0.05, 'num_leaves': 7,
-          'min_data_in_leaf': 200, 'num_threads': os.cpu_count() or 1, 'seed': config.seed,
+          'min_data_in_leaf': 200, 'num_threads': len(os.sched_getaffinity(0)), 'seed': config.seed,
           'deterministic': True, 'force_row_wise': True, 'verbosity': -1}
 
 
@@ -752,6 +754,8 @@ def fit(config: ml_collections.ConfigDict, workdir: str, log=print) -> dict:
   }
   folder = ranker_dir(workdir)
   os.makedirs(folder, exist_ok=True)
+  for name in (RANKER_MODEL, RANKER_META):  # a killed fit's half-written files (the lock held)
+    files.remove_temporaries(os.path.join(folder, name))
   with files.atomic_path(os.path.join(folder, RANKER_MODEL)) as path:
     booster.save_model(path)
     meta['model_sha256'] = _sha256(path)

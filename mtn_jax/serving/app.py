@@ -118,6 +118,10 @@ class Suggestion(pydantic.BaseModel):
       None, description='The score of the model that ranked the list where another order was '
       'made of it: the beam\'s where MBR reordered it, the learned ranker\'s where its '
       'presentation did (strategy \'learned\').')
+  sources: list[str] | None = pydantic.Field(
+      None, description='The candidate sources that proposed it, where a strategy pools them '
+      '(\'learned\', \'rerank\'): \'generate\' (the model\'s beam), \'history\' (the '
+      'user\'s own earlier queries), ... (config.suggest.sources).')
 
 
 class ModelInfo(pydantic.BaseModel):

@@ -20,8 +20,8 @@ class MetricWriter:
 
   def __init__(self, workdir: str, enabled: bool | None = None, resumed_at: int | None = None,
                redo_validation: bool = False):
-    """With `resumed_at` (a run resumed from the checkpoint of that step), the records a
-    crashed or stopped run wrote after its checkpoint are dropped first, and with
+    """With `resumed_at` (a run resumed from the checkpoint of that step, 0 for one started
+    afresh), the records a crashed or stopped run wrote after its checkpoint are dropped first, and with
     `redo_validation` the validation at that step too: the resumed run writes them again, and
     a reader taking a step's last record would otherwise read the lost run's. A last line cut
     short (a run stopped while writing it) is dropped, and said so; another line that is no

@@ -649,7 +649,8 @@ def _train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict
   step_fn = jax.jit(train_fn, in_shardings=(state_sharding, parallel.batch_sharding(mesh)),
                     out_shardings=(state_sharding, state_sharding), donate_argnums=0)
   eval_fn = jax.jit(eval_fn)
-  writer = metric_writer.MetricWriter(workdir, resumed_at=latest,
+  # A run started afresh drops what one killed before its first checkpoint logged.
+  writer = metric_writer.MetricWriter(workdir, resumed_at=0 if latest is None else latest,
                                       redo_validation=meta.get('pending_validation') == latest)
 
   def last_good_checkpoint() -> str:
