@@ -17,6 +17,7 @@ import re
 import signal
 import sys
 import textwrap
+import threading
 import traceback
 
 from absl import flags
@@ -268,12 +269,26 @@ OUT_OF_MEMORY = ('a smaller batch (config.decode.batch_sessions, '
                  '(config.decode.max_len) need less')
 
 
+class Terminated(KeyboardInterrupt):
+  """SIGTERM outside the training loop (which saves a checkpoint first): the run stops as at
+  Ctrl-C, what it writes left as an exception leaves it (an atomic file's temporary removed, a
+  decode's whole chunks kept), rather than killed where it stands."""
+
+
+def _terminate(signum, frame) -> None:
+  del signum, frame
+  raise Terminated
+
+
 @contextlib.contextmanager
 def run_errors():
   """Around a mode: a problem with the input, config or checkpoint (`errors.Error`), or a
   file the system refuses (missing, a folder, no permission, a full disk: `OSError`, whose
-  message names it), ends the run with its message on one line and exit code 1; Ctrl-C
-  outside the training loop, or a second one inside it, stops at once (130)."""
+  message names it), ends the run with its message on one line and exit code 1; Ctrl-C or
+  SIGTERM outside the training loop, or a second Ctrl-C inside it, stops at once (130, 143;
+  the training loop and the service take both signals over while they run)."""
+  main_thread = threading.current_thread() is threading.main_thread()  # signals' only home
+  previous = signal.signal(signal.SIGTERM, _terminate) if main_thread else None
   try:
     yield
   except (errors.Error, OSError) as e:
@@ -287,9 +302,13 @@ def run_errors():
       _fail(f'out of device memory ({(str(e).splitlines() or [""])[0][:200]}): '
             f'{OUT_OF_MEMORY}', DATA_ERROR)
     raise
-  except KeyboardInterrupt:
-    print('interrupted', file=sys.stderr)
-    sys.exit(EXIT_CODES['SIGINT'])
+  except KeyboardInterrupt as e:
+    terminated = isinstance(e, Terminated)
+    print('terminated' if terminated else 'interrupted', file=sys.stderr)
+    sys.exit(EXIT_CODES['SIGTERM' if terminated else 'SIGINT'])
+  finally:
+    if main_thread:
+      signal.signal(signal.SIGTERM, previous)
 
 
 # ------------------------------------------------------------------------------------------
@@ -315,8 +334,8 @@ It writes one JSON line per suggestion point to config.decode.output (default
 
 _EXIT_CODES = """\
 0 finished; 1 bad data, input file or checkpoint; 2 usage error (flag, config file or
-value); 130 and 143 training stopped by SIGINT or SIGTERM after saving a checkpoint (the
-same command resumes)."""
+value); 130 and 143 stopped by SIGINT or SIGTERM: in training after saving a checkpoint (the
+same command resumes), elsewhere at once."""
 
 
 def _asks_for_help(argv) -> str | None:

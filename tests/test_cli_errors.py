@@ -1,6 +1,7 @@
 """User errors end in one line on stderr naming the cause, no traceback, and exit code 2 for
 usage (flags, config files, config values) or 1 for data and checkpoints."""
 
+import os
 import re
 import subprocess
 import sys
@@ -396,6 +397,29 @@ def test_a_failure_is_its_one_line_not_what_the_failed_work_leaves_behind():
   result = subprocess.run([sys.executable, '-c', program], cwd=cli.REPO, env=cli.env(),
                           capture_output=True, text=True, timeout=120)
   assert (result.returncode, result.stderr) == (1, 'error: what failed\n')
+
+
+def test_sigterm_outside_training_stops_in_one_line_with_its_code_and_cleans_up(tmp_path):
+  """Outside the training loop (preprocessing, the ranker's fit, decoding) SIGTERM stops as
+  Ctrl-C does: one line, the shell's code for it (143), and what was being written left as an
+  exception leaves it (an atomic file's temporary removed), not killed where it stands; the
+  handler before it is back once the mode has run."""
+  program = textwrap.dedent(f"""
+      import os, signal, time
+      from mtn_jax import cli, files
+      before = signal.getsignal(signal.SIGTERM)
+      with cli.run_errors():
+        pass
+      assert signal.getsignal(signal.SIGTERM) is before
+      with cli.run_errors():
+        with files.atomic_path({str(tmp_path / 'model.txt')!r}):
+          os.kill(os.getpid(), signal.SIGTERM)
+          time.sleep(30)
+      """)
+  result = subprocess.run([sys.executable, '-c', program], cwd=cli.REPO, env=cli.env(),
+                          capture_output=True, text=True, timeout=120)
+  assert (result.returncode, result.stderr) == (143, 'terminated\n')
+  assert os.listdir(tmp_path) == []
 
 
 def test_running_out_of_memory_is_one_line_naming_what_to_lower():
