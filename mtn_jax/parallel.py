@@ -89,6 +89,22 @@ def make_mesh() -> jax.sharding.Mesh:
                        axis_types=(jax.sharding.AxisType.Auto,))
 
 
+def local_mesh() -> jax.sharding.Mesh:
+  """A `data` axis over this process's devices alone: work that every process of a
+  multi-process run does whole (evaluation's decoding and pool ranking)."""
+  return jax.sharding.Mesh(np.asarray(jax.local_devices()), ('data',),
+                           axis_types=(jax.sharding.AxisType.Auto,))
+
+
+def replicated_locally(tree, mesh: jax.sharding.Mesh):
+  """`tree`'s arrays replicated over `mesh` (this process's devices): an array replicated
+  over every process's devices (`inference.load_trained` in a multi-process run) gives its
+  copy on this host, since a transfer between hosts' devices cannot be made."""
+  local = lambda a: (a.addressable_data(0) if isinstance(a, jax.Array)
+                     and not a.is_fully_addressable else a)
+  return jax.device_put(jax.tree.map(local, tree), replicated(mesh))
+
+
 def replicated(mesh: jax.sharding.Mesh) -> NamedSharding:
   return NamedSharding(mesh, P())
 

@@ -443,6 +443,37 @@ def test_two_processes_match_one(reference_run, tmp_path):
 
 
 @pytest.mark.slow
+@pytest.mark.parametrize('config', ['configs/demo.py', 'configs/polyencoder_aol.py:demo'])
+def test_two_processes_evaluate_as_one(config, tmp_path):
+  """--mode=eval as two JAX processes of two CPU devices each: the same lists and figures as
+  one process of two devices (a generator's beam, a ranker's whole pool), written once."""
+  import socket  # pylint: disable=g-import-not-at-top
+  trained, one, two = tmp_path / 'trained', tmp_path / 'one', tmp_path / 'two'
+  cli.run(trained, '--config.train.max_steps=6', config=config)
+  shutil.copytree(trained, one)
+  shutil.copytree(trained, two)
+  cli.run(one, mode='eval', config=config, devices=2)
+  with socket.socket() as s:
+    s.bind(('localhost', 0))
+    port = s.getsockname()[1]
+  procs = [subprocess.Popen(
+      cli.command(two, '--distributed', f'--coordinator_address=localhost:{port}',
+                  '--num_processes=2', f'--process_id={i}', mode='eval', config=config),
+      cwd=cli.REPO, env=cli.env(2), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+           for i in range(2)]
+  outputs = [p.communicate(timeout=300)[0] for p in procs]
+  for p, out in zip(procs, outputs):
+    assert p.returncode == 0, out[-3000:]
+  assert 'Results: ' in outputs[0] and 'Results: ' not in outputs[1]
+  assert ((one / 'eval' / 'lists.jsonl').read_bytes()
+          == (two / 'eval' / 'lists.jsonl').read_bytes())
+  own = ('workdir', 'date', 'devices', 'decode_seconds', 'wall_seconds', 'suggestions_per_s')
+  figures = lambda w: {k: v for k, v in json.loads((w / 'eval' / 'results.json').read_text())
+                       .items() if k not in own}
+  assert figures(one) == figures(two)
+
+
+@pytest.mark.slow
 def test_stop_signals_save_a_checkpoint_exit_non_zero_and_resume_exactly(tmp_path):
   """SIGINT (Ctrl-C) and SIGTERM (a scheduler) both stop after a checkpoint, with one line and
   the shell's exit code for that signal (130, 143), so a script can tell the run did not

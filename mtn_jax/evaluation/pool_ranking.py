@@ -142,12 +142,14 @@ def rank_split(trained, split: sessions.SessionSplit, workdir: str, *, k: int, s
   pool_ranks = np.zeros(num_pairs, np.int64)
   sampled = np.zeros((num_pairs, len(SAMPLED_PROTOCOLS)), np.int64)
   zero_weight = np.full(num_pairs, np.nan, np.float32)
-  mesh = parallel.make_mesh()
-  params = jax.device_put(trained.params, parallel.replicated(mesh))
+  # Every process ranks the whole split on its own devices (as `sources.Generate` decodes
+  # it): a batch split over every host's devices could not be fetched back whole.
+  mesh = parallel.local_mesh()
+  params = parallel.replicated_locally(trained.params, mesh)
   done, started = 0, time.time()
   for batch in inputs.split_batches(task, trained.vocab, split,
                                     queries_per_batch=queries_per_batch,
-                                    multiple_of=jax.device_count(),
+                                    multiple_of=jax.local_device_count(),
                                     per_query={'pool_ids': pool_ids}):
     session_ids = batch.pop('session_ids')  # the rest: the model's inputs and 'pool_ids'
     real = session_ids >= 0

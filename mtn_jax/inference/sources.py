@@ -261,9 +261,8 @@ class Generate:
     devices = jax.local_devices()
     if len(devices) == 1:
       return self
-    mesh = jax.sharding.Mesh(np.asarray(devices), ('data',),
-                             axis_types=(jax.sharding.AxisType.Auto,))
-    params = jax.device_put(self.trained.params, parallel.replicated(mesh))
+    mesh = parallel.local_mesh()
+    params = parallel.replicated_locally(self.trained.params, mesh)
     return dataclasses.replace(self, trained=dataclasses.replace(self.trained, params=params),
                                mesh=mesh)
 
