@@ -186,7 +186,7 @@ def main(argv):
                 f'{_WRITE_WORKERS.value} process(es))')
     paths = aol_log.expand_paths(raw_files)
     log_bytes = sum(os.path.getsize(p) for p in paths)
-    workers = (min(len(paths), os.cpu_count() or 1)
+    workers = (min(len(paths), len(os.sched_getaffinity(0)))
                if log_bytes >= aol_log.PARALLEL_MIN_BYTES else 1)
     shutil.rmtree(os.path.join(folder, 'run'), ignore_errors=True)
     load_before = os.getloadavg()[0]

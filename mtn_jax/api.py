@@ -17,14 +17,17 @@ reads), as is a session of more queries than the model reads. `past` is the user
 queries, oldest first, which a model or strategy that reads a user's past takes its latest of
 (`Suggester.past_read`); the lists are the service's for a user whose history holds them.
 The protocol is the user-facing one (no query of the session suggested again) unless the
-config sets `decode.exclude_session_queries`. Parameters live on one device; each batch
-size and session length compiles once (the service's programs), on the first call that
-needs it.
+config sets `decode.exclude_session_queries`. A suggestion holds what the service's response
+does (`serving.app.Suggestion`). Parameters live on one device; each batch size and session
+length compiles once, on the first call that needs it (kept between processes only where
+JAX's compilation cache is set, `JAX_COMPILATION_CACHE_DIR`). A ranker that knows its training
+users by id (the service's `user`) is given none here.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import os
 from collections.abc import Sequence
 
 import ml_collections
@@ -32,8 +35,12 @@ import ml_collections
 from mtn_jax import config_lib
 from mtn_jax.inference import pipeline as pipeline_lib
 from mtn_jax.inference import suggest as suggest_lib
+from mtn_jax.inference import inputs
 from mtn_jax.inference import trained as trained_lib
+from mtn_jax.serving import app as app_lib
 from mtn_jax.serving import engine as engine_lib
+
+_SUGGESTION_FIELDS = frozenset(app_lib.Suggestion.model_fields)
 
 
 @dataclasses.dataclass
@@ -69,9 +76,14 @@ class Suggester:
     if pasts is not None and len(pasts) != len(sessions):
       raise ValueError(f'pasts: {len(pasts)} for {len(sessions)} sessions')
     pasts = pasts if pasts is not None else [()] * len(sessions)
+    if k is not None and (isinstance(k, bool) or not isinstance(k, int)):
+      raise TypeError(f'k: a whole number, got {k!r}')
     requests = [self._request(i, session, past, k)
                 for i, (session, past) in enumerate(zip(sessions, pasts))]
-    return self.engine.run(requests)
+    # What the service answers of each suggestion (`app.Suggestion`), no more.
+    return [[{key: value for key, value in suggestion.items()
+              if key in _SUGGESTION_FIELDS and value is not None} for suggestion in shown]
+            for shown in self.engine.run(requests)]
 
   def _request(self, i: int, session: Sequence[str], past: Sequence[str],
                k: int | None) -> engine_lib.Request:
@@ -89,8 +101,12 @@ class Suggester:
     if not self.past_read:
       raise ValueError(f'{where}.past: this model reads no user\'s past (it was trained '
                        'without users\' histories, and its strategy reads none): leave it out')
-    reader = self.engine.reader
-    history = tuple(q for q in (reader.query(text) for text in past) if q)
+    for j, text in enumerate(past):
+      if refused := inputs.refused_character(text):
+        raise ValueError(f'{where}.past[{j}]: holds {refused}: a query is text')
+    # Normalised as the service's history keeps a user's queries; one of nothing once
+    # normalised (blank) is no query.
+    history = tuple(q for q in (self.engine.reader.query(text) for text in past) if q)
     return dataclasses.replace(request, history=history[max(0, len(history) - self.past_read):])
 
 
@@ -104,6 +120,7 @@ def load(config: ml_collections.ConfigDict, workdir: str, log=print) -> Suggeste
   Raises:
     mtn_jax.errors.Error: a config it cannot take (the key named), no trained model there.
   """
+  workdir = os.path.expanduser(workdir)
   config = config.copy_and_resolve_references()
   config_lib.expand_home(config)
   config_lib.validate(config, 'suggest')

@@ -14,6 +14,7 @@ import fcntl
 import os
 import shutil
 import tempfile
+import time
 from collections.abc import Iterator
 from typing import IO
 
@@ -75,15 +76,22 @@ def atomic_path(path: str | os.PathLike, suffix: str = '') -> Iterator[str]:
     raise
 
 
+# When this process started (about: this module is among the first it imports).
+_STARTED = time.time()
+
+
 def remove_temporaries(path: str | os.PathLike) -> None:
   """Removes what `atomic_path` or `atomic_open` left beside `path` when a process was killed
-  while writing it (`.<name>.<random part>...`); only for a writer that holds the folder alone
-  (the workdir's lock), as another's write in progress would go too."""
+  while writing it (`.<name>.<random part>...`), those made before this process started: a
+  write in progress, of this process or of another of the same run (the processes of a
+  multi-host run write the same files), is newer."""
   folder, name = os.path.split(os.path.abspath(os.fspath(path)))
   for entry in os.listdir(folder) if os.path.isdir(folder) else ():
     if entry.startswith(f'.{name}.'):
       with contextlib.suppress(FileNotFoundError, IsADirectoryError):
-        os.remove(os.path.join(folder, entry))
+        where = os.path.join(folder, entry)
+        if os.path.getmtime(where) < _STARTED:
+          os.remove(where)
 
 
 def _umask() -> int:

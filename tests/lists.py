@@ -16,9 +16,10 @@ def read_jsonl(path) -> list[dict]:
 
 
 def assert_same_list(shown, scored, where, **tolerance):
-  """A decoded list is the one eval scored: the same queries in the same order, proposed
-  by the same sources, the scores and the model's own scores where the list has them (MBR's, the learned ranker's) within
-  `tolerance` (pytest.approx's `abs` or `rel`); `where` names the list on failure."""
+  """A decoded list is the one eval scored: the same queries in the same order, proposed by
+  the same sources, the scores and the model's own scores where the list has them (MBR's,
+  the learned ranker's) within `tolerance` (pytest.approx's `abs` or `rel`); `where` names
+  the list on failure."""
   assert [s['query'] for s in shown] == [s['query'] for s in scored], where
   assert [s.get('sources') for s in shown] == [s.get('sources') for s in scored], where
   for key in ('score', 'model_score'):

@@ -60,3 +60,23 @@ def test_a_users_past_is_normalised_and_cut_to_what_the_lists_read():
   # A model that reads no user's past refuses one, as the service refuses a user.
   with pytest.raises(ValueError, match=r"sessions\[0\]\.past: this model reads no user's past"):
     api.Suggester(Recording()).suggest(['a'], past=['b'])
+
+
+def test_what_the_service_would_refuse_of_a_past_or_k_is_refused():
+  engine = Recording(personalises=True)
+  suggester = api.Suggester(engine)
+  with pytest.raises(ValueError, match=r'sessions\[0\]\.past\[1\]: holds'):
+    suggester.suggest(['a'], past=['ok', 'x\x1b[A'])
+  for k in (2.5, True, '3'):
+    with pytest.raises(TypeError, match='^k: a whole number'):
+      suggester.suggest(['a'], k=k)
+
+
+def test_a_suggestion_holds_what_the_service_answers_of_it():
+  class Extra(StubEngine):
+    def run(self, requests):
+      return [[{'query': 'q', 'score': 1.0, 'source': 'popular', 'model_score': None,
+                'sources': ['popular']}] for _ in requests]
+
+  assert api.Suggester(Extra()).suggest(['a']) == [
+      {'query': 'q', 'score': 1.0, 'sources': ['popular']}]

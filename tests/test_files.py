@@ -113,15 +113,18 @@ def test_replace_dir_cut_short_leaves_the_old_folder_aside_under_its_prefix(tmp_
 
 def test_a_killed_writers_temporaries_are_removed_and_nothing_else(tmp_path):
   """What `atomic_path` leaves beside a file when its process is killed (a ranker's model
-  file under the workdir's lock) is removed before the file is written again; the file
-  itself and another file's temporaries stay."""
+  file) is removed before the file is written again; the file itself, another file's
+  temporaries and one made since this process started (a write in progress, of another
+  process of the same run) stay."""
   names = ['model.txt', '.model.txt.k3j2.tmp', '.model.txt.x9.npz', '.ranker.json.a1.tmp',
-           'model.txt.bak']
+           'model.txt.bak', '.model.txt.now.tmp']
   for name in names:
     (tmp_path / name).write_text('x')
+    if name != '.model.txt.now.tmp':
+      os.utime(tmp_path / name, (0, 0))  # made long before this process
   with files.atomic_path(tmp_path / 'other.txt') as path:  # a temporary of the same form
     assert os.path.basename(path).startswith('.other.txt.')
   files.remove_temporaries(tmp_path / 'model.txt')
-  assert sorted(os.listdir(tmp_path)) == ['.ranker.json.a1.tmp', 'model.txt', 'model.txt.bak',
-                                          'other.txt']
+  assert sorted(os.listdir(tmp_path)) == ['.model.txt.now.tmp', '.ranker.json.a1.tmp',
+                                          'model.txt', 'model.txt.bak', 'other.txt']
   files.remove_temporaries(tmp_path / 'nowhere' / 'model.txt')  # no folder: nothing to do

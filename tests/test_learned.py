@@ -208,9 +208,9 @@ def test_log_sources_by_hand(counts):
 def test_every_source_of_the_log_keeps_the_protocol(counts, name):
   """What the pipeline and the learned ranker rely on of a source, for each one (a new one
   too): it is named as its plan names it, lists each query once with a number for its
-  score, and reads the user's past exactly where it says so (`reads_past`), so that every
-  mode hands the past over to it."""
-  source = sources.LOG_SOURCES[name].of_log(counts, 3)
+  score, and proposes the user's past exactly where it says so (`proposes_past`), so that
+  every mode hands the past over to it."""
+  source = sources.LOG_SOURCES[name](counts, 3)
   assert isinstance(source, sources.Source) and source.name == name
   past = ('weather chicago', 'weather radar', 'cheap hotels', 'weather radar')
   sessions_so_far = [('news', 'weather'), ('cheap cars',), ('weather', 'weather chicago')]
@@ -218,8 +218,8 @@ def test_every_source_of_the_log_keeps_the_protocol(counts, name):
                              positions='all', batch_rows=1)
   without = source.propose([Context(s, 0, {}) for s in sessions_so_far], positions='all',
                            batch_rows=1)
-  assert (with_past != without) == source.reads_past
-  assert (name in sources.PAST_SOURCES) == source.reads_past
+  assert (with_past != without) == source.proposes_past
+  assert (name in sources.PAST_SOURCES) == source.proposes_past
   for lists in with_past:
     for candidates in lists:
       assert len({c['query'] for c in candidates}) == len(candidates)
@@ -267,7 +267,7 @@ def test_the_users_own_earlier_queries_by_hand():
 
 def test_the_history_sources_by_their_config_names(counts):
   # 'bank' and 'weather news' issued once each, 'weather news' last; only it is about 'news'.
-  made = {name: sources.LOG_SOURCES[name].of_log(counts, 3)
+  made = {name: sources.LOG_SOURCES[name](counts, 3)
           for name in ('history', 'history_about')}
   context = [Context(('news',), 0, {}, history=('bank', 'weather news'))]
   assert texts(made['history'].propose(context, positions='last')) == [[['weather news', 'bank']]]

@@ -199,6 +199,14 @@ def test_a_users_past_as_a_source_eval_decode_and_serve_agree(learned_run, tmp_p
   # The store keeps more of a user's past than the pipeline reads: a response counts what it
   # read.
   assert max(read) == PAST, read
+  # From Python, each context with its user's earlier queries as evaluation reads them (the
+  # whole past given: the latest PAST are read): eval's lists.
+  suggester = api.load(cli.config(*FEW, *plan), str(workdir), log=lambda *a, **k: None)
+  whole = habits.past_queries(str(workdir / 'data'), test)
+  shown = suggester.suggest_many([pair['context'] for pair in pairs],
+                                 pasts=[whole[pair['session']] for pair in pairs])
+  for got, pair in zip(shown, pairs):
+    assert_same_list(got, pair['suggestions_excluding_session'], pair['context'], abs=1e-4)
 
 
 @pytest.mark.slow

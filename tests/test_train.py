@@ -164,14 +164,21 @@ def test_a_run_killed_before_its_first_checkpoint_starts_afresh_its_log_once(ref
   ref_dir, _ = reference_run
   proc = cli.popen(tmp_path, *SHORT)
   for line in proc.stdout:
-    if re.match(r'step 2/', line):
+    if re.match(r'step 1/', line):
       proc.send_signal(signal.SIGKILL)
       break
   proc.wait(timeout=120)
   assert proc.returncode == -signal.SIGKILL and not committed_steps(tmp_path)
-  assert metric_writer.read_metrics(str(tmp_path))  # what the killed run logged
+  logged_before = len(metric_writer.read_metrics(str(tmp_path)))
+  assert logged_before  # what the killed run logged
   again = cli.run(tmp_path, *SHORT)
   assert 'Resuming' not in again.stdout
+  assert (f'Note: {tmp_path / "metrics.jsonl"}: {logged_before} records of a run that left no '
+          'checkpoint: dropped.') in again.stdout
+  # TensorBoard is told to hide the killed run's events from step 1 on.
+  starts = [e.step for e in tensorboard_events(tmp_path / 'tensorboard')
+            if e.HasField('session_log')]
+  assert 1 in starts, starts
   logged = lambda workdir: [(r['kind'], r['step']) for r in metric_writer.read_metrics(workdir)]
   assert logged(str(tmp_path)) == logged(str(ref_dir))
   assert_trees_equal(final_params(tmp_path)[1], final_params(ref_dir)[1])

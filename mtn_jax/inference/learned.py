@@ -428,7 +428,7 @@ def build_sources(plan: Sequence[tuple[str, int]], trained: inference.Trained,
       out.append(sources_lib.Generate(trained, generator_settings(plan, settings),
                                       history_queries))
     else:
-      out.append(sources_lib.LOG_SOURCES[name].of_log(counts, k))
+      out.append(sources_lib.LOG_SOURCES[name](counts, k))
   return out
 
 
@@ -754,7 +754,7 @@ def fit(config: ml_collections.ConfigDict, workdir: str, log=print) -> dict:
   }
   folder = ranker_dir(workdir)
   os.makedirs(folder, exist_ok=True)
-  for name in (RANKER_MODEL, RANKER_META):  # a killed fit's half-written files (the lock held)
+  for name in (RANKER_MODEL, RANKER_META):  # a killed fit's half-written files
     files.remove_temporaries(os.path.join(folder, name))
   with files.atomic_path(os.path.join(folder, RANKER_MODEL)) as path:
     booster.save_model(path)

@@ -658,7 +658,7 @@ class Pipeline:
       out.append(inference_sources.Retrieve(self.retriever, s.retrieved, s.history_queries))
     if self.proposer is not None:
       out.append(inference_sources.IMDNA(self.proposer, s.imdna_proposed))
-    out += [inference_sources.LOG_SOURCES[name].of_log(self.log_counts, k)
+    out += [inference_sources.LOG_SOURCES[name](self.log_counts, k)
             for name, k in self._log_sources()]
     return out
 

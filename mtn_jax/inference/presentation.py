@@ -73,7 +73,7 @@ def presented(ranked: Sequence[dict], so_far: Sequence[str], counts: popular.Log
 
   With `attested_only`, none that the generator alone wrote unless `well_formed` (the log's
   and the templates' candidates are queries or one edit of one); what the user typed before
-  (a source that `reads_past`) is a query. Then the first `session_first` places go to the
+  (a source that `proposes_past`) is a query. Then the first `session_first` places go to the
   best `well_formed` candidates (no word salad), at most `unrelated_first` of them not
   `subjects.about_session` (a head query such as "google", the user's habit query, a lone
   word of the session: each where the ranker puts it, first too), none the

@@ -25,9 +25,9 @@ The sources:
   history_about those of them about the session so far;
   session       the session's own queries so far, latest first.
 A new source is a class with the three members of `Source` (its `name` is its name in a plan,
-`config.suggest.sources`, and in a candidate's 'sources'; `reads_past` where it reads the
-user's earlier queries, so that every mode hands them over); one that needs no model also has
-`of_log` and joins `LOG_SOURCES` by its class, which is all the learned ranker needs. Its
+`config.suggest.sources`, and in a candidate's 'sources'; `proposes_past` where it proposes
+the user's earlier queries, so that every mode hands them over); one that needs no model also
+has `of_log` and joins `LOG_SOURCE_CLASSES`, which is all the learned ranker needs. Its
 label goes in `LABELS` (how evaluation names its figures). BUILD.md lists the rest: the
 USAGE page's list of sources and the tests every source meets."""
 
@@ -65,14 +65,16 @@ class Source(Protocol):
 
   Attributes:
     name: its name in a plan (`config.suggest.sources`) and in a candidate's 'sources'.
-    reads_past: whether it reads `Context.history`, the user's earlier queries: a pipeline
-      with such a source reads them (`Pipeline.past_read`), the learned ranker learns from
-      contexts with them and without (`learned.without_history`), and what it proposes is a
-      query a person typed (`presentation.typed_before`).
+    proposes_past: whether it proposes the user's own earlier queries (`Context.history`):
+      a pipeline with such a source reads them (`Pipeline.past_read`), the learned ranker
+      learns from contexts with them and without (`learned.without_history`), and what it
+      proposes is a query a person typed, kept whatever the word-salad filter says
+      (`presentation.typed_before`). A model-backed source that reads a user's past to write
+      its own candidates (`history_queries`) proposes none of them.
   """
 
   name: ClassVar[str]
-  reads_past: ClassVar[bool]
+  proposes_past: ClassVar[bool]
 
   def propose(self, contexts: Sequence[Context], *, positions: str, batch_rows: int,
               widths: Sequence[int] | None = None) -> Lists:
@@ -246,7 +248,7 @@ class Generate:
   settings: search.SearchSettings  # the whole beam: `Settings.whole_beam`
   history_queries: int = 0
   name: ClassVar[str] = 'generate'
-  reads_past: ClassVar[bool] = False
+  proposes_past: ClassVar[bool] = False
   mesh: jax.sharding.Mesh | None = None
 
   def propose(self, contexts, *, positions, batch_rows, widths=None) -> Lists:
@@ -285,7 +287,7 @@ class Retrieve:
   k: int
   history_queries: int = 0
   name: ClassVar[str] = 'retrieve'
-  reads_past: ClassVar[bool] = False
+  proposes_past: ClassVar[bool] = False
 
   def propose(self, contexts, *, positions, batch_rows, widths=None) -> Lists:
     return retrieved(self.retriever, contexts, k=self.k, positions=positions,
@@ -301,7 +303,7 @@ class IMDNA:
   proposer: imdna_proposer.NextQueryProposer
   k: int
   name: ClassVar[str] = 'imdna'
-  reads_past: ClassVar[bool] = False
+  proposes_past: ClassVar[bool] = False
 
   def propose(self, contexts, *, positions, batch_rows, widths=None) -> Lists:
     del batch_rows, widths
@@ -313,7 +315,7 @@ class IMDNA:
         users=None if any(u is None for u in users) else users)
     out: Lists = [[] for _ in contexts]
     for (i, _), queries in zip(at, proposed):
-      out[i].append([{'query': q, 'score': -rank} for rank, q in enumerate(queries, 1)])
+      out[i].append([{'query': q, 'score': -float(rank)} for rank, q in enumerate(queries, 1)])
     return out
 
 
@@ -333,7 +335,7 @@ class Popular:
   counts: popular.LogCounts
   k: int
   name: ClassVar[str] = 'popular'
-  reads_past: ClassVar[bool] = False
+  proposes_past: ClassVar[bool] = False
 
   @classmethod
   def of_log(cls, counts: popular.LogCounts, k: int) -> Source:
@@ -353,7 +355,7 @@ class Cooccurring:
   counts: popular.LogCounts
   k: int
   name: ClassVar[str] = 'cooccurring'
-  reads_past: ClassVar[bool] = False
+  proposes_past: ClassVar[bool] = False
 
   @classmethod
   def of_log(cls, counts: popular.LogCounts, k: int) -> Source:
@@ -375,7 +377,7 @@ class Templates:
   templates: templates_lib.Templates
   k: int
   name: ClassVar[str] = 'templates'
-  reads_past: ClassVar[bool] = False
+  proposes_past: ClassVar[bool] = False
 
   @classmethod
   def of_log(cls, counts: popular.LogCounts, k: int) -> Source:
@@ -398,7 +400,7 @@ class Matching:
   counts: popular.LogCounts
   k: int
   name: ClassVar[str] = 'matching'
-  reads_past: ClassVar[bool] = False
+  proposes_past: ClassVar[bool] = False
 
   @classmethod
   def of_log(cls, counts: popular.LogCounts, k: int) -> Source:
@@ -426,7 +428,7 @@ class Session:
   """The session's own queries so far, latest first; score: minus the steps back."""
 
   name: ClassVar[str] = 'session'
-  reads_past: ClassVar[bool] = False
+  proposes_past: ClassVar[bool] = False
 
   @classmethod
   def of_log(cls, counts: popular.LogCounts, k: int) -> Source:
@@ -451,7 +453,7 @@ class History:
 
   k: int
   name: ClassVar[str] = 'history'
-  reads_past: ClassVar[bool] = True
+  proposes_past: ClassVar[bool] = True
   about: ClassVar[bool] = False
 
   @classmethod
@@ -484,21 +486,21 @@ class HistoryAbout(History):
   about: ClassVar[bool] = True
 
 
-# The sources that need no model, by name: each made by its class's `of_log(the training log's
-# LogCounts, depth)`.
-_LOG_SOURCE_CLASSES = (Popular, Cooccurring, Templates, Matching, History, HistoryAbout, Session)
-LOG_SOURCES = {cls.name: cls for cls in _LOG_SOURCE_CLASSES}
+# The sources that need no model: a new one joins this tuple.
+LOG_SOURCE_CLASSES = (Popular, Cooccurring, Templates, Matching, History, HistoryAbout, Session)
+# By name: (the training log's LogCounts, depth) -> the source.
+LOG_SOURCES = {cls.name: cls.of_log for cls in LOG_SOURCE_CLASSES}
 MODEL_SOURCES = (Generate.name, Retrieve.name, IMDNA.name)
 NAMES = MODEL_SOURCES + tuple(LOG_SOURCES)
-if len(set(NAMES)) != len(_LOG_SOURCE_CLASSES) + len(MODEL_SOURCES):
+if len(set(NAMES)) != len(LOG_SOURCE_CLASSES) + len(MODEL_SOURCES):
   raise ImportError(f'two candidate sources share a name: {NAMES} (a name keys its lists)')
 # The sources of the user's own earlier queries: a pipeline with one reads their latest
 # `config.suggest.past_queries` (`Pipeline.past_read`).
-PAST_SOURCES = tuple(name for name, cls in LOG_SOURCES.items() if cls.reads_past)
+PAST_SOURCES = tuple(cls.name for cls in LOG_SOURCE_CLASSES if cls.proposes_past)
 
 
 def reads_past(source_names: Sequence[str]) -> bool:
-  """Whether any of `source_names` is a source of the user's past."""
+  """Whether any of `source_names` proposes the user's own earlier queries."""
   return any(name in PAST_SOURCES for name in source_names)
 
 

@@ -119,8 +119,8 @@ class Suggestion(pydantic.BaseModel):
       'made of it: the beam\'s where MBR reordered it, the learned ranker\'s where its '
       'presentation did (strategy \'learned\').')
   sources: list[str] | None = pydantic.Field(
-      None, description='The candidate sources that proposed it, where a strategy pools them '
-      '(\'learned\', \'rerank\'): \'generate\' (the model\'s beam), \'history\' (the '
+      None, description='The candidate sources that proposed it, under the learned ranker '
+      '(strategy \'learned\'): \'generate\' (the model\'s beam), \'history\' (the '
       'user\'s own earlier queries), ... (config.suggest.sources).')
 
 

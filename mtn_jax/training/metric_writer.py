@@ -20,10 +20,11 @@ class MetricWriter:
 
   def __init__(self, workdir: str, enabled: bool | None = None, resumed_at: int | None = None,
                redo_validation: bool = False):
-    """With `resumed_at` (a run resumed from the checkpoint of that step, 0 for one started
-    afresh), the records a crashed or stopped run wrote after its checkpoint are dropped first, and with
-    `redo_validation` the validation at that step too: the resumed run writes them again, and
-    a reader taking a step's last record would otherwise read the lost run's. A last line cut
+    """With `resumed_at` (a run resumed from the checkpoint of that step; 0 for one started
+    afresh, which says so where it drops records), the records a crashed or stopped run wrote
+    after its checkpoint are dropped first, and with `redo_validation` the validation at that
+    step too: the resumed run writes them again, and a reader taking a step's last record
+    would otherwise read the lost run's. A last line cut
     short (a run stopped while writing it) is dropped, and said so; another line that is no
     record is an error naming it."""
     self.enabled = jax.process_index() == 0 if enabled is None else enabled
@@ -38,6 +39,9 @@ class MetricWriter:
                 'it): dropped.', flush=True)
         kept = [line for line, record in zip(lines, records)
                 if resumed_at is None or _kept(record, resumed_at, redo_validation)]
+        if resumed_at == 0 and len(kept) < len(lines):
+          print(f'Note: {path}: {len(lines) - len(kept)} records of a run that left no '
+                'checkpoint: dropped.', flush=True)
         if len(kept) < len(lines) or not as_read:
           files.write_text(path, ''.join(kept))
       self._jsonl = open(path, 'a', encoding='utf-8')

@@ -650,8 +650,9 @@ def _train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict
                     out_shardings=(state_sharding, state_sharding), donate_argnums=0)
   eval_fn = jax.jit(eval_fn)
   # A run started afresh drops what one killed before its first checkpoint logged.
-  writer = metric_writer.MetricWriter(workdir, resumed_at=0 if latest is None else latest,
-                                      redo_validation=meta.get('pending_validation') == latest)
+  writer = metric_writer.MetricWriter(
+      workdir, resumed_at=0 if latest is None else latest,
+      redo_validation=latest is not None and meta.get('pending_validation') == latest)
 
   def last_good_checkpoint() -> str:
     good = manager.latest_step()
