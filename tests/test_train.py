@@ -419,25 +419,30 @@ def test_validate_accepts_the_shipped_configs():
     config_lib.validate(config)
 
 
-@pytest.mark.slow
-def test_two_processes_match_one(reference_run, tmp_path):
-  """Two JAX processes (coordinator on localhost), one CPU device each: same losses as one
-  process; only process 0 writes logs; the checkpoint is written collectively."""
+def two_processes(workdir, *overrides, devices: int, **command) -> list[str]:
+  """The command line run as two JAX processes (coordinator on localhost), `devices` CPU
+  devices each; their outputs, once both ended well."""
   import socket  # pylint: disable=g-import-not-at-top
-  import subprocess  # pylint: disable=g-import-not-at-top
-  ref_dir, _ = reference_run
   with socket.socket() as s:
     s.bind(('localhost', 0))
     port = s.getsockname()[1]
   procs = [subprocess.Popen(
-      cli.command(tmp_path, *SHORT, '--config.train.num_epochs=1', '--distributed',
-                  f'--coordinator_address=localhost:{port}', '--num_processes=2',
-                  f'--process_id={i}'),
-      cwd=cli.REPO, env=cli.env(1), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-           for i in range(2)]
+      cli.command(workdir, *overrides, '--distributed', f'--coordinator_address=localhost:{port}',
+                  '--num_processes=2', f'--process_id={i}', **command),
+      cwd=cli.REPO, env=cli.env(devices), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+      text=True) for i in range(2)]
   outputs = [p.communicate(timeout=300)[0] for p in procs]
   for p, out in zip(procs, outputs):
     assert p.returncode == 0, out[-3000:]
+  return outputs
+
+
+@pytest.mark.slow
+def test_two_processes_match_one(reference_run, tmp_path):
+  """Two JAX processes (coordinator on localhost), one CPU device each: same losses as one
+  process; only process 0 writes logs; the checkpoint is written collectively."""
+  ref_dir, _ = reference_run
+  outputs = two_processes(tmp_path, *SHORT, '--config.train.num_epochs=1', devices=1)
   assert 'step 1/' in outputs[0] and 'step 1/' not in outputs[1]
   one = dict(train_losses(ref_dir))
   two = train_losses(tmp_path)
@@ -454,23 +459,12 @@ def test_two_processes_match_one(reference_run, tmp_path):
 def test_two_processes_evaluate_as_one(config, tmp_path):
   """--mode=eval as two JAX processes of two CPU devices each: the same lists and figures as
   one process of two devices (a generator's beam, a ranker's whole pool), written once."""
-  import socket  # pylint: disable=g-import-not-at-top
   trained, one, two = tmp_path / 'trained', tmp_path / 'one', tmp_path / 'two'
   cli.run(trained, '--config.train.max_steps=6', config=config)
   shutil.copytree(trained, one)
   shutil.copytree(trained, two)
   cli.run(one, mode='eval', config=config, devices=2)
-  with socket.socket() as s:
-    s.bind(('localhost', 0))
-    port = s.getsockname()[1]
-  procs = [subprocess.Popen(
-      cli.command(two, '--distributed', f'--coordinator_address=localhost:{port}',
-                  '--num_processes=2', f'--process_id={i}', mode='eval', config=config),
-      cwd=cli.REPO, env=cli.env(2), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-           for i in range(2)]
-  outputs = [p.communicate(timeout=300)[0] for p in procs]
-  for p, out in zip(procs, outputs):
-    assert p.returncode == 0, out[-3000:]
+  outputs = two_processes(two, mode='eval', config=config, devices=2)
   assert 'Results: ' in outputs[0] and 'Results: ' not in outputs[1]
   assert ((one / 'eval' / 'lists.jsonl').read_bytes()
           == (two / 'eval' / 'lists.jsonl').read_bytes())
