@@ -88,6 +88,10 @@ class Suggester:
   def _request(self, i: int, session: Sequence[str], past: Sequence[str],
                k: int | None) -> engine_lib.Request:
     where = f'sessions[{i}]'
+    # Read once: an iterator (a generator) would be used up by the check below, and its
+    # queries then read as none (the past silently dropped, the session refused as empty).
+    session, past = (texts if isinstance(texts, str) else list(texts)
+                     for texts in (session, past))
     for name, texts in (('', session), ('past', past)):
       if isinstance(texts, str) or not all(isinstance(q, str) for q in texts):
         raise TypeError(f'{where}{"." + name if name else ""}: a list of queries (str), got '

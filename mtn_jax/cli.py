@@ -307,8 +307,8 @@ def run_errors():
     print('terminated' if terminated else 'interrupted', file=sys.stderr)
     sys.exit(EXIT_CODES['SIGTERM' if terminated else 'SIGINT'])
   finally:
-    if main_thread:
-      signal.signal(signal.SIGTERM, previous)
+    if main_thread:  # (None: a handler not set from Python, the default's)
+      signal.signal(signal.SIGTERM, signal.SIG_DFL if previous is None else previous)
 
 
 # ------------------------------------------------------------------------------------------

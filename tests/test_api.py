@@ -80,3 +80,24 @@ def test_a_suggestion_holds_what_the_service_answers_of_it():
 
   assert api.Suggester(Extra()).suggest(['a']) == [
       {'query': 'q', 'score': 1.0, 'sources': ['popular']}]
+
+
+def test_more_pasts_than_sessions_are_refused():
+  with pytest.raises(ValueError, match='pasts: 2 for 1 sessions'):
+    api.Suggester(Recording(personalises=True)).suggest_many([['a']], pasts=[['b'], ['c']])
+
+
+def test_load_hands_the_engine_the_user_facing_protocol_unless_the_config_sets_one(
+    monkeypatch, tmp_path):
+  from tests import cli  # pylint: disable=g-import-not-at-top
+  given = []
+  monkeypatch.setattr(api.trained_lib, 'check_config', lambda config, workdir: None)
+  monkeypatch.setattr(api.pipeline_lib.Pipeline, 'load',
+                      lambda config, workdir, log: config.decode.exclude_session_queries)
+  monkeypatch.setattr(api.engine_lib, 'Engine',
+                      lambda pipeline, max_batch, exclude: given.append((pipeline, exclude)))
+  for overrides, protocol in (((), True),
+                              (('--config.decode.exclude_session_queries=false',), False),
+                              (('--config.decode.exclude_session_queries=true',), True)):
+    api.load(cli.config(*overrides), str(tmp_path))
+    assert given.pop() == (protocol, protocol), overrides

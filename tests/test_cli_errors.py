@@ -468,3 +468,24 @@ def test_a_message_handed_as_a_repr_or_a_repr_of_one_is_read_back_to_its_text():
   expected = "'nmu_heads' Did you mean \"num_heads\" instead of \"nmu_heads\"?"
   for handed in (message, repr(message)):
     assert command_line._one_line(KeyError(handed)) == expected  # pylint: disable=protected-access
+
+
+def test_run_errors_works_outside_the_main_thread():
+  """Signals have their home in the main thread alone: a mode run in another thread (a
+  notebook's, a server's worker) neither sets nor restores a SIGTERM handler."""
+  import signal  # pylint: disable=g-import-not-at-top
+  import threading  # pylint: disable=g-import-not-at-top
+  from mtn_jax import cli as command_line  # pylint: disable=g-import-not-at-top
+  before, failed = signal.getsignal(signal.SIGTERM), []
+
+  def work():
+    try:
+      with command_line.run_errors():
+        pass
+    except Exception as e:  # pylint: disable=broad-except
+      failed.append(e)
+
+  thread = threading.Thread(target=work)
+  thread.start()
+  thread.join()
+  assert not failed and signal.getsignal(signal.SIGTERM) is before

@@ -228,6 +228,26 @@ def test_the_generator_scores_its_own_beam_as_the_search_did(copy_model):
     np.testing.assert_allclose(values[0], lists[-1], rtol=1e-5, atol=1e-5)
 
 
+def test_a_candidate_is_scored_after_a_position_as_if_the_session_ended_there(copy_model):
+  """Scoring every position of a session (evaluation, the ranker's training data) gives a
+  candidate the figure a request ending at that position gives it: a word typed only in a
+  later query ('xv') is unknown there, not a copy the model cannot make (-inf), which would
+  tell the ranker what follows."""
+  from mtn_jax.inference import teacher_forcing  # pylint: disable=g-import-not-at-top
+  cfg, _, params = copy_model
+  trained = inference.Trained(tasks.make_task(cfg, default.get_config().train), params, VOCAB,
+                              step=0, meta={})
+  texts = ['xv', 'w1 xv', 'zq']
+  every = teacher_forcing.candidate_log_probs(
+      trained, [inputs.Context(('w1 zq', 'w3 xv zq'), 0, {})], [[texts, texts]],
+      positions='all', batch_rows=1)[0][0]
+  alone = teacher_forcing.candidate_log_probs(
+      trained, [inputs.Context(('w1 zq',), 0, {})], [[texts]], positions='last',
+      batch_rows=1)[0][0]
+  assert np.isfinite(every).all()
+  np.testing.assert_allclose(every, alone, rtol=1e-5, atol=1e-5)
+
+
 def test_the_beams_own_candidates_are_not_forced_again(copy_model):
   """`teacher_forcing.beam_log_probs` reads the generator's own hypotheses' log-probabilities
   off the beam (its length penalty undone, MBR's 'model_score' where reranked): they equal teacher

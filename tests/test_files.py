@@ -128,3 +128,20 @@ def test_a_killed_writers_temporaries_are_removed_and_nothing_else(tmp_path):
   assert sorted(os.listdir(tmp_path)) == ['.model.txt.now.tmp', '.ranker.json.a1.tmp',
                                           'model.txt', 'model.txt.bak', 'other.txt']
   files.remove_temporaries(tmp_path / 'nowhere' / 'model.txt')  # no folder: nothing to do
+
+
+def test_temporaries_are_found_beside_a_relative_path_and_only_its_own(tmp_path, monkeypatch):
+  """A workdir named relatively (`--workdir=W`) is looked in; a temporary of another file
+  whose name starts alike (`model.txt2`), a folder of a temporary's name, and one made the
+  instant this process started stay."""
+  for name in ('.model.txt.a.tmp', '.model.txt2.b.tmp', '.model.txt.c.tmp'):
+    (tmp_path / name).write_text('x')
+    if name != '.model.txt.c.tmp':
+      os.utime(tmp_path / name, (0, 0))
+  os.mkdir(tmp_path / '.model.txt.d')
+  os.utime(tmp_path / '.model.txt.d', (0, 0))
+  monkeypatch.setattr(files, '_STARTED', os.path.getmtime(tmp_path / '.model.txt.c.tmp'))
+  monkeypatch.chdir(tmp_path)
+  files.remove_temporaries('model.txt')
+  assert sorted(os.listdir(tmp_path)) == ['.model.txt.c.tmp', '.model.txt.d',
+                                          '.model.txt2.b.tmp']

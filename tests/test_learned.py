@@ -5,6 +5,7 @@ order is known, and the refusal of a ranker trained for another checkpoint."""
 import dataclasses
 import json
 import math
+import os
 import re
 import types
 
@@ -920,3 +921,24 @@ def test_a_rankers_pool_entries_are_proposed_with_the_sessions_queries_among_the
   got = sources.retrieved(retriever, [Context(('a', 'b'), 0, {})], k=2, positions='all',
                           batch_rows=1)
   assert texts(got) == [[['a', 'p'], ['a', 'p']]]
+
+
+def test_a_killed_runs_half_written_groups_are_removed_when_they_are_saved_again(tmp_path):
+  left = tmp_path / '.groups.npz.k3j2.npz'
+  left.write_text('half')
+  os.utime(left, (0, 0))
+  groups = learned.Groups(np.zeros((1, 2), np.float32), np.ones(1, np.int32), np.ones(1, int),
+                          np.zeros(1, int), [['a']], ['a'], [('q',)], [{}])
+  learned.save_groups(groups, str(tmp_path), {'k': 1})
+  assert sorted(os.listdir(tmp_path)) == ['groups.json', 'groups.npz']
+
+
+def test_imdna_scores_are_floats():
+  class Proposer:
+    def propose(self, contexts, k, users=None):
+      del users
+      return [['x', 'y'][:k] for _ in contexts]
+
+  got = sources.IMDNA(Proposer(), 2).propose(contexts(), positions='last', batch_rows=1)
+  assert [[[c['score'] for c in l] for l in ls] for ls in got] == [[[-1.0, -2.0]]] * 2
+  assert all(isinstance(c['score'], float) for ls in got for l in ls for c in l)

@@ -8,6 +8,7 @@ import collections
 import hashlib
 import itertools
 import json
+import os
 import re
 import shutil
 import types
@@ -157,7 +158,11 @@ def test_a_users_past_as_a_source_eval_decode_and_serve_agree(learned_run, tmp_p
   plan = (*LEARNED[:2],
           '--config.suggest.sources=generate:4,popular:4,cooccurring:4,templates:4,history:4,'
           'history_about:4', f'--config.suggest.past_queries={PAST}')
+  stale = workdir / 'ranker' / f'.{learned.RANKER_MODEL}.k3j2.tmp'  # a killed fit's
+  stale.write_text('half')
+  os.utime(stale, (0, 0))
   out = cli.run(workdir, *FEW, *plan, mode='train').stdout
+  assert not stale.exists()
   assert '[4/4] The learned ranker' in out and 'ranker data: fold 0' in out, out
   assert 'validation at step' not in out, out  # the generators were current
   meta = json.loads((workdir / 'ranker' / 'ranker.json').read_text())
@@ -457,11 +462,18 @@ def test_a_ranker_is_current_only_for_its_rounds_and_the_model_file_it_recorded(
             'features': learned.feature_names([name for name, _ in plan]),
             'search': learned.search_key(config),
             'fold_steps': learned.fold_steps(config, str(tmp_path)),
+            'features_version': learned.FEATURES_VERSION,
             'model_sha256': hashlib.sha256(b'a model\n').hexdigest()}
   meta = folder / learned.RANKER_META
   current = lambda: learned.LearnedRanker.is_current(str(tmp_path), trained, config)
   meta.write_text(json.dumps(record))
   assert current()
+  # Features computed otherwise before (a later query's words read): refitted.
+  meta.write_text(json.dumps({**record, 'features_version': 1}))
+  assert not current()
+  meta.write_text(json.dumps({k: v for k, v in record.items() if k != 'features_version'}))
+  assert not current()
+  meta.write_text(json.dumps(record))
   # Older records: no fold steps kept, the candidates' protocol unset (which searched alike).
   meta.write_text(json.dumps({**{k: v for k, v in record.items() if k != 'fold_steps'},
                               'search': {**record['search'], 'exclude_session_queries': None}}))

@@ -1497,3 +1497,11 @@ def test_a_checkpoint_of_the_other_layer_layout_resumes_converted_to_this_runs(t
   assert_trees_equal(restored.params, layers.convert_layer_layout(params, scan_layers=False))
   assert_trees_equal(restored.opt_state,
                      layers.convert_layer_layout(opt_state, scan_layers=False))
+
+
+def test_a_fresh_run_over_an_empty_metrics_file_says_nothing_was_dropped(tmp_path, capsys):
+  """A run killed before it logged anything leaves an empty metrics.jsonl: the next run drops
+  nothing, and says nothing of it."""
+  (tmp_path / 'metrics.jsonl').write_text('', encoding='utf-8')
+  metric_writer.MetricWriter(str(tmp_path), enabled=True, resumed_at=0).close()
+  assert 'Note' not in capsys.readouterr().out

@@ -59,6 +59,11 @@ RANKER_DIR = 'ranker'
 # The ranker's two files in RANKER_DIR: LightGBM's model and what it was trained for.
 RANKER_MODEL = 'model.txt'
 RANKER_META = 'ranker.json'
+# How a candidate's features are computed, where the names alone do not say (a ranker or
+# cached candidates of another version are made again by --mode=train). 2: the generator's
+# figure of a candidate reads only the words typed up to its position (1 read a later query's
+# words too, which told evaluation's and training's contexts what followed).
+FEATURES_VERSION = 2
 
 
 # What `config.suggest.sources` may name: the generator and the sources that need no model,
@@ -279,6 +284,7 @@ class LearnedRanker:
         and meta.get('folds') == config.suggest.ranker_folds
         and meta.get('rounds') == config.suggest.ranker_rounds
         and meta.get('features') == feature_names([name for name, _ in plan])
+        and meta.get('features_version', 1) == FEATURES_VERSION
         # (a record written before the search or the fold generators' steps were kept:
         # taken as made with these)
         and _as_written_now(meta.get('search', searched)) == searched
@@ -591,7 +597,8 @@ def groups_key(config: ml_collections.ConfigDict, workdir: str) -> dict:
   return {'sources': [list(x) for x in plan],
           'folds': config.suggest.ranker_folds, 'fold_steps': fold_steps(config, workdir),
           'split_seed': config.data.split_seed, 'search': search_key(config),
-          'features': feature_names([name for name, _ in plan]), **past_key(config)}
+          'features': feature_names([name for name, _ in plan]),
+          'features_version': FEATURES_VERSION, **past_key(config)}
 
 
 def past_key(config: ml_collections.ConfigDict) -> dict:
@@ -736,6 +743,7 @@ def fit(config: ml_collections.ConfigDict, workdir: str, log=print) -> dict:
   meta = {
       'checkpoint_step': int(trained.step),
       'vocab_fingerprint': trained.vocab.fingerprint,
+      'features_version': FEATURES_VERSION,
       'sources': [list(item) for item in plan],
       'features': names,
       'importance': {n: round(float(v) / total, 4) for n, v in

@@ -182,9 +182,11 @@ def candidate_log_probs(trained: inference.Trained, contexts: Sequence[Context],
     token_log_probs = np.zeros((0, num_targets), np.float32)
     for row, (i, context) in enumerate(zip(group, group_contexts)):
       first = len(context.queries) - 1 if positions == 'last' else context.first_output
-      copied = trained.copied_words(context.queries)
       for p, texts in enumerate(candidates[i]):
         r = row if positions == 'last' else row * num_queries + first + p
+        # The words the model can copy after position first + p: those typed so far (a later
+        # query's word, given an extended id, would be scored -inf, a leak of what follows).
+        copied = trained.copied_words(context.queries[:first + p + 1])
         already = known[i][p] if known is not None else {}
         for text in texts:
           ids = _candidate_ids(vocab, text, copied, length)
