@@ -27,6 +27,7 @@ users by id (the service's `user`) is given none here.
 from __future__ import annotations
 
 import dataclasses
+import operator
 import os
 from collections.abc import Sequence
 
@@ -76,8 +77,16 @@ class Suggester:
     if pasts is not None and len(pasts) != len(sessions):
       raise ValueError(f'pasts: {len(pasts)} for {len(sessions)} sessions')
     pasts = pasts if pasts is not None else [()] * len(sessions)
-    if k is not None and (isinstance(k, bool) or not isinstance(k, int)):
-      raise TypeError(f'k: a whole number, got {k!r}')
+    if k is not None:
+      # operator.index takes every integer type (a numpy one too) and refuses a float, whose
+      # fraction would be dropped; a bool is refused as the service refuses `true`.
+      try:
+        whole = None if isinstance(k, bool) else operator.index(k)
+      except TypeError:
+        whole = None
+      if whole is None:
+        raise TypeError(f'k: a whole number, got {k!r}')
+      k = whole
     requests = [self._request(i, session, past, k)
                 for i, (session, past) in enumerate(zip(sessions, pasts))]
     # What the service answers of each suggestion (`app.Suggestion`), no more.

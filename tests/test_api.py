@@ -2,6 +2,7 @@
 (on an engine without a model, tests/stub_server.py). Its lists are the service's:
 tests/test_learned_cli.py."""
 
+import numpy as np
 import pytest
 
 from mtn_jax import api
@@ -67,9 +68,12 @@ def test_what_the_service_would_refuse_of_a_past_or_k_is_refused():
   suggester = api.Suggester(engine)
   with pytest.raises(ValueError, match=r'sessions\[0\]\.past\[1\]: holds'):
     suggester.suggest(['a'], past=['ok', 'x\x1b[A'])
-  for k in (2.5, True, '3'):
+  for k in (2.5, True, '3', np.float32(3)):
     with pytest.raises(TypeError, match='^k: a whole number'):
       suggester.suggest(['a'], k=k)
+  # Any integer type is a whole number: a numpy one is read as the int it holds.
+  suggester.suggest(['a'], k=np.int64(3))
+  assert [(r.k, type(r.k)) for r in engine.requests] == [(3, int)]
 
 
 def test_a_suggestion_holds_what_the_service_answers_of_it():
