@@ -15,7 +15,7 @@ User-facing protocol (no query of the session suggested; the candidates hold non
 suggester EM@1, R@10 and MRR@10 (%), and each source's candidate recall (the next query among
 its candidates at all). Suggesters: the learned ranker as shown (`presentation.presented`
 with the config's rules), without each rule, with the session-first rule over fewer places,
-alone without each feature group (the ablation); each source alone; MPC; the quota blend
+alone without each feature group (the ablation; with and without the user's past); each source alone; MPC; the quota blend
 `popular:3,cooccurring:5,generate:10`; the rule list (MPC's first 3, then the 5 most frequent
 edit templates of the previous query, then MPC). Writes <workdir>/ranker/cross_fitted.json
 (with --skip_ablation: cross_fitted_no_ablation.json; with --counts=whole_log, the log's
@@ -225,10 +225,19 @@ def main() -> None:
            f'{unrelated} unrelated'] = score(
                learned_lists(session_first=places, unrelated_first=unrelated))
   if not args.skip_ablation:
+    alone = presentations(config)['alone']
+    if 'history' in dict(plan):
+      rows["learned ranker alone, no user's past"] = score(presented_lists(
+          bare, cross_fitted_scores(groups, config, names, scored=bare), counts, **alone))
     for group, members in learned.feature_groups([n for n, _ in plan]).items():
       columns = [i for i, n in enumerate(names) if n not in members]
       rows[f'learned ranker alone without the {group} features'] = score(
           learned_lists(columns, session_first=0, attested_only=False))
+      if 'history' in dict(plan):
+        # The same where no past is known: what a group gives the contexts most requests are.
+        rows[f"learned ranker alone without the {group} features, no user's past"] = score(
+            presented_lists(bare, cross_fitted_scores(groups, config, names, columns,
+                                                      scored=bare), counts, **alone))
   not_session = lambda lst, g: [q for q in lst if q not in groups.sessions[g]]
   for name, _ in plan:
     lists = [not_session(groups.lists[g][name], g) for g in range(len(references))]
