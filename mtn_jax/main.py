@@ -27,7 +27,8 @@ flags.DEFINE_string('workdir', None, 'Run folder (required): data, checkpoints, 
 flags.DEFINE_enum('mode', 'all', list(modes.MODES),
                   'all: preprocess, train, eval, sample suggestions and report.')
 flags.DEFINE_bool('distributed', False,
-                  'Multi-host: call jax.distributed.initialize() before anything else. Without '
+                  'Multi-host training and evaluation (--mode=all, train, eval): call '
+                  'jax.distributed.initialize() before anything else. Without '
                   'the three flags below it detects the cluster (SLURM, Open MPI, TPU pods).')
 flags.DEFINE_string('coordinator_address', None, 'host:port of process 0 (with --distributed).')
 flags.DEFINE_integer('num_processes', None, 'Number of processes (with --distributed).')
@@ -46,6 +47,9 @@ flags.mark_flags_as_required(['config', 'workdir'])
 def main(argv):
   if len(argv) > 1:
     cli.usage_error(f'unexpected arguments: {" ".join(argv[1:])}')
+  if FLAGS.distributed and FLAGS.mode not in modes.MULTI_PROCESS_MODES:
+    cli.usage_error(f'--distributed: --mode={FLAGS.mode} runs in one process (training and '
+                    f'evaluation run on several: --mode={", ".join(modes.MULTI_PROCESS_MODES)})')
   cli.quiet_library_logs()
   if not FLAGS['verbosity'].present:
     # Orbax's background threads log each failure of a checkpoint write with a traceback (a

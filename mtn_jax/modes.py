@@ -66,6 +66,9 @@ def run_all(config, workdir):
 
 MODES = {'all': run_all, 'preprocess': preprocess, 'train': train, 'eval': evaluate,
          'decode': decode, 'suggest': interactive, 'serve': serve, 'report': report}
+# The modes that share their work among the processes of `--distributed` (each reads its rows;
+# process 0 alone writes). The others would each write the same files, or serve on one port.
+MULTI_PROCESS_MODES = ('all', 'train', 'eval')
 
 
 HELP = """\

@@ -74,12 +74,16 @@ def run(*args, cwd=cli.REPO):
      '--config=tests/__init__.py: the file defines no get_config(variant) returning the config'),
     (('--config=configs/demo.py', '--config.train.optimizer=sgd'),
      '--config.train.optimizer was removed: it chose nothing: training uses Adam'),
+    (('--config=configs/demo.py', '--mode=decode', '--distributed'),
+     '--distributed: --mode=decode runs in one process (training and evaluation run on '
+     'several: --mode=all, train, eval)'),
 ], ids=['mistyped_key', 'mistyped_section', 'unknown_key', 'missing_config',
         'missing_config_with_variant', 'missing_config_with_override', 'bad_value_with_variant',
         'unknown_variant', 'bad_value', 'no_log', 'wrong_type', 'wrong_bool', 'unknown_mode',
         'unknown_flag', 'stray_argument', 'retired_gain_from', 'retired_previous_query_bias',
         'replaced_rerank', 'replaced_user_facing', 'key_of_another_family', 'no_decode_input',
-        'log_with_the_demo_source', 'no_get_config', 'retired_optimizer'])
+        'log_with_the_demo_source', 'no_get_config', 'retired_optimizer',
+        'distributed_decode'])
 def test_usage_errors_are_one_line_and_exit_2(tmp_path, args, message):
   result = run(*args, f'--workdir={tmp_path}')
   assert result.returncode == 2, result.stderr
