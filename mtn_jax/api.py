@@ -20,8 +20,9 @@ The protocol is the user-facing one (no query of the session suggested again) un
 config sets `decode.exclude_session_queries`. A suggestion holds what the service's response
 does (`serving.app.Suggestion`). Parameters live on one device; each batch size and session
 length compiles once, on the first call that needs it (kept between processes only where
-JAX's compilation cache is set, `JAX_COMPILATION_CACHE_DIR`). A ranker that knows its training
-users by id (the service's `user`) is given none here.
+JAX's compilation cache is set, `JAX_COMPILATION_CACHE_DIR`). `user` names a training user by
+the log's id, as the service's `user` does, for a ranker that knows its training users (the
+zero attention family's, `Suggester.knows_users`); any other model refuses it.
 """
 
 from __future__ import annotations
@@ -56,27 +57,36 @@ class Suggester:
     return self.engine.past_read
 
   @property
+  def knows_users(self) -> bool:
+    """Whether the lists read a training user's id (`user`)."""
+    return self.engine.knows_users
+
+  @property
   def info(self) -> dict:
     """What the service's page says of the model: its name, step, strategy, top_k, ..."""
     return self.engine.info()
 
   def suggest(self, session: Sequence[str], *, past: Sequence[str] = (),
-              k: int | None = None) -> list[dict]:
+              user: str | None = None, k: int | None = None) -> list[dict]:
     """The suggestions after `session` (its queries so far, oldest first), best first:
     {'query', 'score', ...} as `--mode=suggest` and the service give them; `k` of them
-    (default `config.decode.top_k`)."""
-    return self.suggest_many([session], pasts=[past], k=k)[0]
+    (default `config.decode.top_k`). `past`: the user's earlier queries, oldest first;
+    `user`: their id in the training log."""
+    return self.suggest_many([session], pasts=[past], users=[user], k=k)[0]
 
   def suggest_many(self, sessions: Sequence[Sequence[str]], *,
                    pasts: Sequence[Sequence[str]] | None = None,
+                   users: Sequence[str | None] | None = None,
                    k: int | None = None) -> list[list[dict]]:
-    """`suggest` of each session (with each user's `pasts`), in batches of at most
-    `config.serve.max_batch`: the same lists as one at a time."""
+    """`suggest` of each session (with each user's `pasts` and id, `users`), in batches of
+    at most `config.serve.max_batch`: the same lists as one at a time."""
     if isinstance(sessions, str):
       raise TypeError('sessions: a list of sessions, each a list of queries')
-    if pasts is not None and len(pasts) != len(sessions):
-      raise ValueError(f'pasts: {len(pasts)} for {len(sessions)} sessions')
+    for name, given in (('pasts', pasts), ('users', users)):
+      if given is not None and len(given) != len(sessions):
+        raise ValueError(f'{name}: {len(given)} for {len(sessions)} sessions')
     pasts = pasts if pasts is not None else [()] * len(sessions)
+    users = users if users is not None else [None] * len(sessions)
     if k is not None:
       # operator.index takes every integer type (a numpy one too) and refuses a float, whose
       # fraction would be dropped; a bool is refused as the service refuses `true`.
@@ -87,14 +97,14 @@ class Suggester:
       if whole is None:
         raise TypeError(f'k: a whole number, got {k!r}')
       k = whole
-    requests = [self._request(i, session, past, k)
-                for i, (session, past) in enumerate(zip(sessions, pasts))]
+    requests = [self._request(i, session, past, user, k)
+                for i, (session, past, user) in enumerate(zip(sessions, pasts, users))]
     # What the service answers of each suggestion (`app.Suggestion`), no more.
     return [[{key: value for key, value in suggestion.items()
               if key in _SUGGESTION_FIELDS and value is not None} for suggestion in shown]
             for shown in self.engine.run(requests)]
 
-  def _request(self, i: int, session: Sequence[str], past: Sequence[str],
+  def _request(self, i: int, session: Sequence[str], past: Sequence[str], user: str | None,
                k: int | None) -> engine_lib.Request:
     where = f'sessions[{i}]'
     # Read once: an iterator (a generator) would be used up by the check below, and its
@@ -105,10 +115,19 @@ class Suggester:
       if isinstance(texts, str) or not all(isinstance(q, str) for q in texts):
         raise TypeError(f'{where}{"." + name if name else ""}: a list of queries (str), got '
                         f'{texts!r}')
+    if user is not None:
+      if not isinstance(user, str):  # as the service refuses a number
+        raise TypeError(f'{where}.user: the training log\'s id as a str, got {user!r}')
+      if not self.knows_users:
+        # The service takes a user to keep their past; here the past is given (`past`).
+        raise ValueError(f'{where}.user: this model knows no user by id'
+                         + (': give their earlier queries as past' if self.past_read
+                            else ' (it reads no user): leave it out'))
     try:
-      request = self.engine.check(list(session), k, None)
+      request = self.engine.check(list(session), k, user)
     except engine_lib.BadInput as e:
-      raise ValueError(str(e) if e.field == 'k' else f'{where}: {e}') from None
+      raise ValueError(str(e) if e.field == 'k' else f'{where}.user: {e.message}'
+                       if e.field == 'user' else f'{where}: {e}') from None
     if not past:
       return request
     if not self.past_read:

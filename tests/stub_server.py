@@ -29,6 +29,7 @@ class StubEngine(engine_lib.Engine):
   last query and ' more', after `seconds` a batch."""
 
   step, workdir, personalises, past_read, top_k = 7, '/nowhere/run', False, 0, 5
+  knows_users = False
   sizes, widths = (1, 2), (1, 2, 4)
 
   def __init__(self, seconds: float = 0.0, suggestions=None, personalises: bool = False):

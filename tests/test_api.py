@@ -76,6 +76,29 @@ def test_what_the_service_would_refuse_of_a_past_or_k_is_refused():
   assert [(r.k, type(r.k)) for r in engine.requests] == [(3, int)]
 
 
+def test_a_user_id_reaches_a_ranker_that_knows_users_and_is_refused_elsewhere():
+  engine = Recording(personalises=True)
+  engine.knows_users = True
+  suggester = api.Suggester(engine)
+  suggester.suggest_many([['a'], ['b'], ['c']], users=['142', None, '7'])
+  assert [r.user for r in engine.requests] == ['142', None, '7']
+  # The engine hands a numeric id to the ranker as the service's request does.
+  assert [engine_lib.Engine._info(r) for r in engine.requests] == [{'user': 142}, {},
+                                                                   {'user': 7}]
+  with pytest.raises(TypeError, match=r"sessions\[0\]\.user: the training log's id as a str"):
+    suggester.suggest(['a'], user=142)
+  with pytest.raises(ValueError, match=r'sessions\[0\]\.user: holds'):
+    suggester.suggest(['a'], user='x\x1b')
+  with pytest.raises(ValueError, match='users: 1 for 2 sessions'):
+    suggester.suggest_many([['a'], ['b']], users=['1'])
+  # A model that reads a user's past but knows no user by id: the past is what to give.
+  with pytest.raises(ValueError, match=r'sessions\[0\]\.user: this model knows no user by '
+                     'id: give their earlier queries as past'):
+    api.Suggester(Recording(personalises=True)).suggest(['a'], user='142')
+  with pytest.raises(ValueError, match=r'knows no user by id \(it reads no user\)'):
+    api.Suggester(Recording()).suggest(['a'], user='142')
+
+
 def test_a_suggestion_holds_what_the_service_answers_of_it():
   class Extra(StubEngine):
     def run(self, requests):

@@ -213,9 +213,14 @@ class Engine:
     """Whether the model reads a user: their earlier queries (`Pipeline.past_read`: a
     model's `config.data.history_queries`, the habit rule, the learned ranker's sources of the
     past) or, for a ranker that reads users, the training user they are."""
+    return self.past_read > 0 or self.knows_users
+
+  @property
+  def knows_users(self) -> bool:
+    """Whether the model knows its training users by id (a ranker that reads users): a
+    request's `user` then names one of them (`_info`)."""
     p = self.pipeline
-    return (self.past_read > 0
-            or (p.retriever is not None and p.retriever.trained.task.reads_users))
+    return p.retriever is not None and p.retriever.trained.task.reads_users
 
   def info(self) -> dict:
     """What the page and the responses say of the model."""
