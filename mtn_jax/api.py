@@ -34,6 +34,7 @@ from collections.abc import Sequence
 
 import ml_collections
 
+from mtn_jax import cli
 from mtn_jax import config_lib
 from mtn_jax.inference import pipeline as pipeline_lib
 from mtn_jax.inference import suggest as suggest_lib
@@ -154,6 +155,9 @@ def load(config: ml_collections.ConfigDict, workdir: str, log=print) -> Suggeste
   """
   workdir = os.path.expanduser(workdir)
   config = config.copy_and_resolve_references()
+  unknown = cli.unknown_key(config)  # a key set in a notebook as in a config file
+  if unknown:
+    raise config_lib.ConfigError(unknown)
   config_lib.expand_home(config)
   config_lib.validate(config, 'suggest')
   trained_lib.check_config(config, workdir)

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import ast
 import contextlib
+import difflib
 import importlib.util
 import os
 import re
@@ -223,6 +224,9 @@ def checked_config(config_flag, mode: str):
   if not isinstance(config, ml_collections.ConfigDict):
     usage_error(f'--config={config_flags.get_config_filename(config_flag)}: its get_config '
                 f'returned {config!r}, not an ml_collections.ConfigDict')
+  unknown = unknown_key(config)
+  if unknown:
+    usage_error(f'--config={config_flags.get_config_filename(config_flag)}: {unknown}')
   config_lib.expand_home(config)
   try:
     config_lib.validate(config, mode)
@@ -231,6 +235,40 @@ def checked_config(config_flag, mode: str):
   except OSError as e:  # a config file that exists but could not be read
     usage_error(f'--config: {_one_line(e)}')
   return config
+
+
+def unknown_key(config: ml_collections.ConfigDict) -> str | None:
+  """What to say of a key that a config file sets and no run reads (a typo: `c.decode.beamsize
+  = 10`, the default beam kept), else None. The command line's overrides are checked against
+  the file's keys by ml_collections, but the file's own assignments add any key they name.
+  The keys are configs/default.py's and the IMDNA task's sections (configs/imdna_movies.py);
+  config.model's are `config_lib`'s to check (it knows each family's). None where this
+  package lies in no checkout of the repository."""
+  default, imdna = _configs_module('default'), _configs_module('imdna_movies')
+  if default is None or imdna is None:
+    return None
+  known = default.get_config()
+  task = imdna.get_config()
+  for section in ('imdna', 'movies'):
+    known[section] = task[section]
+  return _first_unknown(config, known, 'config')
+
+
+def _first_unknown(config, known, where: str) -> str | None:
+  for key, value in config.items():
+    if where == 'config' and key == 'model':
+      continue
+    if key not in known:
+      close = difflib.get_close_matches(key, list(known.keys()), n=1)
+      return (f'{where}.{key}: {where} has no key {key!r}'
+              + (f' (did you mean "{close[0]}"?)' if close else '')
+              + ': a config holds the keys of configs/default.py alone')
+    if isinstance(value, ml_collections.ConfigDict) and isinstance(known[key],
+                                                                   ml_collections.ConfigDict):
+      unknown = _first_unknown(value, known[key], f'{where}.{key}')
+      if unknown:
+        return unknown
+  return None
 
 
 def check_workdir(workdir: str) -> None:

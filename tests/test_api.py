@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 
 from mtn_jax import api
+from mtn_jax import errors
 from mtn_jax.serving import engine as engine_lib
 from tests.stub_server import StubEngine
 
@@ -112,6 +113,16 @@ def test_a_suggestion_holds_what_the_service_answers_of_it():
 def test_more_pasts_than_sessions_are_refused():
   with pytest.raises(ValueError, match='pasts: 2 for 1 sessions'):
     api.Suggester(Recording(personalises=True)).suggest_many([['a']], pasts=[['b'], ['c']])
+
+
+def test_load_refuses_a_key_no_run_reads(tmp_path):
+  from tests import cli  # pylint: disable=g-import-not-at-top
+  config = cli.config()
+  with config.unlocked():
+    config.decode.beamsize = 10
+  with pytest.raises(errors.ConfigError, match=r'^config\.decode\.beamsize: config\.decode has '
+                     r'no key \'beamsize\' \(did you mean "beam_size"\?\)'):
+    api.load(config, str(tmp_path))
 
 
 def test_load_hands_the_engine_the_user_facing_protocol_unless_the_config_sets_one(

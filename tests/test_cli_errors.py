@@ -116,8 +116,13 @@ def test_every_config_names_its_variants(tmp_path, config, known):
      ": NameError: name 'undefined' is not defined"),
     ('def get_config(variant=""):\n  return 5\n',
      ': its get_config returned 5, not an ml_collections.ConfigDict'),
+    # A key the file sets that no run reads (ml_collections checks the overrides alone).
+    ('from configs import demo\ndef get_config(variant=""):\n  c = demo.get_config()\n'
+     '  c.decode.beamsize = 10\n  return c\n',
+     ': config.decode.beamsize: config.decode has no key \'beamsize\' (did you mean '
+     '"beam_size"?): a config holds the keys of configs/default.py alone'),
 ])
-def test_a_config_file_that_gives_no_config_is_named(tmp_path, source, message):
+def test_a_config_file_it_cannot_use_is_named(tmp_path, source, message):
   config = tmp_path / 'mine.py'
   config.write_text(source, encoding='utf-8')
   result = run(f'--config={config}', f'--workdir={tmp_path / "run"}')
