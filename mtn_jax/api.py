@@ -1,7 +1,7 @@
 """mtn_jax from Python: a trained workdir's suggestions, as `--mode=suggest` and the service
 give them.
 
-    from configs import aol                            # in the checkout's folder
+    from configs import aol                            # the checkout on the path (PYTHONPATH)
     from mtn_jax import api
     config = aol.get_config('small')                   # the config W was trained with,
     config.data.raw_files = LOG                        # overridden as on its command line

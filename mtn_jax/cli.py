@@ -373,7 +373,8 @@ It writes one JSON line per suggestion point to config.decode.output (default
 _EXIT_CODES = """\
 0 finished; 1 bad data, input file or checkpoint; 2 usage error (flag, config file or
 value); 130 and 143 stopped by SIGINT or SIGTERM: in training after saving a checkpoint (the
-same command resumes), elsewhere at once."""
+same command resumes), elsewhere at once, but the service, which drains its requests and
+exits 0."""
 
 
 def _asks_for_help(argv) -> str | None:
