@@ -1039,6 +1039,10 @@ def test_decode_reads_no_pipe_and_suggest_no_closed_input(tmp_path):
   os.mkfifo(pipe)
   with pytest.raises(inputs.DecodeInputError, match='pipe: not a regular file'):
     inputs.detect_format(str(pipe))
+  config = demo.get_config()
+  config.decode.input = '-'  # the shell's standard input: named as such, not as a missing file
+  with pytest.raises(inputs.DecodeInputError, match='^-: standard input is not read'):
+    suggest.decode_file(config, str(tmp_path))
   with pytest.raises(suggest.errors.Error, match='standard input, which is closed'):
     suggest.interactive(demo.get_config(), str(tmp_path), stdin=None)
   # An output the file system refuses (Linux's /proc, even to root) is named before any work.

@@ -268,6 +268,10 @@ def decode_file(config: ml_collections.ConfigDict, workdir: str) -> dict:
   if not dc.input:
     raise inputs.DecodeInputError('config.decode.input is empty: pass --config.decode.input=FILE '
                            '(one session a line, queries separated by tabs, or an AOL log)')
+  if dc.input == '-' and not os.path.exists(dc.input):  # the shell's name for standard input
+    raise inputs.DecodeInputError("-: standard input is not read (the input is read twice: its "
+                                  'format, then its lines): write the input to a file and '
+                                  'give that')
   if not os.path.exists(dc.input):
     raise inputs.DecodeInputError(f'{dc.input}: no such decode input file')
   input_format = inputs.detect_format(dc.input)

@@ -389,10 +389,14 @@ def describe(engine: engine_lib.Engine, seconds: float) -> str:
 def build(config: ml_collections.ConfigDict, workdir: str, log=_say) -> Service:
   """The service of `workdir`'s best checkpoint, warmed up (not yet serving)."""
   settings = ServeSettings.from_config(config)
-  trained.keep_compiled_programs(workdir, settings.compile_cache, log)
+  # Said once the model has loaded: a workdir with no checkpoint keeps no program.
+  cache_note = []
+  trained.keep_compiled_programs(workdir, settings.compile_cache, cache_note.append)
   started = time.time()
   engine = engine_lib.Engine.load(config, workdir, log=log,
                                   background=bool(config.serve.warm_up_background))
+  for line in cache_note:
+    log(line)
   log(describe(engine, time.time() - started))
   store = None
   if settings.history_db and engine.personalises:
