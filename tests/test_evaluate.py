@@ -760,6 +760,20 @@ def test_decode_of_a_raw_log_writes_every_point_once_across_chunks(tmp_path, mon
   assert [(r['user'], r['position']) for r in records[4:]] == [(u, 0) for u in range(101, 110)]
 
 
+def test_a_sessions_file_without_a_tab_is_noted_as_one_query_a_session(tmp_path, monkeypatch,
+                                                                        capsys):
+  monkeypatch.setattr(pipeline.Pipeline, 'load', StandInPipeline(max_session_queries=2).load)
+  config = demo.get_config()
+  sessions = tmp_path / 'sessions.txt'
+  for text, noted in (('cheap flights    cheap flights paris\nweather  boston\n', True),
+                      ('cheap flights\tparis\nweather\n', False),
+                      ('cheap flights\n', False)):  # a lone session of one query says nothing
+    sessions.write_text(text, encoding='utf-8')
+    config.decode.input, config.decode.output = str(sessions), str(tmp_path / 'out.jsonl')
+    suggest.decode_file(config, str(tmp_path / 'run'))
+    assert ('Note: no line held a tab' in capsys.readouterr().out) == noted, text
+
+
 def test_a_stopped_decode_goes_on_and_writes_what_an_uninterrupted_one_does(tmp_path,
                                                                              monkeypatch,
                                                                              capsys):

@@ -305,7 +305,7 @@ def decode_file(config: ml_collections.ConfigDict, workdir: str) -> dict:
   making = _making(config, dc.input, suggester.step)
   kept = _resumable(output, making)
   started = last_log = time.time()
-  num_sessions = num_records = 0
+  num_sessions = num_records = longest = 0
   try:
     with _written(output, making) as write:
       if kept:
@@ -319,6 +319,7 @@ def decode_file(config: ml_collections.ConfigDict, workdir: str) -> dict:
             break
           num_records += points
           num_sessions += context.first_position == 0
+          longest = max(longest, len(context.queries))
         write(''.join(kept[:num_records]))
         print(f'Resuming after the {num_records:,} suggestion points of '
               f'{output + PARTIAL}.', flush=True)
@@ -328,6 +329,7 @@ def decode_file(config: ml_collections.ConfigDict, workdir: str) -> dict:
           lines += [json.dumps(record, ensure_ascii=False) + '\n'
                     for record in _records(context, ranked)]
           num_sessions += context.first_position == 0
+          longest = max(longest, len(context.queries))
         write(''.join(lines))
         num_records += len(lines)
         if time.time() - last_log >= inference_sources.PROGRESS_SECONDS:
@@ -355,6 +357,10 @@ def decode_file(config: ml_collections.ConfigDict, workdir: str) -> dict:
         f'{elapsed:.1f} s ({num_sessions / max(elapsed, 1e-9):.1f} sessions/s) into {output}.')
   print('Input changes: ' + describe_counts(counts, reader.limit,
                                             trained.cfg.max_session_queries) + '.')
+  if input_format == 'sessions' and num_sessions > 1 and longest == 1:
+    # Valid, but what a file whose tabs an editor turned into spaces gives.
+    print('Note: no line held a tab, so each session was read as one query (a session\'s '
+          'queries are separated by tabs, a query\'s words by spaces).', flush=True)
   print('Summary: ' + json.dumps(counts, sort_keys=True), flush=True)
   return counts
 
