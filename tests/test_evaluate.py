@@ -1229,6 +1229,15 @@ def test_report_with_depth_variants_has_the_ablation_and_samples(tmp_path):
     assert (tmp_path / 'out' / png).read_bytes()[:8] == b'\x89PNG\r\n\x1a\n'
 
 
+def test_report_refuses_a_run_named_twice(tmp_path):
+  run = write_run(tmp_path, 'mtn', 'mtn', (3, 2, 3), 14.62, (35.7, 21.5, 14.9, 10.2))
+  again = os.path.join(run, '..', 'mtn')  # another spelling of the same folder
+  with pytest.raises(report.ReportError, match=re.escape(
+      f'config.report.workdirs names one run twice ({run}, {again})')):
+    report.write_report(report_config(f'{run},{again}', str(tmp_path / 'out')), run)
+  assert not (tmp_path / 'out').exists()
+
+
 def test_report_without_depth_variants_has_no_ablation(tmp_path):
   workdirs = [write_run(tmp_path, 'mtn', 'mtn', (3, 2, 3), 14.62, (35.7, 21.5, 14.9, 10.2)),
               write_run(tmp_path, 't', 'transformer', (4, 0, 4), 13.9, (34.2, 19.6, 13.1, 8.9))]

@@ -337,6 +337,12 @@ def write_report(config: ml_collections.ConfigDict, workdir: str,
     workdirs = [w.strip() for w in config.report.workdirs.split(',') if w.strip()] or [workdir]
   if not workdirs:
     raise ReportError('no workdirs to report on: pass --config.report.workdirs=A,B')
+  seen = {}
+  for w in workdirs:  # a run named twice would be two rows of one run
+    if (real := os.path.realpath(w)) in seen:
+      raise ReportError(f'config.report.workdirs names one run twice ({seen[real]}, {w}): '
+                        'name each once')
+    seen[real] = w
   prefix = evaluate.results_prefix(config)
   runs = [load_run(os.path.abspath(w), prefix) for w in workdirs]
   out_dir = os.path.abspath(config.report.output or os.path.join(workdir, 'report'))
