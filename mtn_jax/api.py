@@ -83,6 +83,8 @@ class Suggester:
     at most `config.serve.max_batch`: the same lists as one at a time."""
     if isinstance(sessions, str):
       raise TypeError('sessions: a list of sessions, each a list of queries')
+    if isinstance(users, str):  # its letters would be read as users
+      raise TypeError('users: a list of user ids (str or None), one a session')
     for name, given in (('pasts', pasts), ('users', users)):
       if given is not None and len(given) != len(sessions):
         raise ValueError(f'{name}: {len(given)} for {len(sessions)} sessions')

@@ -259,10 +259,16 @@ def _first_unknown(config, known, where: str) -> str | None:
     if where == 'config' and key == 'model':
       continue
     if key not in known:
+      name = f'{where}.{key}'.removeprefix('config.')
+      # An old config file's retired key is told as the command line tells it.
+      if name in RETIRED_KEYS:
+        return f'config.{name} was removed: {RETIRED_KEYS[name]}'
+      if name in REPLACED_KEYS:
+        return f'config.{name} was replaced by {REPLACED_KEYS[name]}'
       close = difflib.get_close_matches(key, list(known.keys()), n=1)
       return (f'{where}.{key}: {where} has no key {key!r}'
               + (f' (did you mean "{close[0]}"?)' if close else '')
-              + ': a config holds the keys of configs/default.py alone')
+              + ': configs/default.py lists every key')
     if isinstance(value, ml_collections.ConfigDict) and isinstance(known[key],
                                                                    ml_collections.ConfigDict):
       unknown = _first_unknown(value, known[key], f'{where}.{key}')

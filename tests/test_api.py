@@ -92,6 +92,8 @@ def test_a_user_id_reaches_a_ranker_that_knows_users_and_is_refused_elsewhere():
     suggester.suggest(['a'], user='x\x1b')
   with pytest.raises(ValueError, match='users: 1 for 2 sessions'):
     suggester.suggest_many([['a'], ['b']], users=['1'])
+  with pytest.raises(TypeError, match='users: a list of user ids'):  # not '1', '4', '2'
+    suggester.suggest_many([['a'], ['b'], ['c']], users='142')
   # A model that reads a user's past but knows no user by id: the past is what to give.
   with pytest.raises(ValueError, match=r'sessions\[0\]\.user: this model knows no user by '
                      'id: give their earlier queries as past'):

@@ -120,7 +120,10 @@ def test_every_config_names_its_variants(tmp_path, config, known):
     ('from configs import demo\ndef get_config(variant=""):\n  c = demo.get_config()\n'
      '  c.decode.beamsize = 10\n  return c\n',
      ': config.decode.beamsize: config.decode has no key \'beamsize\' (did you mean '
-     '"beam_size"?): a config holds the keys of configs/default.py alone'),
+     '"beam_size"?): configs/default.py lists every key'),
+    ('from configs import demo\ndef get_config(variant=""):\n  c = demo.get_config()\n'
+     '  c.decode.rerank = "mbr"\n  return c\n',
+     ': config.decode.rerank was replaced by config.decode.mbr'),
 ])
 def test_a_config_file_it_cannot_use_is_named(tmp_path, source, message):
   config = tmp_path / 'mine.py'

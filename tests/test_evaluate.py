@@ -771,7 +771,7 @@ def test_a_sessions_file_without_a_tab_is_noted_as_one_query_a_session(tmp_path,
     sessions.write_text(text, encoding='utf-8')
     config.decode.input, config.decode.output = str(sessions), str(tmp_path / 'out.jsonl')
     suggest.decode_file(config, str(tmp_path / 'run'))
-    assert ('Note: no line held a tab' in capsys.readouterr().out) == noted, text
+    assert ('Note: every session was read as one query' in capsys.readouterr().out) == noted, text
 
 
 def test_a_stopped_decode_goes_on_and_writes_what_an_uninterrupted_one_does(tmp_path,

@@ -359,8 +359,8 @@ def decode_file(config: ml_collections.ConfigDict, workdir: str) -> dict:
                                             trained.cfg.max_session_queries) + '.')
   if input_format == 'sessions' and num_sessions > 1 and longest == 1:
     # Valid, but what a file whose tabs an editor turned into spaces gives.
-    print('Note: no line held a tab, so each session was read as one query (a session\'s '
-          'queries are separated by tabs, a query\'s words by spaces).', flush=True)
+    print('Note: every session was read as one query (a session\'s queries are separated by '
+          'tabs, a query\'s words by spaces).', flush=True)
   print('Summary: ' + json.dumps(counts, sort_keys=True), flush=True)
   return counts
 
