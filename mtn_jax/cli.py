@@ -151,6 +151,9 @@ REPLACED_KEYS = {
 _CONFIG_FILE_ERROR = re.compile(
     r'^flag (--config=\S*): Error whilst parsing config file: (\w+): (.*)$')
 _REQUIRED = re.compile(r'Flag --(\w+) must have a value other than None')
+# ml_collections' words for a value of another type set in a config file (read backwards).
+_WRONG_TYPE = re.compile(r"^Could not override field '(\w+)' \(reference\)\. (.*) is of original "
+                         r"type <class '(\w+)'> and cannot be casted to type <class '(\w+)'>$")
 _EXAMPLE_VALUES = {'config': 'FILE[:variant]', 'workdir': 'DIR'}
 
 
@@ -167,6 +170,11 @@ def _flag_error_message(error: BaseException, argv) -> str:
   match = _CONFIG_FILE_ERROR.match(text)
   if match:  # get_config raised: the file's own message, which names the file
     flag, kind, message = match.groups()
+    wrong_type = _WRONG_TYPE.match(message) if kind == 'TypeError' else None
+    if wrong_type:
+      key, value, given, held = wrong_type.groups()
+      return (f'{flag}: {_key_path(key)} is of type {held}, and the file sets it to {value!r} '
+              f'(type {given})')
     return f'{flag}: {message}' if kind == 'ValueError' else f'{flag}: {kind}: {message}'
   if isinstance(error, (SyntaxError, NameError)):  # the file itself is no Python that runs
     return f'--config={_config_argument(argv)}: {type(error).__name__}: {text}'
@@ -441,6 +449,14 @@ def _configs_module(name: str):
     return importlib.import_module(f'configs.{name}')
   except ImportError:  # another package named configs comes first
     return None
+
+
+def _key_path(key: str) -> str:
+  """`config.<section>.<key>` where one section of configs/default.py has `key`, else the key."""
+  default = _configs_module('default')
+  config = default.get_config() if default is not None else {}
+  sections = [name for name, value in config.items() if hasattr(value, 'items') and key in value]
+  return f'config.{sections[0]}.{key}' if len(sections) == 1 else key
 
 
 def _models_reading(key: str) -> str | None:

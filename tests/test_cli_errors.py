@@ -124,6 +124,9 @@ def test_every_config_names_its_variants(tmp_path, config, known):
     ('from configs import demo\ndef get_config(variant=""):\n  c = demo.get_config()\n'
      '  c.decode.rerank = "mbr"\n  return c\n',
      ': config.decode.rerank was replaced by config.decode.mbr'),
+    ('from configs import demo\ndef get_config(variant=""):\n  c = demo.get_config()\n'
+     '  c.decode.beam_size = "10"\n  return c\n',
+     ": config.decode.beam_size is of type int, and the file sets it to '10' (type str)"),
 ])
 def test_a_config_file_it_cannot_use_is_named(tmp_path, source, message):
   config = tmp_path / 'mine.py'
