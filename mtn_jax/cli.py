@@ -188,10 +188,8 @@ def _flag_error_message(error: BaseException, argv) -> str:
     key = key.strip('\'"')
     for arg in argv[1:]:
       name = arg.lstrip('-').split('=', 1)[0]
-      if name.removeprefix('config.') in RETIRED_KEYS:
-        return (f'--{name} was removed: {RETIRED_KEYS[name.removeprefix("config.")]}')
-      if name.removeprefix('config.') in REPLACED_KEYS:
-        return (f'--{name} was replaced by {REPLACED_KEYS[name.removeprefix("config.")]}')
+      if retired := _retired(name.removeprefix('config.')):
+        return f'--{name} {retired}'
       parts = name.split('.')
       if parts[0] == 'config' and key in parts[1:]:
         parent = '.'.join(parts[:parts.index(key, 1)])
@@ -262,17 +260,23 @@ def unknown_key(config: ml_collections.ConfigDict) -> str | None:
   return _first_unknown(config, known, 'config')
 
 
+def _retired(key: str) -> str | None:
+  """Why `key` ('decode.rerank') is no longer a key, where it was one, else None."""
+  if key in RETIRED_KEYS:
+    return f'was removed: {RETIRED_KEYS[key]}'
+  if key in REPLACED_KEYS:
+    return f'was replaced by {REPLACED_KEYS[key]}'
+  return None
+
+
 def _first_unknown(config, known, where: str) -> str | None:
   for key, value in config.items():
     if where == 'config' and key == 'model':
       continue
     if key not in known:
-      name = f'{where}.{key}'.removeprefix('config.')
       # An old config file's retired key is told as the command line tells it.
-      if name in RETIRED_KEYS:
-        return f'config.{name} was removed: {RETIRED_KEYS[name]}'
-      if name in REPLACED_KEYS:
-        return f'config.{name} was replaced by {REPLACED_KEYS[name]}'
+      if retired := _retired(f'{where}.{key}'.removeprefix('config.')):
+        return f'{where}.{key} {retired}'
       close = difflib.get_close_matches(key, list(known.keys()), n=1)
       return (f'{where}.{key}: {where} has no key {key!r}'
               + (f' (did you mean "{close[0]}"?)' if close else '')
