@@ -1745,3 +1745,32 @@ def test_the_history_store_keeps_at_least_what_the_model_reads(tmp_path, monkeyp
   monkeypatch.setattr(engine_lib.Engine, 'load', lambda *args, **kwargs: StubEngine())
   assert service_lib.build(cli.config(), str(tmp_path / 'other'), log=_quiet).store is None
   assert not (tmp_path / 'other').exists()
+
+
+def test_the_compiled_programs_folder_is_said_once_the_model_has_loaded(tmp_path, monkeypatch):
+  """A workdir whose model cannot load (none trained) names no folder of compiled programs:
+  none is ever made there. One that loads names it after the model's own lines."""
+  from tests.stub_server import StubEngine  # pylint: disable=g-import-not-at-top
+  monkeypatch.setattr(service_lib.trained, 'keep_compiled_programs',
+                      lambda workdir, folder, log: log(f'Compiled programs kept in {folder}'))
+  monkeypatch.setattr(service_lib, 'describe', lambda engine, seconds: 'loaded')
+  said = []
+
+  def untrained(*args, log, **kwargs):
+    log('Loading the model')
+    raise errors.Error('no checkpoint in the workdir')
+
+  monkeypatch.setattr(engine_lib.Engine, 'load', untrained)
+  with pytest.raises(errors.Error, match='no checkpoint'):
+    service_lib.build(cli.config('--config.serve.history_db='), str(tmp_path), log=said.append)
+  assert said == ['Loading the model']
+
+  def trained_one(*args, log, **kwargs):
+    log('Loading the model')
+    return StubEngine()
+
+  said.clear()
+  monkeypatch.setattr(engine_lib.Engine, 'load', trained_one)
+  service_lib.build(cli.config('--config.serve.history_db='), str(tmp_path), log=said.append)
+  assert said == ['Loading the model', 'Compiled programs kept in serve/compile_cache',
+                  'loaded']
