@@ -386,7 +386,7 @@ of them have):
                  (config.data.session_gap_minutes) and suggestions are made after every
                  query, with the next query as the reference.
 It writes one JSON line per suggestion point to config.decode.output (default
-<workdir>/decode/<input name>.suggestions.jsonl), the config.decode.top_k best first."""
+<workdir>/decode/<the input's file name>.suggestions.jsonl), the config.decode.top_k best first."""
 
 _EXIT_CODES = """\
 0 finished; 1 bad data, input file or checkpoint; 2 usage error (flag, config file or

@@ -690,7 +690,15 @@ def test_mbr_weighs_the_whole_beam_and_adds_the_session_only_for_beam_session():
 def test_describe_counts():
   text = suggest.describe_counts({'empty_lines': 2, 'long_queries': 1,
                                   'skipped_bad_time': 3}, '10 words', 16)
-  assert text == '2 empty lines skipped, 1 queries cut to 10 words, 3 log lines skipped (bad_time)'
+  assert text == '2 empty lines skipped, 1 query cut to 10 words, 3 log lines skipped (bad_time)'
+  # One of a kind is said in the singular, every kind and the log's skipped lines alike.
+  ones = dict.fromkeys(suggest._COUNT_WORDS, 1) | {'skipped_bad_time': 1}
+  assert suggest.describe_counts(ones, '10 words', 16) == (
+      '1 line that is not UTF-8 read as Latin-1, 1 empty line skipped, 1 empty query skipped, '
+      '1 line holding a control character skipped, 1 line of an AOL log in a sessions file '
+      'skipped, 1 successive duplicate query removed, 1 word outside the vocabulary became '
+      '<unk>, 1 query cut to 10 words, 1 context cut to its last 16 queries, 1 log line '
+      'skipped (bad_time)')
   # Only the changes made: a count of 0 names nothing (a sessions file removes no duplicates).
   assert suggest.describe_counts({'duplicate_queries': 0, 'skipped_bad_time': 0,
                                   'long_sessions': 2}, '10 words', 16) == (
@@ -731,10 +739,18 @@ class StandInPipeline:
             for c in contexts]
 
 
+def test_decode_default_outputs_of_two_inputs_differ():
+  """Inputs of one stem decoded in one workdir (a file and its gzipped copy, a sessions file
+  and a log) each keep their own default output: none replaces another's."""
+  outputs = [suggest._default_output('W', name) for name in ['s.txt', 's.txt.gz', 's.tsv', 's']]
+  assert len(set(outputs)) == 4
+  assert outputs[0] == os.path.abspath('W/decode/s.txt.suggestions.jsonl')
+
+
 def test_decode_of_a_raw_log_writes_every_point_once_across_chunks(tmp_path, monkeypatch):
   """A raw log is decoded after every query, in chunks of CHUNK_BATCHES * batch_sessions
-  contexts (the last one short), into `<workdir>/decode/<input name>.suggestions.jsonl` by
-  default, under the paper's protocol unless the config sets one; a session longer than the
+  contexts (the last one short), into
+  `<workdir>/decode/<the input's file name>.suggestions.jsonl` by default, under the paper's protocol unless the config sets one; a session longer than the
   model's table is several contexts but one session, each position written once."""
   stand_in = StandInPipeline(max_session_queries=2)
   monkeypatch.setattr(pipeline.Pipeline, 'load', stand_in.load)
@@ -749,7 +765,7 @@ def test_decode_of_a_raw_log_writes_every_point_once_across_chunks(tmp_path, mon
   config.decode.input, config.decode.batch_sessions = str(log), 1
   counts = suggest.decode_file(config, str(tmp_path / 'run'))
   assert stand_in.config.decode.exclude_session_queries is False
-  output = tmp_path / 'run' / 'decode' / 'log.suggestions.jsonl'
+  output = tmp_path / 'run' / 'decode' / 'log.tsv.gz.suggestions.jsonl'
   assert counts['output'] == str(output)
   assert (counts['format'], counts['sessions'], counts['suggestion_points']) == ('raw', 10, 13)
   records = [json.loads(line) for line in output.read_text(encoding='utf-8').splitlines()]

@@ -4,7 +4,7 @@ suggestion pipeline (`mtn_jax.inference.pipeline`), the lists `--mode=eval` scor
 
 `decode_file` reads `config.decode.input` (a sessions file or a raw AOL-format log:
 `mtn_jax.inference.inputs` says how each is read) and writes `config.decode.output` (default
-`<workdir>/decode/<input name>.suggestions.jsonl`), one JSON object per suggestion point:
+`<workdir>/decode/<the input's file name>.suggestions.jsonl`), one JSON object per suggestion point:
   {"line": 3, "context": ["q1", "q2"], "suggestions": [{"query": "...", "score": -0.42}, ...]}
   {"user": 4945, "session": 0, "position": 1, "context": [...], "reference": "q3" or null,
    "suggestions": [...]}
@@ -71,26 +71,34 @@ def _chunked(items: Iterable[Context], size: int) -> Iterator[list[Context]]:
     yield chunk
 
 
+# Each count's words for one and for several.
 _COUNT_WORDS = {
-    'latin1_lines': 'lines that are not UTF-8 read as Latin-1',
-    'empty_lines': 'empty lines skipped',
-    'empty_queries': 'empty queries skipped',
-    'control_character_lines': 'lines holding a control character skipped',
-    'log_lines': "lines of an AOL log in a sessions file skipped",
-    'duplicate_queries': 'successive duplicate queries removed',
-    'oov_words': 'words outside the vocabulary became <unk>',
-    'long_queries': 'queries cut to {n}',
-    'long_sessions': 'contexts cut to their last {s} queries',
+    'latin1_lines': ('line that is not UTF-8 read as Latin-1',
+                     'lines that are not UTF-8 read as Latin-1'),
+    'empty_lines': ('empty line skipped', 'empty lines skipped'),
+    'empty_queries': ('empty query skipped', 'empty queries skipped'),
+    'control_character_lines': ('line holding a control character skipped',
+                                'lines holding a control character skipped'),
+    'log_lines': ('line of an AOL log in a sessions file skipped',
+                  'lines of an AOL log in a sessions file skipped'),
+    'duplicate_queries': ('successive duplicate query removed',
+                          'successive duplicate queries removed'),
+    'oov_words': ('word outside the vocabulary became <unk>',
+                  'words outside the vocabulary became <unk>'),
+    'long_queries': ('query cut to {n}', 'queries cut to {n}'),
+    'long_sessions': ('context cut to its last {s} queries',
+                      'contexts cut to their last {s} queries'),
 }
 
 
 def describe_counts(counts: dict, limit: str, max_session_queries: int) -> str:
-  """The input changes in words, e.g. '3 empty lines skipped, 2 queries cut to 10 words'
+  """The input changes in words, e.g. '3 empty lines skipped, 1 query cut to 10 words'
   (`limit`: what a query is cut to, `inputs.QueryReader.limit`), or 'none'. Only the changes
   made are named (the summary line holds every count, zeros too)."""
-  parts = [f'{counts[key]:,} ' + words.format(n=limit, s=max_session_queries)
+  parts = [f'{counts[key]:,} ' + words[counts[key] != 1].format(n=limit, s=max_session_queries)
            for key, words in _COUNT_WORDS.items() if counts.get(key)]
-  parts += [f'{counts[key]:,} log lines skipped ({key[len("skipped_"):]})'
+  parts += [f'{counts[key]:,} log line{"s" if counts[key] != 1 else ""} skipped '
+            f'({key[len("skipped_"):]})'
             for key in sorted(k for k in counts if k.startswith('skipped_')) if counts[key]]
   return ', '.join(parts) or 'none'
 
@@ -117,9 +125,9 @@ def protocol_words(user_facing: bool) -> str:
 
 
 def _default_output(workdir: str, input_path: str) -> str:
+  """`<workdir>/decode/<the input's file name>.suggestions.jsonl`. The whole name: `s.txt`
+  and `s.txt.gz` (or `s.tsv`) decoded in one workdir keep their own outputs."""
   name = os.path.basename(input_path)
-  for suffix in ('.gz', '.txt', '.tsv', '.jsonl'):
-    name = name.removesuffix(suffix)
   return os.path.join(os.path.abspath(workdir), 'decode', f'{name}.suggestions.jsonl')
 
 
