@@ -1,7 +1,7 @@
 """A blind panel of suggestion lists: what a person sees in the top 5.
 
   python experiments/panel.py make --workdir=W --out=P [--contexts=80] [--seed=0]
-      [--not_in=P0,P1] [--baseline=W0 --baseline_sources=PLAN] [config flags]
+      [--not_in=P0,P1] [--baseline=W0 --baseline_sources=PLAN] [--no_past] [config flags]
   python experiments/panel.py score --out=P --judgments=J1.json,J2.json
 
 `make` draws `--contexts` (session prefix -> next query) contexts of the validation split
@@ -12,8 +12,10 @@ context's session and its lists shuffled, named A, B, C, ... per context, no sys
 and P/rubric.md (`RUBRIC`: what a judge is told, and all) for the judges, and P/key.json (which
 list is which system) for `score`. Judges work apart, each given the two files alone.
 Suggesters: the workdir's pipeline with each setting of SUGGESTERS, the learned ranker of
-`--baseline` (another workdir, e.g. one whose ranker has other sources) where given, and MPC
-(the training log's most popular next queries).
+`--baseline` (another workdir, e.g. one whose ranker has other sources) where given, the
+learned ranker of the same contexts without the user's past where `--no_past` is given (what a
+sessions file or a request naming no user gets), and MPC (the training log's most popular next
+queries).
 
 A judge returns JSON: {"<context number>": {"<list letter>": ["U"|"G"|"N", ... one per
 suggestion]}}: U useful, G garbled, N neither. `score` prints per system and judge the useful
@@ -23,6 +25,7 @@ and garbled shares of the top 5 and the share of lists with at least two useful 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import random
@@ -112,6 +115,13 @@ def make(args, config) -> None:
       variant.suggest.sources = args.baseline_sources
     shown = pipeline.Pipeline.load(variant, args.baseline).suggest(contexts, positions='last')
     lists['learned_baseline'] = [[c['query'] for c in at[0]][:SHOWN] for at in shown]
+  if args.no_past:
+    # The same contexts as a sessions file or a request naming no user gives them.
+    variant = config.copy_and_resolve_references()
+    variant.suggest.strategy = 'learned'
+    shown = pipeline.Pipeline.load(variant, args.workdir).suggest(
+        [dataclasses.replace(c, history=()) for c in contexts], positions='last')
+    lists['learned_no_past'] = [[c['query'] for c in at[0]][:SHOWN] for at in shown]
   counts = popular.LogCounts.of_workdir(args.workdir)
   lists['mpc'] = [[q for q in counts.most_popular(SHOWN + len(c.queries))
                    if q not in c.queries][:SHOWN] for c in contexts]
@@ -229,6 +239,8 @@ def _baseline_arguments(parser: argparse.ArgumentParser) -> None:
   parser.add_argument('--baseline', help='make: a workdir whose learned ranker is shown too '
                       "('learned_baseline')")
   parser.add_argument('--baseline_sources', help="make: the baseline's config.suggest.sources")
+  parser.add_argument('--no_past', action='store_true', help="make: the learned ranker's lists "
+                      "of the same contexts without the user's past too ('learned_no_past')")
 
 
 if __name__ == '__main__':
