@@ -1,7 +1,8 @@
 """A blind panel of suggestion lists: what a person sees in the top 5.
 
   python experiments/panel.py make --workdir=W --out=P [--contexts=80] [--seed=0]
-      [--not_in=P0,P1] [--baseline=W0 --baseline_sources=PLAN] [--no_past] [config flags]
+      [--not_in=P0,P1] [--baseline=W0 --baseline_sources=PLAN] [--no_past]
+      [--lists_from=P_OTHER] [config flags]
   python experiments/panel.py score --out=P --judgments=J1.json,J2.json
 
 `make` draws `--contexts` (session prefix -> next query) contexts of the validation split
@@ -15,7 +16,9 @@ Suggesters: the workdir's pipeline with each setting of SUGGESTERS, the learned 
 `--baseline` (another workdir, e.g. one whose ranker has other sources) where given, the
 learned ranker of the same contexts without the user's past where `--no_past` is given (what a
 sessions file or a request naming no user gets), and MPC (the training log's most popular next
-queries).
+queries). `--lists_from` adds the lists of another panel folder made on the same contexts
+(the same workdir, --seed and --not_in, e.g. by the code before a change), each that differs
+from this one's named `before_<system>`: a change is judged blind beside what it replaces.
 
 A judge returns JSON: {"<context number>": {"<list letter>": ["U"|"G"|"N", ... one per
 suggestion]}}: U useful, G garbled, N neither. `score` prints per system and judge the useful
@@ -125,6 +128,14 @@ def make(args, config) -> None:
   counts = popular.LogCounts.of_workdir(args.workdir)
   lists['mpc'] = [[q for q in counts.most_popular(SHOWN + len(c.queries))
                    if q not in c.queries][:SHOWN] for c in contexts]
+  if args.lists_from:
+    with open(os.path.join(args.lists_from, 'key.json'), encoding='utf-8') as f:
+      other = json.load(f)
+    if other['contexts'] != [list(c.queries) for c in contexts]:
+      sys.exit(f'--lists_from: {args.lists_from} holds other contexts (another workdir, --seed '
+               'or --not_in)')
+    lists |= {f'before_{name}': shown for name, shown in other['lists'].items()
+              if shown != lists.get(name)}
   os.makedirs(args.out, exist_ok=True)
   key, lines = {}, ['# Suggestion lists to judge', '',
                     'For each context: the session so far (oldest first), then lists of up to '
@@ -239,6 +250,8 @@ def _baseline_arguments(parser: argparse.ArgumentParser) -> None:
   parser.add_argument('--baseline', help='make: a workdir whose learned ranker is shown too '
                       "('learned_baseline')")
   parser.add_argument('--baseline_sources', help="make: the baseline's config.suggest.sources")
+  parser.add_argument('--lists_from', help='make: a panel folder of the same contexts whose '
+                      "differing lists are shown too ('before_<system>')")
   parser.add_argument('--no_past', action='store_true', help="make: the learned ranker's lists "
                       "of the same contexts without the user's past too ('learned_no_past')")
 
