@@ -219,8 +219,9 @@ def _check_suggest(config) -> None:
                       f'{s.ranker_folds}')
   _non_negative(config, ['suggest.session_first', 'suggest.unrelated_first'])
   if s.strategy not in ('generate', 'blend', 'learned') and not s.ranker_workdir:
+    runs = 'Bi- or Poly-encoder' if s.strategy == 'retrieve' else 'Bi-, Poly- or Cross-encoder'
     raise ConfigError(f'config.suggest.strategy={s.strategy!r} needs a trained ranker: pass '
-                      '--config.suggest.ranker_workdir=DIR (a Bi-, Poly- or Cross-encoder run)')
+                      f'--config.suggest.ranker_workdir=DIR (a {runs} run)')
   if s.strategy == 'rerank':
     _non_negative(config, ['suggest.retrieved', 'suggest.popular', 'suggest.cooccurring'])
     if s.imdna_workdir:

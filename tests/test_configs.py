@@ -364,6 +364,17 @@ def test_a_ranker_workdir_is_refused_where_no_strategy_reads_it(strategy):
     config_lib.validate(c)
 
 
+@pytest.mark.parametrize('strategy, runs', [('retrieve', 'a Bi- or Poly-encoder run'),
+                                             ('rerank', 'a Bi-, Poly- or Cross-encoder run')])
+def test_a_strategy_of_a_ranker_without_one_names_the_runs_it_takes(strategy, runs):
+  c = default.get_config('mtn')
+  c.data.source, c.suggest.strategy = 'demo', strategy
+  with pytest.raises(config_lib.ConfigError, match=re.escape(
+      f"config.suggest.strategy={strategy!r} needs a trained ranker: pass "
+      f"--config.suggest.ranker_workdir=DIR ({runs})")):
+    config_lib.validate(c)
+
+
 @pytest.mark.parametrize('name, key, value, reader', [
     ('crossencoder', 'pool_negatives', 5, 'the Bi- and Poly-encoders'),
     ('crossencoder', 'context_encoder', 'mtn', 'the Bi- and Poly-encoders'),

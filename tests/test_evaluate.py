@@ -897,6 +897,15 @@ def test_suggest_keeps_a_typed_sessions_last_queries_and_the_earlier_ones_as_its
   suggest.interactive(demo.get_config(), '/nowhere', stdin=io.StringIO('cheap\n'), stdout=shown)
   assert shown.getvalue().splitlines()[0].endswith(
       'an empty line starts a new session; end with Ctrl-D.')
+  # The model named is the one whose candidates come first (a ranker's for 'retrieve'), with
+  # its own checkpoint, as decode names it.
+  retrieving = StandInPipeline(max_session_queries=3)
+  ranker_cfg = types.SimpleNamespace(name='biencoder', max_session_queries=3, max_query_words=3)
+  retrieving.suggester = Trained(types.SimpleNamespace(cfg=ranker_cfg), None, VOCAB, 90, {})
+  monkeypatch.setattr(pipeline.Pipeline, 'load', retrieving.load)
+  shown = io.StringIO()
+  suggest.interactive(demo.get_config(), '/nowhere', stdin=io.StringIO('cheap\n'), stdout=shown)
+  assert shown.getvalue().startswith('biencoder (checkpoint step 90, ')
 
 
 # ---------------------------------------------------------------------------------------------

@@ -395,15 +395,48 @@ def test_the_learned_lists_are_the_rankers_order_scored_by_place(tmp_path, monke
       ('a', 1 / 3, 0.2, ['generate'])]
 
 
-def test_a_ranker_of_another_vocabulary_is_refused_naming_both_workdirs():
+def test_a_ranker_of_another_vocabulary_is_refused_naming_both_workdirs(tmp_path):
+  """...and the `config.data` settings their corpora were built with that differ, where
+  both corpora record them (two demo configs of other sizes, say)."""
+  import json  # pylint: disable=g-import-not-at-top
+  import re  # pylint: disable=g-import-not-at-top
   from mtn_jax import errors  # pylint: disable=g-import-not-at-top
   from mtn_jax.data.vocab import Vocab  # pylint: disable=g-import-not-at-top
   ours, other = (Vocab.from_counts({w: 2 for w in words}, 1) for words in ('ab', 'ac'))
   assert ours.kind == other.kind and ours.fingerprint != other.fingerprint
   check = pipeline._check_vocab  # pylint: disable=protected-access
-  with pytest.raises(errors.Error, match='ranker_workdir=/ranker: .* is not the one of /run'):
-    check(types.SimpleNamespace(vocab=other), ours, 'ranker_workdir', '/ranker', '/run')
-  check(types.SimpleNamespace(vocab=ours), ours, 'ranker_workdir', '/ranker', '/run')
+  ranker, run = str(tmp_path / 'ranker'), str(tmp_path / 'run')
+  with pytest.raises(errors.Error, match=r'ranker_workdir=\S+/ranker: .* is not the one of '
+                     r'\S+/run \(.*\): train the ranker on the same corpus'):
+    check(types.SimpleNamespace(vocab=other), ours, 'ranker_workdir', ranker, run)
+  for workdir, users in ((ranker, 600), (run, 1500)):
+    (tmp_path / workdir / 'data').mkdir(parents=True)
+    (tmp_path / workdir / 'data' / 'manifest.json').write_text(json.dumps(
+        {'data_config': {'demo_users': users, 'min_count': 1, 'raw_files': workdir}}))
+  with pytest.raises(errors.Error, match=re.escape(
+      ', their corpora built with other settings (config.data.demo_users: 600 there, 1500 '
+      'here): train the ranker')):
+    check(types.SimpleNamespace(vocab=other), ours, 'ranker_workdir', ranker, run)
+  check(types.SimpleNamespace(vocab=ours), ours, 'ranker_workdir', ranker, run)
+
+
+def test_a_ranker_workdir_without_checkpoints_is_named_as_the_setting_at_fault(tmp_path):
+  """An empty folder, or a trained ranker's checkpoints/ folder given for its workdir, is
+  refused naming config.suggest.ranker_workdir (not "train first", which reads as this run's
+  own workdir), and the folder that would do where there is one."""
+  import re  # pylint: disable=g-import-not-at-top
+  from configs import demo  # pylint: disable=g-import-not-at-top
+  from mtn_jax import errors  # pylint: disable=g-import-not-at-top
+  load = pipeline._load  # pylint: disable=protected-access
+  (tmp_path / 'empty').mkdir()
+  with pytest.raises(errors.Error, match=re.escape(
+      f'config.suggest.ranker_workdir={tmp_path}/empty: no checkpoints there (the workdir of a '
+      'trained Bi-, Poly- or Cross-encoder run, which holds checkpoints/)') + '$'):
+    load(demo.get_config(), str(tmp_path / 'empty'), 'ranker_workdir')
+  (tmp_path / 'ranker' / 'checkpoints' / '90').mkdir(parents=True)
+  with pytest.raises(errors.Error, match=re.escape(
+      f'which holds checkpoints/); {tmp_path}/ranker holds them: name it')):
+    load(demo.get_config(), str(tmp_path / 'ranker' / 'checkpoints'), 'ranker_workdir')
 
 
 def test_a_blend_that_leaves_the_beam_no_place_is_noted(tmp_path, monkeypatch):
@@ -428,3 +461,18 @@ def test_a_blend_that_leaves_the_beam_no_place_is_noted(tmp_path, monkeypatch):
     assert said == ([f"Note: config.suggest.blend='{plan}' leaves the beam no place of the 5 "
                      "shown (config.decode.top_k) where the training log's lists fill their "
                      'quotas.'] if noted else []), plan
+
+
+def test_an_imdna_run_without_sessions_is_named_for_what_it_is(tmp_path):
+  """A movies run (its data folder holds a knowledge base, no corpus of sessions) given as
+  config.suggest.imdna_workdir: refused naming the kind of run that serves there."""
+  import re  # pylint: disable=g-import-not-at-top
+  from mtn_jax import errors  # pylint: disable=g-import-not-at-top
+  (tmp_path / 'movies' / 'data').mkdir(parents=True)
+  (tmp_path / 'movies' / 'data' / 'movies.documents.txt').write_text('a movie\n')
+  with pytest.raises(errors.Error, match=re.escape(
+      f'config.suggest.imdna_workdir={tmp_path}/movies: no corpus of sessions in '
+      f'{tmp_path}/movies/data (a configs/imdna_aol.py run trained on the sessions of '
+      f'{tmp_path}/run; a configs/imdna_movies.py run answers questions on movies)')):
+    pipeline._check_sessions(  # pylint: disable=protected-access
+        str(tmp_path / 'movies'), str(tmp_path / 'run'))

@@ -154,6 +154,16 @@ def settings_differences(data: ml_collections.ConfigDict, workdir: str) -> list[
   return _differences(built.get('data_config') or {}, _data_config(data))
 
 
+def corpus_differences(workdir: str, other: str) -> list[str]:
+  """The `config.data` settings the corpus of `workdir` was built with other than those of
+  `other`'s corpus, as 'config.data.KEY: X there, Y here' (`workdir`'s value there; none where
+  either has no corpus record)."""
+  there, here = (_read_json(os.path.join(data_dir(w), _MANIFEST)) for w in (workdir, other))
+  if there is None or here is None:
+    return []
+  return _differences(there.get('data_config') or {}, here.get('data_config') or {})
+
+
 def _differences(before: dict, asked: dict) -> list[str]:
   """'config.data.KEY: X there, Y here' for the settings both name that differ (not the log
   files: changed inputs are compared by what they make)."""

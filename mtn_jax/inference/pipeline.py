@@ -71,6 +71,7 @@ from mtn_jax.inference import presentation
 from mtn_jax.inference import retrieval
 from mtn_jax.inference import sources as inference_sources
 from mtn_jax.inference.inputs import Context
+from mtn_jax.training import checkpoints
 
 CANDIDATE_BUCKET = 8  # candidate lists are padded to a multiple of this (fewer compilations)
 # Sessions whose candidate lists are scored at a time in reranking: a Cross-encoder encodes
@@ -216,11 +217,15 @@ def _score(params, queries: jax.Array, candidates: jax.Array, *, task) -> jax.Ar
 def _check_vocab(ranker: inference.Trained, vocab: Vocab, key: str, where: str,
                  workdir: str) -> None:
   if ranker.vocab.fingerprint != vocab.fingerprint or ranker.vocab.kind != vocab.kind:
+    # The settings that made the two corpora differ, where their records say.
+    settings = preprocess.corpus_differences(where, workdir)
     raise errors.Error(
         f'config.suggest.{key}={where}: its vocabulary ({len(ranker.vocab):,} '
         f'{ranker.vocab.kind} tokens, fingerprint {ranker.vocab.fingerprint}) is not the one of '
-        f'{workdir} ({len(vocab):,} {vocab.kind} tokens, fingerprint {vocab.fingerprint}): '
-        'train the ranker on the same corpus, preprocessed with the same config.data')
+        f'{workdir} ({len(vocab):,} {vocab.kind} tokens, fingerprint {vocab.fingerprint})'
+        + (f', their corpora built with other settings ({", ".join(settings)})'
+           if settings else '')
+        + ': train the ranker on the same corpus, preprocessed with the same config.data')
 
 
 @dataclasses.dataclass
@@ -775,8 +780,9 @@ def _check_sessions(imdna_workdir: str, workdir: str) -> None:
   training sessions, which must not hold the sessions being scored."""
   folders = [preprocess.data_dir(os.path.abspath(w)) for w in (imdna_workdir, workdir)]
   if not os.path.exists(os.path.join(folders[0], 'manifest.json')):
-    raise errors.Error(f'config.suggest.imdna_workdir={imdna_workdir}: no corpus in '
-                       f'{folders[0]} (a trained configs/imdna_aol.py run)')
+    raise errors.Error(f'config.suggest.imdna_workdir={imdna_workdir}: no corpus of sessions '
+                       f'in {folders[0]} (a configs/imdna_aol.py run trained on the sessions of '
+                       f'{workdir}; a configs/imdna_movies.py run answers questions on movies)')
   difference = preprocess.session_difference(*folders)
   if difference:
     raise errors.Error(f'config.suggest.imdna_workdir={imdna_workdir} was trained on other '
@@ -789,7 +795,8 @@ def _no_suggestions_of_its_own(trained: inference.Trained, workdir: str) -> str:
   if isinstance(trained.task, tasks.AnswersQuestions):
     return (f'{workdir} holds an IMDNA model ({trained.cfg.name!r}), which answers its own '
             'questions (--mode=eval) and suggests nothing itself: a generator\'s workdir uses '
-            'it as --config.suggest.imdna_workdir of --config.suggest.strategy=rerank')
+            'an IMDNA run on its sessions (configs/imdna_aol.py) as '
+            '--config.suggest.imdna_workdir of --config.suggest.strategy=rerank')
   return (f'{workdir} holds a {trained.cfg.name!r} model, which scores given candidates and '
           'suggests nothing itself (a Cross-encoder): a generator\'s workdir uses it as '
           '--config.suggest.ranker_workdir of --config.suggest.strategy=rerank')
@@ -799,6 +806,13 @@ def _load(config: ml_collections.ConfigDict, workdir: str, key: str) -> inferenc
   if not os.path.isdir(workdir):
     raise errors.Error(f'config.suggest.{key}={workdir}: no such folder (a trained ranker\'s '
                        'workdir)')
+  if not os.path.isdir(checkpoints.checkpoint_dir(workdir)):
+    parent = os.path.dirname(os.path.abspath(workdir))
+    hint = (f'; {parent} holds them: name it'
+            if os.path.isdir(checkpoints.checkpoint_dir(parent)) else '')
+    raise errors.Error(f'config.suggest.{key}={workdir}: no checkpoints there (the workdir of '
+                       f'a trained Bi-, Poly- or Cross-encoder run, which holds checkpoints/)'
+                       f'{hint}')
   trained = inference.load_trained(config, workdir, of_the_config=False)
   if not isinstance(trained.task, (tasks.ScoresCandidates, tasks.ScoresPool)):
     raise errors.Error(f'config.suggest.{key}={workdir} holds a {trained.cfg.name!r} model, '

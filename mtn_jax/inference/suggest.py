@@ -394,7 +394,7 @@ def interactive(config: ml_collections.ConfigDict, workdir: str, stdin: TextIO =
   notes = notes or sys.stderr
   suggestions = pipeline.Pipeline.load(
       config, workdir, log=lambda text, **_: print(text, file=notes, flush=True))
-  cfg = suggestions.trained.cfg
+  cfg, suggester = suggestions.trained.cfg, suggestions.suggester
   reader = inputs.QueryReader.for_model(suggestions.trained)
   prompt = stdin.isatty()
 
@@ -406,7 +406,7 @@ def interactive(config: ml_collections.ConfigDict, workdir: str, stdin: TextIO =
   # before this one, as a log's earlier sessions and a request naming its user are read.
   past = (f' (the sessions typed before are your past: the latest {suggestions.past_read:,} '
           'queries are read)' if suggestions.past_read else '')
-  say(f'{cfg.name} (checkpoint step {suggestions.suggester.step}, '
+  say(f'{suggester.cfg.name} (checkpoint step {suggester.step}, '
       f'{len(suggestions.trained.vocab):,} words; score = {suggestions.score_kind()}); '
       f'{protocol_words(bool(config.decode.exclude_session_queries))}. Type a query per line; '
       f'an empty line starts a new session{past}; end with Ctrl-D.')
