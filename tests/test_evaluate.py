@@ -750,8 +750,9 @@ def test_decode_default_outputs_of_two_inputs_differ():
 def test_decode_of_a_raw_log_writes_every_point_once_across_chunks(tmp_path, monkeypatch):
   """A raw log is decoded after every query, in chunks of CHUNK_BATCHES * batch_sessions
   contexts (the last one short), into
-  `<workdir>/decode/<the input's file name>.suggestions.jsonl` by default, under the paper's protocol unless the config sets one; a session longer than the
-  model's table is several contexts but one session, each position written once."""
+  `<workdir>/decode/<the input's file name>.suggestions.jsonl` by default, under the paper's
+  protocol unless the config sets one; a session longer than the model's table is several
+  contexts but one session, each position written once."""
   stand_in = StandInPipeline(max_session_queries=2)
   monkeypatch.setattr(pipeline.Pipeline, 'load', stand_in.load)
   words = ['cheap', 'flights', 'boston', 'hotels']
