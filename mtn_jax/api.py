@@ -21,8 +21,8 @@ config sets `decode.exclude_session_queries`. A suggestion holds what the servic
 does (`serving.app.Suggestion`). Parameters live on one device; each batch size and session
 length compiles once, on the first call that needs it (kept between processes only where
 JAX's compilation cache is set, `JAX_COMPILATION_CACHE_DIR`). `user` names a training user by
-the log's id, as the service's `user` does, for a ranker that knows its training users (the
-zero attention family's, `Suggester.knows_users`); any other model refuses it.
+the log's id, as the service's `user` does, for a ranker that knows its training users by id
+(the zero attention family's HEM, `Suggester.knows_users`); any other model refuses it.
 """
 
 from __future__ import annotations

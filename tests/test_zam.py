@@ -619,3 +619,18 @@ def test_personalised_mtn_trains_and_evaluates_by_history(tmp_path):
   assert results['model_config']['user_memory'] == 'zero_attention'
   assert set(results['by_history']) == {'with_history', 'short_history', 'without_history'}
   assert 'with history' in run.stdout
+
+
+@pytest.mark.parametrize('user_model', zam.USER_MODELS)
+def test_only_hem_knows_its_users_by_id(user_model, tmp_path):
+  """A request's `user` reaches a retriever of the family as the training user's id only
+  for HEM (its user vectors); AEM and ZAM read the user's earlier queries (the service's
+  history of them, or `past`), and QEM no user: an id given to them would change nothing."""
+  from mtn_jax.serving import engine as engine_lib  # pylint: disable=g-import-not-at-top
+  cfg = family_model(user_model)[0].config
+  task = zero_attention.ZeroAttentionTask(cfg, data_dir=str(tmp_path),
+                                           word_noise=np.zeros(20, np.float32))
+  engine = types.SimpleNamespace(pipeline=types.SimpleNamespace(
+      retriever=types.SimpleNamespace(trained=types.SimpleNamespace(task=task))))
+  assert engine_lib.Engine.knows_users.fget(engine) is (user_model == 'hem')
+  assert task.reads_users is (user_model != 'qem')

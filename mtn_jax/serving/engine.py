@@ -217,10 +217,11 @@ class Engine:
 
   @property
   def knows_users(self) -> bool:
-    """Whether the model knows its training users by id (a ranker that reads users): a
+    """Whether the model knows its training users by id (a ranker that reads a user's id,
+    the zero attention family's HEM; the others read the user's earlier queries): a
     request's `user` then names one of them (`_info`)."""
     p = self.pipeline
-    return p.retriever is not None and p.retriever.trained.task.reads_users
+    return p.retriever is not None and 'user' in p.retriever.trained.task.context_keys
 
   def info(self) -> dict:
     """What the page and the responses say of the model."""
