@@ -63,6 +63,12 @@ def test_demo_cross_encoder_runs_every_stage_and_exits_0(tmp_path):
   assert pool['pairs_in_pool'] > 0 and hits == pytest.approx(round(hits)), pool
   assert 0 <= pool['r1_of_100'] <= pool['r1_of_20'] <= 100, pool
   assert f'R@1/20 {pool["r1_of_20"]:.1f}' in result.stdout
+  # Said for what it is: pairs scored against sampled entries, not suggestions over the pool.
+  assert 'the next query scored against sampled pool entries (it makes no suggestions)' in (
+      result.stdout)
+  assert f'{pool["pairs"]} pairs scored in ' in result.stdout
+  assert 'Against sampled pool entries: R@1/20' in result.stdout
+  assert 'suggestions in' not in result.stdout and 'whole pool' not in result.stdout
   assert not (tmp_path / 'report').exists()
   # decode (as suggest and serve) is a generator's: one line says where it serves instead.
   sessions_file = tmp_path / 'sessions.txt'

@@ -311,10 +311,12 @@ def decode_lists(config: ml_collections.ConfigDict, workdir: str, trained: infer
   dc, strategy = config.decode, config.suggest.strategy
   name = models.spec(trained.cfg.name).label(trained.meta['model'])
 
-  def say_what(beam_size: int | None, sources: str = '') -> None:
+  def say_what(beam_size: int | None, sources: str = '', sampled: bool = False) -> None:
     """The header: how the model suggests (`beam_size`: its beam; None: it ranks the pool;
+    `sampled`: it scores the next query against sampled pool entries and suggests nothing;
     `sources`: the learned ranker's plan, named once here rather than on each figures line)."""
-    how = ('ranking the candidate pool' if beam_size is None else
+    how = ('the next query scored against sampled pool entries (it makes no suggestions)'
+           if sampled else 'ranking the candidate pool' if beam_size is None else
            f'beam {beam_size}, length penalty {dc.length_penalty}, at most {dc.max_len} '
            f'tokens{", <unk> allowed" if dc.emit_unk else ""}')
     if sources:
@@ -333,7 +335,7 @@ def decode_lists(config: ml_collections.ConfigDict, workdir: str, trained: infer
     # only by reranking (config.suggest.strategy='rerank'). It encodes each query's sampled
     # candidates with its session, so a batch holds as many queries as a generator's batch
     # holds sessions, not their queries.
-    say_what(None)
+    say_what(None, sampled=True)
     pool = pool_ranking.rank_sampled(trained, test, workdir, seed=config.seed,
                                      queries_per_batch=dc.batch_sessions, log=log)
     extra['pool'] = pool.figures()
@@ -428,7 +430,9 @@ def scores(config: ml_collections.ConfigDict, workdir: str, trained: inference.T
 
 def print_results(results: dict, lists: Lists, log) -> None:
   """The run's figures, one line a suggester under each protocol."""
-  log(f'{results["pairs"]:,} suggestions in {results["decode_seconds"]:.1f} s '
+  # A model that suggests nothing (a Cross-encoder) scored the pairs instead.
+  made = 'suggestions' if 'model' in results['scores'] else 'pairs scored'
+  log(f'{results["pairs"]:,} {made} in {results["decode_seconds"]:.1f} s '
       f'({results["suggestions_per_s"]:.1f}/s on {results["devices"]}).')
   log(f'Model size: {results["size_mb"]:.2f} MB (fp32), {results["num_params"]:,} parameters.')
   # The strategy's sources in the order scored, then the trivial suggesters.
@@ -448,7 +452,8 @@ def print_results(results: dict, lists: Lists, log) -> None:
       entry = results[protocol][key]
       log(f'  {label:<{width}}  {entry["line"]}; {ranking_line(entry["ranking"])}')
   if 'pool' in results:
-    log(f'Over the whole pool: {pool_line(results["pool"])}')
+    over = 'Over the whole pool' if 'mrr' in results['pool'] else 'Against sampled pool entries'
+    log(f'{over}: {pool_line(results["pool"])}')
   for group, figures in results.get('by_history', {}).items():
     if not figures['pairs']:
       log(f'  {group.replace("_", " ")}: no pairs')
