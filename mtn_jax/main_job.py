@@ -130,8 +130,8 @@ def training_summary(summary: dict, workdir: str) -> str:
            'run trained further).']
   if summary.get('best_step') is not None:
     lines.append(f'Best checkpoint: step {summary["best_step"]:,}, validation loss '
-                 f'{summary["best_valid_loss"]:.4f} (the one every later '
-                 f'mode reads), in {checkpoints.checkpoint_dir(workdir)}')
+                 f'{summary["best_valid_loss"]:.4f} (the one every later mode reads), in '
+                 f'{checkpoints.checkpoint_dir(workdir)}')
   lines.append(f'The workdir, {workdir}:')
   for name in sorted(n for n in os.listdir(workdir) if not n.startswith('.')):
     shown = name + ('/' if os.path.isdir(os.path.join(workdir, name)) else '')
