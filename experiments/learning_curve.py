@@ -60,7 +60,14 @@ def ranking(workdir: str, results: str, key: str) -> dict:
   again = (f'python -m mtn_jax.main ... --workdir={workdir} --mode=eval '
            f'--config.suggest.strategy={strategy}')
   if not os.path.exists(path):
-    sys.exit(f'{path}: missing; make it with {again}')
+    # An eval of part of the split (config.decode.max_eval_sessions) names its file so.
+    prefix = results[:-len('results.json')]
+    partial = sorted(n for n in os.listdir(os.path.dirname(path))
+                     if n.startswith(prefix + 'first') and n.endswith('_results.json')
+                     ) if os.path.isdir(os.path.dirname(path)) else []
+    held = (f' ({", ".join(partial)}: part of the split, config.decode.max_eval_sessions)'
+            if partial else '')
+    sys.exit(f'{path}: missing{held}; make it with {again}')
   with open(path, encoding='utf-8') as f:
     record = json.load(f)
   used = record.get('strategy', {}).get('strategy', 'generate')
