@@ -7,7 +7,8 @@
 #
 # Out: OUT_DIR/<variant>/ one workdir per variant, each evaluated on the validation split
 # (eval/valid_results.json) and the test split (eval/results.json), and OUT_DIR/table.md, the
-# figures by user history (experiments/personal_table.py). Run from anywhere; the Python is
+# figures by user history (experiments/personal_table.py; with --config.decode.max_eval_sessions=N
+# passed, of each split's first N sessions, as its tables say). Run from anywhere; the Python is
 # ${PYTHON:-python}. Running it again resumes unfinished training and redoes evaluation.
 
 set -euo pipefail
