@@ -49,6 +49,12 @@ from mtn_jax.inference import presentation
 # pylint: enable=wrong-import-position
 
 TOP_K = 10
+# The sources' rows under RESULTS.md's names for them.
+SOURCE_ROWS = {'generate': 'MTN + copy alone',
+               'popular': 'MPC (10 most popular next queries)',
+               'cooccurring': 'co-occurrence, then MPC',
+               'templates': 'reformulation templates alone',
+               'history': "the user's earlier queries alone (the most issued first)"}
 
 
 def ranking(lists, references, sessions_so_far) -> dict[str, float]:
@@ -207,23 +213,23 @@ def main() -> None:
                            attested_only=attested_only, unrelated_first=unrelated_first)
 
   rows = {}
-  rows['learned ranker, as shown'] = score(learned_lists())
+  rows['learned ranker (the default)'] = score(learned_lists())
   if 'history' in dict(plan):
     # The same ranker where no user's past is known (a sessions file, a request naming no
     # user): trained on both kinds of context, as `learned.fit` trains it.
     bare = learned.without_history(groups, names)
-    rows["learned ranker, as shown, no user's past"] = score(presented_lists(
+    rows["the default, no user's past"] = score(presented_lists(
         bare, cross_fitted_scores(groups, config, names, scored=bare), counts,
         **presentations(config)['as shown']))
   rows['learned ranker, attested only, no first places'] = score(
       learned_lists(session_first=0))
-  rows['learned ranker alone (neither rule)'] = score(
+  rows['learned ranker, nothing kept out or moved'] = score(
       learned_lists(session_first=0, attested_only=False))
   for places in (3, 5):
     for unrelated in (0, 1, 2):
-      rows[f'learned ranker, attested only, first {places} places well-formed with at most '
-           f'{unrelated} unrelated'] = score(
-               learned_lists(session_first=places, unrelated_first=unrelated))
+      others = 'no unrelated query' if unrelated == 0 else f'at most {unrelated} unrelated'
+      rows[f'learned ranker, first {places} with {others}'] = score(
+          learned_lists(session_first=places, unrelated_first=unrelated))
   if not args.skip_ablation:
     alone = presentations(config)['alone']
     if 'history' in dict(plan):
@@ -241,8 +247,8 @@ def main() -> None:
   not_session = lambda lst, g: [q for q in lst if q not in groups.sessions[g]]
   for name, _ in plan:
     lists = [not_session(groups.lists[g][name], g) for g in range(len(references))]
-    rows[f'{name} alone'] = score(lists)
-    rows[f'{name} alone']['candidate_recall'] = 100 * float(np.mean(
+    row = rows[SOURCE_ROWS.get(name, f'{name} alone')] = score(lists)
+    row['candidate_recall'] = 100 * float(np.mean(
         [r in lst for r, lst in zip(references, lists)]))
   pool_recall = 100 * float(np.mean([r in t for r, t in zip(references, groups.texts)]))
   # The blend as the pipeline builds it: the beam, and the log's lists of its own depth
