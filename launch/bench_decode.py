@@ -19,12 +19,12 @@ figures are the slow end; a trained model stops most beams after a few words.
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import statistics
 import sys
 import time
 
-from absl import app
 from absl import flags
 import jax
 import numpy as np
@@ -51,6 +51,8 @@ _VOCAB_SIZE = flags.DEFINE_integer('vocab_size', 76_604,
                                    'Vocabulary of the random model (76,604: AOL in the paper).')
 _BEAMS = flags.DEFINE_list('beams', ['1', '5'], 'Beam sizes to measure.')
 _BATCHES = flags.DEFINE_list('batch_sessions', ['16', '64'], 'Sessions per batch to measure.')
+bench_report.positive_list('beams')
+bench_report.positive_list('batch_sessions')
 _SESSION_QUERIES = flags.DEFINE_integer('session_queries', 4, 'Queries per session (S).')
 _REPEATS = flags.DEFINE_integer('repeats', 5, 'Timed calls per measurement (median kept).')
 _SEED = flags.DEFINE_integer('seed', 0, 'Seed of the random model and sessions.')
@@ -108,9 +110,9 @@ def main(argv):
   overrides = config_flags.get_override_values(flags.FLAGS['config'])
   print(f'config: {config_flags.get_config_filename(flags.FLAGS["config"])}'
         + (f', overrides {overrides}' if overrides else ''))
-  print(f'model: {cfg.name}, {models.count_params(params):,} parameters, vocabulary '
-        f'{cfg.vocab_size:,}, d_model {cfg.d_model}, layers {cfg.query_layers}Q/'
-        f'{cfg.session_layers}S/{cfg.decoder_layers}D; {source}')
+  # The model's own label (its layer counts where it has any): the families' configs differ.
+  print(f'model: {models.spec(cfg.name).label(dataclasses.asdict(cfg))}, '
+        f'{models.count_params(params):,} parameters, vocabulary {cfg.vocab_size:,}; {source}')
   print(f'decode: max_len {dc.max_len}, length penalty {dc.length_penalty}; sessions of '
         f'{num_queries} queries of {cfg.max_query_words} tokens, a suggestion after every '
         f'query; median of {_REPEATS.value} timed calls after one warm-up call')
@@ -144,4 +146,4 @@ def main(argv):
 
 if __name__ == '__main__':
   flags.mark_flags_as_required(['config'])
-  app.run(main)
+  bench_report.run(main)

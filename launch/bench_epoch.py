@@ -50,7 +50,9 @@ import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 # pylint: disable=g-import-not-at-top,wrong-import-position
+from launch import bench_report
 from launch import bench_train
+from mtn_jax import cli
 from mtn_jax import models
 from mtn_jax import parallel
 from mtn_jax import tasks
@@ -208,6 +210,7 @@ def print_report(r: dict[str, Any]) -> None:
 
 
 def main(argv):
+  cli.quiet_library_logs()  # JAX's INFO lines (no TPU found, ...) above the figures
   if len(argv) > 1:
     raise app.UsageError(f'unexpected arguments: {argv[1:]}')
   parallel.set_cpu_devices(flags.FLAGS.cpu_devices)
@@ -229,4 +232,4 @@ def main(argv):
 
 if __name__ == '__main__':
   flags.mark_flags_as_required(['workdir'])
-  app.run(main)
+  bench_report.run(main)

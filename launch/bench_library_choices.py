@@ -92,7 +92,9 @@ import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 # pylint: disable=g-import-not-at-top,wrong-import-position
+from launch import bench_report
 from launch import bench_train
+from mtn_jax import cli
 from mtn_jax import models
 from mtn_jax import parallel
 from mtn_jax.data import input_pipeline
@@ -682,6 +684,7 @@ def _version(package: str) -> str:
 
 
 def main(argv):
+  cli.quiet_library_logs()  # JAX's INFO lines (no TPU found, ...) above the figures
   if len(argv) > 1:
     raise app.UsageError(f'unexpected arguments: {argv[1:]}')
   parallel.set_cpu_devices(bench_train._CPU_DEVICES.value)
@@ -690,4 +693,4 @@ def main(argv):
 
 if __name__ == '__main__':
   flags.mark_flags_as_required(['config'])
-  app.run(main)
+  bench_report.run(main)

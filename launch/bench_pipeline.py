@@ -32,6 +32,7 @@ import numpy as np
 from launch import bench_report
 from launch import bench_requests
 from mtn_jax import cli
+from mtn_jax import config_lib
 from mtn_jax.decoding import search
 from mtn_jax.inference import pipeline
 from mtn_jax.inference.inputs import Context
@@ -54,6 +55,16 @@ FLAGS = flags.FLAGS
 def main(argv) -> None:
   del argv
   cli.quiet_library_logs()
+  if not os.path.isdir(FLAGS.workdir):
+    raise app.UsageError(f'--workdir={FLAGS.workdir}: no such folder')
+  configs = {}
+  for strategy in FLAGS.strategies:  # each checked before any is timed
+    configs[strategy] = FLAGS.config.copy_and_resolve_references()
+    configs[strategy].suggest.strategy = strategy
+    try:
+      config_lib.validate(configs[strategy], mode='serve')
+    except config_lib.ConfigError as e:
+      raise app.UsageError(f'--strategies: {e}') from None
   most = FLAGS.config.data.max_session_queries
   if FLAGS.contexts:
     requests = [tuple(queries) for queries in bench_requests.request_sessions(
@@ -77,9 +88,7 @@ def main(argv) -> None:
                                                       ('__main__',)))
   print(f'{FLAGS.workdir}, {what}\n')
   print('| strategy | median ms | p90 ms |\n|---|---:|---:|')
-  for strategy in FLAGS.strategies:
-    config = FLAGS.config.copy_and_resolve_references()
-    config.suggest.strategy = strategy
+  for strategy, config in configs.items():
     pipe = pipeline.Pipeline.load(config, FLAGS.workdir, log=lambda *a, **k: None)
     def run(queries, history):
       # A request's beam and its candidates' scoring share one encoding of its session
@@ -104,4 +113,4 @@ def main(argv) -> None:
 
 
 if __name__ == '__main__':
-  app.run(main)
+  bench_report.run(main)

@@ -29,7 +29,6 @@ import sys
 import tempfile
 import time
 
-from absl import app
 from absl import flags
 import numpy as np
 
@@ -40,6 +39,7 @@ from mtn_jax.data import aol_log  # pylint: disable=g-import-not-at-top,wrong-im
 from mtn_jax.data import preprocess  # pylint: disable=g-import-not-at-top,wrong-import-position
 
 _LINES = flags.DEFINE_integer('lines', 3_600_000, 'Approximate number of log lines.')
+flags.register_validator('lines', lambda n: n > 0, message='expected a positive number of lines')
 _FILES = flags.DEFINE_integer('files', 4, 'Number of gzip files the users are split over.')
 _ORDER = flags.DEFINE_enum('order', 'sorted', ['sorted', 'shuffled'],
                            'sorted: by AnonID then time, like AOL; shuffled: random order.')
@@ -243,4 +243,4 @@ def main(argv):
 
 
 if __name__ == '__main__':
-  app.run(main)
+  bench_report.run(main)

@@ -61,6 +61,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 # pylint: disable=g-import-not-at-top,wrong-import-position
 from launch import bench_report
 from launch import synthetic_batches
+from mtn_jax import cli
 from mtn_jax import models
 from mtn_jax import parallel
 from mtn_jax.inference import retrieval
@@ -87,6 +88,7 @@ _CONFIG = config_flags.DEFINE_config_file(
     'A ranker config (path[:variant]); its model and data sizes are used.', lock_config=True)
 _RANKERS = flags.DEFINE_list('rankers', list(RANKERS), f'Rankers to time, of {list(RANKERS)}.')
 _POOLS = flags.DEFINE_list('pools', ['1000', '100000'], 'Pool sizes C (candidates).')
+bench_report.positive_list('pools')
 _SIZES = flags.DEFINE_list(
     'sizes', [], 'Model sizes D x L (d_model x layers of each encoder), e.g. 128x2,256x4; '
     'emb_dim = D, and ff_dim and the heads scale with D as in the config (fixed head size). '
@@ -420,6 +422,7 @@ def run() -> dict[str, Any]:
 
 
 def main(argv):
+  cli.quiet_library_logs()  # JAX's INFO lines (no TPU found, ...) above the figures
   if len(argv) > 1:
     raise app.UsageError(f'unexpected arguments: {argv[1:]}')
   parallel.set_cpu_devices(_CPU_DEVICES.value)
@@ -427,4 +430,4 @@ def main(argv):
 
 
 if __name__ == '__main__':
-  app.run(main)
+  bench_report.run(main)

@@ -1,7 +1,8 @@
 """What every benchmark states beside its figures, said one way: the date (with its time
 zone), the machine, the command that ran, and the JSON file of the figures.
 
-No flags are defined here (a script that imports it defines its own), and JAX is imported
+No flags are defined here (a script that imports it defines its own, and may have them checked
+here: `positive_list`), and JAX is imported
 only when the machine's devices are asked for (preprocessing measures without it).
 """
 
@@ -12,8 +13,9 @@ import json
 import os
 import platform
 import shlex
-from typing import Any
+from typing import Any, Callable
 
+from absl import app
 from absl import flags
 from ml_collections import config_flags
 
@@ -69,6 +71,33 @@ def print_header(command: str | None = None, devices: bool = True) -> dict[str, 
     report['command'] = command
     print(f'command: {command}')
   return report
+
+
+def run(main: Callable[[list[str]], Any]) -> None:
+  """absl's `app.run(main)`, a usage error of `main` said in one line: absl would print the
+  script's whole help above it."""
+
+  def one_line(argv):
+    try:
+      return main(argv)
+    except app.UsageError as e:
+      raise SystemExit(f'error: {e}') from None
+
+  app.run(one_line)
+
+
+def positive_list(name: str, kind: type = int) -> None:
+  """Refuses, when the flags are parsed (before any work), a list flag `name` whose values
+  are not positive numbers of `kind`: absl then names the flag and the value in one line."""
+
+  def valid(values) -> bool:
+    try:
+      return all(kind(v) > 0 for v in values)
+    except ValueError:
+      return False
+
+  what = 'whole numbers' if kind is int else 'numbers'
+  flags.register_validator(name, valid, message=f'expected positive {what}, comma-separated')
 
 
 def config_args(config_flag: str = 'config') -> list[str]:

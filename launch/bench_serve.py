@@ -4,9 +4,11 @@
   python launch/bench_serve.py --workdir=/tmp/mtn_demo --rates=10,40,160 --seconds=10 \
       --set=serve.max_batch=16 --set=serve.max_wait_ms=10
 
-In: a trained workdir and its config (`--config`, default configs/demo.py, with `--set
-section.key=value` overrides given to the service and the offline run alike). Its test split's
-sessions, cut at random positions, are the requests (with `--users`, each naming its user).
+In: a trained workdir (the service writes its serve/ folder there, as `--mode=serve` does: the
+compiled programs, the users' histories) and its config (`--config`, default configs/demo.py,
+with `--set section.key=value` overrides given to the service and the offline run alike). Its
+test split's sessions, cut at random positions, are the requests (with `--users`, each naming
+its user).
 1. `--mode=serve` is started in a process of its own on a free loopback port (127.0.0.1 only).
 2. For each rate of `--rates` (requests/s), an async client sends requests open-loop for
    `--seconds` (arrivals of a Poisson process: a request is sent on time whatever the earlier
@@ -57,12 +59,14 @@ from mtn_jax import cli
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 # pylint: enable=g-import-not-at-top,wrong-import-position
 
-_WORKDIR = flags.DEFINE_string('workdir', None, 'A trained workdir (required).')
+_WORKDIR = flags.DEFINE_string('workdir', None, 'A trained workdir (required); the service '
+                                'keeps its compiled programs and users\' histories in its serve/.')
 _CONFIG = flags.DEFINE_string('config', 'configs/demo.py', 'Its config file (path[:variant]).')
 _SET = flags.DEFINE_multi_string('set', [], 'A config override section.key=value, for the '
                                  'service and the offline run alike (repeatable).')
 _RATES = flags.DEFINE_list('rates', ['5', '10', '20', '40', '80', '160'],
                            'Offered loads to measure, requests per second.')
+bench_report.positive_list('rates', float)
 _SECONDS = flags.DEFINE_float('seconds', 10.0, 'How long each rate is offered.')
 _FAULTS_RATE = flags.DEFINE_float('faults_rate', 0.0, 'After the rates: this rate once more '
                                   'with a reload (SIGHUP) a third of the way in, and once with '
@@ -73,6 +77,7 @@ _OFFLINE_BATCHES = flags.DEFINE_list(
     'offline_batches', [], 'Offline batch sizes to measure besides config.decode.batch_sessions '
     '(e.g. the service\'s max_batch: on a CPU a beam search over small batches can be faster, '
     'its rows ending sooner).')
+bench_report.positive_list('offline_batches')
 _HALF_SATURATION = flags.DEFINE_bool(
     'half_saturation', False, 'After the rates: half the most answered per second at any of '
     'them offered once more, for the tail target (p99 there against the first rate\'s p50, '
@@ -101,7 +106,12 @@ def load_config(path: str, overrides):
           *(f'--config.{override}' for override in overrides)]
   values = flags.FlagValues()
   config_flags.DEFINE_config_file('config', flag_values=values, sys_argv=argv)
-  values(argv)
+  try:
+    values(argv)
+  except Exception as e:  # pylint: disable=broad-except
+    # As the command line says it (`cli.flag_error_message`), with the flag that gave it.
+    raise app.UsageError(cli.flag_error_message(e, argv).replace('--config.', '--set=', 1)
+                         ) from None
   return values.config
 
 
@@ -278,6 +288,8 @@ def main(argv):
   del argv
   cli.quiet_library_logs()
   workdir = os.path.abspath(_WORKDIR.value)
+  if not os.path.isdir(workdir):
+    raise app.UsageError(f'--workdir={_WORKDIR.value}: no such folder')
   config = load_config(_CONFIG.value, _SET.value)
   from mtn_jax import parallel  # pylint: disable=g-import-not-at-top
   parallel.set_cpu_devices(parallel.cpu_devices_for('decode', _CPU_DEVICES.value))
@@ -377,4 +389,4 @@ def main(argv):
 
 
 if __name__ == '__main__':
-  app.run(main)
+  bench_report.run(main)

@@ -13,9 +13,10 @@ the first start is cold (`--keep_cache`: with it), and the copy is deleted at th
 2. `--mode=serve` is started and timed from the process's start to its `Serving on` line (and,
    with config.serve.warm_up_background, to its line saying every shape is compiled), then
    stopped (SIGTERM); then started and timed again (the restart), `--restarts` times.
-Out: one line per start: seconds to listen and the process's CPU seconds by then, the
-warm-up's own seconds, programs and those read from the cache (the service's own lines),
-with the machine, the date and the load average beside them. Compilations on a CPU depend on
+Out: one line per start, as docs/PERFORMANCE.md's table has it: the load average before and
+after, seconds to listen and the process's CPU seconds by then, the same to every batch shape
+compiled (a background warm-up), and the programs read back from the cache of those compiled
+(the service's own lines); with the machine and the date. Compilations on a CPU depend on
 what else runs: note the load.
 """
 
@@ -77,8 +78,9 @@ def _cpu_seconds(pid: int) -> float:
   return round((int(fields[11]) + int(fields[12])) / os.sysconf('SC_CLK_TCK'), 1)
 
 
-def start_once(workdir: str) -> dict:
-  """Starts the service, waits for it to listen, stops it: what the start took."""
+def start_once(workdir: str, given: str) -> dict:
+  """Starts the service on `workdir` (the copy of the workdir `given`), waits for it to
+  listen, stops it: what the start took."""
   started = time.perf_counter()
   process = subprocess.Popen(_command(workdir, 'serve', '--config.serve.port=0'), cwd=REPO,
                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
@@ -94,7 +96,7 @@ def start_once(workdir: str) -> dict:
     if line.startswith('Serving on '):
       out['listening_s'] = time.perf_counter() - started
       out['cpu_s'] = _cpu_seconds(process.pid)
-      if not out['background']:
+      if not out.get('background'):
         break
     every = _ALL.match(line)
     if every:
@@ -105,13 +107,31 @@ def start_once(workdir: str) -> dict:
   process.send_signal(signal.SIGTERM)
   process.communicate(timeout=60)
   if 'listening_s' not in out:
-    raise SystemExit('the service did not start:\n' + ''.join(lines[-20:]))
+    # Its messages name the copy; the reader knows the workdir given.
+    raise SystemExit('the service did not start:\n'
+                     + ''.join(lines[-20:]).replace(workdir, given))
   out['load after'] = _load()
   return out
 
 
+def start_line(out: dict) -> str:
+  """One start as PERFORMANCE.md's table has it: the load, seconds to listen (CPU seconds),
+  to every batch shape compiled (with config.serve.warm_up_background), programs read back."""
+  line = (f'load {out["load before"]} -> {out["load after"]}; listening {out["listening_s"]:.1f} s '
+          f'({out["cpu_s"]:.1f} CPU s)')
+  if 'all_shapes_s' in out:
+    line += (f'; every batch shape compiled {out["all_shapes_s"]:.1f} s '
+             f'({out["all_cpu_s"]:.1f} CPU s); programs read back {out["all_read_back"]} of '
+             f'{out["all_programs"]}')
+  elif 'programs' in out:
+    line += f'; programs read back {out["read_back"]} of {out["programs"]}'
+  return line
+
+
 def main(argv):
   del argv
+  if not os.path.isdir(_WORKDIR.value):
+    raise app.UsageError(f'--workdir={_WORKDIR.value}: no such folder')
   bench_report.print_header(bench_report.argv_line('launch/bench_serve_start.py', sys.argv[1:]),
                             devices=False)
   with tempfile.TemporaryDirectory(prefix='bench_serve_start-') as folder:
@@ -129,8 +149,8 @@ def main(argv):
     for i in range(1 + _RESTARTS.value):
       # Whether a start compiled or read its programs back: its `read_back` says.
       name = f'start {i + 1}' + (', after the preparation' if _PREPARE.value and not i else '')
-      print(f'{name}: {start_once(workdir)}', flush=True)
+      print(f'{name}: {start_line(start_once(workdir, _WORKDIR.value))}', flush=True)
 
 
 if __name__ == '__main__':
-  app.run(main)
+  bench_report.run(main)

@@ -45,6 +45,7 @@ intra_op_parallelism_threads=1' with `--peer_threads=1`.
 from __future__ import annotations
 
 import dataclasses
+import importlib.util
 import json
 import os
 import resource
@@ -67,6 +68,7 @@ from ml_collections import config_flags
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 # pylint: disable=g-import-not-at-top,wrong-import-position
+from mtn_jax import cli
 from mtn_jax import config_lib
 from mtn_jax import models
 from mtn_jax import parallel
@@ -110,6 +112,7 @@ _BATCH_QUERIES = flags.DEFINE_integer(
 _SESSION_LENGTHS = flags.DEFINE_list(
     'session_lengths', ['3', '4', '5'], 'Session-length buckets to time (of 3, 4, 5); the '
     'epoch mix is renormalised over them.')
+bench_report.positive_list('session_lengths')
 _STEPS = flags.DEFINE_integer('steps', 20, 'Steps per timed run.')
 _STEPS_PER_CALL = flags.DEFINE_integer(
     'steps_per_call', 1, 'Optimizer steps per compiled call: k > 1 scans the step over k '
@@ -121,6 +124,8 @@ _PEER_THREADS = flags.DEFINE_integer(
 _PEER_MODES = flags.DEFINE_list(
     'peer_modes', None, 'Peer variants: eager and/or compiled (torch.compile); default eager '
     'on a CPU, both on a GPU.')
+flags.register_validator('peer_modes', lambda modes: modes is None or (
+    bool(modes) and set(modes) <= {'eager', 'compiled'}), message='expected eager and/or compiled')
 _CHECK_EQUIVALENCE = flags.DEFINE_bool(
     'check_equivalence', False, 'Copy the Flax weights into the PyTorch peer and compare the '
     'losses on one batch (dropout off), before and after one optimizer step.')
@@ -659,8 +664,12 @@ def _run_script(script: str, args: list[str]) -> str:
 
 
 def main(argv):
+  cli.quiet_library_logs()  # JAX's INFO lines (no TPU found, ...) above the figures
   if len(argv) > 1:
     raise app.UsageError(f'unexpected arguments: {argv[1:]}')
+  if (_PEER.value or _CHECK_EQUIVALENCE.value) and importlib.util.find_spec('torch') is None:
+    raise app.UsageError('--peer and --check_equivalence run the PyTorch peer: install torch '
+                         '(pip install torch; BUILD.md)')
   if _PEER.value:
     # JAX takes 75 % of a GPU's memory at start by default, leaving the peer too little (an
     # H100's 80 GB ran out); it must be said before JAX's backend starts.
@@ -697,6 +706,11 @@ def run() -> dict[str, Any]:
   """Measures what the flags ask for; prints it and returns it as `--json` writes it."""
   config, vocab_size, batch_queries = config_and_sizes()
   what = _WHAT.value
+  if what in ('train', 'all') and config.model.name != 'mtn':
+    # Its FLOP count and report read MTN's layer stacks.
+    name = config_flags.get_config_filename(flags.FLAGS['config'])
+    raise app.UsageError(f'the train step measured is MTN\'s; {name} is a '
+                         f'{config.model.name!r} config')
   report = new_report(config)
   if what in ('train', 'all'):
     report['train'] = measure_train(
@@ -722,4 +736,4 @@ def run() -> dict[str, Any]:
 
 if __name__ == '__main__':
   flags.mark_flags_as_required(['config'])
-  app.run(main)
+  bench_report.run(main)

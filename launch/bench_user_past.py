@@ -10,7 +10,8 @@ of its own) of `--queries_per_session` queries each, drawn from 700 distinct one
 to a temporary file. Each context holds its user's past (`inputs.read_raw_log`), so the whole
 past grows the contexts' memory with the square of the user's sessions. Out: per window, the
 time to read every context, the peak Python memory while reading (tracemalloc), and the time
-of the `history` source over the last 2,000 contexts; with the machine and the date.
+of the `history` source over the last 2,000 contexts (all, where fewer); with the machine,
+the command and the date.
 """
 
 from __future__ import annotations
@@ -24,7 +25,6 @@ import tracemalloc
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 # pylint: disable=wrong-import-position
-from absl import app
 from absl import flags
 import ml_collections
 
@@ -55,10 +55,12 @@ def main(argv) -> None:
   data = ml_collections.ConfigDict({'session_gap_minutes': 30.0, 'strict': False,
                                     'history_queries': 0})
   vocab = Vocab(SPECIAL_TOKENS + ('query',))
-  print(f'# {bench_report.now()}; {bench_report.machine_line(bench_report.machine(False))}')
+  bench_report.print_header(bench_report.command_line('launch/bench_user_past.py', ('__main__',)),
+                            devices=False)
+  scored = min(SCORED, _SESSIONS.value)  # a context per session
   print(f'One user, {_SESSIONS.value:,} sessions of {_QUERIES.value} queries.\n')
   print('| past read | contexts | read s | peak MiB | history source, last '
-        f'{SCORED:,} contexts s |\n|---|---:|---:|---:|---:|')
+        f'{scored:,} contexts s |\n|---|---:|---:|---:|---:|')
   with tempfile.TemporaryDirectory() as tmp:
     path = os.path.join(tmp, 'log.tsv')
     write_log(path, _SESSIONS.value, _QUERIES.value)
@@ -72,11 +74,11 @@ def main(argv) -> None:
       peak = tracemalloc.get_traced_memory()[1] / 2**20
       tracemalloc.stop()
       started = time.perf_counter()
-      sources.History(10).propose(contexts[-SCORED:], positions='all')
+      sources.History(10).propose(contexts[-scored:], positions='all')
       proposed = time.perf_counter() - started
       print(f'| {label} | {len(contexts):,} | {read:.1f} | {peak:.0f} | {proposed:.2f} |')
       del contexts
 
 
 if __name__ == '__main__':
-  app.run(main)
+  bench_report.run(main)

@@ -357,4 +357,4 @@ def main(argv):
 
 
 if __name__ == '__main__':
-  app.run(main)
+  bench_report.run(main)

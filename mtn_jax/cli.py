@@ -157,7 +157,7 @@ _WRONG_TYPE = re.compile(r"^Could not override field '(\w+)' \(reference\)\. (.*
 _EXAMPLE_VALUES = {'config': 'FILE[:variant]', 'workdir': 'DIR'}
 
 
-def _flag_error_message(error: BaseException, argv) -> str:
+def flag_error_message(error: BaseException, argv) -> str:
   """One line naming the flag, key, file or value that made flag parsing fail."""
   missing = _missing_config_file(_config_argument(argv))
   if missing:  # overrides of a config that could not be read fail first with a worse message
@@ -216,7 +216,7 @@ def parse_flags(argv):
   try:
     return flags.FLAGS(argv)
   except Exception as e:  # pylint: disable=broad-except
-    usage_error(_flag_error_message(e, argv), argv)
+    usage_error(flag_error_message(e, argv), argv)
 
 
 def checked_config(config_flag, mode: str):

@@ -485,7 +485,7 @@ def parse_error(override: str) -> str:
   the KeyError ml_collections raises for it (tests/test_cli_errors.py runs the real one)."""
   key = override.split('=')[0].rsplit('.', 1)[1]
   argv = ['main', '--config=configs/demo.py', override]
-  return cli_errors._flag_error_message(KeyError(repr(key)), argv)  # pylint: disable=protected-access
+  return cli_errors.flag_error_message(KeyError(repr(key)), argv)
 
 
 @pytest.mark.parametrize('override, replacement', [
