@@ -1,6 +1,7 @@
 """The training benchmark harness: its AOL-shaped data, its arithmetic, a CI-sized run, and the
 PyTorch peer's equivalence with the JAX model (only where torch is installed); and a CI-sized
-run of the rankers' latency benchmark (launch/bench_rankers.py)."""
+run of the rankers' latency benchmark (launch/bench_rankers.py); the benchmarks' refusals of a
+reader's mistakes, and the decoding benchmark for the other model families."""
 
 import contextlib
 import importlib.util
@@ -198,3 +199,55 @@ def test_rankers_benchmark_smoke_run(tmp_path):
   assert '| 122 | 678 |' in out  # the paper's Poly-16 figures beside
   for line in ('date:', 'command: python launch/bench_rankers.py', 'machine:'):
     assert line in out
+
+
+def launch_script(script: str, *args: str) -> subprocess.CompletedProcess:
+  return subprocess.run([sys.executable, f'launch/{script}', *args], cwd=REPO,
+                        capture_output=True, text=True, env=cli.env(), timeout=300, check=False)
+
+
+@pytest.mark.parametrize('script, args, said', [
+    # A list flag's value is checked when the flags are parsed, before any work.
+    ('bench_rankers.py', ['--pools=1k'], 'flag --pools=[\'1k\']: expected positive whole'),
+    ('bench_serve.py', ['--workdir=.', '--rates=five'], 'flag --rates=[\'five\']: expected '
+     'positive numbers'),
+    ('bench_decode.py', ['--config=configs/demo.py', '--beams=0'], 'flag --beams=[\'0\']'),
+    # A usage error in one line, not below the script's whole help.
+    ('bench_rankers.py', ['--rankers=foo'], "error: --rankers: unknown ['foo']"),
+    ('bench_train.py', ['--config=configs/seq2seq_aol.py:small'],
+     "error: the train step measured is MTN's; configs/seq2seq_aol.py:small is a 'seq2seq'"),
+    ('bench_pipeline.py', ['--workdir=.', '--strategies=lerned'],
+     "error: --strategies: config.suggest.strategy must be 'generate', 'retrieve', 'rerank', "
+     "'blend' or 'learned', got 'lerned'"),
+    ('bench_pipeline.py', ['--workdir=no/such/dir'], 'error: --workdir=no/such/dir: no such'),
+    ('bench_serve_start.py', ['--workdir=no/such/dir'], 'error: --workdir=no/such/dir: no such'),
+    # An override as the command line says it, with the flag that gave it.
+    ('bench_serve.py', ['--workdir=.', '--set=suggest.stratgy=blend'],
+     "error: --set=suggest.stratgy: config.suggest has no key 'stratgy'. Did you mean "
+     '"strategy"'),
+])
+def test_a_benchmarks_mistakes_are_refused_in_a_line_before_any_work(script, args, said):
+  result = launch_script(script, *args)
+  assert result.returncode != 0
+  assert said in result.stderr
+  assert 'Traceback' not in result.stderr and 'USAGE' not in result.stdout + result.stderr
+  assert len(result.stdout.splitlines()) == 0
+
+
+@pytest.mark.skipif(importlib.util.find_spec('torch') is not None, reason='torch is installed')
+def test_the_peer_without_torch_is_refused_before_compiling():
+  result = launch_script('bench_train.py', '--config=configs/demo.py', '--peer')
+  assert result.returncode != 0 and result.stdout == ''
+  assert result.stderr.strip().endswith('--peer and --check_equivalence run the PyTorch peer: '
+                                        'install torch (pip install torch; BUILD.md)')
+
+
+@pytest.mark.parametrize('config, label', [('configs/transformer_aol.py:small', 'Transformer ('),
+                                           ('configs/seq2seq_aol.py:small', 'Seq2Seq Attn.')])
+def test_decode_benchmark_runs_for_other_families(config, label):
+  result = launch_script('bench_decode.py', f'--config={config}', '--vocab_size=60',
+                         '--beams=1', '--batch_sessions=1', '--repeats=1', '--session_queries=2')
+  assert result.returncode == 0, result.stderr[-2000:]
+  model = next(l for l in result.stdout.splitlines() if l.startswith('model: '))
+  assert model.startswith(f'model: {label}') and 'random initialisation' in model
+  assert result.stdout.splitlines()[-1].split()[:3] == ['1', '1', '2']
