@@ -104,6 +104,12 @@ def read_pairs(path: str, split: sessions.SessionSplit, counts: LogLists) -> lis
   if split.users is None:
     sys.exit(f'the {split.name} split has no users (a corpus written before they were kept): '
              'run --mode=preprocess again')
+  if not os.path.exists(path):
+    # The generator's own lists of the whole split: an eval with config.suggest.strategy=generate
+    # (a learned or blend eval, or one of the first N sessions, writes files of other names).
+    split_flag = '' if split.name == 'test' else f' --config.decode.eval_split={split.name}'
+    sys.exit(f'{path}: missing; make it with python -m mtn_jax.main ... --workdir=WORKDIR '
+             f'--mode=eval --config.suggest.strategy=generate{split_flag}')
   with open(path, encoding='utf-8') as f:
     rows = [json.loads(line) for line in f]
   return [make_pair(row['session'], int(split.users[row['session']]), row['context'],
@@ -258,7 +264,7 @@ def table(title: str, pairs: list[dict], plan=None, chance=None) -> None:
 
 
 def main() -> None:
-  parser = argparse.ArgumentParser(description=__doc__.split('\n')[0])
+  parser = argparse.ArgumentParser(description=' '.join(__doc__.split('\n\n')[0].split()))
   parser.add_argument('--workdir', required=True)
   parser.add_argument('--folds', default='',
                       help='comma-separated workdirs of the generators trained with '

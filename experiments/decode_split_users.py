@@ -76,7 +76,7 @@ def scores(lists, references, contexts) -> tuple[int, float, float, float]:
 
 
 def main() -> None:
-  parser = argparse.ArgumentParser(description=__doc__.split('\n', 1)[0])
+  parser = argparse.ArgumentParser(description=' '.join(__doc__.split('\n\n')[0].split()))
   parser.add_argument('--workdir', required=True)
   parser.add_argument('--out', required=True)
   parser.add_argument('--split', default='test', choices=sessions.SPLITS)

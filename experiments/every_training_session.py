@@ -127,6 +127,9 @@ def fitted_groups(workdir: str) -> learned.Groups:
   files), as they are: a workdir fitted before its cache recorded the features' names is
   read too (`learned.cached_groups` would make them again)."""
   folder = learned.ranker_dir(workdir)
+  if not os.path.exists(os.path.join(folder, 'groups.json')):
+    sys.exit(f'{workdir}: no fitted learned ranker ({folder}/groups.json): train it first '
+             '(--mode=train)')
   with open(os.path.join(folder, 'groups.json'), encoding='utf-8') as f:
     texts = json.load(f)
   with np.load(os.path.join(folder, 'groups.npz'), allow_pickle=False) as arrays:
@@ -169,11 +172,14 @@ def compare(config, workdirs: list[str]) -> None:
 
 
 def main() -> None:
-  parser = argparse.ArgumentParser(description=__doc__.split('\n')[0])
+  parser = argparse.ArgumentParser(description=' '.join(__doc__.split('\n\n')[0].split()))
   parser.add_argument('action', choices=('make', 'compare'))
   parser.add_argument('--workdir', help='make: the workdir to make')
   parser.add_argument('--workdirs', help='compare: trained workdirs, the paper\'s first')
   args, config = learned_ranker.study_config('every_training_session', parser)
+  needed = 'workdir' if args.action == 'make' else 'workdirs'
+  if not getattr(args, needed):
+    parser.error(f'{args.action} needs --{needed}')
   if args.action == 'make':
     make(config, args.workdir)
   else:

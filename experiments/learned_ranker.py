@@ -169,7 +169,7 @@ def study_config(program: str, parser: argparse.ArgumentParser):
 
 
 def main() -> None:
-  parser = argparse.ArgumentParser(description=__doc__.split('\n')[0])
+  parser = argparse.ArgumentParser(description=' '.join(__doc__.split('\n\n')[0].split()))
   parser.add_argument('--workdir', required=True)
   parser.add_argument('--skip_ablation', action='store_true')
   parser.add_argument('--counts', choices=('kept', 'whole_log'), default='kept',

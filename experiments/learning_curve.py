@@ -85,7 +85,7 @@ def ranking(workdir: str, results: str, key: str) -> dict:
 
 
 def main() -> None:
-  parser = argparse.ArgumentParser(description=__doc__.split('\n')[0])
+  parser = argparse.ArgumentParser(description=' '.join(__doc__.split('\n\n')[0].split()))
   parser.add_argument('--workdirs', required=True, help='comma-separated, fewest users first')
   parser.add_argument('--figure', required=True, help='the PNG to write')
   args = parser.parse_args()

@@ -257,5 +257,5 @@ def _baseline_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 if __name__ == '__main__':
-  run(__doc__.split('\n')[0], make, score, contexts=80, seed=0,
+  run(' '.join(__doc__.split('\n\n')[0].split()), make, score, contexts=80, seed=0,
       add_arguments=_baseline_arguments)

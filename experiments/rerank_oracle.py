@@ -44,6 +44,14 @@ def main(argv):
   from mtn_jax.inference import pipeline
 
   config = FLAGS.config
+  if config.suggest.strategy != 'rerank':
+    sys.exit('the study reads the candidates \'rerank\' pools: pass '
+             '--config.suggest.strategy=rerank --config.suggest.ranker_workdir=RANKER')
+  from mtn_jax import config_lib
+  try:
+    config_lib.validate(config, 'eval')
+  except config_lib.ConfigError as e:
+    sys.exit(str(e))
   split = sessions.load_split(preprocess.data_dir(os.path.abspath(FLAGS.workdir)),
                               config.decode.eval_split)
   quiet = lambda *args, **kwargs: None

@@ -46,7 +46,12 @@ def main(argv) -> None:
   del argv
   config = FLAGS.config.copy_and_resolve_references()
   config.suggest.strategy = 'learned'
+  if FLAGS.contexts < 1 or FLAGS.rounds < 1:
+    sys.exit('--contexts and --rounds must be at least 1')
   pipe = pipeline.Pipeline.load(config, FLAGS.workdir, log=lambda *a, **k: None)
+  if pipe.settings.strategy != 'learned':  # the pipeline fell back to the blend
+    sys.exit(f'--workdir={FLAGS.workdir}: no learned ranker there (made by --mode=train); '
+             'the study times the learned strategy')
   split = sessions.load_split(preprocess.data_dir(os.path.abspath(FLAGS.workdir)), 'test')
   contexts = [tuple(split.session_texts(i)[:t]) for i in range(split.num_sessions)
               for t in range(1, len(split.session_texts(i)))][:FLAGS.contexts]

@@ -170,7 +170,15 @@ def share_above(contexts: list[Context], suggested: list[str], users_per_draw: i
 
 def main(argv):
   del argv
-  data_dir = preprocess.data_dir(os.path.abspath(FLAGS.workdir))
+  workdir = os.path.abspath(FLAGS.workdir)
+  if not os.path.isdir(workdir):
+    sys.exit(f'--workdir={FLAGS.workdir}: no such folder')
+  built = preprocess.corpus_settings(workdir)
+  if built is not None and built.get('split_by') != 'user':
+    # Its held-out users would be training users too: the figures would not be of new users.
+    sys.exit(f'--workdir={FLAGS.workdir}: its corpus is split by {built.get("split_by")!r}; '
+             'the study needs one split by user (config.data.split_by=user)')
+  data_dir = preprocess.data_dir(workdir)
   train = split_contexts(data_dir, 'train')
   grid = report('training users', train)
   folds = sessions.user_folds(np.array([c.user for c in train]), 2, seed=0)

@@ -56,7 +56,7 @@ def whole_log_counts(counts: popular.LogCounts, raw_files: str, users: set[int]
 
 
 def main() -> None:
-  parser = argparse.ArgumentParser(description=__doc__.split('\n')[0])
+  parser = argparse.ArgumentParser(description=' '.join(__doc__.split('\n\n')[0].split()))
   parser.add_argument('--workdir', required=True)
   parser.add_argument('--labels', required=True, help="candidate_labels.py's --out folder")
   parser.add_argument('--judgments', required=True, help='comma-separated JSON files')

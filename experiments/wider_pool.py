@@ -87,7 +87,7 @@ def with_features(groups: learned.Groups, extra: np.ndarray) -> learned.Groups:
 
 
 def main() -> None:
-  parser = argparse.ArgumentParser(description=__doc__.split('\n')[0])
+  parser = argparse.ArgumentParser(description=' '.join(__doc__.split('\n\n')[0].split()))
   parser.add_argument('--workdir', required=True)
   parser.add_argument('--wide', default='generate:10,popular:100,cooccurring:30,templates:50')
   args, config = learned_ranker.study_config('wider_pool', parser)
@@ -126,7 +126,8 @@ def main() -> None:
       scores = learned_ranker.cross_fitted_scores(data, config, data_names)
       for rule, settings in rules.items():
         row = learned_ranker.ranking(
-            learned_ranker.presented_lists(data, scores, counts, **settings), data.references)
+            learned_ranker.presented_lists(data, scores, counts, **settings), data.references,
+            data.sessions)
         print(f'| {sources} ({recall:.2f}) | {label} | {rule} | {row["em1"]:.2f} | '
               f'{row["r10"]:.2f} | {row["mrr10"]:.2f} |', flush=True)
 

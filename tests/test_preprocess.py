@@ -1195,3 +1195,13 @@ def test_a_log_exactly_one_tenth_malformed_is_warned_of(tmp_path):
       'log in the AOL format (AnonID<TAB>Query<TAB>QueryTime[<TAB>ItemRank<TAB>ClickURL], '
       'AnonID digits, QueryTime YYYY-MM-DD HH:MM:SS)? config.data.strict names the first such '
       'line.')
+
+
+def test_a_split_of_a_workdir_that_does_not_exist_names_the_folder(tmp_path):
+  # A mistyped workdir is told apart from one that is not preprocessed yet.
+  with pytest.raises(FileNotFoundError, match=re.escape(f'{tmp_path}/nope: no such folder')):
+    sessions_lib.load_split(preprocess.data_dir(str(tmp_path / 'nope')), 'train')
+  (tmp_path / 'w').mkdir()
+  with pytest.raises(FileNotFoundError, match='train.queries.npy is missing: run '
+                     '--mode=preprocess first'):
+    sessions_lib.load_split(preprocess.data_dir(str(tmp_path / 'w')), 'train')

@@ -154,14 +154,21 @@ def settings_differences(data: ml_collections.ConfigDict, workdir: str) -> list[
   return _differences(built.get('data_config') or {}, _data_config(data))
 
 
+def corpus_settings(workdir: str) -> dict | None:
+  """The `config.data` settings the corpus of `workdir` was built with (its record), None
+  where it has none."""
+  record = _read_json(os.path.join(data_dir(workdir), _MANIFEST))
+  return None if record is None else record.get('data_config') or {}
+
+
 def corpus_differences(workdir: str, other: str) -> list[str]:
   """The `config.data` settings the corpus of `workdir` was built with other than those of
   `other`'s corpus, as 'config.data.KEY: X there, Y here' (`workdir`'s value there; none where
   either has no corpus record)."""
-  there, here = (_read_json(os.path.join(data_dir(w), _MANIFEST)) for w in (workdir, other))
+  there, here = corpus_settings(workdir), corpus_settings(other)
   if there is None or here is None:
     return []
-  return _differences(there.get('data_config') or {}, here.get('data_config') or {})
+  return _differences(there, here)
 
 
 def _differences(before: dict, asked: dict) -> list[str]:

@@ -234,6 +234,10 @@ def load_split(data_dir: str, split: str, mmap: bool = True) -> SessionSplit:
   paths = split_paths(data_dir, split)
   for kind, p in paths.items():
     if kind not in OPTIONAL_KINDS + ('history',) and not os.path.exists(p):
+      workdir = os.path.dirname(os.path.abspath(data_dir))
+      if not os.path.isdir(workdir):  # a mistyped workdir, not an unprepared one
+        raise FileNotFoundError(f'{workdir}: no such folder (a workdir whose data/ holds the '
+                                'corpus)')
       raise FileNotFoundError(f'{p} is missing: run --mode=preprocess first')
   mode = 'r' if mmap else None
   starts = _array(paths['sessions'])
