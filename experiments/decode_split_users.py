@@ -5,13 +5,14 @@ session lines), against the training log's most popular next queries (MPC).
   python experiments/decode_split_users.py --workdir=W --out=DIR [--split=test] \
       --config=configs/aol.py:small --config.data.raw_files=LOG --config.data.split_by=user
 
-In: a trained workdir (its learned ranker for `aol.py:small`'s default) and its raw log. Every
-line of the split's users in `config.data.raw_files` (the header kept) is written to
-DIR/users.tsv and decoded under the user-facing protocol (`--mode=decode`: suggestions after
-every query, each user's earlier sessions in the file their past); every point with a next
-query is written again as a session line (DIR/contexts.txt) and decoded without users. Out: a
-Markdown table on stdout of EM@1, R@10 and MRR@10 (%) over the points whose next query is not a
-query of the session, with the machine and the date; the decodes in DIR.
+In: a trained workdir (its learned ranker for `aol.py:small`'s default) and its raw log (by
+default the one its corpus was built from). Every line of the split's users in
+`config.data.raw_files` (the header kept) is written to DIR/users.tsv and decoded under the
+user-facing protocol (`--mode=decode`: suggestions after every query, each user's earlier
+sessions in the file their past); every point with a next query is written again as a session
+line (DIR/contexts.txt) and decoded without users. Out: a Markdown table on stdout of EM@1, R@10
+and MRR@10 (%) over the points whose next query is not a query of the session, with the machine
+and the date; the decodes in DIR.
 """
 
 from __future__ import annotations
@@ -85,10 +86,18 @@ def main() -> None:
   flags.FLAGS([sys.argv[0], *rest])
   config = flags.FLAGS.config
   workdir = os.path.abspath(args.workdir)
+  try:
+    split = sessions.load_split(preprocess.data_dir(workdir), args.split)
+  except FileNotFoundError as e:
+    sys.exit(str(e))
+  # The log the corpus was built from, where the command line names none.
+  raw_files = config.data.raw_files or (preprocess.corpus_settings(workdir) or {}).get(
+      'raw_files', '')
+  if not raw_files:
+    sys.exit(f'{args.workdir}: its corpus records no log: pass --config.data.raw_files=LOG')
   os.makedirs(args.out, exist_ok=True)
-  split = sessions.load_split(preprocess.data_dir(workdir), args.split)
   users = set(split.users.tolist())
-  lines = write_users_log(config.data.raw_files, users, os.path.join(args.out, 'users.tsv'))
+  lines = write_users_log(raw_files, users, os.path.join(args.out, 'users.tsv'))
   with_past = [r for r in decoded(config, workdir, os.path.join(args.out, 'users.tsv'),
                                   os.path.join(args.out, 'with_past.jsonl'))
                if r['reference'] is not None]

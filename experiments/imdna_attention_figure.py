@@ -11,6 +11,7 @@ holding the top answer: the answers again with that document left out.
 
 from __future__ import annotations
 
+import json
 import os
 import sys
 
@@ -52,6 +53,13 @@ def _top(scores, library, k=6):
 def main(argv):
   del argv
   config = FLAGS.config
+  saved = os.path.join(FLAGS.workdir, 'config.json')  # the config the run trained with
+  if os.path.exists(saved):
+    with open(saved, encoding='utf-8') as f:
+      model = json.load(f).get('config', {}).get('model', {}).get('name')
+    if model != 'imdna':
+      sys.exit(f'{FLAGS.workdir}: a {model!r} run; the figure draws an IMDNA run\'s attention '
+               '(configs/imdna_movies.py or configs/imdna_aol.py)')
   trained = inference.load_trained(config, FLAGS.workdir)
   library = imdna_library.load_library(config, FLAGS.workdir)
   questions = library.splits['test']
