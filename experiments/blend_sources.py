@@ -49,6 +49,7 @@ import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 # pylint: disable=wrong-import-position
+from mtn_jax import errors
 from mtn_jax import parallel
 from mtn_jax.data import hypothesis_files
 from mtn_jax.data import preprocess
@@ -125,6 +126,10 @@ def cross_fitted_training_pairs(workdir: str, fold_workdirs: str) -> list[dict]:
   with open(os.path.join(workdir, 'config.json'), encoding='utf-8') as f:
     config = ml_collections.ConfigDict(json.load(f)['config'])
   config.train.hypotheses_from = fold_workdirs
+  try:
+    hypothesis_files.generators(fold_workdirs, preprocess.data_dir(os.path.abspath(workdir)))
+  except errors.Error as e:  # it names the key --folds sets
+    sys.exit(f'--folds: {str(e).removeprefix(hypothesis_files.KEY + ": ")}')
   hypothesis_decoding.prepare(config, workdir, ('train',))
   data_dir = preprocess.data_dir(os.path.abspath(workdir))
   found = hypothesis_files.generators(fold_workdirs, data_dir)

@@ -202,6 +202,9 @@ def main() -> None:
                       help='two records: print where they differ (exit 1 if they do)')
   args = parser.parse_args()
   if args.compare:
+    for path in args.compare:
+      if not os.path.isfile(path):
+        parser.error(f'--compare: {path}: no such record')
     before, after = (json.loads(pathlib.Path(p).read_text()) for p in args.compare)
     changed, added = compare(before, after)
     print(f'Compared {", ".join(sorted(before))}: {len(changed)} value(s) changed or gone, '
@@ -212,6 +215,8 @@ def main() -> None:
     sys.exit(1 if changed else 0)
   if not args.out:
     parser.error('--out is needed to record')
+  if not os.path.isfile(os.path.join(args.repo, 'mtn_jax', 'main.py')):
+    parser.error(f'--repo={args.repo}: no checkout of the project (no mtn_jax/main.py)')
   with tempfile.TemporaryDirectory() as root:
     out = record(os.path.abspath(args.repo), pathlib.Path(root), args.ranker_args.split())
   pathlib.Path(args.out).write_text(json.dumps(out, indent=1, sort_keys=True))
