@@ -2,8 +2,8 @@
 zone), the machine, the command that ran, and the JSON file of the figures.
 
 No flags are defined here (a script that imports it defines its own, and may have them checked
-here: `positive_list`), and JAX is imported
-only when the machine's devices are asked for (preprocessing measures without it).
+here: `positive_list`), and JAX is imported only when the machine's devices are asked for
+(preprocessing measures without it).
 """
 
 from __future__ import annotations
