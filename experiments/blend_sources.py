@@ -126,13 +126,12 @@ def cross_fitted_training_pairs(workdir: str, fold_workdirs: str) -> list[dict]:
   with open(os.path.join(workdir, 'config.json'), encoding='utf-8') as f:
     config = ml_collections.ConfigDict(json.load(f)['config'])
   config.train.hypotheses_from = fold_workdirs
+  data_dir = preprocess.data_dir(os.path.abspath(workdir))
   try:
-    hypothesis_files.generators(fold_workdirs, preprocess.data_dir(os.path.abspath(workdir)))
+    hypothesis_decoding.prepare(config, workdir, ('train',))
+    found = hypothesis_files.generators(fold_workdirs, data_dir)
   except errors.Error as e:  # it names the key --folds sets
     sys.exit(f'--folds: {str(e).removeprefix(hypothesis_files.KEY + ": ")}')
-  hypothesis_decoding.prepare(config, workdir, ('train',))
-  data_dir = preprocess.data_dir(os.path.abspath(workdir))
-  found = hypothesis_files.generators(fold_workdirs, data_dir)
   train = sessions.load_split(data_dir, 'train')
   beams = hypothesis_files.split_suggestions(found, train)
   fold_of = sessions.session_folds(train, found[0].folds, found[0].config.data.split_seed)
