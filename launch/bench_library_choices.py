@@ -8,7 +8,8 @@ Every figure is taken in one process with the variants timed alternately (each r
 every variant once, in an order rotated from repeat to repeat), so that a shared machine's
 changing load falls on all of them alike; the ratios are paired, repeat by repeat (the
 variant's run over the reference's run of the same repeat), and reported as their median and
-range. A variant counts as measurably faster or slower only when every repeat agrees.
+range. A variant counts as measurably faster or slower only when every repeat agrees (and there
+are two at least).
 
 `--items` (default all three):
 
@@ -139,11 +140,12 @@ def rotated(names: list[str], repeat: int) -> list[str]:
 
 def paired(runs: dict[str, list[float]], reference: str) -> dict[str, dict[str, float]]:
   """Per variant: the median of its runs, and its runs over the reference's runs of the same
-  repeats (median, min, max), with a verdict that needs every repeat to agree."""
+  repeats (median, min, max), with a verdict that needs every repeat, two at least, to agree."""
   out = {}
   for name, times in runs.items():
     ratios = [t / r for t, r in zip(times, runs[reference])]
     verdict = ('reference' if name == reference else
+               'one repeat: no verdict' if len(ratios) < 2 else
                'slower' if min(ratios) > 1 else 'faster' if max(ratios) < 1 else
                'no measurable difference')
     out[name] = {'median': statistics.median(times), 'ratio': statistics.median(ratios),

@@ -87,3 +87,12 @@ def test_dropout_variants_are_swapped_in(tmp_path):
   assert dropout['hand-written']['step_s']['verdict'] == 'reference'
   assert dropout['hand-written']['class'] == 'mtn_jax.models.dropout.Dropout'
   assert dropout['nn.Dropout, threefry']['class'] == 'flax.linen.stochastic.Dropout'
+
+
+def test_a_verdict_needs_every_repeat_and_two_at_least():
+  from launch import bench_library_choices  # pylint: disable=g-import-not-at-top
+  verdict = lambda runs: bench_library_choices.paired(runs, 'lib')['own']['verdict']
+  assert verdict({'lib': [1.0, 1.0], 'own': [0.5, 0.9]}) == 'faster'
+  assert verdict({'lib': [1.0, 1.0], 'own': [1.5, 1.1]}) == 'slower'
+  assert verdict({'lib': [1.0, 1.0], 'own': [0.5, 1.1]}) == 'no measurable difference'
+  assert verdict({'lib': [1.0], 'own': [0.5]}) == 'one repeat: no verdict'
