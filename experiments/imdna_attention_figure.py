@@ -11,7 +11,6 @@ holding the top answer: the answers again with that document left out.
 
 from __future__ import annotations
 
-import json
 import os
 import sys
 
@@ -28,8 +27,10 @@ from absl import app
 from absl import flags
 from ml_collections import config_flags
 
+from mtn_jax import errors
 from mtn_jax import inference
 from mtn_jax.data import imdna_library
+from mtn_jax.inference import trained as trained_lib
 
 config_flags.DEFINE_config_file('config', None, 'The run\'s config (path[:variant]).')
 flags.DEFINE_string('workdir', None, 'The trained run.')
@@ -53,13 +54,10 @@ def _top(scores, library, k=6):
 def main(argv):
   del argv
   config = FLAGS.config
-  saved = os.path.join(FLAGS.workdir, 'config.json')  # the config the run trained with
-  if os.path.exists(saved):
-    with open(saved, encoding='utf-8') as f:
-      model = json.load(f).get('config', {}).get('model', {}).get('name')
-    if model != 'imdna':
-      sys.exit(f'{FLAGS.workdir}: a {model!r} run; the figure draws an IMDNA run\'s attention '
-               '(configs/imdna_movies.py or configs/imdna_aol.py)')
+  try:  # a run of another model is named as eval names it
+    trained_lib.check_config(config, FLAGS.workdir)
+  except errors.Error as e:
+    sys.exit(str(e))
   trained = inference.load_trained(config, FLAGS.workdir)
   library = imdna_library.load_library(config, FLAGS.workdir)
   questions = library.splits['test']
