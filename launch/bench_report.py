@@ -19,6 +19,8 @@ from absl import app
 from absl import flags
 from ml_collections import config_flags
 
+from mtn_jax import cli
+
 
 def now() -> str:
   """The local date and time with its UTC offset, to the second."""
@@ -75,11 +77,13 @@ def print_header(command: str | None = None, devices: bool = True) -> dict[str, 
 
 def run(main: Callable[[list[str]], Any]) -> None:
   """absl's `app.run(main)`, a usage error of `main` said in one line: absl would print the
-  script's whole help above it."""
+  script's whole help above it. A problem with the config, a workdir or a file ends it as it
+  ends the command line (`cli.run_errors`: one line, exit code 1)."""
 
   def one_line(argv):
     try:
-      return main(argv)
+      with cli.run_errors():
+        return main(argv)
     except app.UsageError as e:
       raise SystemExit(f'error: {e}') from None
 

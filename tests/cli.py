@@ -216,12 +216,14 @@ def write_log(path, sessions_by_user) -> None:
 
 
 def config(*overrides, name: str = 'demo', with_tiny: bool = True):
-  """configs/<name>.py with `TINY` (unless `with_tiny` is False) and `overrides` applied, as
-  the command line applies `--config.section.key=value`, for in-process runs."""
+  """configs/<name>.py (`name` may name a variant: 'demo:transformer') with `TINY` (unless
+  `with_tiny` is False) and `overrides` applied, as the command line applies
+  `--config.section.key=value`, for in-process runs."""
   import ast  # pylint: disable=g-import-not-at-top
   import importlib  # pylint: disable=g-import-not-at-top
-  c = importlib.import_module(f'configs.{name}').get_config()
-  for override in (*(tiny(f'configs/{name}.py') if with_tiny else ()), *overrides):
+  module, _, variant = name.partition(':')
+  c = importlib.import_module(f'configs.{module}').get_config(variant)
+  for override in (*(tiny(f'configs/{module}.py:{variant}') if with_tiny else ()), *overrides):
     key, value = override.removeprefix('--config.').split('=', 1)
     *sections, field = key.split('.')
     node = c

@@ -121,13 +121,10 @@ def test_a_checkpoint_of_scanned_layers_decodes_with_its_layers_in_a_loop(mtn_ru
   """Inference runs a model's layer stacks as a Python loop whatever layout it was trained in
   (under `nn.scan` a search would slice each layer's weights out of the stack at every step):
   the scanned checkpoint's parameters are read into one parameter set per layer."""
-  from configs import demo  # pylint: disable=g-import-not-at-top
   from mtn_jax import inference  # pylint: disable=g-import-not-at-top
   from mtn_jax.training import checkpoints  # pylint: disable=g-import-not-at-top
   workdir, _ = mtn_run
-  config = demo.get_config()
-  config.model.scan_layers = True
-  trained = inference.load_trained(config, str(workdir))
+  trained = inference.load_trained(cli.config(*MTN), str(workdir))
   assert checkpoints.saved_scan_layers(trained.meta) is True
   assert trained.task.cfg.scan_layers is False
   decoder = trained.params['decoder']['stack']
@@ -316,7 +313,7 @@ def test_report_over_both_models(mtn_run, transformer_run, tmp_path):
   assert (out_dir / 'bleu.png').exists() and not (out_dir / 'layers.png').exists()
 
 
-def test_eval_decode_and_suggest_refuse_another_model_config(mtn_run, tmp_path):
+def test_eval_decode_suggest_and_benchmarks_refuse_another_model_config(mtn_run, tmp_path):
   """A run is evaluated, decoded and suggested from with the model config it was trained
   with, as training resumes only under it: another one (another config file, or an override)
   is refused in one line, exit code 1, before anything is written. The decoding settings, the
@@ -339,8 +336,15 @@ def test_eval_decode_and_suggest_refuse_another_model_config(mtn_run, tmp_path):
     assert re.fullmatch(r'error: checkpoint \S+ holds another model \(.*\): use the config it '
                         r'was trained with, or a new workdir', line), line
   assert 'model.copy: checkpoint False vs config True' in other_file.stderr
-  for refused in overridden:
+  # A benchmark of the run measures its model or none, refused as the command line refuses.
+  bench = subprocess.run(
+      [sys.executable, 'launch/bench_decode.py', '--config=configs/demo.py', *cli.tiny(), *MTN,
+       '--config.model.d_model=32', f'--workdir={workdir}', '--repeats=1'],
+      cwd=cli.REPO, env=cli.env(), capture_output=True, text=True, timeout=300, check=False)
+  for refused in (*overridden, bench):
     assert 'holds another model (model.d_model: checkpoint 16 vs config 32)' in refused.stderr
+  assert bench.returncode == 1 and bench.stderr.strip().splitlines()[-1].startswith(
+      'error: checkpoint '), bench.stderr[-3000:]
   assert (workdir / 'eval' / 'results.json').read_bytes() == results
   assert not output.exists()
   result = cli.run(workdir, *RUN, *MTN, '--config.model.dropout=0.2',
@@ -441,9 +445,10 @@ def test_a_loaded_model_runs_a_whole_batch_on_one_device_and_a_split_one_on_all(
   there once (replicated, every device would compute all of it); an evaluation that splits
   its batches has them on both."""
   workdir, _ = transformer_run
-  code = ('import jax; from configs import demo; from mtn_jax import inference; '
-          'from mtn_jax.inference import sources; '
-          f'trained = inference.load_trained(demo.get_config("transformer"), {str(workdir)!r}); '
+  code = ('import jax; from mtn_jax import inference; from mtn_jax.inference import sources; '
+          'from tests import cli; '
+          f'config = cli.config(*{TRANSFORMER!r}, name="demo:transformer"); '
+          f'trained = inference.load_trained(config, {str(workdir)!r}); '
           'split = sources.Generate(trained, None).on_local_devices(); '
           'on = lambda params: len({d for x in jax.tree.leaves(params) for d in x.devices()}); '
           'print(jax.local_device_count(), on(trained.params), on(split.trained.params))')

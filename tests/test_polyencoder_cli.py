@@ -251,12 +251,11 @@ def next_queries_by_hand(library, documents, context, probabilities) -> list[str
 def test_imdna_proposes_what_its_own_evaluation_ranks(imdna_run, rerank_run):
   """The proposer reads a context (its documents: BM25 over the training sessions, the
   user's own left out) exactly as IMDNA's training and evaluation do."""
-  from configs import imdna_aol  # pylint: disable=g-import-not-at-top
   # pylint: disable=g-import-not-at-top
   from mtn_jax import inference
   from mtn_jax.data import sessions
   from mtn_jax.inference import imdna_proposer
-  config = imdna_aol.get_config()
+  config = cli.config(*FEW, *IMDNA_TINY, name='imdna_aol')
   trained = inference.load_trained(config, str(imdna_run))
   proposer = imdna_proposer.NextQueryProposer(trained, str(imdna_run))
   library = proposer.library

@@ -10,11 +10,11 @@ layer's weights out of the stack, which makes a lone request's beam slower on a 
 (docs/PERFORMANCE.md, "The learned ranker in the pipeline"). Training keeps its own layout,
 which decides how the parameters are drawn.
 
-A run's own workdir is evaluated, decoded and suggested from with the config it was trained
-with: `check_config` refuses another `config.model` as training refuses to resume under one
-(the decoding settings, `config.decode` and `config.suggest`, are free to change). Loading
-another workdir's model (a ranker, a generator) with the run's config only notes what the
-config would have changed.
+A run's own workdir is evaluated, decoded, suggested from and benchmarked with the config it
+was trained with: `check_config` (and `load_trained` of the run) refuses another
+`config.model` as training refuses to resume under one (the decoding settings, `config.decode`
+and `config.suggest`, are free to change). Another workdir's model loaded by the run (a
+ranker, a generator: `of_the_config=False`) is that checkpoint's, whatever `config.model` says.
 """
 
 from __future__ import annotations
@@ -88,23 +88,6 @@ def saved_model_config(meta: dict, model: ml_collections.ConfigDict) -> ModelCon
   return config_class.from_fields({**runtime, **saved}, **runtime)
 
 
-def _note_config_differences(cfg: ModelConfig, model: ml_collections.ConfigDict,
-                             where: str) -> None:
-  """Says which `config.model` values the checkpoint's own config overrides."""
-  if model.name != cfg.name:
-    print(f'Note: {where} holds a {cfg.name!r} model; config.model.name {model.name!r} is '
-          'not used.')
-    return
-  # The sizes the data decides are the checkpoint's, not differences.
-  data_sizes = {k: getattr(cfg, k) for k in DATA_SIZES if hasattr(cfg, k)}
-  current = models.make_config(model, **data_sizes)
-  diff = checkpoints.architecture_differences(checkpoints.architecture(cfg), current)
-  if diff:
-    print(f'Note: decoding with the model of {where}; config.model differs in '
-          + ', '.join(f'{k} ({v!r}; the checkpoint has {c!r})' for k, (c, v) in diff.items())
-          + '.')
-
-
 # Fields of a model's config that its data decides, not `config.model`.
 DATA_SIZES = ModelConfig.DATA_FIELDS
 
@@ -121,6 +104,16 @@ def _step(manager, workdir: str) -> tuple[int, str]:
                        f'{latest} names as the best, is gone (moved out or deleted): put it '
                        'back from a copy')
   return step, f'checkpoint {checkpoints.checkpoint_dir(workdir)}/{step}'
+
+
+def _check_model(meta: dict, model: ml_collections.ConfigDict, where: str) -> None:
+  """Refuses `model` (`config.model`) where it is not the model of the checkpoint `where`
+  whose `meta` this is (`checkpoints.check_model`), the sizes its data decides aside."""
+  saved = saved_model_config(meta, model)
+  config_class = models.spec(model.name).config_class
+  sizes = {k: getattr(saved, k, 0) for k in DATA_SIZES if k in config_class.field_names()}
+  checkpoints.check_model(meta['model'], config_class.from_fields(model, **sizes), where,
+                          ignore=DATA_SIZES)
 
 
 def check_config(config: ml_collections.ConfigDict, workdir: str) -> None:
@@ -142,11 +135,7 @@ def check_config(config: ml_collections.ConfigDict, workdir: str) -> None:
     meta = checkpoints.read_meta(manager, step)
   finally:
     manager.close()
-  saved = saved_model_config(meta, config.model)
-  config_class = models.spec(config.model.name).config_class
-  sizes = {k: getattr(saved, k, 0) for k in DATA_SIZES if k in config_class.field_names()}
-  checkpoints.check_model(meta['model'], config_class.from_fields(config.model, **sizes), where,
-                          ignore=DATA_SIZES)
+  _check_model(meta, config.model, where)
   # A corpus of sentencepiece pieces is searched as training's config must search it, whatever
   # tokenizer and piece limit this config names (its corpus is the workdir's).
   built = preprocess.built_data_config(workdir)
@@ -171,8 +160,9 @@ def load_trained(config: ml_collections.ConfigDict, workdir: str,
   none was validated yet.
 
   The vocabulary and the model come from the checkpoint itself (see the module docstring);
-  where the run is `of_the_config` (its --workdir, not another run the config names), the
-  `config.model` values the checkpoint overrides are noted.
+  where the run is `of_the_config` (its --workdir, not another run the config names),
+  `config.model` must be its model (`check_config`'s refusal), so that nothing measured or
+  suggested with a config is another model's.
   """
   workdir = os.path.abspath(workdir)
   if not os.path.isdir(checkpoints.checkpoint_dir(workdir)):
@@ -190,9 +180,9 @@ def load_trained(config: ml_collections.ConfigDict, workdir: str,
             f'{where} was trained with another vocabulary than {data_dir}/vocab.json')
     if meta['vocab_fingerprint'] != vocab.fingerprint:
       raise checkpoints.CheckpointMismatch(f'{where}: its vocabulary does not match its meta')
-    cfg = saved_model_config(meta, config.model)
     if of_the_config:
-      _note_config_differences(cfg, config.model, where)
+      _check_model(meta, config.model, where)
+    cfg = saved_model_config(meta, config.model)
     task = tasks.make_task(cfg, config.train, data_dir)
     saved_task = task.with_layout(checkpoints.saved_scan_layers(meta))
     task = task.with_layout(False)
