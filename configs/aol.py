@@ -3,8 +3,8 @@
 Pass the log with `--config.data.raw_files=PATH_OR_GLOB` (the AOL collection's
 user-ct-test-collection-*.txt(.gz) files, or any log in that format).
 
-`small` is sized for a CPU and the 500-user sample: d_model 128, a vocabulary of ~2.7k-2.9k words
-(by split). Its strategy is the learned ranker: `--mode=train` trains the generator, then
+`small` is sized for a CPU and the 500-user sample: d_model 128, and the sample's training words
+seen often enough as its vocabulary. Its strategy is the learned ranker: `--mode=train` trains the generator, then
 `config.suggest.ranker_folds` generators each without one fold of the training users, then the
 ranker. docs/RESULTS.md's figures for users never seen add `--config.data.split_by=user`.
 """
@@ -47,7 +47,7 @@ def get_config(variant: str = ''):
 
 
 def apply_small(c):
-  """CPU-size model and schedule for the 500-user AOL sample (~10k training sessions)."""
+  """CPU-size model and schedule for the 500-user AOL sample."""
   c.model.emb_dim = 128
   if 'd_model' in c.model:  # the attention models
     c.model.scan_layers = True  # on a CPU the layouts are within the noise; scan compiles faster

@@ -1,7 +1,8 @@
 """The HTTP application: the API, the page at `/`, and how every failure is answered.
 
   POST /v1/suggest  {"session": ["q1", ..., "qt"], "user": optional, "k": optional 1..20}
-                    -> {"suggestions": [{"query", "score"}, ...], "k": asked, "k_returned":
+                    -> {"suggestions": [{"query", "score", "model_score" and "sources"
+                        where a ranker reordered it}, ...], "k": asked, "k_returned":
                         given (fewer where the model has no more), "session": as read
                         (normalised), "model": {"name", "step"}, "ms": server time,
                         "history": the user's earlier queries read (with a user)}

@@ -1,6 +1,7 @@
-"""Tasks: what each kind of model learns and how it suggests (`base`), the losses, the rankers,
-the zero attention family, IMDNA, and the table of which task serves which model
-(`registry`). The names most callers need are re-exported here."""
+"""Tasks: what each kind of model learns and how it suggests (`base`), the `losses`, the
+`rankers`, the zero attention family (`zero_attention`), IMDNA (`multi_answer`), and the table
+of which task serves which model (`registry`). The names most callers need are re-exported
+here."""
 
 from mtn_jax.tasks.base import AnswersQuestions
 from mtn_jax.tasks.base import AttendsToMemory
