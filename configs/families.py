@@ -101,7 +101,7 @@ def imdna(m: ml_collections.ConfigDict) -> None:
   """Iterative multi-document neural attention (mtn_jax/models/imdna.py); its task's
   settings are config.imdna (configs/imdna_movies.py)."""
   # GRU units per direction and inference state, inference steps T, the prediction network's
-  # hidden units (the slides' 128, 3, 4096).
+  # hidden units u (the slides name them without sizes: these are the project's choices).
   m.state_dim = 128
   m.inference_steps = 3
   m.hidden_units = 4096

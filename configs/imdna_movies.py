@@ -5,8 +5,9 @@ python -m mtn_jax.main --config=configs/imdna_movies.py:recs --workdir=/tmp/imdn
 
 Variants: '' or 'qa' (factoid questions, HITS@1), 'recs' (recommendations, HITS@100);
 '+embeddings' after either trains the supervised-embedding baseline on the same data
-('qa+embeddings'); 'test' a tiny QA run for the tests. The slides' sizes where they give
-them: state 128, T = 3 inference steps, K = 30 documents, a 4,096-unit hidden layer.
+('qa+embeddings'); 'test' a tiny QA run for the tests. The slides name the sizes (the state,
+T inference steps, K documents, the hidden layer's u units) without giving them: state 128,
+T = 3, K = 30 and u = 4,096 are this project's choices.
 """
 
 import ml_collections

@@ -7,9 +7,11 @@ The paper's product search, mapped onto query suggestion:
   its text T_i    the candidate's words (learned with i: log P(T_i | i), eq. 6);
   query q         phi of the session's latest query (eq. 5: tanh(W_phi mean(words) + b_phi)),
                   or of all the session's words so far (`query_from='session'`);
-  history I_u     the pool items of the user's M most recent earlier queries
+  history I_u     the pool items of the user's M most recent queries before the session
                   (`config.data.history_queries`; a query never seen in training has no item
-                  and is left out);
+                  and is left out), the same at every position of it: the paper's I_u is what
+                  was bought before the query, and the session's earlier queries reach the
+                  model only through q (`query_from='session'`);
   score(i)        i . (q + u) (eq. 3 and 7), u by `user_model`:
     'qem'  no user: u = 0 (eq. 4);
     'hem'  a learned vector per training user (eq. 7-8; a user unseen in training gets 0);
