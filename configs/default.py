@@ -178,8 +178,8 @@ def get_config(variant: str = '') -> ml_collections.ConfigDict:
   # mtn_jax/inference/sources.py) and ordered by gradient-boosted trees learned at
   # --mode=train from cross-fitted candidates: `ranker_folds` generators, each trained without
   # one fold of the training users (in <workdir>/folds/), `ranker_rounds` boosting rounds
-  # (mtn_jax/inference/learned.py). A workdir without a ranker suggests by `blend`. `history`
-  # is the user's own earlier queries: those of an AOL-format log given to decode, of the
+  # (mtn_jax/inference/learned_training.py). A workdir without a ranker suggests by `blend`.
+  # `history` is the user's own earlier queries: those of an AOL-format log given to decode, of the
   # user a request names to the service (its history store), of the corpus in eval; a
   # session without a user gets none, and the ranker learns from contexts of both kinds;
   # `history_about` is the same past's queries that share a word with the session.

@@ -42,6 +42,7 @@ from mtn_jax.data import preprocess
 from mtn_jax.data import sessions
 from mtn_jax.data.vocab import Vocab
 from mtn_jax.inference import learned
+from mtn_jax.inference import learned_training
 import learned_ranker  # experiments/learned_ranker.py, beside this script
 # pylint: enable=wrong-import-position
 
@@ -122,10 +123,11 @@ def make(config, workdir: str) -> None:
         f'({paper_pairs:,}); paper sessions not among its windows, in order: {missing}')
 
 
-def fitted_groups(workdir: str) -> learned.Groups:
-  """The cross-fitted candidates the workdir's ranker was fitted on (`learned.save_groups`'s
-  files), as they are: a workdir fitted before its cache recorded the features' names is
-  read too (`learned.cached_groups` would make them again)."""
+def fitted_groups(workdir: str) -> learned_training.Groups:
+  """The cross-fitted candidates the workdir's ranker was fitted on
+  (`learned_training.save_groups`'s files), as they are: a workdir fitted before its cache
+  recorded the features' names is read too (`learned_training.cached_groups` would make them
+  again)."""
   folder = learned.ranker_dir(workdir)
   if not os.path.exists(os.path.join(folder, 'groups.json')):
     sys.exit(f'{workdir}: no fitted learned ranker ({folder}/groups.json): train it first '
@@ -135,7 +137,7 @@ def fitted_groups(workdir: str) -> learned.Groups:
   with np.load(os.path.join(folder, 'groups.npz'), allow_pickle=False) as arrays:
     if 'key' in arrays and json.loads(str(arrays['key'])) != texts.get('key'):
       sys.exit(f'{folder}: groups.npz and groups.json are of two fits: run --mode=train again')
-    return learned.Groups(arrays['features'], arrays['labels'], arrays['sizes'],
+    return learned_training.Groups(arrays['features'], arrays['labels'], arrays['sizes'],
                           arrays['folds'], texts['texts'], texts['references'],
                           [tuple(s) for s in texts['sessions']], texts['lists'])
 

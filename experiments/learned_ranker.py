@@ -6,10 +6,11 @@ the quota blend, the most popular list and a rule list, on the training users, c
 
 In: a workdir trained by `--mode=train` with `config.suggest.strategy='learned'` (its fold
 generators in W/folds/). Every training pair's candidates and features are made as the
-ranker's training makes them (`learned.cross_fitted_groups`: fold k's users proposed and scored
-by the generator trained without them, the log's counts from the other folds' users). Then a
-ranker is trained on the pairs of one fold of users and scored on the other's (2-fold over
-users, the figures of both folds pooled), so no figure comes from a pair its ranker saw.
+ranker's training makes them (`learned_training.cross_fitted_groups`: fold k's users proposed
+and scored by the generator trained without them, the log's counts from the other folds'
+users). Then a ranker is trained on the pairs of one fold of users and scored on the other's
+(2-fold over users, the figures of both folds pooled), so no figure comes from a pair its
+ranker saw.
 
 User-facing protocol (no query of the session suggested; the candidates hold none): per
 suggester EM@1, R@10 and MRR@10 (%), and each source's candidate recall (the next query among
@@ -43,6 +44,7 @@ from mtn_jax.data import preprocess
 from mtn_jax.data import sessions
 from mtn_jax.evaluation import metrics
 from mtn_jax.inference import learned
+from mtn_jax.inference import learned_training
 from mtn_jax.inference import pipeline
 from mtn_jax.inference import popular
 from mtn_jax.inference import presentation
@@ -106,19 +108,19 @@ def fold_counts(others: list) -> list[popular.LogCounts]:
   return [popular.LogCounts.of_sessions(sessions_of_others) for sessions_of_others in others]
 
 
-def cross_fitted_scores(groups: learned.Groups, config, names, columns=None,
-                        scored: learned.Groups | None = None) -> list:
+def cross_fitted_scores(groups: learned_training.Groups, config, names, columns=None,
+                        scored: learned_training.Groups | None = None) -> list:
   """[groups] the ranker's scores of each group's candidates, each fold's groups scored by a
-  ranker trained on the other folds' (as `learned.fit` learns: `learned.learning_groups`;
-  `columns`: the features used, all by default; `scored`: other groups of the same contexts
-  to score, `groups` by default)."""
+  ranker trained on the other folds' (as `learned_training.fit` learns:
+  `learned_training.learning_groups`; `columns`: the features used, all by default; `scored`:
+  other groups of the same contexts to score, `groups` by default)."""
   scored = groups if scored is None else scored
   ends = np.cumsum(scored.sizes)
   starts = ends - scored.sizes
   out = [None] * len(scored.sizes)
-  learning = learned.learning_groups(groups, names)
+  learning = learned_training.learning_groups(groups, names)
   for k in range(config.suggest.ranker_folds):
-    booster = learned.train_booster(learning, learning.folds != k, config, names, columns)
+    booster = learned_training.train_booster(learning, learning.folds != k, config, names, columns)
     for g in np.flatnonzero(scored.folds == k).tolist():
       x = scored.features[starts[g]:ends[g]]
       if columns is not None:
@@ -136,7 +138,7 @@ def presentations(config) -> dict[str, dict]:
                            unrelated_first=config.suggest.unrelated_first)}
 
 
-def presented_lists(groups: learned.Groups, scores, counts, *, session_first: int,
+def presented_lists(groups: learned_training.Groups, scores, counts, *, session_first: int,
                     attested_only: bool, unrelated_first: int) -> list[list[str]]:
   """Every group's list as `presentation.presented` shows it, its candidates in the order of
   `scores` (`cross_fitted_scores`)."""
@@ -184,8 +186,9 @@ def main() -> None:
     counts = fold_counts(other_folds_sessions(config, args.workdir))
     # The candidates `fit` made (when it made them for these sources), or made again and
     # kept apart from the fit's (the next fit would otherwise make its own again).
-    groups = (learned.load_groups(folder, learned.groups_key(config, args.workdir))
-              or learned.cached_groups(config, args.workdir, os.path.join(folder, 'study')))
+    key = learned_training.groups_key(config, args.workdir)
+    groups = (learned_training.load_groups(folder, key) or learned_training.cached_groups(
+        config, args.workdir, os.path.join(folder, 'study')))
   else:
     counts = fold_counts(whole_log_other_folds_sessions(config, args.workdir))
     # `cross_fitted_groups` counts each fold's other users' kept sessions, fold by fold in
@@ -194,7 +197,7 @@ def main() -> None:
     of_sessions = popular.LogCounts.of_sessions
     popular.LogCounts.of_sessions = classmethod(lambda cls, others, keep=100: next(handed))
     try:
-      groups = learned.cached_groups(config, args.workdir,
+      groups = learned_training.cached_groups(config, args.workdir,
                                      os.path.join(folder, 'study_whole_log'))
     finally:
       popular.LogCounts.of_sessions = of_sessions
@@ -216,8 +219,8 @@ def main() -> None:
   rows['learned ranker (the default)'] = score(learned_lists())
   if 'history' in dict(plan):
     # The same ranker where no user's past is known (a sessions file, a request naming no
-    # user): trained on both kinds of context, as `learned.fit` trains it.
-    bare = learned.without_history(groups, names)
+    # user): trained on both kinds of context, as `learned_training.fit` trains it.
+    bare = learned_training.without_history(groups, names)
     rows["the default, no user's past"] = score(presented_lists(
         bare, cross_fitted_scores(groups, config, names, scored=bare), counts,
         **presentations(config)['as shown']))

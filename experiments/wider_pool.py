@@ -35,6 +35,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 # pylint: disable=wrong-import-position
 
 from mtn_jax.inference import learned
+from mtn_jax.inference import learned_training
 import learned_ranker  # experiments/learned_ranker.py, beside this script
 # pylint: enable=wrong-import-position
 
@@ -81,7 +82,7 @@ class Association:
     return np.asarray(rows, np.float32).reshape(len(texts), len(ASSOCIATION))
 
 
-def with_features(groups: learned.Groups, extra: np.ndarray) -> learned.Groups:
+def with_features(groups: learned_training.Groups, extra: np.ndarray) -> learned_training.Groups:
   """`groups` with the columns `extra` after its features (a new array)."""
   return dataclasses.replace(groups, features=np.concatenate([groups.features, extra], 1))
 
@@ -102,7 +103,7 @@ def main() -> None:
                           (args.wide, os.path.join(learned.ranker_dir(args.workdir), 'wide'))):
     config.suggest.sources = sources
     plan = learned.parse_sources(sources)
-    groups = learned.cached_groups(config, args.workdir, folder)
+    groups = learned_training.cached_groups(config, args.workdir, folder)
     names = learned.feature_names([n for n, _ in plan])
     ends = np.cumsum(groups.sizes)
     starts = ends - groups.sizes

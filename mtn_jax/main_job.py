@@ -19,6 +19,7 @@ from mtn_jax.evaluation import evaluate as evaluation
 from mtn_jax.evaluation import report
 from mtn_jax.inference import hypothesis_decoding
 from mtn_jax.inference import learned
+from mtn_jax.inference import learned_training
 from mtn_jax.serving import prepare
 from mtn_jax.training import checkpoints
 from mtn_jax.training import train as train_loop
@@ -83,7 +84,7 @@ def _train_all(config: ml_collections.ConfigDict, workdir: str, preprocessed: bo
     print(f'== [{k + 2}/{parts}] The generator without the training users of fold {k} of '
           f'{folds} (the learned ranker\'s candidates for them)', flush=True)
     try:
-      fold = train_loop.train_and_evaluate(learned.fold_config(config, k),
+      fold = train_loop.train_and_evaluate(learned_training.fold_config(config, k),
                                            learned.fold_workdir(workdir, k))
     except checkpoints.CheckpointMismatch as e:
       if 'config.train.user_folds' not in str(e):  # which is ranker_folds here
@@ -99,7 +100,7 @@ def _train_all(config: ml_collections.ConfigDict, workdir: str, preprocessed: bo
   if learned.LearnedRanker.is_current(workdir, trained, config):
     print(f'The learned ranker in {learned.ranker_dir(workdir)} is current.', flush=True)
   else:
-    learned.fit(config, workdir)
+    learned_training.fit(config, workdir)
   if jax.process_index() == 0:
     print(training_summary(summary, workdir), flush=True)
   return summary

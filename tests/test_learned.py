@@ -16,6 +16,7 @@ from mtn_jax import errors
 from mtn_jax.data.vocab import Vocab
 from mtn_jax.decoding import search
 from mtn_jax.inference import learned
+from mtn_jax.inference import learned_training
 from mtn_jax.inference import pipeline
 from mtn_jax.inference import popular
 from mtn_jax.inference import presentation
@@ -292,14 +293,14 @@ def test_contexts_without_a_past_are_the_groups_without_the_history_source():
 
   # Group 0: 'a' from both, 'b' from the past alone, 'c' (the next query) from the beam alone.
   # Group 1: the next query 'd' from the past alone. Group 2: no rows (held no next query).
-  groups = learned.Groups(
+  groups = learned_training.Groups(
       np.concatenate([rows([('generate', 'history'), ('history',), ('generate',)]),
                       rows([('history',), ('generate',)])]),
       np.array([0, 0, 1, 1, 0], np.int32), np.array([3, 2, 0]), np.array([0, 1, 1]),
       [['a', 'b', 'c'], ['d', 'e'], []], ['c', 'd', 'z'], [('s',), ('t',), ('u',)],
       [{'generate': ['a', 'c'], 'history': ['a', 'b']}, {'generate': ['e'], 'history': ['d']},
        {'generate': [], 'history': []}])
-  bare = learned.without_history(groups, names)
+  bare = learned_training.without_history(groups, names)
   assert bare.texts == [['a', 'c'], [], []] and bare.sizes.tolist() == [2, 0, 0]
   assert bare.labels.tolist() == [0, 1] and bare.references == groups.references
   assert bare.lists == [{'generate': ['a', 'c']}, {'generate': ['e']}, {'generate': []}]
@@ -309,16 +310,16 @@ def test_contexts_without_a_past_are_the_groups_without_the_history_source():
   kept = [i for i, n in enumerate(names) if not n.startswith('history') and n != 'num_sources']
   np.testing.assert_array_equal(bare.features[:, kept], groups.features[[0, 2]][:, kept])
   assert groups.features[0, column['num_sources']] == 2  # the groups themselves unchanged
-  both = learned.learning_groups(groups, names)
+  both = learned_training.learning_groups(groups, names)
   assert both.sizes.tolist() == [3, 2, 0, 2, 0, 0] and both.folds.tolist() == [0, 1, 1] * 2
   plain = learned.feature_names(['generate'])
-  assert learned.learning_groups(groups, plain) is groups  # no history source: as it is
+  assert learned_training.learning_groups(groups, plain) is groups  # no history source: as it is
   # The past's queries about the session are the user's past too.
   names = learned.feature_names(['generate', 'history_about'])
-  about = learned.Groups(np.ones((2, len(names)), np.float32), np.array([0, 1], np.int32),
+  about = learned_training.Groups(np.ones((2, len(names)), np.float32), np.array([0, 1], np.int32),
                          np.array([2]), np.array([0]), [['a', 'b']], ['b'], [('s',)],
                          [{'generate': ['a'], 'history_about': ['b']}])
-  bare = learned.without_history(about, names)
+  bare = learned_training.without_history(about, names)
   assert bare.sizes.tolist() == [0] and bare.lists == [{'generate': ['a']}]
 
 
@@ -706,10 +707,11 @@ def test_the_ranker_learns_a_known_order():
   labels = np.zeros(groups * size, np.int32)
   for g in range(groups):
     labels[g * size + int(np.argmax(x[g * size:(g + 1) * size, 0]))] = 1
-  data = learned.Groups(x, labels, np.full(groups, size), np.zeros(groups, int), [], [], [], [])
+  data = learned_training.Groups(x, labels, np.full(groups, size), np.zeros(groups, int),
+                                 [], [], [], [])
   config = types.SimpleNamespace(seed=0, suggest=types.SimpleNamespace(ranker_rounds=100))
   chosen = np.arange(groups) < 600
-  booster = learned.train_booster(data, chosen, config, ['signal', 'noise_a', 'noise_b'])
+  booster = learned_training.train_booster(data, chosen, config, ['signal', 'noise_a', 'noise_b'])
   scores = booster.predict(x[600 * size:]).reshape(100, size)
   relevant = labels[600 * size:].reshape(100, size).argmax(1)
   assert (scores.argmax(1) == relevant).mean() >= 0.9
@@ -737,15 +739,15 @@ def test_the_ranker_learns_listwise_from_the_chosen_groups_that_hold_the_next_qu
   sizes = np.array([2, 3, 0, 2, 1])
   labels = np.array([0, 1, 0, 0, 0, 1, 0, 1], np.int32)
   x = np.arange(16, dtype=np.float32).reshape(8, 2)
-  data = learned.Groups(x, labels, sizes, np.zeros(5, int), [], [], [], [])
+  data = learned_training.Groups(x, labels, sizes, np.zeros(5, int), [], [], [], [])
   config = types.SimpleNamespace(seed=3, suggest=types.SimpleNamespace(ranker_rounds=7))
-  params, _, rounds = learned.train_booster(
+  params, _, rounds = learned_training.train_booster(
       data, np.array([True, True, True, False, True]), config, ['f', 'g'])
   assert given['group'].tolist() == [2, 1] and given['labels'].tolist() == [0, 1, 1]
   np.testing.assert_array_equal(given['x'], x[[0, 1, 7]])
   assert (params['objective'], params['seed'], rounds) == ('rank_xendcg', 3, 7)
   # Some columns alone: their values and names.
-  learned.train_booster(data, np.ones(5, bool), config, ['f', 'g'], columns=[1])
+  learned_training.train_booster(data, np.ones(5, bool), config, ['f', 'g'], columns=[1])
   assert given['names'] == ['g'] and given['x'][:, 0].tolist() == [1, 3, 11, 13, 15]
 
 
@@ -758,7 +760,8 @@ def test_each_candidate_names_the_sources_proposing_it_once_each():
 
 def test_each_folds_cached_candidates_are_keyed_by_its_own_generator():
   key = {'sources': [['generate', 4]], 'fold_steps': [30, 40, None]}
-  assert [learned._fold_key(key, k) for k in range(3)] == [  # pylint: disable=protected-access
+  fold_key = learned_training._fold_key  # pylint: disable=protected-access
+  assert [fold_key(key, k) for k in range(3)] == [
       {'sources': [['generate', 4]], 'fold': k, 'fold_step': step}
       for k, step in enumerate([30, 40, None])]
 
@@ -927,9 +930,10 @@ def test_a_killed_runs_half_written_groups_are_removed_when_they_are_saved_again
   left = tmp_path / '.groups.npz.k3j2.npz'
   left.write_text('half')
   os.utime(left, (0, 0))
-  groups = learned.Groups(np.zeros((1, 2), np.float32), np.ones(1, np.int32), np.ones(1, int),
-                          np.zeros(1, int), [['a']], ['a'], [('q',)], [{}])
-  learned.save_groups(groups, str(tmp_path), {'k': 1})
+  groups = learned_training.Groups(np.zeros((1, 2), np.float32), np.ones(1, np.int32),
+                                   np.ones(1, int), np.zeros(1, int), [['a']], ['a'], [('q',)],
+                                   [{}])
+  learned_training.save_groups(groups, str(tmp_path), {'k': 1})
   assert sorted(os.listdir(tmp_path)) == ['groups.json', 'groups.npz']
 
 

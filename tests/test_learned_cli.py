@@ -23,6 +23,7 @@ from mtn_jax.data import sessions
 from mtn_jax.data.vocab import Vocab
 from mtn_jax.inference import habits
 from mtn_jax.inference import learned
+from mtn_jax.inference import learned_training
 from mtn_jax.inference import pipeline
 from mtn_jax.inference import popular
 from mtn_jax.inference import presentation
@@ -354,8 +355,8 @@ def test_a_stopped_ranker_data_stage_makes_again_only_the_folds_it_had_not_finis
   copy = tmp_path / 'copy'
   shutil.copytree(workdir, copy, ignore=shutil.ignore_patterns('eval'))
   config = cli.config(*FEW, *LEARNED)
-  whole = learned.load_groups(learned.ranker_dir(str(copy)),
-                              learned.groups_key(config, str(copy)))
+  whole = learned_training.load_groups(learned.ranker_dir(str(copy)),
+                              learned_training.groups_key(config, str(copy)))
   assert whole is not None
   for name in ('groups.npz', 'groups.json'):
     (copy / learned.RANKER_DIR / name).unlink()
@@ -364,14 +365,15 @@ def test_a_stopped_ranker_data_stage_makes_again_only_the_folds_it_had_not_finis
     if 'fold 1' in line:
       raise KeyboardInterrupt
   with pytest.raises(KeyboardInterrupt):
-    learned.cached_groups(config, str(copy), log=stop_at_fold_1)
+    learned_training.cached_groups(config, str(copy), log=stop_at_fold_1)
   parts = copy / learned.RANKER_DIR / 'parts'
   assert sorted(p.name for p in parts.iterdir()) == ['fold0']
   lines, counted = [], []
   of_sessions = popular.LogCounts.of_sessions
   monkeypatch.setattr(popular.LogCounts, 'of_sessions', staticmethod(lambda texts: (
       counted.append(list(texts)) or of_sessions(counted[-1]))))
-  again = learned.cached_groups(config, str(copy), log=lambda line, **_: lines.append(line))
+  again = learned_training.cached_groups(config, str(copy),
+                                         log=lambda line, **_: lines.append(line))
   # Cross-fitted: fold 1's candidates were counted from the other fold's users alone.
   train = sessions.load_split(str(copy / 'data'), 'train')
   fold_of = sessions.session_folds(train, 2, config.data.split_seed)
@@ -397,7 +399,7 @@ def test_the_candidates_search_is_what_the_generate_source_runs():
   assert key('--config.decode.length_penalty=1.0') != key()
   assert key('--config.suggest.sources=generate:6,popular:4') != key()
   # Records of 2026-11-28 hold the protocol unset, which searched alike: still current.
-  as_now = learned._as_written_now  # pylint: disable=protected-access
+  as_now = learned.search_as_written_now  # pylint: disable=protected-access
   assert as_now({**key(), 'exclude_session_queries': None}) == key()
   assert as_now({**key(), 'exclude_session_queries': True}) != key()
 
@@ -405,30 +407,31 @@ def test_the_candidates_search_is_what_the_generate_source_runs():
 def test_cached_candidates_of_an_older_record_are_read(tmp_path):
   """The candidates a fit cached are read back by a key naming the same search, written
   before the generator source's protocol was set explicitly."""
-  groups = learned.Groups(np.ones((2, 3), np.float32), np.array([1, 0], np.int32),
+  groups = learned_training.Groups(np.ones((2, 3), np.float32), np.array([1, 0], np.int32),
                           np.array([2]), np.array([0]), [['a', 'b']], ['a'], [('q',)],
                           [{'generate': ['a', 'b']}])
   search_now = learned.search_key(cli.config(*FEW, *LEARNED))
   key = {'sources': [['generate', 4]], 'folds': 2, 'fold_steps': [3, 3], 'split_seed': 0,
          'search': search_now, 'features': learned.feature_names(['generate'])}
-  learned.save_groups(groups, str(tmp_path), {**key, 'search': {
+  learned_training.save_groups(groups, str(tmp_path), {**key, 'search': {
       **search_now, 'exclude_session_queries': None}})
-  read = learned.load_groups(str(tmp_path), key)
+  read = learned_training.load_groups(str(tmp_path), key)
   assert read is not None and read.texts == groups.texts
-  assert learned.load_groups(str(tmp_path), {**key, 'fold_steps': [3, 4]}) is None
+  assert learned_training.load_groups(str(tmp_path), {**key, 'fold_steps': [3, 4]}) is None
   # A run killed between its two files: the arrays of one key beside the texts of another.
   texts = (tmp_path / 'groups.json').read_bytes()
   other = {**key, 'fold_steps': [3, 4]}
-  learned.save_groups(groups, str(tmp_path), other)
-  assert learned.load_groups(str(tmp_path), other) is not None
+  learned_training.save_groups(groups, str(tmp_path), other)
+  assert learned_training.load_groups(str(tmp_path), other) is not None
   (tmp_path / 'groups.json').write_bytes(texts)
-  assert learned.load_groups(str(tmp_path), key) is None
-  assert learned.load_groups(str(tmp_path), other) is None
+  assert learned_training.load_groups(str(tmp_path), key) is None
+  assert learned_training.load_groups(str(tmp_path), other) is None
   # Made before the features were recorded: made again, and said why.
   older = {k: v for k, v in key.items() if k != 'features'}
-  learned.save_groups(groups, str(tmp_path), older)
+  learned_training.save_groups(groups, str(tmp_path), older)
   said = []
-  assert learned.load_groups(str(tmp_path), key, log=lambda line, **_: said.append(line)) is None
+  assert learned_training.load_groups(str(tmp_path), key,
+                                     log=lambda line, **_: said.append(line)) is None
   assert said and 'made by an older version, which did not record their features' in said[0]
 
 
@@ -437,10 +440,11 @@ def test_unreadable_cached_candidates_are_made_again(tmp_path):
   (tmp_path / 'groups.json').write_text(json.dumps({'key': key, 'texts': []}))
   (tmp_path / 'groups.npz').write_bytes(b'PK\x03\x04 cut short')
   said = []
-  assert learned.load_groups(str(tmp_path), key, log=lambda line, **_: said.append(line)) is None
+  assert learned_training.load_groups(str(tmp_path), key,
+                                     log=lambda line, **_: said.append(line)) is None
   assert said and 'cannot be read (BadZipFile)' in said[0], said
   (tmp_path / 'groups.json').write_text('{"key": ')
-  assert learned.load_groups(str(tmp_path), key) is None
+  assert learned_training.load_groups(str(tmp_path), key) is None
 
 
 def test_a_ranker_is_current_only_for_its_rounds_and_the_model_file_it_recorded(tmp_path):

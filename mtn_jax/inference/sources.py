@@ -67,7 +67,7 @@ class Source(Protocol):
     name: its name in a plan (`config.suggest.sources`) and in a candidate's 'sources'.
     proposes_past: whether it proposes the user's own earlier queries (`Context.history`):
       a pipeline with such a source reads them (`Pipeline.past_read`), the learned ranker
-      learns from contexts with them and without (`learned.without_history`), and what it
+      learns from contexts with them and without (`learned_training.without_history`), and what it
       proposes is a query a person typed, kept whatever the word-salad filter says
       (`presentation.typed_before`). A model-backed source that reads a user's past to write
       its own candidates (`history_queries`) proposes none of them.
