@@ -1209,7 +1209,7 @@ def stand_in_stages(monkeypatch, stopped_in=None):
   monkeypatch.setattr(main_job.prepare, 'after_training', stage('prepare'))
   monkeypatch.setattr(main_job.inference, 'load_trained', stage('load'))
   monkeypatch.setattr(main_job.learned.LearnedRanker, 'is_current', stage('is_current', False))
-  monkeypatch.setattr(main_job.learned, 'fit', stage('ranker'))
+  monkeypatch.setattr(main_job.learned_training, 'fit', stage('ranker'))
   monkeypatch.setattr(main_job.evaluation, 'evaluate', stage('eval', {'scores': {}, 'step': 6}))
   return done
 
