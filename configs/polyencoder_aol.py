@@ -19,7 +19,7 @@ Every AOL variant has the size of `configs/aol.py:small` (d_model 128, 4 heads, 
 256; 2 context-encoder layers, 2 candidate-encoder layers) and reads the same corpus as the
 generative models (`config.data` is the default's: session split, 5-query sessions), so the
 figures compare with theirs (docs/RESULTS.md). Candidates are the training split's distinct
-queries (`mtn_jax.data.candidates`).
+queries (`mtn_jax.data.candidate_pool`).
 
 The demo variants are smaller, to train in a minute or two on a CPU: the generated demo log
 of 600 users (words seen twice), d_model 32, 2 heads, feed-forward 64, the same 2 + 2

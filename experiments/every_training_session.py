@@ -37,7 +37,7 @@ import numpy as np
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 # pylint: disable=wrong-import-position
 from mtn_jax.data import aol_log
-from mtn_jax.data import candidates
+from mtn_jax.data import candidate_pool
 from mtn_jax.data import preprocess
 from mtn_jax.data import sessions
 from mtn_jax.data.vocab import Vocab
@@ -91,8 +91,8 @@ def make(config, workdir: str) -> None:
   # pylint: enable=protected-access
   starts = np.concatenate([[0], np.cumsum([len(w) for w in windows])]).astype(np.int64)
   sessions.save_split(folder, 'train', queries, starts, texts, users, times)
-  pool, _ = candidates.build_pool(texts, queries)
-  candidates.save_pool(folder, pool)
+  pool, _ = candidate_pool.build_pool(texts, queries)
+  candidate_pool.save_pool(folder, pool)
   # The corpus's record of itself: the new split's counts, and the files' sizes (what
   # preprocessing checks to reuse the corpus rather than build it again).
   stats_path, manifest_path = (os.path.join(folder, n) for n in ('stats.json', 'manifest.json'))

@@ -15,7 +15,7 @@ from configs import demo
 from configs import families
 from mtn_jax import config_lib
 from mtn_jax import errors
-from mtn_jax.data import candidates
+from mtn_jax.data import candidate_pool
 from mtn_jax.data.vocab import SEP_ID
 from mtn_jax.inference import retrieval
 from tests.test_polyencoder import dual_task
@@ -152,7 +152,7 @@ def bi_encoder_pool(count, seed=0):
   rng = np.random.default_rng(seed)
   rows = np.unique(rng.integers(SEP_ID + 1, 30, size=(3 * count, N)), axis=0)[:count]
   rows = rows[rng.permutation(len(rows))].astype(np.int32)
-  return candidates.CandidatePool(queries=rows, counts=np.ones(len(rows), np.int64),
+  return candidate_pool.CandidatePool(queries=rows, counts=np.ones(len(rows), np.int64),
                                   texts=[f'q{i}' for i in range(len(rows))])
 
 
@@ -175,7 +175,7 @@ def test_bi_encoder_pool_scores_are_inner_products_of_its_context_vectors(contex
 def test_retriever_suggests_through_the_index_what_exact_scoring_does(tmp_path, monkeypatch):
   task, params = dual_task('biencoder')
   pool = bi_encoder_pool(400)
-  monkeypatch.setattr(retrieval.candidates, 'load_pool', lambda data_dir: pool)
+  monkeypatch.setattr(retrieval.candidate_pool, 'load_pool', lambda data_dir: pool)
   trained = types.SimpleNamespace(task=task, params=params, cfg=task.cfg, step=5)
   lines, log = recording_log()
   exact = retrieval.Retriever(trained, str(tmp_path), log=log)
@@ -219,7 +219,7 @@ def test_retriever_leaves_out_the_session_so_far_and_still_gives_k(tmp_path, mon
   entries as the longest session holds."""
   task, params = dual_task('biencoder')
   pool = bi_encoder_pool(400)
-  monkeypatch.setattr(retrieval.candidates, 'load_pool', lambda data_dir: pool)
+  monkeypatch.setattr(retrieval.candidate_pool, 'load_pool', lambda data_dir: pool)
   trained = types.SimpleNamespace(task=task, params=params, cfg=task.cfg, step=5)
   retriever = retrieval.Retriever(trained, str(tmp_path), log=lambda *a, **k: None)
   batch = {'queries': sessions()}

@@ -1408,7 +1408,7 @@ def demo_corpus(tmp_path_factory):
     ('biencoder', {}),
 ])
 def test_the_service_gives_a_model_what_evaluation_gives_it(demo_corpus, name, fields):
-  from mtn_jax.data import candidates  # pylint: disable=g-import-not-at-top
+  from mtn_jax.data import candidate_pool  # pylint: disable=g-import-not-at-top
   from mtn_jax.data import sessions  # pylint: disable=g-import-not-at-top
   from mtn_jax.inference import habits  # pylint: disable=g-import-not-at-top
   from mtn_jax.training import train  # pylint: disable=g-import-not-at-top
@@ -1433,7 +1433,7 @@ def test_the_service_gives_a_model_what_evaluation_gives_it(demo_corpus, name, f
     served, lengths = inputs.context_batch(
         task, vocab, contexts, rows=len(evaluated['queries']),
         width=evaluated['queries'].shape[1], history_queries=config.data.history_queries,
-        pool=candidates.load_pool(data_dir))
+        pool=candidate_pool.load_pool(data_dir))
     assert sorted(served) == sorted(evaluated)
     assert lengths[:len(chosen)].tolist() == test.lengths[chosen].tolist()
     for key, value in evaluated.items():

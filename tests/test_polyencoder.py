@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 
 from mtn_jax import tasks
-from mtn_jax.data import candidates
+from mtn_jax.data import candidate_pool
 from mtn_jax.data import sessions as session_data
 from mtn_jax.data.vocab import SEP_ID
 from mtn_jax.data.vocab import UNK_ID
@@ -372,7 +372,7 @@ def test_cross_encoder_scores_ignore_padding_in_the_context_and_the_candidate():
 def test_candidate_cache_round_trip_and_invalidation(tmp_path):
   task, params = dual_task('polyencoder')
   texts = ['a b', 'c', 'd e f']
-  pool = candidates.CandidatePool(queries=sessions()[0].copy(),
+  pool = candidate_pool.CandidatePool(queries=sessions()[0].copy(),
                                   counts=np.array([3, 2, 1]), texts=texts)
   trained = types.SimpleNamespace(task=task, params=params, cfg=task.cfg, step=5)
   lines = []
@@ -388,7 +388,7 @@ def test_candidate_cache_round_trip_and_invalidation(tmp_path):
                                 cfg=task.cfg, step=6)
   changed = retrieval.candidate_cache(later, pool, str(tmp_path), log=log)
   assert len(lines) == 2 and not np.allclose(changed, first)
-  other_pool = candidates.CandidatePool(queries=sessions(seed=1)[0].copy(),
+  other_pool = candidate_pool.CandidatePool(queries=sessions(seed=1)[0].copy(),
                                         counts=np.array([3, 2, 1]), texts=texts)
   retrieval.candidate_cache(later, other_pool, str(tmp_path), log=log)
   assert len(lines) == 3
@@ -629,9 +629,9 @@ def test_cross_encoder_graded_loss_scores_the_session_so_far(generated):
 
 def test_lexical_neighbours_share_words_and_leave_out_the_session(tmp_path):
   texts = ['cheap flights paris', 'paris hotels', 'cheap hotels rome', 'weather', 'rome']
-  pool = candidates.CandidatePool(queries=np.zeros((5, N), np.int32),
+  pool = candidate_pool.CandidatePool(queries=np.zeros((5, N), np.int32),
                                   counts=np.ones(5, np.int64), texts=texts)
-  candidates.save_pool(str(tmp_path), pool)
+  candidate_pool.save_pool(str(tmp_path), pool)
   # One session: 'paris hotels' then 'cheap flights paris' (both in the pool), then 'snow'.
   (tmp_path / 'split.txt').write_text('paris hotels\ncheap flights paris\nsnow\n')
   split = session_data.SessionSplit('valid', np.zeros((3, N), np.int32), np.array([0, 3]),

@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 
 
-from mtn_jax.data import candidates
+from mtn_jax.data import candidate_pool
 from mtn_jax.data.vocab import SPECIAL_TOKENS
 from mtn_jax.evaluation import trivial
 from tests import cli
@@ -82,7 +82,7 @@ def rerank_run(poly_run, tmp_path_factory):
 
 
 def pool_texts(workdir) -> set[str]:
-  return set(candidates.load_pool(str(workdir / 'data')).texts)
+  return set(candidate_pool.load_pool(str(workdir / 'data')).texts)
 
 
 def popular_order(workdir) -> list[str]:

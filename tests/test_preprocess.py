@@ -20,7 +20,7 @@ import pytest
 from configs import default
 from mtn_jax import errors
 from mtn_jax.data import aol_log
-from mtn_jax.data import candidates
+from mtn_jax.data import candidate_pool
 from mtn_jax.data import preprocess
 from mtn_jax.data import sessions as sessions_lib
 from mtn_jax.data.vocab import SPECIAL_TOKENS
@@ -120,7 +120,7 @@ def test_tiny_log_files_exact(tmp_path):
     assert json.load(f) == stats
   # The pool: every distinct training query once (each issued once here: ties by text), with
   # the token ids its rows hold.
-  pool = candidates.load_pool(data_dir)
+  pool = candidate_pool.load_pool(data_dir)
   assert pool.texts == sorted(train.texts)
   assert pool.counts.tolist() == [1] * 6
   assert pool.queries.tolist() == [train.queries[train.texts.index(t)].tolist()
@@ -131,7 +131,7 @@ def test_tiny_log_files_exact(tmp_path):
 def test_candidate_pool_counts_and_order():
   texts = ['b', 'a', 'c', 'a', 'b', 'a']
   queries = np.array([[2], [1], [3], [1], [2], [1]], np.int32)
-  pool, row_ids = candidates.build_pool(texts, queries)
+  pool, row_ids = candidate_pool.build_pool(texts, queries)
   # Most frequent first, ties by text; every row maps to its text's entry.
   assert pool.texts == ['a', 'b', 'c'] and pool.counts.tolist() == [3, 2, 1]
   assert pool.queries.tolist() == [[1], [2], [3]]
@@ -142,34 +142,34 @@ def test_a_pool_is_read_once_while_its_files_stay_as_they_are(tmp_path):
   """The readers of one evaluation share one read (read-only arrays); a pool written again
   is read again, and a damaged one is refused, not served from before."""
   texts = ['b', 'a', 'c', 'a']
-  pool, _ = candidates.build_pool(texts, np.array([[2], [1], [3], [1]], np.int32))
-  candidates.save_pool(str(tmp_path), pool)
-  first = candidates.load_pool(str(tmp_path))
-  assert candidates.load_pool(str(tmp_path) + '/') is first
+  pool, _ = candidate_pool.build_pool(texts, np.array([[2], [1], [3], [1]], np.int32))
+  candidate_pool.save_pool(str(tmp_path), pool)
+  first = candidate_pool.load_pool(str(tmp_path))
+  assert candidate_pool.load_pool(str(tmp_path) + '/') is first
   assert first.texts == ['a', 'b', 'c'] and first.counts.tolist() == [2, 1, 1]
   with pytest.raises(ValueError):
     first.counts[0] = 5
-  bigger, _ = candidates.build_pool(texts + ['d', 'd', 'd'],
+  bigger, _ = candidate_pool.build_pool(texts + ['d', 'd', 'd'],
                                     np.array([[2], [1], [3], [1], [4], [4], [4]], np.int32))
-  candidates.save_pool(str(tmp_path), bigger)
-  again = candidates.load_pool(str(tmp_path))
+  candidate_pool.save_pool(str(tmp_path), bigger)
+  again = candidate_pool.load_pool(str(tmp_path))
   assert again.texts == ['d', 'a', 'b', 'c'] and again.counts.tolist() == [3, 2, 1, 1]
   (tmp_path / 'candidates.txt').write_text('d\na\n')
   with pytest.raises(errors.Error, match='the candidate files disagree'):
-    candidates.load_pool(str(tmp_path))
+    candidate_pool.load_pool(str(tmp_path))
 
 
 def test_history_items_that_do_not_fit_their_splits_sessions_are_refused(tmp_path):
   """A split's history items are read row for row with its sessions (AEM and ZAM attend to
   them as that session's user's past): a file of another length is an error naming it, not
   other users' histories; a corpus without one has none."""
-  path = candidates.history_items_path(str(tmp_path), 'valid')
+  path = candidate_pool.history_items_path(str(tmp_path), 'valid')
   np.save(path, np.array([[3, -1], [0, 2]], np.int32))
-  np.testing.assert_array_equal(candidates.load_history_items(str(tmp_path), 'valid', 2),
+  np.testing.assert_array_equal(candidate_pool.load_history_items(str(tmp_path), 'valid', 2),
                                 [[3, -1], [0, 2]])
   with pytest.raises(errors.Error, match=re.escape(f'{path}: shape (2, 2) for 3 sessions')):
-    candidates.load_history_items(str(tmp_path), 'valid', 3)
-  assert candidates.load_history_items(str(tmp_path), 'test', 2) is None
+    candidate_pool.load_history_items(str(tmp_path), 'valid', 3)
+  assert candidate_pool.load_history_items(str(tmp_path), 'test', 2) is None
 
 
 def test_thirty_minutes_exactly_starts_a_session(tmp_path):
@@ -957,10 +957,10 @@ def test_history_holds_the_users_earlier_queries_and_never_a_later_one(tmp_path)
   expected = {'a0': [], 'b0': ['a0', 'a1', 'a2'], 'c0': ['a2', 'b0', 'b1', 'b2'], 'z0': []}
   assert histories == {first: [ids[t] for t in texts] for first, texts in expected.items()}
   # The same histories as candidate-pool items, -1 in front where there are fewer than M.
-  pool = candidates.load_pool(data_dir)
+  pool = candidate_pool.load_pool(data_dir)
   items = {}
   for s in splits:
-    history_items = candidates.load_history_items(data_dir, s.name, s.num_sessions)
+    history_items = candidate_pool.load_history_items(data_dir, s.name, s.num_sessions)
     for i in range(s.num_sessions):
       row = history_items[i].tolist()
       assert row == [-1] * row.count(-1) + [j for j in row if j >= 0]

@@ -16,7 +16,7 @@ import numpy as np
 import optax
 import pytest
 
-from mtn_jax.data import candidates
+from mtn_jax.data import candidate_pool
 from mtn_jax.data import sessions
 from mtn_jax.evaluation import pool_ranking
 from mtn_jax.models import user_memory
@@ -343,7 +343,7 @@ def test_session_query_is_causal():
 
 def test_validation_loss_is_the_exact_pool_cross_entropy(tmp_path):
   model, params, batch = family_model('aem')
-  pool = candidates.CandidatePool(queries=np.zeros((7, 3), np.int32),
+  pool = candidate_pool.CandidatePool(queries=np.zeros((7, 3), np.int32),
                                   counts=np.ones(7, np.int64), texts=[str(i) for i in range(7)])
   task = zero_attention.ZeroAttentionTask(model.config, data_dir=str(tmp_path),
                                            word_noise=np.zeros(20, np.float32),
@@ -372,7 +372,7 @@ def test_validation_loss_is_the_exact_pool_cross_entropy(tmp_path):
 
 
 def test_word_noise_is_the_unigram_to_the_three_quarters():
-  pool = candidates.CandidatePool(queries=np.array([[5, 6], [5, 0]], np.int32),
+  pool = candidate_pool.CandidatePool(queries=np.array([[5, 6], [5, 0]], np.int32),
                                   counts=np.array([3, 1], np.int64), texts=['a b', 'a'])
   logits = zero_attention.word_noise_logits(pool, 8)
   # word 5: 3 + 1 = 4 times, word 6: 3 times; padding and unseen words never drawn.
@@ -505,10 +505,10 @@ def test_each_pair_is_ranked_against_its_own_next_query_and_seeded_negatives(sam
   draws of that pair, entry 0 of the pool is a next query like any other, a tie counts
   against it, and a next query outside the pool ranks C + 1 with no sampled rank."""
   texts = ['a', 'b', 'c', 'd', 'e', 'f']  # word ids 5..10, scored 2, 3, 3, 4, 4, 5
-  pool = candidates.CandidatePool(queries=np.array([[5 + i, 0] for i in range(6)], np.int32),
+  pool = candidate_pool.CandidatePool(queries=np.array([[5 + i, 0] for i in range(6)], np.int32),
                                   counts=np.ones(6, np.int64), texts=texts)
   (tmp_path / 'data').mkdir()
-  candidates.save_pool(str(tmp_path / 'data'), pool)
+  candidate_pool.save_pool(str(tmp_path / 'data'), pool)
   lines = ('c', 'a', 'zz', 'e', 'd', 'b', 'f')  # 'zz' (word 15) is not in the pool
   split = sessions.SessionSplit(
       'test', np.array([[texts.index(t) + 5 if t in texts else 15, 0] for t in lines],
@@ -599,7 +599,7 @@ def test_zam_eval_reports_the_pool_and_the_history_groups(zam_run, tmp_path):
   lists = workdir / 'eval' / 'first16_lists.jsonl'
   pairs = read_jsonl(lists)
   assert len(pairs) == results['pairs'] and groups['with_history']['pairs'] > 0
-  pool_texts = set(candidates.load_pool(str(workdir / 'data')).texts)
+  pool_texts = set(candidate_pool.load_pool(str(workdir / 'data')).texts)
   for pair in pairs:  # pool entries, as many as asked for
     for key in ('suggestions', 'suggestions_excluding_session'):
       assert len(pair[key]) == 10 and {s['query'] for s in pair[key]} <= pool_texts

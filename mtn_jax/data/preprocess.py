@@ -65,7 +65,7 @@ import numpy as np
 from mtn_jax import errors
 from mtn_jax import files
 from mtn_jax.data import aol_log
-from mtn_jax.data import candidates
+from mtn_jax.data import candidate_pool
 from mtn_jax.data import sessions as sessions_lib
 from mtn_jax.data.vocab import SentencePieceVocab
 
@@ -74,7 +74,7 @@ from mtn_jax.data.vocab import train_sentencepiece
 from mtn_jax.data.vocab import Vocab
 # 2: queries lower-cased, Latin-1 lines kept, sessions' users and times; 3: Latin-1 read per
 # field, the dotted capital I lower-cased to 'i'; 4: each split's {split}.history.npy; 5: the
-# candidate pool (`mtn_jax.data.candidates`) and each split's {split}.history_items.npy.
+# candidate pool (`mtn_jax.data.candidate_pool`) and each split's {split}.history_items.npy.
 CORPUS_FORMAT = 5
 DEMO_LOG = 'demo-log.tsv.gz'
 _DEMO_LOG_INFO = 'demo-log.json'
@@ -440,7 +440,7 @@ def _manifest(cfg: ml_collections.ConfigDict, paths: list[str], target: str) -> 
 
 def _written_files() -> list[str]:
   """The corpus's files but its manifest (which records their sizes)."""
-  files = [_STATS, _VOCAB, *candidates.POOL_FILES]
+  files = [_STATS, _VOCAB, *candidate_pool.POOL_FILES]
   for split in sessions_lib.SPLITS:
     files += [os.path.basename(p) for p in sessions_lib.split_paths('', split).values()]
   return files
@@ -597,8 +597,8 @@ def _write_corpus(cfg: ml_collections.ConfigDict, paths: list[str], folder: str)
   all_queries = np.zeros((num_rows, token_slots(cfg)), np.int32)
   for split in sessions_lib.SPLITS:
     all_queries[split_rows[split]] = encoded[split]
-  pool, train_pool_ids = candidates.build_pool(split_texts['train'], encoded['train'])
-  candidates.save_pool(folder, pool)
+  pool, train_pool_ids = candidate_pool.build_pool(split_texts['train'], encoded['train'])
+  candidate_pool.save_pool(folder, pool)
   # Every kept query's pool index (-1: not a training query), for the histories' items.
   all_pool_ids = np.full(len(all_queries), -1, np.int32)
   for split in sessions_lib.SPLITS:
@@ -613,7 +613,7 @@ def _write_corpus(cfg: ml_collections.ConfigDict, paths: list[str], folder: str)
                             split_users_[split], split_times[split], history)
     if cfg.history_queries:
       rows = split_history[split]
-      np.save(candidates.history_items_path(folder, split),
+      np.save(candidate_pool.history_items_path(folder, split),
               np.where(rows >= 0, all_pool_ids[np.maximum(rows, 0)], -1).astype(np.int32),
               allow_pickle=False)
     num_sessions = len(split_starts[split]) - 1

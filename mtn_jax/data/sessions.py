@@ -29,7 +29,7 @@ import os
 import numpy as np
 
 from mtn_jax import errors
-from mtn_jax.data import candidates
+from mtn_jax.data import candidate_pool
 from mtn_jax.data.vocab import Vocab
 
 SPLITS = ('train', 'valid', 'test')
@@ -87,7 +87,7 @@ class SessionSplit:
   # history_queries; M = 0 without).
   history: np.ndarray | None = None
   # int32 [num_sessions, M]: the history's queries as candidate-pool entries, -1 for none or
-  # one outside the pool (`mtn_jax.data.candidates`).
+  # one outside the pool (`mtn_jax.data.candidate_pool`).
   history_items: np.ndarray | None = None
   # int64 [num_queries]: the text file's line of each query row, for a selection of another
   # split's sessions (`select_sessions`); None: row i is line i.
@@ -258,7 +258,7 @@ def load_split(data_dir: str, split: str, mmap: bool = True) -> SessionSplit:
       raise CorpusFileError(f'{paths["history"]}: {history.shape[0]} sessions, but '
                             f'{paths["sessions"]} holds {len(starts) - 1}: run '
                             '--mode=preprocess again')
-  history_items = candidates.load_history_items(data_dir, split, len(starts) - 1)
+  history_items = candidate_pool.load_history_items(data_dir, split, len(starts) - 1)
   return SessionSplit(split, _array(paths['queries'], mmap_mode=mode),
                       starts, paths['text'], **per_session, history=history,
                       history_items=history_items)

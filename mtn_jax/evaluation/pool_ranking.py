@@ -25,7 +25,7 @@ import numpy as np
 
 from mtn_jax import parallel
 from mtn_jax import tasks
-from mtn_jax.data import candidates
+from mtn_jax.data import candidate_pool
 from mtn_jax.data import preprocess
 from mtn_jax.data import sessions
 from mtn_jax.evaluation import metrics
@@ -90,7 +90,7 @@ def sampled_negatives(pool_ids: np.ndarray, pool_size: int, count: int,
                   drawn).astype(np.int32)
 
 
-def _pair_pool_ids(split: sessions.SessionSplit, pool: candidates.CandidatePool, seed: int
+def _pair_pool_ids(split: sessions.SessionSplit, pool: candidate_pool.CandidatePool, seed: int
                    ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
   """The pool ids of `split`'s queries [rows] (-1: not in the pool), each session's first
   pair index [sessions], each pair's next query's pool id [pairs], and the sampled
@@ -132,7 +132,7 @@ def rank_split(trained, split: sessions.SessionSplit, workdir: str, *, k: int, s
   if not isinstance(task, tasks.ScoresPool):
     raise ValueError(f'{trained.cfg.name} cannot score the whole pool (a cross-encoder '
                      'reranks the candidates of another ranker)')
-  pool = candidates.load_pool(preprocess.data_dir(workdir))
+  pool = candidate_pool.load_pool(preprocess.data_dir(workdir))
   cache = retrieval.candidate_cache(trained, pool, workdir, log=log)
   pool_ids, first_pair, _, negatives = _pair_pool_ids(split, pool, seed)
   k = min(k, len(pool))
@@ -185,7 +185,7 @@ def rank_sampled(trained, split: sessions.SessionSplit, workdir: str, *, seed: i
   seeded negatives as `rank_split` draws, scored by `task.score_candidates`. The full-pool
   figures are left out (`pool_ranks` 0) and there are no suggestions."""
   task = trained.task
-  pool = candidates.load_pool(preprocess.data_dir(workdir))
+  pool = candidate_pool.load_pool(preprocess.data_dir(workdir))
   _, first_pair, next_ids, negatives = _pair_pool_ids(split, pool, seed)
   sampled = np.zeros((split.num_pairs, len(SAMPLED_PROTOCOLS)), np.int64)
   started = time.time()

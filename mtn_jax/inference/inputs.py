@@ -46,7 +46,7 @@ import numpy as np
 
 from mtn_jax import errors
 from mtn_jax.data import aol_log
-from mtn_jax.data import candidates
+from mtn_jax.data import candidate_pool
 from mtn_jax.data import input_pipeline
 from mtn_jax.data import sessions
 from mtn_jax.data.vocab import UNK_ID
@@ -371,7 +371,7 @@ def split_batches(task, vocab: Vocab, split: sessions.SessionSplit, *, queries_p
 
 
 def context_split(contexts: Sequence[Context], vocab: Vocab, max_query_words: int,
-                  history_queries: int = 0, pool: candidates.CandidatePool | None = None
+                  history_queries: int = 0, pool: candidate_pool.CandidatePool | None = None
                   ) -> sessions.SessionSplit:
   """`contexts` as a split of their own, with what preprocessing writes of a corpus's
   sessions: the queries encoded by `vocab` (cut to `max_query_words` tokens); 'history' each
@@ -402,7 +402,7 @@ def context_split(contexts: Sequence[Context], vocab: Vocab, max_query_words: in
 
 
 def context_batch(task, vocab: Vocab, contexts: Sequence[Context], *, rows: int, width: int,
-                  history_queries: int = 0, pool: candidates.CandidatePool | None = None
+                  history_queries: int = 0, pool: candidate_pool.CandidatePool | None = None
                   ) -> tuple[dict[str, np.ndarray], np.ndarray]:
   """(batch, lengths int64 [rows]): the model inputs of `contexts` for `task`'s model, made
   by the task (`context_inputs`) from `context_split` as evaluation's are from the corpus,

@@ -2,7 +2,7 @@
 entries for sessions typed or read from a file.
 
 A ranker (`tasks.RankingTask`) suggests entries of the candidate pool (the training split's
-distinct queries, `mtn_jax.data.candidates`). Here:
+distinct queries, `mtn_jax.data.candidate_pool`). Here:
 
 - `candidate_cache`: the pool's per-candidate part (`task.encode_candidates`), computed once
   for a checkpoint and kept in `<workdir>/candidate_cache/` (`vectors.npz` and `meta.json`,
@@ -35,7 +35,7 @@ import numpy as np
 
 from mtn_jax import errors
 from mtn_jax import files
-from mtn_jax.data import candidates
+from mtn_jax.data import candidate_pool
 from mtn_jax.data import preprocess
 from mtn_jax.models import polyencoder
 
@@ -57,7 +57,7 @@ _INDEX_META = 'usearch.json'
 # The candidate cache
 
 
-def _cache_key(trained, pool: candidates.CandidatePool) -> dict:
+def _cache_key(trained, pool: candidate_pool.CandidatePool) -> dict:
   config = json.dumps(dataclasses.asdict(trained.cfg), sort_keys=True)
   return {'step': int(trained.step), 'pool': pool.fingerprint,
           'model': hashlib.sha256(config.encode()).hexdigest()[:16]}
@@ -67,7 +67,7 @@ def _write_json(path: str, value) -> None:
   files.write_text(path, json.dumps(value))
 
 
-def candidate_cache(trained, pool: candidates.CandidatePool, workdir: str, log=print):
+def candidate_cache(trained, pool: candidate_pool.CandidatePool, workdir: str, log=print):
   """The task's `encode_candidates` of the whole pool for `trained`'s checkpoint: read from
   `<workdir>/candidate_cache/` when it was made for the same checkpoint, pool and model,
   else computed and written there."""
@@ -237,7 +237,7 @@ class Retriever:
     check_index(index, trained, workdir)
     self.trained = trained
     self.workdir = os.path.abspath(workdir)
-    self.pool = candidates.load_pool(preprocess.data_dir(workdir))
+    self.pool = candidate_pool.load_pool(preprocess.data_dir(workdir))
     self.cache = candidate_cache(trained, self.pool, workdir, log=log)
     self.index = None
     if index == 'usearch':

@@ -2,7 +2,7 @@
 
 Each scores a context (a session's queries 0..t) against candidate next queries, here the
 entries of the candidate pool (the training split's distinct queries,
-`mtn_jax.data.candidates`). They reuse the project's Transformer layers:
+`mtn_jax.data.candidate_pool`). They reuse the project's Transformer layers:
 
 - the context encoder (`context_encoder`): 'flat' is the Transformer baseline's encoder
   (`transformer.FlatSessionEncoder`, every word of `q_0 <sep> ... <sep> q_t`), 'mtn' MTN's

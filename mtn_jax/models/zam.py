@@ -3,7 +3,7 @@ of candidate next queries, personalised by each user's earlier queries.
 
 The paper's product search, mapped onto query suggestion:
   item i          a candidate next query: an entry of the candidate pool (the training split's
-                  distinct queries, `mtn_jax.data.candidates`), with a learned vector i [a];
+                  distinct queries, `mtn_jax.data.candidate_pool`), with a learned vector i [a];
   its text T_i    the candidate's words (learned with i: log P(T_i | i), eq. 6);
   query q         phi of the session's latest query (eq. 5: tanh(W_phi mean(words) + b_phi)),
                   or of all the session's words so far (`query_from='session'`);

@@ -26,7 +26,7 @@ and what only its loss reads.
 `ModelTask` is what every task shares (its model, the layout of its layer stacks, its
 parameters). `GenerationTask` is next-query generation with teacher forcing (MTN, the
 Transformer and the recurrent baselines). `RankingTask` is the base of the rankers, which score candidate queries
-(the training split's distinct queries, `mtn_jax.data.candidates`) rather than write one.
+(the training split's distinct queries, `mtn_jax.data.candidate_pool`) rather than write one.
 Which task serves which model is `mtn_jax.tasks.registry`'s table; `make_task` builds it.
 """
 

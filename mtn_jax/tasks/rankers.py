@@ -69,7 +69,7 @@ import ml_collections
 import numpy as np
 
 from mtn_jax.data import bm25
-from mtn_jax.data import candidates as candidate_pool
+from mtn_jax.data import candidate_pool
 from mtn_jax.data import hypothesis_files
 from mtn_jax.data.vocab import PAD_ID
 from mtn_jax.data.vocab import UNK_ID

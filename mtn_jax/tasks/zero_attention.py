@@ -32,14 +32,14 @@ import ml_collections
 import numpy as np
 
 from mtn_jax import errors
-from mtn_jax.data import candidates
+from mtn_jax.data import candidate_pool
 from mtn_jax.data import sessions
 from mtn_jax.data.vocab import PAD_ID
 from mtn_jax.models.base import ModelConfig
 from mtn_jax.tasks import base
 
 
-def word_noise_logits(pool: candidates.CandidatePool, vocab_size: int) -> np.ndarray:
+def word_noise_logits(pool: candidate_pool.CandidatePool, vocab_size: int) -> np.ndarray:
   """float32 [V]: log P_w, the unigram distribution of the training split's tokens (the
   pool's entries weighted by how often each was issued) to the power 3/4; padding and
   unseen words never drawn."""
@@ -103,7 +103,7 @@ class ZeroAttentionTask(base.RankingTask):
     del train  # the family has no label smoothing or other loss options
     if data_dir is None:
       raise ValueError('the zero attention family needs the corpus folder (its pool)')
-    pool = candidates.load_pool(data_dir)
+    pool = candidate_pool.load_pool(data_dir)
     users = sessions.load_split(data_dir, 'train').users
     return cls(cfg, data_dir=data_dir, word_noise=word_noise_logits(pool, cfg.vocab_size),
                train_users=np.unique(users) if users is not None else np.zeros(0, np.int64))
@@ -120,8 +120,8 @@ class ZeroAttentionTask(base.RankingTask):
     return keys
 
   @functools.cached_property
-  def pool(self) -> candidates.CandidatePool:
-    return candidates.load_pool(self.data_dir)
+  def pool(self) -> candidate_pool.CandidatePool:
+    return candidate_pool.load_pool(self.data_dir)
 
   def context_inputs(self, split, vocab) -> base.SplitInputs:
     """Per session: 'history_items' [num_sessions, M] (AEM, ZAM); 'user' (each session's

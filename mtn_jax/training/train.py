@@ -46,7 +46,7 @@ from mtn_jax import files
 from mtn_jax import models
 from mtn_jax import parallel
 from mtn_jax import tasks
-from mtn_jax.data import candidates
+from mtn_jax.data import candidate_pool
 from mtn_jax.data import input_pipeline
 from mtn_jax.data import preprocess
 from mtn_jax.data import sessions
@@ -256,7 +256,7 @@ def model_config(config: ml_collections.ConfigDict, vocab, split,
   sizes = {'vocab_size': len(vocab), 'max_query_words': split.max_query_words}
   fields = models.spec(config.model.name).config_class.field_names()
   if 'num_items' in fields:
-    sizes['num_items'] = len(candidates.load_pool(data_dir))
+    sizes['num_items'] = len(candidate_pool.load_pool(data_dir))
   if 'num_users' in fields:
     sizes['num_users'] = (len(np.unique(split.users)) if split.users is not None else 0) + 1
   return models.make_config(config.model, **sizes)
