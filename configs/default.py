@@ -189,10 +189,10 @@ def get_config(variant: str = '') -> ml_collections.ConfigDict:
   c.suggest.ranker_rounds = 150
   # 'learned': `attested_only` keeps out what the generator alone wrote unless well-formed
   # (the training log holds it, or its word pairs: no word salad); `session_first` > 0 gives
-  # the first places to the best well-formed candidates about the session, at most
-  # `unrelated_first` of them unrelated to it (a head query such as "google", the user's
-  # habit query); the rest follow in the ranker's order (mtn_jax/inference/presentation.py;
-  # docs/RESULTS.md).
+  # the first places to the best well-formed candidates about the session and to at most
+  # `unrelated_first` not about it (a head query such as "google", the user's habit query, a
+  # lone word of the session); the rest follow in the ranker's order
+  # (mtn_jax/inference/presentation.py; docs/RESULTS.md).
   c.suggest.session_first = 5
   c.suggest.unrelated_first = 1
   c.suggest.attested_only = True

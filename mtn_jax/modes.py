@@ -74,7 +74,9 @@ MULTI_PROCESS_MODES = ('all', 'train', 'eval')
 HELP = """\
   all (default)  preprocess -> train -> eval -> sample suggestions -> report
   preprocess     reads the raw log, writes <workdir>/data/ and prints a summary
-  train          trains, or resumes from the latest checkpoint in the workdir
+  train          preprocesses where needed, then trains or resumes from the latest checkpoint
+                 in the workdir (with config.suggest.strategy=learned, also the fold
+                 generators and the learned ranker)
   eval           decodes config.decode.eval_split (test) with the best checkpoint: BLEU,
                  n-gram precision and ranking figures in <workdir>/eval/
   decode         offline suggestions for a file: --config.decode.input=FILE

@@ -29,6 +29,7 @@ from mtn_jax.inference import popular
 from mtn_jax.inference import presentation
 from mtn_jax.inference.inputs import Context
 from mtn_jax.serving import app as app_lib
+from mtn_jax.serving import engine as engine_lib
 from mtn_jax.serving import service as service_lib
 from tests import cli
 from tests.service_client import LOOPBACK
@@ -127,16 +128,21 @@ def test_eval_decode_and_serve_give_the_same_learned_lists(learned_run, tmp_path
     assert all(isinstance(s['model_score'], float) for key in (
         'suggestions', 'suggestions_excluding_session') for s in pair[key])
   # Batches of one request: the client asks one at a time, so no larger batch is ever run,
-  # and the service warms up (traces, compiles) the shapes of no larger one.
+  # and the service warms up (traces, compiles) the shapes of no larger one, all before it
+  # listens; then no request compiles anything, whatever its candidates' number and lengths
+  # (the generator teacher-forces them in packed rows of fixed shapes).
   service = service_lib.build(cli.config(*FEW, *LEARNED, '--config.serve.history_db=',
                                          '--config.serve.compile_cache=',
-                                         '--config.serve.max_batch=1'),
+                                         '--config.serve.max_batch=1',
+                                         '--config.serve.warm_up_background=False'),
                               str(workdir), log=lambda *a, **k: None)
   with TestClient(app_lib.create_app(service), client=LOOPBACK) as client:
+    compiled = engine_lib.compilations()
     for pair in pairs:
       answer = client.post('/v1/suggest', json={'session': pair['context']}).json()
       expected = pair['suggestions_excluding_session']
       assert_same_list(answer['suggestions'], expected, pair['context'], abs=1e-4)
+    assert engine_lib.compilations() == compiled > 0
   # From Python (`mtn_jax.api`), batched: the same lists.
   suggester = api.load(cli.config(*FEW, *LEARNED), str(workdir), log=lambda *a, **k: None)
   for shown, pair in zip(suggester.suggest_many([pair['context'] for pair in pairs]), pairs):

@@ -5,11 +5,13 @@ config.decode, read in one place), the protocol as its caller set it (each mode'
 `suggest.with_protocol`; from Python, `mtn_jax.api` sets the service's). It never trains or
 fits anything. Three stages:
 
-1. Candidate sources, for each context and position: the workdir's generative beam (every
-   hypothesis, in the generator's own order: beam score, or MBR with `config.decode.mbr`),
-   a ranker's best pool entries (`mtn_jax.inference.retrieval`), IMDNA's proposals (the
-   queries that follow in the most similar training sessions, `imdna_proposer`) and the
-   session's own queries.
+1. Candidate sources, for each context and position (`mtn_jax.inference.sources`, one
+   protocol): the workdir's generative beam (every hypothesis, in the generator's own order:
+   beam score, or MBR with `config.decode.mbr`), the training log's lists (popular,
+   co-occurring, reformulation templates, matching queries), the user's past (`history`,
+   `history_about`), a ranker's best pool entries (`mtn_jax.inference.retrieval`), IMDNA's
+   proposals (the queries that follow in the most similar training sessions,
+   `imdna_proposer`) and the session's own queries.
 2. An order, by `config.suggest.strategy`:
    - 'generate': the workdir's own model as it is (a generative model's beam, or a ranker's
      retrieved pool entries);

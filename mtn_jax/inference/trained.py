@@ -119,8 +119,8 @@ def _check_model(meta: dict, model: ml_collections.ConfigDict, where: str) -> No
 def check_config(config: ml_collections.ConfigDict, workdir: str) -> None:
   """Refuses `config.model` where it is not the model the checkpoint of `workdir` that
   `load_trained` restores was trained with, in the words training refuses it with
-  (`checkpoints.check_model`): `eval`, `decode` and `suggest` of a run use its own config, so
-  that its results are never another config's. The settings that leave the parameters'
+  (`checkpoints.check_model`): `eval`, `decode`, `suggest` and `serve` of a run use its own
+  config, so that its results are never another config's. The settings that leave the parameters'
   meaning unchanged may differ: `config.decode`, `config.suggest`, and the model's runtime
   fields (`ModelConfig.RUNTIME_FIELDS`). A workdir without a checkpoint passes: loading it
   says what is missing."""

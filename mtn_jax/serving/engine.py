@@ -14,9 +14,10 @@ The models are causal over queries and rows are independent, so the padding chan
 suggestion: the lists are those `--mode=decode` writes for the same session.
 
 This holds for config.suggest.strategy 'generate' (a generative model's beam, or a ranker's
-pool entries) and 'retrieve'. With 'rerank', the ranker scores candidate lists whose lengths
-vary with the request (`pipeline.Rankers.score_lists` pads them to multiples of 8), so a list
-longer than any seen so far still compiles once.
+pool entries), 'retrieve', 'blend' and 'learned' (the generator teacher-forces the pooled
+candidates in packed rows of fixed shapes, `teacher_forcing`). With 'rerank', the ranker
+scores candidate lists whose lengths vary with the request (`pipeline.Rankers.score_lists`
+pads them to multiples of 8), so a list longer than any seen so far still compiles once.
 """
 
 from __future__ import annotations
