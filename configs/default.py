@@ -117,10 +117,11 @@ def get_config(variant: str = '') -> ml_collections.ConfigDict:
   c.train.keep_checkpoints = 2  # the last N are kept, plus the best by validation loss
 
   c.decode = ml_collections.ConfigDict()
+  # The beam searched (under 'learned' the plan's `generate:N`, and a trained ranker's own).
   c.decode.beam_size = 5
   c.decode.length_penalty = 0.6  # GNMT alpha: scores are log p / ((5 + len) / 6) ** alpha
   c.decode.max_len = 11  # words + </s> (subword pieces + </s>: >= data.max_query_tokens + 1)
-  c.decode.top_k = 5  # suggestions written per session
+  c.decode.top_k = 5  # suggestions per list (after a session's last query; a log's every query)
   # False: `<unk>` is never suggested (it tells a user nothing and never matches a logged
   # query, though on logs with many rare words it is often the likeliest token).
   c.decode.emit_unk = False
@@ -138,6 +139,7 @@ def get_config(variant: str = '') -> ml_collections.ConfigDict:
   # and --mode=serve user-facing, --mode=decode the paper's. Evaluation reports both
   # protocols side by side, whatever this says.
   c.decode.exclude_session_queries = ml_collections.config_dict.placeholder(bool)
+  # Sessions decoded together: eval's and decode's batches, the learned ranker's candidates.
   c.decode.batch_sessions = 64
   c.decode.input = ''
   c.decode.output = ''
@@ -191,8 +193,8 @@ def get_config(variant: str = '') -> ml_collections.ConfigDict:
   # (the training log holds it, or its word pairs: no word salad); `session_first` > 0 gives
   # the first places to the best well-formed candidates about the session and to at most
   # `unrelated_first` not about it (a head query such as "google", the user's habit query, a
-  # lone word of the session); the rest follow in the ranker's order
-  # (mtn_jax/inference/presentation.py; docs/RESULTS.md).
+  # lone word of the session); the rest follow in the ranker's order, what is not well-formed
+  # last (mtn_jax/inference/presentation.py; docs/RESULTS.md).
   c.suggest.session_first = 5
   c.suggest.unrelated_first = 1
   c.suggest.attested_only = True
@@ -209,18 +211,22 @@ def get_config(variant: str = '') -> ml_collections.ConfigDict:
   # log and the service alike (its history store keeps at least as many): a heavy user's whole
   # past would make each suggestion cost as much as all their queries.
   c.suggest.past_queries = 1000
-  # How a Bi-encoder retriever finds its best pool entries (decode, suggest, and the retriever
-  # of 'rerank'): 'exact' scores the whole pool; 'usearch' searches an approximate
-  # nearest-neighbour index of the cached candidate vectors (mtn_jax/inference/retrieval.py),
-  # for pools too large to score exhaustively. A Poly- or Cross-encoder's score is no inner
-  # product of fixed vectors: 'exact' only. Evaluation's ranking stays exact either way.
+  # How a Bi-encoder retriever finds its best pool entries (decode, suggest and serve, by
+  # 'generate', 'retrieve' or the retriever of 'rerank'): 'exact' scores the whole pool;
+  # 'usearch' searches an approximate nearest-neighbour index of the cached candidate vectors
+  # (mtn_jax/inference/retrieval.py), for pools too large to score exhaustively. A Poly- or
+  # Cross-encoder's score is no inner product of fixed vectors: 'exact' only. Evaluation's
+  # ranking stays exact either way.
   c.suggest.index = 'exact'
 
   # --mode=serve: an HTTP service of the workdir's best checkpoint (mtn_jax/serving/), with the
-  # suggestions --mode=decode writes for the same session (config.decode and config.suggest
-  # decide them). Batches are padded to a power of two below max_batch or to max_batch, and
-  # their sessions likewise up to the model's max_session_queries; each such shape is
-  # compiled once, at the start (warm_up_background below says when the service listens).
+  # suggestions --mode=decode writes for the same session and protocol (config.decode and
+  # config.suggest decide them; the service's protocol is the user-facing one unless
+  # config.decode.exclude_session_queries=False). Batches are padded to a power of two below
+  # max_batch or to max_batch, and their sessions likewise up to the model's
+  # max_session_queries; each such shape is compiled once, at the start (warm_up_background
+  # below says when the service listens; with 'rerank', a candidate list longer than any
+  # before compiles once more).
   c.serve = ml_collections.ConfigDict()
   c.serve.host = '127.0.0.1'  # the address listened on ('0.0.0.0': every interface)
   c.serve.port = 8080  # 0: any free port (the one taken is printed)
@@ -243,8 +249,9 @@ def get_config(variant: str = '') -> ml_collections.ConfigDict:
   # requests until it sees the 503; those are answered 503 rather than reset.
   c.serve.drain_quiet_seconds = 0.5
   c.serve.max_body_bytes = 16384  # a larger request body is refused unread (413)
-  # SQLite file (relative to the workdir) of each user's earlier queries, for the models that
-  # read a user's history (config.data.history_queries) or the habit rule; '': none kept.
+  # SQLite file (relative to the workdir) of each user's earlier queries, for what reads a
+  # user's past (config.data.history_queries, the learned ranker's `history` sources, the
+  # habit rule, a ranker that knows users); '': none kept.
   c.serve.history_db = 'serve/histories.sqlite'
   # A user's latest queries kept, the older deleted (at least config.suggest.past_queries where
   # the pipeline reads a user's past).

@@ -426,7 +426,8 @@ def create_app(service) -> fastapi.FastAPI:
                 504: {'model': Error, 'description': 'Not answered within '
                       'config.serve.deadline_ms.'}})
   async def suggest(body: SuggestRequest, request: fastapi.Request) -> Any:
-    """Suggestions for the query after the session's last (those `--mode=decode` writes)."""
+    """Suggestions for the query after the session's last (those `--mode=decode` writes for it
+    under the same protocol)."""
     received = request.state.received
     retry = {'Retry-After': str(RETRY_AFTER_SECONDS)}
     if service.draining and received >= service.drain_started:  # came after the SIGTERM

@@ -11,7 +11,7 @@ batch runs padded to a compiled pair) or, without it, once every pair is. Paddin
 queries to 4 rather than to the model's 16 makes the encoders and the copy attention of each
 beam step read a quarter of the slots (docs/notes/2026-11-27-figures-from-code-comments.md).
 The models are causal over queries and rows are independent, so the padding changes no
-suggestion: the lists are those `--mode=decode` writes for the same session.
+suggestion: the lists are those `--mode=decode` writes for the same session and protocol.
 
 This holds for config.suggest.strategy 'generate' (a generative model's beam, or a ranker's
 pool entries), 'retrieve', 'blend' and 'learned' (the generator teacher-forces the pooled
