@@ -314,7 +314,7 @@ def test_what_a_pipeline_reads_of_a_users_past(tmp_path):
   assert habit.past_read == 2 and habit.latest_past(('a', 'b', 'c')) == ('b', 'c')
   for names, read in ((['generate', 'history_about'], 2), (['generate', 'popular'], 0)):
     ranked = generate_pipeline(tmp_path, past_queries=2)
-    ranked.ranker = types.SimpleNamespace(source_names=names)
+    ranked.learned_ranker = types.SimpleNamespace(source_names=names)
     assert ranked.past_read == read
   assert generate_pipeline(tmp_path, past_queries=2).latest_past(('a', 'b')) == ()
 
@@ -387,7 +387,8 @@ def test_the_learned_lists_are_the_rankers_order_scored_by_place(tmp_path, monke
   monkeypatch.setattr(learned, 'lists_and_features', lambda *a, **k: (
       {'generate': [[[{'query': q} for q in texts]]]}, [[pool]]))
   suggester = generate_pipeline(tmp_path, session_first=0, attested_only=False)
-  suggester.ranker = types.SimpleNamespace(scores=lambda x: x[:, 0], source_names=['generate'])
+  suggester.learned_ranker = types.SimpleNamespace(scores=lambda x: x[:, 0],
+                                                   source_names=['generate'])
   suggester.log_counts = popular.LogCounts.of_sessions([])
   [[ranked]] = suggester.ordered([Context(('q',), 0, {})], positions='last')
   assert [(c['query'], c['score'], c['model_score'], c['sources']) for c in ranked] == [

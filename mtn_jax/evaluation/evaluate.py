@@ -137,16 +137,16 @@ def strategy_record(pipe: pipeline.Pipeline) -> dict:
   label."""
   s, dc = pipe.settings, pipe.settings.search
   label_of = lambda trained: models.spec(trained.cfg.name).label(trained.meta['model'])
-  if pipe.ranker is not None:
-    plan = learned.plan_text(pipe.ranker.sources)
+  if pipe.learned_ranker is not None:
+    plan = learned.plan_text(pipe.learned_ranker.sources)
     return {'strategy': 'learned', 'sources': plan,
             'session_first': s.session_first, 'unrelated_first': s.unrelated_first,
             'attested_only': s.attested_only,
-            'ranker': {**{k: pipe.ranker.meta[k] for k in ('checkpoint_step', 'folds',
+            'ranker': {**{k: pipe.learned_ranker.meta[k] for k in ('checkpoint_step', 'folds',
                                                           'rounds', 'groups', 'importance')},
                        # the search its candidates were made with, not config.decode's
-                       'search': pipe.ranker.candidate_search(dc).to_dict()},
-            'label': f'{label_of(pipe.trained)}, {len(pipe.ranker.sources)} sources by the '
+                       'search': pipe.learned_ranker.candidate_search(dc).to_dict()},
+            'label': f'{label_of(pipe.trained)}, {len(pipe.learned_ranker.sources)} sources by the '
                      'learned ranker'}
   if s.strategy == 'blend':
     plan = ','.join(f'{name}:{n}' for name, n in s.blend)
@@ -344,8 +344,8 @@ def decode_lists(config: ml_collections.ConfigDict, workdir: str, trained: infer
   else:
     suggestions_of = pipeline.Pipeline.load(config, workdir, log=log, trained=trained)
     say_what(suggestions_of.beam_size if isinstance(trained.task, tasks.Suggests) else None,
-             '' if suggestions_of.ranker is None
-             else learned.plan_text(suggestions_of.ranker.sources))
+             '' if suggestions_of.learned_ranker is None
+             else learned.plan_text(suggestions_of.learned_ranker.sources))
 
     pool = ranked_pool(suggestions_of, test, config, queries_per_batch, log)
     retrieved = None if pool is None else (pool.suggestions, pool.top_scores)

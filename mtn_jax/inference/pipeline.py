@@ -365,6 +365,8 @@ class Pipeline:
       ranker, 'retrieve'), or a source of 'rerank' (None where there is none).
     rankers: the ranker and rules of 'rerank' (None for the other strategies).
     proposer: IMDNA's next queries, a source of 'rerank' (None unless configured).
+    learned_ranker: the LightGBM ranker of 'learned' (None for the other strategies, and
+      where the workdir has none: 'blend' then).
     log_counts: the training log's counts behind the log's sources ('blend', 'learned',
       and 'rerank' with `popular` or `cooccurring`; else None).
   """
@@ -372,18 +374,18 @@ class Pipeline:
   def __init__(self, settings: Settings, trained: inference.Trained,
                suggester: inference.Trained, retriever: retrieval.Retriever | None,
                rankers: Rankers | None, proposer: imdna_proposer.NextQueryProposer | None,
-               workdir: str, ranker: learned.LearnedRanker | None = None):
+               workdir: str, learned_ranker: learned.LearnedRanker | None = None):
     self.settings, self.trained, self.suggester = settings, trained, suggester
     self.retriever, self.rankers, self.proposer = retriever, rankers, proposer
-    self.ranker = ranker
+    self.learned_ranker = learned_ranker
     self.workdir = os.path.abspath(workdir)
     needs_counts = (settings.strategy in ('blend', 'learned')
                     or (rankers is not None and bool(settings.popular or settings.cooccurring)))
     self.log_counts = popular.LogCounts.of_workdir(workdir) if needs_counts else None
-    self.sources = (learned.build_sources(ranker.sources, trained, self.log_counts,
-                                          ranker.candidate_search(settings.search),
+    self.sources = (learned.build_sources(learned_ranker.sources, trained, self.log_counts,
+                                          learned_ranker.candidate_search(settings.search),
                                           settings.history_queries)
-                    if ranker is not None else [])
+                    if learned_ranker is not None else [])
 
   @classmethod
   def load(cls, config: ml_collections.ConfigDict, workdir: str, log=print,
@@ -487,8 +489,8 @@ class Pipeline:
     give more."""
     s = self.settings
     reads_past = ((self.rankers is not None and bool(self.rankers.habit_rate))
-                  or (self.ranker is not None
-                      and inference_sources.reads_past(self.ranker.source_names)))
+                  or (self.learned_ranker is not None
+                      and inference_sources.reads_past(self.learned_ranker.source_names)))
     return max(s.history_queries, s.past_queries if reads_past else 0)
 
   def latest_past(self, history: Sequence[str]) -> tuple[str, ...]:
@@ -500,14 +502,14 @@ class Pipeline:
     """The beam the generator searches with: the learned ranker's generate source's depth in
     its plan, else config.decode's."""
     search_settings = self.settings.search
-    if self.ranker is not None:
-      search_settings = learned.generator_settings(self.ranker.sources, search_settings)
+    if self.learned_ranker is not None:
+      search_settings = learned.generator_settings(self.learned_ranker.sources, search_settings)
     return search_settings.beam_size
 
   def how(self) -> str:
     s = self.settings
-    if self.ranker is not None:
-      return f'{", ".join(n for n, _ in self.ranker.sources)}, by the learned ranker'
+    if self.learned_ranker is not None:
+      return f'{", ".join(n for n, _ in self.learned_ranker.sources)}, by the learned ranker'
     if s.strategy == 'blend':
       return f'beam {s.search.beam_size} blended with the training log\'s lists'
     if self.rankers is not None:
@@ -518,7 +520,7 @@ class Pipeline:
 
   def score_kind(self) -> str:
     """What a suggestion's 'score' is, in words (the lists' order)."""
-    if self.ranker is not None:
+    if self.learned_ranker is not None:
       return '1 / place in the presented list (the learned ranker\'s score: model_score)'
     if self.settings.strategy == 'blend':
       return '1 / rank in the blend'
@@ -536,7 +538,7 @@ class Pipeline:
   @property
   def scored_by_place(self) -> bool:
     """Whether a suggestion's 'score' is 1 / its place in the list (`score_kind`)."""
-    return self.ranker is not None or self.settings.strategy == 'blend'
+    return self.learned_ranker is not None or self.settings.strategy == 'blend'
 
   def show(self, ranked: Sequence[dict], session_so_far: Sequence[str],
            exclude_session_queries: bool | None = None, top_k: int | None = None
@@ -571,7 +573,7 @@ class Pipeline:
                 for c in contexts]
     common = dict(positions=positions, batch_rows=batch_rows or s.batch_sessions,
                   widths=widths)
-    if self.ranker is not None:
+    if self.learned_ranker is not None:
       return self._learned(contexts, positions=positions,
                            batch_rows=batch_rows or s.batch_sessions, widths=widths)[0]
     if self.settings.strategy == 'blend':
@@ -608,9 +610,9 @@ class Pipeline:
     so_far = inference_sources.sessions_so_far(contexts, positions)
     # One prediction over every position's candidates (a batch), split back by position.
     flat = [pool for context_pools in pools for pool in context_pools]
-    by_position = iter(np.split(
-        self.ranker.scores(np.concatenate([p.features for p in flat])) if flat else np.zeros(0),
-        np.cumsum([len(p.texts) for p in flat])[:-1]))
+    scores = (self.learned_ranker.scores(np.concatenate([p.features for p in flat])) if flat
+              else np.zeros(0))
+    by_position = iter(np.split(scores, np.cumsum([len(p.texts) for p in flat])[:-1]))
     out = []
     for i, context_pools in enumerate(pools):
       lists = []
@@ -709,7 +711,7 @@ class Pipeline:
       histories = [self.latest_past(h) for h in histories] if self.past_read else None
     session_contexts = inference_sources.session_contexts(split, range(split.num_sessions),
                                                           histories)
-    if self.ranker is not None:
+    if self.learned_ranker is not None:
       ordered, by_source = self._learned(
           session_contexts, positions='all',
           batch_rows=max(1, queries_per_batch // split.lengths.max()))
